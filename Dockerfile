@@ -1,0 +1,17 @@
+# One image for api, worker and beat. On GPU hosts the torch==2.13.0 pin resolves to the CUDA
+# build from PyPI; the rest of the project installs on top of it.
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+RUN pip install "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY api api
+COPY core core
+COPY workers workers
+COPY trainer trainer
+COPY torchyard torchyard
+COPY migrations migrations
+COPY alembic.ini ./
+RUN pip install -e ".[all]"
+EXPOSE 8000
+CMD ["torchyard", "api", "--host", "0.0.0.0", "--port", "8000"]

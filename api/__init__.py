@@ -1,0 +1,1 @@
+"""The HTTP control plane: FastAPI app factory (`api.main:create_app`), routes, auth, errors."""

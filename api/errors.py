@@ -1,0 +1,163 @@
+"""One error body for every failure (docs/CONTRACTS.md, section 4).
+
+``{"error": {"code": str, "message": str, "details": [{"loc": [...], "msg": str, "type": str}]}}``
+
+Domain errors from `core` map to their status here; request validation, unknown routes and
+anything unexpected get the same shape, so a client parses one thing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy.exc import DataError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core import errors as domain
+
+log = logging.getLogger("torchyard.api")
+
+STATUS_OF: dict[type[domain.DomainError], int] = {
+    domain.Unauthorized: 401,
+    domain.Forbidden: 403,
+    domain.NotFound: 404,
+    domain.Conflict: 409,
+    domain.TooLarge: 413,
+    domain.InvalidInput: 422,
+}
+CODE_OF_STATUS: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    details: list[ErrorDetail] = []
+
+
+class ErrorBody(BaseModel):
+    """The body of every non-2xx answer."""
+
+    error: ErrorInfo
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    details: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {
+        "error": {
+            "code": code or CODE_OF_STATUS.get(status, f"http_{status}"),
+            "message": _text(message),
+            "details": [_detail(d) for d in details or []],
+        }
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _detail(d: dict[str, Any]) -> dict[str, Any]:
+    """Only `loc`, `msg`, `type`, JSON-safe (pydantic errors also carry inputs and contexts)."""
+    loc = [part if isinstance(part, int) else _text(part) for part in d.get("loc", ())]
+    return {"loc": loc, "msg": _text(d.get("msg", "")), "type": _text(d.get("type", ""))}
+
+
+def _text(value: object) -> str:
+    """`value` as a string that encodes to UTF-8 (a request may carry lone surrogates)."""
+    return str(value).encode("utf-8", "replace").decode("utf-8")
+
+
+def status_of(exc: domain.DomainError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]  # type: ignore[index]
+    return 400
+
+
+async def _domain_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, domain.DomainError)
+    status = status_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, exc.message, code=exc.code, details=exc.details, headers=headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    message = f"invalid request: {where}: {first.get('msg', '')}" if errors else "invalid request"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    return error_response(422, message, details=errors)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:
+        # FastAPI's "error parsing the body" (e.g. JSON nested too deep): a body fault like any.
+        detail = {"loc": ["body"], "msg": str(exc.detail), "type": "body_unparseable"}
+        return error_response(422, f"body: {exc.detail}", details=[detail])
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+async def _data_error(request: Request, exc: Exception) -> JSONResponse:
+    # A value the database cannot store (out of range, NUL byte). Inputs are bounded before
+    # they reach the database, so this is a last line of defence, not the usual path.
+    log.warning("database rejected a value on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(422, "a value in the request cannot be stored")
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.error("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "the database is unavailable; try again later")
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal server error")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every error the contract's body."""
+    app.add_exception_handler(domain.DomainError, _domain_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(OperationalError, _unavailable)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": desc}
+    for status, desc in {
+        401: "Missing, unknown or revoked API key",
+        404: "No such resource in the caller's project",
+        422: "Invalid request; `details` name each bad field by its JSON path",
+    }.items()
+}

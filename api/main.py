@@ -1,0 +1,85 @@
+"""The FastAPI application factory: `uvicorn api.main:create_app --factory`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+
+from api import dashboard, errors, observability
+from api.dispatch import Dispatcher
+from api.limits import MAX_JSON_BYTES, BodyLimit
+from api.routes import datasets, health, job_data, jobs, me, spec, streams
+from api.streams import StreamHub
+from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
+from core.settings import Settings, get_settings
+
+log = logging.getLogger("torchyard.api")
+
+UPLOAD_PATH = "/v1/datasets/upload"
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database could not be reached at startup."""
+
+
+def _version() -> str:
+    try:
+        return version("torchyard")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Refuse to serve a database that is not migrated; release the engine and broker at exit."""
+    engine = app.state.engine
+    try:
+        await run_in_threadpool(check_migrated, engine)
+    except SchemaNotMigrated as exc:
+        log.error("refusing to start: %s", exc)
+        raise
+    except SQLAlchemyError as exc:
+        url = engine.url.render_as_string(hide_password=True)
+        log.error("refusing to start: cannot reach database %s: %s", url, exc)
+        raise DatabaseUnavailable(f"cannot reach database {url}: {exc}") from exc
+    try:
+        yield
+    finally:
+        await app.state.streams.close()
+        app.state.dispatcher.close()
+        engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The API for `settings` (default: from the `TORCHYARD_*` environment)."""
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="Torchyard",
+        version=_version(),
+        summary="Training-as-a-service: submit PyTorch training jobs, follow them, get results.",
+        description="Every request under `/v1` needs `Authorization: Bearer <api key>`. "
+        'Every error has the body `{"error": {"code", "message", "details": '
+        '[{"loc", "msg", "type"}]}}`.',
+        lifespan=_lifespan,
+    )
+    engine = make_engine(settings.database_url)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = session_factory(engine)
+    app.state.dispatcher = Dispatcher(settings)
+    app.state.streams = StreamHub(app.state.sessionmaker)
+
+    errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=MAX_JSON_BYTES, exempt={UPLOAD_PATH})
+    observability.install(app)  # outermost: request ids and metrics cover every answer
+    for module in (health, me, jobs, job_data, streams, datasets, spec):
+        app.include_router(module.router)
+
+    dashboard.mount(app)
+    return app

@@ -1,0 +1,138 @@
+"""Datasets: register a server-side path, upload a file, list and read them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from pydantic import TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from api import schemas, uploads
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.errors import ERROR_RESPONSES, ErrorBody
+from api.limits import content_length
+from api.validation import require_storable, unstorable
+from core import datasets, storage
+from core.auth import new_id
+from core.errors import InvalidInput, NotFound, TooLarge
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
+
+DatasetId = Annotated[str, Path(max_length=100, description="The dataset's id (`ds_...`).")]
+_NAME = TypeAdapter(schemas.DatasetName)
+_CONFLICT = {409: {"model": ErrorBody, "description": "The project has a dataset of that name"}}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=schemas.Dataset,
+    responses={
+        **_CONFLICT,
+        403: {"model": ErrorBody, "description": "`uri` is outside the allowed data roots"},
+    },
+)
+def register_dataset(
+    body: schemas.DatasetRegister,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> schemas.Dataset:
+    """Register a server-side file or directory (under an allowed data root) as a dataset."""
+    require_storable(body.model_dump(), ("body",))
+    try:
+        dataset = datasets.register(
+            session=session,
+            settings=settings,
+            project_id=principal.project_id,
+            name=body.name,
+            uri=body.uri,
+        )
+    except (OSError, RuntimeError) as exc:  # unreadable file, unknown ~user, name too long
+        raise InvalidInput(
+            f"uri: cannot read {body.uri!r}: {exc}",
+            details=[{"loc": ["body", "uri"], "msg": "cannot be read", "type": "value_error"}],
+        ) from None
+    return schemas.Dataset.model_validate(dataset)
+
+
+@router.post(
+    "/upload",
+    status_code=201,
+    response_model=schemas.Dataset,
+    responses={
+        **_CONFLICT,
+        413: {"model": ErrorBody, "description": "The file exceeds the upload limit"},
+    },
+    openapi_extra=uploads.OPENAPI_BODY,
+)
+async def upload_dataset(
+    request: Request,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> schemas.Dataset:
+    """Upload a file (multipart: `name`, `file`) as a dataset; streamed to storage, size-capped."""
+    limit = settings.max_upload_bytes
+    declared = content_length(request.headers)
+    if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
+        raise TooLarge(
+            f"upload of {declared} bytes exceeds the limit of {limit} bytes",
+            details=[
+                {"loc": ["header", "Content-Length"], "msg": "too large", "type": "too_large"}
+            ],
+        )
+    # Authenticated: give the connection back to the pool while the body streams in.
+    await run_in_threadpool(session.rollback)
+    dataset_id = new_id("ds")
+    root_uri = storage.join(settings.storage_url, "datasets", dataset_id)
+    upload = await uploads.receive(request, root_uri=root_uri, max_bytes=limit)
+    try:
+        name = _NAME.validate_python(upload.name.decode("utf-8"))
+        dataset = await run_in_threadpool(
+            datasets.create,
+            session=session,
+            project_id=principal.project_id,
+            name=name,
+            uri=upload.uri,
+            size_bytes=upload.size_bytes,
+            sha256=upload.sha256,
+            num_files=1,
+            dataset_id=dataset_id,
+        )
+    except BaseException as exc:
+        await uploads.remove(root_uri)
+        if isinstance(exc, UnicodeDecodeError):
+            raise _bad_name("not valid UTF-8", "string_unicode") from None
+        if isinstance(exc, ValidationError):
+            err = exc.errors()[0]
+            raise _bad_name(err["msg"], err["type"]) from None
+        raise
+    return schemas.Dataset.model_validate(dataset)
+
+
+def _bad_name(msg: str, type_: str) -> InvalidInput:
+    return InvalidInput(
+        f"name: {msg}", details=[{"loc": ["body", "name"], "msg": msg, "type": type_}]
+    )
+
+
+@router.get("", response_model=schemas.DatasetList)
+def list_datasets(principal: CurrentPrincipal, session: SessionDep) -> schemas.DatasetList:
+    """List the project's datasets, oldest first."""
+    items = datasets.list_all(session=session, project_id=principal.project_id)
+    return schemas.DatasetList(items=[schemas.Dataset.model_validate(d) for d in items])
+
+
+@router.get("/{dataset_id}", response_model=schemas.Dataset)
+def get_dataset(
+    dataset_id: DatasetId, principal: CurrentPrincipal, session: SessionDep
+) -> schemas.Dataset:
+    """Read one dataset."""
+    if unstorable(dataset_id):  # cannot be in the database, so it is not there
+        raise NotFound(f"dataset {dataset_id!r} not found")
+    dataset = datasets.get_or_raise(
+        session=session, dataset_id=dataset_id, project_id=principal.project_id
+    )
+    return schemas.Dataset.model_validate(dataset)

@@ -1,0 +1,125 @@
+"""A job's history: events, metric series, log lines and checkpoints (read-only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api import schemas
+from api.deps import CurrentPrincipal, SessionDep
+from api.errors import ERROR_RESPONSES
+from api.routes.jobs import After, JobId
+from core import jobs, queries
+
+router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONSES)
+
+
+@router.get("/{job_id}/events", response_model=schemas.EventPage)
+def job_events(
+    job_id: JobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    after: After = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> schemas.EventPage:
+    """The job's history (state changes, checkpoints, samples, errors), oldest first."""
+    jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    items, next_after = queries.events_page(
+        session=session, job_id=job_id, after=after, limit=limit
+    )
+    return schemas.EventPage(
+        items=[schemas.Event.model_validate(e) for e in items],
+        next_cursor=str(next_after) if next_after is not None else None,
+    )
+
+
+@router.get("/{job_id}/metrics", response_model=schemas.Metrics)
+def job_metrics(
+    job_id: JobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    names: Annotated[
+        str | None,
+        Query(
+            max_length=4000,
+            pattern=r"^[^\x00]*$",
+            description="Comma-separated metric names; all when absent.",
+        ),
+    ] = None,
+    start: Annotated[
+        int | None, Query(ge=0, le=2**31 - 1, description="First step (inclusive).")
+    ] = None,
+    end: Annotated[
+        int | None, Query(ge=0, le=2**31 - 1, description="Last step (inclusive).")
+    ] = None,
+    max_points: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=100_000,
+            description="At most this many points per series, shape kept (min/max per step "
+            "bucket, first and last point exact); every point when absent.",
+        ),
+    ] = None,
+) -> schemas.Metrics:
+    """The job's metric series by name, each with its last point; optionally a step range and
+    downsampled to `max_points` per series."""
+    jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else None
+    if max_points is None:
+        series = queries.metric_series(
+            session=session, job_id=job_id, names=wanted or None, start=start, end=end
+        )
+    else:
+        series = queries.downsampled_series(
+            session=session,
+            job_id=job_id,
+            names=wanted or None,
+            start=start,
+            end=end,
+            max_points=max_points,
+        )
+    return schemas.Metrics(
+        series=[
+            schemas.MetricSeries(
+                name=s.name,
+                steps=s.steps,
+                values=s.values,
+                last=schemas.MetricLast(step=s.steps[-1], value=s.values[-1]) if s.steps else None,
+            )
+            for s in series
+        ]
+    )
+
+
+@router.get("/{job_id}/logs", response_model=schemas.LogPage)
+def job_logs(
+    job_id: JobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    rank: Annotated[
+        int | None, Query(ge=-1, le=2**31 - 1, description="One rank's lines; -1: launcher.")
+    ] = None,
+    after: After = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> schemas.LogPage:
+    """The job's log lines, oldest first."""
+    jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    items, next_after = queries.logs_page(
+        session=session, job_id=job_id, rank=rank, after=after, limit=limit
+    )
+    return schemas.LogPage(
+        items=[schemas.LogLine.model_validate(x) for x in items],
+        next_cursor=str(next_after) if next_after is not None else None,
+    )
+
+
+@router.get("/{job_id}/checkpoints", response_model=schemas.CheckpointList)
+def job_checkpoints(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep
+) -> schemas.CheckpointList:
+    """The job's complete checkpoints, by step."""
+    jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    items = queries.checkpoints(session=session, job_id=job_id)
+    return schemas.CheckpointList(items=[schemas.Checkpoint.model_validate(c) for c in items])

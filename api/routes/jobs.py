@@ -1,0 +1,228 @@
+"""Jobs: submit, list, read, cancel, pause, resume, retry; a queued job says why it waits."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from sqlalchemy.orm import Session
+
+from api import schemas
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.errors import ERROR_RESPONSES, ErrorBody
+from api.validation import MAX_ID, require_storable
+from core import datasets, jobs, scheduling, storage
+from core.errors import Forbidden, InvalidInput
+from core.models import Job, JobState
+from core.settings import Settings
+from trainer.spec import JobSpec
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
+
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="The job's id.")]
+After = Annotated[
+    int | None, Query(ge=0, le=MAX_ID, description="Return only items with a larger id.")
+]
+_CONFLICT = {409: {"model": ErrorBody, "description": "Conflicts with the job's state"}}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=schemas.Job,
+    responses={
+        200: {"model": schemas.Job, "description": "Replay: the job first made with this key"},
+        403: {"model": ErrorBody, "description": "`data.uri` is outside the allowed data roots"},
+        409: {"model": ErrorBody, "description": "`Idempotency-Key` reused for another spec"},
+    },
+)
+def submit_job(
+    spec: JobSpec,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=200,
+            pattern=schemas.PRINTABLE,
+            description="Retrying with the same key and spec returns the first job (200).",
+        ),
+    ] = None,
+) -> schemas.Job:
+    """Submit a training job (a JobSpec); it is queued and dispatched to its pool."""
+    require_storable(spec.model_dump(), ("body",))
+    _check_data(session=session, settings=settings, project_id=principal.project_id, spec=spec)
+    result = jobs.create(
+        session=session,
+        project_id=principal.project_id,
+        spec=spec,
+        idempotency_key=idempotency_key,
+    )
+    if result.created:
+        request.app.state.dispatcher.dispatch(result.job)
+    else:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{result.job.id}"
+    return _out(session, [result.job])[0]
+
+
+def _out(session: Session, items: list[Job]) -> list[schemas.Job]:
+    """Jobs as the API shows them: queued ones with their place in the queue (one query)."""
+    positions = scheduling.queue_positions(session=session, queued=items)
+    return [
+        schemas.Job.model_validate(job).model_copy(
+            update={
+                "queue_position": positions.get(job.id),
+                "waiting_for": scheduling.waiting_for(job),
+            }
+        )
+        for job in items
+    ]
+
+
+def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
+    """The spec's data exists for this project: a dataset of the project, or an allowed path."""
+    if spec.data.dataset is not None:
+        found = datasets.get(session=session, dataset_id=spec.data.dataset, project_id=project_id)
+        if found is None:
+            raise _data_error("dataset", f"no dataset {spec.data.dataset!r} in this project")
+    if spec.data.uri is not None:
+        _check_data_uri(spec.data.uri, settings)
+
+
+def _check_data_uri(uri: str, settings: Settings) -> None:
+    loc = ["body", "data", "uri"]
+    if "://" in uri and not uri.startswith("file://"):
+        # A remote URI is allowed only under a data root that is itself a URI.
+        prefixes = [r.rstrip("/") + "/" for r in settings.data_roots if "://" in r]
+        if ".." in uri.split("/") or not any(uri.startswith(p) for p in prefixes):
+            raise Forbidden(
+                f"data.uri {uri!r} is outside the allowed data roots",
+                details=[{"loc": loc, "msg": "outside allowed roots", "type": "forbidden"}],
+            )
+        return
+    try:
+        path = storage.resolve_under(
+            uri.removeprefix("file://"), storage.allowed_data_roots(settings)
+        )
+        exists = path.exists()
+    except Forbidden as exc:
+        raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
+    except (OSError, RuntimeError, ValueError) as exc:  # unknown ~user, name too long, ...
+        raise _data_error("uri", f"not a usable path: {exc}") from None
+    if not exists:
+        raise _data_error("uri", f"{uri!r} does not exist on the server")
+
+
+def _data_error(field: str, msg: str) -> InvalidInput:
+    return InvalidInput(
+        f"data.{field}: {msg}",
+        details=[{"loc": ["body", "data", field], "msg": msg, "type": "value_error"}],
+    )
+
+
+@router.get("", response_model=schemas.JobPage)
+def list_jobs(
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    state: Annotated[
+        list[JobState] | None, Query(description="Only jobs in these states (repeatable).")
+    ] = None,
+    name: Annotated[
+        str | None,
+        Query(max_length=100, pattern=r"^[^\x00]*$", description="Substring of the job name."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="`next_cursor` of the previous page.")
+    ] = None,
+) -> schemas.JobPage:
+    """List the project's jobs, newest first, a page at a time."""
+    items, next_before = jobs.list_page(
+        session=session,
+        project_id=principal.project_id,
+        states=[str(s) for s in state or ()],
+        name=name or None,
+        limit=limit,
+        before_id=_decode_cursor(cursor) if cursor is not None else None,
+    )
+    return schemas.JobPage(
+        items=_out(session, items),
+        next_cursor=_encode_cursor(next_before) if next_before is not None else None,
+    )
+
+
+def _encode_cursor(before_id: int) -> str:
+    raw = json.dumps({"before_id": before_id}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        before_id = json.loads(raw)["before_id"]
+    except (binascii.Error, ValueError, TypeError, KeyError):
+        before_id = None
+    if type(before_id) is not int or not 1 <= before_id <= MAX_ID:
+        raise InvalidInput(
+            "cursor: not a cursor this API returned",
+            details=[
+                {"loc": ["query", "cursor"], "msg": "malformed cursor", "type": "value_error"}
+            ],
+        )
+    return before_id
+
+
+@router.get("/{job_id}", response_model=schemas.Job)
+def get_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+    """Read one job."""
+    job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    return _out(session, [job])[0]
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
+def cancel_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+    """Cancel a job: at once when idle, via `cancelling` when running; 409 once it has ended."""
+    job = jobs.cancel(session=session, job_id=job_id, project_id=principal.project_id)
+    session.commit()
+    return _out(session, [job])[0]
+
+
+@router.post("/{job_id}/pause", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
+def pause_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+    """Pause a job: a running one checkpoints and stops (`pausing`, then `paused`); a queued
+    one leaves the queue. 409 in other states."""
+    job = jobs.pause(session=session, job_id=job_id, project_id=principal.project_id)
+    session.commit()
+    return _out(session, [job])[0]
+
+
+@router.post("/{job_id}/resume", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
+def resume_job(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+) -> schemas.Job:
+    """Resume a paused job: it is queued again and continues from its latest checkpoint."""
+    job = jobs.resume(session=session, job_id=job_id, project_id=principal.project_id)
+    session.commit()
+    request.app.state.dispatcher.dispatch(job)
+    return _out(session, [job])[0]
+
+
+@router.post("/{job_id}/retry", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
+def retry_job(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+) -> schemas.Job:
+    """Run a failed or cancelled job again from its latest checkpoint, with a fresh restart
+    budget. 409 in other states."""
+    job = jobs.retry(session=session, job_id=job_id, project_id=principal.project_id)
+    session.commit()
+    request.app.state.dispatcher.dispatch(job)
+    return _out(session, [job])[0]

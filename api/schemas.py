@@ -1,0 +1,198 @@
+"""Request and response bodies of the REST API (docs/CONTRACTS.md, section 4)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from core.models import JobState
+
+# Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
+PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# SQLite hands back naive datetimes; every timestamp the API sends is UTC with its offset.
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Job(_Out):
+    """A training job. `spec` is the submitted JobSpec; `latest_metrics` the last value of each
+    series; `current_step` the last optimizer step reported."""
+
+    id: int
+    project_id: str
+    name: str
+    state: JobState
+    attempt: int
+    labels: dict[str, str]
+    pool: str
+    spec: dict[str, Any]
+    created_at: Timestamp
+    updated_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    current_step: int | None
+    max_steps: int
+    latest_metrics: dict[str, float]
+    exit_code: int | None
+    error: str | None
+    worker: str | None
+    heartbeat_at: Timestamp | None
+    queue_position: int | None = Field(
+        default=None,
+        description="Queued jobs only: 1-based place in its pool's queue (priority, then age); "
+        "1 runs on the next free worker.",
+    )
+    waiting_for: str | None = Field(
+        default=None, description="What a queued or paused job waits for, in words."
+    )
+
+
+class JobPage(BaseModel):
+    items: list[Job]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: last.")
+
+
+class Event(_Out):
+    """Something that happened to a job: a state change, a checkpoint, the sample, info, error."""
+
+    id: int
+    job_id: int
+    attempt: int
+    kind: str = Field(description="`state` | `checkpoint` | `sample` | `info` | `error`")
+    state_from: str | None
+    state_to: str | None
+    message: str
+    data: dict[str, Any]
+    created_at: Timestamp
+
+
+class EventPage(BaseModel):
+    items: list[Event]
+    next_cursor: str | None = Field(
+        description="Pass as `after` for the next page; null when this page was the last."
+    )
+
+
+class LogLine(_Out):
+    """A line one rank of the job printed; rank -1 is the launcher (worker)."""
+
+    id: int
+    attempt: int
+    rank: int
+    stream: str = Field(description="`stdout` | `stderr`")
+    line: str
+    created_at: Timestamp
+
+
+class LogPage(BaseModel):
+    items: list[LogLine]
+    next_cursor: str | None = Field(
+        description="Pass as `after` for the next page; null when this page was the last."
+    )
+
+
+class _Floats(BaseModel):
+    # A diverged run can report NaN or inf: sent as "NaN" / "Infinity", which parse as floats.
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class MetricLast(_Floats):
+    step: int
+    value: float
+
+
+class MetricSeries(_Floats):
+    """One metric: `steps[i]` pairs with `values[i]`, ascending by step."""
+
+    name: str
+    steps: list[int]
+    values: list[float]
+    last: MetricLast | None
+
+
+class Metrics(BaseModel):
+    series: list[MetricSeries]
+
+
+class Checkpoint(_Out):
+    """A complete checkpoint; `uri` is its `step_XXXXXXXX` directory."""
+
+    id: int
+    job_id: int
+    attempt: int
+    step: int
+    uri: str
+    size_bytes: int
+    created_at: Timestamp
+
+
+class CheckpointList(BaseModel):
+    items: list[Checkpoint]
+
+
+class Dataset(_Out):
+    """Training text in a project: a registered server-side path or an uploaded file."""
+
+    id: str
+    project_id: str
+    name: str
+    uri: str
+    size_bytes: int
+    sha256: str
+    num_files: int
+    created_at: Timestamp
+
+
+class DatasetList(BaseModel):
+    items: list[Dataset]
+
+
+DatasetName = Annotated[
+    str,
+    Field(min_length=1, max_length=200, pattern=PRINTABLE, description="Unique in the project."),
+]
+
+
+class DatasetRegister(BaseModel):
+    """A server-side file or directory to register as a dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: DatasetName
+    uri: str = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=PRINTABLE,
+        description="A path under one of the server's allowed data roots.",
+    )
+
+
+class ProjectRef(BaseModel):
+    id: str
+    name: str
+
+
+class KeyRef(BaseModel):
+    id: str
+    name: str
+    prefix: str
+
+
+class Me(BaseModel):
+    project: ProjectRef
+    key: KeyRef
+
+
+class Status(BaseModel):
+    status: Literal["ok"] = "ok"

@@ -1,0 +1,70 @@
+// The public REST API (docs/CONTRACTS.md, section 4), with the key from sessionStorage.
+
+const KEY = "torchyard.apiKey";
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    const error = body?.error ?? {};
+    super(error.message ?? `HTTP ${status}`);
+    this.status = status;
+    this.code = error.code;
+    this.details = error.details ?? [];
+  }
+}
+
+export const auth = {
+  get key() { return sessionStorage.getItem(KEY); },
+  set key(value) {
+    if (value) sessionStorage.setItem(KEY, value);
+    else sessionStorage.removeItem(KEY);
+  },
+};
+
+export async function api(path, { method = "GET", body, query, key } = {}) {
+  const url = new URL(path, window.location.origin);
+  for (const [name, value] of Object.entries(query ?? {})) {
+    if (value === undefined || value === null || value === "") continue;
+    for (const v of Array.isArray(value) ? value : [value]) url.searchParams.append(name, v);
+  }
+  const headers = { Authorization: `Bearer ${key ?? auth.key ?? ""}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const answer = await fetch(url, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await answer.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!answer.ok) {
+    const err = new ApiError(answer.status, data);
+    if (answer.status === 401 && !key) {
+      auth.key = null;
+      window.location.hash = "#/login";
+    }
+    throw err;
+  }
+  return data;
+}
+
+/** Every item of a paginated `after`-cursor listing, from `after` on. */
+export async function pageAfter(path, { after, query = {}, limit = 1000 } = {}) {
+  const items = [];
+  let cursor = after;
+  for (;;) {
+    const page = await api(path, { query: { ...query, after: cursor, limit } });
+    items.push(...page.items);
+    if (page.items.length) cursor = page.items[page.items.length - 1].id;
+    if (!page.next_cursor) return { items, last: cursor };
+  }
+}
+
+let openapi = null;
+
+/** What this API offers, from its public OpenAPI document: job states and control actions. */
+export function capabilities() {
+  openapi ??= fetch("/openapi.json").then((r) => r.json()).then((doc) => ({
+    states: doc.components?.schemas?.JobState?.enum ?? null,
+    actions: ["cancel", "pause", "resume", "retry"]
+      .filter((a) => doc.paths?.[`/v1/jobs/{job_id}/${a}`]?.post),
+    stream: Boolean(doc.paths?.["/v1/jobs/{job_id}/stream"]?.get),
+  }));
+  return openapi;
+}

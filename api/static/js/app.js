@@ -1,0 +1,78 @@
+// The dashboard's shell: sign-in, navigation and a hash router (#/jobs, #/jobs/7, ...).
+
+import { api, auth } from "./api.js";
+import { clearError, h } from "./util.js";
+import { jobsPage } from "./jobs.js";
+import { detailPage } from "./detail.js";
+import { comparePage } from "./compare.js";
+import { submitPage } from "./submit.js";
+
+const view = document.getElementById("view");
+let stopPage = null;
+
+function loginPage(root) {
+  const input = h("input", {
+    id: "api-key", type: "password", autocomplete: "off", placeholder: "ty_...",
+    required: true,
+  });
+  const message = h("p", { id: "login-error", class: "muted" });
+  const form = h("form", { class: "panel login", onsubmit: async (event) => {
+    event.preventDefault();
+    try {
+      await api("/v1/me", { key: input.value.trim() });
+    } catch (err) {
+      message.textContent = err.status === 401 ? "That key is not valid." : err.message;
+      return;
+    }
+    auth.key = input.value.trim();
+    window.location.hash = "#/jobs";
+  } },
+  h("h1", {}, "Sign in"),
+  h("label", { for: "api-key" }, "API key"),
+  input,
+  h("button", { class: "primary", type: "submit" }, "Sign in"),
+  message,
+  h("p", { class: "muted" }, "The key is kept for this browser tab only (sessionStorage)."));
+  root.append(form);
+  input.focus();
+}
+
+async function showWho() {
+  try {
+    const me = await api("/v1/me");
+    document.getElementById("who").textContent = `${me.project.name} · ${me.key.prefix}…`;
+  } catch { /* a 401 already sent us to the sign-in page */ }
+}
+
+function route() {
+  if (stopPage) { stopPage(); stopPage = null; }
+  clearError();
+  view.replaceChildren();
+  const [path, queryString] = window.location.hash.replace(/^#/, "").split("?");
+  const query = new URLSearchParams(queryString ?? "");
+  const signedIn = Boolean(auth.key);
+  document.getElementById("nav").hidden = !signedIn;
+  document.getElementById("logout").hidden = !signedIn;
+  if (!signedIn || path === "/login") {
+    document.getElementById("who").textContent = "";
+    if (signedIn) { window.location.hash = "#/jobs"; return; }
+    loginPage(view);
+    return;
+  }
+  showWho();
+  const parts = path.split("/").filter(Boolean);
+  for (const a of document.querySelectorAll("#nav a")) {
+    a.classList.toggle("active", a.dataset.nav === (parts[0] ?? "jobs"));
+  }
+  if (parts[0] === "jobs" && parts[1]) stopPage = detailPage(view, Number(parts[1]));
+  else if (parts[0] === "compare") stopPage = comparePage(view, query);
+  else if (parts[0] === "submit") stopPage = submitPage(view, query);
+  else stopPage = jobsPage(view, query);
+}
+
+document.getElementById("logout").addEventListener("click", () => {
+  auth.key = null;
+  window.location.hash = "#/login";
+});
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,63 @@
+// Line charts with Plotly (served from the installed `plotly` Python package).
+
+function themeColors() {
+  const css = getComputedStyle(document.documentElement);
+  return {
+    fg: css.getPropertyValue("--fg").trim(),
+    grid: css.getPropertyValue("--grid").trim(),
+  };
+}
+
+export function plotlyReady() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  return new Promise((resolve) => {
+    window.addEventListener("load", () => resolve(window.Plotly), { once: true });
+  });
+}
+
+/**
+ * Draw or update the chart in `node`: `traces` is [{name, x, y}]. Keeps the user's zoom
+ * (uirevision) across updates, so live points do not reset a zoomed view.
+ */
+export async function lineChart(node, traces, { title, xTitle = "step", yLog = false } = {}) {
+  const Plotly = await plotlyReady();
+  const { fg, grid } = themeColors();
+  const data = traces.map((t) => ({
+    type: "scatter",
+    mode: t.x.length > 60 ? "lines" : "lines+markers",
+    marker: { size: 4 },
+    name: t.name,
+    x: t.x,
+    y: t.y,
+    line: { width: 1.5 },
+    hovertemplate: `${t.name} %{y:.4g} @ step %{x}<extra></extra>`,
+  }));
+  const layout = {
+    title: { text: title, font: { size: 13 }, x: 0.02, xanchor: "left" },
+    uirevision: "keep",
+    margin: { l: 52, r: 12, t: 32, b: 36 },
+    height: 240,
+    paper_bgcolor: "rgba(0,0,0,0)",
+    plot_bgcolor: "rgba(0,0,0,0)",
+    font: { color: fg, size: 11 },
+    xaxis: { title: { text: xTitle }, gridcolor: grid, zerolinecolor: grid },
+    yaxis: { gridcolor: grid, zerolinecolor: grid, type: yLog ? "log" : "linear",
+      exponentformat: "e" },
+    showlegend: traces.length > 1,
+    legend: { orientation: "h", y: 1.12, x: 1, xanchor: "right" },
+  };
+  await Plotly.react(node, data, layout, { displaylogo: false, responsive: true });
+}
+
+export function purge(node) {
+  if (window.Plotly && node) window.Plotly.purge(node);
+}
+
+/** Call `handler([x0, x1])` when the user zooms `node`'s x axis, `handler(null)` on reset. */
+export function onZoom(node, handler) {
+  node.on("plotly_relayout", (change) => {
+    if (change["xaxis.autorange"]) handler(null);
+    else if ("xaxis.range[0]" in change) handler([change["xaxis.range[0]"], change["xaxis.range[1]"]]);
+    else if (Array.isArray(change["xaxis.range"])) handler(change["xaxis.range"]);
+  });
+}

@@ -1,0 +1,297 @@
+// Job detail: live metric charts, events, log tail, checkpoints, the spec, and control buttons.
+
+import { api, capabilities, pageAfter } from "./api.js";
+import { lineChart, onZoom, purge } from "./charts.js";
+import { follow } from "./stream.js";
+import {
+  TERMINAL, etaSeconds, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds,
+  showError, stateBadge, toYaml,
+} from "./util.js";
+
+const REFRESH_MS = 1000; // polling, while no event stream is open
+const STREAM_REFRESH_MS = 5000; // a safety net while the stream pushes
+const NUDGE_MS = 300; // stream messages within this window cause one refresh
+const MAX_POINTS = 2000; // per series; the API downsamples (min/max buckets) beyond that
+const MAX_LOG_LINES = 2000;
+// Charts in this order; a series not named here gets a chart of its own after them.
+const CHARTS = [
+  { id: "loss", title: "loss", series: ["loss", "eval_loss"] },
+  { id: "lr", title: "learning rate", series: ["lr"] },
+  { id: "grad_norm", title: "grad norm", series: ["grad_norm"] },
+  { id: "tokens_per_second", title: "tokens / s", series: ["tokens_per_second"] },
+  { id: "step_time_s", title: "step time (s)", series: ["step_time_s"] },
+];
+
+function chartsFor(names) {
+  const known = new Set(CHARTS.flatMap((c) => c.series));
+  const extra = names.filter((n) => !known.has(n)).sort()
+    .map((n) => ({ id: n.replace(/[^A-Za-z0-9_-]/g, "_"), title: n, series: [n] }));
+  return [...CHARTS.filter((c) => c.series.some((s) => names.includes(s))), ...extra];
+}
+
+function eventText(e) {
+  if (e.kind === "state") return `${e.state_from ?? "–"} → ${e.state_to}${e.message ? `: ${e.message}` : ""}`;
+  if (e.kind === "checkpoint") return `checkpoint at step ${e.data?.step ?? "?"}`;
+  return e.message || e.kind;
+}
+
+export function detailPage(root, jobId) {
+  const title = h("span", { id: "job-title" }, `Job #${jobId}`);
+  const badge = h("span", { id: "job-state" });
+  const cancel = h("button", { id: "cancel-job", class: "danger", type: "button" }, "Cancel");
+  // Shown only when the API offers them (its OpenAPI document) and the state allows them.
+  const actions = {
+    pause: { label: "Pause", when: ["queued", "starting", "running"] },
+    resume: { label: "Resume", when: ["paused"] },
+    retry: { label: "Retry", when: ["failed", "cancelled"] },
+  };
+  for (const [name, action] of Object.entries(actions)) {
+    action.button = h("button", { id: `${name}-job`, type: "button", hidden: true }, action.label);
+    action.button.addEventListener("click", () => act(name, action.button));
+  }
+  let offered = [];
+  capabilities().then((c) => { offered = c.actions; if (job) renderJob(); }).catch(() => {});
+  const clone = h("a", { href: `#/submit?from=${jobId}` },
+    h("button", { type: "button" }, "Clone and edit"));
+  const compareLink = h("a", { href: `#/compare?ids=${jobId}` },
+    h("button", { type: "button" }, "Compare…"));
+  const summary = h("dl", { class: "kv", id: "job-summary" });
+  const charts = h("div", { class: "grid2", id: "charts" });
+  const chartNodes = new Map();
+  const timeline = h("ul", { class: "timeline", id: "events" });
+  const ckptBody = h("tbody", { id: "checkpoints" });
+  const rankSel = h("select", { id: "log-rank", "aria-label": "rank" },
+    h("option", { value: "" }, "all ranks"), h("option", { value: "-1" }, "launcher (-1)"));
+  const search = h("input", { id: "log-search", type: "search", placeholder: "search logs…" });
+  const logBox = h("div", { class: "log", id: "logs" });
+  const specBox = h("pre", { id: "spec" });
+  const specFormat = h("select", { id: "spec-format", "aria-label": "spec format" },
+    h("option", { value: "yaml" }, "YAML"), h("option", { value: "json" }, "JSON"));
+  const showSpec = () => {
+    specBox.textContent = specFormat.value === "json"
+      ? JSON.stringify(job.spec, null, 2) : toYaml(job.spec).trimStart();
+  };
+  specFormat.addEventListener("change", showSpec);
+  let job = null;
+  let eventsAfter;
+  let logsAfter;
+  let logLines = [];
+  let finalPass = false;
+
+  async function act(name, button) {
+    button.disabled = true;
+    try {
+      job = await api(`/v1/jobs/${jobId}/${name}`, { method: "POST" });
+      finalPass = false;
+      renderJob();
+      if (ended) { // a retried or resumed job lives again: follow it again
+        ended = false;
+        stopStream?.();
+        stopStream = null;
+        stop = poll(tick, interval);
+      } else {
+        stop.now();
+      }
+    } catch (err) {
+      showError(err);
+      button.disabled = false;
+    }
+  }
+  cancel.addEventListener("click", () => act("cancel", cancel));
+
+  function renderJob() {
+    title.textContent = `${job.name} · #${job.id}`;
+    badge.replaceChildren(stateBadge(job.state));
+    cancel.disabled = TERMINAL.has(job.state) || job.state === "cancelling";
+    for (const [name, action] of Object.entries(actions)) {
+      action.button.hidden = !offered.includes(name) || !action.when.includes(job.state);
+      action.button.disabled = false;
+    }
+    const res = job.spec?.resources ?? {};
+    const eta = etaSeconds(job);
+    const rows = [
+      ["state", job.state], ["attempt", job.attempt],
+      ["progress", `${job.current_step ?? 0} / ${job.max_steps}${eta !== null ? ` · ETA ${fmtDuration(eta)}` : ""}`],
+      ["strategy", job.spec?.parallelism?.strategy ?? "–"],
+      ["nodes × procs", `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`],
+      ["pool", job.pool], ["created", fmtTime(job.created_at)],
+      ["started", fmtTime(job.started_at)], ["duration", fmtDuration(runSeconds(job))],
+      ["worker", job.worker ?? "–"],
+    ];
+    if (job.queue_position) rows.push(["queue position", job.queue_position]);
+    if (job.waiting_for) rows.push(["waiting for", job.waiting_for]);
+    if (job.exit_code !== null && job.exit_code !== undefined) rows.push(["exit code", job.exit_code]);
+    if (job.error) rows.push(["error", job.error]);
+    summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { field: k } }, String(v))]));
+    if (!specBox.textContent) showSpec();
+    const sel = rankSel.value;
+    const world = (res.nodes ?? 1) * (res.procs_per_node ?? 1);
+    if (rankSel.options.length !== world + 2) {
+      rankSel.replaceChildren(h("option", { value: "" }, "all ranks"),
+        h("option", { value: "-1" }, "launcher (-1)"),
+        ...Array.from({ length: world }, (_, r) => h("option", { value: String(r) }, `rank ${r}`)));
+      rankSel.value = sel;
+    }
+  }
+
+  // Zooming a chart's steps refetches every series for that range only, downsampled to
+  // MAX_POINTS, so a 100k-step run shows full detail where you look; double-click resets.
+  let zoom = null;
+  async function loadMetrics() {
+    const range = zoom;
+    const { series } = await api(`/v1/jobs/${jobId}/metrics`, {
+      query: {
+        max_points: MAX_POINTS,
+        start: range ? Math.max(0, Math.floor(range[0])) : undefined,
+        end: range ? Math.max(0, Math.ceil(range[1])) : undefined,
+      },
+    });
+    if (range !== zoom) return; // the zoom changed while this answer was on its way
+    root.dataset.zoom = range ? `${Math.floor(range[0])}-${Math.ceil(range[1])}` : "";
+    const byName = new Map(series.map((s) => [s.name, s]));
+    for (const chart of chartsFor([...byName.keys()])) {
+      let node = chartNodes.get(chart.id);
+      const fresh = !node;
+      if (fresh) {
+        node = h("div", { class: "panel chart", id: `chart-${chart.id}` });
+        chartNodes.set(chart.id, node);
+        charts.append(node);
+      }
+      const traces = chart.series.filter((n) => byName.has(n))
+        .map((n) => ({ name: n, x: byName.get(n).steps, y: byName.get(n).values }));
+      if (!traces.length) continue; // nothing in the zoomed range
+      await lineChart(node, traces, { title: chart.title });
+      if (fresh) onZoom(node, (r) => { zoom = r; loadMetrics().catch(showError); });
+    }
+    if (!series.length && !charts.childElementCount) {
+      charts.replaceChildren(h("p", { class: "muted", id: "no-metrics" }, "No metrics reported yet."));
+    } else {
+      document.getElementById("no-metrics")?.remove();
+    }
+  }
+
+  async function loadEvents() {
+    const { items, last } = await pageAfter(`/v1/jobs/${jobId}/events`, { after: eventsAfter });
+    eventsAfter = last;
+    for (const e of items) {
+      timeline.append(h("li", { dataset: { kind: e.kind } },
+        h("span", { class: "when" }, fmtTime(e.created_at)),
+        h("span", { class: `muted` }, `[${e.kind}${e.attempt > 1 ? ` attempt ${e.attempt}` : ""}] `),
+        eventText(e)));
+    }
+    if (items.length) timeline.scrollTop = timeline.scrollHeight;
+  }
+
+  function renderLogs() {
+    const needle = search.value.trim().toLowerCase();
+    const shown = needle ? logLines.filter((l) => l.line.toLowerCase().includes(needle)) : logLines;
+    const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4;
+    logBox.replaceChildren(...shown.map((l) => {
+      const text = l.line;
+      let body = [text];
+      const at = needle ? text.toLowerCase().indexOf(needle) : -1;
+      if (at >= 0) body = [text.slice(0, at), h("mark", {}, text.slice(at, at + needle.length)), text.slice(at + needle.length)];
+      return h("div", { class: l.stream === "stderr" ? "stderr" : "", dataset: { rank: l.rank } },
+        h("span", { class: "rank" }, `[${l.rank < 0 ? "launcher" : `rank ${l.rank}`}] `), ...body);
+    }));
+    if (!shown.length) logBox.append(h("span", { class: "muted" }, needle ? "No line matches." : "No log lines yet."));
+    if (atBottom) logBox.scrollTop = logBox.scrollHeight;
+  }
+
+  async function loadLogs() {
+    const rank = rankSel.value;
+    const { items, last } = await pageAfter(`/v1/jobs/${jobId}/logs`, {
+      after: logsAfter, query: { rank: rank === "" ? undefined : rank }, limit: 5000,
+    });
+    if (rank !== rankSel.value) return; // the filter changed while this page was in flight
+    logsAfter = last;
+    if (items.length || !logBox.childElementCount) {
+      logLines = logLines.concat(items).slice(-MAX_LOG_LINES);
+      renderLogs();
+    }
+  }
+
+  async function loadCheckpoints() {
+    const { items } = await api(`/v1/jobs/${jobId}/checkpoints`);
+    ckptBody.replaceChildren(...items.map((c) => h("tr", {},
+      h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
+      h("td", { class: "num" }, fmtBytes(c.size_bytes)), h("td", {}, fmtTime(c.created_at)),
+      h("td", {}, h("code", {}, c.uri)))));
+    if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "None yet.")));
+  }
+
+  rankSel.addEventListener("change", () => {
+    logsAfter = undefined; logLines = []; logBox.replaceChildren(); loadLogs().catch(showError);
+  });
+  search.addEventListener("input", renderLogs);
+
+  // Live: the job's event stream (SSE) pushes; each burst of messages triggers one refresh
+  // over REST, which stays the source of truth (downsampled series, paged logs).
+  let live = "polling";
+  let stopStream = null;
+  let nudge = null;
+  const setLive = (mode) => { live = mode; root.dataset.live = mode; };
+  function openStream() {
+    // Resume after what the page already has; metric lines from a few seconds ago on, as the
+    // trainer's clock (unix seconds) allows, so a long run's history is not streamed again.
+    const since = Date.now() / 1000 - 10;
+    const lastEventId = `${eventsAfter ?? 0}.${logsAfter ?? 0}.${since}.-1`;
+    setLive("sse");
+    stopStream = follow(`/v1/jobs/${jobId}/stream`, {
+      lastEventId,
+      onMessage: (message) => {
+        if (message.event === "job") {
+          job = JSON.parse(message.data);
+          renderJob();
+        }
+        clearTimeout(nudge);
+        nudge = setTimeout(() => stop.now(), NUDGE_MS);
+      },
+      onEnd: () => { setLive("ended"); stop.now(); },
+      onFail: () => { setLive("polling"); stop.now(); },
+    });
+  }
+
+  let ended = false;
+  const interval = () => (live === "sse" ? STREAM_REFRESH_MS : REFRESH_MS);
+  let stop = () => {};
+  const tick = async () => {
+    job = await api(`/v1/jobs/${jobId}`);
+    renderJob();
+    await Promise.all([loadMetrics(), loadEvents(), loadLogs(), loadCheckpoints()]);
+    root.dataset.loaded = "true";
+    if (TERMINAL.has(job.state)) {
+      if (finalPass) { // one more pass picked up what was ingested after the end
+        ended = true;
+        stop();
+        stopStream?.();
+      }
+      finalPass = true;
+    } else if (!stopStream && (await capabilities()).stream) {
+      openStream();
+    }
+  };
+  stop = poll(tick, interval);
+
+  root.append(
+    h("h1", {}, title, badge, h("span", { class: "spacer" }), compareLink, clone,
+      ...Object.values(actions).map((a) => a.button), cancel),
+    h("div", { class: "panel" }, summary),
+    h("h2", {}, "Metrics"), charts,
+    h("div", { class: "grid2" },
+      h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
+      h("section", {}, h("h2", {}, "Checkpoints"), h("table", {},
+        h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
+          h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "uri"))),
+        ckptBody))),
+    h("h2", {}, "Logs"),
+    h("div", { class: "toolbar" }, rankSel, search),
+    logBox,
+    h("h2", {}, "Spec ", specFormat), specBox);
+  return () => {
+    stop();
+    stopStream?.();
+    clearTimeout(nudge);
+    for (const node of chartNodes.values()) purge(node);
+  };
+}

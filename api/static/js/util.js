@@ -1,0 +1,146 @@
+// Small DOM and formatting helpers. Text always goes in as text, never as HTML.
+
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "class") node.className = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key in node && typeof value !== "string") node[key] = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+export const STATES = [
+  "queued", "starting", "running", "pausing", "paused", "restarting", "cancelling",
+  "succeeded", "failed", "cancelled",
+];
+
+export function stateBadge(state) {
+  return h("span", { class: `state state-${state}`, dataset: { state } }, state);
+}
+
+export function fmtNumber(value, digits = 4) {
+  if (value === undefined || value === null) return "–";
+  if (typeof value === "string") return value; // "NaN" / "Infinity" from the API
+  if (Number.isInteger(value)) return value.toLocaleString("en-US");
+  const abs = Math.abs(value);
+  if (abs !== 0 && (abs < 1e-3 || abs >= 1e6)) return value.toExponential(2);
+  return value.toPrecision(digits);
+}
+
+export function fmtDuration(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+  return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+export function fmtTime(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  return d.toLocaleString("en-GB", { dateStyle: "short", timeStyle: "medium" });
+}
+
+export function fmtBytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return `${v.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
+}
+
+/** Seconds the job has run (to now while it runs), or null before it starts. */
+export function runSeconds(job, now = Date.now()) {
+  if (!job.started_at) return null;
+  const end = job.finished_at ? Date.parse(job.finished_at) : now;
+  return (end - Date.parse(job.started_at)) / 1000;
+}
+
+/** Seconds left, from the average step rate so far; null when it cannot be derived. */
+export function etaSeconds(job, now = Date.now()) {
+  if (TERMINAL.has(job.state) || !job.current_step || !job.max_steps) return null;
+  const ran = runSeconds(job, now);
+  if (!ran || job.current_step >= job.max_steps) return null;
+  return (ran / job.current_step) * (job.max_steps - job.current_step);
+}
+
+/**
+ * Run `fn` now and then every `ms` (a number, or a function giving it) until the returned
+ * stop function is called; `stop.now()` runs it early (coalesced with a run in flight).
+ */
+export function poll(fn, ms) {
+  const interval = typeof ms === "function" ? ms : () => ms;
+  let stopped = false;
+  let timer = null;
+  let running = false;
+  let again = false;
+  const tick = async () => {
+    if (stopped) return;
+    if (running) { again = true; return; }
+    running = true;
+    clearTimeout(timer);
+    try { await fn(); } catch (err) { if (!stopped) showError(err); }
+    running = false;
+    if (stopped) return;
+    if (again) { again = false; tick(); return; }
+    timer = setTimeout(tick, interval());
+  };
+  tick();
+  const stop = () => { stopped = true; clearTimeout(timer); };
+  stop.now = tick;
+  return stop;
+}
+
+export function showError(err) {
+  const bar = document.getElementById("flash") ?? document.body.appendChild(
+    h("div", { id: "flash", role: "alert" }));
+  bar.textContent = err?.message ?? String(err);
+  bar.hidden = false;
+}
+
+export function clearError() {
+  const bar = document.getElementById("flash");
+  if (bar) bar.hidden = true;
+}
+
+const PLAIN = /^[A-Za-z_][\w./-]*$/;
+const LOOKS_TYPED = /^(true|false|null|yes|no|on|off|~|[-+]?(\d|\.\d))/i;
+
+function yamlScalar(value) {
+  if (value === null || value === undefined) return "null";
+  if (typeof value !== "string") return String(value);
+  return PLAIN.test(value) && !LOOKS_TYPED.test(value) ? value : JSON.stringify(value);
+}
+
+/** A JSON value as block-style YAML, for reading (JSON strings are valid YAML scalars). */
+export function toYaml(value, indent = "") {
+  if (Array.isArray(value)) {
+    if (!value.length) return "[]";
+    if (value.every((v) => v === null || typeof v !== "object")) {
+      return `[${value.map(yamlScalar).join(", ")}]`;
+    }
+    return value.map((v) => `\n${indent}- ${toYaml(v, `${indent}  `).trimStart()}`).join("");
+  }
+  if (value !== null && typeof value === "object") {
+    const keys = Object.keys(value);
+    if (!keys.length) return "{}";
+    return keys.map((k) => {
+      const v = value[k];
+      const key = PLAIN.test(k) ? k : JSON.stringify(k);
+      const nested = v !== null && typeof v === "object" && Object.keys(v).length
+        && !(Array.isArray(v) && v.every((x) => x === null || typeof x !== "object"));
+      return nested ? `\n${indent}${key}:${toYaml(v, `${indent}  `)}` : `\n${indent}${key}: ${toYaml(v, indent)}`;
+    }).join("");
+  }
+  return yamlScalar(value);
+}

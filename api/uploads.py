@@ -1,0 +1,260 @@
+"""Streaming multipart upload of a dataset file, straight to storage, with a size limit.
+
+Starlette's form parser spools a whole upload to a temporary file before the route sees it; this
+parser (python-multipart, as Starlette uses) writes each chunk to
+`<storage>/datasets/<dataset id>/<sanitised filename>` as it arrives, hashes it on the way,
+and stops with 413 (removing what it wrote) as soon as the file passes the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import fsspec
+from anyio import to_thread
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from core import storage
+from core.errors import InvalidInput, TooLarge
+
+# Room for the multipart framing and the `name` field on top of the file itself.
+MULTIPART_OVERHEAD = 64 * 1024
+_MAX_NAME_BYTES = 1024
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+# The form, as documented in the OpenAPI schema (the route parses the body itself).
+OPENAPI_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["name", "file"],
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 200},
+                        "file": {"type": "string", "format": "binary"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def safe_filename(raw: str) -> str:
+    """The last path component of `raw`, reduced to `[A-Za-z0-9._-]`, no leading dots.
+
+    `../../x` becomes `x`, `..` becomes `data`: the result never leaves its directory.
+    """
+    base = re.split(r"[\\/]", raw)[-1]
+    base = _UNSAFE.sub("_", base).lstrip(".")[:200]
+    return base or "data"
+
+
+def _invalid(loc: list[str | int], msg: str, type_: str = "value_error") -> InvalidInput:
+    return InvalidInput(
+        f"{'.'.join(map(str, loc))}: {msg}", details=[{"loc": loc, "msg": msg, "type": type_}]
+    )
+
+
+@dataclass
+class Upload:
+    """A dataset file written to storage; `name` is the raw form field (validated by the caller)."""
+
+    name: bytes
+    uri: str
+    size_bytes: int
+    sha256: str
+
+
+@dataclass
+class _Part:
+    field_name: str = ""
+    filename: str | None = None
+    disposition: bytes = b""
+    header_name: bytes = b""
+    header_value: bytes = b""
+
+
+@dataclass
+class _Events:
+    """Collects python-multipart callbacks; the async loop acts on them between writes."""
+
+    part: _Part = field(default_factory=_Part)
+    queue: list[tuple[str, Any]] = field(default_factory=list)
+    ended: bool = False
+
+    def callbacks(self) -> dict[str, Any]:
+        return {
+            "on_part_begin": self._begin,
+            "on_header_field": self._header_field,
+            "on_header_value": self._header_value,
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._data,
+            "on_part_end": lambda: self.queue.append(("end", None)),
+            "on_end": self._end,
+        }
+
+    def _begin(self) -> None:
+        self.part = _Part()
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self.part.header_name += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self.part.header_value += data[start:end]
+
+    def _header_end(self) -> None:
+        if self.part.header_name.lower() == b"content-disposition":
+            self.part.disposition = self.part.header_value
+        self.part.header_name, self.part.header_value = b"", b""
+
+    def _headers_finished(self) -> None:
+        _, options = parse_options_header(self.part.disposition)
+        if b"name" not in options:
+            raise _invalid(["body"], "a multipart part has no field name")
+        self.part.field_name = options[b"name"].decode("utf-8", "replace")
+        if b"filename" in options:
+            self.part.filename = options[b"filename"].decode("utf-8", "replace")
+        self.queue.append(("begin", self.part))
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        self.queue.append(("data", bytes(data[start:end])))
+
+    def _end(self) -> None:
+        self.ended = True
+
+
+class _Receiver:
+    """State of one upload: the open file, its digest, and the `name` field."""
+
+    def __init__(self, *, root_uri: str, max_bytes: int) -> None:
+        self.root_uri = root_uri
+        self.max_bytes = max_bytes
+        self.fs, self.root_path = fsspec.core.url_to_fs(root_uri)
+        self.current: str | None = None  # "file" | "name"
+        self.out: IO[bytes] | None = None
+        self.uri: str | None = None
+        self.size = 0
+        self.hash = hashlib.sha256()
+        self.name: bytes | None = None
+
+    async def handle(self, kind: str, value: Any) -> None:
+        if kind == "begin":
+            await self._begin(value)
+        elif kind == "data":
+            await self._data(value)
+        elif kind == "end":
+            if self.current == "file" and self.out is not None:
+                await to_thread.run_sync(self.out.close)
+                self.out = None
+            self.current = None
+
+    async def _begin(self, part: _Part) -> None:
+        if part.field_name == "file":
+            if part.filename is None:
+                raise _invalid(["body", "file"], "expected a file, got a text field")
+            if self.uri is not None:
+                raise _invalid(["body", "file"], "only one file per upload")
+            self.current = "file"
+            filename = safe_filename(part.filename)
+            self.uri = storage.join(self.root_uri, filename)
+            path = storage.join(self.root_path, filename)
+            await to_thread.run_sync(self._open, path)
+        elif part.field_name == "name":
+            if part.filename is not None:
+                raise _invalid(["body", "name"], "expected a text field, got a file")
+            if self.name is not None:
+                raise _invalid(["body", "name"], "given more than once")
+            self.current, self.name = "name", b""
+        else:
+            raise _invalid(["body", part.field_name], "unexpected field", "extra_forbidden")
+
+    def _open(self, path: str) -> None:
+        self.fs.makedirs(self.root_path, exist_ok=True)
+        self.out = self.fs.open(path, "wb")
+
+    async def _data(self, data: bytes) -> None:
+        if self.current == "name":
+            assert self.name is not None
+            self.name += data
+            if len(self.name) > _MAX_NAME_BYTES:
+                raise _invalid(["body", "name"], "too long", "string_too_long")
+        elif self.current == "file" and self.out is not None:
+            self.size += len(data)
+            if self.size > self.max_bytes:
+                raise TooLarge(
+                    f"upload exceeds the limit of {self.max_bytes} bytes",
+                    details=[{"loc": ["body", "file"], "msg": "too large", "type": "too_large"}],
+                )
+            self.hash.update(data)
+            await to_thread.run_sync(self.out.write, data)
+
+    def remove(self) -> None:
+        """Close and delete whatever was written."""
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+        if self.fs.exists(self.root_path):
+            self.fs.rm(self.root_path, recursive=True)
+
+
+async def receive(request: Request, *, root_uri: str, max_bytes: int) -> Upload:
+    """Stream the multipart body of `request` into `root_uri`. Removes the directory on error.
+
+    Raises InvalidInput (not multipart, malformed, missing/unexpected/duplicate fields, empty
+    file) and TooLarge (file over `max_bytes`, or body over it plus `MULTIPART_OVERHEAD`).
+    """
+    content_type, params = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data" or not params.get(b"boundary"):
+        raise _invalid(["header", "Content-Type"], "expected multipart/form-data with a boundary")
+    events = _Events()
+    receiver = _Receiver(root_uri=root_uri, max_bytes=max_bytes)
+    received = 0
+    try:
+        parser = MultipartParser(params[b"boundary"], events.callbacks())  # type: ignore[arg-type]
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > max_bytes + MULTIPART_OVERHEAD:
+                raise TooLarge(f"request body exceeds the upload limit of {max_bytes} bytes")
+            try:
+                parser.write(chunk)
+            except ValueError as exc:  # python-multipart's parse errors
+                raise _invalid(["body"], f"malformed multipart body: {exc}") from None
+            for kind, value in events.queue:
+                await receiver.handle(kind, value)
+            events.queue.clear()
+        if not events.ended:
+            raise _invalid(["body"], "multipart body ended before its closing boundary")
+        if receiver.name is None:
+            raise _invalid(["body", "name"], "field required", "missing")
+        if receiver.uri is None:
+            raise _invalid(["body", "file"], "field required", "missing")
+        if receiver.size == 0:
+            raise _invalid(["body", "file"], "the file is empty")
+    except BaseException:
+        await to_thread.run_sync(receiver.remove)
+        raise
+    return Upload(
+        name=receiver.name,
+        uri=receiver.uri,
+        size_bytes=receiver.size,
+        sha256=receiver.hash.hexdigest(),
+    )
+
+
+async def remove(root_uri: str) -> None:
+    """Delete an upload's directory (when its dataset row could not be created)."""
+
+    def _rm() -> None:
+        fs, path = fsspec.core.url_to_fs(root_uri)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+    await to_thread.run_sync(_rm)

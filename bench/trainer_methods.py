@@ -1,0 +1,156 @@
+"""Seconds per step, tokens/s and peak memory of each parallelism method on one model.
+
+    python bench/trainer_methods.py [--device cpu|cuda] [--steps 20] [--d-model 128] ...
+
+Each method trains the same GPT (same seed, same global batch) under real `torchrun` (or one
+process for `single`); the timings are the median `step_time_s` of the steps after a warm-up,
+tokens/s = global tokens per step / that median; peak memory is the largest per-rank peak the
+trainer logs (`torch.cuda.max_memory_allocated` on CUDA, peak RSS on CPU). Prints one JSON
+object: {"config": {...}, "methods": {name: {...}}}. Not a test: numbers vary run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from trainer.spec import JobSpec  # noqa: E402
+
+# name: (processes, parallelism, extra train options); global batch is always --batch.
+METHODS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
+    "single": (1, {"strategy": "single"}, {}),
+    "ddp": (2, {"strategy": "ddp"}, {}),
+    "fsdp": (2, {"strategy": "fsdp"}, {}),
+    "fsdp_bf16": (2, {"strategy": "fsdp", "fsdp": {"param_dtype": "bf16"}}, {}),
+    "fsdp_ac": (2, {"strategy": "fsdp"}, {"activation_checkpointing": True}),
+    "tensor": (2, {"strategy": "tensor"}, {}),
+    "pipeline_gpipe": (2, {"strategy": "pipeline", "pipeline": {"schedule": "gpipe"}}, {}),
+    "pipeline_1f1b": (2, {"strategy": "pipeline", "pipeline": {"schedule": "1f1b"}}, {}),
+    "pipeline_interleaved_1f1b": (
+        2,
+        {
+            "strategy": "pipeline",
+            "pipeline": {"schedule": "interleaved_1f1b", "stages_per_rank": 2},
+        },
+        {},
+    ),
+    "fsdp_tp_2d": (4, {"strategy": "fsdp", "tensor_parallel_size": 2}, {}),
+}
+_PEAK = re.compile(r"peak memory (\d+) bytes")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSpec]:
+    nproc, parallelism, train = METHODS[name]
+    dp = 1 if parallelism["strategy"] in ("tensor", "pipeline") else nproc
+    dp //= parallelism.get("tensor_parallel_size", 1)
+    spec = JobSpec.model_validate(
+        {
+            "name": f"bench-{name}",
+            "seed": 0,
+            "data": {"uri": str(corpus)},
+            "model": {"n_layers": args.n_layers, "n_heads": args.n_heads,
+                      "d_model": args.d_model, "seq_len": args.seq_len},
+            "parallelism": parallelism,
+            "resources": {"procs_per_node": nproc, "device": args.device},
+            "optim": {"warmup_steps": 1, "schedule": "constant"},
+            "train": {"micro_batch_size": args.batch // dp, "max_steps": args.steps,
+                      "log_interval_steps": 1, "precision": args.precision, **train},
+            "eval": {"interval_steps": args.steps, "num_batches": 1},
+            "checkpoint": {"interval_steps": args.steps, "keep_last": 1},
+            "sample": {"max_new_tokens": 0},
+        }
+    )  # fmt: skip
+    return nproc, spec
+
+
+def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path) -> dict:
+    """Train `name` for `args.steps` steps; its timings and peak memory."""
+    nproc, spec = _spec(args, corpus, name)
+    workdir.mkdir(parents=True)
+    spec.dump(workdir / "spec.json")
+    trainer = ["-m", "trainer", "--spec", str(workdir / "spec.json")]
+    trainer += ["--run-dir", str(workdir / "run"), "--checkpoint-dir", str(workdir / "ckpt")]
+    if nproc == 1:
+        cmd = [sys.executable, *trainer]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+        cmd += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{_free_port()}", *trainer]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:] or proc.stdout[-2000:]}
+    events = [json.loads(line) for line in (workdir / "run" / "events.jsonl").open()]
+    metrics = [e["values"] for e in events if e["type"] == "metric" and "loss" in e["values"]]
+    times = [m["step_time_s"] for m in metrics[args.warmup :]]
+    step_s = statistics.median(times)
+    tokens_per_step = args.batch * args.seq_len
+    peaks = [int(m) for m in _PEAK.findall(proc.stdout)]
+    return {
+        "processes": nproc,
+        "seconds_per_step": round(step_s, 5),
+        "tokens_per_second": round(tokens_per_step / step_s, 1),
+        "peak_memory_bytes_per_rank": max(peaks) if peaks else None,
+        "final_loss": round(metrics[-1]["loss"], 6),
+    }
+
+
+def _corpus(root: Path, size: int) -> Path:
+    """A few hundred KB of the Python standard library's source (no downloads)."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out, total = root / "corpus", 0
+    out.mkdir()
+    for path in sorted(stdlib.glob("*.py")):
+        data = path.read_bytes()
+        (out / path.name).write_bytes(data)
+        total += len(data)
+        if total >= size:
+            break
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
+    p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
+    args = p.parse_args()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = _corpus(Path(tmp), 2_000_000)
+        for name in args.methods.split(","):
+            results[name] = run_method(args, corpus, name, Path(tmp) / name)
+    config = {k: v for k, v in vars(args).items() if k != "methods"}
+    print(json.dumps({"config": config, "methods": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

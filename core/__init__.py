@@ -1,0 +1,4 @@
+"""Shared domain of the control plane: settings, ORM models, job state machine, services.
+
+No FastAPI, no Celery, no torch here: `api/` and `workers/` both build on this package.
+"""

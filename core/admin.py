@@ -1,0 +1,41 @@
+"""Server administration: `python -m core.admin migrate | bootstrap | create-key`.
+
+`torchyard admin ...` runs this module in a subprocess, so the client package stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from core import auth
+from core.db import get_engine, session_scope, upgrade
+from core.settings import get_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchyard admin")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    boot = sub.add_parser("bootstrap", help="create a project (if absent) and an API key")
+    boot.add_argument("--project", default="default")
+    boot.add_argument("--key-name", default="bootstrap")
+    args = parser.parse_args(argv)
+
+    settings = get_settings()
+    if args.command == "migrate":
+        upgrade(settings.database_url)
+        print(f"migrated {get_engine(settings).url.render_as_string(hide_password=True)}")
+        return 0
+    with session_scope(get_engine(settings)) as session:
+        project = auth.get_project_by_name(session=session, name=args.project)
+        if project is None:
+            project = auth.create_project(session=session, name=args.project)
+        secret = auth.create_api_key(session=session, project_id=project.id, name=args.key_name)
+    print(f"project {project.name} ({project.id})", file=sys.stderr)
+    print(f"TORCHYARD_API_KEY={secret}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

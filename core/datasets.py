@@ -1,0 +1,132 @@
+"""Datasets: registered server-side paths or uploaded files, with size and sha256 recorded."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from core.auth import new_id
+from core.errors import Conflict, InvalidInput, NotFound
+from core.models import Dataset, utcnow
+from core.settings import Settings
+from core.storage import allowed_data_roots, resolve_under
+
+_CHUNK = 1 << 20
+# Not part of a corpus: byte-code caches, VCS data, and the third-party packages that live
+# inside the standard library directory of an installed Python.
+SKIP_DIRS = frozenset({"__pycache__", ".git", "site-packages", "dist-packages"})
+
+
+def digest_path(path: Path) -> tuple[int, str, int]:
+    """(size_bytes, sha256 hex, num_files) of a file or a directory tree.
+
+    A directory's digest hashes each file's relative path and content digest, in sorted order,
+    so it changes when any file is added, removed, renamed or edited.
+    """
+    if path.is_file():
+        size, digest = _file_digest(path)
+        return size, digest, 1
+    files = sorted(
+        p for p in path.rglob("*") if p.is_file() and not SKIP_DIRS.intersection(p.parts)
+    )
+    tree = hashlib.sha256()
+    total = 0
+    for file in files:
+        size, digest = _file_digest(file)
+        total += size
+        tree.update(f"{file.relative_to(path).as_posix()}\0{digest}\n".encode())
+    return total, tree.hexdigest(), len(files)
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    h, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def register(
+    *, session: Session, settings: Settings, project_id: str, name: str, uri: str
+) -> Dataset:
+    """Register a server-side file or directory under an allowed root. Commits.
+
+    Raises Forbidden (escapes the roots), InvalidInput (missing or empty), Conflict (name taken).
+    """
+    path = resolve_under(uri, allowed_data_roots(settings))
+    if not path.exists():
+        raise InvalidInput(
+            f"{uri!r} does not exist on the server",
+            details=[{"loc": ["body", "uri"], "msg": "does not exist", "type": "value_error"}],
+        )
+    size, sha256, num_files = digest_path(path)
+    if size == 0:
+        raise InvalidInput(
+            f"{uri!r} is empty",
+            details=[{"loc": ["body", "uri"], "msg": "no data", "type": "value_error"}],
+        )
+    return create(
+        session=session,
+        project_id=project_id,
+        name=name,
+        uri=str(path),
+        size_bytes=size,
+        sha256=sha256,
+        num_files=num_files,
+    )
+
+
+def create(
+    *,
+    session: Session,
+    project_id: str,
+    name: str,
+    uri: str,
+    size_bytes: int,
+    sha256: str,
+    num_files: int,
+    dataset_id: str | None = None,
+) -> Dataset:
+    """Insert a dataset row. Commits; raises Conflict when the project has the name already."""
+    dataset = Dataset(
+        id=dataset_id or new_id("ds"),
+        project_id=project_id,
+        name=name,
+        uri=uri,
+        size_bytes=size_bytes,
+        sha256=sha256,
+        num_files=num_files,
+        created_at=utcnow(),
+    )
+    session.add(dataset)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(
+            f"dataset {name!r} exists in this project",
+            details=[{"loc": ["body", "name"], "msg": "name taken", "type": "conflict"}],
+        ) from None
+    return dataset
+
+
+def get(*, session: Session, dataset_id: str, project_id: str) -> Dataset | None:
+    dataset = session.get(Dataset, dataset_id)
+    return dataset if dataset is not None and dataset.project_id == project_id else None
+
+
+def get_or_raise(*, session: Session, dataset_id: str, project_id: str) -> Dataset:
+    dataset = get(session=session, dataset_id=dataset_id, project_id=project_id)
+    if dataset is None:
+        raise NotFound(f"dataset {dataset_id} not found")
+    return dataset
+
+
+def list_all(*, session: Session, project_id: str) -> list[Dataset]:
+    query = select(Dataset).where(Dataset.project_id == project_id).order_by(Dataset.created_at)
+    return list(session.execute(query).scalars())

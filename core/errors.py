@@ -1,0 +1,42 @@
+"""Domain errors. The API maps each to one HTTP status with one body shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    """Base class: `code` is the machine-readable error code in the API body."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+
+class NotFound(DomainError):
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    code = "conflict"
+
+
+class InvalidInput(DomainError):
+    """Input that parsed but is wrong: `details` carry `loc` paths like a 422 from pydantic."""
+
+    code = "validation_error"
+
+
+class TooLarge(DomainError):
+    code = "payload_too_large"
+
+
+class Unauthorized(DomainError):
+    code = "unauthorized"
+
+
+class Forbidden(DomainError):
+    code = "forbidden"

@@ -1,0 +1,302 @@
+"""Read services for what a job reported: events, log lines, metric series, checkpoints.
+
+Plain keyset reads for the API (and anything else that shows a job). Callers check that the
+job belongs to their project first (`core.jobs.get_or_raise(..., project_id=...)`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from core import downsample
+from core.models import Checkpoint, Job, JobEvent, LogLine, MetricPoint
+
+
+def events_page(
+    *, session: Session, job_id: int, after: int | None = None, limit: int = 100
+) -> tuple[list[JobEvent], int | None]:
+    """Oldest first, ids > `after`. Returns (events, `after` for the next page or None)."""
+    query = select(JobEvent).where(JobEvent.job_id == job_id)
+    if after is not None:
+        query = query.where(JobEvent.id > after)
+    rows = list(session.execute(query.order_by(JobEvent.id).limit(limit + 1)).scalars())
+    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)
+
+
+def logs_page(
+    *,
+    session: Session,
+    job_id: int,
+    rank: int | None = None,
+    after: int | None = None,
+    limit: int = 1000,
+) -> tuple[list[LogLine], int | None]:
+    """Oldest first (by id = ingestion order), optionally one rank's (-1: the launcher).
+
+    Returns (lines, `after` for the next page or None).
+    """
+    query = select(LogLine).where(LogLine.job_id == job_id)
+    if rank is not None:
+        query = query.where(LogLine.rank == rank)
+    if after is not None:
+        query = query.where(LogLine.id > after)
+    rows = list(session.execute(query.order_by(LogLine.id).limit(limit + 1)).scalars())
+    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)
+
+
+@dataclass
+class Series:
+    """One metric of one job: `steps[i]` pairs with `values[i]`, ascending by step."""
+
+    name: str
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+
+def metric_series(
+    *,
+    session: Session,
+    job_id: int,
+    names: Sequence[str] | None = None,
+    start: int | None = None,
+    end: int | None = None,
+) -> list[Series]:
+    """Every series of the job (or those in `names`), every point with `start <= step <= end`,
+    sorted by name; unknown names are absent."""
+    query = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(
+        MetricPoint.job_id == job_id
+    )
+    if names is not None:
+        query = query.where(MetricPoint.name.in_(list(names)))
+    if start is not None:
+        query = query.where(MetricPoint.step >= start)
+    if end is not None:
+        query = query.where(MetricPoint.step <= end)
+    series: dict[str, Series] = {}
+    for name, step, value in session.execute(query.order_by(MetricPoint.name, MetricPoint.step)):
+        s = series.setdefault(name, Series(name=name))
+        s.steps.append(step)
+        s.values.append(value)
+    return list(series.values())
+
+
+def series_names(*, session: Session, job_id: int) -> list[str]:
+    """The job's metric names, sorted: a loose index scan of the (job_id, name, step) key, one
+    probe per name, so a series of a million points costs no more than one of ten."""
+    rows = session.execute(
+        text(
+            "WITH RECURSIVE n(name) AS ("
+            " SELECT min(name) FROM metric_points WHERE job_id = :job"
+            " UNION ALL"
+            " SELECT (SELECT min(m.name) FROM metric_points m"
+            "         WHERE m.job_id = :job AND m.name > n.name)"
+            " FROM n WHERE n.name IS NOT NULL)"
+            " SELECT name FROM n WHERE name IS NOT NULL"
+        ),
+        {"job": job_id},
+    )
+    return [r[0] for r in rows]
+
+
+# Min/max per bucket in one pass: arrays compare element-wise, so min(ARRAY[value, step]) is
+# the bucket's minimum with its (earliest) step, max(ARRAY[value, -step]) its maximum.
+_PG_BUCKETS = text(
+    "SELECT min(ARRAY[value, step::float8]), max(ARRAY[value, -step::float8])"
+    " FROM metric_points WHERE job_id = :job AND name = :name AND step BETWEEN :lo AND :hi"
+    " GROUP BY (step - :lo)::bigint * :buckets / :span"
+)
+
+
+def _edge(
+    session: Session, job_id: int, name: str, start: int | None, end: int | None, last: bool
+) -> tuple[int, float] | None:
+    query = select(MetricPoint.step, MetricPoint.value).where(
+        MetricPoint.job_id == job_id, MetricPoint.name == name
+    )
+    if start is not None:
+        query = query.where(MetricPoint.step >= start)
+    if end is not None:
+        query = query.where(MetricPoint.step <= end)
+    order = MetricPoint.step.desc() if last else MetricPoint.step
+    row = session.execute(query.order_by(order).limit(1)).first()
+    return (int(row[0]), float(row[1])) if row else None
+
+
+class _ResultCache:
+    """A small LRU of downsampled series, keyed by everything the answer depends on. The job's
+    `updated_at` is part of the key: every metric write moves it (`core.ingest.metrics`), so a
+    running job's entries are simply never hit again and age out."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self.items: OrderedDict[tuple[object, ...], Series] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[object, ...]) -> Series | None:
+        with self.lock:
+            found = self.items.get(key)
+            if found is not None:
+                self.items.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[object, ...], value: Series) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+_downsampled = _ResultCache()
+
+
+def downsampled_series(
+    *,
+    session: Session,
+    job_id: int,
+    max_points: int,
+    names: Sequence[str] | None = None,
+    start: int | None = None,
+    end: int | None = None,
+) -> list[Series]:
+    """Each series (of `names`, or all) between steps `start` and `end` inclusive, cut to at most
+    `max_points` points by `core.downsample.min_max` (same rule, in SQL on Postgres).
+
+    Each kept point is a stored point (no interpolation); the first and last points of the
+    range are always kept, so `steps[-1]`/`values[-1]` is the exact last value. Sorted by name;
+    unknown names and empty ranges are absent. Raises ValueError for `max_points < 1`.
+    """
+    if max_points < 1:
+        raise ValueError("max_points must be >= 1")
+    wanted = (
+        sorted(set(names)) if names is not None else series_names(session=session, job_id=job_id)
+    )
+    postgres = session.get_bind().dialect.name == "postgresql"
+    job = session.get(Job, job_id)
+    version = (job_id, job.updated_at if job is not None else None, start, end, max_points)
+    out = []
+    for name in wanted:
+        if (hit := _downsampled.get((*version, name))) is not None:
+            out.append(hit)
+            continue
+        first = _edge(session, job_id, name, start, end, last=False)
+        last = _edge(session, job_id, name, start, end, last=True)
+        if first is None or last is None:
+            continue
+        buckets = downsample.num_buckets(max_points)
+        span = last[0] - first[0] + 1
+        if not postgres or span <= max_points or buckets == 0:
+            # Few enough steps that the rows fit (steps are unique), or no SQL path: in Python.
+            s = metric_series(
+                session=session, job_id=job_id, names=[name], start=first[0], end=last[0]
+            )[0]
+            steps, values = downsample.min_max(s.steps, s.values, max_points)
+            out.append(Series(name=name, steps=steps, values=values))
+            _downsampled.put((*version, name), out[-1])
+            continue
+        params = {
+            "job": job_id,
+            "name": name,
+            "lo": first[0],
+            "hi": last[0],
+            "buckets": buckets,
+            "span": span,
+        }
+        points = {first[0]: first[1], last[0]: last[1]}
+        # JIT compilation costs more than it saves on this one-pass aggregate.
+        session.execute(text("SET LOCAL jit = off"))
+        for low, high in session.execute(_PG_BUCKETS, params):
+            points[int(low[1])] = float(low[0])
+            points[int(-high[1])] = float(high[0])
+        steps = sorted(points)
+        out.append(Series(name=name, steps=steps, values=[points[s] for s in steps]))
+        _downsampled.put((*version, name), out[-1])
+    return out
+
+
+def checkpoints(*, session: Session, job_id: int) -> list[Checkpoint]:
+    """The job's recorded (complete) checkpoints, by step."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
+    return list(session.execute(query).scalars())
+
+
+@dataclass(frozen=True, slots=True)
+class MetricStep:
+    """The values one trainer line reported for one step, at trainer time `time` (unix s)."""
+
+    step: int
+    time: float
+    values: dict[str, float]
+
+
+def latest_ids(*, session: Session, job_id: int) -> tuple[int, int]:
+    """(highest event id, highest log line id) of the job, 0 when none: index probes."""
+    event = session.scalar(
+        select(JobEvent.id).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc()).limit(1)
+    )
+    line = session.scalar(
+        select(LogLine.id).where(LogLine.job_id == job_id).order_by(LogLine.id.desc()).limit(1)
+    )
+    return int(event or 0), int(line or 0)
+
+
+def latest_metric_mark(*, session: Session, job_id: int) -> tuple[float, int]:
+    """(time, step) of the newest reported metric line of the job, (0.0, -1) when none.
+
+    One index probe per series (the last step of each name), not a scan of the points.
+    """
+    best = (0.0, -1)
+    for name in series_names(session=session, job_id=job_id):
+        row = session.execute(
+            select(MetricPoint.time, MetricPoint.step)
+            .where(MetricPoint.job_id == job_id, MetricPoint.name == name)
+            .order_by(MetricPoint.step.desc())
+            .limit(1)
+        ).first()
+        if row is not None:
+            best = max(best, (float(row[0]), int(row[1])))
+    return best
+
+
+def metric_steps_after(
+    *,
+    session: Session,
+    job_id: int,
+    time: float,
+    step: int,
+    min_step: int = 0,
+    limit: int = 5000,
+) -> tuple[list[MetricStep], bool]:
+    """Metric lines reported after the mark (`time`, `step`), oldest first, at most `limit`
+    points (a line is never split), and whether there may be more. `min_step` bounds the
+    index range scanned: points of lower steps (an attempt that resumed from an earlier
+    checkpoint) are not looked at.
+    """
+    names = series_names(session=session, job_id=job_id)  # so each name is an index range
+    if not names:
+        return [], False
+    query = (
+        select(MetricPoint.time, MetricPoint.step, MetricPoint.name, MetricPoint.value)
+        .where(
+            MetricPoint.job_id == job_id,
+            MetricPoint.name.in_(names),
+            MetricPoint.step >= min_step,
+        )
+        .where((MetricPoint.time > time) | ((MetricPoint.time == time) & (MetricPoint.step > step)))
+        .order_by(MetricPoint.time, MetricPoint.step, MetricPoint.name)
+        .limit(limit + 1)
+    )
+    rows = list(session.execute(query))
+    full = len(rows) > limit
+    grouped: dict[tuple[float, int], dict[str, float]] = {}
+    for t, s, name, value in rows:
+        grouped.setdefault((float(t), int(s)), {})[name] = float(value)
+    if full and len(grouped) > 1:  # the last line may be cut by the limit: next call has it
+        grouped.popitem()
+    return [MetricStep(step=s, time=t, values=v) for (t, s), v in grouped.items()], full

@@ -1,0 +1,92 @@
+"""Which queued job a free worker takes, and why a queued job waits.
+
+A `workers.run_job` message is a token ("a job of pool P is runnable"), not an order: the worker
+that receives it claims the best queued job of P, highest `priority` first, then the oldest (by
+id). The decision is Postgres's, so priorities hold whatever order the broker delivers in
+(kombu's filesystem transport keeps none). There is one message per queued job, so every queued
+job is reached; the reconciler re-sends for jobs whose message was lost.
+
+Postgres: `SELECT ... FOR UPDATE SKIP LOCKED` picks a candidate no other claimant is looking
+at; the claim is still the fencing UPDATE of `core.jobs.claim` (queued -> starting), so exactly
+one claimant wins each job. SQLite has no row locks: a plain ordered select, and a lost fencing
+UPDATE moves on to the next candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import UnaryExpression, and_, func, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from core import jobs
+from core.models import Job, JobState
+
+MAX_CANDIDATES = 8  # SQLite: fencing UPDATEs lost to other claimants before giving up
+
+
+def scheduling_order() -> tuple[UnaryExpression[Any], UnaryExpression[Any]]:
+    """ORDER BY of a pool's queue: higher priority first, then older."""
+    return (Job.priority.desc(), Job.id.asc())
+
+
+def claim_next(*, session: Session, pool: str, worker: str) -> Job | None:
+    """Claim the best queued job of `pool` for `worker` (queued -> starting, attempt + 1).
+
+    Returns None when the pool has no queued job left for this claimant. Does not commit.
+    """
+    skipped: list[int] = []
+    for _ in range(MAX_CANDIDATES):
+        query = select(Job.id).where(Job.pool == pool, Job.state == JobState.QUEUED)
+        if skipped:
+            query = query.where(Job.id.not_in(skipped))
+        candidate = session.execute(
+            query.order_by(*scheduling_order()).limit(1).with_for_update(skip_locked=True)
+        ).scalar_one_or_none()
+        if candidate is None:
+            return None
+        job = jobs.claim(session=session, job_id=candidate, worker=worker)
+        if job is not None:
+            return job
+        skipped.append(candidate)  # another claimant won it (SQLite: no row lock held)
+    return None
+
+
+def queue_positions(*, session: Session, queued: Sequence[Job]) -> dict[int, int]:
+    """{job id: 1-based place in its pool's queue} for the given queued jobs, in one query.
+
+    Place 1 is the job the next free worker of the pool takes. Uses the index
+    (pool, state, priority, id): one index range count per job.
+    """
+    ids = [j.id for j in queued if j.state == JobState.QUEUED]
+    if not ids:
+        return {}
+    ahead = aliased(Job)
+    count_ahead = (
+        select(func.count())
+        .select_from(ahead)
+        .where(
+            ahead.pool == Job.pool,
+            ahead.state == JobState.QUEUED,
+            or_(
+                ahead.priority > Job.priority,
+                and_(ahead.priority == Job.priority, ahead.id < Job.id),
+            ),
+        )
+        .correlate(Job)
+        .scalar_subquery()
+    )
+    rows = session.execute(select(Job.id, count_ahead).where(Job.id.in_(ids))).all()
+    return {job_id: int(n) + 1 for job_id, n in rows}
+
+
+def waiting_for(job: Job) -> str | None:
+    """What a job that is not running waits for, in words; None when it waits for nothing."""
+    if job.state == JobState.QUEUED:
+        return f"a free worker on pool {job.pool!r}"
+    if job.state == JobState.PAUSED:
+        return "a resume request (POST /v1/jobs/{id}/resume)".replace("{id}", str(job.id))
+    if job.state == JobState.RESTARTING:
+        return f"requeue after a failed attempt, then a free worker on pool {job.pool!r}"
+    return None

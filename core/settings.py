@@ -1,0 +1,77 @@
+"""Settings from the environment (`TORCHYARD_*`), via pydantic-settings."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Process-wide configuration. Build engines and apps from it in factories, not at import."""
+
+    model_config = SettingsConfigDict(env_prefix="TORCHYARD_", extra="ignore")
+
+    env: Literal["dev", "test", "production"] = Field(
+        default="dev",
+        description="`production` refuses unsafe defaults (SQLite, no-server broker).",
+    )
+    home: Path = Field(
+        default=Path(".torchyard"), description="Local state for the embedded default."
+    )
+    database_url: str = Field(default="", description="SQLAlchemy URL; SQLite under home if empty.")
+    broker_url: str = Field(
+        default="filesystem://", description="Celery broker; `filesystem://` needs no server."
+    )
+    storage_url: str = Field(
+        default="", description="Checkpoints, uploads and run dirs (local dir or fsspec URI)."
+    )
+    data_roots: list[str] = Field(
+        default_factory=list,
+        description="Server-side directories that `POST /v1/datasets` may register, besides the "
+        "Python standard library and the storage root.",
+    )
+    max_upload_bytes: int = Field(default=512 * 1024**2, ge=1, description="Upload size limit.")
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Worker heartbeat period.")
+    heartbeat_timeout_s: float = Field(
+        default=60.0, gt=0, description="A running job whose heartbeat is older is reaped."
+    )
+    cancel_grace_s: float = Field(
+        default=8.0, ge=0, description="SIGTERM-to-SIGKILL grace when cancelling a run."
+    )
+    ingest_interval_s: float = Field(
+        default=0.5, gt=0, description="How often the worker flushes trainer output to the DB."
+    )
+    worker_hostname: str = Field(default="", description="Name a worker records on claimed jobs.")
+
+    @model_validator(mode="after")
+    def _defaults_and_production_checks(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{(self.home / 'torchyard.db').resolve()}"
+        if not self.storage_url:
+            self.storage_url = str((self.home / "storage").resolve())
+        if self.env == "production":
+            if self.database_url.startswith("sqlite"):
+                raise ValueError("TORCHYARD_DATABASE_URL: production needs Postgres, not SQLite")
+            if self.broker_url.startswith("filesystem"):
+                raise ValueError("TORCHYARD_BROKER_URL: production needs Redis, not filesystem://")
+        return self
+
+    @property
+    def is_local_storage(self) -> bool:
+        return "://" not in self.storage_url or self.storage_url.startswith("file://")
+
+    @property
+    def storage_path(self) -> Path:
+        """The storage root as a local path. Raises ValueError for remote storage."""
+        if not self.is_local_storage:
+            raise ValueError(f"storage {self.storage_url!r} is not a local directory")
+        return Path(self.storage_url.removeprefix("file://")).resolve()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Make sure PostgreSQL (127.0.0.1:5432, trust auth for local TCP) and Redis (127.0.0.1:6379)
+# are running: start them when installed but stopped, install them with apt when absent.
+# Needs root only when something has to be installed or started.
+set -euo pipefail
+
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+redis_up() { (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; }
+apt_updated=0
+apt_install() {
+  [ "$apt_updated" = 1 ] || { apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! pg_up; then
+  if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    echo "services: installing PostgreSQL" >&2
+    apt_install postgresql postgresql-client
+  fi
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  hba=/etc/postgresql/$version/main/pg_hba.conf
+  if ! grep -q "torchyard-test" "$hba"; then
+    # Tests connect as postgres over loopback without a password, as on the dev machines.
+    sed -i '1i host all all 127.0.0.1/32 trust # torchyard-test\nhost all all ::1/128 trust # torchyard-test' "$hba"
+  fi
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  for _ in $(seq 1 60); do pg_up && break; sleep 0.5; done
+  pg_up || { echo "services: PostgreSQL did not start" >&2; exit 1; }
+fi
+
+if ! redis_up; then
+  if ! command -v redis-server >/dev/null; then
+    echo "services: installing Redis" >&2
+    apt_install redis-server
+  fi
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/torchyard.log
+  for _ in $(seq 1 60); do redis_up && break; sleep 0.25; done
+  redis_up || { echo "services: Redis did not start" >&2; exit 1; }
+fi
+echo "services: postgres and redis are up" >&2

@@ -1,0 +1,82 @@
+"""Render the JobSpec reference (Markdown) from its JSON Schema.
+
+`python scripts/spec_reference.py` prints it; `--write` replaces the block between the
+`<!-- spec-reference -->` markers in README.md. tests/unit/test_readme.py keeps them in step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.spec import JobSpec  # noqa: E402
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BEGIN, END = "<!-- spec-reference -->", "<!-- /spec-reference -->"
+
+
+def _type(prop: dict[str, Any]) -> str:
+    if "$ref" in prop:
+        return "object"
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    if "const" in prop:
+        return f"`{prop['const']}`"
+    if "anyOf" in prop:
+        return " or ".join(_type(p) for p in prop["anyOf"])
+    kind = prop.get("type", "any")
+    if kind == "array":
+        return f"list of {_type(prop.get('items', {}))}"
+    return str(kind)
+
+
+def _default(prop: dict[str, Any], required: bool) -> str:
+    if required:
+        return "**required**"
+    return f"`{json.dumps(prop['default'])}`" if "default" in prop else "see below"
+
+
+def render() -> str:
+    schema = JobSpec.model_json_schema()
+    defs = schema.get("$defs", {})
+    lines: list[str] = []
+
+    def table(prefix: str, body: dict[str, Any]) -> None:
+        lines.append("| field | type | default | meaning |")
+        lines.append("|---|---|---|---|")
+        nested = []
+        required = set(body.get("required", []))
+        for name, prop in body.get("properties", {}).items():
+            path = f"{prefix}{name}"
+            desc = prop.get("description", "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| `{path}` | {_type(prop)} | {_default(prop, name in required)} | {desc} |")
+            if "$ref" in prop:
+                nested.append((path, defs[prop["$ref"].split("/")[-1]]))
+        for path, sub in nested:
+            lines.append("")
+            lines.append(f"**`{path}`** — {sub.get('description', '').strip()}")
+            lines.append("")
+            table(f"{path}.", sub)
+
+    table("", schema)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    text = render()
+    if "--write" not in sys.argv:
+        print(text)
+        return 0
+    readme = README.read_text()
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

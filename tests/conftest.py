@@ -1,0 +1,163 @@
+"""Shared fixtures: a real Postgres database (migrated) and a real Redis, one per test session.
+
+`TORCHYARD_TEST_POSTGRES` (default postgresql+psycopg://postgres@127.0.0.1:5432/postgres) is
+the server to create a throw-away database on; `TORCHYARD_TEST_REDIS` (default
+redis://127.0.0.1:6379) the Redis to use (a database number chosen per session, flushed).
+`.ci/run` starts both when absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from core import auth
+from core.db import make_engine, session_scope, upgrade
+from core.settings import Settings
+
+PG_ADMIN_URL = os.environ.get(
+    "TORCHYARD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("TORCHYARD_TEST_REDIS", "redis://127.0.0.1:6379")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A freshly created, migrated Postgres database, dropped after the session."""
+    name = f"torchyard_test_{secrets.token_hex(4)}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis database number of its own for this session, flushed before and after."""
+    import redis
+
+    db = 1 + secrets.randbelow(14)
+    url = f"{REDIS_URL}/{db}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def settings(
+    postgres_url: str,
+    redis_url: str,
+    corpus_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Settings:
+    """Settings for a production-shaped deployment: Postgres, Redis, local storage.
+
+    `corpus_dir` is an allowed data root, so tests can register it as a dataset.
+    """
+    home = tmp_path_factory.mktemp("torchyard_home")
+    return Settings(
+        env="test",
+        home=home,
+        database_url=postgres_url,
+        broker_url=redis_url,
+        storage_url=str(home / "storage"),
+        heartbeat_interval_s=1.0,
+        ingest_interval_s=0.2,
+        cancel_grace_s=5.0,
+        data_roots=[str(corpus_dir)],
+    )
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that make a subprocess see `settings`."""
+    return {
+        **os.environ,
+        "TORCHYARD_ENV": settings.env,
+        "TORCHYARD_HOME": str(settings.home),
+        "TORCHYARD_DATABASE_URL": settings.database_url,
+        "TORCHYARD_BROKER_URL": settings.broker_url,
+        "TORCHYARD_STORAGE_URL": settings.storage_url,
+        "TORCHYARD_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+        "TORCHYARD_INGEST_INTERVAL_S": str(settings.ingest_interval_s),
+        "TORCHYARD_CANCEL_GRACE_S": str(settings.cancel_grace_s),
+        "TORCHYARD_DATA_ROOTS": json.dumps(settings.data_roots),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+
+
+@pytest.fixture(scope="session")
+def engine(settings: Settings) -> Iterator[Engine]:
+    eng = make_engine(settings.database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as s:
+        yield s
+
+
+@dataclass(frozen=True)
+class ProjectKey:
+    project_id: str
+    project_name: str
+    api_key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+def make_project(engine: Engine, name: str | None = None) -> ProjectKey:
+    name = name or f"proj-{secrets.token_hex(4)}"
+    with session_scope(engine) as s:
+        project = auth.create_project(session=s, name=name)
+        key = auth.create_api_key(session=s, project_id=project.id)
+    return ProjectKey(project_id=project.id, project_name=name, api_key=key)
+
+
+@pytest.fixture
+def project(engine: Engine) -> ProjectKey:
+    """A new project with one API key."""
+    return make_project(engine)
+
+
+@pytest.fixture
+def other_project(engine: Engine) -> ProjectKey:
+    """A second project, for isolation tests."""
+    return make_project(engine)
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real corpus: a few hundred KB of the Python standard library's own source."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out = tmp_path_factory.mktemp("corpus")
+    total = 0
+    for src in sorted(stdlib.glob("*.py")):
+        data = src.read_bytes()
+        (out / src.name).write_bytes(data)
+        total += len(data)
+        if total > 400_000:
+            break
+    return out

@@ -1,0 +1,133 @@
+"""Helpers for the trainer tests: tiny specs, real `torchrun` launches, reading events.
+
+Not a conftest pytest loads by itself: test modules import it (`from tests.conftest_trainer
+import ...`). The corpus is the session's `corpus_dir` fixture (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.data import load_corpus
+from trainer.distributed import DistInfo
+from trainer.events import NullReporter, Reporter
+from trainer.loop import Run
+from trainer.spec import JobSpec
+from trainer.train import build_run
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 180
+
+
+def tiny_spec(data: Path, **sections: dict[str, Any]) -> JobSpec:
+    """A 2-layer, d_model 64, seq_len 64 GPT spec on `data`; `sections` update its parts,
+    e.g. `train={"max_steps": 5}`."""
+    raw: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 1234,
+        "data": {"uri": str(data)},
+        "model": {"n_layers": 2, "n_heads": 4, "d_model": 64, "seq_len": 64},
+        "parallelism": {"strategy": "single"},
+        "resources": {"procs_per_node": 1},
+        "optim": {"lr": 3e-3, "warmup_steps": 5, "schedule": "constant"},
+        "train": {"micro_batch_size": 16, "max_steps": 20, "log_interval_steps": 1},
+        "eval": {"interval_steps": 10, "num_batches": 4},
+        "checkpoint": {"interval_steps": 10, "keep_last": 2},
+        "sample": {"prompt": "def ", "max_new_tokens": 32},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return JobSpec.model_validate(raw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    """The environment of a trainer process: one OMP thread per process, no stray fault."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), **extra}
+
+
+def trainer_command(
+    spec_path: Path, run_dir: Path, checkpoint_dir: Path, *, nproc: int | None
+) -> list[str]:
+    """`torchrun ... -m trainer ...` for `nproc` processes, or `python -m trainer` if None."""
+    args = ["--spec", str(spec_path), "--run-dir", str(run_dir)]
+    args += ["--checkpoint-dir", str(checkpoint_dir)]
+    if nproc is None:
+        return [sys.executable, "-m", "trainer", *args]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+    launcher += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
+    launcher += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    return [*launcher, "-m", "trainer", *args]
+
+
+def run_trainer(
+    spec: JobSpec, workdir: Path, *, nproc: int | None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Write `spec` to `workdir/spec.json` and run the trainer on it to the end.
+
+    Run dir `workdir/run`, checkpoints `workdir/ckpt`; stdout and stderr are captured.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec.dump(workdir / "spec.json")
+    cmd = trainer_command(workdir / "spec.json", workdir / "run", workdir / "ckpt", nproc=nproc)
+    return subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """All events of `run_dir/events.jsonl`, in order."""
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_losses(events: list[dict[str, Any]], attempt: int = 0) -> dict[int, float]:
+    """{step: train loss} of one attempt."""
+    return {
+        e["step"]: e["values"]["loss"]
+        for e in events
+        if e["type"] == "metric" and e["attempt"] == attempt and "loss" in e["values"]
+    }
+
+
+def statuses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "status"]
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    """The tail of a process's output, for assertion messages."""
+    return f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+
+
+def cpu_world_of_one() -> DistInfo:
+    """The `DistInfo` of a stand-alone process: no process group, CPU."""
+    return DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | None = None) -> Run:
+    """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
+    assert spec.data.uri is not None
+    corpus = load_corpus(spec.data.uri, spec.data)
+    return build_run(
+        spec, corpus, str(checkpoint_dir), cpu_world_of_one(), reporter or NullReporter()
+    )

@@ -1,0 +1,159 @@
+"""Browser tests: Debian's Chromium driven by Playwright against a real API and a real worker.
+
+Chromium comes from the system (`scripts/browser.sh` installs Debian's `chromium`); Playwright is
+told its path and never downloads a browser of its own. A missing Chromium fails these tests
+loudly instead of skipping them. Every page fails its test on a console error or an uncaught
+exception, except the HTTP statuses a test declares it expects (a 422 for a bad spec, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from celery import Celery
+from playwright.sync_api import Browser, ConsoleMessage, Error, Page, sync_playwright
+from sqlalchemy import Engine
+
+from core.queue import celery_config
+from core.settings import Settings
+from tests.conftest import REPO_ROOT, ProjectKey, make_project
+from tests.integration.conftest import live_api  # noqa: F401  (the real uvicorn server)
+from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+
+CHROMIUM = os.environ.get("TORCHYARD_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+VIEWPORT = {"width": 1280, "height": 800}
+SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+WAIT_MS = 30_000
+_RESOURCE_STATUS = re.compile(r"status of (\d{3})")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Headless Debian Chromium; fails (not skips) when it is not installed."""
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/browser.sh (apt-get install chromium)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@dataclass
+class Console:
+    """Console errors and uncaught exceptions of one page; `expect_status` allows an HTTP error."""
+
+    errors: list[str] = field(default_factory=list)
+    allowed_statuses: set[int] = field(default_factory=set)
+
+    def on_console(self, message: ConsoleMessage) -> None:
+        if message.type != "error":
+            return
+        status = _RESOURCE_STATUS.search(message.text)
+        if status and int(status.group(1)) in self.allowed_statuses:
+            return
+        self.errors.append(f"console: {message.text} at {message.location}")
+
+    def on_page_error(self, error: Error) -> None:
+        self.errors.append(f"page error: {error}")
+
+    def expect_status(self, *statuses: int) -> None:
+        self.allowed_statuses.update(statuses)
+
+
+@dataclass
+class Dash:
+    """One browser page on the dashboard of `live_api`, and its console."""
+
+    page: Page
+    base_url: str
+    console: Console
+
+    def open(self, route: str) -> None:
+        self.page.goto(f"{self.base_url}/ui/#{route}")
+
+    def shot(self, name: str) -> None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
+@contextmanager
+def new_dash(
+    browser: Browser, base_url: str, api_key: str | None, color_scheme: str = "light"
+) -> Iterator[Dash]:
+    """A fresh browser context (cold cache) on the dashboard; asserts no console errors at exit."""
+    context = browser.new_context(viewport=VIEWPORT, color_scheme=color_scheme)  # type: ignore[arg-type]
+    context.set_default_timeout(WAIT_MS)
+    if api_key is not None:  # signed in already, as after the sign-in form
+        context.add_init_script(f"sessionStorage.setItem('torchyard.apiKey', {api_key!r})")
+    page = context.new_page()
+    console = Console()
+    page.on("console", console.on_console)
+    page.on("pageerror", console.on_page_error)
+    try:
+        yield Dash(page=page, base_url=base_url, console=console)
+        assert not console.errors, "\n".join(console.errors)
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def owner(engine: Engine) -> ProjectKey:
+    """The project whose jobs the module's pages show."""
+    return make_project(engine)
+
+
+@pytest.fixture
+def dash(browser: Browser, live_api: str, owner: ProjectKey) -> Iterator[Dash]:  # noqa: F811
+    """A signed-in page (fresh context) that fails the test on a console error."""
+    with new_dash(browser, live_api, owner.api_key) as dash:
+        yield dash
+
+
+@pytest.fixture
+def guest(browser: Browser, live_api: str) -> Iterator[Dash]:  # noqa: F811
+    """A page that has not signed in."""
+    with new_dash(browser, live_api, None) as dash:
+        yield dash
+
+
+@pytest.fixture(scope="module")
+def api(live_api: str, owner: ProjectKey) -> Iterator[httpx.Client]:  # noqa: F811
+    with httpx.Client(base_url=live_api, headers=owner.headers, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def dataset_id(api: httpx.Client, corpus_dir: Path) -> str:
+    answer = api.post("/v1/datasets", json={"name": "corpus", "uri": str(corpus_dir)})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def pool() -> str:
+    return unique_queue("dash")
+
+
+@pytest.fixture(scope="module")
+def worker(
+    settings: Settings, pool: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    client = Celery("torchyard-dash")
+    client.conf.update(celery_config(settings))
+    started = start_worker(
+        settings=settings, client=client, queue=pool, log_dir=tmp_path_factory.mktemp("dash")
+    )
+    yield started
+    started.stop()
+    client.close()

@@ -1,0 +1,156 @@
+"""The app as a whole: probes, OpenAPI, the migration check, and errors outside any route."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from core.db import SchemaNotMigrated
+from core.settings import Settings
+from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from tests.integration.api.conftest import assert_error
+
+ROUTES = {
+    ("get", "/v1/me"),
+    ("post", "/v1/jobs"),
+    ("get", "/v1/jobs"),
+    ("get", "/v1/jobs/{job_id}"),
+    ("post", "/v1/jobs/{job_id}/cancel"),
+    ("get", "/v1/jobs/{job_id}/events"),
+    ("get", "/v1/jobs/{job_id}/metrics"),
+    ("get", "/v1/jobs/{job_id}/logs"),
+    ("get", "/v1/jobs/{job_id}/checkpoints"),
+    ("post", "/v1/datasets"),
+    ("post", "/v1/datasets/upload"),
+    ("get", "/v1/datasets"),
+    ("get", "/v1/datasets/{dataset_id}"),
+    ("get", "/v1/spec/schema"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+}
+
+
+def _unmigrated_settings(tmp_path: Path) -> Settings:
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).close()
+    return Settings(env="test", home=tmp_path, database_url=f"sqlite:///{db}")
+
+
+def test_healthz_and_readyz_answer_ok_on_a_migrated_database(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    answer = client.get("/readyz")
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ok"}
+
+
+def test_readyz_is_503_with_the_fix_on_an_unmigrated_database(tmp_path: Path) -> None:
+    app = create_app(_unmigrated_settings(tmp_path))
+    client = TestClient(app)  # no lifespan: the startup check would refuse this database
+    assert client.get("/healthz").status_code == 200
+    error = assert_error(client.get("/readyz"), 503, "unavailable")
+    assert "torchyard admin migrate" in error["message"]
+
+
+def test_startup_refuses_an_unmigrated_database_with_the_command_that_fixes_it(
+    tmp_path: Path,
+) -> None:
+    app = create_app(_unmigrated_settings(tmp_path))
+    with pytest.raises(SchemaNotMigrated, match="run `torchyard admin migrate`"), TestClient(app):
+        pass
+
+
+def test_uvicorn_exits_on_an_unmigrated_database_and_says_why(
+    tmp_path: Path, settings: Settings
+) -> None:
+    bad = _unmigrated_settings(tmp_path)
+    env = {**settings_env(settings), "TORCHYARD_DATABASE_URL": bad.database_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory", "--port", "0"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "refusing to start" in done.stderr
+    assert "torchyard admin migrate" in done.stderr
+
+
+def test_openapi_lists_every_route_with_its_docstring_and_error_body(client: TestClient) -> None:
+    answer = client.get("/openapi.json")
+    assert answer.status_code == 200
+    doc = answer.json()
+    found = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert found >= ROUTES
+    submit = doc["paths"]["/v1/jobs"]["post"]
+    assert submit["description"].startswith("Submit a training job")
+    assert "ErrorBody" in doc["components"]["schemas"]
+    assert "JobSpec" in doc["components"]["schemas"]
+    assert submit["responses"]["422"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorBody"
+    }
+    upload = doc["paths"]["/v1/datasets/upload"]["post"]
+    assert "multipart/form-data" in upload["requestBody"]["content"]
+    assert client.get("/docs").status_code == 200
+
+
+def test_spec_schema_is_the_jobspec_json_schema(client: TestClient) -> None:
+    answer = client.get("/v1/spec/schema")
+    assert answer.status_code == 200
+    schema = answer.json()
+    assert schema["title"] == "JobSpec"
+    assert {"name", "data", "model"} <= set(schema["properties"])
+
+
+def test_root_is_the_dashboard_and_the_docs_stay(client: TestClient) -> None:
+    answer = client.get("/", follow_redirects=False)
+    assert answer.status_code == 307 and answer.headers["location"] == "/ui/"
+    page = client.get("/ui/")
+    assert page.status_code == 200 and '<main id="view"' in page.text
+    assert client.get("/docs").status_code == 200
+
+
+def test_unknown_route_is_404_in_the_error_shape(client: TestClient) -> None:
+    assert_error(client.get("/v1/nope"), 404, "not_found")
+
+
+def test_wrong_method_is_405_in_the_error_shape(client: TestClient, project: ProjectKey) -> None:
+    answer = client.delete("/v1/me", headers=project.headers)
+    assert_error(answer, 405, "method_not_allowed")
+    assert "GET" in answer.headers["allow"]
+
+
+def test_json_body_over_the_limit_is_413_by_content_length(
+    client: TestClient, project: ProjectKey
+) -> None:
+    body = b'{"name": "' + b"x" * (2 << 20) + b'"}'
+    answer = client.post(
+        "/v1/jobs",
+        content=body,
+        headers={**project.headers, "content-type": "application/json"},
+    )
+    assert_error(answer, 413, "payload_too_large")
+
+
+def test_json_body_over_the_limit_is_413_while_streaming(
+    client: TestClient, project: ProjectKey
+) -> None:
+    def chunks():  # no Content-Length: the limit is counted as the body arrives
+        yield b'{"name": "'
+        for _ in range(40):
+            yield b"x" * 65536
+        yield b'"}'
+
+    answer = client.post(
+        "/v1/jobs",
+        content=chunks(),
+        headers={**project.headers, "content-type": "application/json"},
+    )
+    assert_error(answer, 413, "payload_too_large")

@@ -1,0 +1,90 @@
+"""A key sees only its own project: another project's ids are 404, exactly like unknown ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from tests.conftest import ProjectKey
+from tests.integration.api.conftest import assert_error, counts, job_spec, submit
+
+JOB_ENDPOINTS = [
+    ("get", ""),
+    ("post", "/cancel"),
+    ("get", "/events"),
+    ("get", "/metrics"),
+    ("get", "/logs"),
+    ("get", "/checkpoints"),
+]
+
+
+@pytest.mark.parametrize(("method", "suffix"), JOB_ENDPOINTS)
+def test_another_projects_job_is_404_like_an_unknown_one(
+    client: TestClient,
+    project: ProjectKey,
+    other_project: ProjectKey,
+    dataset: dict[str, Any],
+    method: str,
+    suffix: str,
+) -> None:
+    job = submit(client, project, job_spec(dataset["id"]))
+    theirs = client.request(method, f"/v1/jobs/{job['id']}{suffix}", headers=other_project.headers)
+    error = assert_error(theirs, 404, "not_found")
+    assert error["message"] == f"job {job['id']} not found"
+    # ... and it was not touched: still queued for its owner
+    mine = client.get(f"/v1/jobs/{job['id']}", headers=project.headers).json()
+    assert mine["state"] == "queued"
+
+
+def test_another_projects_dataset_is_404_like_an_unknown_one(
+    client: TestClient, other_project: ProjectKey, dataset: dict[str, Any]
+) -> None:
+    theirs = client.get(f"/v1/datasets/{dataset['id']}", headers=other_project.headers)
+    error = assert_error(theirs, 404, "not_found")
+    unknown = client.get("/v1/datasets/ds_0000000000000000", headers=other_project.headers)
+    assert error["message"].replace(dataset["id"], "X") == (
+        unknown.json()["error"]["message"].replace("ds_0000000000000000", "X")
+    )
+
+
+def test_lists_show_only_the_callers_rows(
+    client: TestClient,
+    project: ProjectKey,
+    other_project: ProjectKey,
+    dataset: dict[str, Any],
+) -> None:
+    job = submit(client, project, job_spec(dataset["id"]))
+    their_jobs = client.get("/v1/jobs", headers=other_project.headers).json()["items"]
+    assert job["id"] not in [j["id"] for j in their_jobs]
+    assert all(j["project_id"] == other_project.project_id for j in their_jobs)
+    their_datasets = client.get("/v1/datasets", headers=other_project.headers).json()["items"]
+    assert dataset["id"] not in [d["id"] for d in their_datasets]
+    mine = client.get("/v1/datasets", headers=project.headers).json()["items"]
+    assert [d["id"] for d in mine] == [dataset["id"]]
+
+
+def test_a_job_cannot_use_another_projects_dataset(
+    client: TestClient,
+    other_project: ProjectKey,
+    dataset: dict[str, Any],
+    engine: Engine,
+) -> None:
+    before = counts(engine, other_project.project_id)
+    answer = client.post("/v1/jobs", json=job_spec(dataset["id"]), headers=other_project.headers)
+    assert_error(answer, 422, "validation_error", ["body", "data", "dataset"])
+    assert counts(engine, other_project.project_id) == before
+
+
+def test_a_dataset_name_may_repeat_across_projects(
+    client: TestClient, other_project: ProjectKey, dataset: dict[str, Any], corpus_dir: Any
+) -> None:
+    answer = client.post(
+        "/v1/datasets",
+        json={"name": dataset["name"], "uri": str(corpus_dir)},
+        headers=other_project.headers,
+    )
+    assert answer.status_code == 201
+    assert answer.json()["id"] != dataset["id"]

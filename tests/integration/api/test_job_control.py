@@ -1,0 +1,89 @@
+"""Pause, resume and retry over the API, and why a queued job waits (its place in the queue)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from core import jobs
+from core.db import session_scope
+from core.models import JobState
+from tests.conftest import ProjectKey
+from tests.integration.api.conftest import assert_error, job_spec, submit
+from tests.integration.api.test_jobs import _queued_job_ids
+
+
+def _post(client: TestClient, project: ProjectKey, job_id: int, action: str) -> Any:
+    return client.post(f"/v1/jobs/{job_id}/{action}", headers=project.headers)
+
+
+def test_queued_jobs_say_their_place_in_the_pool_queue_by_priority_then_age(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str
+) -> None:
+    def job(priority: int) -> dict[str, Any]:
+        spec = job_spec(dataset["id"], priority=priority, resources={"pool": pool})
+        return submit(client, project, spec)
+
+    old, urgent, young = job(0), job(5), job(0)
+    assert (old["queue_position"], urgent["queue_position"], young["queue_position"]) == (1, 1, 3)
+    got = {
+        j["id"]: (j["queue_position"], j["waiting_for"])
+        for j in client.get("/v1/jobs", headers=project.headers).json()["items"]
+    }
+    waiting = f"a free worker on pool {pool!r}"
+    assert got[urgent["id"]] == (1, waiting)
+    assert got[old["id"]] == (2, waiting)
+    assert got[young["id"]] == (3, waiting)
+
+    assert _post(client, project, urgent["id"], "pause").json()["state"] == "paused"
+    paused = client.get(f"/v1/jobs/{urgent['id']}", headers=project.headers).json()
+    assert paused["queue_position"] is None and "resume" in paused["waiting_for"]
+    assert client.get(f"/v1/jobs/{young['id']}", headers=project.headers).json()[
+        "queue_position"
+    ] == 2
+
+
+def test_pause_resume_and_their_illegal_transitions(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str, settings: Any
+) -> None:
+    job = submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))
+    assert_error(_post(client, project, job["id"], "resume"), 409, "conflict", ["state"])
+    assert _post(client, project, job["id"], "pause").json()["state"] == "paused"
+    assert _post(client, project, job["id"], "pause").json()["state"] == "paused"  # idempotent
+    resumed = _post(client, project, job["id"], "resume")
+    assert resumed.status_code == 202 and resumed.json()["state"] == "queued"
+    assert _queued_job_ids(settings.broker_url, pool) == [job["id"], job["id"]]  # re-dispatched
+    conflict = assert_error(_post(client, project, job["id"], "resume"), 409, "conflict")
+    assert conflict["details"][0]["type"] == "queued"
+
+
+def test_pausing_a_running_job_asks_its_worker_and_cancel_still_works(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any], engine: Engine
+) -> None:
+    job = submit(client, project, job_spec(dataset["id"]))
+    with session_scope(engine) as s:
+        assert jobs.claim(session=s, job_id=job["id"], worker="w1") is not None
+        jobs.transition(session=s, job_id=job["id"], to=JobState.RUNNING)
+    for _ in range(2):
+        answer = _post(client, project, job["id"], "pause")
+        assert answer.status_code == 202 and answer.json()["state"] == "pausing"
+    assert_error(_post(client, project, job["id"], "retry"), 409, "conflict", ["state"])
+    assert _post(client, project, job["id"], "cancel").json()["state"] == "cancelling"
+
+
+def test_retry_requeues_a_cancelled_job_and_refuses_a_queued_one(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str
+) -> None:
+    job = submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))
+    assert _post(client, project, job["id"], "cancel").json()["state"] == "cancelled"
+    retried = _post(client, project, job["id"], "retry")
+    assert retried.status_code == 202, retried.text
+    body = retried.json()
+    assert body["state"] == "queued" and body["finished_at"] is None
+    assert body["queue_position"] == 1
+    assert_error(_post(client, project, job["id"], "retry"), 409, "conflict", ["state"])
+    events = client.get(f"/v1/jobs/{job['id']}/events", headers=project.headers).json()["items"]
+    assert [(e["state_from"], e["state_to"]) for e in events][-1] == ("cancelled", "queued")
+    assert events[-1]["data"] == {"cause": "retry"}

@@ -1,0 +1,93 @@
+"""No request makes a 500: junk bodies, headers and queries on every route get a 4xx (or 2xx)
+with the contract's error body. The client re-raises any server exception, so a crash fails."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import ProjectKey
+from tests.integration.api.conftest import job_spec, submit
+
+BODIES: list[tuple[bytes, str]] = [
+    (b"", "application/json"),
+    (b"null", "application/json"),
+    (b"[]", "application/json"),
+    (b'"text"', "application/json"),
+    (b"{}", "application/json"),
+    (b"1e999", "application/json"),
+    (b'{"name": {"$gt": ""}, "uri": ["x"]}', "application/json"),
+    (b'{"name": "x", "data": {"dataset": null, "uri": null}}', "application/json"),
+    (b"[" * 100_000, "application/json"),
+    (b'{"a": "\\ud800\\u0000"}', "application/json"),
+    (b"\x00\xff\xfe", "application/json"),
+    (b"name=x&file=y", "application/x-www-form-urlencoded"),
+    (b"--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x"),
+    (
+        b"--x\r\nContent-Disposition: form-data\r\n\r\nv\r\n--x--\r\n",
+        "multipart/form-data; boundary=x",
+    ),
+    (b"hello", "text/plain"),
+    (b"hello", "multipart/form-data; boundary="),
+]
+QUERY = "?limit=-1&after=x&cursor=%ff%fe&state=&names=,,,&rank=1e10&name=%00"
+
+
+@pytest.fixture
+def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> list[str]:
+    job = submit(client, project, job_spec(dataset["id"]))
+    jid = job["id"]
+    return [
+        "/",
+        "/healthz",
+        "/readyz",
+        "/v1/me",
+        "/v1/spec/schema",
+        "/v1/jobs",
+        f"/v1/jobs/{jid}",
+        f"/v1/jobs/{jid}/cancel",
+        f"/v1/jobs/{jid}/events",
+        f"/v1/jobs/{jid}/metrics",
+        f"/v1/jobs/{jid}/logs",
+        f"/v1/jobs/{jid}/checkpoints",
+        "/v1/jobs/-1/events",
+        "/v1/jobs/%00",
+        "/v1/datasets",
+        "/v1/datasets/upload",
+        f"/v1/datasets/{dataset['id']}",
+        "/v1/datasets/%ff%00",
+        "/v1/../../etc/passwd",
+    ]
+
+
+def _check(answer: Any) -> None:
+    assert answer.status_code < 500, (answer.request.method, answer.request.url, answer.text)
+    if answer.status_code >= 400:
+        error = answer.json()["error"]
+        assert isinstance(error["code"], str) and isinstance(error["details"], list)
+
+
+def test_junk_bodies_never_crash_the_server(
+    client: TestClient, project: ProjectKey, paths: list[str]
+) -> None:
+    for path in paths:
+        for body, content_type in BODIES:
+            answer = client.post(
+                path, content=body, headers={**project.headers, "content-type": content_type}
+            )
+            _check(answer)
+
+
+def test_junk_queries_and_methods_never_crash_the_server(
+    client: TestClient, project: ProjectKey, paths: list[str]
+) -> None:
+    for path in paths:
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"):
+            for headers in (project.headers, {}, {"Authorization": "Bearer \x7f"}):
+                answer = client.request(method, path + QUERY, headers=headers)
+                if method != "HEAD":
+                    _check(answer)
+                else:
+                    assert answer.status_code < 500

@@ -1,0 +1,85 @@
+"""Fixtures for tests against a running API: a real uvicorn server on a free port.
+
+`live_api` (session-scoped) is the server's base URL; `api_key` a fresh project's API key.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.settings import Settings
+from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+
+_START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_ready(
+    base_url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float
+) -> None:
+    """Poll `/readyz` until 200; fail with the server's log if it exits or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"API server exited with {proc.returncode} before it was ready; log:\n"
+                + log_path.read_text(errors="replace")
+            )
+        try:
+            answer = httpx.get(f"{base_url}/readyz", timeout=2.0)
+            if answer.status_code == 200:
+                return
+            last = f"{answer.status_code} {answer.text}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    pytest.fail(
+        f"API server not ready after {timeout_s:.0f}s ({last}); log:\n"
+        + log_path.read_text(errors="replace")
+    )
+
+
+@pytest.fixture(scope="session")
+def live_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of `uvicorn api.main:create_app --factory` serving `settings`."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("live_api") / "uvicorn.log"
+    command = [
+        sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=settings_env(settings), stdout=log, stderr=log
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(base_url, proc, log_path, _START_TIMEOUT_S)
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def api_key(project: ProjectKey) -> str:
+    """The API key of a fresh project (the `project` fixture)."""
+    return project.api_key

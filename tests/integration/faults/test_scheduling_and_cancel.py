@@ -1,0 +1,133 @@
+"""Priorities hold whatever order the broker delivers in; cancel works in every non-terminal
+state and leaves no process behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    Worker,
+    create_job,
+    group_gone,
+    job_events,
+    job_row,
+    launches,
+    send,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_for,
+    wait_state,
+)
+
+LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_000}}
+GONE_WITHIN_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
+    w = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue("prio"), log_dir=worker_logs
+    )
+    yield w
+    w.stop()
+
+
+def _cancel(engine: Engine, job_id: int) -> str:
+    with Session(engine) as s:
+        state = jobs.cancel(session=s, job_id=job_id).state
+        s.commit()
+        return state
+
+
+def _cancelled_and_gone(engine: Engine, job_id: int, worker: Worker) -> None:
+    """Within GONE_WITHIN_S of the cancel: state cancelled and every trainer process gone."""
+    started = time.monotonic()
+    assert wait_state(engine, job_id, ("cancelled",), GONE_WITHIN_S, worker).state == "cancelled"
+    for launch in launches(job_events(engine, job_id)):
+        left = max(0.1, GONE_WITHIN_S - (time.monotonic() - started))
+        wait_for(
+            "the trainer's processes to be gone", lambda p=launch.data["pgid"]: group_gone(p), left
+        )
+
+
+def test_a_higher_priority_job_queued_later_runs_first(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    busy = create_job(engine, project, tiny_spec(pool=worker.queue, dataset_id=dataset_id, **LONG))
+    send(celery_client, busy, worker.queue)
+    wait_state(engine, busy, ("running",), 60, worker)
+
+    def submit(priority: int) -> int:
+        spec = tiny_spec(
+            pool=worker.queue,
+            dataset_id=dataset_id,
+            priority=priority,
+            train={"max_steps": 2},
+            eval={"interval_steps": 2},
+            checkpoint={"interval_steps": 2},
+        )
+        job_id = create_job(engine, project, spec)
+        send(celery_client, job_id, worker.queue)
+        return job_id
+
+    try:
+        low = submit(-1)
+        high = submit(10)  # its message is behind the low one's in the broker
+    finally:
+        _cancel(engine, busy)
+    first = wait_state(engine, high, ("succeeded",), 90, worker)
+    second = wait_state(engine, low, ("succeeded",), 90, worker)
+    assert first.started_at is not None and second.started_at is not None
+    assert first.started_at < second.started_at
+    # The low job's message was the one that started the high job.
+    assert f"job {high}: claimed attempt 1 by {worker.name} (first in pool" in worker.log
+
+
+def test_cancel_in_every_non_terminal_state_ends_it_and_its_processes(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **LONG)
+
+    queued = create_job(engine, project, spec)  # never sent: stays queued
+    assert _cancel(engine, queued) == "cancelled"
+    send(celery_client, queued, worker.queue)  # a late message starts nothing
+
+    starting = create_job(engine, project, spec)
+    send(celery_client, starting, worker.queue)
+    wait_for("the claim", lambda: job_row(engine, starting).state != "queued", 30, poll_s=0.02)
+    assert _cancel(engine, starting) == "cancelling"  # still starting: torchrun just launched
+    assert any(e.state_from == "starting" for e in job_events(engine, starting)
+               if e.state_to == "cancelling")  # fmt: skip
+    _cancelled_and_gone(engine, starting, worker)
+
+    running = create_job(engine, project, spec)
+    send(celery_client, running, worker.queue)
+    wait_state(engine, running, ("running",), 60, worker)
+    assert _cancel(engine, running) == "cancelling"
+    _cancelled_and_gone(engine, running, worker)
+
+    paused = create_job(engine, project, spec)
+    send(celery_client, paused, worker.queue)
+    wait_state(engine, paused, ("running",), 60, worker)
+    with Session(engine) as s:
+        jobs.pause(session=s, job_id=paused)
+        s.commit()
+    wait_state(engine, paused, ("paused",), 30, worker)
+    assert _cancel(engine, paused) == "cancelled"
+    _cancelled_and_gone(engine, paused, worker)
+
+    assert launches(job_events(engine, queued)) == []
+    for job_id in (queued, starting, running, paused):
+        job = job_row(engine, job_id)
+        assert job.state == "cancelled" and job.finished_at is not None

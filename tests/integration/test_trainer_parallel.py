@@ -1,0 +1,151 @@
+"""fsdp, tensor, pipeline and 2-D training under real `torchrun` (gloo, CPU) against one
+single-process reference: same seed, same global batch of 16 sequences per step.
+
+Each method runs once with `TORCHYARD_FAIL_AT_STEP` (a checkpoint at step 3, a crash after
+step 4) and once more resumed from that checkpoint: the first attempt's losses prove
+equivalence, the second's prove resume. A 2-rank fsdp checkpoint then loads under `single`
+and under `tensor` (DCP resharding by parameter name) and gives the same eval loss.
+
+Tolerance: 1e-5 relative on losses (and the final eval loss). The methods compute the same
+fp32 mathematics but sum in other orders (FSDP's reduce-scatter, TP's partial matmuls and
+all-reduce, pipeline micro-batches summed one by one), which moves the last bits of an fp32
+loss of ~5 (observed differences <= 5e-7 absolute, i.e. ~1e-7 relative, after 6 steps).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest_trainer import explain, read_events, run_trainer, statuses, tiny_spec
+from tests.conftest_trainer import train_losses as losses_of
+from trainer.spec import JobSpec
+
+MAX_STEPS = 6
+FAIL_AT = 4  # after the checkpoint at step 3
+REL_TOLERANCE = 1e-5
+
+METHODS: dict[str, tuple[int, dict[str, Any], int, int]] = {
+    # name: (processes, parallelism, micro_batch_size, grad_accum_steps); every method takes
+    # a global batch of 16 sequences per step. fsdp and 1f1b also accumulate gradients.
+    "fsdp": (2, {"strategy": "fsdp"}, 4, 2),
+    "tensor": (2, {"strategy": "tensor"}, 16, 1),
+    "pipeline_gpipe": (2, {"strategy": "pipeline", "pipeline": {"schedule": "gpipe"}}, 16, 1),
+    "pipeline_1f1b": (
+        2,
+        {"strategy": "pipeline", "pipeline": {"schedule": "1f1b", "num_microbatches": 2}},
+        8,
+        2,
+    ),
+    "pipeline_interleaved": (
+        2,
+        {
+            "strategy": "pipeline",
+            "pipeline": {"schedule": "interleaved_1f1b", "stages_per_rank": 2},
+        },
+        16,
+        1,
+    ),
+    "fsdp_tp_2d": (4, {"strategy": "fsdp", "tensor_parallel_size": 2}, 8, 1),
+}
+EVAL_CHUNKS = 64  # every method evaluates the same 64 held-out chunks
+
+
+def method_spec(
+    corpus_dir: Path, nproc: int, parallelism: dict[str, Any], mbs: int, accum: int = 1
+) -> JobSpec:
+    """4 blocks (so 4 pipeline stages fit), 6 steps, checkpoints every 3, eval at the end."""
+    sections: dict[str, dict[str, Any]] = {
+        "model": {"n_layers": 4},
+        "parallelism": parallelism,
+        "resources": {"procs_per_node": nproc},
+        "train": {"micro_batch_size": mbs, "grad_accum_steps": accum, "max_steps": MAX_STEPS},
+        "eval": {"interval_steps": MAX_STEPS},
+        "checkpoint": {"interval_steps": 3, "keep_last": 2},
+        "sample": {"max_new_tokens": 8},
+    }
+    dp = tiny_spec(corpus_dir, **sections).data_parallel_size
+    sections["eval"]["num_batches"] = EVAL_CHUNKS // (mbs * dp)
+    return tiny_spec(corpus_dir, **sections)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """One process, 16 sequences per micro-batch, uninterrupted: the events."""
+    workdir = tmp_path_factory.mktemp("single")
+    proc = run_trainer(method_spec(corpus_dir, 1, {"strategy": "single"}, 16), workdir, nproc=None)
+    assert proc.returncode == 0, explain(proc)
+    return read_events(workdir / "run")
+
+
+# method -> workdir of its completed (resumed) run, for the reshard tests to reuse
+_COMPLETED: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="module")
+def fsdp_checkpoint(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-rank fsdp run's workdir after it completed (checkpoint at MAX_STEPS): the one the
+    fsdp equivalence test left, or a fresh run when that test was not selected."""
+    if "fsdp" in _COMPLETED:
+        return _COMPLETED["fsdp"]
+    workdir = tmp_path_factory.mktemp("fsdp_full")
+    nproc, parallelism, mbs, accum = METHODS["fsdp"]
+    spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
+    proc = run_trainer(spec, workdir, nproc=nproc)
+    assert proc.returncode == 0, explain(proc)
+    return workdir
+
+
+def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list[int]) -> None:
+    assert sorted(got) == steps
+    for step in steps:
+        assert got[step] == pytest.approx(expected[step], rel=REL_TOLERANCE), step
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_method_matches_single_process_and_resumes_after_a_crash_on_the_same_curve(
+    method: str, reference: list[dict], corpus_dir: Path, tmp_path: Path
+) -> None:
+    nproc, parallelism, mbs, accum = METHODS[method]
+    spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
+    crashed = run_trainer(spec, tmp_path, nproc=nproc, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)})
+    assert crashed.returncode == 1, explain(crashed)
+    resumed = run_trainer(spec, tmp_path, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
+    assert resumed.returncode == 0, explain(resumed)
+
+    expected = losses_of(reference)
+    events = read_events(tmp_path / "run")
+    _assert_close(losses_of(events, attempt=0), expected, list(range(1, FAIL_AT + 1)))
+    running = [e for e in statuses(events) if e["state"] == "running"]
+    assert [e["data"]["start_step"] for e in running] == [0, 3]
+    assert running[0]["data"]["num_params"] == statuses(reference)[0]["data"]["num_params"]
+    _assert_close(losses_of(events, attempt=1), expected, list(range(4, MAX_STEPS + 1)))
+    # The reporting rank (the last stage's under pipeline) records each complete checkpoint.
+    assert [e["step"] for e in events if e["type"] == "checkpoint"] == [3, MAX_STEPS]
+    samples = [e for e in events if e["type"] == "sample"]
+    assert len(samples) == (0 if method.startswith("pipeline") else 1)
+    final, want = statuses(events)[-1]["data"], statuses(reference)[-1]["data"]
+    assert final["final_eval_loss"] == pytest.approx(want["final_eval_loss"], rel=REL_TOLERANCE)
+    _COMPLETED[method] = tmp_path
+
+
+@pytest.mark.parametrize(
+    ("strategy", "nproc"), [("single", None), ("tensor", 2)], ids=["to_single", "to_tensor"]
+)
+def test_fsdp_checkpoint_reshards_to_another_strategy_with_the_same_eval_loss(
+    strategy: str, nproc: int | None, fsdp_checkpoint: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(fsdp_checkpoint / "ckpt", tmp_path / "ckpt")
+    spec = method_spec(corpus_dir, nproc or 1, {"strategy": strategy}, 16)
+    proc = run_trainer(spec, tmp_path, nproc=nproc)
+    assert proc.returncode == 0, explain(proc)
+    saved = statuses(read_events(fsdp_checkpoint / "run"))[-1]["data"]
+    assert saved["checkpoint_uri"].endswith(f"step_{MAX_STEPS:08d}")
+    running, completed = statuses(read_events(tmp_path / "run"))
+    assert running["data"]["start_step"] == MAX_STEPS  # nothing left to train: eval only
+    assert completed["data"]["final_eval_loss"] == pytest.approx(
+        saved["final_eval_loss"], rel=REL_TOLERANCE
+    )

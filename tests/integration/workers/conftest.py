@@ -1,0 +1,45 @@
+"""Fixtures for worker tests: a Celery client on the test broker, a registered corpus.
+
+Real Celery workers (subprocesses, `helpers.start_worker`) on the session's Postgres and Redis
+run real torchrun and the real trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy.orm import Session
+
+from core import datasets
+from core.queue import celery_config
+from core.settings import Settings
+from tests.conftest import ProjectKey
+
+
+@pytest.fixture(scope="session")
+def celery_client(settings: Settings) -> Iterator[Celery]:
+    """A Celery client on the test broker, as the API has one."""
+    app = Celery("torchyard-tests")
+    app.conf.update(celery_config(settings))
+    yield app
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("worker_logs")
+
+
+@pytest.fixture
+def dataset_id(session: Session, settings: Settings, project: ProjectKey, corpus_dir: Path) -> str:
+    """The session corpus registered as a dataset of `project`."""
+    return datasets.register(
+        session=session,
+        settings=settings,
+        project_id=project.project_id,
+        name="corpus",
+        uri=str(corpus_dir),
+    ).id

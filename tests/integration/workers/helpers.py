@@ -1,0 +1,214 @@
+"""Helpers for worker tests: real `celery worker` subprocesses, job specs, DB probes.
+
+Every module uses queues of its own (`unique_queue`), so workers of different modules never
+take each other's messages. Readiness and progress are awaited by polling (the worker's
+remote-control ping, the job row) against a deadline, never by fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.models import Job, JobEvent, LogLine, MetricPoint
+from core.queue import RUN_JOB_TASK
+from core.settings import Settings
+from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from trainer.spec import JobSpec
+
+T = TypeVar("T")
+WORKER_READY_TIMEOUT_S = 60.0
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.1) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def unique_queue(label: str) -> str:
+    return f"test-{label}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class Worker:
+    """A `celery worker` subprocess serving one queue."""
+
+    name: str
+    queue: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """Warm shutdown (SIGTERM), as a process manager does; SIGKILL after `timeout_s`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_worker(
+    *,
+    settings: Settings,
+    client: Celery,
+    queue: str,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    beat: bool = False,
+) -> Worker:
+    """Start a solo worker on `queue` and wait until it answers a ping.
+
+    `beat`: embed Celery beat (it sends `workers.reconcile` every 20 s), as
+    `python -m workers control` does."""
+    name = f"w-{secrets.token_hex(3)}@tests"
+    log_path = log_dir / f"{name.split('@')[0]}.log"
+    command = [
+        sys.executable, "-m", "celery", "-A", "workers.app:app", "worker",
+        "-Q", queue, "-n", name,
+        "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO",
+    ]  # fmt: skip
+    if beat:
+        command += ["--beat", "--schedule", str(log_dir / f"{name.split('@')[0]}.beat")]
+    # One OpenMP thread per rank: several trainers share these 2 cores during the tests, and
+    # spinning OpenMP threads of oversubscribed processes slow a step down 20-fold.
+    env = {**settings_env(settings), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    worker = Worker(name=name, queue=queue, proc=proc, log_path=log_path)
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"worker exited with {proc.returncode}:\n{worker.log}")
+        return bool(client.control.ping(destination=[name], timeout=0.5))
+
+    try:
+        wait_for(f"worker {name} to answer a ping", answers, WORKER_READY_TIMEOUT_S, 0.0)
+    except BaseException:
+        worker.stop(5)
+        raise
+    return worker
+
+
+def tiny_spec(*, pool: str, dataset_id: str, **overrides: Any) -> JobSpec:
+    """A job that trains in seconds on two CPU cores: 2 layers, d_model 64, seq_len 64."""
+    spec: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 1,
+        "data": {"dataset": dataset_id},
+        "model": {"n_layers": 2, "n_heads": 2, "d_model": 64, "seq_len": 64},
+        "optim": {"warmup_steps": 5},
+        "train": {"micro_batch_size": 8, "max_steps": 24, "log_interval_steps": 1},
+        "eval": {"interval_steps": 12, "num_batches": 2},
+        "checkpoint": {"interval_steps": 10},
+        "sample": {"max_new_tokens": 16},
+        "resources": {"procs_per_node": 1, "pool": pool},
+    }
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            spec[section] = {**spec.get(section, {}), **values}
+        else:
+            spec[section] = values
+    return JobSpec.model_validate(spec)
+
+
+def create_job(engine: Engine, project: ProjectKey, spec: JobSpec) -> int:
+    with Session(engine, expire_on_commit=False) as s:
+        return jobs.create(session=s, project_id=project.project_id, spec=spec).job.id
+
+
+def send(client: Celery, job_id: int, queue: str) -> None:
+    client.send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
+
+
+def job_row(engine: Engine, job_id: int) -> Job:
+    with Session(engine, expire_on_commit=False) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def job_events(engine: Engine, job_id: int) -> list[JobEvent]:
+    with Session(engine, expire_on_commit=False) as s:
+        query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        return list(s.execute(query).scalars())
+
+
+def metric_series(engine: Engine, job_id: int, name: str) -> list[MetricPoint]:
+    with Session(engine, expire_on_commit=False) as s:
+        query = (
+            select(MetricPoint)
+            .where(MetricPoint.job_id == job_id, MetricPoint.name == name)
+            .order_by(MetricPoint.step)
+        )
+        return list(s.execute(query).scalars())
+
+
+def log_lines(engine: Engine, job_id: int) -> list[LogLine]:
+    with Session(engine, expire_on_commit=False) as s:
+        query = select(LogLine).where(LogLine.job_id == job_id).order_by(LogLine.id)
+        return list(s.execute(query).scalars())
+
+
+def wait_state(
+    engine: Engine, job_id: int, states: tuple[str, ...], timeout_s: float, worker: Worker
+) -> Job:
+    """The job once it is in one of `states`; on timeout the failure shows the worker's log."""
+
+    def probe() -> Job | None:
+        job = job_row(engine, job_id)
+        return job if job.state in states else None
+
+    deadline = time.monotonic() + timeout_s
+    while (job := probe()) is None:
+        if time.monotonic() > deadline:
+            current = job_row(engine, job_id)
+            pytest.fail(
+                f"job {job_id} is {current.state} (error {current.error!r}), not one of {states}, "
+                f"after {timeout_s:.0f} s; worker log tail:\n{worker.log[-6000:]}"
+            )
+        time.sleep(0.1)
+    return job
+
+
+def launches(events: list[JobEvent]) -> list[JobEvent]:
+    return [e for e in events if e.kind == "info" and "pgid" in (e.data or {})]
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False

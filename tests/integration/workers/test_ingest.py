@@ -1,0 +1,101 @@
+"""What the worker stores from a run's files: complete lines once, torn ones never half."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.db import session_factory
+from core.models import JobState
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    create_job,
+    job_events,
+    job_row,
+    log_lines,
+    metric_series,
+    tiny_spec,
+    unique_queue,
+)
+from workers.ingest import JobLost, RunIngest
+from workers.launcher import RunPaths
+
+
+def _event(kind: str, **fields: object) -> bytes:
+    return json.dumps({"type": kind, "time": 1.0, "attempt": 1, **fields}).encode() + b"\n"
+
+
+@pytest.fixture
+def claimed_job(engine: Engine, project: ProjectKey, dataset_id: str) -> int:
+    job_id = create_job(
+        engine, project, tiny_spec(pool=unique_queue("ingest"), dataset_id=dataset_id)
+    )
+    with Session(engine) as s:
+        assert jobs.claim(session=s, job_id=job_id, worker="in-process") is not None
+        s.commit()
+    return job_id
+
+
+def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    rank0 = tmp_path / "logs" / "job1-a1_abc" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stdout.log").write_bytes(b"hello\nbad \x00 byte \xff\npartial")
+    paths.launcher_log("stderr").write_bytes(b"launcher says\n")
+    paths.events.write_bytes(
+        _event("status", state="running", message="go", data={"start_step": 0})
+        + b"".join(_event("metric", step=s, values={"loss": 5.0 - s, "lr": 0.1}) for s in (1, 2))
+        + _event("metric", step=3, values={"loss": float("nan"), "grad_norm": 1.5})
+        + _event("checkpoint", step=2, uri="ckpt/step_00000002", size_bytes=10)
+        + _event("sample", step=3, prompt="def ", text="x\u0000y")
+        + b'{"type": "metric", "step": 4, "val'  # torn: the writer died mid-line
+    )
+    ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
+    factory = session_factory(engine)
+
+    assert ingest.flush(factory) == JobState.RUNNING
+    assert [(p.step, p.value) for p in metric_series(engine, claimed_job, "loss")] == [
+        (1, 4.0),
+        (2, 3.0),
+    ]  # NaN is not stored
+    assert [p.step for p in metric_series(engine, claimed_job, "grad_norm")] == [3]
+    events = job_events(engine, claimed_job)
+    assert [e.state_to for e in events if e.kind == "state"][-1] == "running"
+    (checkpoint,) = [e for e in events if e.kind == "checkpoint"]
+    assert checkpoint.data == {"step": 2, "uri": "ckpt/step_00000002", "size_bytes": 10}
+    (sample,) = [e for e in events if e.kind == "sample"]
+    assert sample.data["text"] == "x\ufffdy"
+    assert [(x.rank, x.offset, x.line) for x in log_lines(engine, claimed_job)] == [
+        (-1, 0, "launcher says"),
+        (0, 0, "hello"),
+        (0, 6, "bad \ufffd byte \ufffd"),
+    ]
+    assert ingest.pending()
+
+    ingest.flush(factory, final=True)
+    assert not ingest.pending()
+    assert log_lines(engine, claimed_job)[-1].line == "partial"
+    ingest.flush(factory, final=True)  # nothing new: nothing stored twice
+    assert len(log_lines(engine, claimed_job)) == 4
+    assert len(job_events(engine, claimed_job)) == len(events)
+    assert job_row(engine, claimed_job).current_step == 3
+
+
+def test_flush_refuses_a_job_that_is_no_longer_this_attempts(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    paths.events.write_bytes(_event("metric", step=1, values={"loss": 1.0}))
+    with Session(engine) as s:
+        jobs.transition(session=s, job_id=claimed_job, to=JobState.FAILED, message="reaped")
+        s.commit()
+    with pytest.raises(JobLost):
+        RunIngest(paths=paths, job_id=claimed_job, attempt=1).flush(session_factory(engine))
+    assert metric_series(engine, claimed_job, "loss") == []

@@ -1,0 +1,106 @@
+"""Pause checkpoints and stops a run without using a restart; resume continues from there.
+`limits.max_runtime_s` stops a run with a checkpoint and a clear reason."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    Worker,
+    create_job,
+    group_gone,
+    job_events,
+    job_row,
+    launches,
+    metric_series,
+    send,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_for,
+    wait_state,
+)
+
+STEPS = 20
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
+    w = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue("pause"), log_dir=worker_logs
+    )
+    yield w
+    w.stop()
+
+
+def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        train={"max_steps": STEPS},
+        checkpoint={"interval_steps": 100},  # the pause's own checkpoint is the only one
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, worker.queue)
+    wait_for("step 5", lambda: (job_row(engine, job_id).current_step or 0) >= 5, 120)
+    with Session(engine) as s:
+        assert jobs.pause(session=s, job_id=job_id).state == "pausing"
+        s.commit()
+    paused = wait_state(engine, job_id, ("paused",), 30, worker)
+    (launch,) = launches(job_events(engine, job_id))
+    wait_for("the trainer to be gone", lambda: group_gone(launch.data["pgid"]), 10)
+    saved = [e.data["step"] for e in job_events(engine, job_id) if e.kind == "checkpoint"]
+    assert len(saved) == 1 and saved[0] == paused.current_step
+
+    with Session(engine) as s:
+        assert jobs.resume(session=s, job_id=job_id).state == "queued"
+        s.commit()
+    send(celery_client, job_id, worker.queue)
+    job = wait_state(engine, job_id, TERMINAL, 120, worker)
+    assert job.state == "succeeded", job.error  # max_restarts 0: a pause is not a failure
+    assert job.attempt == 2
+
+    events = job_events(engine, job_id)
+    states = [(e.state_from, e.state_to) for e in events if e.kind == "state"]
+    assert ("running", "pausing") in states and ("pausing", "paused") in states
+    assert ("paused", "queued") in states and not any(to == "restarting" for _, to in states)
+    resumed = next(e for e in events if e.state_to == "running" and e.attempt == 2)
+    assert resumed.data["start_step"] == saved[0]
+    assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, STEPS + 1))
+
+
+def test_max_runtime_stops_the_run_with_a_checkpoint_and_fails_it_with_the_reason(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        train={"max_steps": 100_000},
+        checkpoint={"interval_steps": 100_000},
+        limits={"max_runtime_s": 6},
+        retries={"max_restarts": 3},  # a limit is not retried
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, worker.queue)
+    job = wait_state(engine, job_id, TERMINAL, 90, worker)
+    assert job.state == "failed" and job.attempt == 1
+    match = re.fullmatch(r"max_runtime_s exceeded \((\d+) s\)", job.error or "")
+    assert match and int(match[1]) >= 6
+    assert job.runtime_s >= 6
+    events = job_events(engine, job_id)
+    assert [e.kind for e in events].count("checkpoint") == 1  # the stop saved one
+    failed = events[-1]
+    assert failed.state_to == "failed" and failed.data["exit_cause"] == "max_runtime"

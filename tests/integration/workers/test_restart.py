@@ -1,0 +1,108 @@
+"""A trainer that dies mid-run is restarted and resumes from its checkpoint, as if never stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine
+
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    Worker,
+    create_job,
+    job_events,
+    launches,
+    metric_series,
+    send,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_state,
+)
+
+# The first attempt dies right after step 15; the last checkpoint is at step 10, so steps
+# 11-15 run, and are reported, twice: the stored series must still hold each step once.
+FAIL_AT_STEP = 15
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def faulty_worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
+    """A worker whose trainers crash (exit 1) after step FAIL_AT_STEP of their first attempt."""
+    w = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("faulty"),
+        log_dir=worker_logs,
+        extra_env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT_STEP)},
+    )
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="module")
+def healthy_worker(
+    settings: Settings, celery_client: Celery, worker_logs: Path
+) -> Iterator[Worker]:
+    w = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue("healthy"), log_dir=worker_logs
+    )
+    yield w
+    w.stop()
+
+
+def test_crashed_attempt_restarts_from_checkpoint_and_matches_an_uninterrupted_run(
+    engine: Engine,
+    celery_client: Celery,
+    project: ProjectKey,
+    dataset_id: str,
+    faulty_worker: Worker,
+    healthy_worker: Worker,
+) -> None:
+    def submit(worker: Worker) -> int:
+        spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, retries={"max_restarts": 1})
+        job_id = create_job(engine, project, spec)
+        send(celery_client, job_id, worker.queue)
+        return job_id
+
+    crashing, reference = submit(faulty_worker), submit(healthy_worker)
+    ref = wait_state(engine, reference, TERMINAL, 120, healthy_worker)
+    job = wait_state(engine, crashing, TERMINAL, 120, faulty_worker)
+    assert ref.state == "succeeded", ref.error
+    assert job.state == "succeeded", job.error
+    assert (job.attempt, job.exit_code) == (2, 0)
+
+    events = job_events(engine, crashing)
+    assert [(e.attempt, e.state_from, e.state_to) for e in events if e.kind == "state"] == [
+        (0, None, "queued"),
+        (1, "queued", "starting"),
+        (1, "starting", "running"),
+        (1, "running", "restarting"),
+        (1, "restarting", "queued"),
+        (2, "queued", "starting"),
+        (2, "starting", "running"),
+        (2, "running", "succeeded"),
+    ]
+    restarting = next(e for e in events if e.state_to == "restarting")
+    assert restarting.data == {
+        "cause": "failure",
+        "attempt": 1,
+        "exit_code": 1,
+        "exit_cause": "error",  # a plain crash: retried while max_restarts lasts
+    }
+    assert restarting.message.startswith("attempt 1 failed (error) with exit code 1")
+    assert len(launches(events)) == 2
+    resumed = [e for e in events if e.state_to == "running"][-1]
+    assert resumed.data["start_step"] == 10
+    assert [e.data["step"] for e in events if e.kind == "checkpoint"] == [10, 20, 24]
+
+    losses = metric_series(engine, crashing, "loss")
+    reference_losses = metric_series(engine, reference, "loss")
+    assert [p.step for p in losses] == list(range(1, 25))
+    assert [p.value for p in losses] == pytest.approx([p.value for p in reference_losses], rel=1e-5)
+    assert {p.attempt for p in losses if p.step <= 10} == {1}
+    assert {p.attempt for p in losses if p.step > 10} == {2}

@@ -1,0 +1,154 @@
+"""A worker runs a job end to end: claim, torchrun, ingest, outcome; and cancels one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    Worker,
+    create_job,
+    group_gone,
+    job_events,
+    launches,
+    log_lines,
+    metric_series,
+    send,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_for,
+    wait_state,
+)
+
+
+@pytest.fixture(scope="module")
+def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
+    w = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue("run"), log_dir=worker_logs
+    )
+    yield w
+    w.stop()
+
+
+def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a_sample(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        train={"max_steps": 30},
+        eval={"interval_steps": 10},
+        resources={"procs_per_node": 2},
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, worker.queue)
+
+    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 120, worker)
+    assert job.state == "succeeded", job.error
+    assert (job.attempt, job.exit_code, job.current_step) == (1, 0, 30)
+    assert job.worker == worker.name and job.heartbeat_at is not None
+
+    losses = metric_series(engine, job_id, "loss")
+    assert [p.step for p in losses] == list(range(1, 31))
+    first, last = losses[:5], losses[-5:]
+    assert sum(p.value for p in last) < sum(p.value for p in first) - 0.5
+    assert job.latest_metrics["loss"] == pytest.approx(losses[-1].value)
+    assert [p.step for p in metric_series(engine, job_id, "eval_loss")] == [10, 20, 30]
+
+    events = job_events(engine, job_id)
+    assert [(e.state_from, e.state_to) for e in events if e.kind == "state"] == [
+        (None, "queued"),
+        ("queued", "starting"),
+        ("starting", "running"),
+        ("running", "succeeded"),
+    ]
+    assert [e.data["step"] for e in events if e.kind == "checkpoint"] == [10, 20, 30]
+    (sample,) = [e for e in events if e.kind == "sample"]
+    assert sample.data["prompt"] == spec.sample.prompt and sample.data["text"]
+    (launch,) = launches(events)
+    assert group_gone(launch.data["pgid"])
+
+    lines = log_lines(engine, job_id)
+    assert {line.rank for line in lines} >= {0, 1}
+    assert any("step 30" in line.line for line in lines if line.rank == 0)
+    keys = [(x.rank, x.stream, x.offset) for x in lines]
+    assert len(keys) == len(set(keys))
+
+
+def test_cancel_of_a_running_job_ends_its_process_group_within_10_s(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        train={"max_steps": 100_000},
+        checkpoint={"interval_steps": 100_000},
+        resources={"procs_per_node": 2},
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, worker.queue)
+    wait_state(engine, job_id, ("running",), 60, worker)
+    wait_for("a first metric", lambda: metric_series(engine, job_id, "loss"), 30)
+    (launch,) = launches(job_events(engine, job_id))
+    pgid = launch.data["pgid"]
+    assert not group_gone(pgid)
+
+    with Session(engine) as s:
+        jobs.cancel(session=s, job_id=job_id)
+        s.commit()
+    cancelled_at = time.monotonic()
+    job = wait_state(engine, job_id, ("cancelled", "failed", "succeeded"), 10, worker)
+    wait_for("the trainer's process group to be gone", lambda: group_gone(pgid), 1.0)
+    assert time.monotonic() - cancelled_at < 10
+    assert job.state == "cancelled"
+
+    events = job_events(engine, job_id)
+    states = [(e.state_from, e.state_to) for e in events if e.kind == "state"]
+    assert states[-2:] == [("running", "cancelling"), ("cancelling", "cancelled")]
+    # The trainer stopped cleanly on SIGTERM: it said so and its final checkpoint is recorded.
+    assert any(e.kind == "info" and e.data.get("trainer_state") == "stopped" for e in events)
+    assert [e.kind for e in events].count("checkpoint") == 1
+
+
+def test_invalid_data_fails_the_job_at_once_and_is_never_retried(
+    engine: Engine, celery_client: Celery, project: ProjectKey, worker: Worker, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-corpus"
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id="unused",
+        data={"dataset": None, "uri": str(missing)},
+        retries={"max_restarts": 3},
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, worker.queue)
+
+    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 60, worker)
+    assert (job.state, job.attempt, job.exit_code) == ("failed", 1, 2)
+    assert "does not exist" in (job.error or "")
+    events = job_events(engine, job_id)
+    assert not any(e.state_to == "restarting" for e in events)
+    assert any(e.kind == "error" and "does not exist" in e.message for e in events)
+
+
+def test_unknown_dataset_fails_before_any_trainer_starts(
+    engine: Engine, celery_client: Celery, project: ProjectKey, worker: Worker
+) -> None:
+    spec = tiny_spec(pool=worker.queue, dataset_id="ds_missing", retries={"max_restarts": 3})
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, worker.queue)
+
+    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 30, worker)
+    assert (job.state, job.attempt) == ("failed", 1)
+    assert "ds_missing" in (job.error or "")
+    assert launches(job_events(engine, job_id)) == []

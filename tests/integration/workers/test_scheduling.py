@@ -1,0 +1,61 @@
+"""The scheduler: a worker claims the best queued job of its pool, on Postgres and on SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core import auth, jobs, scheduling
+from core.db import make_engine, session_scope, upgrade
+from core.models import Job
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import tiny_spec, unique_queue
+
+
+def _submit(engine: Engine, project_id: str, pool: str, priority: int) -> int:
+    spec = tiny_spec(pool=pool, dataset_id="ds_unused", priority=priority)
+    with Session(engine, expire_on_commit=False) as s:
+        return jobs.create(session=s, project_id=project_id, spec=spec).job.id
+
+
+def _claim_order(engine: Engine, pool: str) -> list[int]:
+    order = []
+    while True:
+        with session_scope(engine) as s:
+            job = scheduling.claim_next(session=s, pool=pool, worker="w")
+            if job is None:
+                return order
+            assert job.state == "starting" and job.attempt == 1
+            order.append(job.id)
+
+
+def _scheduling_holds(engine: Engine, project_id: str) -> None:
+    pool, other = unique_queue("sched"), unique_queue("other")
+    low = _submit(engine, project_id, pool, -5)
+    first = _submit(engine, project_id, pool, 0)
+    urgent = _submit(engine, project_id, pool, 7)
+    second = _submit(engine, project_id, pool, 0)
+    elsewhere = _submit(engine, project_id, other, 100)
+    with Session(engine) as s:
+        queued = [s.get(Job, i) for i in (low, first, urgent, second, elsewhere)]
+        positions = scheduling.queue_positions(session=s, queued=[j for j in queued if j])
+    assert positions == {urgent: 1, first: 2, second: 3, low: 4, elsewhere: 1}
+    assert _claim_order(engine, pool) == [urgent, first, second, low]
+    with session_scope(engine) as s:  # fencing: a claimed job is never claimed again
+        assert jobs.claim(session=s, job_id=urgent, worker="late") is None
+
+
+def test_claims_follow_priority_then_age_on_postgres(engine: Engine, project: ProjectKey) -> None:
+    _scheduling_holds(engine, project.project_id)
+
+
+def test_claims_follow_priority_then_age_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'torchyard.db'}"
+    upgrade(url)  # migration 0002 applies on SQLite too (batch mode)
+    engine = make_engine(url)
+    with session_scope(engine) as s:
+        project_id = auth.create_project(session=s, name="p").id
+    _scheduling_holds(engine, project_id)
+    engine.dispose()

@@ -1,0 +1,88 @@
+"""The quickstart submits a valid spec and configures the embedded default without
+overriding what the user set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchyard.quickstart import (
+    STDLIB,
+    Options,
+    build_spec,
+    dataset_name,
+    embedded_env,
+    example_spec,
+    with_data_root,
+)
+from trainer.spec import JobSpec
+
+
+def _valid(spec: dict) -> JobSpec:
+    return JobSpec.model_validate({**spec, "data": {**spec["data"], "dataset": "ds_test"}})
+
+
+def test_default_spec_is_the_documented_gpt_run() -> None:
+    spec = _valid(build_spec(example_spec(), Options()))
+    assert (spec.model.n_layers, spec.model.d_model, spec.model.n_heads) == (4, 128, 4)
+    assert spec.model.seq_len == 128
+    assert (spec.train.max_steps, spec.train.micro_batch_size, spec.optim.lr) == (600, 16, 2e-3)
+    assert (spec.eval.interval_steps, spec.checkpoint.interval_steps) == (100, 200)
+    assert spec.data.include == ["**/*.py"] and spec.data.max_bytes == 8_000_000
+    assert spec.parallelism.strategy == "ddp" and spec.resources.procs_per_node == 2
+
+
+def test_few_steps_cap_the_eval_and_checkpoint_intervals() -> None:
+    spec = _valid(build_spec(example_spec(), Options(steps=30)))
+    assert (spec.train.max_steps, spec.eval.interval_steps, spec.checkpoint.interval_steps) == (
+        30, 30, 30,
+    )  # fmt: skip
+
+
+def test_one_proc_trains_a_single_process() -> None:
+    spec = _valid(build_spec(example_spec(), Options(procs=1)))
+    assert (spec.parallelism.strategy, spec.world_size) == ("single", 1)
+
+
+def test_user_data_reads_every_file_unless_include_is_given(tmp_path: Path) -> None:
+    spec = build_spec(example_spec(), Options(data=tmp_path))
+    assert spec["data"]["include"] == ["**/*"]
+    spec = build_spec(example_spec(), Options(data=tmp_path, include=["*.md"]))
+    assert spec["data"]["include"] == ["*.md"]
+
+
+def test_set_overrides_apply_last() -> None:
+    spec = build_spec(example_spec(), Options(steps=50, overrides=["train.max_steps=70"]))
+    assert spec["train"]["max_steps"] == 70
+
+
+def test_embedded_env_keeps_the_users_settings_under_the_chosen_home(tmp_path: Path) -> None:
+    env = embedded_env(
+        tmp_path,
+        {"TORCHYARD_BROKER_URL": "redis://r:6379/0", "TORCHYARD_HOME": "/old", "PATH": "/bin"},
+    )
+    assert env["TORCHYARD_BROKER_URL"] == "redis://r:6379/0"
+    assert env["TORCHYARD_DATABASE_URL"] == f"sqlite:///{tmp_path}/torchyard.db"
+    assert env["TORCHYARD_STORAGE_URL"] == str(tmp_path / "storage")
+    assert env["TORCHYARD_HOME"] == str(tmp_path)
+    assert env["PATH"] == "/bin"
+
+
+def test_user_data_becomes_an_allowed_root_next_to_existing_ones(tmp_path: Path) -> None:
+    env = with_data_root({"TORCHYARD_DATA_ROOTS": json.dumps(["/srv/a"])}, tmp_path)
+    assert json.loads(env["TORCHYARD_DATA_ROOTS"]) == ["/srv/a", str(tmp_path)]
+    assert with_data_root(env, tmp_path) == env
+    assert json.loads(with_data_root({}, tmp_path)["TORCHYARD_DATA_ROOTS"]) == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("path", [Path("/data/corpus.txt"), Path("/data/texts")])
+def test_dataset_names_are_stable_per_path(path: Path) -> None:
+    assert dataset_name(path) == dataset_name(Path(str(path)))
+    assert dataset_name(path).startswith(path.name + "-")
+    assert dataset_name(path) != dataset_name(path.parent / "other")
+
+
+def test_stdlib_dataset_is_named_for_the_python_version() -> None:
+    assert dataset_name(STDLIB).startswith("python3.") and dataset_name(STDLIB).endswith("-stdlib")

@@ -1,0 +1,126 @@
+"""Tables and numbers print what a person needs, and user text is never read as markup."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from rich.console import Console
+
+from torchyard.models import Checkpoint, Dataset, Job, LogLine, MetricSeries
+from torchyard.render import (
+    checkpoints_table,
+    datasets_table,
+    format_bytes,
+    format_duration,
+    format_rate,
+    format_value,
+    job_details,
+    jobs_table,
+    log_line,
+    metrics_table,
+)
+
+NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
+
+
+def _text(renderable: object) -> str:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def _job(**kw: object) -> Job:
+    fields: dict[str, object] = {
+        "id": 7,
+        "name": "gpt-small",
+        "state": "running",
+        "pool": "default",
+        "current_step": 120,
+        "max_steps": 600,
+        "latest_metrics": {"loss": 2.34567, "tokens_per_second": 51234.0},
+        "created_at": NOW - timedelta(minutes=5),
+    }
+    fields.update(kw)
+    return Job.model_validate(fields)
+
+
+def test_jobs_table_has_one_row_per_job_with_step_and_loss() -> None:
+    text = _text(jobs_table([_job(), _job(id=8, state="queued", current_step=None)], now=NOW))
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    assert lines[0] == ["ID", "NAME", "STATE", "STEP", "LOSS", "POOL", "CREATED"]
+    assert lines[1] == ["7", "gpt-small", "running", "120/600", "2.346", "default", "5m00s", "ago"]
+    assert lines[2][:4] == ["8", "gpt-small", "queued", "0/600"]
+
+
+def test_markup_in_user_text_is_printed_literally() -> None:
+    text = _text(job_details(_job(error="bad [red]thing[/red]", labels={"k": "[b]v"})))
+    assert "bad [red]thing[/red]" in text
+    assert "k=[b]v" in text
+
+
+def test_job_details_list_latest_metrics_and_error() -> None:
+    text = _text(job_details(_job(state="failed", exit_code=1, error="CUDA OOM")))
+    assert "loss" in text and "2.346" in text
+    assert "exit code" in text and "CUDA OOM" in text
+
+
+def test_checkpoints_are_sorted_by_step_with_sizes() -> None:
+    cps = [
+        Checkpoint(id=2, job_id=7, step=400, uri="/s/step_00000400", size_bytes=12_300_000),
+        Checkpoint(id=1, job_id=7, step=200, uri="/s/step_00000200", size_bytes=812),
+    ]
+    rows = [line.split() for line in _text(checkpoints_table(cps)).splitlines()[1:] if line]
+    assert rows == [
+        ["200", "0", "812", "B", "/s/step_00000200"],
+        ["400", "0", "12.3", "MB", "/s/step_00000400"],
+    ]
+
+
+def test_metrics_table_shows_last_min_max() -> None:
+    series = MetricSeries.model_validate(
+        {
+            "name": "loss",
+            "steps": [10, 20, 30],
+            "values": [3.0, 2.0, 2.5],
+            "last": {"step": 30, "value": 2.5},
+        }
+    )
+    row = _text(metrics_table([series])).splitlines()[1].split()
+    assert row == ["loss", "3", "30", "2.5", "2", "3"]
+
+
+def test_datasets_table_shows_size_and_files() -> None:
+    ds = Dataset(
+        id="ds_1",
+        name="stdlib",
+        uri="/usr/lib/python3.11",
+        size_bytes=8_000_000,
+        num_files=42,
+        created_at=NOW,
+    )
+    text = _text(datasets_table([ds], now=NOW))
+    assert "ds_1" in text and "8.0 MB" in text and "42" in text
+
+
+def test_log_lines_name_the_rank_or_the_launcher() -> None:
+    assert log_line(LogLine(id=1, rank=1, line="step 10")) == "[rank 1] step 10"
+    assert log_line(LogLine(id=2, rank=-1, line="torchrun ...")) == "[launcher] torchrun ..."
+
+
+def test_number_formats() -> None:
+    assert [format_duration(s) for s in (None, 42, 185, 3720, 2 * 86400 + 3 * 3600)] == [
+        "-",
+        "42s",
+        "3m05s",
+        "1h02m",
+        "2d03h",
+    ]
+    assert [format_bytes(n) for n in (None, 999, 8_000_000)] == ["-", "999 B", "8.0 MB"]
+    assert [format_value(v) for v in (None, 2.34567, 0.002, 0.0)] == ["-", "2.346", "2.0e-03", "0"]
+    assert [format_rate(v) for v in (None, 950, 12_345, 4_100_000)] == ["-", "950", "12.3k", "4.1M"]
+
+
+def test_non_finite_latest_metrics_arrive_as_null_and_print_as_dash() -> None:
+    job = _job(latest_metrics={"loss": None, "lr": 0.002})
+    text = _text(jobs_table([job], now=NOW))
+    assert text.splitlines()[1].split()[4] == "-"

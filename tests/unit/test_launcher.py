@@ -1,0 +1,96 @@
+"""The torchrun command and environment a worker launches, exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workers.launcher import RunPaths, torchrun_argv, trainer_env
+
+PATHS = RunPaths(
+    run_dir=Path("/srv/ty/jobs/7/runs/attempt_2"),
+    checkpoint_dir="s3://bucket/jobs/7/checkpoints",
+    data="/data/corpus",
+)
+
+
+def test_torchrun_argv_is_exactly_the_contract_command() -> None:
+    argv = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=29555, paths=PATHS, python="/py"
+    )
+    assert argv == [
+        "/py", "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc-per-node", "4",
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "127.0.0.1:29555",
+        "--rdzv-id", "job7-a2",
+        "--max-restarts", "0",
+        "--log-dir", "/srv/ty/jobs/7/runs/attempt_2/logs",
+        "--redirects", "3",
+        "-m", "trainer",
+        "--spec", "/srv/ty/jobs/7/runs/attempt_2/spec.json",
+        "--run-dir", "/srv/ty/jobs/7/runs/attempt_2",
+        "--checkpoint-dir", "s3://bucket/jobs/7/checkpoints",
+        "--data", "/data/corpus",
+    ]  # fmt: skip
+
+
+BASE_ENV = {
+    "PATH": "/usr/bin",
+    "HOME": "/home/w",
+    "AWS_ACCESS_KEY_ID": "storage-key",
+    "TORCHYARD_DATABASE_URL": "postgresql://u:secret@db/ty",
+    "TORCHYARD_BROKER_URL": "redis://:secret@redis/0",
+    "TORCHYARD_STORAGE_URL": "s3://bucket",
+    "TORCHYARD_FAIL_AT_STEP": "5",
+    "OMP_NUM_THREADS": "16",
+}
+
+
+def test_cpu_env_splits_threads_strips_secrets_and_sets_trainer_knobs() -> None:
+    env = trainer_env(base=BASE_ENV, attempt=3, nproc_per_node=2, device="cpu", cpu_count=8)
+    assert env == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/w",
+        "AWS_ACCESS_KEY_ID": "storage-key",
+        "TORCHYARD_FAIL_AT_STEP": "5",
+        "TORCHYARD_ATTEMPT": "3",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "4",
+    }
+
+
+def test_cpu_env_threads_are_capped_by_the_workers_own_setting() -> None:
+    base = {"OMP_NUM_THREADS": "1"}
+    env = trainer_env(base=base, attempt=1, nproc_per_node=1, device="cpu", cpu_count=8)
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+def test_cpu_env_gives_each_rank_at_least_one_thread() -> None:
+    env = trainer_env(base={}, attempt=1, nproc_per_node=4, device="cpu", cpu_count=2)
+    assert env["OMP_NUM_THREADS"] == "1"
+    env = trainer_env(base={}, attempt=1, nproc_per_node=1, device="cpu", cpu_count=None)
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+def test_cuda_env_leaves_thread_count_to_the_base_environment() -> None:
+    env = trainer_env(base=BASE_ENV, attempt=1, nproc_per_node=8, device="cuda", cpu_count=64)
+    assert env["OMP_NUM_THREADS"] == "16"
+    assert not any(k in env for k in ("TORCHYARD_DATABASE_URL", "TORCHYARD_BROKER_URL"))
+
+
+def test_rank_logs_follow_torchrun_log_dir_layout(tmp_path: Path) -> None:
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="c", data="d")
+    for rank in ("0", "1"):
+        folder = tmp_path / "logs" / "job7-a2_x1y2z3" / "attempt_0" / rank
+        folder.mkdir(parents=True)
+        for stream in ("stdout", "stderr"):
+            (folder / f"{stream}.log").touch()
+        (folder / "error.json").touch()
+    assert paths.rank_logs() == {
+        (rank, stream): tmp_path / f"logs/job7-a2_x1y2z3/attempt_0/{rank}/{stream}.log"
+        for rank in (0, 1)
+        for stream in ("stdout", "stderr")
+    }
+    assert paths.launcher_log("stderr") == tmp_path / "launcher.stderr.log"

@@ -1,0 +1,78 @@
+"""JobSpec validation: defaults, strictness and cross-field errors with JSON paths."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from trainer.spec import JobSpec, json_schema
+
+
+def _spec(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {"name": "job", "data": {"dataset": "ds_1"}}
+    base.update(overrides)
+    return base
+
+
+def _locs(exc: ValidationError) -> list[tuple[object, ...]]:
+    return [tuple(e["loc"]) for e in exc.errors()]
+
+
+def test_minimal_spec_gets_documented_defaults() -> None:
+    spec = JobSpec.model_validate(_spec())
+    assert spec.parallelism.strategy == "ddp"
+    assert spec.world_size == 1
+    assert spec.global_batch_size == spec.train.micro_batch_size
+
+
+def test_unknown_field_is_rejected_with_its_path() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_spec(model={"n_layer": 2}))
+    assert ("model", "n_layer") in _locs(exc.value)
+
+
+def test_negative_size_is_rejected() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_spec(train={"micro_batch_size": -1}))
+    assert ("train", "micro_batch_size") in _locs(exc.value)
+
+
+def test_heads_must_divide_width_and_error_names_n_heads() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_spec(model={"d_model": 128, "n_heads": 3}))
+    assert _locs(exc.value) == [("model", "n_heads")]
+    assert "divide" in exc.value.errors()[0]["msg"]
+
+
+def test_single_strategy_with_several_processes_names_procs_per_node() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(
+            _spec(parallelism={"strategy": "single"}, resources={"procs_per_node": 2})
+        )
+    assert _locs(exc.value) == [("resources", "procs_per_node")]
+
+
+def test_data_needs_exactly_one_source() -> None:
+    for data in ({}, {"dataset": "ds_1", "uri": "/x"}):
+        with pytest.raises(ValidationError) as exc:
+            JobSpec.model_validate(_spec(data=data))
+        assert ("data",) in _locs(exc.value)
+
+
+def test_all_cross_field_errors_are_reported_together() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(
+            _spec(model={"n_heads": 3}, eval={"interval_steps": 50}, train={"max_steps": 10})
+        )
+    assert set(_locs(exc.value)) == {("model", "n_heads"), ("eval", "interval_steps")}
+
+
+def test_json_schema_documents_every_field() -> None:
+    schema = json_schema()
+    undocumented = [
+        f"{model}.{field}"
+        for model, body in [("JobSpec", schema), *schema["$defs"].items()]
+        for field, prop in body.get("properties", {}).items()
+        if "description" not in prop
+    ]
+    assert not undocumented

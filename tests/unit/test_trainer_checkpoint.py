@@ -1,0 +1,98 @@
+"""Checkpoint selection, retention, and an in-process save/resume round trip (DCP)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest_trainer import build_local_run, cpu_world_of_one, tiny_spec
+from trainer.checkpoint import Checkpointer, latest_complete, list_checkpoints
+from trainer.events import EventWriter, NullReporter
+from trainer.loop import train_step
+from trainer.spec import CheckpointSpec
+
+
+def _make(root: Path, step: int, *, complete: bool) -> None:
+    path = root / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    (path / "__0_0.distcp").write_bytes(b"x" * 10)
+    if complete:
+        (path / ".metadata").write_bytes(b"m")
+
+
+def test_latest_complete_checkpoint_ignores_directories_without_metadata(tmp_path: Path) -> None:
+    assert latest_complete(str(tmp_path / "absent")) is None
+    _make(tmp_path, 10, complete=True)
+    _make(tmp_path, 20, complete=False)  # a save that never finished
+    (tmp_path / "step_30").mkdir()  # not ours
+    (tmp_path / "notes").write_text("x")
+    found = latest_complete(str(tmp_path))
+    assert found is not None
+    assert (found.step, found.uri) == (10, str(tmp_path / "step_00000010"))
+    assert [(c.step, c.complete) for c in list_checkpoints(str(tmp_path))] == [
+        (10, True),
+        (20, False),
+    ]
+
+
+def test_retention_keeps_the_newest_complete_and_never_a_newer_incomplete(
+    tmp_path: Path,
+) -> None:
+    for step in (10, 20, 30, 40):
+        _make(tmp_path, step, complete=True)
+    _make(tmp_path, 25, complete=False)  # debris of a crashed attempt
+    _make(tmp_path, 50, complete=False)  # possibly being written
+    checkpointer = Checkpointer(
+        root=str(tmp_path),
+        spec=CheckpointSpec(keep_last=2),
+        states={},
+        rank_states={},
+        job_spec_json="{}",
+        dist_info=cpu_world_of_one(),
+        reporter=NullReporter(),
+    )
+    checkpointer._apply_retention()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000030",
+        "step_00000040",
+        "step_00000050",
+    ]
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_resume_restores_model_optimizer_schedule_data_position_and_rng(
+    async_save: bool, corpus_dir: Path, tmp_path: Path
+) -> None:
+    spec = tiny_spec(
+        corpus_dir,
+        model={"dropout": 0.1},  # so the RNG state matters for the loss
+        optim={"schedule": "cosine", "warmup_steps": 2},
+        train={"micro_batch_size": 4, "max_steps": 10},
+        checkpoint={"async_save": async_save},
+    )
+    reporter = EventWriter(tmp_path / "run")
+    first = build_local_run(spec, tmp_path / "ckpt", reporter)
+    for _ in range(3):
+        train_step(first)
+        first.state.step += 1
+    first.checkpointer.save(3, force=True)
+    first.checkpointer.wait()
+    expected = [float(train_step(first)[0]) for _ in range(3)]
+
+    torch.manual_seed(999)  # a different RNG state, which the checkpoint must overwrite
+    resumed = build_local_run(spec, tmp_path / "ckpt")
+    assert resumed.checkpointer.load_latest() == 3
+    assert resumed.state.step == 3
+    assert resumed.sampler.state_dict() == {"epoch": 0, "offset": 12}
+    assert resumed.scheduler.last_epoch == 3
+    assert [float(train_step(resumed)[0]) for _ in range(3)] == expected
+
+    reporter.close()
+    (event,) = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    ckpt = tmp_path / "ckpt" / "step_00000003"
+    assert event == {**event, "type": "checkpoint", "step": 3, "uri": str(ckpt)}
+    assert event["size_bytes"] == sum(p.stat().st_size for p in ckpt.iterdir())
+    assert json.loads((ckpt / "spec.json").read_text()) == spec.model_dump(mode="json")

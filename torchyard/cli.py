@@ -1,0 +1,384 @@
+"""The ``torchyard`` command line: submit and watch jobs, manage datasets, run the servers.
+
+Tables for people by default, ``--json`` for scripts. Any API error is printed in red (a 422
+with one ``path: message`` line per bad field) and exits with status 1; following a job exits
+with 1 unless it succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.text import Text
+from typer.core import TyperGroup
+
+from torchyard import launch
+from torchyard.client import Client
+from torchyard.config import save_config
+from torchyard.errors import TorchyardError
+from torchyard.follow import follow_job
+from torchyard.models import LogLine
+from torchyard.quickstart import quickstart_command
+from torchyard.render import (
+    checkpoints_table,
+    datasets_table,
+    error_lines,
+    job_details,
+    jobs_table,
+    log_line,
+    metrics_table,
+)
+from torchyard.specs import SpecFileError, apply_overrides, load_spec
+from torchyard.summary import render_summary
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class _Group(TyperGroup):
+    """Turns SDK errors into a red message and exit status 1 for every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TorchyardError, SpecFileError) as exc:
+            lines = error_lines(exc) if isinstance(exc, TorchyardError) else [str(exc)]
+            err.print(Text(f"error: {lines[0]}", style="red"))
+            for line in lines[1:]:
+                err.print(Text(line, style="red"))
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err.print(Text("interrupted", style="yellow"))
+            raise typer.Exit(130) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    no_args_is_help=True,
+    add_completion=False,
+    help="Torchyard: submit PyTorch training jobs and follow them.",
+)
+datasets_app = typer.Typer(no_args_is_help=True, help="Training text of the project.")
+admin_app = typer.Typer(no_args_is_help=True, help="Database administration (server side).")
+app.add_typer(datasets_app, name="datasets")
+app.add_typer(admin_app, name="admin")
+app.command("quickstart")(quickstart_command)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+PollOpt = Annotated[float, typer.Option("--poll", help="Seconds between polls.", min=0.1)]
+JobId = Annotated[int, typer.Argument(help="Job id.", metavar="ID")]
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="API base URL (default: $TORCHYARD_URL, then login)."),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", help="API key (default: $TORCHYARD_API_KEY, then login)."),
+    ] = None,
+) -> None:
+    ctx.obj = {"url": url, "api_key": api_key}
+
+
+def _client(ctx: typer.Context) -> Client:
+    """The command's client, closed when the command ends."""
+    root = ctx.find_root().obj or {}
+    return ctx.with_resource(Client(root.get("url"), root.get("api_key")))
+
+
+def _print_json(data: Any) -> None:
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _follow_and_exit(client: Client, job_id: int, poll_s: float, logs: bool = False) -> None:
+    summary = follow_job(client, job_id, out, poll_s=poll_s, logs=logs)
+    out.print(render_summary(summary))
+    raise typer.Exit(0 if summary.succeeded else 1)
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    spec_path: Annotated[str, typer.Argument(metavar="SPEC", help="YAML or JSON file, - stdin.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override a field: KEY.PATH=VALUE (repeatable)."),
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until it ends.")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Resubmitting returns the same job.")
+    ] = None,
+    json_out: JsonOpt = False,
+    poll: PollOpt = 1.0,
+) -> None:
+    """Submit a job from a spec file."""
+    spec = apply_overrides(load_spec(spec_path), overrides or [])
+    client = _client(ctx)
+    job = client.jobs.create(spec, idempotency_key=idempotency_key)
+    if json_out:
+        if follow:
+            job = client.jobs.wait(job.id, poll_s=poll)
+        _print_json(job)
+        raise typer.Exit(0 if job.state == "succeeded" or not follow else 1)
+    out.print(Text(f"submitted job {job.id} ({job.name}), state {job.state}"))
+    if follow:
+        _follow_and_exit(client, job.id, poll)
+
+
+@app.command("jobs")
+def list_jobs(
+    ctx: typer.Context,
+    state: Annotated[
+        list[str] | None, typer.Option("--state", help="Only these states (repeatable).")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Name contains this.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 20,
+    json_out: JsonOpt = False,
+) -> None:
+    """List jobs, newest first."""
+    jobs = []
+    for job in _client(ctx).jobs.iter(state=state, name=name, page_size=min(limit, 200)):
+        jobs.append(job)
+        if len(jobs) >= limit:
+            break
+    if json_out:
+        _print_json(jobs)
+    elif jobs:
+        out.print(jobs_table(jobs))
+    else:
+        out.print("no jobs")
+
+
+@app.command()
+def show(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
+    """Show one job."""
+    job = _client(ctx).jobs.get(job_id)
+    if json_out:
+        _print_json(job)
+    else:
+        out.print(job_details(job))
+
+
+@app.command()
+def cancel(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
+    """Cancel a job (any state but a terminal one)."""
+    job = _client(ctx).jobs.cancel(job_id)
+    if json_out:
+        _print_json(job)
+    else:
+        out.print(Text(f"job {job.id}: {job.state}"))
+
+
+@app.command()
+def pause(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
+    """Pause a job: a running one checkpoints and stops; `torchyard resume` continues it."""
+    _print_job_state(_client(ctx).jobs.pause(job_id), json_out)
+
+
+@app.command()
+def resume(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
+    """Resume a paused job from its latest checkpoint."""
+    _print_job_state(_client(ctx).jobs.resume(job_id), json_out)
+
+
+@app.command()
+def retry(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
+    """Run a failed or cancelled job again from its latest checkpoint."""
+    _print_job_state(_client(ctx).jobs.retry(job_id), json_out)
+
+
+def _print_job_state(job: Any, json_out: bool) -> None:
+    if json_out:
+        _print_json(job)
+    else:
+        out.print(Text(f"job {job.id}: {job.state}"))
+
+
+@app.command()
+def follow(
+    ctx: typer.Context,
+    job_id: JobId,
+    logs: Annotated[bool, typer.Option("--logs", help="Also print log lines.")] = False,
+    poll: PollOpt = 1.0,
+) -> None:
+    """Follow a job live until it ends; exit 1 unless it succeeded."""
+    _follow_and_exit(_client(ctx), job_id, poll, logs=logs)
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    job_id: JobId,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank (-1: launcher).")] = (
+        None
+    ),
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
+    poll: PollOpt = 1.0,
+) -> None:
+    """Print a job's log lines."""
+    jobs = _client(ctx).jobs
+    if follow:
+        items = jobs.follow(job_id, poll_s=poll, events=False, metrics=False, logs=True, rank=rank)
+        lines = (item for item in items if isinstance(item, LogLine))
+    else:
+        lines = jobs.iter_logs(job_id, rank=rank)
+    for line in lines:
+        typer.echo(log_line(line))
+
+
+@app.command()
+def checkpoints(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
+    """List a job's complete checkpoints."""
+    items = _client(ctx).jobs.checkpoints(job_id)
+    if json_out:
+        _print_json(items)
+    else:
+        out.print(checkpoints_table(items) if items else "no checkpoints")
+
+
+@app.command()
+def metrics(
+    ctx: typer.Context,
+    job_id: JobId,
+    names: Annotated[
+        list[str] | None, typer.Option("--name", help="Only this metric (repeatable).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a job's metrics (last, min, max per metric; --json: every point)."""
+    series = _client(ctx).jobs.metrics(job_id, names=names)
+    if json_out:
+        _print_json(series)
+    else:
+        out.print(metrics_table(series) if series else "no metrics")
+
+
+@datasets_app.command("list")
+def datasets_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the project's datasets."""
+    items = _client(ctx).datasets.list()
+    if json_out:
+        _print_json(items)
+    else:
+        out.print(datasets_table(items) if items else "no datasets")
+
+
+@datasets_app.command("register")
+def datasets_register(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    uri: Annotated[str, typer.Argument(help="A path the server can read (allowed roots).")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Register a server-side file or directory as a dataset."""
+    _print_dataset(_client(ctx).datasets.register(name, uri), json_out)
+
+
+@datasets_app.command("upload")
+def datasets_upload(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Local file.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Upload a local file as a dataset."""
+    _print_dataset(_client(ctx).datasets.upload(name, path), json_out)
+
+
+def _print_dataset(dataset: Any, json_out: bool) -> None:
+    if json_out:
+        _print_json(dataset)
+    else:
+        out.print(datasets_table([dataset]))
+
+
+@app.command()
+def login(
+    url: Annotated[str, typer.Option("--url", prompt="API URL", help="API base URL.")],
+    api_key: Annotated[
+        str, typer.Option("--api-key", prompt="API key", hide_input=True, help="API key.")
+    ],
+    verify: Annotated[bool, typer.Option(help="Check the key against the API first.")] = True,
+) -> None:
+    """Save the API URL and key to the config file (used when no flag or env var is set)."""
+    if verify:
+        with Client(url, api_key) as client:
+            me = client.me()
+        out.print(Text(f"key {me.key.prefix or me.key.id} of project {me.project.name}"))
+    path = save_config(url.rstrip("/"), api_key)
+    out.print(Text(f"saved to {path}"))
+
+
+@app.command()
+def whoami(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Show the URL, project and key in use."""
+    client = _client(ctx)
+    me = client.me()
+    if json_out:
+        _print_json({"url": client.base_url, **me.model_dump(mode="json")})
+    else:
+        out.print(
+            Text(
+                f"{client.base_url}: project {me.project.name} ({me.project.id}), "
+                f"key {me.key.prefix or me.key.id}"
+            )
+        )
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+) -> None:
+    """Run the HTTP API (uvicorn, api.main:create_app)."""
+    launch.exec_argv(launch.api_argv(host, port))
+
+
+@app.command()
+def worker(
+    pool: Annotated[str, typer.Option(help="Queue (resources.pool) to take jobs from.")] = (
+        "default"
+    ),
+    hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
+) -> None:
+    """Run one worker slot (Celery, solo pool, one job at a time)."""
+    launch.exec_argv(launch.worker_argv(pool, hostname))
+
+
+@app.command()
+def beat() -> None:
+    """Run the periodic scheduler (reaper, reconciler)."""
+    launch.exec_argv(launch.beat_argv())
+
+
+@admin_app.command("migrate")
+def admin_migrate() -> None:
+    """Apply database migrations (TORCHYARD_DATABASE_URL)."""
+    launch.exec_argv(launch.admin_argv("migrate"))
+
+
+@admin_app.command("bootstrap")
+def admin_bootstrap(
+    project: Annotated[str, typer.Option("--project", help="Project to create.")],
+) -> None:
+    """Create a project and an API key; the last line is TORCHYARD_API_KEY=..."""
+    launch.exec_argv(launch.admin_argv("bootstrap", "--project", project))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

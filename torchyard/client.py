@@ -1,0 +1,472 @@
+"""Python SDK for the Torchyard REST API (docs/CONTRACTS.md, section 4).
+
+    from torchyard import Client
+
+    with Client() as client:                      # TORCHYARD_URL / TORCHYARD_API_KEY / login
+        job = client.jobs.create(spec)            # dict or trainer.spec.JobSpec
+        for item in client.jobs.follow(job.id):   # Job | Event | MetricPoint | LogLine
+            ...
+
+Every method raises an `ApiError` subclass (`NotFound`, `Conflict`, `ValidationFailed`, ...)
+when the API answers with an error, and `ConnectionFailed` when it cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from torchyard.config import load_config
+from torchyard.errors import ConnectionFailed, ServerError, error_from_response
+from torchyard.models import (
+    Checkpoint,
+    Dataset,
+    Event,
+    Job,
+    LogLine,
+    Me,
+    MetricPoint,
+    MetricSeries,
+    Page,
+)
+
+FollowItem = Job | Event | MetricPoint | LogLine
+
+
+class Client:
+    """A connection to one Torchyard API with one API key.
+
+    `base_url` and `api_key` default to the environment and the ``torchyard login`` file (see
+    `torchyard.config`). `timeout` is per request, in seconds. Use as a context manager, or
+    call `close()`.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        config = load_config(base_url, api_key)
+        self.base_url = config.url
+        self.api_key = config.api_key
+        self.timeout = timeout
+        headers = {"User-Agent": "torchyard-python"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        self._http = httpx.Client(
+            base_url=config.url,
+            headers=headers,
+            timeout=timeout,
+            # Retries only failed connects (the request never left), so POSTs stay safe.
+            transport=httpx.HTTPTransport(retries=2),
+        )
+        self.jobs = Jobs(self)
+        self.datasets = Datasets(self)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the underlying connection pool."""
+        self._http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        files: Any = None,
+        data: dict[str, str] | None = None,
+        timeout: httpx.Timeout | float | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON answer (None for an empty body).
+
+        Raises the `ApiError` subclass for the status on a non-2xx answer, `ConnectionFailed`
+        when the server cannot be reached or does not answer within the timeout.
+        """
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(
+                method,
+                path,
+                params=params,
+                json=json,
+                headers=headers,
+                files=files,
+                data=data,
+                timeout=timeout if timeout is not None else self.timeout,
+            )
+        except httpx.TimeoutException as exc:
+            raise ConnectionFailed(f"{method} {self.base_url}{path}: timed out ({exc})") from exc
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach the API at {self.base_url}: {exc}") from exc
+        if response.is_success:
+            return response.json() if response.content else None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        raise error_from_response(response.status_code, body, response.text)
+
+    def me(self) -> Me:
+        """The project and key this client authenticates as."""
+        return Me.model_validate(self.request("GET", "/v1/me"))
+
+    def spec_schema(self) -> dict[str, Any]:
+        """The server's JobSpec JSON Schema."""
+        result: dict[str, Any] = self.request("GET", "/v1/spec/schema")
+        return result
+
+    def ready(self) -> bool:
+        """True when ``/readyz`` answers 200 (database reachable, migrations applied)."""
+        try:
+            self.request("GET", "/readyz", timeout=5.0)
+        except (ConnectionFailed, ServerError):
+            return False
+        return True
+
+
+class Jobs:
+    """``client.jobs``: submit, list, inspect, cancel and follow training jobs."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self, spec: dict[str, Any] | BaseModel, *, idempotency_key: str | None = None
+    ) -> Job:
+        """Submit a job. `spec` is a `JobSpec` or its dict form.
+
+        With `idempotency_key`, resubmitting the same body returns the first job instead of a
+        new one. Raises `ValidationFailed` (422) naming the JSON path of each bad field,
+        `Conflict` when the key was used with another body.
+        """
+        body = spec.model_dump(mode="json") if isinstance(spec, BaseModel) else spec
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return Job.model_validate(
+            self._client.request("POST", "/v1/jobs", json=body, headers=headers)
+        )
+
+    def list(
+        self,
+        *,
+        state: str | Sequence[str] | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+        cursor: str | int | None = None,
+    ) -> Page[Job]:
+        """One page of jobs, newest first. `state` filters (one or several), `name` matches a
+        substring, `limit` is 1-200 (server default 50)."""
+        states = [state] if isinstance(state, str) else list(state or [])
+        params = {"state": states or None, "name": name, "limit": limit, "cursor": cursor}
+        return Page[Job].model_validate(self._client.request("GET", "/v1/jobs", params=params))
+
+    def iter(
+        self,
+        *,
+        state: str | Sequence[str] | None = None,
+        name: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Job]:
+        """Every matching job, newest first, fetching pages as needed."""
+        cursor: str | int | None = None
+        while True:
+            page = self.list(state=state, name=name, limit=page_size, cursor=cursor)
+            yield from page.items
+            if page.next_cursor is None or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def get(self, job_id: int) -> Job:
+        """One job. Raises `NotFound`."""
+        return Job.model_validate(self._client.request("GET", f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: int) -> Job:
+        """Ask the job to stop; works in every non-terminal state. Returns the job (state
+        ``cancelling`` or ``cancelled``). Raises `Conflict` when it already finished."""
+        return Job.model_validate(self._client.request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def pause(self, job_id: int) -> Job:
+        """Checkpoint and stop a running job (state ``pausing``, then ``paused``); a queued job
+        leaves the queue. Raises `Conflict` in other states."""
+        return Job.model_validate(self._client.request("POST", f"/v1/jobs/{job_id}/pause"))
+
+    def resume(self, job_id: int) -> Job:
+        """Queue a paused job again; it continues from its latest checkpoint. Raises
+        `Conflict` unless the job is paused."""
+        return Job.model_validate(self._client.request("POST", f"/v1/jobs/{job_id}/resume"))
+
+    def retry(self, job_id: int) -> Job:
+        """Queue a failed or cancelled job again, from its latest checkpoint, with a fresh
+        restart budget. Raises `Conflict` in other states."""
+        return Job.model_validate(self._client.request("POST", f"/v1/jobs/{job_id}/retry"))
+
+    def events(
+        self, job_id: int, *, after: int | None = None, limit: int | None = None
+    ) -> Page[Event]:
+        """One page of the job's events with id > `after`, oldest first."""
+        answer = self._client.request(
+            "GET", f"/v1/jobs/{job_id}/events", params={"after": after, "limit": limit}
+        )
+        return Page[Event].model_validate(answer)
+
+    def iter_events(self, job_id: int, *, after: int | None = None) -> Iterator[Event]:
+        """All events with id > `after`, oldest first, across pages."""
+        return _drain(lambda cursor: self.events(job_id, after=cursor), after)
+
+    def metrics(self, job_id: int, *, names: Sequence[str] | None = None) -> list[MetricSeries]:
+        """The job's metric series (all, or only `names`), each ascending by step."""
+        params = {"names": ",".join(names) if names else None}
+        answer = self._client.request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
+        return [MetricSeries.model_validate(s) for s in answer.get("series", [])]
+
+    def stream(
+        self, job_id: int, *, last_event_id: str | None = None
+    ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """The job's server-sent events as (id, kind, data) until it is terminal; kinds: `job`,
+        `event`, `metric` ({step, time, values}), `log`, `end` (last). Pass the last id seen
+        as `last_event_id` to resume after a disconnect without gaps or duplicates. Raises
+        `ApiError` for an error answer, `ConnectionFailed` when the connection drops."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        timeout = httpx.Timeout(self._client.timeout, read=60.0)
+        try:
+            with self._client._http.stream(
+                "GET", f"/v1/jobs/{job_id}/stream", headers=headers, timeout=timeout
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    try:
+                        body = response.json()
+                    except ValueError:
+                        body = None
+                    raise error_from_response(response.status_code, body, response.text)
+                yield from _sse(response.iter_lines())
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"stream of job {job_id} broke: {exc}") from exc
+
+    def logs(
+        self,
+        job_id: int,
+        *,
+        rank: int | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> Page[LogLine]:
+        """One page of log lines with id > `after`, oldest first; `rank` -1 is the launcher.
+        `limit` is 1-5000 (server default 1000)."""
+        params = {"rank": rank, "after": after, "limit": limit}
+        answer = self._client.request("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return Page[LogLine].model_validate(answer)
+
+    def iter_logs(
+        self, job_id: int, *, rank: int | None = None, after: int | None = None
+    ) -> Iterator[LogLine]:
+        """All log lines with id > `after`, oldest first, across pages."""
+        return _drain(lambda cursor: self.logs(job_id, rank=rank, after=cursor), after)
+
+    def checkpoints(self, job_id: int) -> list[Checkpoint]:
+        """The job's complete checkpoints."""
+        answer = self._client.request("GET", f"/v1/jobs/{job_id}/checkpoints")
+        return [Checkpoint.model_validate(c) for c in answer.get("items", [])]
+
+    def wait(self, job_id: int, *, poll_s: float = 2.0, timeout_s: float | None = None) -> Job:
+        """Poll until the job is terminal and return it. Raises `TimeoutError` after
+        `timeout_s` seconds."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            if job.is_terminal:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {job.state} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def follow(
+        self,
+        job_id: int,
+        *,
+        poll_s: float = 1.0,
+        events: bool = True,
+        metrics: bool = True,
+        logs: bool = False,
+        rank: int | None = None,
+        max_failures: int = 10,
+        on_poll: Callable[[Job], None] | None = None,
+    ) -> Iterator[FollowItem]:
+        """Yield what is new about a job until it is terminal, by polling every `poll_s` s.
+
+        Yields the `Job` whenever its state, attempt or step changes, then new `MetricPoint`s
+        (step order), new `Event`s and, with `logs`, new `LogLine`s (of `rank` only, if
+        given). Each poll reads the job first and its events, metrics and logs after, so
+        when it sees a terminal state it has also fetched everything recorded before it.
+        Up to `max_failures` consecutive connection or 5xx errors are waited out.
+        `on_poll(job)` runs after every poll, even one with nothing new (a place to refresh a
+        display or to raise when something the caller watches has died).
+        """
+        cursor = _FollowCursor()
+        failures = 0
+        while True:
+            try:
+                job = self.get(job_id)
+                yield from cursor.job_changes(job)
+                # Metrics before events: the final eval precedes the terminal state change.
+                if metrics and cursor.metrics_due(job):
+                    yield from cursor.new_points(self.metrics(job_id))
+                if events:
+                    yield from cursor.advance_events(self.iter_events(job_id, after=cursor.event))
+                if logs:
+                    lines = self.iter_logs(job_id, rank=rank, after=cursor.log)
+                    yield from cursor.advance_logs(lines)
+                failures = 0
+                if on_poll is not None:
+                    on_poll(job)
+            except (ConnectionFailed, ServerError):
+                failures += 1
+                if failures > max_failures:
+                    raise
+                time.sleep(poll_s)
+                continue
+            if job.is_terminal:
+                return
+            time.sleep(poll_s)
+
+
+class _FollowCursor:
+    """What `Jobs.follow` has already yielded, so each poll yields only what is new."""
+
+    def __init__(self) -> None:
+        self.event: int | None = None
+        self.log: int | None = None
+        self.last_job: tuple[Any, ...] | None = None
+        self.metrics_step: int | None = -1
+        self.seen_steps: dict[str, int] = {}
+
+    def job_changes(self, job: Job) -> Iterator[Job]:
+        key = (job.state, job.attempt, job.current_step, job.max_steps)
+        if key != self.last_job:
+            self.last_job = key
+            yield job
+
+    def advance_events(self, items: Iterator[Event]) -> Iterator[Event]:
+        for event in items:
+            self.event = event.id
+            yield event
+
+    def advance_logs(self, items: Iterator[LogLine]) -> Iterator[LogLine]:
+        for line in items:
+            self.log = line.id
+            yield line
+
+    def metrics_due(self, job: Job) -> bool:
+        """Fetch series only when the step moved (or is unknown, or the job ended)."""
+        if job.current_step is None or job.is_terminal or job.current_step != self.metrics_step:
+            self.metrics_step = job.current_step
+            return True
+        return False
+
+    def new_points(self, series: list[MetricSeries]) -> Iterator[MetricPoint]:
+        fresh = [
+            point
+            for s in series
+            for point in s.points()
+            if point.step > self.seen_steps.get(s.name, -1)
+        ]
+        for point in sorted(fresh, key=lambda p: (p.step, p.name)):
+            self.seen_steps[point.name] = max(point.step, self.seen_steps.get(point.name, -1))
+            yield point
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(id, event, data) of each server-sent event message (WHATWG HTML SSE format)."""
+    msg_id, kind, data = "", "message", []
+    for line in lines:
+        if not line:
+            if data:
+                yield msg_id, kind, json.loads("\n".join(data))
+            kind, data = "message", []
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "id":
+            msg_id = value
+        elif field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)
+
+
+def _drain(fetch: Any, after: int | None) -> Iterator[Any]:
+    """Page through an ``after``-cursored list (events, logs) until its last page."""
+    while True:
+        page = fetch(after)
+        for item in page.items:
+            after = item.id
+            yield item
+        if page.next_cursor is None or not page.items:
+            return
+
+
+class Datasets:
+    """``client.datasets``: training text registered in the project."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def register(self, name: str, uri: str) -> Dataset:
+        """Register a file or directory the server can read, under one of its allowed roots.
+
+        The server hashes every file before answering, so this waits at least five minutes
+        (or the client's timeout, if longer). Raises `PermissionDenied` outside the roots,
+        `ValidationFailed` for a missing or empty path, `Conflict` when the name is taken.
+        """
+        answer = self._client.request(
+            "POST",
+            "/v1/datasets",
+            json={"name": name, "uri": uri},
+            timeout=max(self._client.timeout, 300.0),
+        )
+        return Dataset.model_validate(answer)
+
+    def upload(self, name: str, path: str | Path, *, timeout_s: float | None = None) -> Dataset:
+        """Upload one local file, streamed in chunks (never read whole into memory).
+
+        `timeout_s` bounds each network read/write (default: the client's timeout, at least
+        five minutes). Raises `PayloadTooLarge` over the server's limit, `IsADirectoryError`
+        for a directory (register a server-side directory instead, or archive it).
+        """
+        path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path}: upload takes one file; use register() for dirs")
+        timeout = timeout_s if timeout_s is not None else max(self._client.timeout, 300.0)
+        with path.open("rb") as fh:
+            answer = self._client.request(
+                "POST",
+                "/v1/datasets/upload",
+                files={"file": (path.name, fh, "application/octet-stream")},
+                data={"name": name},
+                timeout=timeout,
+            )
+        return Dataset.model_validate(answer)
+
+    def list(self) -> list[Dataset]:
+        """All datasets of the project."""
+        answer = self._client.request("GET", "/v1/datasets")
+        return [Dataset.model_validate(d) for d in answer.get("items", [])]
+
+    def get(self, dataset_id: str) -> Dataset:
+        """One dataset. Raises `NotFound`."""
+        return Dataset.model_validate(self._client.request("GET", f"/v1/datasets/{dataset_id}"))

@@ -1,0 +1,131 @@
+"""Starting the server side (API, worker, beat, admin) as separate processes.
+
+The client package never imports server code: it runs the server modules by name with the
+same interpreter (`sys.executable`). ``torchyard api`` and friends replace the CLI process
+(`exec_argv`); ``torchyard quickstart`` keeps them as `Child` processes and stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NoReturn
+
+WORKER_APP = "workers.app:app"
+
+
+def api_argv(host: str = "127.0.0.1", port: int = 8000) -> list[str]:
+    """uvicorn serving `api.main:create_app` (an app factory)."""
+    return [
+        sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
+        "--host", host, "--port", str(port),
+    ]  # fmt: skip
+
+
+def worker_argv(
+    pool: str = "default", hostname: str | None = None, loglevel: str = "INFO"
+) -> list[str]:
+    """One Celery worker slot on queue `pool`: solo pool, one job at a time, no prefetch.
+
+    One slot per GPU group: a worker runs one torchrun at a time and takes the next job only
+    when it is done (prefetch 1 with the solo pool), so a queued job is never held by a busy
+    worker. Gossip and mingle are off: they only add start-up time and broker traffic.
+    """
+    argv = [
+        sys.executable, "-m", "celery", "-A", WORKER_APP, "worker",
+        "-Q", pool, "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
+        "--without-gossip", "--without-mingle", "--loglevel", loglevel,
+    ]  # fmt: skip
+    if hostname:
+        argv += ["--hostname", hostname]
+    return argv
+
+
+def beat_argv(loglevel: str = "INFO") -> list[str]:
+    """Celery beat (periodic reaper and reconciler)."""
+    return [sys.executable, "-m", "celery", "-A", WORKER_APP, "beat", "--loglevel", loglevel]
+
+
+def admin_argv(*args: str) -> list[str]:
+    """`core.admin` with `args`, e.g. ``("migrate",)`` or ``("bootstrap", "--project", p)``."""
+    return [sys.executable, "-m", "core.admin", *args]
+
+
+def exec_argv(argv: list[str]) -> NoReturn:
+    """Replace this process with `argv` (signals then reach the server directly)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+
+
+def parse_api_key(stdout: str) -> str | None:
+    """The key from ``core.admin bootstrap`` output: its last ``TORCHYARD_API_KEY=...`` line."""
+    for line in reversed(stdout.strip().splitlines()):
+        key, sep, value = line.strip().partition("=")
+        if sep and key == "TORCHYARD_API_KEY" and value:
+            return value.strip().strip("'\"")
+    return None
+
+
+class Child:
+    """A server process started in its own session, its output appended to a log file.
+
+    Its own session keeps Ctrl-C in the terminal from reaching it directly: the parent
+    decides the shutdown order and stops the whole process group with `stop`.
+    """
+
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last `lines` lines of the log (empty when there is none yet)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM the process group, wait up to `timeout_s` s, then SIGKILL it.
+
+        Returns the exit code (None if even SIGKILL did not reap it within 5 s).
+        """
+        if self.running:
+            self._signal_group(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # The leader may be gone while children it started in its group live on.
+        self._signal_group(signal.SIGKILL)
+        try:
+            return self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)

@@ -1,0 +1,159 @@
+"""Typed answers of the REST API (docs/CONTRACTS.md, section 4).
+
+The models accept fields they do not know (``extra="allow"``) so an older client keeps working
+against a newer server; every field the contract names is declared with its type.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: States after which a job never changes again.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Job(_Model):
+    """A training job as the API reports it. `spec` is the submitted `JobSpec` as a dict."""
+
+    id: int
+    project_id: int | str | None = None
+    name: str
+    state: str
+    attempt: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    pool: str | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    current_step: int | None = None
+    max_steps: int | None = None
+    latest_metrics: dict[str, float | None] = Field(default_factory=dict)  # null: NaN/inf
+    exit_code: int | None = None
+    error: str | None = None
+    worker: str | None = None
+    heartbeat_at: datetime | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the job is succeeded, failed or cancelled."""
+        return self.state in TERMINAL_STATES
+
+
+class Event(_Model):
+    """One entry of a job's history: a state change, a checkpoint, the text sample, info or an
+    error. `data` holds the kind's payload (e.g. ``prompt`` and ``text`` for ``sample``)."""
+
+    id: int
+    job_id: int
+    attempt: int = 0
+    kind: str
+    state_from: str | None = None
+    state_to: str | None = None
+    message: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+class LogLine(_Model):
+    """One line a process of the job wrote. `rank` -1 is the launcher (worker) itself."""
+
+    id: int
+    attempt: int = 0
+    rank: int
+    stream: str = "stdout"
+    line: str
+    created_at: datetime | None = None
+
+
+class Checkpoint(_Model):
+    """A complete checkpoint: `uri` is its ``step_XXXXXXXX`` directory, `size_bytes` in bytes."""
+
+    id: int
+    job_id: int
+    attempt: int = 0
+    step: int
+    uri: str
+    size_bytes: int | None = None
+    created_at: datetime | None = None
+
+
+class Dataset(_Model):
+    """Training text registered in a project; `id` looks like ``ds_...``."""
+
+    id: str
+    project_id: int | str | None = None
+    name: str
+    uri: str
+    size_bytes: int | None = None
+    sha256: str | None = None
+    num_files: int | None = None
+    created_at: datetime | None = None
+
+
+class MetricPoint(_Model):
+    """One value of one metric at one optimizer step."""
+
+    name: str
+    step: int
+    value: float
+
+
+class MetricSeries(_Model):
+    """All points of one metric, `steps[i]` paired with `values[i]`, ascending by step."""
+
+    name: str
+    steps: list[int] = Field(default_factory=list)
+    values: list[float] = Field(default_factory=list)
+    last: MetricPoint | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_the_last_point(cls, data: Any) -> Any:
+        """The API sends `last` as ``{"step", "value"}``; give it the series' name."""
+        if isinstance(data, dict) and isinstance(data.get("last"), dict):
+            data = {**data, "last": {"name": data.get("name", ""), **data["last"]}}
+        return data
+
+    def points(self) -> list[MetricPoint]:
+        """The series as points, in step order."""
+        return [
+            MetricPoint(name=self.name, step=s, value=v)
+            for s, v in zip(self.steps, self.values, strict=False)
+        ]
+
+
+class ProjectRef(_Model):
+    id: int | str
+    name: str
+
+
+class KeyRef(_Model):
+    id: int | str
+    name: str | None = None
+    prefix: str | None = None
+
+
+class Me(_Model):
+    """Who the API key belongs to."""
+
+    project: ProjectRef
+    key: KeyRef
+
+
+T = TypeVar("T")
+
+
+class Page(_Model, Generic[T]):
+    """One page of a list answer; pass `next_cursor` back to get the next one (None: last)."""
+
+    items: list[T] = Field(default_factory=list)
+    next_cursor: str | int | None = None

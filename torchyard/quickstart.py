@@ -1,0 +1,378 @@
+"""``torchyard quickstart``: the embedded default, end to end, with no servers to install.
+
+SQLite under ``TORCHYARD_HOME``, Celery over kombu's ``filesystem://`` transport and a local
+storage directory. It migrates, bootstraps a project key, starts the API and one worker as
+child processes, registers a real corpus (the Python standard library's ``*.py`` files, or
+``--data``), submits `examples/quickstart.yaml`, follows the run live and prints the result.
+The children are stopped (SIGTERM, then SIGKILL) on the way out, on success, error or Ctrl-C,
+unless ``--keep-running``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.text import Text
+
+from torchyard import launch
+from torchyard.client import Client
+from torchyard.errors import TorchyardError
+from torchyard.follow import follow_job, heartbeat_silence_s
+from torchyard.models import Dataset, Job
+from torchyard.specs import apply_overrides
+from torchyard.summary import render_summary
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
+#: The quickstart runs no reconciler (beat): it gives up itself on a job its worker dropped.
+LOST_JOB_S = 120.0
+# Next to this module rather than importlib.resources: an editable install made before the
+# package had an __init__.py maps it as a namespace package, which resources cannot read.
+EXAMPLE_SPEC = Path(__file__).resolve().parent / "examples" / "quickstart.yaml"
+
+
+class QuickstartError(TorchyardError):
+    """A step of the quickstart failed; the message says which and shows the log tail."""
+
+
+@dataclass
+class Options:
+    """What the user chose; None means the example spec's value."""
+
+    home: Path | None = None
+    data: Path | None = None
+    include: list[str] = field(default_factory=list)
+    steps: int | None = None
+    procs: int | None = None
+    port: int = 0
+    keep_running: bool = False
+    overrides: list[str] = field(default_factory=list)
+    ready_timeout_s: float = 60.0
+    project: str = "quickstart"
+
+
+def example_spec() -> dict[str, Any]:
+    """`torchyard/examples/quickstart.yaml` as a dict (its `data.dataset` is empty)."""
+    spec: dict[str, Any] = yaml.safe_load(EXAMPLE_SPEC.read_text())
+    return spec
+
+
+def embedded_env(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with ``TORCHYARD_HOME`` = `home` and the embedded default's database, broker
+    and storage under it, keeping any of those three the user set already."""
+    env = dict(environ)
+    env["TORCHYARD_HOME"] = str(home)
+    env.setdefault("TORCHYARD_DATABASE_URL", f"sqlite:///{home / 'torchyard.db'}")
+    env.setdefault("TORCHYARD_BROKER_URL", "filesystem://")
+    env.setdefault("TORCHYARD_STORAGE_URL", str(home / "storage"))
+    env["PYTHONUNBUFFERED"] = "1"  # so a log tail shows the last thing a child said
+    return env
+
+
+def with_data_root(env: dict[str, str], path: Path) -> dict[str, str]:
+    """`env` with `path` added to ``TORCHYARD_DATA_ROOTS`` (a JSON list) so the API lets
+    the quickstart register it; left alone when the user's value is not a JSON list."""
+    try:
+        roots = json.loads(env.get("TORCHYARD_DATA_ROOTS") or "[]")
+    except json.JSONDecodeError:
+        return env
+    if isinstance(roots, list) and str(path) not in roots:
+        env = {**env, "TORCHYARD_DATA_ROOTS": json.dumps([*roots, str(path)])}
+    return env
+
+
+def build_spec(base: dict[str, Any], opts: Options) -> dict[str, Any]:
+    """The spec to submit: the example with the options and ``--set`` overrides applied.
+
+    `--steps` also caps the eval and checkpoint intervals (an eval interval beyond
+    `max_steps` is a spec error); `--procs 1` switches the strategy to ``single``.
+    """
+    spec = copy.deepcopy(base)
+    if opts.include:
+        spec["data"]["include"] = list(opts.include)
+    elif opts.data is not None:
+        spec["data"]["include"] = ["**/*"]
+    if opts.steps is not None:
+        spec["train"]["max_steps"] = opts.steps
+        for section in ("eval", "checkpoint"):
+            spec[section]["interval_steps"] = min(spec[section]["interval_steps"], opts.steps)
+    if opts.procs is not None:
+        spec["resources"]["procs_per_node"] = opts.procs
+        spec["parallelism"]["strategy"] = "single" if opts.procs == 1 else "ddp"
+    return apply_overrides(spec, opts.overrides)
+
+
+def dataset_name(path: Path) -> str:
+    """A stable dataset name for a corpus path: same path, same name (so reruns reuse it)."""
+    if path == STDLIB:
+        return f"python{sys.version_info.major}.{sys.version_info.minor}-stdlib"
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    return f"{path.name or 'data'}-{digest}"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_admin(args: list[str], env: Mapping[str, str], log_path: Path) -> str:
+    """Run ``core.admin ARGS``; return its stdout. Raises `QuickstartError` on failure."""
+    result = subprocess.run(
+        launch.admin_argv(*args), capture_output=True, text=True, env=dict(env), check=False
+    )
+    with log_path.open("a") as log:
+        log.write(f"$ torchyard admin {' '.join(args)}\n{result.stdout}{result.stderr}\n")
+    if result.returncode != 0:
+        raise QuickstartError(
+            f"`torchyard admin {' '.join(args)}` failed (exit {result.returncode}):\n"
+            + _tail(result.stderr or result.stdout)
+        )
+    return result.stdout
+
+
+class Servers:
+    """The API and the worker as child processes, with their logs under ``HOME/logs``."""
+
+    def __init__(self, env: Mapping[str, str], logs: Path, port: int) -> None:
+        self.env = env
+        self.logs = logs
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.children: list[launch.Child] = []
+
+    def start(self, pool: str) -> None:
+        """Start the API and a worker serving `pool` (stop them with `stop`, even if this
+        raised half-way)."""
+        api = launch.api_argv("127.0.0.1", self.port)
+        self.children.append(launch.Child("api", api, self.logs / "api.log", self.env))
+        worker = launch.worker_argv(pool, hostname=f"quickstart-{os.getpid()}@%h")
+        self.children.append(launch.Child("worker", worker, self.logs / "worker.log", self.env))
+
+    def check(self) -> None:
+        """Raise `QuickstartError` with the log tail if a child has exited."""
+        for child in self.children:
+            code = child.process.poll()
+            if code is not None:
+                raise QuickstartError(
+                    f"the {child.name} exited (code {code}); {child.log_path} ends with:\n"
+                    + child.log_tail()
+                )
+
+    def check_job(self, job: Job) -> None:
+        """`check`, and raise when the worker stopped heartbeating the job it runs."""
+        self.check()
+        silence = heartbeat_silence_s(job, datetime.now(UTC))
+        if silence is not None and silence > LOST_JOB_S:
+            worker = self.children[1]
+            raise QuickstartError(
+                f"the worker stopped reporting on job {job.id} ({job.state}) {silence:.0f} s "
+                f"ago; {worker.log_path} ends with:\n{worker.log_tail()}"
+            )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll ``/readyz`` until it answers 200. Raises `QuickstartError` when a child dies
+        or after `timeout_s` seconds, showing the API log's tail."""
+        deadline = time.monotonic() + timeout_s
+        with Client(self.url, "", timeout=2.0) as probe:
+            while not probe.ready():
+                self.check()
+                if time.monotonic() > deadline:
+                    api = self.children[0]
+                    raise QuickstartError(
+                        f"the API at {self.url} was not ready after {timeout_s:.0f} s; "
+                        f"{api.log_path} ends with:\n{api.log_tail()}"
+                    )
+                time.sleep(0.25)
+
+    def stop(self) -> None:
+        """Stop the worker first (it stops its run), then the API. A second Ctrl-C meanwhile
+        is ignored: breaking off here would leave the children running."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for child in reversed(self.children):
+                child.stop()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def register_corpus(client: Client, path: Path) -> Dataset:
+    """The dataset for `path` (file or directory): the one a previous run registered under
+    the same name, else a new registration (which makes the server hash every file)."""
+    name = dataset_name(path)
+    for dataset in client.datasets.list():
+        if dataset.name == name:
+            return dataset
+    return client.datasets.register(name, str(path))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Let SIGTERM unwind like Ctrl-C, so the children are stopped either way."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(opts: Options, console: Console) -> int:
+    """The whole quickstart. Returns the exit status: 0 when the job succeeded, 1 when it
+    did not, 130 after Ctrl-C or SIGTERM. Raises `QuickstartError` when a step fails."""
+    home = (opts.home or Path(os.environ.get("TORCHYARD_HOME", ".torchyard"))).expanduser()
+    home, data = home.resolve(), (opts.data or STDLIB).expanduser().resolve()
+    if not data.exists():
+        raise QuickstartError(f"--data {data}: no such file or directory")
+    env = embedded_env(home, os.environ)
+    if data != STDLIB:
+        env = with_data_root(env, data)
+    spec = build_spec(example_spec(), opts)
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    console.print(Text(f"home {home} (logs in {logs})", style="dim"))
+    api_key = bootstrap(env, logs / "admin.log", opts.project)
+
+    servers = Servers(env, logs, opts.port or free_port())
+    job_id: int | None = None
+    with _sigterm_as_interrupt():
+        try:
+            console.print(Text(f"starting the API at {servers.url} and a worker ...", style="dim"))
+            servers.start(spec["resources"]["pool"])
+            servers.wait_ready(opts.ready_timeout_s)
+            with Client(servers.url, api_key) as client:
+                dataset = register_corpus(client, data)
+                console.print(Text(f"dataset {dataset.id}: {dataset.uri}", style="dim"))
+                spec["data"]["dataset"] = dataset.id
+                job_id = client.jobs.create(spec).id
+                summary = follow_job(client, job_id, console, check=servers.check_job)
+            console.print(render_summary(summary))
+            _print_access(console, servers.url, api_key, home, opts.keep_running)
+            if opts.keep_running:
+                _wait_for_interrupt(servers)
+            return 0 if summary.succeeded else 1
+        except BaseException as exc:
+            if job_id is not None:  # leave no job running without a worker
+                _cancel_quietly(servers.url, api_key, job_id)
+            if isinstance(exc, KeyboardInterrupt):
+                console.print(Text("interrupted; stopping", style="yellow"))
+                return 130
+            raise
+        finally:
+            servers.stop()
+
+
+def bootstrap(env: Mapping[str, str], log_path: Path, project: str) -> str:
+    """Migrate the database and create an API key for `project` (created if absent)."""
+    run_admin(["migrate"], env, log_path)
+    api_key = launch.parse_api_key(run_admin(["bootstrap", "--project", project], env, log_path))
+    if api_key is None:
+        raise QuickstartError("`torchyard admin bootstrap` printed no TORCHYARD_API_KEY=... line")
+    return api_key
+
+
+def _cancel_quietly(url: str, api_key: str, job_id: int) -> None:
+    """Cancel the job unless it already ended; errors are ignored (the API may be gone)."""
+    with contextlib.suppress(TorchyardError), Client(url, api_key, timeout=5.0) as client:
+        if not client.jobs.get(job_id).is_terminal:
+            client.jobs.cancel(job_id)
+
+
+def _wait_for_interrupt(servers: Servers) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            servers.check()
+            time.sleep(1.0)
+
+
+def _print_access(console: Console, url: str, api_key: str, home: Path, keep: bool) -> None:
+    console.print(Text.assemble(("API       ", "bold"), f"{url}  (docs {url}/docs)"))
+    console.print(Text.assemble(("API key   ", "bold"), api_key))
+    console.print(Text.assemble(("home      ", "bold"), str(home)))
+    if keep:
+        console.print(
+            Text(
+                f"The API and worker keep running; Ctrl-C stops them. In another shell:\n"
+                f"  export TORCHYARD_URL={url} TORCHYARD_API_KEY={api_key}\n"
+                f"  torchyard jobs",
+                style="dim",
+            )
+        )
+    else:
+        console.print(
+            Text("Stopping the API and worker (--keep-running leaves them up).", style="dim")
+        )
+
+
+def quickstart_command(
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Corpus file or directory (default: the Python standard library)."),
+    ] = None,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Glob of files to read in a directory corpus (repeatable) "
+            "(default: **/*.py for the stdlib, **/* for --data)."
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="Optimizer steps (default: 600).")
+    ] = None,
+    procs: Annotated[
+        int, typer.Option(min=1, help="Processes (DDP ranks); 1 trains a single process.")
+    ] = min(2, os.cpu_count() or 1),
+    home: Annotated[
+        Path | None,
+        typer.Option(help="State directory (default: $TORCHYARD_HOME or ./.torchyard)."),
+    ] = None,
+    port: Annotated[int, typer.Option(help="API port; 0 picks a free one.")] = 0,
+    keep_running: Annotated[
+        bool, typer.Option("--keep-running", help="Leave the API and worker up until Ctrl-C.")
+    ] = False,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Spec override KEY.PATH=VALUE.")
+    ] = None,
+    ready_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the API to become ready.")
+    ] = 60.0,
+) -> None:
+    """Train a small GPT on real text end to end: API, worker and job, all local."""
+    opts = Options(
+        home=home,
+        data=data,
+        include=include or [],
+        steps=steps,
+        procs=procs,
+        port=port,
+        keep_running=keep_running,
+        overrides=overrides or [],
+        ready_timeout_s=ready_timeout,
+    )
+    raise typer.Exit(run(opts, Console(soft_wrap=True)))

@@ -1,0 +1,217 @@
+"""Human-readable output of the CLI: rich tables and number formatting.
+
+Pure functions from SDK models to `rich` renderables; user-supplied text (names, log lines,
+error messages) is wrapped in `Text` so square brackets in it are never read as markup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from rich.table import Table
+from rich.text import Text
+
+from torchyard.errors import ApiError, TorchyardError, ValidationFailed
+from torchyard.models import Checkpoint, Dataset, Job, LogLine, MetricSeries
+
+STATE_STYLES = {
+    "queued": "cyan",
+    "starting": "cyan",
+    "running": "blue",
+    "paused": "yellow",
+    "restarting": "yellow",
+    "cancelling": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+
+
+def format_duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``1h02m``, ``2d03h``; ``-`` when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "-"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_bytes(n: int | None) -> str:
+    """Decimal units: ``812 B``, ``8.0 MB``, ``1.2 GB``; ``-`` when unknown."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_value(value: float | None) -> str:
+    """A metric value: 4 significant digits, ``1.2e-03`` for small ones, ``-`` when unknown."""
+    if value is None:
+        return "-"
+    if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e6):
+        return f"{value:.1e}"
+    return f"{value:.4g}"
+
+
+def format_rate(value: float | None) -> str:
+    """A throughput: ``950``, ``12.3k``, ``4.1M``; ``-`` when unknown."""
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.1f}M"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.0f}"
+
+
+def format_age(when: datetime | None, now: datetime | None = None) -> str:
+    """``5m ago`` style; ``-`` when unknown."""
+    if when is None:
+        return "-"
+    now = now or datetime.now(UTC)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return f"{format_duration((now - when).total_seconds())} ago"
+
+
+def state_text(state: str) -> Text:
+    """The state, coloured."""
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def step_text(job: Job) -> str:
+    """``120/600``, ``120`` or ``-``."""
+    if job.current_step is None:
+        return "-" if job.max_steps is None else f"0/{job.max_steps}"
+    return f"{job.current_step}/{job.max_steps}" if job.max_steps else str(job.current_step)
+
+
+def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
+    """One row per job: id, name, state, step, loss, pool, age."""
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "POOL", "CREATED"):
+        table.add_column(column, justify="right" if column in ("ID", "STEP", "LOSS") else "left")
+    for job in jobs:
+        table.add_row(
+            str(job.id),
+            Text(job.name),
+            state_text(job.state),
+            step_text(job),
+            format_value(job.latest_metrics.get("loss")),
+            Text(job.pool or "-"),
+            format_age(job.created_at, now),
+        )
+    return table
+
+
+def job_details(job: Job) -> Table:
+    """Two-column key/value view of one job."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    duration = None
+    if job.started_at is not None:
+        end = job.finished_at or datetime.now(UTC)
+        duration = (end - job.started_at).total_seconds()
+    rows: list[tuple[str, Text | str]] = [
+        ("id", str(job.id)),
+        ("name", Text(job.name)),
+        ("state", state_text(job.state)),
+        ("attempt", str(job.attempt)),
+        ("step", step_text(job)),
+        ("pool", Text(job.pool or "-")),
+        ("worker", Text(job.worker or "-")),
+        ("created", str(job.created_at or "-")),
+        ("started", str(job.started_at or "-")),
+        ("finished", str(job.finished_at or "-")),
+        ("duration", format_duration(duration)),
+    ]
+    if job.labels:
+        rows.append(("labels", Text(", ".join(f"{k}={v}" for k, v in job.labels.items()))))
+    for name, value in sorted(job.latest_metrics.items()):
+        rows.append((name, format_value(value)))
+    if job.exit_code is not None:
+        rows.append(("exit code", str(job.exit_code)))
+    if job.error:
+        rows.append(("error", Text(job.error, style="red")))
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> Table:
+    """One row per checkpoint: step, attempt, size, uri."""
+    table = Table(box=None, header_style="bold")
+    table.add_column("STEP", justify="right")
+    table.add_column("ATTEMPT", justify="right")
+    table.add_column("SIZE", justify="right")
+    table.add_column("URI", overflow="fold")
+    for cp in sorted(checkpoints, key=lambda c: c.step):
+        table.add_row(str(cp.step), str(cp.attempt), format_bytes(cp.size_bytes), Text(cp.uri))
+    return table
+
+
+def metrics_table(series: Iterable[MetricSeries]) -> Table:
+    """One row per metric: points, last step, last, min and max value."""
+    table = Table(box=None, header_style="bold")
+    table.add_column("METRIC")
+    for column in ("POINTS", "LAST STEP", "LAST", "MIN", "MAX"):
+        table.add_column(column, justify="right")
+    for s in sorted(series, key=lambda s: s.name):
+        last = s.last or (s.points()[-1] if s.values else None)
+        table.add_row(
+            Text(s.name),
+            str(len(s.values)),
+            str(last.step) if last else "-",
+            format_value(last.value if last else None),
+            format_value(min(s.values) if s.values else None),
+            format_value(max(s.values) if s.values else None),
+        )
+    return table
+
+
+def datasets_table(datasets: Iterable[Dataset], now: datetime | None = None) -> Table:
+    """One row per dataset: id, name, size, files, uri, age."""
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "SIZE", "FILES", "URI", "CREATED"):
+        table.add_column(column, justify="right" if column in ("SIZE", "FILES") else "left")
+    for ds in datasets:
+        table.add_row(
+            Text(ds.id),
+            Text(ds.name),
+            format_bytes(ds.size_bytes),
+            "-" if ds.num_files is None else str(ds.num_files),
+            Text(ds.uri, overflow="fold"),
+            format_age(ds.created_at, now),
+        )
+    return table
+
+
+def log_line(line: LogLine) -> str:
+    """``[rank 0] text`` (``[launcher]`` for rank -1), plain text for the terminal."""
+    who = "launcher" if line.rank < 0 else f"rank {line.rank}"
+    return f"[{who}] {line.line}"
+
+
+def error_lines(exc: TorchyardError) -> list[str]:
+    """What to tell the user about an error, one line each: the message, then for a 422 each
+    bad field as ``path: message``."""
+    if not isinstance(exc, ApiError):
+        return [str(exc)]
+    head = f"{exc.message} ({exc.status} {exc.code})"
+    if any(d.msg and d.msg in exc.message for d in exc.details):
+        # The message only repeats a detail (FastAPI-style "invalid request: body.x: ...").
+        what = "invalid request" if isinstance(exc, ValidationFailed) else "request rejected"
+        head = f"{what} ({exc.status} {exc.code}):"
+    return [head, *(f"  {d.path}: {d.msg}" for d in exc.details)]

@@ -1,0 +1,135 @@
+"""The end-of-run summary of a job: losses, baseline, throughput, checkpoint and text sample.
+
+`summarize` is pure (models in, dataclass out) so it is tested without a server. It prefers
+the trainer's own final report (the ``completed`` status data, see docs/CONTRACTS.md section 2,
+as carried in an event's `data`) and falls back to the metric series.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from torchyard.models import Checkpoint, Event, Job, MetricSeries
+from torchyard.render import format_duration, format_rate, format_value, state_text
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """What a finished (or interrupted) run amounted to. Losses in nats per token (byte)."""
+
+    job_id: int
+    name: str
+    state: str
+    step: int | None
+    max_steps: int | None
+    final_loss: float | None
+    final_eval_loss: float | None
+    unigram_eval_loss: float | None
+    tokens_per_second: float | None
+    checkpoint_uri: str | None
+    sample_prompt: str | None
+    sample_text: str | None
+    duration_s: float | None
+    error: str | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+
+def _latest_data(events: Sequence[Event], key: str) -> Any:
+    """`data[key]` of the newest event that has it, else None."""
+    for event in reversed(events):
+        if event.data.get(key) is not None:
+            return event.data[key]
+    return None
+
+
+def _last(series: dict[str, MetricSeries], name: str) -> float | None:
+    s = series.get(name)
+    return s.values[-1] if s and s.values else None
+
+
+def _median(series: dict[str, MetricSeries], name: str) -> float | None:
+    s = series.get(name)
+    return statistics.median(s.values) if s and s.values else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def summarize(
+    job: Job,
+    events: Sequence[Event],
+    series: Iterable[MetricSeries],
+    checkpoints: Iterable[Checkpoint],
+) -> JobSummary:
+    """Combine a job's final record, events, metrics and checkpoints into one summary."""
+    by_name = {s.name: s for s in series}
+    samples = [e for e in events if e.kind == "sample"]
+    errors = [e for e in events if e.kind == "error" and e.message]
+    latest_cp = max(checkpoints, key=lambda c: c.step, default=None)
+    final_loss = _float(_latest_data(events, "final_loss"))
+    final_eval = _float(_latest_data(events, "final_eval_loss"))
+    tokens = _float(_latest_data(events, "tokens_per_second"))
+    duration = None
+    if job.started_at and job.finished_at:
+        duration = (job.finished_at - job.started_at).total_seconds()
+    return JobSummary(
+        job_id=job.id,
+        name=job.name,
+        state=job.state,
+        step=job.current_step,
+        max_steps=job.max_steps,
+        final_loss=final_loss if final_loss is not None else _last(by_name, "loss"),
+        final_eval_loss=final_eval if final_eval is not None else _last(by_name, "eval_loss"),
+        unigram_eval_loss=_float(_latest_data(events, "unigram_eval_loss")),
+        tokens_per_second=tokens if tokens is not None else _median(by_name, "tokens_per_second"),
+        checkpoint_uri=latest_cp.uri if latest_cp else _latest_data(events, "checkpoint_uri"),
+        sample_prompt=samples[-1].data.get("prompt") if samples else None,
+        sample_text=samples[-1].data.get("text") if samples else None,
+        duration_s=duration,
+        error=job.error or (errors[-1].message if errors else None),
+    )
+
+
+def render_summary(summary: JobSummary) -> RenderableType:
+    """A table of the figures, then the text sample in a panel when there is one."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    steps = "-" if summary.step is None else str(summary.step)
+    if summary.max_steps:
+        steps += f"/{summary.max_steps}"
+    rows: list[tuple[str, Text | str]] = [
+        ("job", Text(f"{summary.job_id} ({summary.name})")),
+        ("state", state_text(summary.state)),
+        ("steps", steps),
+        ("train loss", format_value(summary.final_loss)),
+        ("eval loss", format_value(summary.final_eval_loss)),
+    ]
+    if summary.unigram_eval_loss is not None:
+        rows.append(("unigram baseline", f"{format_value(summary.unigram_eval_loss)} (eval)"))
+    rows += [
+        ("tokens/s", format_rate(summary.tokens_per_second)),
+        ("duration", format_duration(summary.duration_s)),
+        ("checkpoint", Text(summary.checkpoint_uri or "-")),
+    ]
+    if summary.error:
+        rows.append(("error", Text(summary.error, style="red")))
+    for key, value in rows:
+        table.add_row(key, value)
+    if summary.sample_text is None:
+        return table
+    sample = Text(summary.sample_prompt or "", style="bold")
+    sample.append(summary.sample_text)
+    return Group(table, Panel(sample, title="sample", title_align="left"))

@@ -1,0 +1,84 @@
+"""The events file `RUN_DIR/events.jsonl` that the worker tails (docs/CONTRACTS.md section 2).
+
+Only the reporting rank (rank 0; under `pipeline` the last stage's rank, where the loss is)
+writes it (`EventWriter`); every other rank gets a
+`NullReporter` with the same methods, so the training code never asks "am I rank 0?".
+Each event is one JSON object on one line, written with a single `write` and flushed, so a
+reader that consumes complete lines never sees half an event.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+EVENTS_FILE = "events.jsonl"
+Status = Literal["running", "completed", "stopped"]
+
+
+def current_attempt() -> int:
+    """`TORCHYARD_ATTEMPT` as an int (0 when unset or empty)."""
+    return int(os.environ.get("TORCHYARD_ATTEMPT") or 0)
+
+
+class Reporter:
+    """Emits the events of the contract; this base class drops them (non-reporting ranks)."""
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        """Write one event of `type_` with `fields` (plus `type`, `time`, `attempt`)."""
+
+    def status(self, state: Status, message: str, data: dict[str, Any]) -> None:
+        self.emit("status", state=state, message=message, data=data)
+
+    def metric(self, step: int, values: dict[str, float]) -> None:
+        """Metric values at optimizer step `step`; non-finite values are left out (not JSON)."""
+        finite = {k: float(v) for k, v in values.items() if math.isfinite(v)}
+        if finite:
+            self.emit("metric", step=step, values=finite)
+
+    def checkpoint(self, step: int, uri: str, size_bytes: int) -> None:
+        self.emit("checkpoint", step=step, uri=uri, size_bytes=size_bytes)
+
+    def checkpoint_deleted(self, step: int, uri: str) -> None:
+        """A complete checkpoint removed by retention (`checkpoint.keep_last`)."""
+        self.emit("checkpoint_deleted", step=step, uri=uri)
+
+    def sample(self, step: int, prompt: str, text: str) -> None:
+        self.emit("sample", step=step, prompt=prompt, text=text)
+
+    def error(self, message: str, traceback: str, exit_code: int) -> None:
+        """`exit_code` is an addition to the contract: the code this rank exits with (2 = do
+        not retry), since torchrun itself exits 1 whatever its workers' codes were."""
+        self.emit("error", message=message, traceback=traceback, exit_code=exit_code)
+
+    def close(self) -> None:
+        """Release the file, if any."""
+
+
+class NullReporter(Reporter):
+    """The reporter of every rank but the reporting one: all events are dropped."""
+
+
+class EventWriter(Reporter):
+    """Appends events to `run_dir/events.jsonl`, one flushed line each.
+
+    Raises `OSError` when `run_dir` cannot be created or the file cannot be opened.
+    """
+
+    def __init__(self, run_dir: Path, attempt: int | None = None) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / EVENTS_FILE
+        self.attempt = current_attempt() if attempt is None else attempt
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        event = {"type": type_, "time": time.time(), "attempt": self.attempt, **fields}
+        self._file.write(json.dumps(event, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

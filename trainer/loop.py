@@ -1,0 +1,340 @@
+"""The training loop: steps with gradient accumulation, metrics, eval, checkpoints, stopping.
+
+One optimizer step: `grad_accum_steps` micro-batches, forward under autocast, loss scaled by
+1 / grad_accum_steps, backward under DDP's `no_sync()` (FSDP2: gradient sync off) on all but
+the last micro-step (one gradient reduction per step); fp16 adds `torch.amp.GradScaler`. A
+pipeline instead runs its schedule once per micro-step (`PipelineRunner.step`). Then clip
+(a mesh-aware global norm under fsdp/tensor/pipeline), step, schedule.
+
+At every step boundary the ranks all-reduce one tiny tensor `[loss x share, stop]`: the loss
+becomes the true mean over the step's global batch (`Run.loss_share`), and a SIGTERM seen
+by any rank stops all of them at the same step (checkpoint, `stopped` event, exit 0). A
+non-finite loss or gradient norm raises `NonFiniteError` on every rank alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer.checkpoint import Checkpointer
+from trainer.data import decode, encode, get_batch
+from trainer.distributed import DistInfo, all_reduce_sum, no_sync
+from trainer.errors import NonFiniteError
+from trainer.events import Reporter, current_attempt
+from trainer.model import GPT, generate
+from trainer.optim import clip_gradients
+from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
+from trainer.sampler import GlobalBatchSampler
+from trainer.spec import JobSpec
+from trainer.state import TrainState
+
+log = logging.getLogger(__name__)
+FAIL_AT_STEP_ENV = "TORCHYARD_FAIL_AT_STEP"
+
+
+class StopSignal:
+    """Remembers that SIGTERM arrived; the loop acts on it at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
+@dataclass
+class Run:
+    """Everything the loop works with; built by `trainer.train`."""
+
+    spec: JobSpec
+    dist: DistInfo
+    model: GPT  # the module (FSDP/TP-sharded or pipeline-pruned): eval, sampling, params
+    parallel_model: nn.Module  # what a training forward calls: DDP(model) or model
+    dims: ParallelDims
+    pipeline: PipelineRunner | None  # strategy pipeline: runs forward/backward
+    num_params: int  # of the whole model
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    sampler: GlobalBatchSampler
+    train_chunks: Tensor  # (N_train, seq_len + 1) uint8
+    eval_chunks: Tensor  # (N_eval, seq_len + 1) uint8
+    eval_batches: list[np.ndarray]  # this rank's eval micro-batches (chunk indices)
+    checkpointer: Checkpointer
+    reporter: Reporter
+    state: TrainState
+    stop: StopSignal = field(default_factory=StopSignal)
+
+    @property
+    def loss_share(self) -> float:
+        """Weight of this rank's loss in the global mean: 1/world_size (tensor-parallel ranks
+        repeat their group's loss, so the mean stays right); a pipeline's last rank 1."""
+        if self.pipeline is not None:
+            return 1.0 if self.pipeline.has_last else 0.0
+        return 1.0 / self.dist.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens over all ranks per optimizer step."""
+        return self.sampler.global_batch_size * self.spec.model.seq_len
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device, precision: str) -> Iterator[None]:
+    """`torch.autocast` to bf16/fp16 on `device` for `precision`; nothing for fp32."""
+    if precision == "fp32":
+        yield
+        return
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def lm_loss(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy in nats of logits (B, T, V) against targets (B, T), computed in fp32."""
+    return F.cross_entropy(
+        logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
+    )
+
+
+def train_step(run: Run) -> tuple[Tensor, float, float]:
+    """One optimizer step on this rank's share of the next global batch.
+
+    Returns (this rank's mean loss over its micro-batches as a 0-dim tensor, the gradient
+    norm before clipping, the lr used). Raises `NonFiniteError` on a non-finite gradient
+    norm, except under fp16, where the scaler skips that step and lowers its scale.
+    """
+    spec, device = run.spec, run.dist.device
+    lr = float(run.optimizer.param_groups[0]["lr"])
+    micro_batches = run.sampler.next_step()
+    loss_sum = torch.zeros((), device=device)
+    for m, indices in enumerate(micro_batches):
+        x, y = get_batch(run.train_chunks, indices, device)
+        last = m == len(micro_batches) - 1
+        if run.pipeline is not None:
+            with autocast(device, spec.train.precision):
+                loss_sum += run.pipeline.step(x, y).to(device)
+            continue
+        set_gradient_sync(run.model, last)
+        with no_sync(run.parallel_model, skip_sync=not last):
+            with autocast(device, spec.train.precision):
+                loss = lm_loss(run.parallel_model(x), y) / len(micro_batches)
+            (run.scaler.scale(loss) if run.scaler else loss).backward()
+        loss_sum += loss.detach()
+    if run.scaler:
+        run.scaler.unscale_(run.optimizer)
+    grad_norm = _clip(run)
+    if not math.isfinite(grad_norm) and run.scaler is None:
+        raise NonFiniteError(f"gradient norm is {grad_norm} at step {run.state.step + 1}")
+    if run.scaler:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return loss_sum, grad_norm, lr
+
+
+def _clip(run: Run) -> float:
+    """Clip gradients; the global norm before clipping. Single/DDP use torch's own
+    `clip_grad_norm_`; sharded and pipelined parameters need the mesh-aware one."""
+    max_norm = run.spec.optim.grad_clip
+    if run.pipeline is not None:
+        run.pipeline.sync_tied_grads()
+        return clip_grad_norm(run.pipeline.norm_params(), max_norm, pipeline=run.pipeline)
+    if run.dims.strategy in ("fsdp", "tensor") and run.dist.is_distributed:
+        return clip_grad_norm(list(run.model.parameters()), max_norm, pipeline=None)
+    return float(clip_gradients(run.model.parameters(), max_norm))
+
+
+def agree(run: Run, local_loss: Tensor) -> tuple[float, bool]:
+    """All ranks: (mean loss over the global batch, whether any rank was asked to stop)."""
+    stop = torch.tensor(float(run.stop.requested), device=run.dist.device)
+    share = local_loss.float() * run.loss_share
+    loss, stops = all_reduce_sum(torch.stack([share, stop]), run.dist).tolist()
+    return loss, stops > 0
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """Mean eval loss (nats/token) over the eval chunks of all data-parallel ranks (a
+    tensor-parallel group counts its batch once per rank in both sums; the ratio holds)."""
+    run.model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=run.dist.device)
+    for indices in run.eval_batches:
+        x, y = get_batch(run.eval_chunks, indices, run.dist.device)
+        with autocast(run.dist.device, run.spec.train.precision):
+            if run.pipeline is not None:
+                loss_sum, count = run.pipeline.eval_loss_sum(x, y)
+                totals[0] += loss_sum
+                totals[1] += count
+                continue
+            logits = run.model(x)
+        totals[0] += lm_loss(logits, y, reduction="sum").double()
+        totals[1] += y.numel()
+    run.model.train()
+    loss_sum, count = all_reduce_sum(totals, run.dist).tolist()
+    return loss_sum / count
+
+
+def sample_text(run: Run) -> str:
+    """A continuation of `spec.sample.prompt` from a generator seeded with the job seed."""
+    sample = run.spec.sample
+    prompt_ids = torch.tensor(encode(sample.prompt) or encode("\n"), dtype=torch.long)
+    generator = torch.Generator(device=run.dist.device).manual_seed(run.spec.seed)
+    ids = generate(run.model, prompt_ids, sample.max_new_tokens, sample.temperature, generator)
+    return decode(ids)
+
+
+def train_loop(run: Run) -> None:
+    """Train from `run.state.step` to `max_steps` or until stopped, then finish the run."""
+    spec, state = run.spec, run.state
+    # Fault injection hits the first attempt only, so a restarted attempt can get past it.
+    fail_at = int(os.environ.get(FAIL_AT_STEP_ENV) or 0) if current_attempt() <= 1 else 0
+    interval_time, interval_steps = 0.0, 0
+    total_time, total_steps = 0.0, 0
+    eval_loss: float | None = None
+    eval_step = -1
+    stopped = False
+    while state.step < spec.train.max_steps:
+        started = time.perf_counter()
+        local_loss, grad_norm, lr = train_step(run)
+        loss, stopped = agree(run, local_loss)
+        step_time = time.perf_counter() - started
+        state.step += 1
+        state.last_loss = loss
+        if not math.isfinite(loss):
+            raise NonFiniteError(f"loss is {loss} at step {state.step}")
+        interval_time, interval_steps = interval_time + step_time, interval_steps + 1
+        total_time, total_steps = total_time + step_time, total_steps + 1
+        if state.step % spec.train.log_interval_steps == 0:
+            _report_train(run, loss, lr, grad_norm, interval_time / interval_steps)
+            interval_time, interval_steps = 0.0, 0
+        if state.step % spec.eval.interval_steps == 0:
+            eval_loss, eval_step = _report_eval(run), state.step
+        run.checkpointer.save(state.step, force=stopped)
+        run.checkpointer.poll()
+        if state.step == fail_at:
+            _inject_failure(run)
+        if stopped:
+            break
+    tokens_per_second = run.tokens_per_step * total_steps / total_time if total_time else 0.0
+    if stopped:
+        run.checkpointer.close()
+        run.reporter.status(
+            "stopped",
+            f"stopped by SIGTERM after step {state.step}",
+            {"step": state.step, "checkpoint_uri": run.checkpointer.last_saved_uri},
+        )
+        return
+    _finish(run, eval_loss if eval_step == state.step else None, tokens_per_second)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory: CUDA bytes allocated by torch, else the peak RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None:
+    """Final eval (unless just done), final checkpoint, sample, `completed` status."""
+    log.info("peak memory %d bytes", peak_memory_bytes(run.dist.device))
+    if eval_loss is None:
+        eval_loss = _report_eval(run)
+    run.checkpointer.save(run.state.step, force=True)
+    run.checkpointer.close()
+    # Sharded forwards need every rank (same seed: same tokens); a pipeline does not sample.
+    if run.pipeline is None and (run.dims.collective_forward or run.dist.rank == 0):
+        text = sample_text(run)
+        run.reporter.sample(step=run.state.step, prompt=run.spec.sample.prompt, text=text)
+    run.reporter.status(
+        "completed",
+        f"trained {run.state.step} steps",
+        {
+            "final_loss": run.state.last_loss,
+            "final_eval_loss": eval_loss,
+            "checkpoint_uri": run.checkpointer.last_saved_uri,
+            "steps": run.state.step,
+            "tokens_per_second": tokens_per_second,
+        },
+    )
+
+
+def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time: float) -> None:
+    values = {
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens_per_second": run.tokens_per_step / step_time,
+        "step_time_s": step_time,
+    }
+    values.update(cuda_metrics(run, values["tokens_per_second"]))
+    run.reporter.metric(run.state.step, values)
+    if run.dist.rank == run.dims.reporting_rank:
+        log.info(
+            "step %d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f step %.3f s",
+            run.state.step, loss, lr, grad_norm, values["tokens_per_second"], step_time,
+        )  # fmt: skip
+
+
+# Dense bf16 tensor-core peak FLOP/s per GPU, from the vendors' datasheets (A100 SXM/PCIe,
+# H100/H200 SXM, L4, L40S, RTX 4090). Unknown devices get no `mfu` (memory is still reported).
+PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L40S": 362e12,
+                   "L4": 121e12, "4090": 165e12}  # fmt: skip
+
+
+def cuda_metrics(run: Run, tokens_per_second: float) -> dict[str, float]:
+    """On CUDA: `max_memory_allocated_bytes` (this rank's peak since start) and `mfu`, the
+    model FLOPs utilisation of all ranks: tokens/s x FLOPs/token / (world_size x peak), with
+    FLOPs/token = 6 N + 12 L d T (PaLM, Chowdhery et al. 2022, appendix B). {} on CPU."""
+    device = run.dist.device
+    if device.type != "cuda":
+        return {}
+    out = {"max_memory_allocated_bytes": float(torch.cuda.max_memory_allocated(device))}
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    if peak is not None:
+        m = run.spec.model
+        per_token = 6 * run.num_params + 12 * m.n_layers * m.d_model * m.seq_len
+        out["mfu"] = tokens_per_second * per_token / (peak * run.dist.world_size)
+    return out
+
+
+def _report_eval(run: Run) -> float:
+    eval_loss = evaluate(run)
+    if not math.isfinite(eval_loss):
+        raise NonFiniteError(f"eval loss is {eval_loss} at step {run.state.step}")
+    run.reporter.metric(run.state.step, {"eval_loss": eval_loss})
+    if run.dist.rank == run.dims.reporting_rank:
+        log.info("step %d eval_loss %.4f", run.state.step, eval_loss)
+    return eval_loss
+
+
+def _inject_failure(run: Run) -> None:
+    """`TORCHYARD_FAIL_AT_STEP`: die like a crash (exit 1, no cleanup) after this step and
+    after its checkpoint, if any, is complete."""
+    run.checkpointer.wait()
+    log.error("%s=%d: exiting with code 1", FAIL_AT_STEP_ENV, run.state.step)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

@@ -1,0 +1,185 @@
+"""`parallelize(model, dims, spec)`: apply the job's strategy with torch's own implementations.
+
+Order (torchtitan): tensor parallel -> activation checkpointing -> compile -> FSDP (or DDP);
+a pipeline prunes the model to this rank's stages first. The optimizer is built afterwards,
+over the parameters this returns (DTensors under TP/FSDP).
+
+- `fsdp`: `fully_shard` on each block, then on the root, with a `MixedPrecisionPolicy`
+  and optional `CPUOffloadPolicy`; HSDP when the mesh has a replicate axis.
+- `tensor`: `parallelize_module` with `ColwiseParallel` on q/k/v and the MLP's first linear,
+  `RowwiseParallel` on the attention output and the MLP's second (Shoeybi et al. 2019,
+  Megatron-LM); the embeddings, LayerNorms and head stay replicated.
+- 2-D: TP on `mesh["tp"]`, then `fully_shard` over `mesh["dp"]`.
+- `pipeline`: see `trainer.parallel.pipeline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.model import GPT
+from trainer.parallel.dims import ParallelDims
+from trainer.parallel.pipeline import PipelineRunner, prune_to_rank, stage_bounds
+from trainer.spec import FSDPSpec, JobSpec
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TP_PLAN = {
+    "attn.wq": ColwiseParallel,
+    "attn.wk": ColwiseParallel,
+    "attn.wv": ColwiseParallel,
+    "attn.wo": RowwiseParallel,
+    "mlp.fc": ColwiseParallel,
+    "mlp.proj": RowwiseParallel,
+}
+
+
+@dataclass
+class Parallelized:
+    """What the rest of the trainer works with after `parallelize`."""
+
+    model: GPT  # parameters, eval, sampling, checkpoints (sharded/pruned under fsdp/tp/pp)
+    train_model: nn.Module  # what a training forward calls: DDP(model) or model
+    mesh: DeviceMesh | None
+    pipeline: PipelineRunner | None  # pipeline only: drives forward/backward
+
+
+def parallelize(
+    model: GPT,
+    dims: ParallelDims,
+    spec: JobSpec,
+    *,
+    rank: int,
+    device: torch.device,
+    loss: Callable[[Tensor, Tensor], Tensor],
+) -> Parallelized:
+    """Apply `spec.parallelism` to `model` (built and initialized on `device`), in place.
+
+    `loss` (logits, targets) -> mean loss is the pipeline's last-stage loss.
+    """
+    mesh = dims.build_mesh(device.type)
+    if dims.pp > 1:
+        pp = spec.parallelism.pipeline
+        bounds = stage_bounds(spec.model.n_layers, dims.pp * pp.stages_per_rank, pp.split_points)
+        prune_to_rank(model, bounds, rank, dims.pp)
+        _apply_block_options(model, spec)
+        runner = PipelineRunner(
+            model,
+            bounds,
+            pp,
+            grad_accum_steps=spec.train.grad_accum_steps,
+            loss=loss,
+            rank=rank,
+            world_size=dims.pp,
+            device=device,
+        )
+        return Parallelized(model=model, train_model=model, mesh=mesh, pipeline=runner)
+    if mesh is not None and dims.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    _apply_block_options(model, spec)
+    train_model: nn.Module = model
+    if mesh is not None and dims.strategy == "fsdp":
+        dp_mesh = mesh["dp"] if dims.tp > 1 else mesh
+        apply_fsdp(model, dp_mesh, spec.parallelism.fsdp)
+    elif dims.strategy == "ddp" and dims.world_size > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        train_model = DistributedDataParallel(model, device_ids=ids)
+    return Parallelized(model=model, train_model=train_model, mesh=mesh, pipeline=None)
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
+    """Shard each block's attention (by heads) and MLP (by inner channels) over `tp_mesh`."""
+    for block in model.blocks.values():
+        parallelize_module(block, tp_mesh, {name: style() for name, style in TP_PLAN.items()})
+
+
+def apply_fsdp(model: GPT, mesh: DeviceMesh, spec: FSDPSpec) -> None:
+    """`fully_shard` each block, then the root (embeddings, final norm), over `mesh`."""
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=_DTYPES[spec.param_dtype] if spec.param_dtype != "fp32" else None,
+        reduce_dtype=_DTYPES[spec.reduce_dtype] if spec.reduce_dtype != "fp32" else None,
+    )
+    # On a CPU mesh the parameters already live in host memory: offload is a no-op there.
+    offload = (
+        CPUOffloadPolicy() if spec.cpu_offload and mesh.device_type == "cuda" else OffloadPolicy()
+    )
+    options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    for block in model.blocks.values():
+        fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
+    fully_shard(model, reshard_after_forward=spec.reshard_after_forward, **options)
+
+
+def _apply_block_options(model: GPT, spec: JobSpec) -> None:
+    """Activation checkpointing and `torch.compile`, per block (names keep their FQNs up to
+    the `_checkpoint_wrapped_module` prefix, which DCP's state-dict helpers drop)."""
+    for key in list(model.blocks):
+        block = model.blocks[key]
+        if spec.train.activation_checkpointing:
+            block = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if spec.train.compile:
+            block.compile()
+        model.blocks[key] = block
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """FSDP2: whether the next backward reduce-scatters gradients (off while accumulating)."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+
+
+@torch.no_grad()
+def clip_grad_norm(
+    params: list[nn.Parameter], max_norm: float | None, *, pipeline: PipelineRunner | None
+) -> float:
+    """Global gradient L2 norm (before clipping); clips every gradient to `max_norm` unless
+    None, with the coefficient of `torch.nn.utils.clip_grad_norm_`.
+
+    Gradients may be plain tensors or DTensors on different meshes (FSDP's dp mesh, TP's,
+    2-D): each mesh's norm is `get_total_norm(...).full_tensor()` and the parts combine as
+    the root of a sum of squares; a pipeline adds the squares of all ranks. Under a pipeline
+    `params` excludes the tied embedding's second copy (`PipelineRunner.norm_params`).
+    """
+    groups: dict[object, list[Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            groups.setdefault(key, []).append(p.grad)
+    square = torch.zeros((), dtype=torch.float32)
+    for key, grads in groups.items():
+        norm = torch.nn.utils.get_total_norm(grads)
+        if key is not None:
+            norm = norm.full_tensor()  # type: ignore[union-attr]
+        square = square + norm.float().cpu() ** 2
+    if pipeline is not None:
+        dist.all_reduce(square)
+    total = square.sqrt()
+    if max_norm is not None:
+        coef = float((max_norm / (total + 1e-6)).clamp(max=1.0))
+        owners = pipeline.rank_model.parameters() if pipeline else params
+        for p in owners:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return float(total)

@@ -1,0 +1,189 @@
+"""Pipeline parallelism with `torch.distributed.pipelining` (hand-built `PipelineStage`s).
+
+The blocks are cut into `world_size x stages_per_rank` stages, balanced by block count or at
+`pipeline.split_points`; stage s runs on rank s mod world_size (so the first stage is on rank
+0 and the last on rank world_size - 1, also for interleaved schedules). The first stage holds
+the embeddings, the last the final LayerNorm and the head, where the loss is computed.
+
+Each rank keeps a pruned copy of the `GPT` (its `rank_model`: only its blocks, and only the
+embeddings/norm it uses), so parameter names stay those of the full model and checkpoints
+reshard by name. With tied embeddings (the default) the token embedding lives on rank 0 (input)
+and on the last rank (output); their gradients are summed over those two ranks before each
+optimizer step, so both copies stay equal (as Megatron-LM's embedding group does).
+
+Gradient accumulation: the loss of each pipeline micro-batch is divided by
+`num_microbatches x grad_accum_steps` and the schedules run with `scale_grads=False`, so
+gradients summed over several `step()` calls are those of the mean loss over the whole step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+
+from trainer.model import GPT
+from trainer.spec import PipelineSpec
+
+
+def stage_bounds(n_layers: int, num_stages: int, split_points: list[int] | None) -> list[range]:
+    """Block indices of each stage: balanced by count (earlier stages take the remainder)
+    unless `split_points` (the first block of stages 1, 2, ...) is given."""
+    if split_points is None:
+        q, r = divmod(n_layers, num_stages)
+        sizes = [q + (1 if s < r else 0) for s in range(num_stages)]
+        split_points = [sum(sizes[: s + 1]) for s in range(num_stages - 1)]
+    edges = [0, *split_points, n_layers]
+    return [range(a, b) for a, b in itertools.pairwise(edges)]
+
+
+class StageModule(nn.Module):
+    """One pipeline stage over modules shared with the rank model.
+
+    First stage: token ids (B, T) int64 -> hidden (B, T, d_model); middle: hidden -> hidden;
+    last: hidden -> logits (B, T, vocab_size).
+    """
+
+    def __init__(self, model: GPT, blocks: range, *, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.tied = model.lm_head is None
+        self.wte = model.wte if first or (last and self.tied) else None
+        self.wpe = model.wpe if first else None
+        self.drop = model.drop
+        self.blocks = nn.ModuleDict({str(i): model.blocks[str(i)] for i in blocks})
+        self.ln_f = model.ln_f if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.first:
+            assert self.wte is not None and self.wpe is not None
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.drop(self.wte(x) + self.wpe(pos))
+        for block in self.blocks.values():
+            x = block(x)
+        if not self.last:
+            return x
+        assert self.ln_f is not None
+        x = self.ln_f(x)
+        if self.lm_head is not None:
+            return self.lm_head(x)
+        assert self.wte is not None
+        return F.linear(x, self.wte.weight)
+
+
+def prune_to_rank(model: GPT, bounds: list[range], rank: int, world_size: int) -> GPT:
+    """Drop from `model` (in place) every module no stage of `rank` uses; returns it."""
+    mine = {i for s, r in enumerate(bounds) if s % world_size == rank for i in r}
+    for key in [k for k in model.blocks if int(k) not in mine]:
+        del model.blocks[key]
+    first, last = rank == 0, rank == world_size - 1
+    if not first:
+        model.wpe = None  # type: ignore[assignment]
+        if not (last and model.lm_head is None):
+            model.wte = None  # type: ignore[assignment]
+    if not last:
+        model.ln_f = None  # type: ignore[assignment]
+        model.lm_head = None
+    return model
+
+
+class PipelineRunner:
+    """The stages of this rank and the schedule that drives them; see the module doc."""
+
+    def __init__(
+        self,
+        rank_model: GPT,
+        bounds: list[range],
+        spec: PipelineSpec,
+        *,
+        grad_accum_steps: int,
+        loss: Callable[[Tensor, Tensor], Tensor],
+        rank: int,
+        world_size: int,
+        device: torch.device,
+    ) -> None:
+        self.rank_model = rank_model
+        self.rank, self.world_size = rank, world_size
+        self.num_microbatches = spec.num_microbatches
+        self.loss_scale = spec.num_microbatches * grad_accum_steps
+        n = len(bounds)
+        self.stages = [
+            PipelineStage(
+                StageModule(rank_model, bounds[s], first=s == 0, last=s == n - 1),
+                stage_index=s,
+                num_stages=n,
+                device=device,
+            )
+            for s in range(rank, n, world_size)
+        ]
+        self.has_last = any(stage.is_last for stage in self.stages)
+        scaled = self.loss_scale
+
+        def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
+            return loss(logits, targets) / scaled
+
+        if spec.schedule == "interleaved_1f1b":
+            self.schedule: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B = (
+                ScheduleInterleaved1F1B(
+                    self.stages, spec.num_microbatches, loss_fn=loss_fn, scale_grads=False
+                )
+            )
+        else:
+            single = ScheduleGPipe if spec.schedule == "gpipe" else Schedule1F1B
+            self.schedule = single(
+                self.stages[0], spec.num_microbatches, loss_fn=loss_fn, scale_grads=False
+            )
+        tied = rank_model.lm_head is None and world_size > 1
+        # Every rank takes part in new_group; only the two embedding holders use it.
+        self._tied_group = dist.new_group([0, world_size - 1]) if tied else None
+        self._holds_tied = tied and rank in (0, world_size - 1)
+
+    def step(self, x: Tensor, y: Tensor) -> Tensor:
+        """Forward and backward of one batch (B, T) through all stages.
+
+        Returns the sum over its pipeline micro-batches of loss / (num_microbatches x
+        grad_accum_steps) on the last stage's rank (the step's mean loss after summing over
+        accumulation steps), 0 elsewhere.
+        """
+        losses: list[Tensor] = []
+        self.schedule.step(x, target=y, losses=losses)
+        return torch.stack(losses).sum().detach() if self.has_last else torch.zeros(())
+
+    def eval_loss_sum(self, x: Tensor, y: Tensor) -> tuple[float, int]:
+        """(summed token losses in nats, token count) of one batch, forward only; (0, 0)
+        on ranks without the last stage."""
+        losses: list[Tensor] = []
+        self.schedule.eval(x, target=y, losses=losses)
+        if not self.has_last:
+            return 0.0, 0
+        per_micro = y.numel() // self.num_microbatches
+        mean_sum = float(torch.stack(losses).double().sum()) * self.loss_scale
+        return mean_sum * per_micro, y.numel()
+
+    def sync_tied_grads(self) -> None:
+        """Sum the tied embedding's gradient over its two copies (ranks 0 and world - 1)."""
+        if not self._holds_tied:
+            return
+        weight = self.rank_model.wte.weight
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=self._tied_group)
+
+    def norm_params(self) -> list[nn.Parameter]:
+        """This rank's parameters counted in the global gradient norm: the tied embedding's
+        second copy (on the last rank) is left out, so it is counted once."""
+        skip = set()
+        if self._holds_tied and self.rank != 0:
+            skip.add(id(self.rank_model.wte.weight))
+        return [p for p in self.rank_model.parameters() if id(p) not in skip]

@@ -1,0 +1,544 @@
+"""The job spec: what a user submits, validated before any GPU is allocated.
+
+This module imports nothing heavier than pydantic, so the API and the client SDK can validate
+specs without importing torch. The trainer reads the same model (``JobSpec.load(path)``).
+
+Every field is documented where it is declared; ``JobSpec.model_json_schema()`` is the public
+JSON Schema served at ``GET /v1/spec/schema`` and rendered into README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+SPEC_VERSION = 1
+
+Name = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Letters, digits, '.', '_' and '-'; starts with a letter or digit.",
+    ),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+class ModelSpec(_Strict):
+    """The network to train: a GPT-style decoder-only transformer over bytes."""
+
+    kind: Literal["gpt"] = Field(
+        default="gpt",
+        description="Model family. `gpt`: built-in causal decoder (pre-norm, GELU MLP, "
+        "`F.scaled_dot_product_attention`), byte-level vocabulary of 256.",
+    )
+    n_layers: int = Field(default=4, ge=1, le=256, description="Number of transformer blocks.")
+    n_heads: int = Field(default=4, ge=1, le=256, description="Attention heads per block.")
+    d_model: int = Field(default=128, ge=8, le=16384, description="Hidden size (channels).")
+    d_ff: int | None = Field(
+        default=None, ge=8, description="MLP inner size; default 4 x `d_model`."
+    )
+    seq_len: int = Field(
+        default=128, ge=8, le=65536, description="Context length in tokens (bytes)."
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout probability.")
+
+
+class DataSpec(_Strict):
+    """Training text. Exactly one of `dataset` or `uri`."""
+
+    dataset: str | None = Field(
+        default=None,
+        description="Id of a dataset registered through `/v1/datasets` in the job's project.",
+    )
+    uri: str | None = Field(
+        default=None,
+        description="A file or directory (local path or fsspec URI) readable by the workers. "
+        "Only for trusted deployments; prefer `dataset`.",
+    )
+    include: list[str] = Field(
+        default=["**/*"],
+        min_length=1,
+        description="Glob patterns selecting files when the data is a directory.",
+    )
+    exclude: list[str] = Field(
+        default=["site-packages/*", "dist-packages/*", "*__pycache__/*", ".git/*"],
+        description="`fnmatch` patterns of files to skip, matched against the path relative "
+        "to the data directory (`*` also matches `/`).",
+    )
+    max_bytes: int | None = Field(
+        default=None, ge=1024, description="Read at most this many bytes of the corpus."
+    )
+    eval_fraction: float = Field(
+        default=0.05, gt=0.0, lt=0.5, description="Share of the corpus held out for evaluation."
+    )
+
+
+class FSDPSpec(_Strict):
+    """FSDP2 (`torch.distributed.fsdp.fully_shard`) knobs; read when `strategy` is `fsdp`."""
+
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="Free each block's gathered parameters after its forward and gather them "
+        "again for backward (ZeRO-3); false keeps them until backward (ZeRO-2, more memory).",
+    )
+    param_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="`MixedPrecisionPolicy.param_dtype`: dtype of the gathered parameters used "
+        "in forward/backward; the sharded parameters and optimizer state stay fp32.",
+    )
+    reduce_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="`MixedPrecisionPolicy.reduce_dtype`: dtype of the gradient reduce-scatter.",
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="`CPUOffloadPolicy`: keep sharded parameters, gradients and optimizer "
+        "state in host memory (CUDA only matters; a no-op placement on CPU).",
+    )
+
+
+class PipelineSpec(_Strict):
+    """`torch.distributed.pipelining` knobs; read when `strategy` is `pipeline`."""
+
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        default="1f1b",
+        description="`gpipe`: all forwards then all backwards (`ScheduleGPipe`). `1f1b`: "
+        "one-forward-one-backward (`Schedule1F1B`). `interleaved_1f1b`: several virtual "
+        "stages per rank (`ScheduleInterleaved1F1B`, Narayanan et al. 2021).",
+    )
+    num_microbatches: int = Field(
+        default=4,
+        ge=1,
+        le=4096,
+        description="Pipeline micro-batches each `train.micro_batch_size` batch is split into; "
+        "at least the number of stages, and dividing `micro_batch_size`.",
+    )
+    stages_per_rank: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Model chunks (virtual stages) per rank: 1 for `gpipe`/`1f1b`, >= 2 for "
+        "`interleaved_1f1b`. Stage s runs on rank s mod world_size.",
+    )
+    split_points: list[int] | None = Field(
+        default=None,
+        description="Block indices where stages 1, 2, ... begin (strictly increasing, in "
+        "1..n_layers-1, one fewer than the number of stages); null splits the blocks "
+        "evenly by count. Embeddings go to the first stage, final norm and head to the last.",
+    )
+
+
+class ParallelismSpec(_Strict):
+    """How the model is spread over the job's processes."""
+
+    strategy: Literal["single", "ddp", "fsdp", "tensor", "pipeline"] = Field(
+        default="ddp",
+        description="`single`: one process. `ddp`: DistributedDataParallel, every rank holds "
+        "the whole model and a disjoint shard of each global batch. `fsdp`: FSDP2 "
+        "`fully_shard` per block and on the root (HSDP across nodes when nodes > 1; with "
+        "`tensor_parallel_size` > 1 a 2-D (dp, tp) mesh). `tensor`: Megatron-style tensor "
+        "parallel (`parallelize_module`, column/row-wise attention and MLP) over all ranks, "
+        "which all see the same batch. `pipeline`: the blocks split into stages "
+        "(`torch.distributed.pipelining`), one batch stream through all ranks.",
+    )
+    tensor_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Ranks per tensor-parallel group (the mesh's `tp` axis). `tensor`: null "
+        "or the world size. `fsdp`: null/1 for plain FSDP, > 1 for 2-D FSDP x TP with "
+        "dp = world_size / tensor_parallel_size. Must divide n_heads, d_model and d_ff.",
+    )
+    fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 options.")
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipeline options.")
+
+    def tp_size(self, world_size: int) -> int:
+        """Ranks per tensor-parallel group for a job of `world_size` ranks."""
+        if self.strategy == "tensor":
+            return self.tensor_parallel_size or world_size
+        if self.strategy == "fsdp":
+            return self.tensor_parallel_size or 1
+        return 1
+
+    def dp_size(self, world_size: int) -> int:
+        """Data-parallel ranks (distinct batch shards) for a job of `world_size` ranks."""
+        if self.strategy == "pipeline":
+            return 1
+        return max(1, world_size // self.tp_size(world_size))
+
+
+class OptimSpec(_Strict):
+    """AdamW with linear warmup and a decay schedule (Loshchilov & Hutter 2019)."""
+
+    name: Literal["adamw"] = Field(default="adamw", description="Optimizer.")
+    lr: float = Field(default=1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
+    weight_decay: float = Field(default=0.1, ge=0.0, description="Decoupled weight decay.")
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1.")
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0, description="Adam beta2.")
+    warmup_steps: int = Field(default=50, ge=0, description="Linear warmup length in steps.")
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        default="cosine", description="Decay after warmup, down to `min_lr_ratio` x `lr`."
+    )
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description="Final lr / peak lr.")
+    grad_clip: float | None = Field(
+        default=1.0, gt=0.0, description="Max global gradient L2 norm; null disables clipping."
+    )
+
+
+class TrainSpec(_Strict):
+    """Batching, precision and stopping."""
+
+    micro_batch_size: int = Field(
+        default=16, ge=1, le=65536, description="Sequences per rank per forward/backward."
+    )
+    grad_accum_steps: int = Field(
+        default=1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step."
+    )
+    max_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer steps.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32",
+        description="`bf16`/`fp16`: autocast (fp16 adds dynamic loss scaling with "
+        "`torch.amp.GradScaler`); parameters and optimizer state stay fp32.",
+    )
+    log_interval_steps: int = Field(
+        default=10, ge=1, description="Report train metrics every N optimizer steps."
+    )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each block's activations in backward instead of storing them "
+        "(`checkpoint_wrapper`, non-reentrant): less memory, about one more forward.",
+    )
+    compile: bool = Field(
+        default=False,
+        description="`torch.compile` each transformer block (needs a C++ compiler on CPU).",
+    )
+
+
+class EvalSpec(_Strict):
+    """Held-out evaluation."""
+
+    interval_steps: int = Field(default=100, ge=1, description="Evaluate every N steps.")
+    num_batches: int = Field(default=8, ge=1, description="Micro-batches per evaluation.")
+
+
+class CheckpointSpec(_Strict):
+    """Sharded checkpoints with `torch.distributed.checkpoint` (DCP)."""
+
+    interval_steps: int = Field(
+        default=200, ge=1, description="Save every N steps (and always at the end)."
+    )
+    keep_last: int = Field(default=2, ge=1, description="Complete checkpoints to keep.")
+    async_save: bool = Field(
+        default=False, description="Save with `dcp.async_save`: the step pays only staging."
+    )
+
+
+class SampleSpec(_Strict):
+    """Text generated from the trained model at the end of the run."""
+
+    prompt: str = Field(default="def ", max_length=1000, description="Prompt text.")
+    max_new_tokens: int = Field(default=200, ge=0, le=4096, description="Tokens to generate.")
+    temperature: float = Field(default=0.8, gt=0.0, le=10.0, description="Softmax temperature.")
+
+
+class ResourcesSpec(_Strict):
+    """Where and how wide the job runs."""
+
+    nodes: int = Field(default=1, ge=1, le=1024, description="Hosts (one torchrun each).")
+    procs_per_node: int = Field(
+        default=1, ge=1, le=64, description="Processes (ranks) per host; one per GPU on CUDA."
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="`cpu` uses gloo, `cuda` uses NCCL."
+    )
+    pool: Name = Field(default="default", description="Worker pool (Celery queue) to run on.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+class RetrySpec(_Strict):
+    """What happens when an attempt fails."""
+
+    max_restarts: int = Field(
+        default=0, ge=0, le=100, description="Restarts from the latest checkpoint after failure."
+    )
+    retry_oom: bool = Field(
+        default=False,
+        description="Also restart after running out of memory (usually it fails again the same "
+        "way). Spec and data errors are never retried.",
+    )
+
+
+class LimitsSpec(_Strict):
+    """Hard limits on a job."""
+
+    max_runtime_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Wall-clock seconds of training (all attempts together) after which the "
+        "run checkpoints and stops with reason `max_runtime`; null for no limit.",
+    )
+
+
+class JobSpec(_Strict):
+    """A training job, version 1."""
+
+    spec_version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
+    name: Name = Field(description="Human-readable job name (not unique).")
+    labels: dict[str, str] = Field(
+        default={}, max_length=64, description="Free-form key/value labels."
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for init, data and RNG.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The network.")
+    data: DataSpec = Field(description="The training text.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Distribution strategy."
+    )
+    optim: OptimSpec = Field(default_factory=OptimSpec, description="Optimizer and schedule.")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Batch, precision, stop.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="Evaluation.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    sample: SampleSpec = Field(default_factory=SampleSpec, description="Final text sample.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Placement.")
+    retries: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
+    limits: LimitsSpec = Field(default_factory=LimitsSpec, description="Hard limits.")
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="Scheduling priority within the pool: higher runs first, ties by age.",
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self) -> JobSpec:
+        """Checks that span fields; each error names the JSON path of the field to change."""
+        errors = list(_cross_field_errors(self))
+        if errors:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("spec_conflict", message),
+                        loc=loc,
+                        input=_get_path(self, loc),
+                    )
+                    for loc, message in errors
+                ],
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.world_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that take distinct shares of each global batch (tensor-parallel groups and
+        pipelines see one share together)."""
+        return self.parallelism.dp_size(self.world_size)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step over all ranks."""
+        return self.train.micro_batch_size * self.train.grad_accum_steps * self.data_parallel_size
+
+    @classmethod
+    def load(cls, path: str | Path) -> JobSpec:
+        """Read a spec from a JSON file. Raises `pydantic.ValidationError` when invalid."""
+        return cls.model_validate(json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2))
+
+
+def _get_path(spec: BaseModel, loc: tuple[str, ...]) -> Any:
+    value: Any = spec
+    for part in loc:
+        value = getattr(value, part)
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
+def _cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """(path, message) for every cross-field conflict in `spec`."""
+    errors: list[tuple[tuple[str, ...], str]] = []
+    model, res = spec.model, spec.resources
+    if model.d_model % model.n_heads:
+        errors.append(
+            (
+                ("model", "n_heads"),
+                f"n_heads ({model.n_heads}) must divide d_model ({model.d_model})",
+            )
+        )
+    if (spec.data.dataset is None) == (spec.data.uri is None):
+        errors.append((("data",), "give exactly one of `dataset` or `uri`"))
+    if spec.parallelism.strategy == "single" and res.world_size != 1:
+        errors.append(
+            (
+                ("resources", "procs_per_node"),
+                f"strategy 'single' runs one process, but nodes x procs_per_node = "
+                f"{res.world_size}; use strategy 'ddp' or procs_per_node: 1",
+            )
+        )
+    errors += _parallelism_errors(spec)
+    if spec.eval.interval_steps > spec.train.max_steps:
+        errors.append(
+            (
+                ("eval", "interval_steps"),
+                f"interval_steps ({spec.eval.interval_steps}) exceeds train.max_steps "
+                f"({spec.train.max_steps}): the run would never evaluate",
+            )
+        )
+    return errors
+
+
+def _parallelism_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """Mesh, tensor-parallel and pipeline conflicts (checked before any GPU is allocated)."""
+    par, model, world = spec.parallelism, spec.model, spec.world_size
+    errors: list[tuple[tuple[str, ...], str]] = []
+    tp_path = ("parallelism", "tensor_parallel_size")
+    if par.tensor_parallel_size not in (None, 1) and par.strategy not in ("fsdp", "tensor"):
+        errors.append(
+            (
+                tp_path,
+                f"tensor_parallel_size needs strategy 'fsdp' or 'tensor', not {par.strategy!r}",
+            )
+        )
+        return errors
+    if par.strategy in ("tensor", "pipeline") and world < 2:
+        errors.append(
+            (
+                ("resources", "procs_per_node"),
+                f"strategy {par.strategy!r} needs at least 2 processes",
+            )
+        )
+        return errors
+    tp = par.tp_size(world)
+    if par.strategy == "tensor" and tp != world:
+        errors.append(
+            (
+                tp_path,
+                f"strategy 'tensor' uses every rank: tensor_parallel_size "
+                f"({tp}) must equal nodes x procs_per_node ({world}); for TP with "
+                f"data parallelism use strategy 'fsdp'",
+            )
+        )
+    elif world % tp:
+        errors.append(
+            (
+                tp_path,
+                f"tensor_parallel_size ({tp}) must divide the world size "
+                f"nodes x procs_per_node ({world})",
+            )
+        )
+    if tp > 1:
+        d_ff = model.d_ff or 4 * model.d_model
+        for field, value in (
+            ("n_heads", model.n_heads),
+            ("d_model", model.d_model),
+            ("d_ff", d_ff),
+        ):
+            if value % tp:
+                errors.append(
+                    (tp_path, f"tensor_parallel_size ({tp}) must divide model.{field} ({value})")
+                )
+        if spec.train.precision == "fp16":  # GradScaler's unscale cannot mix these grads
+            errors.append(
+                (
+                    ("train", "precision"),
+                    "fp16 loss scaling is not supported with tensor parallelism "
+                    "(replicated and sharded gradients mix); use bf16 or fp32",
+                )
+            )
+        if par.strategy == "fsdp" and spec.resources.nodes > 1:
+            errors.append((tp_path, "2-D FSDP x TP runs on one node (HSDP is for tp 1)"))
+    if par.strategy == "pipeline":
+        errors += _pipeline_errors(spec)
+    return errors
+
+
+def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    pp, model = spec.parallelism.pipeline, spec.model
+    path = ("parallelism", "pipeline")
+    errors: list[tuple[tuple[str, ...], str]] = []
+    stages = spec.world_size * pp.stages_per_rank
+    interleaved = pp.schedule == "interleaved_1f1b"
+    if interleaved and pp.stages_per_rank < 2:
+        errors.append(
+            (
+                (*path, "stages_per_rank"),
+                "schedule 'interleaved_1f1b' needs stages_per_rank >= 2 (virtual stages)",
+            )
+        )
+    if not interleaved and pp.stages_per_rank != 1:
+        errors.append(
+            (
+                (*path, "stages_per_rank"),
+                f"schedule {pp.schedule!r} runs one stage "
+                f"per rank; use 'interleaved_1f1b' for {pp.stages_per_rank}",
+            )
+        )
+    if stages > model.n_layers:
+        errors.append(
+            (
+                (*path, "stages_per_rank"),
+                f"{stages} pipeline stages (world size "
+                f"{spec.world_size} x stages_per_rank {pp.stages_per_rank}) exceed "
+                f"model.n_layers ({model.n_layers})",
+            )
+        )
+    if pp.num_microbatches < stages:
+        errors.append(
+            (
+                (*path, "num_microbatches"),
+                f"num_microbatches ({pp.num_microbatches}) "
+                f"must be at least the number of stages ({stages})",
+            )
+        )
+    if spec.train.micro_batch_size % pp.num_microbatches:
+        errors.append(
+            (
+                ("train", "micro_batch_size"),
+                f"micro_batch_size "
+                f"({spec.train.micro_batch_size}) must be divisible by "
+                f"parallelism.pipeline.num_microbatches ({pp.num_microbatches})",
+            )
+        )
+    if spec.train.precision == "fp16":
+        errors.append(
+            (
+                ("train", "precision"),
+                "fp16 loss scaling is not supported with strategy 'pipeline'; use bf16 or fp32",
+            )
+        )
+    points = pp.split_points
+    if points is not None:
+        ok = len(points) == stages - 1 and all(
+            a < b for a, b in zip([0, *points], [*points, model.n_layers], strict=True)
+        )
+        if not ok:
+            errors.append(
+                (
+                    (*path, "split_points"),
+                    f"split_points {points} must be "
+                    f"{stages - 1} strictly increasing block indices in "
+                    f"1..{model.n_layers - 1}",
+                )
+            )
+    return errors
+
+
+def json_schema() -> dict[str, Any]:
+    """The public JSON Schema of `JobSpec`."""
+    return JobSpec.model_json_schema()

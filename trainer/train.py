@@ -1,0 +1,239 @@
+"""Entrypoint: parse the command line (docs/CONTRACTS.md section 1), build, train, close.
+
+    torchrun ... -m trainer --spec RUN_DIR/spec.json --run-dir RUN_DIR --checkpoint-dir CKPT
+    python -m trainer --spec ... --run-dir ... --checkpoint-dir ...     (stand-alone, 1 process)
+
+Exit codes: 0 success or a clean stop after SIGTERM; 2 invalid spec or data (an `error`
+event says so; do not retry); 1 any other failure (`error` event, traceback on stderr and in
+torchrun's error file through `@record`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer.checkpoint import Checkpointer
+from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross_entropy
+from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
+from trainer.errors import InvalidJobError
+from trainer.events import EventWriter, NullReporter, Reporter
+from trainer.loop import Run, lm_loss, train_loop
+from trainer.model import GPTConfig, build_model
+from trainer.optim import build_optimizer, build_scheduler
+from trainer.parallel import ParallelDims, parallelize, reporting_rank
+from trainer.sampler import GlobalBatchSampler, eval_batches
+from trainer.spec import JobSpec
+from trainer.state import ModelOptimizerState, RNGState, TrainState
+
+log = logging.getLogger("trainer")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
+    p.add_argument("--spec", required=True, help="JobSpec JSON file")
+    p.add_argument("--run-dir", required=True, type=Path, help="directory for events.jsonl")
+    p.add_argument("--checkpoint-dir", required=True, help="local directory or fsspec URI")
+    p.add_argument("--data", help="corpus file or directory; default: spec.data.uri")
+    return p.parse_args(argv)
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    """Run one attempt of a job; raises SystemExit(2) for invalid input, re-raises failures."""
+    args = parse_args(argv)
+    rank = env_rank()
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    spec, spec_error = _try_load_spec(args.spec)
+    # The events writer: the last pipeline stage's rank (where the loss is), else rank 0.
+    writer = reporting_rank(spec, env_world_size()) if spec else 0
+    reporter: Reporter = EventWriter(args.run_dir) if rank == writer else NullReporter()
+    dist_info: DistInfo | None = None
+    try:
+        if spec is None:
+            assert spec_error is not None
+            raise spec_error
+        corpus = load_corpus(_data_location(spec, args.data), spec.data)
+        dist_info = init_distributed(spec.resources.device)
+        run_job(spec, corpus, _checkpoint_root(args.checkpoint_dir), dist_info, reporter)
+        shutdown(dist_info, clean=True)
+    except InvalidJobError as exc:
+        _fail(exc, 2, reporter, dist_info)
+        raise SystemExit(2) from None
+    except Exception as exc:
+        _fail(exc, 1, reporter, dist_info)
+        raise
+    finally:
+        reporter.close()
+
+
+def _try_load_spec(path: str) -> tuple[JobSpec | None, InvalidJobError | None]:
+    try:
+        return load_spec(path), None
+    except InvalidJobError as exc:
+        return None, exc
+
+
+def load_spec(path: str) -> JobSpec:
+    """The `JobSpec` at `path`. Raises `InvalidJobError` if unreadable or invalid, or if the
+    launch contradicts it (`single` with more than one process)."""
+    try:
+        spec = JobSpec.load(path)
+    except (OSError, ValueError, ValidationError) as exc:
+        raise InvalidJobError(f"invalid spec {path}: {exc}") from exc
+    world_size = env_world_size()
+    if spec.parallelism.strategy == "single" and world_size > 1:
+        raise InvalidJobError(f"strategy 'single' launched with world_size {world_size}")
+    if world_size != spec.world_size:
+        log.warning("spec asks for world_size %d, launched with %d", spec.world_size, world_size)
+    return spec
+
+
+def _data_location(spec: JobSpec, data_arg: str | None) -> str:
+    location = data_arg or spec.data.uri
+    if location is None:
+        raise InvalidJobError(f"data.dataset {spec.data.dataset!r} needs --data PATH")
+    return location
+
+
+def _checkpoint_root(checkpoint_dir: str) -> str:
+    """Local directories become absolute, so the URIs in events mean the same to readers."""
+    return checkpoint_dir if is_uri(checkpoint_dir) else os.path.abspath(checkpoint_dir)
+
+
+def run_job(
+    spec: JobSpec, corpus: Corpus, checkpoint_dir: str, dist_info: DistInfo, reporter: Reporter
+) -> None:
+    """Build the run, resume from the latest complete checkpoint if any, train.
+
+    Everything built here is local, so it is freed when this returns (before teardown).
+    """
+    run = build_run(spec, corpus, checkpoint_dir, dist_info, reporter)
+    run.stop.install()
+    try:
+        start_step = run.checkpointer.load_latest() or 0
+        unigram = unigram_cross_entropy(corpus.train, corpus.eval)
+        num_params = run.num_params
+        reporter.status(
+            "running",
+            f"training from step {start_step} on {dist_info.world_size} process(es)",
+            {
+                "world_size": dist_info.world_size,
+                "num_params": num_params,
+                "tokens_per_step": run.tokens_per_step,
+                "max_steps": spec.train.max_steps,
+                "start_step": start_step,
+                "unigram_eval_loss": unigram,
+            },
+        )
+        log.info("%d parameters, unigram eval loss %.4f", num_params, unigram)
+        train_loop(run)
+    finally:
+        run.checkpointer.close()
+
+
+def build_run(
+    spec: JobSpec, corpus: Corpus, checkpoint_dir: str, dist_info: DistInfo, reporter: Reporter
+) -> Run:
+    """Model (+ DDP), optimizer, schedule, data, sampler and checkpointer for one attempt.
+
+    Raises `InvalidJobError` when a split holds less than one chunk.
+    """
+    torch.manual_seed(spec.seed + dist_info.rank)  # dropout differs per rank, reproducibly
+    dims = ParallelDims.from_spec(spec, dist_info.world_size)
+    model = build_model(GPTConfig.from_spec(spec.model), device=dist_info.device, seed=spec.seed)
+    num_params = model.num_params()
+    parts = parallelize(
+        model, dims, spec, rank=dist_info.rank, device=dist_info.device, loss=lm_loss
+    )
+    optimizer = build_optimizer(parts.model, spec.optim, foreach=None if dims.tp == 1 else False)
+    scheduler = build_scheduler(optimizer, spec.optim, spec.train.max_steps)
+    fp16 = spec.train.precision == "fp16"
+    scaler = torch.amp.GradScaler(dist_info.device.type) if fp16 else None
+    train_chunks = make_chunks(corpus.train, spec.model.seq_len, what="training")
+    eval_chunks = make_chunks(corpus.eval, spec.model.seq_len, what="evaluation")
+    dp_rank = dims.dp_rank(dist_info.rank)
+    sampler = GlobalBatchSampler(
+        num_chunks=len(train_chunks),
+        seed=spec.seed,
+        micro_batch_size=spec.train.micro_batch_size,
+        grad_accum_steps=spec.train.grad_accum_steps,
+        rank=dp_rank,
+        world_size=dims.dp_size,
+    )
+    # Sharded and pipelined forwards are collective: every rank runs as many eval batches,
+    # all of full size (a pipeline splits each into its micro-batches).
+    my_eval_batches = eval_batches(
+        num_chunks=len(eval_chunks),
+        num_batches=spec.eval.num_batches,
+        micro_batch_size=spec.train.micro_batch_size,
+        rank=dp_rank,
+        world_size=dims.dp_size,
+        full_batches_only=dims.collective_forward or dims.pp > 1,
+    )
+    if not my_eval_batches:
+        raise InvalidJobError(
+            f"the evaluation split has {len(eval_chunks)} chunks, fewer than one batch of "
+            f"{spec.train.micro_batch_size} per data-parallel rank ({dims.dp_size})"
+        )
+    state = TrainState()
+    states = {
+        "model_optim": ModelOptimizerState(parts.train_model, optimizer),
+        "scheduler": scheduler,
+        "sampler": sampler,
+        "train": state,
+    } | ({"scaler": scaler} if scaler else {})
+    checkpointer = Checkpointer(
+        root=checkpoint_dir,
+        spec=spec.checkpoint,
+        states=states,
+        rank_states={"rng": RNGState(dist_info.device)},
+        job_spec_json=spec.model_dump_json(indent=2),
+        dist_info=dist_info,
+        reporter=reporter,
+        reporting_rank=dims.reporting_rank,
+    )
+    return Run(
+        spec=spec,
+        dist=dist_info,
+        model=parts.model,
+        parallel_model=parts.train_model,
+        dims=dims,
+        pipeline=parts.pipeline,
+        num_params=num_params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        sampler=sampler,
+        train_chunks=train_chunks,
+        eval_chunks=eval_chunks,
+        eval_batches=my_eval_batches,
+        checkpointer=checkpointer,
+        reporter=reporter,
+        state=state,
+    )
+
+
+def _fail(exc: BaseException, exit_code: int, reporter: Reporter, info: DistInfo | None) -> None:
+    """Report `exc` (error event + log), free the frames it holds, leave the process group."""
+    message = f"{type(exc).__name__}: {exc}"
+    log.error("%s", message)
+    reporter.error(
+        message=message, traceback="".join(traceback.format_exception(exc)), exit_code=exit_code
+    )
+    if exit_code == 2:  # no traceback reaches stderr for SystemExit(2): say why there
+        print(f"trainer: invalid job, not retrying: {message}", file=sys.stderr, flush=True)
+    traceback.clear_frames(exc.__traceback__)  # drop model/optimizer refs held by the frames
+    shutdown(info, clean=False)

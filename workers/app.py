@@ -1,0 +1,63 @@
+"""The Celery app of the workers.
+
+A GPU worker consumes its pool's queue, one job at a time, and holds no second message:
+
+    celery -A workers.app:app worker -Q <pool> --pool solo --concurrency 1 --prefetch-multiplier 1
+
+Celery beat (`celery -A workers.app:app beat`) sends `workers.reconcile` every 20 s to the
+control queue, which every worker also consumes: an idle worker runs it. When every worker may
+be busy with a long job, run a small worker for it alone, with beat embedded:
+
+    celery -A workers.app:app worker -Q torchyard.control --pool solo -B
+
+(`python -m workers worker --pool <pool>` and `python -m workers control` are the same.)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, signals
+
+from core.queue import RECONCILE_TASK, celery_config
+from core.settings import Settings, get_settings
+
+CONTROL_QUEUE = "torchyard.control"
+RECONCILE_INTERVAL_S = 20.0
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("torchyard", include=["workers.tasks"])
+    app.conf.update(celery_config(settings))
+    app.conf.task_routes = {RECONCILE_TASK: {"queue": CONTROL_QUEUE}}
+    app.conf.beat_schedule = {
+        "reconcile": {
+            "task": RECONCILE_TASK,
+            "schedule": RECONCILE_INTERVAL_S,
+            # A reconcile nobody ran in time is superseded by the next one.
+            "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_INTERVAL_S},
+        }
+    }
+    return app
+
+
+@signals.worker_init.connect
+def _log_to_stderr(**_: Any) -> None:
+    """Celery leaves the root logger alone (`worker_hijack_root_logger=False`): give ours one."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+        )
+
+
+@signals.worker_ready.connect
+def _consume_control_queue(sender: Any, **_: Any) -> None:
+    """Every worker also takes the reconciler's messages (`-Q` names only the pool)."""
+    if CONTROL_QUEUE not in sender.app.amqp.queues.consume_from:
+        sender.add_task_queue(CONTROL_QUEUE)
+
+
+app = create_app()

@@ -1,0 +1,298 @@
+"""Store what one attempt's trainer reports: events.jsonl and the per-rank logs.
+
+One `RunIngest.flush` reads everything new (complete lines, by byte offset), writes it in one
+short transaction through the keyed upserts of `core.ingest`, and only then moves the offsets:
+a failed write is simply read again at the next flush.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core import ingest as store
+from core import jobs
+from core.errors import Conflict
+from core.jobs import ACTIVE_STATES
+from core.models import Job, JobState
+from workers import observability
+from workers.launcher import LAUNCHER_RANK, RunPaths
+from workers.tail import FileTail
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_CHARS = 16_384
+
+
+class JobLost(Exception):
+    """The job is no longer this attempt's: reaped, re-claimed, or ended by someone else."""
+
+
+@dataclass
+class Reported:
+    """What the trainer has said so far (only what is stored in the DB)."""
+
+    running: bool = False
+    completed: dict[str, Any] | None = None
+    stopped: bool = False
+    errors: list[str] = field(default_factory=list)
+    num_events: int = 0
+    num_log_lines: int = 0
+
+
+@dataclass
+class _Batch:
+    metrics: list[store.Metric] = field(default_factory=list)
+    logs: list[store.Log] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RunIngest:
+    """Tails the files of attempt `attempt` of job `job_id` into the database."""
+
+    def __init__(self, *, paths: RunPaths, job_id: int, attempt: int) -> None:
+        self.paths = paths
+        self.job_id = job_id
+        self.attempt = attempt
+        self.events = FileTail(paths.events)
+        self.logs: dict[tuple[int, str], FileTail] = {
+            (LAUNCHER_RANK, s): FileTail(paths.launcher_log(s)) for s in ("stdout", "stderr")
+        }
+        self.reported = Reported()
+        observability.start_exporter()  # once per process; only with the port set
+
+    def flush(self, session_factory: Callable[[], Session], *, final: bool = False) -> str:
+        """Store everything new; returns the job's state. Raises JobLost, or DB errors.
+
+        `final`: the trainer has exited, so a last line without a newline counts too.
+        """
+        started = time.perf_counter()
+        for key, path in self.paths.rank_logs().items():
+            self.logs.setdefault(key, FileTail(path))
+        event_chunk = self.events.read(final=final)  # a torn last line is then skipped
+        log_chunks = {key: tail.read(final=final) for key, tail in self.logs.items()}
+        batch = _Batch()
+        for offset, raw in event_chunk.lines:
+            self._parse_event(offset, raw, batch)
+        for (rank, stream), chunk in log_chunks.items():
+            batch.logs += [
+                store.Log(rank=rank, stream=stream, offset=offset, line=_text(raw))
+                for offset, raw in chunk.lines
+            ]
+        with session_factory() as session:
+            state = self._write(session, batch)
+            session.commit()
+        observability.flushed(
+            points=len(batch.metrics),
+            log_lines=len(batch.logs),
+            events=len(batch.events),
+            times=(m.time for m in batch.metrics),
+            started=started,
+        )
+        self.events.advance(event_chunk)
+        for key, chunk in log_chunks.items():
+            self.logs[key].advance(chunk)
+        self._remember(batch)
+        return state
+
+    def stored_bytes(self) -> int:
+        """How far the reading has got in all files together."""
+        return sum(t.offset for t in (self.events, *self.logs.values()))
+
+    def pending(self) -> bool:
+        """Whether a file has bytes not stored yet (after a flush: more than one batch)."""
+        tails: list[FileTail] = [self.events, *self.logs.values()]
+        return any(_size(t) > t.offset for t in tails)
+
+    def _parse_event(self, offset: int, raw: bytes, batch: _Batch) -> None:
+        try:
+            event = _clean(json.loads(raw))
+            kind = event["type"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("job %s: skipping bad events.jsonl line at byte %d", self.job_id, offset)
+            return
+        if kind == "metric":
+            step, when = int(event["step"]), float(event.get("time", 0.0))
+            for name, value in (event.get("values") or {}).items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    batch.metrics.append(store.Metric(str(name), step, float(value), when))
+        else:
+            batch.events.append(event)
+
+    def _write(self, session: Session, batch: _Batch) -> str:
+        job = session.execute(
+            select(Job).where(Job.id == self.job_id).execution_options(populate_existing=True)
+        ).scalar_one_or_none()
+        if job is None or job.attempt != self.attempt or job.state not in ACTIVE_STATES:
+            raise JobLost(
+                f"job {self.job_id} is {job.state if job else 'gone'} at attempt "
+                f"{job.attempt if job else '?'}; this worker ran attempt {self.attempt}"
+            )
+        store.metrics(
+            session=session, job_id=self.job_id, attempt=self.attempt, points=batch.metrics
+        )
+        store.logs(session=session, job_id=self.job_id, attempt=self.attempt, lines=batch.logs)
+        state = job.state
+        for event in batch.events:
+            state = self._write_event(session, job, state, event)
+        return state
+
+    def _write_event(self, session: Session, job: Job, state: str, event: dict[str, Any]) -> str:
+        kind = event.get("type")
+        if kind == "checkpoint":
+            step, uri = int(event["step"]), str(event["uri"])
+            size = int(event.get("size_bytes") or 0)
+            if store.checkpoint(
+                session=session,
+                job_id=job.id,
+                attempt=self.attempt,
+                step=step,
+                uri=uri,
+                size_bytes=size,
+            ):
+                data = {"step": step, "uri": uri, "size_bytes": size}
+                self._add(session, job, "checkpoint", f"checkpoint at step {step}", data)
+        elif kind == "checkpoint_deleted":
+            step = int(event["step"])
+            if store.checkpoint_deleted(session=session, job_id=job.id, step=step):
+                data = {"step": step, "uri": str(event.get("uri", ""))}
+                self._add(session, job, "info", f"checkpoint at step {step} deleted", data)
+        elif kind == "sample":
+            data = {k: event.get(k) for k in ("step", "prompt", "text")}
+            self._add(session, job, "sample", f"sample at step {event.get('step')}", data)
+        elif kind == "error":
+            data = {"traceback": event.get("traceback")}
+            self._add(session, job, "error", str(event.get("message", "")), data)
+        elif kind == "status":
+            return self._write_status(session, job, state, event)
+        else:
+            log.warning("job %s: unknown event type %r", job.id, kind)
+        return state
+
+    def _write_status(self, session: Session, job: Job, state: str, event: dict[str, Any]) -> str:
+        trainer_state = str(event.get("state"))
+        data = event.get("data") or {}
+        message = str(event.get("message") or f"trainer {trainer_state}")
+        if trainer_state == "running" and state == JobState.STARTING:
+            try:
+                jobs.transition(
+                    session=session,
+                    job_id=job.id,
+                    to=JobState.RUNNING,
+                    from_states=[JobState.STARTING],
+                    message=message,
+                    data=data,
+                )
+                return JobState.RUNNING
+            except Conflict:  # cancel won the race: keep the report as an info event
+                pass
+        self._add(session, job, "info", message, {"trainer_state": trainer_state, **data})
+        return state
+
+    def _add(self, session: Session, job: Job, kind: str, message: str, data: Any) -> None:
+        jobs.add_event(
+            session=session, job=job, kind=kind, message=message, data=data, attempt=self.attempt
+        )
+
+    def _remember(self, batch: _Batch) -> None:
+        r = self.reported
+        r.num_log_lines += len(batch.logs)
+        r.num_events += len(batch.events)
+        for event in batch.events:
+            if event.get("type") == "status":
+                r.running |= event.get("state") == "running"
+                r.stopped |= event.get("state") == "stopped"
+                if event.get("state") == "completed":
+                    r.completed = dict(event.get("data") or {})
+            elif event.get("type") == "error":
+                r.errors.append(str(event.get("message", "")))
+
+
+def _text(raw: bytes) -> str:
+    """A storable line: valid UTF-8, no NUL (Postgres text refuses it), bounded length."""
+    text = raw.decode("utf-8", "replace").replace("\x00", "\ufffd")
+    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + " [truncated]"
+
+
+def _clean(value: Any) -> Any:
+    """JSON the database takes: no NUL in strings (Postgres refuses `\\u0000`), no NaN/inf
+    (JSONB has none; a non-finite metric becomes null and is skipped)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _size(tail: FileTail) -> int:
+    try:
+        return tail.path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def stderr_tail(paths: RunPaths, num_lines: int = 20) -> tuple[int, list[str]] | None:
+    """(rank, last lines) of the stderr that best explains a failure, or None if all are empty.
+
+    Prefers the lowest rank whose stderr holds a traceback, then any rank with output, then
+    torchrun's own stderr (rank -1).
+    """
+    candidates: list[tuple[int, list[str]]] = []
+    for (rank, stream), path in sorted(paths.rank_logs().items()):
+        if stream == "stderr":
+            candidates.append((rank, _last_lines(path, num_lines)))
+    launcher = (LAUNCHER_RANK, _last_lines(paths.launcher_log("stderr"), num_lines))
+    for rank, lines in candidates:
+        if any("Traceback" in line or "Error" in line for line in lines):
+            return rank, lines
+    for rank, lines in [*candidates, launcher]:
+        if lines:
+            return rank, lines
+    return None
+
+
+def _last_lines(path: Any, num_lines: int, max_bytes: int = 64 * 1024) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    lines = [_text(x) for x in data.splitlines() if x.strip()]
+    return lines[-num_lines:]
+
+
+_ROOT_CAUSE_EXIT = re.compile(
+    rb"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", re.S
+)
+
+
+def rank_exit_code(paths: RunPaths) -> int | None:
+    """The exit code of the rank that failed first, from torchrun's failure report.
+
+    torchrun itself exits 1 whatever its ranks did; the trainer's own code (2: invalid input,
+    never retried) is in the "Root Cause" block it prints to its stderr.
+    """
+    try:
+        with open(paths.launcher_log("stderr"), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            match = _ROOT_CAUSE_EXIT.search(f.read())
+    except FileNotFoundError:
+        return None
+    return int(match[1]) if match else None

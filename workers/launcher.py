@@ -1,0 +1,196 @@
+"""Build and start the one `torchrun` command of an attempt (after Determined's launcher).
+
+The argv and the environment are pure functions of their inputs, unit-tested exactly. The
+process starts in a new session (its own process group, pgid == pid), so cancel and shutdown
+can signal torchrun and every rank at once with `os.killpg`.
+
+Per-rank output: torchrun's `--log-dir LOG_DIR --redirects 3` writes each local rank's stdout
+and stderr to `LOG_DIR/<rdzv_id>_<random>/attempt_<restart>/<local_rank>/{stdout,stderr}.log`
+(torch's `DefaultLogsSpecs`; `--max-restarts 0` makes `attempt_0` the only one). torchrun's
+own output (rank -1) goes to `RUN_DIR/launcher.{stdout,stderr}.log`. The worker tails all of
+them by byte offset (`workers.tail`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TRAINER_MODULE = "trainer"
+# The worker's own TORCHYARD_* variables (database and broker URLs with their passwords, ...)
+# never reach user code; only these are passed through (fault injection for tests).
+PASSTHROUGH_VARS = frozenset({"TORCHYARD_FAIL_AT_STEP"})
+LOG_REDIRECTS = "3"  # stdout and stderr of every local rank into files under --log-dir
+LAUNCHER_RANK = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RunPaths:
+    """Where one attempt's files live. `run_dir` is local to the worker host."""
+
+    run_dir: Path
+    checkpoint_dir: str
+    data: str
+
+    @property
+    def spec(self) -> Path:
+        return self.run_dir / "spec.json"
+
+    @property
+    def events(self) -> Path:
+        return self.run_dir / "events.jsonl"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def launcher_log(self, stream: str) -> Path:
+        """torchrun's own `stream` ("stdout" | "stderr"), stored as rank -1."""
+        return self.run_dir / f"launcher.{stream}.log"
+
+    def rank_logs(self) -> dict[tuple[int, str], Path]:
+        """{(local_rank, stream): path} of the per-rank files torchrun has created so far."""
+        found: dict[tuple[int, str], Path] = {}
+        for path in sorted(self.log_dir.glob("*/attempt_0/*/std*.log")):
+            rank, stream = path.parent.name, path.name.removesuffix(".log")
+            if rank.isdigit() and stream in ("stdout", "stderr"):
+                found[(int(rank), stream)] = path
+        return found
+
+
+def rdzv_id(job_id: int, attempt: int) -> str:
+    return f"job{job_id}-a{attempt}"
+
+
+def torchrun_argv(
+    *,
+    job_id: int,
+    attempt: int,
+    nproc_per_node: int,
+    rdzv_port: int,
+    paths: RunPaths,
+    python: str = sys.executable,
+) -> list[str]:
+    """The exact command that runs the trainer for one attempt on one node.
+
+    `--max-restarts 0`: restarts are the platform's (a new attempt, resumed from the latest
+    checkpoint), not torchrun's in-place ones.
+    """
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{rdzv_port}",
+        "--rdzv-id",
+        rdzv_id(job_id, attempt),
+        "--max-restarts",
+        "0",
+        "--log-dir",
+        str(paths.log_dir),
+        "--redirects",
+        LOG_REDIRECTS,
+        "-m",
+        TRAINER_MODULE,
+        "--spec",
+        str(paths.spec),
+        "--run-dir",
+        str(paths.run_dir),
+        "--checkpoint-dir",
+        paths.checkpoint_dir,
+        "--data",
+        paths.data,
+    ]
+
+
+def trainer_env(
+    *,
+    base: Mapping[str, str],
+    attempt: int,
+    nproc_per_node: int,
+    device: str,
+    cpu_count: int | None,
+) -> dict[str, str]:
+    """The child environment: `base` without the worker's secrets, plus the trainer's knobs.
+
+    On CPU every rank gets `cpu_count // nproc_per_node` OpenMP threads (at least 1): torchrun
+    leaves one process unthrottled and oversubscribes several (TORCH_NOTES.md). An
+    `OMP_NUM_THREADS` in the worker's own environment caps that (a host shared by several
+    worker slots gives each its part).
+    `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every rendezvous a fresh store (pytorch#135712).
+    """
+    env = {k: v for k, v in base.items() if not k.startswith("TORCHYARD_") or k in PASSTHROUGH_VARS}
+    env["TORCHYARD_ATTEMPT"] = str(attempt)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        threads = max(1, (cpu_count or 1) // nproc_per_node)
+        cap = base.get("OMP_NUM_THREADS", "")
+        if cap.isdigit() and int(cap) > 0:
+            threads = min(threads, int(cap))
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on `host` (the rendezvous store binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(argv: list[str], env: Mapping[str, str], paths: RunPaths) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session (own process group) with its output in the run dir.
+
+    On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
+    and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
+    """
+    paths.log_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        open(paths.launcher_log("stdout"), "ab") as out,
+        open(paths.launcher_log("stderr"), "ab") as err,
+    ):
+        return subprocess.Popen(
+            argv,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if _prctl is not None else None,
+        )
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the process group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    return signal_group(pgid, 0)

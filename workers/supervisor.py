@@ -1,0 +1,206 @@
+"""Watch one launched attempt until torchrun exits: ingest, heartbeat, cancel, shutdown.
+
+The loop never lets a database error reach the trainer: a failed flush or heartbeat is logged
+and tried again at the next tick (the files are the buffer). Whatever ends the loop, even an
+exception, the trainer's process group is signalled and reaped before `run` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from core.jobs import ACTIVE_STATES
+from core.models import Job, JobState, utcnow
+from core.settings import Settings
+from workers import observability
+from workers.ingest import JobLost, Reported, RunIngest
+from workers.launcher import signal_group
+
+log = logging.getLogger(__name__)
+
+FINAL_DRAIN_RETRIES = 10
+MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shutdown
+
+
+class Stop(enum.StrEnum):
+    """Why the worker stopped the trainer (None when it ended by itself)."""
+
+    CANCEL = "cancel"
+    PAUSE = "pause"
+    MAX_RUNTIME = "max_runtime"
+    SHUTDOWN = "shutdown"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Exit:
+    returncode: int
+    stop: Stop | None
+    reported: Reported
+    drained: bool
+    runtime_s: float = 0.0  # seconds the trainer trained (since its `running` report)
+
+
+class Supervisor:
+    """Supervises `proc` (a torchrun started in its own process group) for one attempt."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        session_factory: Callable[[], Session],
+        proc: subprocess.Popen[bytes],
+        ingest: RunIngest,
+        shutdown: threading.Event,
+        runtime_budget_s: float | None = None,
+    ) -> None:
+        """`runtime_budget_s`: seconds this attempt may train (from the trainer's `running`
+        report) before `limits.max_runtime_s` is reached (the limit minus what earlier attempts
+        trained); None for no limit."""
+        self.settings = settings
+        self.session_factory = session_factory
+        self.proc = proc
+        self.pgid = proc.pid
+        self.ingest = ingest
+        self.shutdown = shutdown
+        self.stop: Stop | None = None
+        self._kill_at: float | None = None
+        self.runtime_budget_s = runtime_budget_s
+        self.training_since: float | None = None  # when the trainer reported `running`
+        self.deadline: float | None = None
+
+    def run(self) -> Exit:
+        try:
+            self._watch()
+        finally:
+            if self.proc.poll() is None:  # an exception (e.g. hard worker shutdown) got here
+                self._terminate(wait=True)
+            # Ranks that outlived torchrun would be orphans: the group goes with it.
+            signal_group(self.pgid, signal.SIGKILL)
+        returncode = self.proc.wait()
+        runtime_s = 0.0 if self.training_since is None else time.monotonic() - self.training_since
+        drained = self.stop is Stop.LOST or self._final_drain()
+        return Exit(returncode, self.stop, self.ingest.reported, drained, runtime_s)
+
+    def _watch(self) -> int:
+        s = self.settings
+        next_flush = next_beat = time.monotonic()
+        while (returncode := self.proc.poll()) is None:
+            now = time.monotonic()
+            if now >= next_flush and self.stop is not Stop.LOST:
+                self._observe(self._flush())
+                next_flush = now + s.ingest_interval_s
+            if now >= next_beat and self.stop is not Stop.LOST:
+                self._observe(self._heartbeat())
+                next_beat = now + s.heartbeat_interval_s
+            if self.shutdown.is_set() and self.stop is None:
+                self._begin_stop(Stop.SHUTDOWN)
+            if self.training_since is None and self.ingest.reported.running:
+                self.training_since = now  # setup (imports, rendezvous, loading) is not counted
+                if self.runtime_budget_s is not None:
+                    self.deadline = now + self.runtime_budget_s
+            if self.deadline is not None and now >= self.deadline and self.stop is None:
+                log.info("job %s: limits.max_runtime_s reached", self.ingest.job_id)
+                self._begin_stop(Stop.MAX_RUNTIME)
+            if self._kill_at is not None and now >= self._kill_at:
+                log.warning("job %s: trainer ignored SIGTERM; SIGKILL", self.ingest.job_id)
+                signal_group(self.pgid, signal.SIGKILL)
+                self._kill_at = None
+            wake = min(
+                next_flush, next_beat, self._kill_at or next_beat, self.deadline or next_beat
+            )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=max(0.01, min(MAX_WAIT_S, wake - time.monotonic())))
+        return returncode
+
+    def _observe(self, state: str | None) -> None:
+        if state == JobState.CANCELLING and self.stop is None:
+            self._begin_stop(Stop.CANCEL)
+        elif state == JobState.PAUSING and self.stop is None:
+            self._begin_stop(Stop.PAUSE)
+
+    def _flush(self) -> str | None:
+        try:
+            return self.ingest.flush(self.session_factory)
+        except JobLost as exc:
+            log.error("%s: stopping the trainer", exc)
+            self._begin_stop(Stop.LOST)
+        except Exception:  # a DB outage or a bug here must not cost the training run
+            log.exception("job %s: ingest failed; retrying next tick", self.ingest.job_id)
+        return None
+
+    def _heartbeat(self) -> str | None:
+        """Record that this attempt is alive; returns the job's state (None on DB error)."""
+        job_id, attempt = self.ingest.job_id, self.ingest.attempt
+        try:
+            with self.session_factory() as session:
+                state = session.execute(
+                    update(Job)
+                    .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+                    .values(heartbeat_at=utcnow())
+                    .returning(Job.state)
+                    .execution_options(synchronize_session=False)
+                ).scalar_one_or_none()
+                session.commit()
+        except Exception:
+            log.exception("job %s: heartbeat failed; retrying next tick", job_id)
+            observability.heartbeat(ok=False)
+            return None
+        observability.heartbeat(ok=state is not None)
+        if state is None:
+            log.error("job %s attempt %s is no longer ours: stopping the trainer", job_id, attempt)
+            self._begin_stop(Stop.LOST)
+        return state
+
+    def _begin_stop(self, why: Stop) -> None:
+        if self.stop is None or why is Stop.LOST:
+            log.info("job %s: stopping the trainer (%s)", self.ingest.job_id, why)
+            self.stop = why
+            if why is Stop.LOST:
+                # Fenced out: another attempt may own the job's checkpoint dir by now, so this
+                # trainer must not write a stop checkpoint into it (SIGTERM would).
+                signal_group(self.pgid, signal.SIGKILL)
+            else:
+                self._terminate(wait=False)
+
+    def _terminate(self, *, wait: bool) -> None:
+        """SIGTERM the group (the trainer checkpoints and stops); SIGKILL after the grace."""
+        if self._kill_at is None:
+            signal_group(self.pgid, signal.SIGTERM)
+            self._kill_at = time.monotonic() + self.settings.cancel_grace_s
+        if wait:
+            try:
+                self.proc.wait(timeout=max(0.0, self._kill_at - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                signal_group(self.pgid, signal.SIGKILL)
+                self.proc.wait()
+
+    def _final_drain(self) -> bool:
+        """Store everything the trainer wrote, retrying DB errors with backoff."""
+        delay = 0.2
+        for _ in range(FINAL_DRAIN_RETRIES):
+            try:
+                while True:
+                    before = self.ingest.stored_bytes()
+                    self.ingest.flush(self.session_factory, final=True)
+                    if not self.ingest.pending() or self.ingest.stored_bytes() == before:
+                        return True
+            except JobLost as exc:
+                log.error("%s: final output not stored", exc)
+                return False
+            except Exception:
+                log.exception("job %s: final ingest failed; retrying", self.ingest.job_id)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        return False

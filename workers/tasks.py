@@ -1,0 +1,69 @@
+"""The worker's tasks: thin, named, taking ids. The work lives in `runner` and `reconcile`."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+from typing import Any
+
+from celery import signals
+from sqlalchemy.exc import OperationalError
+
+from core.db import get_engine, session_factory
+from core.queue import RECONCILE_TASK, RUN_JOB_TASK
+from core.settings import get_settings
+from workers import reconcile as reconciler
+from workers import runner
+from workers.app import app
+
+# Set when this worker starts a warm or cold shutdown: a running job is stopped (the trainer
+# checkpoints) and handed back to the queue instead of being orphaned or waited for.
+shutting_down = threading.Event()
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    shutting_down.set()
+
+
+def dispatch(job_id: int, queue: str) -> None:
+    """Send `workers.run_job(job_id)` to the pool's queue."""
+    app.send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
+
+
+@app.task(
+    name=RUN_JOB_TASK,
+    bind=True,
+    acks_late=True,
+    # Only the claim and the final write reach the DB outside the supervise loop; both are
+    # safe to repeat (a repeated claim loses, a repeated end finds the attempt over).
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def run_job(self: Any, job_id: int) -> str:
+    """Run the job if it is still queued (assert the world: the claim re-reads the row)."""
+    settings = get_settings()
+    worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
+    return runner.run_job(
+        job_id,
+        settings=settings,
+        factory=session_factory(get_engine(settings)),
+        worker=worker,
+        dispatch=dispatch,
+        shutdown=shutting_down,
+    )
+
+
+@app.task(name=RECONCILE_TASK)
+def reconcile() -> dict[str, list[int]]:
+    """Reap jobs whose worker is gone and re-send queued jobs nobody claimed."""
+    settings = get_settings()
+    report = reconciler.reconcile(
+        settings=settings,
+        session_factory=session_factory(get_engine(settings)),
+        dispatch=dispatch,
+        redispatch_after_s=settings.heartbeat_timeout_s,
+    )
+    return dataclasses.asdict(report)
