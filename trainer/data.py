@@ -156,13 +156,16 @@ def get_batch(chunks: Tensor, indices: np.ndarray, device: torch.device) -> tupl
     return batch[:, :-1], batch[:, 1:]
 
 
-def unigram_cross_entropy(train: Tensor, eval_tokens: Tensor) -> float:
-    """Cross-entropy in nats/token of `eval_tokens` under the byte frequencies of `train`.
+def unigram_cross_entropy(
+    train: Tensor, eval_tokens: Tensor, vocab_size: int = VOCAB_SIZE
+) -> float:
+    """Cross-entropy in nats/token of `eval_tokens` under the token frequencies of `train`.
 
     The baseline a model must beat to have learned more than byte frequencies. Counts get
-    add-one (Laplace) smoothing so a byte unseen in training costs log(N + 256), not inf.
+    add-one (Laplace) smoothing so a token unseen in training costs log(N + vocab_size), not
+    inf. Token ids must be below `vocab_size` (256 for bytes).
     """
-    counts = torch.bincount(train.long(), minlength=VOCAB_SIZE).double() + 1.0
+    counts = torch.bincount(train.long(), minlength=vocab_size).double() + 1.0
     log_p = torch.log(counts / counts.sum())
-    eval_counts = torch.bincount(eval_tokens.long(), minlength=VOCAB_SIZE).double()
+    eval_counts = torch.bincount(eval_tokens.long(), minlength=vocab_size).double()
     return float(-(eval_counts * log_p).sum() / eval_counts.sum())

@@ -47,6 +47,11 @@ class Reporter:
         """A complete checkpoint removed by retention (`checkpoint.keep_last`)."""
         self.emit("checkpoint_deleted", step=step, uri=uri)
 
+    def export(self, step: int, format: str, uri: str, size_bytes: int) -> None:
+        """An exported model of optimizer step `step`, complete at `uri` (a directory):
+        `format` `peft_adapter` or `merged_safetensors` (LoRA runs)."""
+        self.emit("export", step=step, format=format, uri=uri, size_bytes=size_bytes)
+
     def sample(self, step: int, prompt: str, text: str) -> None:
         self.emit("sample", step=step, prompt=prompt, text=text)
 

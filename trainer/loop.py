@@ -36,7 +36,9 @@ from trainer.data import decode, encode, get_batch
 from trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt
-from trainer.model import GPT, generate
+from trainer.finetune import Network
+from trainer.lora_export import export_lora
+from trainer.model import VOCAB_SIZE, generate
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
 from trainer.sampler import GlobalBatchSampler
@@ -66,7 +68,7 @@ class Run:
 
     spec: JobSpec
     dist: DistInfo
-    model: GPT  # the module (FSDP/TP-sharded or pipeline-pruned): eval, sampling, params
+    model: nn.Module  # GPT or HFCausalLM (FSDP/TP-sharded or pipeline-pruned): eval, sampling
     parallel_model: nn.Module  # what a training forward calls: DDP(model) or model
     dims: ParallelDims
     pipeline: PipelineRunner | None  # strategy pipeline: runs forward/backward
@@ -82,6 +84,7 @@ class Run:
     reporter: Reporter
     state: TrainState
     stop: StopSignal = field(default_factory=StopSignal)
+    network: Network | None = None  # how the model was built: tokenizer, LoRA (export)
 
     @property
     def loss_share(self) -> float:
@@ -197,12 +200,26 @@ def evaluate(run: Run) -> float:
 
 
 def sample_text(run: Run) -> str:
-    """A continuation of `spec.sample.prompt` from a generator seeded with the job seed."""
+    """A continuation of `spec.sample.prompt` from a generator seeded with the job seed, in
+    bytes or through the model's tokenizer."""
     sample = run.spec.sample
-    prompt_ids = torch.tensor(encode(sample.prompt) or encode("\n"), dtype=torch.long)
+    tokenizer = run.network.tokenizer if run.network is not None else None
+    if tokenizer is not None:
+        prompt = tokenizer.encode(sample.prompt, add_special_tokens=False)
+        prompt = prompt or tokenizer.encode("\n", add_special_tokens=False)
+    else:
+        prompt = encode(sample.prompt) or encode("\n")
+    prompt_ids = torch.tensor(prompt, dtype=torch.long)
     generator = torch.Generator(device=run.dist.device).manual_seed(run.spec.seed)
-    ids = generate(run.model, prompt_ids, sample.max_new_tokens, sample.temperature, generator)
-    return decode(ids)
+    ids = generate(
+        run.model,
+        prompt_ids,
+        sample.max_new_tokens,
+        sample.temperature,
+        generator,
+        vocab_size=run.network.vocab_size if run.network is not None else VOCAB_SIZE,
+    )
+    return tokenizer.decode(ids.tolist()) if tokenizer is not None else decode(ids)
 
 
 def train_loop(run: Run) -> None:
@@ -263,6 +280,15 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
         eval_loss = _report_eval(run)
     run.checkpointer.save(run.state.step, force=True)
     run.checkpointer.close()
+    if run.network is not None:  # LoRA: adapter + merged weights (collective under FSDP)
+        export_lora(
+            run.network,
+            run.spec,
+            root=run.checkpointer.root,
+            step=run.state.step,
+            dist_info=run.dist,
+            reporter=run.reporter,
+        )
     # Sharded forwards need every rank (same seed: same tokens); a pipeline does not sample.
     if run.pipeline is None and (run.dims.collective_forward or run.dist.rank == 0):
         text = sample_text(run)

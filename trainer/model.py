@@ -177,27 +177,30 @@ def build_model(cfg: GPTConfig, *, device: torch.device, seed: int) -> GPT:
 
 @torch.no_grad()
 def generate(
-    model: GPT,
+    model: nn.Module,
     prompt_ids: Tensor,
     max_new_tokens: int,
     temperature: float,
     generator: torch.Generator,
+    *,
+    vocab_size: int | None = None,
 ) -> Tensor:
     """Sample a continuation of `prompt_ids` (T0,) int64, T0 >= 1; returns (max_new_tokens,).
 
     Ancestral sampling from softmax(logits / temperature), the context cropped to the last
-    `seq_len` tokens. `generator` must live on the model's device. Raises `ValueError` for an
-    empty prompt.
+    `model.cfg.seq_len` tokens; with `vocab_size`, only among ids below it (a model whose
+    vocabulary is larger than the data's). `generator` must live on the model's device.
+    Raises `ValueError` for an empty prompt.
     """
     if prompt_ids.numel() == 0:
         raise ValueError("generate needs a prompt of at least one token")
     was_training = model.training
     model.eval()
-    device = model.wte.weight.device
+    device = next(model.parameters()).device
     ids = prompt_ids.to(device=device, dtype=torch.long).view(1, -1)
     start = ids.shape[1]
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -model.cfg.seq_len :])[:, -1, :].float()
+        logits = model(ids[:, -model.cfg.seq_len :])[:, -1, :vocab_size].float()
         probs = torch.softmax(logits / temperature, dim=-1)
         next_id = torch.multinomial(probs, num_samples=1, generator=generator)
         ids = torch.cat([ids, next_id], dim=1)

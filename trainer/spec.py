@@ -33,13 +33,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
 
-class ModelSpec(_Strict):
-    """The network to train: a GPT-style decoder-only transformer over bytes."""
+class HFModelSpec(_Strict):
+    """A Hugging Face `transformers` causal LM; read when `model.kind` is `hf`. Exactly one of
+    `path_or_id` or `from_config`."""
 
-    kind: Literal["gpt"] = Field(
+    path_or_id: str | None = Field(
+        default=None,
+        description="A local directory written by `save_pretrained`, or a hub model id "
+        "(`AutoModelForCausalLM.from_pretrained`; the workers need the files or hub access).",
+    )
+    from_config: dict[str, Any] | None = Field(
+        default=None,
+        description='A config dict with `model_type` (e.g. `{"model_type": "llama", '
+        '"num_hidden_layers": 2, ...}`): the model is built from it '
+        "(`AutoConfig.for_model` + `AutoModelForCausalLM.from_config`) with random weights "
+        "drawn from the job seed. Its `vocab_size` must be at least 256 (byte-level data).",
+    )
+    revision: str | None = Field(
+        default=None, description="Hub revision (branch, tag or commit) for `path_or_id`."
+    )
+    tokenizer: Literal["auto", "bytes"] = Field(
+        default="auto",
+        description="`auto`: the model's own tokenizer (`AutoTokenizer`) when `path_or_id` has "
+        "one, else bytes. `bytes`: token id = byte value (the model's vocabulary >= 256).",
+    )
+
+
+class ModelSpec(_Strict):
+    """The network to train: the built-in GPT-style decoder over bytes, or a Hugging Face
+    causal LM (`kind: hf`)."""
+
+    kind: Literal["gpt", "hf"] = Field(
         default="gpt",
         description="Model family. `gpt`: built-in causal decoder (pre-norm, GELU MLP, "
-        "`F.scaled_dot_product_attention`), byte-level vocabulary of 256.",
+        "`F.scaled_dot_product_attention`), byte-level vocabulary of 256. `hf`: a "
+        "`transformers` causal LM described by `model.hf` (n_layers, n_heads, d_model, d_ff "
+        "and dropout are then ignored; `seq_len` is the training context).",
+    )
+    hf: HFModelSpec | None = Field(
+        default=None, description="The Hugging Face model; required when `kind` is `hf`."
     )
     n_layers: int = Field(default=4, ge=1, le=256, description="Number of transformer blocks.")
     n_heads: int = Field(default=4, ge=1, le=256, description="Attention heads per block.")
@@ -177,6 +209,55 @@ class ParallelismSpec(_Strict):
         return max(1, world_size // self.tp_size(world_size))
 
 
+# Linear layers of each block of the built-in GPT (`trainer.model.Block`), by module path.
+GPT_LINEAR_MODULES = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc", "mlp.proj")
+# Modules of the built-in GPT that `lora.modules_to_save` may name (trained in full).
+GPT_SAVABLE_MODULES = ("wpe", "ln_f", "ln_1", "ln_2")
+
+
+class LoRASpec(_Strict):
+    """Low-rank adapters (Hu et al. 2021) through `peft` (`LoraConfig`, `get_peft_model`),
+    applied before sharding; only the adapters (and `modules_to_save`) train."""
+
+    r: int = Field(default=8, ge=1, le=4096, description="Rank of each adapter (B A).")
+    alpha: float = Field(
+        default=16.0, gt=0.0, description="Scaling: the update is (alpha / r) B A x."
+    )
+    dropout: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input."
+    )
+    target_modules: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Module names (or dotted suffixes of their paths) that get adapters. "
+        "`gpt`: among `wq wk wv wo fc proj` (or `attn.wq`, ..., `blocks.0.attn.wq`); "
+        "null: all six. `hf`: the model's own names (e.g. `q_proj`, `c_attn`); null: every "
+        "linear layer but the output head (peft's `all-linear`, as in QLoRA).",
+    )
+    modules_to_save: list[str] = Field(
+        default=[],
+        description="Modules trained in full next to the adapters and saved with them "
+        "(`gpt`: among `wpe ln_f ln_1 ln_2`).",
+    )
+
+
+class QLoRASpec(_Strict):
+    """QLoRA (Dettmers et al. 2023): the frozen base weights of the linear layers quantized to
+    4 bits with `bitsandbytes`, LoRA adapters (`lora`, or its defaults) trained on top."""
+
+    quant_type: Literal["nf4", "fp4"] = Field(
+        default="nf4", description="4-bit data type: `nf4` (NormalFloat, the paper's) or `fp4`."
+    )
+    double_quant: bool = Field(
+        default=True, description="Quantize the quantization constants too (double quant)."
+    )
+    compute_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        default="bf16",
+        description="dtype the 4-bit weights are dequantized to for each matmul "
+        "(`bnb_4bit_compute_dtype`).",
+    )
+
+
 class OptimSpec(_Strict):
     """AdamW with linear warmup and a decay schedule (Loshchilov & Hutter 2019)."""
 
@@ -302,6 +383,14 @@ class JobSpec(_Strict):
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for init, data and RNG.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="The network.")
+    lora: LoRASpec | None = Field(
+        default=None, description="Train LoRA adapters instead of the whole model."
+    )
+    qlora: QLoRASpec | None = Field(
+        default=None,
+        description="Quantize the frozen base to 4 bits and train LoRA adapters on it "
+        "(`lora`'s settings, or its defaults when `lora` is null).",
+    )
     data: DataSpec = Field(description="The training text.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Distribution strategy."
@@ -392,6 +481,8 @@ def _cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
             )
         )
     errors += _parallelism_errors(spec)
+    errors += _model_source_errors(spec)
+    errors += _finetune_errors(spec)
     if spec.eval.interval_steps > spec.train.max_steps:
         errors.append(
             (
@@ -536,6 +627,92 @@ def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
                     f"1..{model.n_layers - 1}",
                 )
             )
+    return errors
+
+
+def _model_source_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """`model.kind` vs `model.hf`, and what a Hugging Face model can run with."""
+    model, par = spec.model, spec.parallelism
+    errors: list[tuple[tuple[str, ...], str]] = []
+    if model.kind == "gpt":
+        if model.hf is not None:
+            errors.append((("model", "hf"), "model.hf is read only with model.kind 'hf'"))
+        return errors
+    hf = model.hf
+    if hf is None:
+        return [(("model", "hf"), "model.kind 'hf' needs model.hf (path_or_id or from_config)")]
+    if (hf.path_or_id is None) == (hf.from_config is None):
+        errors.append((("model", "hf"), "give exactly one of `path_or_id` or `from_config`"))
+    if hf.from_config is not None and not isinstance(hf.from_config.get("model_type"), str):
+        errors.append((("model", "hf", "from_config"), "from_config needs a `model_type` string"))
+    if par.strategy in ("tensor", "pipeline") or par.tp_size(spec.world_size) > 1:
+        errors.append(
+            (
+                ("parallelism", "strategy"),
+                "Hugging Face models run with single, ddp or fsdp (without "
+                "tensor_parallel_size); tensor and pipeline plans exist for model.kind 'gpt'",
+            )
+        )
+    return errors
+
+
+def _finetune_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """LoRA / QLoRA against the strategy and (for the built-in GPT) the module names."""
+    lora, qlora, par = spec.lora, spec.qlora, spec.parallelism
+    errors: list[tuple[tuple[str, ...], str]] = []
+    if lora is None and qlora is None:
+        return errors
+    field = "qlora" if qlora is not None else "lora"
+    if par.strategy in ("tensor", "pipeline") or par.tp_size(spec.world_size) > 1:
+        errors.append(
+            (
+                (field,),
+                f"{field} runs with strategy single, ddp or fsdp (without "
+                f"tensor_parallel_size), not {par.strategy!r}",
+            )
+        )
+    if qlora is not None and par.strategy == "fsdp":
+        errors.append(
+            (
+                ("qlora",),
+                "qlora runs with strategy single or ddp: FSDP2 does not shard bitsandbytes "
+                "4-bit weights; use lora with fsdp, or qlora with ddp",
+            )
+        )
+    if lora is not None and spec.model.kind == "gpt":
+        errors += _gpt_lora_errors(lora, spec.model.n_layers)
+    return errors
+
+
+def _gpt_lora_errors(lora: LoRASpec, n_layers: int) -> list[tuple[tuple[str, ...], str]]:
+    """peft matches a target by its full module path or a dotted suffix of it."""
+
+    def matches(name: str, paths: list[str]) -> bool:
+        return any(p == name or p.endswith(f".{name}") for p in paths)
+
+    blocks = [f"blocks.{i}" for i in range(n_layers)]
+    linears = [f"{b}.{m}" for b in blocks for m in GPT_LINEAR_MODULES]
+    errors: list[tuple[tuple[str, ...], str]] = []
+    unknown = [t for t in lora.target_modules or [] if not matches(t, linears)]
+    if unknown:
+        errors.append(
+            (
+                ("lora", "target_modules"),
+                f"{unknown} name no linear layer of the built-in gpt; choose among "
+                f"{[m.split('.')[-1] for m in GPT_LINEAR_MODULES]} (or dotted paths such as "
+                f"'attn.wq', 'blocks.0.mlp.fc')",
+            )
+        )
+    savable = ["wpe", "ln_f", *(f"{b}.{m}" for b in blocks for m in ("ln_1", "ln_2"))]
+    bad_save = [m for m in lora.modules_to_save if not matches(m, savable)]
+    if bad_save:
+        errors.append(
+            (
+                ("lora", "modules_to_save"),
+                f"{bad_save} cannot be trained in full with gpt LoRA; choose among "
+                f"{list(GPT_SAVABLE_MODULES)}",
+            )
+        )
     return errors
 
 

@@ -26,13 +26,14 @@ from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.errors import InvalidJobError
 from trainer.events import EventWriter, NullReporter, Reporter
+from trainer.finetune import build_network, model_state
+from trainer.hf import data_vocab_size, encode_corpus, load_tokenizer
 from trainer.loop import Run, lm_loss, train_loop
-from trainer.model import GPTConfig, build_model
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
 from trainer.sampler import GlobalBatchSampler, eval_batches
 from trainer.spec import JobSpec
-from trainer.state import ModelOptimizerState, RNGState, TrainState
+from trainer.state import RNGState, TrainState
 
 log = logging.getLogger("trainer")
 
@@ -120,11 +121,13 @@ def run_job(
 
     Everything built here is local, so it is freed when this returns (before teardown).
     """
+    tokenizer = load_tokenizer(spec.model)  # None: bytes
+    corpus = encode_corpus(corpus, tokenizer)
     run = build_run(spec, corpus, checkpoint_dir, dist_info, reporter)
     run.stop.install()
     try:
         start_step = run.checkpointer.load_latest() or 0
-        unigram = unigram_cross_entropy(corpus.train, corpus.eval)
+        unigram = unigram_cross_entropy(corpus.train, corpus.eval, data_vocab_size(tokenizer))
         num_params = run.num_params
         reporter.status(
             "running",
@@ -132,13 +135,17 @@ def run_job(
             {
                 "world_size": dist_info.world_size,
                 "num_params": num_params,
+                "trainable_params": run.network.trainable_params,
                 "tokens_per_step": run.tokens_per_step,
                 "max_steps": spec.train.max_steps,
                 "start_step": start_step,
                 "unigram_eval_loss": unigram,
             },
         )
-        log.info("%d parameters, unigram eval loss %.4f", num_params, unigram)
+        log.info(
+            "%d parameters (%d trainable), unigram eval loss %.4f",
+            num_params, run.network.trainable_params, unigram,
+        )  # fmt: skip
         train_loop(run)
     finally:
         run.checkpointer.close()
@@ -147,14 +154,16 @@ def run_job(
 def build_run(
     spec: JobSpec, corpus: Corpus, checkpoint_dir: str, dist_info: DistInfo, reporter: Reporter
 ) -> Run:
-    """Model (+ DDP), optimizer, schedule, data, sampler and checkpointer for one attempt.
+    """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, data, sampler and checkpointer for one
+    attempt. `corpus` holds the model's token ids (`trainer.hf.encode_corpus`).
 
-    Raises `InvalidJobError` when a split holds less than one chunk.
+    Raises `InvalidJobError` when a split holds less than one chunk, or the model cannot be
+    built as asked (`trainer.finetune.build_network`).
     """
     torch.manual_seed(spec.seed + dist_info.rank)  # dropout differs per rank, reproducibly
     dims = ParallelDims.from_spec(spec, dist_info.world_size)
-    model = build_model(GPTConfig.from_spec(spec.model), device=dist_info.device, seed=spec.seed)
-    num_params = model.num_params()
+    network = build_network(spec, device=dist_info.device)
+    model, num_params = network.model, network.num_params
     parts = parallelize(
         model, dims, spec, rank=dist_info.rank, device=dist_info.device, loss=lm_loss
     )
@@ -190,7 +199,7 @@ def build_run(
         )
     state = TrainState()
     states = {
-        "model_optim": ModelOptimizerState(parts.train_model, optimizer),
+        "model_optim": model_state(parts.train_model, optimizer, network),
         "scheduler": scheduler,
         "sampler": sampler,
         "train": state,
@@ -223,6 +232,7 @@ def build_run(
         checkpointer=checkpointer,
         reporter=reporter,
         state=state,
+        network=network,
     )
 
 

@@ -5,7 +5,9 @@ a pipeline prunes the model to this rank's stages first. The optimizer is built 
 over the parameters this returns (DTensors under TP/FSDP).
 
 - `fsdp`: `fully_shard` on each block, then on the root, with a `MixedPrecisionPolicy`
-  and optional `CPUOffloadPolicy`; HSDP when the mesh has a replicate axis.
+  and optional `CPUOffloadPolicy`; HSDP when the mesh has a replicate axis. A block is one
+  of the built-in GPT's `blocks`, or of a Hugging Face model a module whose class is in its
+  `_no_split_modules` (`block_slots`); LoRA adapters, applied before, shard with their block.
 - `tensor`: `parallelize_module` with `ColwiseParallel` on q/k/v and the MLP's first linear,
   `RowwiseParallel` on the attention output and the MLP's second (Shoeybi et al. 2019,
   Megatron-LM); the embeddings, LayerNorms and head stay replicated.
@@ -61,14 +63,15 @@ TP_PLAN = {
 class Parallelized:
     """What the rest of the trainer works with after `parallelize`."""
 
-    model: GPT  # parameters, eval, sampling, checkpoints (sharded/pruned under fsdp/tp/pp)
+    model: nn.Module  # GPT or HFCausalLM: parameters, eval, sampling, checkpoints (sharded
+    # or pruned under fsdp/tp/pp)
     train_model: nn.Module  # what a training forward calls: DDP(model) or model
     mesh: DeviceMesh | None
     pipeline: PipelineRunner | None  # pipeline only: drives forward/backward
 
 
 def parallelize(
-    model: GPT,
+    model: nn.Module,
     dims: ParallelDims,
     spec: JobSpec,
     *,
@@ -116,7 +119,7 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, {name: style() for name, style in TP_PLAN.items()})
 
 
-def apply_fsdp(model: GPT, mesh: DeviceMesh, spec: FSDPSpec) -> None:
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, spec: FSDPSpec) -> None:
     """`fully_shard` each block, then the root (embeddings, final norm), over `mesh`."""
     mp_policy = MixedPrecisionPolicy(
         param_dtype=_DTYPES[spec.param_dtype] if spec.param_dtype != "fp32" else None,
@@ -127,21 +130,41 @@ def apply_fsdp(model: GPT, mesh: DeviceMesh, spec: FSDPSpec) -> None:
         CPUOffloadPolicy() if spec.cpu_offload and mesh.device_type == "cuda" else OffloadPolicy()
     )
     options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
-    for block in model.blocks.values():
+    for container, key in block_slots(model):
+        block = getattr(container, key)
         fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
     fully_shard(model, reshard_after_forward=spec.reshard_after_forward, **options)
 
 
-def _apply_block_options(model: GPT, spec: JobSpec) -> None:
+def block_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(container, key) of each transformer block, in order: the built-in GPT's `blocks`, or
+    in a Hugging Face model (possibly inside peft) the children of a `ModuleList` whose class
+    is in the model's `_no_split_modules` (the unit transformers and accelerate shard by)."""
+    if isinstance(model, GPT):
+        return [(model.blocks, key) for key in model.blocks]
+    names: set[str] = set()
+    for module in model.modules():
+        names |= set(getattr(module, "_no_split_modules", None) or ())
+    slots = []
+    for container in model.modules():
+        if isinstance(container, nn.ModuleList):
+            for key, child in container.named_children():
+                inner = getattr(child, "_checkpoint_wrapped_module", child)
+                if type(inner).__name__ in names:
+                    slots.append((container, key))
+    return slots
+
+
+def _apply_block_options(model: nn.Module, spec: JobSpec) -> None:
     """Activation checkpointing and `torch.compile`, per block (names keep their FQNs up to
     the `_checkpoint_wrapped_module` prefix, which DCP's state-dict helpers drop)."""
-    for key in list(model.blocks):
-        block = model.blocks[key]
+    for container, key in block_slots(model):
+        block = getattr(container, key)
         if spec.train.activation_checkpointing:
             block = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         if spec.train.compile:
             block.compile()
-        model.blocks[key] = block
+        setattr(container, key, block)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
