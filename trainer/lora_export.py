@@ -87,15 +87,15 @@ def export_lora(
 def _dequantized(state: dict[str, Tensor], peft_model: nn.Module) -> dict[str, Tensor]:
     """`state` with each bitsandbytes 4-bit weight replaced by its fp32 dequantization
     (out, in) and the quantization-state entries saved next to it dropped."""
-    quantized = {
-        fqn(name): module
-        for name, module in peft_model.named_modules()
-        if type(module).__name__ == "Linear4bit" and hasattr(module.weight, "quant_state")
-    }
-    if not quantized:
+    if not any(type(m).__name__ == "Linear4bit" for m in peft_model.modules()):
         return state
     import bitsandbytes as bnb
 
+    quantized = {  # bitsandbytes' own layers, not peft's LoRA wrappers of the same name
+        fqn(name): module
+        for name, module in peft_model.named_modules()
+        if isinstance(module, bnb.nn.Linear4bit)
+    }
     out = {
         k: v
         for k, v in state.items()
