@@ -19,6 +19,7 @@ import torch
 from trainer.data import load_corpus
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter, Reporter
+from trainer.hf import encode_corpus, load_tokenizer
 from trainer.loop import Run
 from trainer.spec import JobSpec
 from trainer.train import build_run
@@ -127,7 +128,7 @@ def cpu_world_of_one() -> DistInfo:
 def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | None = None) -> Run:
     """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
     assert spec.data.uri is not None
-    corpus = load_corpus(spec.data.uri, spec.data)
+    corpus = encode_corpus(load_corpus(spec.data.uri, spec.data), load_tokenizer(spec.model))
     return build_run(
         spec, corpus, str(checkpoint_dir), cpu_world_of_one(), reporter or NullReporter()
     )

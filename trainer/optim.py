@@ -25,7 +25,8 @@ def build_optimizer(
     """AdamW over `model`'s trainable parameters, in a decayed and a non-decayed group.
 
     `foreach=False` under tensor parallelism: a group mixes DTensors of several meshes and
-    plain tensors, which the multi-tensor kernels cannot take in one call.
+    plain tensors, which the multi-tensor kernels cannot take in one call. An empty group
+    (LoRA: only adapter matrices train) is left out: DCP cannot key a group by no parameter.
     """
     embedding_params = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
@@ -38,8 +39,9 @@ def build_optimizer(
         is_matrix = p.dim() >= 2 and id(p) not in embedding_params
         (decay if is_matrix else no_decay).append(p)
     groups = [
-        {"params": decay, "weight_decay": spec.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": wd}
+        for params, wd in ((decay, spec.weight_decay), (no_decay, 0.0))
+        if params
     ]
     return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2), foreach=foreach)
 

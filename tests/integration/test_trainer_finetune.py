@@ -1,0 +1,289 @@
+"""LoRA, QLoRA and Hugging Face models under real `torchrun` (gloo, CPU), tiny models.
+
+- LoRA on the built-in GPT under `ddp` and `fsdp` (2 ranks; fsdp also accumulates) against
+  one uninterrupted single-process LoRA run with the same seed and global batch (16
+  sequences): each crashes after step 4 (`TORCHYARD_FAIL_AT_STEP`, checkpoint at step 3) and
+  resumes from the adapter-only checkpoint; both attempts' losses must match the reference.
+- The reference run's exports: the merged safetensors and the PEFT adapter reloaded on the
+  seeded base give the run's final eval loss, and the same logits.
+- QLoRA (NF4, double quant, fp32 compute) single: the loss falls and the merged export (4-bit
+  base dequantized) gives the final eval loss; QLoRA under ddp crashes, resumes and matches.
+- Hugging Face: a Llama built from a config dict trains in full; a GPT-2 saved to a directory
+  with its own tokenizer trains LoRA under fsdp like single-process, and its merged export
+  (`save_pretrained`) gives the final eval loss.
+
+Tolerance: 1e-5 relative on losses, as in test_trainer_parallel.py: the same fp32 mathematics
+summed in other orders (DDP's all-reduce, FSDP's reduce-scatter, accumulation). Exports: 1e-5
+relative on the eval loss (the merged W + (alpha / r) B A is rounded once more in fp32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest_trainer import (
+    build_local_run,
+    explain,
+    read_events,
+    run_trainer,
+    statuses,
+    tiny_spec,
+)
+from tests.conftest_trainer import train_losses as losses_of
+from trainer.hf import HFCausalLM
+from trainer.loop import evaluate
+from trainer.model import GPT, GPTConfig, build_model
+from trainer.spec import JobSpec
+
+MAX_STEPS = 6
+FAIL_AT = 4  # after the checkpoint at step 3
+REL_TOLERANCE = 1e-5
+EVAL_CHUNKS = 32
+LORA = {"r": 4, "alpha": 8.0}
+QLORA = {"compute_dtype": "fp32"}
+# name: (processes, parallelism, micro_batch_size, grad_accum_steps): 16 sequences a step
+METHODS: dict[str, tuple[int, dict[str, Any], int, int]] = {
+    "ddp": (2, {"strategy": "ddp"}, 8, 1),
+    "fsdp": (2, {"strategy": "fsdp"}, 4, 2),
+}
+
+
+def ft_spec(
+    corpus_dir: Path,
+    nproc: int,
+    parallelism: dict[str, Any],
+    mbs: int = 16,
+    accum: int = 1,
+    **sections: dict[str, Any],
+) -> JobSpec:
+    """The tiny GPT (or `model` given), 6 steps, checkpoints every 3, eval at the end."""
+    sections = {
+        "lora": LORA,
+        "optim": {"lr": 1e-2},
+        "parallelism": parallelism,
+        "resources": {"procs_per_node": nproc},
+        "train": {"micro_batch_size": mbs, "grad_accum_steps": accum, "max_steps": MAX_STEPS},
+        "eval": {"interval_steps": MAX_STEPS},
+        "checkpoint": {"interval_steps": 3, "keep_last": 2},
+        "sample": {"max_new_tokens": 8},
+        **sections,
+    }
+    dp = 1 if parallelism["strategy"] == "single" else nproc
+    sections["eval"] = {**sections["eval"], "num_batches": EVAL_CHUNKS // (mbs * dp)}
+    return tiny_spec(corpus_dir, **{k: v for k, v in sections.items() if v is not None})
+
+
+def _run_ok(spec: JobSpec, workdir: Path, nproc: int | None) -> list[dict]:
+    proc = run_trainer(spec, workdir, nproc=nproc)
+    assert proc.returncode == 0, explain(proc)
+    return read_events(workdir / "run")
+
+
+def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list[int]) -> None:
+    assert sorted(got) == steps
+    for step in steps:
+        assert got[step] == pytest.approx(expected[step], rel=REL_TOLERANCE), step
+
+
+def _crash_and_resume(spec: JobSpec, workdir: Path, nproc: int, expected: list[dict]) -> None:
+    """Crash after FAIL_AT, resume: both attempts follow `expected`'s losses."""
+    crashed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)})
+    assert crashed.returncode == 1, explain(crashed)
+    resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
+    assert resumed.returncode == 0, explain(resumed)
+    events = read_events(workdir / "run")
+    want = losses_of(expected)
+    _assert_close(losses_of(events, attempt=0), want, list(range(1, FAIL_AT + 1)))
+    _assert_close(losses_of(events, attempt=1), want, list(range(4, MAX_STEPS + 1)))
+    running = [e["data"] for e in statuses(events) if e["state"] == "running"]
+    assert [d["start_step"] for d in running] == [0, 3]
+    assert running[0]["trainable_params"] == statuses(expected)[0]["data"]["trainable_params"]
+    final = statuses(events)[-1]["data"]["final_eval_loss"]
+    assert final == pytest.approx(statuses(expected)[-1]["data"]["final_eval_loss"], rel=1e-5)
+
+
+def _exports(events: list[dict]) -> dict[str, Path]:
+    return {e["format"]: Path(e["uri"]) for e in events if e["type"] == "export"}
+
+
+def _final_eval_loss(events: list[dict]) -> float:
+    return statuses(events)[-1]["data"]["final_eval_loss"]
+
+
+def _eval_loss_of(model: torch.nn.Module, spec: JobSpec, scratch: Path) -> float:
+    """`model`'s loss on the eval batches a single-process run of `spec` evaluates."""
+    run = build_local_run(spec, scratch)
+    run.model = model
+    return evaluate(run)
+
+
+@pytest.fixture(scope="module")
+def lora_reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, LoRA on the tiny GPT, uninterrupted: its workdir."""
+    workdir = tmp_path_factory.mktemp("lora_single")
+    _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}), workdir, None)
+    return workdir
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_lora_matches_single_process_and_resumes_from_an_adapter_checkpoint(
+    method: str, lora_reference: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    nproc, parallelism, mbs, accum = METHODS[method]
+    spec = ft_spec(corpus_dir, nproc, parallelism, mbs, accum)
+    _crash_and_resume(spec, tmp_path, nproc, read_events(lora_reference / "run"))
+    assert _exports(read_events(tmp_path / "run")).keys() == {
+        "peft_adapter",
+        "merged_safetensors",
+    }
+
+
+def test_lora_run_reports_adapter_counts_and_exports_that_reproduce_the_trained_model(
+    lora_reference: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+
+    spec = ft_spec(corpus_dir, 1, {"strategy": "single"})
+    events = read_events(lora_reference / "run")
+    running = statuses(events)[0]["data"]
+    assert 0 < running["trainable_params"] < running["num_params"] / 10
+    exports = _exports(events)
+    merged_dir, adapter_dir = exports["merged_safetensors"], exports["peft_adapter"]
+    assert merged_dir.parent.name == f"step_{MAX_STEPS:08d}"
+    assert (adapter_dir / "adapter_config.json").is_file()
+
+    cfg = GPTConfig.from_spec(spec.model)
+    merged = GPT(cfg)
+    merged.load_state_dict(load_file(str(merged_dir / "model.safetensors")))
+    base = build_model(cfg, device=torch.device("cpu"), seed=spec.seed)
+    adapted = PeftModel.from_pretrained(base, str(adapter_dir)).base_model.model
+    want = _final_eval_loss(events)
+    assert _eval_loss_of(merged, spec, tmp_path / "a") == pytest.approx(want, rel=1e-5)
+    assert _eval_loss_of(adapted, spec, tmp_path / "b") == pytest.approx(want, rel=1e-5)
+    x = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x), adapted(x), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(merged(x), _plain(spec)(x), atol=1e-3)  # LoRA changed it
+
+
+def _plain(spec: JobSpec) -> GPT:
+    """The seeded base without adapters (what LoRA started from)."""
+    return build_model(GPTConfig.from_spec(spec.model), device=torch.device("cpu"), seed=spec.seed)
+
+
+@pytest.fixture(scope="module")
+def qlora_reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("qlora_single")
+    _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}, qlora=QLORA), workdir, None)
+    return workdir
+
+
+def test_qlora_loss_falls_and_the_dequantized_merged_export_gives_its_eval_loss(
+    qlora_reference: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    events = read_events(qlora_reference / "run")
+    losses = losses_of(events)
+    assert losses[MAX_STEPS] < losses[1] - 0.1, losses
+    unigram = statuses(events)[0]["data"]["unigram_eval_loss"]
+    assert _final_eval_loss(events) < losses[1] and unigram > 0
+    spec = ft_spec(corpus_dir, 1, {"strategy": "single"}, qlora=QLORA)
+    merged = GPT(GPTConfig.from_spec(spec.model))
+    merged_dir = _exports(events)["merged_safetensors"]
+    merged.load_state_dict(load_file(str(merged_dir / "model.safetensors")))
+    assert _eval_loss_of(merged, spec, tmp_path) == pytest.approx(
+        _final_eval_loss(events), rel=1e-5
+    )
+
+
+def test_qlora_under_ddp_matches_single_process_and_resumes(
+    qlora_reference: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    spec = ft_spec(corpus_dir, 2, {"strategy": "ddp"}, 8, qlora=QLORA)
+    _crash_and_resume(spec, tmp_path, 2, read_events(qlora_reference / "run"))
+
+
+LLAMA = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
+
+
+def test_hf_llama_from_a_config_trains_in_full(corpus_dir: Path, tmp_path: Path) -> None:
+    spec = ft_spec(
+        corpus_dir,
+        1,
+        {"strategy": "single"},
+        model={"kind": "hf", "hf": {"from_config": LLAMA}},
+        lora=None,
+    )
+    assert spec.lora is None
+    events = _run_ok(spec, tmp_path, None)
+    running = statuses(events)[0]["data"]
+    assert running["trainable_params"] == running["num_params"] > 0
+    losses = losses_of(events)
+    assert losses[MAX_STEPS] < losses[1] - 0.3, losses
+    assert not _exports(events)  # nothing to export without LoRA
+
+
+def _gpt2_with_tokenizer(corpus_dir: Path, out: Path) -> int:
+    """A 2-layer GPT-2 and a 400-id byte-level BPE tokenizer trained on a few corpus files,
+    saved to `out` with `save_pretrained` (no downloads). Returns the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    texts = [p.read_text(errors="replace") for p in sorted(corpus_dir.glob("*.py"))[:5]]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+    )
+    bpe.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    config = AutoConfig.for_model(
+        "gpt2", n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=len(tokenizer),
+        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return len(tokenizer)
+
+
+def test_hf_gpt2_from_a_directory_with_its_tokenizer_trains_lora_under_fsdp_like_single(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    vocab = _gpt2_with_tokenizer(corpus_dir, tmp_path / "gpt2")
+    hf = {"kind": "hf", "hf": {"path_or_id": str(tmp_path / "gpt2")}}
+    single = ft_spec(corpus_dir, 1, {"strategy": "single"}, model=hf)
+    reference = _run_ok(single, tmp_path / "single", None)
+    fsdp = ft_spec(corpus_dir, 2, {"strategy": "fsdp"}, 4, 2, model=hf)
+    events = _run_ok(fsdp, tmp_path / "fsdp", 2)
+    _assert_close(losses_of(events), losses_of(reference), list(range(1, MAX_STEPS + 1)))
+    assert _final_eval_loss(events) == pytest.approx(_final_eval_loss(reference), rel=1e-5)
+    # The data went through the model's tokenizer: a BPE id carries more than a byte does
+    # (the unigram baseline of this corpus is ~3.1 nats per byte).
+    assert statuses(events)[0]["data"]["unigram_eval_loss"] > 4.0
+
+    merged_dir = _exports(events)["merged_safetensors"]
+    assert (merged_dir / "tokenizer.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+    assert merged.config.vocab_size == vocab
+    model = HFCausalLM(merged, seq_len=single.model.seq_len)
+    loss = _eval_loss_of(model, single, tmp_path / "eval")
+    assert loss == pytest.approx(_final_eval_loss(events), rel=1e-5)
