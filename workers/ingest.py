@@ -166,6 +166,10 @@ class RunIngest:
             if store.checkpoint_deleted(session=session, job_id=job.id, step=step):
                 data = {"step": step, "uri": str(event.get("uri", ""))}
                 self._add(session, job, "info", f"checkpoint at step {step} deleted", data)
+        elif kind == "export":
+            data = {k: event.get(k) for k in ("step", "format", "uri", "size_bytes")}
+            message = f"exported {data['format']} at step {data['step']}"
+            self._add(session, job, "info", message, data)
         elif kind == "sample":
             data = {k: event.get(k) for k in ("step", "prompt", "text")}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)

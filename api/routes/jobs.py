@@ -96,6 +96,28 @@ def _check_data(*, session: Session, settings: Settings, project_id: str, spec: 
             raise _data_error("dataset", f"no dataset {spec.data.dataset!r} in this project")
     if spec.data.uri is not None:
         _check_data_uri(spec.data.uri, settings)
+    hf = spec.model.hf
+    if hf is not None and hf.path_or_id is not None:
+        _check_model_path(hf.path_or_id, settings)
+
+
+def _check_model_path(path_or_id: str, settings: Settings) -> None:
+    """A Hugging Face model given by a server-side path must lie under an allowed data root,
+    like `data.uri` (a hub id, `org/name`, is left to the workers)."""
+    if not path_or_id.startswith(("/", ".", "~", "file://")):
+        return
+    loc = ["body", "model", "hf", "path_or_id"]
+    try:
+        storage.resolve_under(
+            path_or_id.removeprefix("file://"), storage.allowed_data_roots(settings)
+        )
+    except Forbidden as exc:
+        raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
+    except (OSError, RuntimeError, ValueError) as exc:
+        msg = f"not a usable path: {exc}"
+        raise InvalidInput(
+            f"model.hf.path_or_id: {msg}", details=[{"loc": loc, "msg": msg, "type": "value_error"}]
+        ) from None
 
 
 def _check_data_uri(uri: str, settings: Settings) -> None:

@@ -124,6 +124,29 @@ SPEC_CASES: list[tuple[str, Callable[[str, Path], Any], int, str, list[Any]]] = 
         ["body", "data", "uri"],
     ),
     (
+        "lora_target_the_gpt_lacks",
+        lambda d, _: job_spec(d, lora={"target_modules": ["q_proj"]}),
+        422,
+        "validation_error",
+        ["body", "lora", "target_modules"],
+    ),
+    (
+        "qlora_with_fsdp",
+        lambda d, _: job_spec(
+            d, qlora={}, parallelism={"strategy": "fsdp"}, resources={"procs_per_node": 2}
+        ),
+        422,
+        "validation_error",
+        ["body", "qlora"],
+    ),
+    (
+        "hf_model_path_outside_the_roots",
+        lambda d, _: job_spec(d, model={"kind": "hf", "hf": {"path_or_id": "/etc"}}),
+        403,
+        "forbidden",
+        ["body", "model", "hf", "path_or_id"],
+    ),
+    (
         "data_uri_unknown_home",
         lambda d, _: job_spec(d, data={"uri": "~no-such-user-xyz/corpus"}),
         422,

@@ -55,6 +55,7 @@ def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
         + _event("metric", step=3, values={"loss": float("nan"), "grad_norm": 1.5})
         + _event("checkpoint", step=2, uri="ckpt/step_00000002", size_bytes=10)
         + _event("sample", step=3, prompt="def ", text="x\u0000y")
+        + _event("export", step=3, format="peft_adapter", uri="ckpt/lora/a", size_bytes=7)
         + b'{"type": "metric", "step": 4, "val'  # torn: the writer died mid-line
     )
     ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
@@ -72,6 +73,14 @@ def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
     assert checkpoint.data == {"step": 2, "uri": "ckpt/step_00000002", "size_bytes": 10}
     (sample,) = [e for e in events if e.kind == "sample"]
     assert sample.data["text"] == "x\ufffdy"
+    (export,) = [e for e in events if e.kind == "info" and e.data.get("format")]
+    assert export.message == "exported peft_adapter at step 3"
+    assert export.data == {
+        "step": 3,
+        "format": "peft_adapter",
+        "uri": "ckpt/lora/a",
+        "size_bytes": 7,
+    }
     assert [(x.rank, x.offset, x.line) for x in log_lines(engine, claimed_job)] == [
         (-1, 0, "launcher says"),
         (0, 0, "hello"),
