@@ -5,8 +5,10 @@
 Each method trains the same GPT (same seed, same global batch) under real `torchrun` (or one
 process for `single`); the timings are the median `step_time_s` of the steps after a warm-up,
 tokens/s = global tokens per step / that median; peak memory is the largest per-rank peak the
-trainer logs (`torch.cuda.max_memory_allocated` on CUDA, peak RSS on CPU). Prints one JSON
-object: {"config": {...}, "methods": {name: {...}}}. Not a test: numbers vary run to run.
+trainer logs (`torch.cuda.max_memory_allocated` on CUDA, peak RSS on CPU). The `lora_*` and
+`qlora_*` rows train rank-8 adapters on every block linear of the same GPT (QLoRA: NF4 base,
+compute in `--precision`) and report `trainable_params`. Prints one JSON object:
+{"config": {...}, "methods": {name: {...}}}. Not a test: numbers vary run to run.
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ METHODS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
         {},
     ),
     "fsdp_tp_2d": (4, {"strategy": "fsdp", "tensor_parallel_size": 2}, {}),
+    "lora_single": (1, {"strategy": "single"}, {}),
+    "lora_ddp": (2, {"strategy": "ddp"}, {}),
+    "lora_fsdp": (2, {"strategy": "fsdp"}, {}),
+    "qlora_single": (1, {"strategy": "single"}, {}),
+    "qlora_ddp": (2, {"strategy": "ddp"}, {}),
+}
+# Fine-tuning methods: top-level spec blocks on top of their strategy (same model, same batch).
+LORA = {"r": 8, "alpha": 16.0}
+FINETUNE: dict[str, dict[str, Any]] = {
+    name: {"lora": LORA} | ({"qlora": {}} if name.startswith("qlora") else {})
+    for name in METHODS
+    if "lora" in name
 }
 _PEAK = re.compile(r"peak memory (\d+) bytes")
 
@@ -61,6 +75,9 @@ def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSp
     nproc, parallelism, train = METHODS[name]
     dp = 1 if parallelism["strategy"] in ("tensor", "pipeline") else nproc
     dp //= parallelism.get("tensor_parallel_size", 1)
+    finetune = FINETUNE.get(name, {})
+    if "qlora" in finetune:  # 4-bit weights dequantized to the run's precision
+        finetune = finetune | {"qlora": {"compute_dtype": args.precision}}
     spec = JobSpec.model_validate(
         {
             "name": f"bench-{name}",
@@ -76,6 +93,7 @@ def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSp
             "eval": {"interval_steps": args.steps, "num_batches": 1},
             "checkpoint": {"interval_steps": args.steps, "keep_last": 1},
             "sample": {"max_new_tokens": 0},
+            **finetune,
         }
     )  # fmt: skip
     return nproc, spec
@@ -104,8 +122,10 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     step_s = statistics.median(times)
     tokens_per_step = args.batch * args.seq_len
     peaks = [int(m) for m in _PEAK.findall(proc.stdout)]
+    running = next(e["data"] for e in events if e["type"] == "status")
     return {
         "processes": nproc,
+        "trainable_params": running["trainable_params"],
         "seconds_per_step": round(step_s, 5),
         "tokens_per_second": round(tokens_per_step / step_s, 1),
         "peak_memory_bytes_per_rank": max(peaks) if peaks else None,
