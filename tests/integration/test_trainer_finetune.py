@@ -9,8 +9,9 @@
 - QLoRA (NF4, double quant, fp32 compute) single: the loss falls and the merged export (4-bit
   base dequantized) gives the final eval loss; QLoRA under ddp crashes, resumes and matches.
 - Hugging Face: a Llama built from a config dict trains in full; a GPT-2 saved to a directory
-  with its own tokenizer trains LoRA under fsdp like single-process, and its merged export
-  (`save_pretrained`) gives the final eval loss.
+  with its own tokenizer trains LoRA under fsdp (with activation checkpointing) like
+  single-process, and its merged export (`save_pretrained`) gives the final eval loss.
+- A LoRA checkpoint saved by 2 fsdp ranks loads in one process (DCP reshards the adapters).
 
 Tolerance: 1e-5 relative on losses, as in test_trainer_parallel.py: the same fp32 mathematics
 summed in other orders (DDP's all-reduce, FSDP's reduce-scatter, accumulation). Exports: 1e-5
@@ -19,6 +20,7 @@ relative on the eval loss (the merged W + (alpha / r) B A is rounded once more i
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,31 @@ def test_lora_matches_single_process_and_resumes_from_an_adapter_checkpoint(
         "peft_adapter",
         "merged_safetensors",
     }
+    _COMPLETED[method] = tmp_path
+
+
+# method -> workdir of its completed LoRA run, for the reshard test to reuse
+_COMPLETED: dict[str, Path] = {}
+
+
+def test_lora_fsdp_checkpoint_loads_in_a_single_process_with_the_same_eval_loss(
+    lora_reference: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    if "fsdp" not in _COMPLETED:
+        nproc, parallelism, mbs, accum = METHODS["fsdp"]
+        _run_ok(ft_spec(corpus_dir, nproc, parallelism, mbs, accum), tmp_path / "fsdp", nproc)
+        _COMPLETED["fsdp"] = tmp_path / "fsdp"
+    saved = _COMPLETED["fsdp"]
+    shutil.copytree(saved / "ckpt", tmp_path / "single" / "ckpt", ignore=_no_exports)
+    events = _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}), tmp_path / "single", None)
+    running, completed = statuses(events)
+    assert running["data"]["start_step"] == MAX_STEPS  # nothing left to train: eval only
+    want = _final_eval_loss(read_events(saved / "run"))
+    assert completed["data"]["final_eval_loss"] == pytest.approx(want, rel=REL_TOLERANCE)
+
+
+def _no_exports(directory: str, names: list[str]) -> list[str]:
+    return ["lora"] if "lora" in names else []
 
 
 def test_lora_run_reports_adapter_counts_and_exports_that_reproduce_the_trained_model(
@@ -273,6 +300,7 @@ def test_hf_gpt2_from_a_directory_with_its_tokenizer_trains_lora_under_fsdp_like
     single = ft_spec(corpus_dir, 1, {"strategy": "single"}, model=hf)
     reference = _run_ok(single, tmp_path / "single", None)
     fsdp = ft_spec(corpus_dir, 2, {"strategy": "fsdp"}, 4, 2, model=hf)
+    fsdp.train.activation_checkpointing = True  # checkpoint_wrapper on each GPT2Block
     events = _run_ok(fsdp, tmp_path / "fsdp", 2)
     _assert_close(losses_of(events), losses_of(reference), list(range(1, MAX_STEPS + 1)))
     assert _final_eval_loss(events) == pytest.approx(_final_eval_loss(reference), rel=1e-5)
