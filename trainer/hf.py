@@ -35,10 +35,12 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 @dataclass(frozen=True, kw_only=True)
 class LMShape:
-    """What sampling needs to know of a model (the fields of `GPTConfig` it reads)."""
+    """What sampling and the MFU estimate read of a model (as of a `GPTConfig`)."""
 
     seq_len: int  # longest context the trainer feeds, in tokens
     vocab_size: int  # logits per position
+    n_layers: int  # transformer blocks
+    d_model: int  # hidden size
 
 
 class HFCausalLM(nn.Module):
@@ -48,7 +50,13 @@ class HFCausalLM(nn.Module):
     def __init__(self, lm: nn.Module, *, seq_len: int) -> None:
         super().__init__()
         self.lm = lm
-        self.cfg = LMShape(seq_len=seq_len, vocab_size=int(lm.config.vocab_size))
+        config = lm.config
+        self.cfg = LMShape(
+            seq_len=seq_len,
+            vocab_size=int(config.vocab_size),
+            n_layers=int(config.num_hidden_layers),
+            d_model=int(config.hidden_size),
+        )
 
     def forward(self, idx: Tensor) -> Tensor:
         return self.lm(input_ids=idx, use_cache=False).logits

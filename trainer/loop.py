@@ -340,7 +340,7 @@ def cuda_metrics(run: Run, tokens_per_second: float) -> dict[str, float]:
     name = torch.cuda.get_device_name(device)
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
     if peak is not None:
-        m = run.spec.model
+        m = run.model.cfg  # GPTConfig, or the LMShape of a Hugging Face model
         per_token = 6 * run.num_params + 12 * m.n_layers * m.d_model * m.seq_len
         out["mfu"] = tokens_per_second * per_token / (peak * run.dist.world_size)
     return out
