@@ -178,6 +178,14 @@ class DatasetRegister(BaseModel):
     )
 
 
+class SpecCheck(BaseModel):
+    """A spec text that `POST /v1/jobs` would accept: the document as written (send it as the
+    JSON body) and the 1-based line of each field, by JSON Pointer (RFC 6901, "" = root)."""
+
+    spec: dict[str, Any]
+    lines: dict[str, int]
+
+
 class ProjectRef(BaseModel):
     id: str
     name: str

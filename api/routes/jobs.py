@@ -58,8 +58,9 @@ def submit_job(
     ] = None,
 ) -> schemas.Job:
     """Submit a training job (a JobSpec); it is queued and dispatched to its pool."""
-    require_storable(spec.model_dump(), ("body",))
-    _check_data(session=session, settings=settings, project_id=principal.project_id, spec=spec)
+    check_submittable(
+        session=session, settings=settings, project_id=principal.project_id, spec=spec
+    )
     result = jobs.create(
         session=session,
         project_id=principal.project_id,
@@ -86,6 +87,18 @@ def _out(session: Session, items: list[Job]) -> list[schemas.Job]:
         )
         for job in items
     ]
+
+
+def check_submittable(
+    *, session: Session, settings: Settings, project_id: str, spec: JobSpec
+) -> None:
+    """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
+    `POST /v1/spec/validate`): storable strings, and data the project may use.
+
+    Raises InvalidInput (422) or Forbidden (403) with the field's `["body", ...]` path.
+    """
+    require_storable(spec.model_dump(), ("body",))
+    _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
 
 
 def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
