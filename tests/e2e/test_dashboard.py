@@ -45,8 +45,9 @@ def parked(api: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
 
 
 def _spec_text(pool: str, dataset_id: str, **overrides: Any) -> str:
+    """The spec as YAML, as a user would write it in the editor."""
     spec = tiny_spec(pool=pool, dataset_id=dataset_id, **overrides)
-    return json.dumps(spec.model_dump(mode="json", exclude_defaults=True), indent=2)
+    return str(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
 
 
 def _points(dash: Dash, chart_id: str) -> int:
@@ -86,36 +87,42 @@ def test_sign_in_with_an_api_key_lists_the_projects_jobs_and_filters_them(
     assert page.evaluate("sessionStorage.getItem('torchyard.apiKey')") is None
 
 
-def test_a_bad_spec_shows_the_apis_field_path_next_to_the_editor(
+def test_a_bad_spec_shows_the_apis_field_paths_beside_the_yaml_lines_as_you_type(
     dash: Dash, dataset_id: str, pool: str
 ) -> None:
+    page = dash.page
     dash.open("/submit")
-    dash.page.wait_for_selector("main[data-loaded]")
+    page.wait_for_selector("main[data-loaded]")
+    expect(page.locator("#spec-errors li.ok")).to_be_visible()  # the template is valid
     dash.console.expect_status(422)
-    bad = _spec_text(pool, dataset_id).replace('"micro_batch_size": 8', '"micro_batch_size": 0')
-    assert '"micro_batch_size": 0' in bad
-    dash.page.fill("#spec-editor", bad)
-    # Checked against /v1/spec/schema while typing ...
-    hint = dash.page.locator("#local-errors li[data-loc='train.micro_batch_size']")
-    expect(hint).to_contain_text("should be ≥ 1")
-    # ... and by the API on submit: its 422 field path, with the line it concerns.
-    dash.page.click("#submit-job")
-    error = dash.page.locator("#spec-errors li[data-loc='train.micro_batch_size']")
-    expect(error).to_be_visible()
-    expect(dash.page.locator("#submit-status")).to_contain_text("422")
+    bad = _spec_text(pool, dataset_id).replace("micro_batch_size: 8", "micro_batch_size: 0")
+    line = bad.splitlines().index("  micro_batch_size: 0") + 1
+    page.fill("#spec-editor", bad)
+    # Checked by the API while typing: the 422's field path, listed and marked at its line.
+    error = page.locator("#spec-errors li[data-loc='train.micro_batch_size']")
+    expect(error).to_contain_text("greater than or equal to 1")
+    expect(error.locator("a.line")).to_have_text(f" line {line}")
+    beside = page.locator(f".code .backdrop [data-line='{line}'] .note")
+    expect(beside).to_contain_text("greater than or equal to 1")
+    expect(page.locator(f".code .gutter [data-line='{line}']")).to_have_class("bad")
+    expect(page.locator(".code .gutter .bad")).to_have_count(1)
+    page.click("#submit-job")
+    expect(page.locator("#submit-status")).to_contain_text("422")
     error.locator("a.line").click()
-    selected = dash.page.evaluate(
+    selected = page.evaluate(
         "(e => e.value.slice(e.selectionStart, e.selectionEnd))"
         "(document.getElementById('spec-editor'))"
     )
-    assert selected.strip() == '"micro_batch_size": 0,'
+    assert selected.strip() == "micro_batch_size: 0"
+    # ... and the schema says what the field under the cursor is.
+    expect(page.locator("#field-help")).to_contain_text("train.micro_batch_size integer ≥ 1")
     dash.shot("submit")
 
-    dash.page.fill("#spec-editor", '{"name": "x", "nonsense": 1}')
-    expect(dash.page.locator("#local-errors li[data-loc='nonsense']")).to_contain_text(
-        "not a field"
-    )
-    expect(dash.page.locator("#local-errors li[data-loc='data']")).to_contain_text("required")
+    page.fill("#spec-editor", "name: x\nnonsense: 1\n")
+    expect(page.locator("#spec-errors li[data-loc='nonsense']")).to_contain_text("line 2")
+    expect(page.locator("#spec-errors li[data-loc='data']")).to_contain_text("required")
+    page.fill("#spec-editor", "name: x\ndata: [\n")
+    expect(page.locator("#spec-errors li[data-loc='']")).to_contain_text("not YAML")
 
 
 def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
@@ -244,10 +251,10 @@ def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
     dash.open(f"/jobs/{shared['run']}")
     dash.page.click("text=Clone and edit")
     dash.page.wait_for_selector("main[data-loaded]")
-    clone = json.loads(dash.page.input_value("#spec-editor"))
+    clone = yaml.safe_load(dash.page.input_value("#spec-editor"))
     original = api.get(f"/v1/jobs/{shared['run']}").json()["spec"]
     assert clone == {**original, "name": "from-editor-copy"}
-    expect(dash.page.locator("#local-errors")).to_contain_text("Matches the schema")
+    expect(dash.page.locator("#spec-errors")).to_contain_text("would accept")
 
 
 def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
