@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,26 +324,3 @@ def _replay(existing: Job, digest: str, key: str) -> Created:
             details=[{"loc": ["header", "Idempotency-Key"], "msg": "reused", "type": "conflict"}],
         )
     return Created(job=existing, created=False)
-
-
-def list_page(
-    *,
-    session: Session,
-    project_id: str,
-    states: Sequence[str] = (),
-    name: str | None = None,
-    limit: int = 50,
-    before_id: int | None = None,
-) -> tuple[list[Job], int | None]:
-    """Newest first; keyset pagination on id. Returns (jobs, id to pass as `before_id` next)."""
-    query = select(Job).where(Job.project_id == project_id)
-    if states:
-        query = query.where(Job.state.in_(list(states)))
-    if name:
-        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        query = query.where(Job.name.ilike(f"%{escaped}%", escape="\\"))
-    if before_id is not None:
-        query = query.where(Job.id < before_id)
-    rows = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).scalars())
-    next_before = rows[limit - 1].id if len(rows) > limit else None
-    return rows[:limit], next_before
