@@ -48,6 +48,9 @@ class Job(_Out):
     error: str | None
     worker: str | None
     heartbeat_at: Timestamp | None
+    owner: str | None = Field(
+        default=None, description="The name of the API key that submitted the job."
+    )
     queue_position: int | None = Field(
         default=None,
         description="Queued jobs only: 1-based place in its pool's queue (priority, then age); "

@@ -270,8 +270,10 @@ def create(
     project_id: str,
     spec: JobSpec,
     idempotency_key: str | None = None,
+    owner: str | None = None,
 ) -> Created:
-    """Insert a queued job with its `state` event. Commits.
+    """Insert a queued job with its `state` event; `owner` names who submitted it (the API
+    key's name). Commits.
 
     With `idempotency_key`: the same key and spec return the first job (created=False); the
     same key with another spec raises Conflict.
@@ -292,6 +294,7 @@ def create(
         max_steps=spec.train.max_steps,
         idempotency_key=idempotency_key,
         request_hash=digest,
+        owner=owner,
         created_at=utcnow(),
         updated_at=utcnow(),
     )

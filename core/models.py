@@ -132,6 +132,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     # Seconds the trainer trained, all ended attempts together (for `limits.max_runtime_s`).
     runtime_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # The name of the API key that submitted the job (None for jobs from before 0003).
+    owner: Mapped[str | None] = mapped_column(String(100), default=None)
 
 
 class JobEvent(Base):

@@ -67,6 +67,7 @@ def submit_job(
         project_id=principal.project_id,
         spec=spec,
         idempotency_key=idempotency_key,
+        owner=principal.key_name,
     )
     if result.created:
         request.app.state.dispatcher.dispatch(result.job)

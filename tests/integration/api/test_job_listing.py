@@ -82,3 +82,13 @@ def test_bad_labels_sorts_and_cursors_are_422(
     forged = by_updated["next_cursor"][:-4] + "AAAA"
     answer = get("/v1/jobs", params={"sort": "updated", "cursor": forged}, headers=headers)
     assert answer.status_code == 422, answer.text
+
+
+def test_a_job_names_the_api_key_that_submitted_it_as_its_owner(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any]
+) -> None:
+    key_name = client.get("/v1/me", headers=project.headers).json()["key"]["name"]
+    job = submit(client, project, job_spec(dataset["id"]))
+    assert job["owner"] == key_name
+    listed = client.get("/v1/jobs", headers=project.headers).json()["items"]
+    assert [j["owner"] for j in listed] == [key_name]
