@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import ProjectKey
-from tests.e2e.conftest import Dash, new_dash
+from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue
 
 RUN_TIMEOUT_MS = 180_000
@@ -74,11 +74,21 @@ def test_sign_in_with_an_api_key_lists_the_projects_jobs_and_filters_them(
         expect(row.locator(".state")).to_have_text("queued")
         expect(row).to_contain_text("1 \u00d7 1")
         expect(row.locator(".label")).to_have_text("team=nlp")
+        expect(row.locator("td.owner")).to_have_text("default")  # the API key's name
     expect(page.locator("#who")).to_contain_text(owner.project_name)
 
     page.fill("#name-filter", "alpha")
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("parked-alpha")
+    page.fill("#name-filter", "")
+    page.fill("#label-filter", "team=vision")
+    expect(page.locator("#jobs-body")).to_contain_text("No jobs match")
+    page.fill("#label-filter", "")
+    expect(rows).to_have_count(2)
+    rows.first.locator("button.label").click()  # a label filters by itself
+    expect(page.locator("#label-filter")).to_have_value("team=nlp")
+    expect(rows).to_have_count(2)
+    assert "label=team%3Dnlp" in page.url  # the filter is in the address, to share
     page.select_option("#state-filter", "succeeded")
     expect(page.locator("#jobs-body")).to_contain_text("No jobs match")
 
@@ -230,7 +240,7 @@ def test_cancel_on_the_detail_page_changes_the_jobs_state(
 
 
 def test_pause_and_resume_a_queued_job_from_its_page(
-    dash: Dash, parked: list[dict[str, Any]]
+    dash: Dash, api: httpx.Client, parked: list[dict[str, Any]]
 ) -> None:
     job = parked[1]
     state = dash.page.locator("#job-state .state")
@@ -243,6 +253,13 @@ def test_pause_and_resume_a_queued_job_from_its_page(
     dash.page.click("#resume-job")
     expect(state).to_have_text("queued")
     expect(dash.page.locator("#events")).to_contain_text("paused → queued")
+
+    # The jobs table follows state changes made elsewhere, without a reload.
+    dash.open("/jobs")
+    row = dash.page.locator(f"#jobs-body tr[data-job-id='{job['id']}'] .state")
+    expect(row).to_have_text("queued")
+    assert api.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+    expect(row).to_have_text("paused")
 
 
 def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
@@ -271,10 +288,12 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
     dash.open("/jobs")
     names = dash.page.locator("#jobs-body .job-name")
     expect(names).to_have_count(4)
-    dash.page.click("th[data-sort='name']")
+    dash.page.click("th[data-sort='name']")  # sorted by the API, so across pages too
     expect(names).to_have_text(["from-editor", "parked-alpha", "parked-beta", "short-run"])
+    expect(dash.page.locator("th[data-sort='name']")).to_have_attribute("aria-sort", "ascending")
     dash.page.click("th[data-sort='name']")
     expect(names).to_have_text(["short-run", "parked-beta", "parked-alpha", "from-editor"])
+    assert dash.fits_width()
     for job_id in (run, short):
         dash.page.check(f"#jobs-body tr[data-job-id='{job_id}'] input.pick")
     dash.shot("jobs")
@@ -320,12 +339,17 @@ def test_a_cold_job_page_loads_its_first_chart_within_budget(
         assert first_chart_ms < 15_000  # ~3 s alone; generous for a busy 2-core CI box
 
 
-def test_dark_mode_follows_the_system_setting(
+def test_dark_mode_on_a_laptop_screen_is_readable_and_fits(
     browser: Browser, live_api: str, owner: ProjectKey, shared: dict[str, Any]
 ) -> None:
-    with new_dash(browser, live_api, owner.api_key, color_scheme="dark") as dash:
+    with new_dash(browser, live_api, owner.api_key, color_scheme="dark", viewport=LAPTOP) as dash:
+        for route in ("/jobs", "/submit", f"/compare?ids={shared['run']},{shared['short']}"):
+            dash.open(route)
+            dash.page.wait_for_selector("main[data-loaded]")
+            assert dash.fits_width(), route
         dash.open(f"/jobs/{shared['run']}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
+        assert dash.fits_width()
         background = dash.page.evaluate("getComputedStyle(document.body).backgroundColor")
         ink = dash.page.evaluate("document.getElementById('chart-loss').layout.font.color")
         assert background == "rgb(20, 22, 27)", background
