@@ -103,6 +103,9 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "idempotency_key"),
         Index("ix_jobs_project_id_id", "project_id", "id"),
+        # The jobs list's other sort orders (core/job_list.py): keyset pages by index.
+        Index("ix_jobs_project_id_name_id", "project_id", "name", "id"),
+        Index("ix_jobs_project_id_state_id", "project_id", "state", "id"),
         Index("ix_jobs_state_pool", "state", "pool"),
         # The scheduler's order: a pool's queued jobs by priority, then age (core/scheduling.py).
         Index("ix_jobs_pool_state_priority_id", "pool", "state", "priority", "id"),

@@ -1,4 +1,5 @@
-"""job owner: the name of the API key that submitted each job (the dashboard's owner column)
+"""job owner and list indexes: the name of the API key that submitted each job (the dashboard's
+owner column), and indexes for the jobs list sorted by name or state (keyset pages)
 
 Revision ID: 0003
 Revises: 0002
@@ -21,8 +22,12 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("owner", sa.String(length=100), nullable=True))
+        batch.create_index("ix_jobs_project_id_name_id", ["project_id", "name", "id"])
+        batch.create_index("ix_jobs_project_id_state_id", ["project_id", "state", "id"])
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_index("ix_jobs_project_id_state_id")
+        batch.drop_index("ix_jobs_project_id_name_id")
         batch.drop_column("owner")

@@ -38,9 +38,6 @@ def test_every_sort_order_pages_through_all_jobs_once_ties_broken_by_id(
         j["id"] for j in reversed(by_name)
     ]
     assert [j["id"] for j in _walk(client, project, sort="created")] == [j["id"] for j in made]
-    newest_change = _walk(client, project, sort="-updated")
-    assert newest_change[0]["id"] == made[2]["id"]  # the cancelled one changed last
-    assert sorted(j["id"] for j in newest_change) == sorted(j["id"] for j in made)
     by_state = _walk(client, project, sort="state")
     assert [j["state"] for j in by_state] == ["cancelled"] + ["queued"] * 4
 
@@ -78,9 +75,8 @@ def test_bad_labels_sorts_and_cursors_are_422(
     other_sort = {"sort": "-created", "cursor": by_name["next_cursor"]}
     assert_error(get("/v1/jobs", params=other_sort, headers=headers), 422, "validation_error",
                  ["query", "cursor"])  # fmt: skip
-    by_updated = get("/v1/jobs", params={"sort": "updated", "limit": 1}, headers=headers).json()
-    forged = by_updated["next_cursor"][:-4] + "AAAA"
-    answer = get("/v1/jobs", params={"sort": "updated", "cursor": forged}, headers=headers)
+    forged = by_name["next_cursor"][:-4] + "AAAA"
+    answer = get("/v1/jobs", params={"sort": "name", "cursor": forged}, headers=headers)
     assert answer.status_code == 422, answer.text
 
 
