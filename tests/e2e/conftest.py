@@ -87,9 +87,9 @@ class Dash:
         """The page needs no horizontal scrolling at this viewport."""
         return bool(self.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"))
 
-    def shot(self, name: str) -> None:
+    def shot(self, name: str, full_page: bool = False) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
 
 @contextmanager

@@ -171,7 +171,8 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     running = page.locator("#job-state .state").inner_text()
     later = _points(dash, "chart-loss")
     assert later > seen >= 2
-    dash.shot("job-detail")
+    dash.shot("job-detail", full_page=True)
+    assert dash.fits_width()
     # The points arrived while the job ran, not all at once at the end.
     assert running == "running" or later < 40, (running, later)
 
@@ -350,6 +351,7 @@ def test_dark_mode_on_a_laptop_screen_is_readable_and_fits(
         dash.open(f"/jobs/{shared['run']}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
         assert dash.fits_width()
+        dash.shot("job-detail-dark")
         background = dash.page.evaluate("getComputedStyle(document.body).backgroundColor")
         ink = dash.page.evaluate("document.getElementById('chart-loss').layout.font.color")
         assert background == "rgb(20, 22, 27)", background
