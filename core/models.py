@@ -103,6 +103,9 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "idempotency_key"),
         Index("ix_jobs_project_id_id", "project_id", "id"),
+        # The jobs list's other sort orders (core/job_list.py): keyset pages by index.
+        Index("ix_jobs_project_id_name_id", "project_id", "name", "id"),
+        Index("ix_jobs_project_id_state_id", "project_id", "state", "id"),
         Index("ix_jobs_state_pool", "state", "pool"),
         # The scheduler's order: a pool's queued jobs by priority, then age (core/scheduling.py).
         Index("ix_jobs_pool_state_priority_id", "pool", "state", "priority", "id"),
@@ -132,6 +135,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     # Seconds the trainer trained, all ended attempts together (for `limits.max_runtime_s`).
     runtime_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # The name of the API key that submitted the job (None for jobs from before 0003).
+    owner: Mapped[str | None] = mapped_column(String(100), default=None)
 
 
 class JobEvent(Base):
