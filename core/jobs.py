@@ -270,13 +270,16 @@ def create(
     project_id: str,
     spec: JobSpec,
     idempotency_key: str | None = None,
+    submitted: JobSpec | None = None,
 ) -> Created:
     """Insert a queued job with its `state` event. Commits.
 
     With `idempotency_key`: the same key and spec return the first job (created=False); the
-    same key with another spec raises Conflict.
+    same key with another spec raises Conflict. `submitted`: the spec as the client sent it,
+    when `spec` is that spec completed by the server (a pinned `model.init_from`); the
+    idempotency check compares what clients send.
     """
-    digest = request_hash(spec)
+    digest = request_hash(submitted or spec)
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:

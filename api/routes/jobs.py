@@ -14,7 +14,7 @@ from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import datasets, jobs, scheduling, storage
+from core import datasets, init_from, jobs, scheduling, storage
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
@@ -36,7 +36,12 @@ _CONFLICT = {409: {"model": ErrorBody, "description": "Conflicts with the job's 
     responses={
         200: {"model": schemas.Job, "description": "Replay: the job first made with this key"},
         403: {"model": ErrorBody, "description": "`data.uri` is outside the allowed data roots"},
-        409: {"model": ErrorBody, "description": "`Idempotency-Key` reused for another spec"},
+        404: {"model": ErrorBody, "description": "`model.init_from` names no job/checkpoint"},
+        409: {
+            "model": ErrorBody,
+            "description": "`Idempotency-Key` reused for another spec, or the "
+            "`model.init_from` job has no complete checkpoint",
+        },
     },
 )
 def submit_job(
@@ -60,11 +65,13 @@ def submit_job(
     """Submit a training job (a JobSpec); it is queued and dispatched to its pool."""
     require_storable(spec.model_dump(), ("body",))
     _check_data(session=session, settings=settings, project_id=principal.project_id, spec=spec)
+    pinned = init_from.pin(session=session, project_id=principal.project_id, spec=spec)
     result = jobs.create(
         session=session,
         project_id=principal.project_id,
-        spec=spec,
+        spec=pinned,
         idempotency_key=idempotency_key,
+        submitted=spec,
     )
     if result.created:
         request.app.state.dispatcher.dispatch(result.job)
