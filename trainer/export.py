@@ -14,14 +14,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import safetensors.torch
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
@@ -30,10 +32,15 @@ from trainer.data import is_uri
 from trainer.model import GPT, GPTConfig
 from trainer.spec import JobSpec
 
+if TYPE_CHECKING:
+    from trainer.loop import Run
+
 MODEL_PREFIX = "model_optim.model."  # checkpoint keys of the weights (trainer.state)
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MODEL_TYPE = "torchyard-gpt"
+EXPORT_DIR = "export"
+log = logging.getLogger(__name__)
 
 
 def checkpoint_spec(checkpoint_uri: str) -> JobSpec:
@@ -42,9 +49,12 @@ def checkpoint_spec(checkpoint_uri: str) -> JobSpec:
     return JobSpec.model_validate_json(fs.cat_file(f"{path.rstrip('/')}/{SPEC_FILE}"))
 
 
-def load_model_weights(checkpoint_uri: str) -> dict[str, Tensor]:
+def load_model_weights(
+    checkpoint_uri: str, process_group: dist.ProcessGroup | None = None
+) -> dict[str, Tensor]:
     """The full (unsharded) model weights of a complete checkpoint, keyed like
-    `GPT.state_dict()`, on CPU. Raises `FileNotFoundError` (no `.metadata`: incomplete or
+    `GPT.state_dict()`, on CPU. In a job with a process group, every rank of `process_group`
+    (default: all) must call it. Raises `FileNotFoundError` (no `.metadata`: incomplete or
     absent) and `ValueError` (no model weights in it)."""
     metadata = _reader(checkpoint_uri).read_metadata()
     keys = {k for k in metadata.state_dict_metadata if k.startswith(MODEL_PREFIX)}
@@ -52,7 +62,9 @@ def load_model_weights(checkpoint_uri: str) -> dict[str, Tensor]:
         raise ValueError(f"{checkpoint_uri} holds no model weights ({MODEL_PREFIX}*)")
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
         warnings.filterwarnings("ignore", "torch.distributed is unavailable")
-        loaded = _load_state_dict_from_keys(keys, storage_reader=_reader(checkpoint_uri))
+        loaded = _load_state_dict_from_keys(
+            keys, storage_reader=_reader(checkpoint_uri), process_group=process_group
+        )
     weights = loaded["model_optim"]["model"]
     return {name: tensor.contiguous() for name, tensor in weights.items()}
 
@@ -82,15 +94,17 @@ def model_config(spec: JobSpec, **extra: Any) -> dict[str, Any]:
     return {"model_type": MODEL_TYPE, **dataclasses.asdict(cfg), **extra}
 
 
-def export_safetensors(checkpoint_uri: str, out: str) -> str:
+def export_safetensors(
+    checkpoint_uri: str, out: str, process_group: dist.ProcessGroup | None = None
+) -> str:
     """Consolidate the checkpoint at `checkpoint_uri` (a `step_XXXXXXXX` directory) into
     `out/model.safetensors` + `out/config.json`; returns the safetensors location.
 
     Raises `FileNotFoundError` for a missing or incomplete checkpoint, `ValueError` for one
-    without model weights.
+    without model weights. `process_group`: as for `load_model_weights`.
     """
     spec = checkpoint_spec(checkpoint_uri)
-    weights = load_model_weights(checkpoint_uri)
+    weights = load_model_weights(checkpoint_uri, process_group)
     step = checkpoint_uri.rstrip("/").rsplit("_", 1)[-1]
     config = model_config(
         spec,
@@ -99,6 +113,22 @@ def export_safetensors(checkpoint_uri: str, out: str) -> str:
         source_checkpoint=checkpoint_uri,
     )
     return write_model_dir(out, weights, config, metadata={"format": "pt"})
+
+
+def export_at_end(run: Run) -> dict[str, Any]:
+    """End hook (`checkpoint.export_safetensors`): export the run's final, complete checkpoint
+    to `CKPT_ROOT/export/`. Every rank calls it; the reporting rank alone reads and writes,
+    over a process group of its own. Returns the `completed` field `export_uri`."""
+    uri = run.checkpointer.last_saved_uri
+    assert uri is not None  # `_finish` saved the final step before the end hooks
+    out = f"{run.checkpointer.root.rstrip('/')}/{EXPORT_DIR}"
+    writer = run.dims.reporting_rank
+    group = dist.new_group([writer], backend="gloo") if run.dist.is_distributed else None
+    location = f"{out}/{WEIGHTS_FILE}"
+    if run.dist.rank == writer:
+        location = export_safetensors(uri, out, group)
+        log.info("exported %s to %s", uri, location)
+    return {"export_uri": location}
 
 
 def load_exported(out: str, device: torch.device | str = "cpu") -> GPT:

@@ -294,6 +294,12 @@ class CheckpointSpec(_Strict):
     async_save: bool = Field(
         default=False, description="Save with `dcp.async_save`: the step pays only staging."
     )
+    export_safetensors: bool = Field(
+        default=False,
+        description="When the run completes, also write its final weights as one "
+        "consolidated `CKPT/export/model.safetensors` + `config.json` (as "
+        "`python -m trainer.export`).",
+    )
 
 
 class SampleSpec(_Strict):

@@ -28,6 +28,7 @@ from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.errors import InvalidJobError
 from trainer.events import EventWriter, NullReporter, Reporter
+from trainer.export import export_at_end
 from trainer.loop import Run, evaluate, lm_loss, train_loop
 from trainer.model import GPTConfig, build_model
 from trainer.optim import build_optimizer, build_scheduler
@@ -193,6 +194,8 @@ def build_run(
     model = build_model(GPTConfig.from_spec(spec.model), device=dist_info.device, seed=spec.seed)
     num_params = model.num_params()
     end_hooks: list[Callable[[Run], dict[str, Any]]] = []
+    if spec.checkpoint.export_safetensors:
+        end_hooks.append(export_at_end)
     if spec.qat is not None:  # fake-quantized Linears, before sharding (torchao)
         from trainer import qat  # torchao takes ~1.5 s to import: only for QAT runs
 

@@ -1,6 +1,7 @@
 """QAT under real `torchrun` (gloo, CPU): ddp and fsdp with 2 ranks train the same
 fake-quantized curve as one process, and report the converted model's eval loss next to the
-fake-quantized one at the end, with the converted int4 model saved.
+fake-quantized one at the end, with the converted int4 model saved (and, asked by
+`checkpoint.export_safetensors`, the final checkpoint consolidated to one safetensors file).
 
 Tolerances: losses 2e-4 relative to the single-process QAT run (observed 4.5e-5 after 4
 steps: the fp32 sums run in another order, and an activation or weight that lands within that
@@ -16,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch
+import torch
 
 from tests.conftest_trainer import explain, read_events, run_trainer, statuses, tiny_spec
 from tests.conftest_trainer import train_losses as losses_of
+from trainer.export import load_model_weights
 from trainer.spec import JobSpec
 
 MAX_STEPS = 4
@@ -33,7 +37,7 @@ def qat_spec(corpus_dir: Path, nproc: int, strategy: str, mbs: int) -> JobSpec:
         "resources": {"procs_per_node": nproc},
         "train": {"micro_batch_size": mbs, "max_steps": MAX_STEPS},
         "eval": {"interval_steps": MAX_STEPS, "num_batches": 32 // (mbs * nproc)},
-        "checkpoint": {"interval_steps": MAX_STEPS},
+        "checkpoint": {"interval_steps": MAX_STEPS, "export_safetensors": True},
         "sample": {"max_new_tokens": 4},
         "qat": {"group_size": 32},
     }
@@ -68,3 +72,8 @@ def test_qat_on_two_ranks_follows_the_single_process_curve_and_reports_converted
     )
     converted = Path(done["qat_converted_uri"])
     assert sorted(p.name for p in converted.iterdir()) == ["config.json", "model.safetensors"]
+    # checkpoint.export_safetensors: the final checkpoint, consolidated by the reporting rank.
+    exported = safetensors.torch.load_file(done["export_uri"])
+    final = load_model_weights(done["checkpoint_uri"])
+    assert exported.keys() == final.keys()
+    assert all(torch.equal(exported[k], final[k]) for k in final)
