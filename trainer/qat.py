@@ -13,7 +13,11 @@ gathered into a local copy on every rank, evaluated fake-quantized, converted wi
 `Int8DynamicActivationIntxWeightConfig`; `Int4WeightOnlyConfig` has no CPU kernel) and
 evaluated again; both losses are reported (`eval_loss_qat_fake`, `eval_loss_qat_converted`)
 and the converted model is saved as `CKPT_ROOT/qat_converted/model.safetensors` (torchao's
-safetensors flattening of its tensor subclasses) with `config.json`.
+safetensors flattening of its tensor subclasses) with `config.json`. The local copy holds the
+fp32 master weights: under FSDP with `param_dtype: bf16` its fake-quantized loss differs a
+little from the run's own `eval_loss` (computed with bf16 gathered parameters).
+
+Memory: the whole model once more per rank (fine for the models QAT targets on one host).
 """
 
 from __future__ import annotations

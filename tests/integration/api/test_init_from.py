@@ -125,3 +125,19 @@ def test_an_empty_init_from_is_422_with_its_path(
 ) -> None:
     answer = client.post("/v1/jobs", json=_fine_tune(dataset["id"], pool), headers=project.headers)
     assert_error(answer, 422, "validation_error", LOC)
+
+
+def test_a_replayed_fine_tune_returns_the_first_job_though_a_newer_checkpoint_exists(
+    client: TestClient, project: ProjectKey, dataset: dict, pool: str, engine: Engine
+) -> None:
+    source = submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))
+    ids = _with_checkpoints(engine, source["id"], [10])
+    spec = _fine_tune(dataset["id"], pool, job=source["id"])
+    first = submit(client, project, spec, **{"Idempotency-Key": "ft-1"})
+    _with_checkpoints(engine, source["id"], [20])
+    again = client.post(
+        "/v1/jobs", json=spec, headers={**project.headers, "Idempotency-Key": "ft-1"}
+    )
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first["id"]
+    assert again.json()["spec"]["model"]["init_from"]["checkpoint"] == ids[10]
