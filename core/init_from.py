@@ -86,6 +86,21 @@ def checkpoint_uri(*, session: Session, project_id: str, source: InitFromSpec) -
     return checkpoint.uri
 
 
+def launch_uri(
+    *, session: Session, job_id: int, project_id: str, source: InitFromSpec
+) -> str | None:
+    """What the worker passes as `--init-from` for job `job_id`: the pinned checkpoint's URI;
+    None when that is gone but the job has checkpoints of its own (the trainer resumes from
+    those and would ignore it). Raises `InvalidInput` when neither exists."""
+    try:
+        return checkpoint_uri(session=session, project_id=project_id, source=source)
+    except InvalidInput:
+        own = select(Checkpoint.id).where(Checkpoint.job_id == job_id).limit(1)
+        if session.scalar(own) is not None:
+            return None
+        raise
+
+
 def _job_of_project(session: Session, project_id: str, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None or job.project_id != project_id:

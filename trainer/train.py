@@ -125,8 +125,6 @@ def _data_location(spec: JobSpec, data_arg: str | None) -> str:
 
 
 def _init_from_location(spec: JobSpec, init_arg: str | None) -> str | None:
-    if spec.model.init_from is not None and init_arg is None:
-        raise InvalidJobError("model.init_from needs --init-from URI (the worker resolves it)")
     return _checkpoint_root(init_arg) if init_arg else None
 
 
@@ -158,6 +156,11 @@ def run_job(
             init_from = None  # the run's own checkpoints take precedence
         else:
             load_model_only(run.parallel_model, init_from, dist_info=dist_info)
+        if start_step is None and init_from is None and spec.model.init_from is not None:
+            raise InvalidJobError(
+                "model.init_from needs --init-from URI (the worker resolves it) while the run "
+                "has no checkpoint of its own"
+            )
         start_step = start_step or 0
         unigram = unigram_cross_entropy(corpus.train, corpus.eval)
         num_params = run.num_params

@@ -235,7 +235,9 @@ def _prepare(
     if source is not None:
         init_uri = _with_db_retry(
             factory,
-            lambda s: init_from.checkpoint_uri(session=s, project_id=job.project_id, source=source),
+            lambda s: init_from.launch_uri(
+                session=s, job_id=job.id, project_id=job.project_id, source=source
+            ),
         )
     paths = RunPaths(
         run_dir=job_run_dir(settings, job.id, job.attempt),

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import ingest
+from core import ingest, init_from
+from core.errors import InvalidInput
 from core.models import Checkpoint
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts, job_spec, submit
+from trainer.spec import InitFromSpec
 
 LOC = ["body", "model", "init_from"]
 
@@ -80,12 +83,12 @@ def test_another_projects_job_or_checkpoint_is_404_and_stores_nothing(
     )
     mine = answer.json()["id"]
     before = counts(engine, other_project.project_id)
-    for init_from, field in (
+    for source, field in (
         ({"job": theirs["id"]}, "job"),
         ({"checkpoint": ids[10]}, "checkpoint"),
     ):
         answer = client.post(
-            "/v1/jobs", json=_fine_tune(mine, pool, **init_from), headers=other_project.headers
+            "/v1/jobs", json=_fine_tune(mine, pool, **source), headers=other_project.headers
         )
         assert_error(answer, 404, "not_found", [*LOC, field])
     assert counts(engine, other_project.project_id) == before
@@ -141,3 +144,27 @@ def test_a_replayed_fine_tune_returns_the_first_job_though_a_newer_checkpoint_ex
     assert again.status_code == 200, again.text
     assert again.json()["id"] == first["id"]
     assert again.json()["spec"]["model"]["init_from"]["checkpoint"] == ids[10]
+
+
+def test_launch_passes_the_pinned_uri_and_a_deleted_one_fails_only_a_job_without_its_own(
+    client: TestClient, project: ProjectKey, dataset: dict, pool: str, engine: Engine
+) -> None:
+    source = submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))
+    _with_checkpoints(engine, source["id"], [10])
+    job = submit(client, project, _fine_tune(dataset["id"], pool, job=source["id"]))
+    pinned = InitFromSpec.model_validate(job["spec"]["model"]["init_from"])
+
+    def launch_uri() -> str | None:
+        with Session(engine) as session:
+            return init_from.launch_uri(
+                session=session, job_id=job["id"], project_id=project.project_id, source=pinned
+            )
+
+    assert launch_uri() == f"/ckpt/jobs/{source['id']}/step_00000010"
+    with Session(engine) as session:  # retention removed it
+        ingest.checkpoint_deleted(session=session, job_id=source["id"], step=10)
+        session.commit()
+    with pytest.raises(InvalidInput, match="no longer exists"):
+        launch_uri()
+    _with_checkpoints(engine, job["id"], [5])  # a later attempt resumes from its own
+    assert launch_uri() is None
