@@ -271,14 +271,17 @@ def create(
     spec: JobSpec,
     idempotency_key: str | None = None,
     owner: str | None = None,
+    submitted: JobSpec | None = None,
 ) -> Created:
     """Insert a queued job with its `state` event; `owner` names who submitted it (the API
     key's name). Commits.
 
     With `idempotency_key`: the same key and spec return the first job (created=False); the
-    same key with another spec raises Conflict.
+    same key with another spec raises Conflict. `submitted`: the spec as the client sent it,
+    when `spec` is that spec completed by the server (a pinned `model.init_from`); the
+    idempotency check compares what clients send.
     """
-    digest = request_hash(spec)
+    digest = request_hash(submitted or spec)
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:

@@ -54,8 +54,10 @@ def render() -> str:
             path = f"{prefix}{name}"
             desc = prop.get("description", "").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| `{path}` | {_type(prop)} | {_default(prop, name in required)} | {desc} |")
-            if "$ref" in prop:
-                nested.append((path, defs[prop["$ref"].split("/")[-1]]))
+            # a nested object, also a nullable one (`X | None`: anyOf [$ref, null])
+            refs = [p["$ref"] for p in (prop, *prop.get("anyOf", [])) if "$ref" in p]
+            if refs:
+                nested.append((path, defs[refs[0].split("/")[-1]]))
         for path, sub in nested:
             lines.append("")
             lines.append(f"**`{path}`** — {sub.get('description', '').strip()}")

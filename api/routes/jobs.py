@@ -14,7 +14,7 @@ from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import datasets, job_list, jobs, scheduling, storage
+from core import datasets, init_from, job_list, jobs, scheduling, storage
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
@@ -36,7 +36,12 @@ _CONFLICT = {409: {"model": ErrorBody, "description": "Conflicts with the job's 
     responses={
         200: {"model": schemas.Job, "description": "Replay: the job first made with this key"},
         403: {"model": ErrorBody, "description": "`data.uri` is outside the allowed data roots"},
-        409: {"model": ErrorBody, "description": "`Idempotency-Key` reused for another spec"},
+        404: {"model": ErrorBody, "description": "`model.init_from` names no job/checkpoint"},
+        409: {
+            "model": ErrorBody,
+            "description": "`Idempotency-Key` reused for another spec, or the "
+            "`model.init_from` job has no complete checkpoint",
+        },
     },
 )
 def submit_job(
@@ -58,15 +63,16 @@ def submit_job(
     ] = None,
 ) -> schemas.Job:
     """Submit a training job (a JobSpec); it is queued and dispatched to its pool."""
-    check_submittable(
+    pinned = check_submittable(
         session=session, settings=settings, project_id=principal.project_id, spec=spec
     )
     result = jobs.create(
         session=session,
         project_id=principal.project_id,
-        spec=spec,
+        spec=pinned,
         idempotency_key=idempotency_key,
         owner=principal.key_name,
+        submitted=spec,
     )
     if result.created:
         request.app.state.dispatcher.dispatch(result.job)
@@ -92,14 +98,17 @@ def _out(session: Session, items: list[Job]) -> list[schemas.Job]:
 
 def check_submittable(
     *, session: Session, settings: Settings, project_id: str, spec: JobSpec
-) -> None:
+) -> JobSpec:
     """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
-    `POST /v1/spec/validate`): storable strings, and data the project may use.
+    `POST /v1/spec/validate`): storable strings, data the project may use, and a
+    `model.init_from` of the project. Returns the spec with `init_from` pinned to a checkpoint.
 
-    Raises InvalidInput (422) or Forbidden (403) with the field's `["body", ...]` path.
+    Raises InvalidInput (422), Forbidden (403), NotFound (404) or Conflict (409) with the
+    field's `["body", ...]` path.
     """
     require_storable(spec.model_dump(), ("body",))
     _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
+    return init_from.pin(session=session, project_id=project_id, spec=spec)
 
 
 def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
