@@ -11,10 +11,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from core import downsample
+from core import downsample, rollups
 from core.models import Checkpoint, Job, JobEvent, LogLine, MetricPoint
 
 
@@ -104,15 +104,6 @@ def series_names(*, session: Session, job_id: int) -> list[str]:
     return [r[0] for r in rows]
 
 
-# Min/max per bucket in one pass: arrays compare element-wise, so min(ARRAY[value, step]) is
-# the bucket's minimum with its (earliest) step, max(ARRAY[value, -step]) its maximum.
-_PG_BUCKETS = text(
-    "SELECT min(ARRAY[value, step::float8]), max(ARRAY[value, -step::float8])"
-    " FROM metric_points WHERE job_id = :job AND name = :name AND step BETWEEN :lo AND :hi"
-    " GROUP BY (step - :lo)::bigint * :buckets / :span"
-)
-
-
 def _edge(
     session: Session, job_id: int, name: str, start: int | None, end: int | None, last: bool
 ) -> tuple[int, float] | None:
@@ -126,6 +117,31 @@ def _edge(
     order = MetricPoint.step.desc() if last else MetricPoint.step
     row = session.execute(query.order_by(order).limit(1)).first()
     return (int(row[0]), float(row[1])) if row else None
+
+
+def _fits(
+    session: Session,
+    job_id: int,
+    name: str,
+    first: tuple[int, float],
+    last: tuple[int, float],
+    max_points: int,
+) -> bool:
+    """Whether at most `max_points` points lie between `first` and `last`: a span of that few
+    steps, or an index scan that stops after `max_points + 1` rows."""
+    if last[0] - first[0] + 1 <= max_points:
+        return True
+    inner = (
+        select(MetricPoint.step)
+        .where(
+            MetricPoint.job_id == job_id,
+            MetricPoint.name == name,
+            MetricPoint.step.between(first[0], last[0]),
+        )
+        .limit(max_points + 1)
+        .subquery()
+    )
+    return int(session.scalar(select(func.count()).select_from(inner)) or 0) <= max_points
 
 
 class _ResultCache:
@@ -166,7 +182,8 @@ def downsampled_series(
     end: int | None = None,
 ) -> list[Series]:
     """Each series (of `names`, or all) between steps `start` and `end` inclusive, cut to at most
-    `max_points` points by `core.downsample.min_max` (same rule, in SQL on Postgres).
+    `max_points` points by `core.downsample.min_max` (same rule on Postgres, computed from the
+    `metric_rollups` blocks by `core.rollups`).
 
     Each kept point is a stored point (no interpolation); the first and last points of the
     range are always kept, so `steps[-1]`/`values[-1]` is the exact last value. Sorted by name;
@@ -190,9 +207,8 @@ def downsampled_series(
         if first is None or last is None:
             continue
         buckets = downsample.num_buckets(max_points)
-        span = last[0] - first[0] + 1
-        if not postgres or span <= max_points or buckets == 0:
-            # Few enough steps that the rows fit (steps are unique), or no SQL path: in Python.
+        if not postgres or buckets == 0 or _fits(session, job_id, name, first, last, max_points):
+            # Few enough points to return them all, or no SQL path: in Python.
             s = metric_series(
                 session=session, job_id=job_id, names=[name], start=first[0], end=last[0]
             )[0]
@@ -200,20 +216,15 @@ def downsampled_series(
             out.append(Series(name=name, steps=steps, values=values))
             _downsampled.put((*version, name), out[-1])
             continue
-        params = {
-            "job": job_id,
-            "name": name,
-            "lo": first[0],
-            "hi": last[0],
-            "buckets": buckets,
-            "span": span,
-        }
-        points = {first[0]: first[1], last[0]: last[1]}
-        # JIT compilation costs more than it saves on this one-pass aggregate.
-        session.execute(text("SET LOCAL jit = off"))
-        for low, high in session.execute(_PG_BUCKETS, params):
-            points[int(low[1])] = float(low[0])
-            points[int(-high[1])] = float(high[0])
+        points = rollups.bucket_extremes(
+            session=session,
+            job_id=job_id,
+            name=name,
+            lo=first[0],
+            hi=last[0],
+            cut=downsample.grid(first[0], last[0], buckets),
+        )
+        points |= {first[0]: first[1], last[0]: last[1]}
         steps = sorted(points)
         out.append(Series(name=name, steps=steps, values=[points[s] for s in steps]))
         _downsampled.put((*version, name), out[-1])
