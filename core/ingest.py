@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from sqlalchemy import delete, text, update
@@ -20,8 +20,11 @@ from sqlalchemy.orm import Session
 from core.models import Checkpoint, Job, LogLine, MetricPoint, utcnow
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
+class Metric(NamedTuple):
+    """One point: series `name`, training `step`, `value`, trainer wall `time` (unix s).
+
+    A named tuple, not a dataclass: the worker builds ~100,000 a second."""
+
     name: str
     step: int
     value: float

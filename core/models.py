@@ -153,7 +153,11 @@ class JobEvent(Base):
 
 
 class MetricPoint(Base):
-    """One value of one series at one step. Keyed, so re-ingestion upserts."""
+    """One value of one series at one step. Keyed, so re-ingestion upserts.
+
+    On Postgres the foreign key to `jobs` is replaced by a delete trigger on `jobs` (migration
+    0003: its per-row check cost more than the insert); the table also feeds `metric_rollups`
+    through a statement trigger."""
 
     __tablename__ = "metric_points"
 
