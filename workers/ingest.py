@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -116,7 +117,7 @@ class RunIngest:
 
     def _parse_event(self, offset: int, raw: bytes, batch: _Batch) -> None:
         try:
-            event = json.loads(raw)
+            event = _loads(raw)
             kind = event["type"]
             if kind == "metric":
                 _parse_metric(event, batch.metrics)
@@ -212,6 +213,15 @@ class RunIngest:
                     r.completed = dict(event.get("data") or {})
             elif event.get("type") == "error":
                 r.errors.append(str(event.get("message", "")))
+
+
+def _loads(raw: bytes) -> Any:
+    """A JSON line: orjson, or the standard library for what strict JSON refuses but Python's
+    `json.dumps` writes (NaN, Infinity). Raises ValueError."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def _parse_metric(event: dict[str, Any], out: list[store.Metric]) -> None:
