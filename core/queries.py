@@ -10,6 +10,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -104,44 +105,44 @@ def series_names(*, session: Session, job_id: int) -> list[str]:
     return [r[0] for r in rows]
 
 
-def _edge(
-    session: Session, job_id: int, name: str, start: int | None, end: int | None, last: bool
-) -> tuple[int, float] | None:
-    query = select(MetricPoint.step, MetricPoint.value).where(
-        MetricPoint.job_id == job_id, MetricPoint.name == name
-    )
+@dataclass(frozen=True, slots=True)
+class _Range:
+    """The first and last (step, value) of a series within a step range, and how many points
+    it holds, counted up to a cap (`num_points > cap` means "more than `cap`")."""
+
+    first: tuple[int, float]
+    last: tuple[int, float]
+    num_points: int
+
+
+def _range(
+    session: Session, job_id: int, name: str, start: int | None, end: int | None, cap: int
+) -> _Range | None:
+    """One statement, index probes only: first, last, and a count that stops after `cap + 1`
+    rows. None when the range holds no point."""
+    where = [MetricPoint.job_id == job_id, MetricPoint.name == name]
     if start is not None:
-        query = query.where(MetricPoint.step >= start)
+        where.append(MetricPoint.step >= start)
     if end is not None:
-        query = query.where(MetricPoint.step <= end)
-    order = MetricPoint.step.desc() if last else MetricPoint.step
-    row = session.execute(query.order_by(order).limit(1)).first()
-    return (int(row[0]), float(row[1])) if row else None
+        where.append(MetricPoint.step <= end)
 
+    def edge(column: Any, order: Any) -> Any:
+        return select(column).where(*where).order_by(order).limit(1).scalar_subquery()
 
-def _fits(
-    session: Session,
-    job_id: int,
-    name: str,
-    first: tuple[int, float],
-    last: tuple[int, float],
-    max_points: int,
-) -> bool:
-    """Whether at most `max_points` points lie between `first` and `last`: a span of that few
-    steps, or an index scan that stops after `max_points + 1` rows."""
-    if last[0] - first[0] + 1 <= max_points:
-        return True
-    inner = (
-        select(MetricPoint.step)
-        .where(
-            MetricPoint.job_id == job_id,
-            MetricPoint.name == name,
-            MetricPoint.step.between(first[0], last[0]),
+    capped = select(MetricPoint.step).where(*where).limit(cap + 1).subquery()
+    row = session.execute(
+        select(
+            edge(MetricPoint.step, MetricPoint.step),
+            edge(MetricPoint.value, MetricPoint.step),
+            edge(MetricPoint.step, MetricPoint.step.desc()),
+            edge(MetricPoint.value, MetricPoint.step.desc()),
+            select(func.count()).select_from(capped).scalar_subquery(),
         )
-        .limit(max_points + 1)
-        .subquery()
-    )
-    return int(session.scalar(select(func.count()).select_from(inner)) or 0) <= max_points
+    ).one()
+    if row[0] is None:
+        return None
+    first, last = (int(row[0]), float(row[1])), (int(row[2]), float(row[3]))
+    return _Range(first=first, last=last, num_points=int(row[4]))
 
 
 class _ResultCache:
@@ -202,12 +203,12 @@ def downsampled_series(
         if (hit := _downsampled.get((*version, name))) is not None:
             out.append(hit)
             continue
-        first = _edge(session, job_id, name, start, end, last=False)
-        last = _edge(session, job_id, name, start, end, last=True)
-        if first is None or last is None:
+        found = _range(session, job_id, name, start, end, cap=max_points)
+        if found is None:
             continue
+        first, last = found.first, found.last
         buckets = downsample.num_buckets(max_points)
-        if not postgres or buckets == 0 or _fits(session, job_id, name, first, last, max_points):
+        if not postgres or buckets == 0 or found.num_points <= max_points:
             # Few enough points to return them all, or no SQL path: in Python.
             s = metric_series(
                 session=session, job_id=job_id, names=[name], start=first[0], end=last[0]

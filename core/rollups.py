@@ -46,6 +46,8 @@ def bucket_extremes(
     }  # fmt: skip
     if cut.level == 0:
         query = _FROM_POINTS
+        # JIT compilation costs more than it saves on this one-pass aggregate.
+        session.execute(text("SET LOCAL jit = off"))
     else:
         b_lo, b_hi = lo >> cut.shift, hi >> cut.shift
         params |= {
@@ -57,8 +59,6 @@ def bucket_extremes(
             "hi_edge": max(lo, b_hi << cut.shift),
         }
         query = _FROM_ROLLUPS
-    # JIT compilation costs more than it saves on these small aggregates.
-    session.execute(text("SET LOCAL jit = off"))
     points: dict[int, float] = {}
     for low, high in session.execute(query, params):
         points[int(low[1])] = float(low[0])
