@@ -132,9 +132,7 @@ def test_a_sparse_series_that_fits_comes_back_whole(
     assert series["steps"] == [p.step for p in points]
 
 
-def test_deleting_a_job_deletes_its_points_and_rollups(
-    engine: Engine, job: dict[str, Any]
-) -> None:
+def test_deleting_a_job_deletes_its_points_and_rollups(engine: Engine, job: dict[str, Any]) -> None:
     _store(engine, job["id"], [ingest.Metric("loss", s, float(s), 0.0) for s in range(100)])
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs WHERE id = :j"), {"j": job["id"]})
