@@ -49,6 +49,9 @@ class ErrorDetail(BaseModel):
     loc: list[str | int]
     msg: str
     type: str
+    line: int | None = None
+    """1-based line of the field in a YAML/JSON text checked by `POST /v1/spec/validate`."""
+    column: int | None = None
 
 
 class ErrorInfo(BaseModel):
@@ -82,9 +85,14 @@ def error_response(
 
 
 def _detail(d: dict[str, Any]) -> dict[str, Any]:
-    """Only `loc`, `msg`, `type`, JSON-safe (pydantic errors also carry inputs and contexts)."""
+    """Only `loc`, `msg`, `type` (and `line`, `column` where a text was parsed), JSON-safe
+    (pydantic errors also carry inputs and contexts)."""
     loc = [part if isinstance(part, int) else _text(part) for part in d.get("loc", ())]
-    return {"loc": loc, "msg": _text(d.get("msg", "")), "type": _text(d.get("type", ""))}
+    out = {"loc": loc, "msg": _text(d.get("msg", "")), "type": _text(d.get("type", ""))}
+    for key in ("line", "column"):
+        if type(d.get(key)) is int:
+            out[key] = d[key]
+    return out
 
 
 def _text(value: object) -> str:

@@ -7,13 +7,12 @@
   each): the database is the truth about jobs, whichever API replica is scraped.
 - Every request gets a request id (the caller's `X-Request-ID` when sane, else a new one),
   echoed in the response header and carried, with the job id of the path, into every log
-  record of the request (`contextvars`), which `JsonFormatter` writes as one JSON object.
+  record of the request (`contextvars`), which `core.logs.JsonFormatter` writes as one JSON
+  object.
 """
 
 from __future__ import annotations
 
-import contextvars
-import json
 import logging
 import re
 import secrets
@@ -30,12 +29,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.logs import configure_json_logging, job_id_var, request_id_var
 from core.models import Job, JobState
-
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "request_id", default=None
-)
-job_id_var: contextvars.ContextVar[int | None] = contextvars.ContextVar("job_id", default=None)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JOB_PATH = re.compile(r"^/v1/jobs/(\d{1,18})(?:/|$)")
@@ -170,48 +165,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
-
-
-class ContextFilter(logging.Filter):
-    """Adds `request_id` and `job_id` of the current request to every record."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id_var.get()
-        if getattr(record, "job_id", None) is None:
-            record.job_id = job_id_var.get()
-        return True
-
-
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message, request_id, job_id, extras."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info:
-            out["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def configure_json_logging(level: int = logging.INFO) -> None:
-    """Send the `torchyard` loggers to stderr as JSON lines (once per process)."""
-    logger = logging.getLogger("torchyard")
-    if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(ContextFilter())
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
 
 
 def install(app: FastAPI) -> None:

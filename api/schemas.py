@@ -48,6 +48,9 @@ class Job(_Out):
     error: str | None
     worker: str | None
     heartbeat_at: Timestamp | None
+    owner: str | None = Field(
+        default=None, description="The name of the API key that submitted the job."
+    )
     queue_position: int | None = Field(
         default=None,
         description="Queued jobs only: 1-based place in its pool's queue (priority, then age); "
@@ -176,6 +179,14 @@ class DatasetRegister(BaseModel):
         pattern=PRINTABLE,
         description="A path under one of the server's allowed data roots.",
     )
+
+
+class SpecCheck(BaseModel):
+    """A spec text that `POST /v1/jobs` would accept: the document as written (send it as the
+    JSON body) and the 1-based line of each field, by JSON Pointer (RFC 6901, "" = root)."""
+
+    spec: dict[str, Any]
+    lines: dict[str, int]
 
 
 class ProjectRef(BaseModel):

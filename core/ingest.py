@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+import psycopg
 from sqlalchemy import delete, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -19,8 +20,11 @@ from sqlalchemy.orm import Session
 from core.models import Checkpoint, Job, LogLine, MetricPoint, utcnow
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
+class Metric(NamedTuple):
+    """One point: series `name`, training `step`, `value`, trainer wall `time` (unix s).
+
+    A named tuple, not a dataclass: the worker builds ~100,000 a second."""
+
     name: str
     step: int
     value: float
@@ -51,16 +55,31 @@ def metrics(*, session: Session, job_id: int, attempt: int, points: Sequence[Met
     _update_latest(session, job_id, points)
 
 
-# One statement and one round trip for the whole batch (four arrays unnested server-side),
-# instead of one statement per point. On the 2-core bench host the server-side upsert into
-# the (job_id, name, step) key dominates either way (bench/ingest.py).
+# Points past the last stored step of their series cannot collide with a stored key: they go
+# in by binary COPY, the cheapest way into the table. The rest (a re-read after a crash, an
+# attempt resumed from an earlier checkpoint) go through one keyed upsert, which leaves rows
+# whose values did not change alone. A race with another writer of the same job (which claim
+# fencing rules out) would fail the COPY on the primary key and roll the flush back; the next
+# flush then sees those keys as stored and upserts. The trigger of migration 0003 keeps
+# `metric_rollups` in step with both statements.
+_PG_LAST_STEPS = text(
+    "SELECT n.name, (SELECT max(m.step) FROM metric_points m"
+    "                WHERE m.job_id = :job_id AND m.name = n.name)"
+    " FROM unnest(CAST(:names AS text[])) AS n(name)"
+)
+_PG_COPY = (
+    "COPY metric_points (job_id, name, step, value, attempt, time) FROM STDIN (FORMAT BINARY)"
+)
+_PG_COPY_TYPES = ["int8", "text", "int4", "float8", "int4", "float8"]
 _PG_UPSERT = text(
-    "INSERT INTO metric_points (job_id, name, step, value, attempt, time)"
+    "INSERT INTO metric_points AS m (job_id, name, step, value, attempt, time)"
     " SELECT :job_id, u.name, u.step, u.value, :attempt, u.time"
     " FROM unnest(CAST(:names AS text[]), CAST(:steps AS integer[]),"
     " CAST(:values AS float8[]), CAST(:times AS float8[])) AS u(name, step, value, time)"
     " ON CONFLICT (job_id, name, step) DO UPDATE"
     " SET value = EXCLUDED.value, attempt = EXCLUDED.attempt, time = EXCLUDED.time"
+    " WHERE (m.value, m.attempt, m.time) IS DISTINCT FROM"
+    " (EXCLUDED.value, EXCLUDED.attempt, EXCLUDED.time)"
 )
 
 
@@ -68,19 +87,34 @@ def _upsert_points_postgres(
     session: Session, job_id: int, attempt: int, points: Sequence[Metric]
 ) -> None:
     # A key may appear twice in a batch (a re-read line): the last one wins, as row by row.
-    latest = {(p.name, p.step): p for p in points}
-    batch = list(latest.values())
-    session.execute(
-        _PG_UPSERT,
-        {
-            "job_id": job_id,
-            "attempt": attempt,
-            "names": [p.name for p in batch],
-            "steps": [p.step for p in batch],
-            "values": [p.value for p in batch],
-            "times": [p.time for p in batch],
-        },
-    )
+    batch = list({(p.name, p.step): p for p in points}.values())
+    names = sorted({p.name for p in batch})
+    rows = session.execute(_PG_LAST_STEPS, {"job_id": job_id, "names": names})
+    last: dict[str, int | None] = {name: top for name, top in rows}
+    fresh, stored = [], []
+    for p in batch:
+        top = last[p.name]
+        (fresh if top is None or p.step > top else stored).append(p)
+    raw = session.connection().connection.driver_connection
+    if fresh and isinstance(raw, psycopg.Connection):
+        with raw.cursor() as cursor, cursor.copy(_PG_COPY) as copy:
+            copy.set_types(_PG_COPY_TYPES)
+            for p in fresh:
+                copy.write_row((job_id, p.name, p.step, p.value, attempt, p.time))
+    else:
+        stored += fresh
+    if stored:
+        session.execute(
+            _PG_UPSERT,
+            {
+                "job_id": job_id,
+                "attempt": attempt,
+                "names": [p.name for p in stored],
+                "steps": [p.step for p in stored],
+                "values": [p.value for p in stored],
+                "times": [p.time for p in stored],
+            },
+        )
 
 
 def _upsert_points(session: Session, job_id: int, attempt: int, points: Sequence[Metric]) -> None:
@@ -111,9 +145,9 @@ def _update_latest(session: Session, job_id: int, points: Sequence[Metric]) -> N
     job = session.get(Job, job_id)
     if job is not None:
         latest = dict(job.latest_metrics or {})
-        for p in points:
-            # JSON has no NaN/inf; the series keeps the true value, the summary says null.
-            latest[p.name] = p.value if math.isfinite(p.value) else None
+        # JSON has no NaN/inf; the series keeps the true value, the summary says null.
+        last = {p.name: p.value for p in points}
+        latest.update((n, v if math.isfinite(v) else None) for n, v in last.items())
         step = max(p.step for p in points)
         session.execute(
             update(Job)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,13 +270,18 @@ def create(
     project_id: str,
     spec: JobSpec,
     idempotency_key: str | None = None,
+    owner: str | None = None,
+    submitted: JobSpec | None = None,
 ) -> Created:
-    """Insert a queued job with its `state` event. Commits.
+    """Insert a queued job with its `state` event; `owner` names who submitted it (the API
+    key's name). Commits.
 
     With `idempotency_key`: the same key and spec return the first job (created=False); the
-    same key with another spec raises Conflict.
+    same key with another spec raises Conflict. `submitted`: the spec as the client sent it,
+    when `spec` is that spec completed by the server (a pinned `model.init_from`); the
+    idempotency check compares what clients send.
     """
-    digest = request_hash(spec)
+    digest = request_hash(submitted or spec)
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:
@@ -292,6 +297,7 @@ def create(
         max_steps=spec.train.max_steps,
         idempotency_key=idempotency_key,
         request_hash=digest,
+        owner=owner,
         created_at=utcnow(),
         updated_at=utcnow(),
     )
@@ -324,26 +330,3 @@ def _replay(existing: Job, digest: str, key: str) -> Created:
             details=[{"loc": ["header", "Idempotency-Key"], "msg": "reused", "type": "conflict"}],
         )
     return Created(job=existing, created=False)
-
-
-def list_page(
-    *,
-    session: Session,
-    project_id: str,
-    states: Sequence[str] = (),
-    name: str | None = None,
-    limit: int = 50,
-    before_id: int | None = None,
-) -> tuple[list[Job], int | None]:
-    """Newest first; keyset pagination on id. Returns (jobs, id to pass as `before_id` next)."""
-    query = select(Job).where(Job.project_id == project_id)
-    if states:
-        query = query.where(Job.state.in_(list(states)))
-    if name:
-        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        query = query.where(Job.name.ilike(f"%{escaped}%", escape="\\"))
-    if before_id is not None:
-        query = query.where(Job.id < before_id)
-    rows = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).scalars())
-    next_before = rows[limit - 1].id if len(rows) > limit else None
-    return rows[:limit], next_before

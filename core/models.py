@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -103,6 +104,9 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "idempotency_key"),
         Index("ix_jobs_project_id_id", "project_id", "id"),
+        # The jobs list's other sort orders (core/job_list.py): keyset pages by index.
+        Index("ix_jobs_project_id_name_id", "project_id", "name", "id"),
+        Index("ix_jobs_project_id_state_id", "project_id", "state", "id"),
         Index("ix_jobs_state_pool", "state", "pool"),
         # The scheduler's order: a pool's queued jobs by priority, then age (core/scheduling.py).
         Index("ix_jobs_pool_state_priority_id", "pool", "state", "priority", "id"),
@@ -132,6 +136,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     # Seconds the trainer trained, all ended attempts together (for `limits.max_runtime_s`).
     runtime_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # The name of the API key that submitted the job (None for jobs from before 0003).
+    owner: Mapped[str | None] = mapped_column(String(100), default=None)
 
 
 class JobEvent(Base):
@@ -152,7 +158,11 @@ class JobEvent(Base):
 
 
 class MetricPoint(Base):
-    """One value of one series at one step. Keyed, so re-ingestion upserts."""
+    """One value of one series at one step. Keyed, so re-ingestion upserts.
+
+    On Postgres the foreign key to `jobs` is replaced by a delete trigger on `jobs` (migration
+    0003: its per-row check cost more than the insert); the table also feeds `metric_rollups`
+    through a statement trigger."""
 
     __tablename__ = "metric_points"
 
@@ -162,6 +172,23 @@ class MetricPoint(Base):
     value: Mapped[float] = mapped_column(Float)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     time: Mapped[float] = mapped_column(Float)
+
+
+class MetricRollup(Base):
+    """The minimum and maximum points of one series over one block of steps: `step >> shift ==
+    bucket`, `shift = 2 * level + 2` (16 to 1,048,576 steps). Kept by a Postgres trigger on
+    `metric_points` (migration 0003); read by `core.rollups`. Empty on SQLite."""
+
+    __tablename__ = "metric_rollups"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    min_step: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(Integer)
+    max_value: Mapped[float] = mapped_column(Float)
 
 
 class LogLine(Base):

@@ -10,11 +10,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from core import downsample
+from core import downsample, rollups
 from core.models import Checkpoint, Job, JobEvent, LogLine, MetricPoint
 
 
@@ -104,28 +105,44 @@ def series_names(*, session: Session, job_id: int) -> list[str]:
     return [r[0] for r in rows]
 
 
-# Min/max per bucket in one pass: arrays compare element-wise, so min(ARRAY[value, step]) is
-# the bucket's minimum with its (earliest) step, max(ARRAY[value, -step]) its maximum.
-_PG_BUCKETS = text(
-    "SELECT min(ARRAY[value, step::float8]), max(ARRAY[value, -step::float8])"
-    " FROM metric_points WHERE job_id = :job AND name = :name AND step BETWEEN :lo AND :hi"
-    " GROUP BY (step - :lo)::bigint * :buckets / :span"
-)
+@dataclass(frozen=True, slots=True)
+class _Range:
+    """The first and last (step, value) of a series within a step range, and how many points
+    it holds, counted up to a cap (`num_points > cap` means "more than `cap`")."""
+
+    first: tuple[int, float]
+    last: tuple[int, float]
+    num_points: int
 
 
-def _edge(
-    session: Session, job_id: int, name: str, start: int | None, end: int | None, last: bool
-) -> tuple[int, float] | None:
-    query = select(MetricPoint.step, MetricPoint.value).where(
-        MetricPoint.job_id == job_id, MetricPoint.name == name
-    )
+def _range(
+    session: Session, job_id: int, name: str, start: int | None, end: int | None, cap: int
+) -> _Range | None:
+    """One statement, index probes only: first, last, and a count that stops after `cap + 1`
+    rows. None when the range holds no point."""
+    where = [MetricPoint.job_id == job_id, MetricPoint.name == name]
     if start is not None:
-        query = query.where(MetricPoint.step >= start)
+        where.append(MetricPoint.step >= start)
     if end is not None:
-        query = query.where(MetricPoint.step <= end)
-    order = MetricPoint.step.desc() if last else MetricPoint.step
-    row = session.execute(query.order_by(order).limit(1)).first()
-    return (int(row[0]), float(row[1])) if row else None
+        where.append(MetricPoint.step <= end)
+
+    def edge(column: Any, order: Any) -> Any:
+        return select(column).where(*where).order_by(order).limit(1).scalar_subquery()
+
+    capped = select(MetricPoint.step).where(*where).limit(cap + 1).subquery()
+    row = session.execute(
+        select(
+            edge(MetricPoint.step, MetricPoint.step),
+            edge(MetricPoint.value, MetricPoint.step),
+            edge(MetricPoint.step, MetricPoint.step.desc()),
+            edge(MetricPoint.value, MetricPoint.step.desc()),
+            select(func.count()).select_from(capped).scalar_subquery(),
+        )
+    ).one()
+    if row[0] is None:
+        return None
+    first, last = (int(row[0]), float(row[1])), (int(row[2]), float(row[3]))
+    return _Range(first=first, last=last, num_points=int(row[4]))
 
 
 class _ResultCache:
@@ -166,7 +183,8 @@ def downsampled_series(
     end: int | None = None,
 ) -> list[Series]:
     """Each series (of `names`, or all) between steps `start` and `end` inclusive, cut to at most
-    `max_points` points by `core.downsample.min_max` (same rule, in SQL on Postgres).
+    `max_points` points by `core.downsample.min_max` (same rule on Postgres, computed from the
+    `metric_rollups` blocks by `core.rollups`).
 
     Each kept point is a stored point (no interpolation); the first and last points of the
     range are always kept, so `steps[-1]`/`values[-1]` is the exact last value. Sorted by name;
@@ -185,14 +203,13 @@ def downsampled_series(
         if (hit := _downsampled.get((*version, name))) is not None:
             out.append(hit)
             continue
-        first = _edge(session, job_id, name, start, end, last=False)
-        last = _edge(session, job_id, name, start, end, last=True)
-        if first is None or last is None:
+        found = _range(session, job_id, name, start, end, cap=max_points)
+        if found is None:
             continue
+        first, last = found.first, found.last
         buckets = downsample.num_buckets(max_points)
-        span = last[0] - first[0] + 1
-        if not postgres or span <= max_points or buckets == 0:
-            # Few enough steps that the rows fit (steps are unique), or no SQL path: in Python.
+        if not postgres or buckets == 0 or found.num_points <= max_points:
+            # Few enough points to return them all, or no SQL path: in Python.
             s = metric_series(
                 session=session, job_id=job_id, names=[name], start=first[0], end=last[0]
             )[0]
@@ -200,20 +217,15 @@ def downsampled_series(
             out.append(Series(name=name, steps=steps, values=values))
             _downsampled.put((*version, name), out[-1])
             continue
-        params = {
-            "job": job_id,
-            "name": name,
-            "lo": first[0],
-            "hi": last[0],
-            "buckets": buckets,
-            "span": span,
-        }
-        points = {first[0]: first[1], last[0]: last[1]}
-        # JIT compilation costs more than it saves on this one-pass aggregate.
-        session.execute(text("SET LOCAL jit = off"))
-        for low, high in session.execute(_PG_BUCKETS, params):
-            points[int(low[1])] = float(low[0])
-            points[int(-high[1])] = float(high[0])
+        points = rollups.bucket_extremes(
+            session=session,
+            job_id=job_id,
+            name=name,
+            lo=first[0],
+            hi=last[0],
+            cut=downsample.grid(first[0], last[0], buckets),
+        )
+        points |= {first[0]: first[1], last[0]: last[1]}
         steps = sorted(points)
         out.append(Series(name=name, steps=steps, values=[points[s] for s in steps]))
         _downsampled.put((*version, name), out[-1])

@@ -54,12 +54,10 @@ def render() -> str:
             path = f"{prefix}{name}"
             desc = prop.get("description", "").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| `{path}` | {_type(prop)} | {_default(prop, name in required)} | {desc} |")
-            # a nested block, or an optional one (`anyOf: [{$ref}, {type: null}]`)
-            ref = prop.get("$ref") or next(
-                (p["$ref"] for p in prop.get("anyOf", []) if "$ref" in p), None
-            )
-            if ref:
-                nested.append((path, defs[ref.split("/")[-1]]))
+            # a nested object, also a nullable one (`X | None`: anyOf [$ref, null])
+            refs = [p["$ref"] for p in (prop, *prop.get("anyOf", [])) if "$ref" in p]
+            if refs:
+                nested.append((path, defs[refs[0].split("/")[-1]]))
         for path, sub in nested:
             lines.append("")
             lines.append(f"**`{path}`** — {sub.get('description', '').strip()}")

@@ -76,15 +76,22 @@ def trainer_command(
 
 
 def run_trainer(
-    spec: JobSpec, workdir: Path, *, nproc: int | None, env: dict[str, str] | None = None
+    spec: JobSpec,
+    workdir: Path,
+    *,
+    nproc: int | None,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Write `spec` to `workdir/spec.json` and run the trainer on it to the end.
 
-    Run dir `workdir/run`, checkpoints `workdir/ckpt`; stdout and stderr are captured.
+    Run dir `workdir/run`, checkpoints `workdir/ckpt`; `args` are appended to the trainer's
+    command line (e.g. `--init-from URI`); stdout and stderr are captured.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec.dump(workdir / "spec.json")
     cmd = trainer_command(workdir / "spec.json", workdir / "run", workdir / "ckpt", nproc=nproc)
+    cmd += args
     return subprocess.run(
         cmd,
         cwd=REPO_ROOT,

@@ -41,6 +41,7 @@ class Job(_Model):
     error: str | None = None
     worker: str | None = None
     heartbeat_at: datetime | None = None
+    owner: str | None = None  # the name of the API key that submitted it
 
     @property
     def is_terminal(self) -> bool:

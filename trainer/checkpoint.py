@@ -23,12 +23,15 @@ from typing import Any
 import fsspec
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer.data import is_uri
 from trainer.distributed import DistInfo, broadcast_from_rank0
+from trainer.errors import InvalidJobError
 from trainer.events import Reporter
 from trainer.spec import CheckpointSpec
 
@@ -228,3 +231,33 @@ def _writer(uri: str) -> dcp.StorageWriter:
 
 def _reader(uri: str) -> dcp.StorageReader:
     return FsspecReader(uri) if is_uri(uri) else dcp.FileSystemReader(uri)
+
+
+def load_model_only(model: nn.Module, uri: str, *, dist_info: DistInfo) -> None:
+    """Initialize `model` (any layout: DDP, FSDP2/TP DTensors, a pipeline rank's part) with
+    the weights of the complete checkpoint at `uri`, whatever layout and world size saved it
+    (DCP reshards by parameter name). Optimizer, schedule and step are not read.
+
+    Raises `InvalidJobError` when `uri` is no complete checkpoint, lacks one of the model's
+    parameters, or holds one with another shape.
+    """
+    try:
+        saved = _reader(uri).read_metadata().state_dict_metadata
+    except (FileNotFoundError, OSError) as exc:
+        raise InvalidJobError(f"init_from: {uri} is not a complete checkpoint: {exc}") from exc
+    weights = get_model_state_dict(model)
+    state = {"model_optim": {"model": weights}}
+    problems = []
+    for name, tensor in weights.items():
+        meta = saved.get(f"model_optim.model.{name}")
+        if meta is None:
+            problems.append(f"{name} is missing")
+        elif tuple(getattr(meta, "size", ())) != tuple(tensor.shape):
+            problems.append(f"{name} has shape {tuple(meta.size)}, the model {tuple(tensor.shape)}")
+    if problems:
+        raise InvalidJobError(
+            f"init_from: checkpoint {uri} does not fit the model: {'; '.join(problems[:5])}"
+        )
+    dcp.load(state, storage_reader=_reader(uri), no_dist=not dist_info.is_distributed)
+    set_model_state_dict(model, state["model_optim"]["model"])
+    log.info("initialized the model from %s", uri)

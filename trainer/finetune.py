@@ -31,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.checkpoint import load_model_only
+from trainer.distributed import DistInfo
 from trainer.errors import InvalidJobError
 from trainer.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
 from trainer.model import GPTConfig, build_model
@@ -66,11 +68,19 @@ def lora_settings(spec: JobSpec) -> LoRASpec | None:
     return LoRASpec() if spec.qlora is not None else None
 
 
-def build_network(spec: JobSpec, *, device: torch.device) -> Network:
-    """Build the model of `spec` on `device`, quantized and/or with adapters as asked.
+def build_network(
+    spec: JobSpec,
+    *,
+    device: torch.device,
+    init_from: str | None = None,
+    dist_info: DistInfo | None = None,
+) -> Network:
+    """Build the model of `spec` on `device`, quantized and/or with adapters as asked;
+    `init_from` (a complete checkpoint of the built-in GPT) gives the base its weights first
+    (every rank reads them whole: `dist_info` says whether there is a process group).
 
-    Raises `InvalidJobError` for a model that cannot be built, LoRA targets it lacks, or
-    QLoRA where bitsandbytes is missing.
+    Raises `InvalidJobError` for a model that cannot be built, LoRA targets it lacks, a
+    checkpoint that does not fit, or QLoRA where bitsandbytes is missing.
     """
     lora, qlora = lora_settings(spec), spec.qlora
     tokenizer = load_tokenizer(spec.model)
@@ -78,6 +88,9 @@ def build_network(spec: JobSpec, *, device: torch.device) -> Network:
         base: nn.Module = build_model(
             GPTConfig.from_spec(spec.model), device=device, seed=spec.seed
         )
+        if init_from is not None:
+            assert dist_info is not None
+            load_model_only(base, init_from, dist_info=dist_info)
         if qlora is not None:
             quantize_linears(base.blocks, qlora, device=device)  # type: ignore[arg-type]
     else:

@@ -22,9 +22,10 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +38,6 @@ from trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt
 from trainer.finetune import Network
-from trainer.lora_export import export_lora
 from trainer.model import VOCAB_SIZE, generate
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
@@ -85,6 +85,9 @@ class Run:
     state: TrainState
     stop: StopSignal = field(default_factory=StopSignal)
     network: Network | None = None  # how the model was built: tokenizer, LoRA (export)
+    # Called in order after the final eval and checkpoint of a completed run; each returns
+    # fields added to the `completed` status data (e.g. QAT's converted eval loss).
+    end_hooks: list[Callable[[Run], dict[str, Any]]] = field(default_factory=list)
 
     @property
     def loss_share(self) -> float:
@@ -178,23 +181,28 @@ def agree(run: Run, local_loss: Tensor) -> tuple[float, bool]:
 
 
 @torch.no_grad()
-def evaluate(run: Run) -> float:
+def evaluate(run: Run, model: nn.Module | None = None) -> float:
     """Mean eval loss (nats/token) over the eval chunks of all data-parallel ranks (a
-    tensor-parallel group counts its batch once per rank in both sums; the ratio holds)."""
-    run.model.eval()
+    tensor-parallel group counts its batch once per rank in both sums; the ratio holds).
+
+    `model`: evaluate this whole, unsharded copy on each rank instead of the run's model
+    (every rank still takes only its own eval batches; single/ddp/fsdp layouts only)."""
+    net = run.model if model is None else model
+    pipeline = run.pipeline if model is None else None
+    net.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=run.dist.device)
     for indices in run.eval_batches:
         x, y = get_batch(run.eval_chunks, indices, run.dist.device)
         with autocast(run.dist.device, run.spec.train.precision):
-            if run.pipeline is not None:
-                loss_sum, count = run.pipeline.eval_loss_sum(x, y)
+            if pipeline is not None:
+                loss_sum, count = pipeline.eval_loss_sum(x, y)
                 totals[0] += loss_sum
                 totals[1] += count
                 continue
-            logits = run.model(x)
+            logits = net(x)
         totals[0] += lm_loss(logits, y, reduction="sum").double()
         totals[1] += y.numel()
-    run.model.train()
+    net.train()
     loss_sum, count = all_reduce_sum(totals, run.dist).tolist()
     return loss_sum / count
 
@@ -280,19 +288,13 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
         eval_loss = _report_eval(run)
     run.checkpointer.save(run.state.step, force=True)
     run.checkpointer.close()
-    if run.network is not None:  # LoRA: adapter + merged weights (collective under FSDP)
-        export_lora(
-            run.network,
-            run.spec,
-            root=run.checkpointer.root,
-            step=run.state.step,
-            dist_info=run.dist,
-            reporter=run.reporter,
-        )
     # Sharded forwards need every rank (same seed: same tokens); a pipeline does not sample.
     if run.pipeline is None and (run.dims.collective_forward or run.dist.rank == 0):
         text = sample_text(run)
         run.reporter.sample(step=run.state.step, prompt=run.spec.sample.prompt, text=text)
+    extra: dict[str, Any] = {}
+    for hook in run.end_hooks:
+        extra.update(hook(run))
     run.reporter.status(
         "completed",
         f"trained {run.state.step} steps",
@@ -302,6 +304,7 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
             "checkpoint_uri": run.checkpointer.last_saved_uri,
             "steps": run.state.step,
             "tokens_per_second": tokens_per_second,
+            **extra,
         },
     )
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import torch
@@ -42,6 +42,9 @@ from trainer.events import Reporter
 from trainer.finetune import Network, fqn
 from trainer.model import GPTConfig, build_model
 from trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from trainer.loop import Run
 
 ADAPTER_FORMAT = "peft_adapter"
 MERGED_FORMAT = "merged_safetensors"
@@ -82,6 +85,18 @@ def export_lora(
     for fmt, sub in ((ADAPTER_FORMAT, "adapter"), (MERGED_FORMAT, "merged")):
         where = f"{uri}/{sub}"
         reporter.export(step=step, format=fmt, uri=where, size_bytes=directory_size(where))
+
+
+def export_at_end(run: Run) -> dict[str, Any]:
+    """End hook of a LoRA run (`Run.end_hooks`): `export_lora` of its final step; the
+    `completed` status data gets `lora_adapter_uri` and `lora_merged_uri`."""
+    assert run.network is not None
+    root, step = run.checkpointer.root, run.state.step
+    export_lora(
+        run.network, run.spec, root=root, step=step, dist_info=run.dist, reporter=run.reporter
+    )
+    uri = export_uri(root, step)
+    return {"lora_adapter_uri": f"{uri}/adapter", "lora_merged_uri": f"{uri}/merged"}
 
 
 def _dequantized(state: dict[str, Tensor], peft_model: nn.Module) -> dict[str, Tensor]:

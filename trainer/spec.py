@@ -33,6 +33,54 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
 
+class InitFromSpec(_Strict):
+    """Start from the model weights of an earlier job's checkpoint (fine-tuning).
+
+    Only the weights are taken (not the optimizer, schedule or step), under any parallelism
+    and world size (DCP reshards by parameter name). Give `job` (its latest complete
+    checkpoint, pinned when the job is submitted) or `checkpoint` (an id from
+    `GET /v1/jobs/{id}/checkpoints`), or both (the checkpoint must be of that job). Both must
+    be of the job's project, and the model's shape must equal the earlier job's.
+    """
+
+    job: int | None = Field(
+        default=None, ge=1, description="Id of an earlier job of the same project."
+    )
+    checkpoint: int | None = Field(
+        default=None,
+        ge=1,
+        description="Id of a complete checkpoint; filled in at submission when only `job` is "
+        "given (the job's latest complete checkpoint then).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InitFromSpec:
+        if self.job is None and self.checkpoint is None:
+            raise PydanticCustomError("init_from_empty", "give `job` or `checkpoint` (or both)")
+        return self
+
+
+class QATSpec(_Strict):
+    """Quantization-aware training with torchao (`QATConfig`, prepare/convert).
+
+    During training each `nn.Linear` fake-quantizes its input to int8 per token (dynamic,
+    asymmetric) and its weight to `weight_dtype` per group of `group_size` input channels
+    (symmetric), with straight-through gradients (Jacob et al. 2018). At the end the model is
+    converted to real quantized weights (`Int8DynamicActivationIntxWeightConfig`), its eval
+    loss reported next to the fake-quantized one, and it is saved as safetensors.
+    """
+
+    weight_dtype: Literal["int4", "int8"] = Field(
+        default="int4", description="Integer type of the quantized Linear weights."
+    )
+    group_size: int = Field(
+        default=32,
+        ge=8,
+        le=4096,
+        description="Input channels per weight scale; must divide model.d_model and d_ff.",
+    )
+
+
 class HFModelSpec(_Strict):
     """A Hugging Face `transformers` causal LM; read when `model.kind` is `hf`. Exactly one of
     `path_or_id` or `from_config`."""
@@ -83,6 +131,11 @@ class ModelSpec(_Strict):
         default=128, ge=8, le=65536, description="Context length in tokens (bytes)."
     )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout probability.")
+    init_from: InitFromSpec | None = Field(
+        default=None,
+        description="Fine-tune: start from an earlier job's checkpoint instead of a random "
+        "init (the job's own checkpoints still take precedence when it resumes).",
+    )
 
 
 class DataSpec(_Strict):
@@ -322,6 +375,12 @@ class CheckpointSpec(_Strict):
     async_save: bool = Field(
         default=False, description="Save with `dcp.async_save`: the step pays only staging."
     )
+    export_safetensors: bool = Field(
+        default=False,
+        description="When the run completes, also write its final weights as one "
+        "consolidated `CKPT/export/model.safetensors` + `config.json` (as "
+        "`python -m trainer.export`).",
+    )
 
 
 class SampleSpec(_Strict):
@@ -403,6 +462,9 @@ class JobSpec(_Strict):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Placement.")
     retries: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
     limits: LimitsSpec = Field(default_factory=LimitsSpec, description="Hard limits.")
+    qat: QATSpec | None = Field(
+        default=None, description="Quantization-aware training (torchao); null for none."
+    )
     priority: int = Field(
         default=0,
         ge=-100,
@@ -481,6 +543,7 @@ def _cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
             )
         )
     errors += _parallelism_errors(spec)
+    errors += _qat_errors(spec)
     errors += _model_source_errors(spec)
     errors += _finetune_errors(spec)
     if spec.eval.interval_steps > spec.train.max_steps:
@@ -630,6 +693,38 @@ def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
+QAT_STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def _qat_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """QAT needs whole (or FSDP-gathered) Linear weights and groups that tile their inputs."""
+    qat, model = spec.qat, spec.model
+    if qat is None:
+        return []
+    errors: list[tuple[tuple[str, ...], str]] = []
+    strategy = spec.parallelism.strategy
+    if strategy not in QAT_STRATEGIES or spec.parallelism.tp_size(spec.world_size) > 1:
+        errors.append(
+            (
+                ("qat",),
+                f"qat runs with strategy {', '.join(map(repr, QAT_STRATEGIES))} without tensor "
+                f"parallelism, not {strategy!r}"
+                + (" with tensor_parallel_size > 1" if strategy == "fsdp" else ""),
+            )
+        )
+    if model.kind == "gpt":
+        d_ff = model.d_ff or 4 * model.d_model
+        for field, value in (("d_model", model.d_model), ("d_ff", d_ff)):
+            if value % qat.group_size:
+                errors.append(
+                    (
+                        ("qat", "group_size"),
+                        f"group_size ({qat.group_size}) must divide model.{field} ({value})",
+                    )
+                )
+    return errors
+
+
 def _model_source_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     """`model.kind` vs `model.hf`, and what a Hugging Face model can run with."""
     model, par = spec.model, spec.parallelism
@@ -653,6 +748,15 @@ def _model_source_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
                 "tensor_parallel_size); tensor and pipeline plans exist for model.kind 'gpt'",
             )
         )
+    gpt_only = [
+        (("model", "init_from"), model.init_from is not None, "model.init_from"),
+        (("qat",), spec.qat is not None, "qat"),
+        (("checkpoint", "export_safetensors"), spec.checkpoint.export_safetensors,
+         "checkpoint.export_safetensors"),
+    ]  # fmt: skip
+    for loc, used, what in gpt_only:
+        if used:
+            errors.append((loc, f"{what} is for model.kind 'gpt', not a Hugging Face model"))
     return errors
 
 
@@ -681,6 +785,16 @@ def _finetune_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
         )
     if lora is not None and spec.model.kind == "gpt":
         errors += _gpt_lora_errors(lora, spec.model.n_layers)
+    if spec.qat is not None:
+        errors.append((("qat",), f"qat cannot be combined with {field}"))
+    if spec.checkpoint.export_safetensors:
+        errors.append(
+            (
+                ("checkpoint", "export_safetensors"),
+                f"a {field} run exports its merged weights as safetensors itself "
+                "(CKPT/lora/step_N/merged); its checkpoints hold only the adapters",
+            )
+        )
     return errors
 
 

@@ -15,20 +15,23 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import ValidationError
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import Checkpointer, load_model_only
 from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross_entropy
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.errors import InvalidJobError
 from trainer.events import EventWriter, NullReporter, Reporter
-from trainer.finetune import build_network, model_state
+from trainer.export import export_at_end
+from trainer.finetune import build_network, lora_settings, model_state
 from trainer.hf import data_vocab_size, encode_corpus, load_tokenizer
-from trainer.loop import Run, lm_loss, train_loop
+from trainer.loop import Run, evaluate, lm_loss, train_loop
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
 from trainer.sampler import GlobalBatchSampler, eval_batches
@@ -44,6 +47,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, type=Path, help="directory for events.jsonl")
     p.add_argument("--checkpoint-dir", required=True, help="local directory or fsspec URI")
     p.add_argument("--data", help="corpus file or directory; default: spec.data.uri")
+    p.add_argument(
+        "--init-from",
+        help="a complete checkpoint (step_XXXXXXXX dir or URI) whose model weights start the "
+        "run when it has no checkpoint of its own; needed when spec.model.init_from is set",
+    )
     return p.parse_args(argv)
 
 
@@ -68,7 +76,15 @@ def main(argv: list[str] | None = None) -> None:
             raise spec_error
         corpus = load_corpus(_data_location(spec, args.data), spec.data)
         dist_info = init_distributed(spec.resources.device)
-        run_job(spec, corpus, _checkpoint_root(args.checkpoint_dir), dist_info, reporter)
+        init_from = _init_from_location(spec, args.init_from)
+        run_job(
+            spec,
+            corpus,
+            _checkpoint_root(args.checkpoint_dir),
+            dist_info,
+            reporter,
+            init_from=init_from,
+        )
         shutdown(dist_info, clean=True)
     except InvalidJobError as exc:
         _fail(exc, 2, reporter, dist_info)
@@ -109,24 +125,53 @@ def _data_location(spec: JobSpec, data_arg: str | None) -> str:
     return location
 
 
+def _init_from_location(spec: JobSpec, init_arg: str | None) -> str | None:
+    return _checkpoint_root(init_arg) if init_arg else None
+
+
 def _checkpoint_root(checkpoint_dir: str) -> str:
     """Local directories become absolute, so the URIs in events mean the same to readers."""
     return checkpoint_dir if is_uri(checkpoint_dir) else os.path.abspath(checkpoint_dir)
 
 
 def run_job(
-    spec: JobSpec, corpus: Corpus, checkpoint_dir: str, dist_info: DistInfo, reporter: Reporter
+    spec: JobSpec,
+    corpus: Corpus,
+    checkpoint_dir: str,
+    dist_info: DistInfo,
+    reporter: Reporter,
+    *,
+    init_from: str | None = None,
 ) -> None:
-    """Build the run, resume from the latest complete checkpoint if any, train.
+    """Build the run, resume from the latest complete checkpoint if any (else take the model
+    weights of the checkpoint `init_from`, if given, and report their eval loss at step 0),
+    train.
 
     Everything built here is local, so it is freed when this returns (before teardown).
     """
     tokenizer = load_tokenizer(spec.model)  # None: bytes
     corpus = encode_corpus(corpus, tokenizer)
-    run = build_run(spec, corpus, checkpoint_dir, dist_info, reporter)
+    # A LoRA run's checkpoints hold only its adapters: its frozen base is rebuilt from
+    # --init-from on every attempt, before the adapters are added (`build_network`).
+    lora = lora_settings(spec) is not None
+    run = build_run(
+        spec, corpus, checkpoint_dir, dist_info, reporter, init_from=init_from if lora else None
+    )
     run.stop.install()
     try:
-        start_step = run.checkpointer.load_latest() or 0
+        if lora and spec.model.init_from is not None and init_from is None:
+            raise InvalidJobError("a LoRA fine-tune of model.init_from needs --init-from URI")
+        start_step = run.checkpointer.load_latest()
+        if start_step is not None or init_from is None:
+            init_from = None  # the run's own checkpoints take precedence
+        elif not lora:  # (LoRA: build_run put the weights into the base, before adapters)
+            load_model_only(run.parallel_model, init_from, dist_info=dist_info)
+        if start_step is None and init_from is None and spec.model.init_from is not None:
+            raise InvalidJobError(
+                "model.init_from needs --init-from URI (the worker resolves it) while the run "
+                "has no checkpoint of its own"
+            )
+        start_step = start_step or 0
         unigram = unigram_cross_entropy(corpus.train, corpus.eval, data_vocab_size(tokenizer))
         num_params = run.num_params
         reporter.status(
@@ -140,8 +185,11 @@ def run_job(
                 "max_steps": spec.train.max_steps,
                 "start_step": start_step,
                 "unigram_eval_loss": unigram,
+                "init_from": init_from,
             },
         )
+        if init_from is not None:
+            reporter.metric(start_step, {"eval_loss": evaluate(run)})
         log.info(
             "%d parameters (%d trainable), unigram eval loss %.4f",
             num_params, run.network.trainable_params, unigram,
@@ -152,18 +200,42 @@ def run_job(
 
 
 def build_run(
-    spec: JobSpec, corpus: Corpus, checkpoint_dir: str, dist_info: DistInfo, reporter: Reporter
+    spec: JobSpec,
+    corpus: Corpus,
+    checkpoint_dir: str,
+    dist_info: DistInfo,
+    reporter: Reporter,
+    *,
+    init_from: str | None = None,
 ) -> Run:
     """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, data, sampler and checkpointer for one
-    attempt. `corpus` holds the model's token ids (`trainer.hf.encode_corpus`).
+    attempt. `corpus` holds the model's token ids (`trainer.hf.encode_corpus`); `init_from`:
+    a checkpoint whose weights the base takes before LoRA adapters are added (LoRA runs).
 
     Raises `InvalidJobError` when a split holds less than one chunk, or the model cannot be
     built as asked (`trainer.finetune.build_network`).
     """
     torch.manual_seed(spec.seed + dist_info.rank)  # dropout differs per rank, reproducibly
     dims = ParallelDims.from_spec(spec, dist_info.world_size)
-    network = build_network(spec, device=dist_info.device)
+    network = build_network(
+        spec,
+        device=dist_info.device,
+        init_from=init_from,
+        dist_info=dist_info,
+    )
     model, num_params = network.model, network.num_params
+    end_hooks: list[Callable[[Run], dict[str, Any]]] = []
+    if spec.checkpoint.export_safetensors:
+        end_hooks.append(export_at_end)
+    if network.peft_model is not None:
+        from trainer.lora_export import export_at_end as export_lora_at_end
+
+        end_hooks.append(export_lora_at_end)
+    if spec.qat is not None:  # fake-quantized Linears, before sharding (torchao)
+        from trainer import qat  # torchao takes ~1.5 s to import: only for QAT runs
+
+        qat.prepare(model, spec.qat)
+        end_hooks.append(qat.report_converted)
     parts = parallelize(
         model, dims, spec, rank=dist_info.rank, device=dist_info.device, loss=lm_loss
     )
@@ -233,6 +305,7 @@ def build_run(
         reporter=reporter,
         state=state,
         network=network,
+        end_hooks=end_hooks,
     )
 
 

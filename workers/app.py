@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from core.logs import configure_json_logging
 from core.queue import RECONCILE_TASK, celery_config
 from core.settings import Settings, get_settings
 
@@ -45,12 +46,10 @@ def create_app(settings: Settings | None = None) -> Celery:
 
 @signals.worker_init.connect
 def _log_to_stderr(**_: Any) -> None:
-    """Celery leaves the root logger alone (`worker_hijack_root_logger=False`): give ours one."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=logging.INFO, format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
-        )
+    """Celery leaves the root logger alone (`worker_hijack_root_logger=False`): give ours one,
+    writing JSON lines that carry the job id of the task in progress (`core.logs`)."""
+    if not logging.getLogger().handlers:
+        configure_json_logging("")
 
 
 @signals.worker_ready.connect

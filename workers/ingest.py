@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -31,6 +32,7 @@ from workers.tail import FileTail
 log = logging.getLogger(__name__)
 
 MAX_LINE_CHARS = 16_384
+MAX_METRIC_NAME_CHARS = 100  # metric_points.name is varchar(100)
 
 
 class JobLost(Exception):
@@ -115,18 +117,14 @@ class RunIngest:
 
     def _parse_event(self, offset: int, raw: bytes, batch: _Batch) -> None:
         try:
-            event = _clean(json.loads(raw))
+            event = _loads(raw)
             kind = event["type"]
-        except (ValueError, KeyError, TypeError):
+            if kind == "metric":
+                _parse_metric(event, batch.metrics)
+            else:
+                batch.events.append(_clean(event))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             log.warning("job %s: skipping bad events.jsonl line at byte %d", self.job_id, offset)
-            return
-        if kind == "metric":
-            step, when = int(event["step"]), float(event.get("time", 0.0))
-            for name, value in (event.get("values") or {}).items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    batch.metrics.append(store.Metric(str(name), step, float(value), when))
-        else:
-            batch.events.append(event)
 
     def _write(self, session: Session, batch: _Batch) -> str:
         job = session.execute(
@@ -219,6 +217,35 @@ class RunIngest:
                     r.completed = dict(event.get("data") or {})
             elif event.get("type") == "error":
                 r.errors.append(str(event.get("message", "")))
+
+
+def _loads(raw: bytes) -> Any:
+    """A JSON line: orjson, or the standard library for what strict JSON refuses but Python's
+    `json.dumps` writes (NaN, Infinity). Raises ValueError."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
+def _parse_metric(event: dict[str, Any], out: list[store.Metric]) -> None:
+    """Append the points of one metric line: finite numbers under names of at most
+    `MAX_METRIC_NAME_CHARS` (NUL replaced); other values are skipped. The hot path of ingest:
+    no per-value recursion (`_clean`) here."""
+    step = int(event["step"])
+    if not -(2**31) <= step < 2**31:  # metric_points.step is a 32-bit integer
+        raise ValueError(f"step {step} out of range")
+    make = store.Metric._make
+    when = float(event.get("time") or 0.0)
+    if not math.isfinite(when):
+        when = 0.0
+    for name, value in (event.get("values") or {}).items():
+        if type(value) is not float:
+            if type(value) is not int:  # bool, None, str, ...: not a measurement
+                continue
+            value = float(value)
+        if math.isfinite(value) and len(name) <= MAX_METRIC_NAME_CHARS:
+            out.append(make((name.replace("\x00", "\ufffd"), step, value, when)))
 
 
 def _text(raw: bytes) -> str:

@@ -38,6 +38,7 @@ class RunPaths:
     run_dir: Path
     checkpoint_dir: str
     data: str
+    init_from: str | None = None  # checkpoint URI of `model.init_from`, resolved by the worker
 
     @property
     def spec(self) -> Path:
@@ -113,6 +114,7 @@ def torchrun_argv(
         paths.checkpoint_dir,
         "--data",
         paths.data,
+        *(["--init-from", paths.init_from] if paths.init_from else []),
     ]
 
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import datasets, jobs, scheduling
+from core import datasets, init_from, jobs, scheduling
 from core.errors import DomainError, InvalidInput
 from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState
@@ -230,8 +230,20 @@ def _prepare(
                 session=s, job_id=job.id, attempt=job.attempt, root=checkpoint_dir
             ),
         )
+    source = spec.model.init_from
+    init_uri = None
+    if source is not None:
+        init_uri = _with_db_retry(
+            factory,
+            lambda s: init_from.launch_uri(
+                session=s, job_id=job.id, project_id=job.project_id, source=source
+            ),
+        )
     paths = RunPaths(
-        run_dir=job_run_dir(settings, job.id, job.attempt), checkpoint_dir=checkpoint_dir, data=data
+        run_dir=job_run_dir(settings, job.id, job.attempt),
+        checkpoint_dir=checkpoint_dir,
+        data=data,
+        init_from=init_uri,
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(json.dumps(job.spec, indent=2))

@@ -11,6 +11,7 @@ from celery import signals
 from sqlalchemy.exc import OperationalError
 
 from core.db import get_engine, session_factory
+from core.logs import job_id_var
 from core.queue import RECONCILE_TASK, RUN_JOB_TASK
 from core.settings import get_settings
 from workers import reconcile as reconciler
@@ -46,14 +47,18 @@ def run_job(self: Any, job_id: int) -> str:
     """Run the job if it is still queued (assert the world: the claim re-reads the row)."""
     settings = get_settings()
     worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
-    return runner.run_job(
-        job_id,
-        settings=settings,
-        factory=session_factory(get_engine(settings)),
-        worker=worker,
-        dispatch=dispatch,
-        shutdown=shutting_down,
-    )
+    token = job_id_var.set(job_id)  # every log record of this task says which job
+    try:
+        return runner.run_job(
+            job_id,
+            settings=settings,
+            factory=session_factory(get_engine(settings)),
+            worker=worker,
+            dispatch=dispatch,
+            shutdown=shutting_down,
+        )
+    finally:
+        job_id_var.reset(token)
 
 
 @app.task(name=RECONCILE_TASK)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from sqlalchemy.orm import Session
@@ -14,7 +14,7 @@ from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import datasets, jobs, scheduling, storage
+from core import datasets, init_from, job_list, jobs, scheduling, storage
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
@@ -36,7 +36,12 @@ _CONFLICT = {409: {"model": ErrorBody, "description": "Conflicts with the job's 
     responses={
         200: {"model": schemas.Job, "description": "Replay: the job first made with this key"},
         403: {"model": ErrorBody, "description": "`data.uri` is outside the allowed data roots"},
-        409: {"model": ErrorBody, "description": "`Idempotency-Key` reused for another spec"},
+        404: {"model": ErrorBody, "description": "`model.init_from` names no job/checkpoint"},
+        409: {
+            "model": ErrorBody,
+            "description": "`Idempotency-Key` reused for another spec, or the "
+            "`model.init_from` job has no complete checkpoint",
+        },
     },
 )
 def submit_job(
@@ -58,13 +63,16 @@ def submit_job(
     ] = None,
 ) -> schemas.Job:
     """Submit a training job (a JobSpec); it is queued and dispatched to its pool."""
-    require_storable(spec.model_dump(), ("body",))
-    _check_data(session=session, settings=settings, project_id=principal.project_id, spec=spec)
+    pinned = check_submittable(
+        session=session, settings=settings, project_id=principal.project_id, spec=spec
+    )
     result = jobs.create(
         session=session,
         project_id=principal.project_id,
-        spec=spec,
+        spec=pinned,
         idempotency_key=idempotency_key,
+        owner=principal.key_name,
+        submitted=spec,
     )
     if result.created:
         request.app.state.dispatcher.dispatch(result.job)
@@ -86,6 +94,21 @@ def _out(session: Session, items: list[Job]) -> list[schemas.Job]:
         )
         for job in items
     ]
+
+
+def check_submittable(
+    *, session: Session, settings: Settings, project_id: str, spec: JobSpec
+) -> JobSpec:
+    """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
+    `POST /v1/spec/validate`): storable strings, data the project may use, and a
+    `model.init_from` of the project. Returns the spec with `init_from` pinned to a checkpoint.
+
+    Raises InvalidInput (422), Forbidden (403), NotFound (404) or Conflict (409) with the
+    field's `["body", ...]` path.
+    """
+    require_storable(spec.model_dump(), ("body",))
+    _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
+    return init_from.pin(session=session, project_id=project_id, spec=spec)
 
 
 def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
@@ -162,45 +185,92 @@ def list_jobs(
         str | None,
         Query(max_length=100, pattern=r"^[^\x00]*$", description="Substring of the job name."),
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        Query(
+            max_length=20,
+            description="`key=value`: only jobs with this label (repeatable: all must match).",
+        ),
+    ] = None,
+    sort: Annotated[
+        Literal[job_list.SORTS],  # type: ignore[valid-type]
+        Query(description="Order: `created`, `name` or `state`; `-` first for descending."),
+    ] = job_list.DEFAULT_SORT,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
-        str | None, Query(max_length=200, description="`next_cursor` of the previous page.")
+        str | None, Query(max_length=600, description="`next_cursor` of the previous page.")
     ] = None,
 ) -> schemas.JobPage:
-    """List the project's jobs, newest first, a page at a time."""
-    items, next_before = jobs.list_page(
+    """List the project's jobs, newest first unless `sort` says otherwise, a page at a time."""
+    items, after = job_list.list_page(
         session=session,
         project_id=principal.project_id,
         states=[str(s) for s in state or ()],
         name=name or None,
+        labels=_labels(label or []),
+        sort=sort,
         limit=limit,
-        before_id=_decode_cursor(cursor) if cursor is not None else None,
+        after=_decode_cursor(cursor, sort) if cursor is not None else None,
     )
     return schemas.JobPage(
         items=_out(session, items),
-        next_cursor=_encode_cursor(next_before) if next_before is not None else None,
+        next_cursor=_encode_cursor(after) if after is not None else None,
     )
 
 
-def _encode_cursor(before_id: int) -> str:
-    raw = json.dumps({"before_id": before_id}, separators=(",", ":")).encode()
+def _labels(pairs: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for i, pair in enumerate(pairs):
+        key, eq, value = pair.partition("=")
+        if not eq or not key or len(pair) > 300 or "\x00" in pair:
+            raise InvalidInput(
+                f"label: {pair[:50]!r} is not key=value",
+                details=[
+                    {"loc": ["query", "label", i], "msg": "not key=value", "type": "value_error"}
+                ],
+            )
+        labels[key] = value
+    return labels
+
+
+def _encode_cursor(after: job_list.After) -> str:
+    # The default order keeps its original cursor shape, so cursors already handed out work.
+    body: dict[str, Any] = (
+        {"before_id": after.id}
+        if after.sort == job_list.DEFAULT_SORT
+        else {"sort": after.sort, "value": after.value, "id": after.id}
+    )
+    raw = json.dumps(body, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> int:
+def _decode_cursor(cursor: str, sort: str) -> job_list.After:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        before_id = json.loads(raw)["before_id"]
+        body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if "before_id" in body:
+            body = {
+                "sort": job_list.DEFAULT_SORT,
+                "value": body["before_id"],
+                "id": body["before_id"],
+            }
+        after = job_list.After(sort=body["sort"], value=body["value"], id=body["id"])
     except (binascii.Error, ValueError, TypeError, KeyError):
-        before_id = None
-    if type(before_id) is not int or not 1 <= before_id <= MAX_ID:
+        after = None
+    if (
+        after is None
+        or after.sort != sort
+        or type(after.id) is not int
+        or not 1 <= after.id <= MAX_ID
+        or type(after.value) is not (int if sort.lstrip("-") == "created" else str)
+        or (type(after.value) is str and (len(after.value) > 200 or "\x00" in after.value))
+    ):
         raise InvalidInput(
-            "cursor: not a cursor this API returned",
+            "cursor: not a cursor this API returned for this sort",
             details=[
                 {"loc": ["query", "cursor"], "msg": "malformed cursor", "type": "value_error"}
             ],
         )
-    return before_id
+    return after
 
 
 @router.get("/{job_id}", response_model=schemas.Job)

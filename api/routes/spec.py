@@ -1,17 +1,96 @@
-"""The job spec's JSON Schema, for clients and forms that build specs."""
+"""The job spec: its JSON Schema, and a check of a spec text that names the lines of its errors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
 
-from trainer.spec import json_schema
+from api import schemas
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.errors import ERROR_RESPONSES, ErrorBody
+from api.routes.jobs import check_submittable
+from core import spec_yaml
+from core.errors import DomainError, InvalidInput
+from trainer.spec import JobSpec, json_schema
 
 router = APIRouter(prefix="/v1/spec", tags=["spec"])
+
+_TEXT_BODY = {
+    "required": True,
+    "content": {
+        "application/yaml": {"schema": {"type": "string"}},
+        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+    },
+}
 
 
 @router.get("/schema")
 def spec_schema() -> dict[str, Any]:
     """The JSON Schema of JobSpec, the body of `POST /v1/jobs`."""
     return json_schema()
+
+
+async def _text(request: Request) -> str:
+    """The raw body as UTF-8 text (the size is bounded by `api.limits.BodyLimit`)."""
+    raw = await request.body()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            "body: not UTF-8 text",
+            details=[{"loc": ["body"], "msg": f"not UTF-8: {exc.reason}", "type": "unicode"}],
+        ) from None
+
+
+def _pointer(path: tuple[str | int, ...]) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+@router.post(
+    "/validate",
+    response_model=schemas.SpecCheck,
+    responses={
+        **ERROR_RESPONSES,
+        403: {"model": ErrorBody, "description": "`data.uri` is outside the allowed data roots"},
+    },
+    openapi_extra={"requestBody": _TEXT_BODY},
+)
+def validate_spec(
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    text: Annotated[str, Depends(_text)],
+) -> schemas.SpecCheck:
+    """Check a spec written as YAML or JSON exactly as `POST /v1/jobs` would, without submitting
+    it; each error's `details` item also gives the `line` and `column` of its field."""
+    doc = spec_yaml.parse(text)
+    try:
+        spec = JobSpec.model_validate(doc.data)
+        check_submittable(
+            session=session, settings=settings, project_id=principal.project_id, spec=spec
+        )
+    except ValidationError as exc:
+        details = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors()]
+        first = details[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidInput(
+            f"invalid spec: {where}: {first['msg']}", details=_placed(doc, details)
+        ) from None
+    except DomainError as exc:
+        exc.details = _placed(doc, exc.details)
+        raise
+    return schemas.SpecCheck(
+        spec=doc.data, lines={_pointer(path): line for path, (line, _) in doc.positions.items()}
+    )
+
+
+def _placed(doc: spec_yaml.SpecDocument, details: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`details` with the line and column of each `loc` (`["body", ...]`) in the text."""
+    out = []
+    for d in details:
+        loc = list(d.get("loc", ()))
+        line, column = doc.locate(loc[1:] if loc[:1] == ["body"] else loc)
+        out.append({**d, "line": line, "column": column})
+    return out

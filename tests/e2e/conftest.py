@@ -33,6 +33,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 VIEWPORT = {"width": 1280, "height": 800}
+LAPTOP = {"width": 1366, "height": 768}  # the most common laptop screen
 SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
 WAIT_MS = 30_000
 _RESOURCE_STATUS = re.compile(r"status of (\d{3})")
@@ -82,17 +83,28 @@ class Dash:
     def open(self, route: str) -> None:
         self.page.goto(f"{self.base_url}/ui/#{route}")
 
-    def shot(self, name: str) -> None:
+    def fits_width(self) -> bool:
+        """The page needs no horizontal scrolling at this viewport."""
+        return bool(self.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"))
+
+    def shot(self, name: str, full_page: bool = False) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
 
 @contextmanager
 def new_dash(
-    browser: Browser, base_url: str, api_key: str | None, color_scheme: str = "light"
+    browser: Browser,
+    base_url: str,
+    api_key: str | None,
+    color_scheme: str = "light",
+    viewport: dict[str, int] | None = None,
 ) -> Iterator[Dash]:
     """A fresh browser context (cold cache) on the dashboard; asserts no console errors at exit."""
-    context = browser.new_context(viewport=VIEWPORT, color_scheme=color_scheme)  # type: ignore[arg-type]
+    context = browser.new_context(
+        viewport=viewport or VIEWPORT,  # type: ignore[arg-type]
+        color_scheme=color_scheme,  # type: ignore[arg-type]
+    )
     context.set_default_timeout(WAIT_MS)
     if api_key is not None:  # signed in already, as after the sign-in form
         context.add_init_script(f"sessionStorage.setItem('torchyard.apiKey', {api_key!r})")

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import ProjectKey
-from tests.e2e.conftest import Dash, new_dash
+from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue
 
 RUN_TIMEOUT_MS = 180_000
@@ -45,8 +45,9 @@ def parked(api: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
 
 
 def _spec_text(pool: str, dataset_id: str, **overrides: Any) -> str:
+    """The spec as YAML, as a user would write it in the editor."""
     spec = tiny_spec(pool=pool, dataset_id=dataset_id, **overrides)
-    return json.dumps(spec.model_dump(mode="json", exclude_defaults=True), indent=2)
+    return str(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
 
 
 def _points(dash: Dash, chart_id: str) -> int:
@@ -73,11 +74,21 @@ def test_sign_in_with_an_api_key_lists_the_projects_jobs_and_filters_them(
         expect(row.locator(".state")).to_have_text("queued")
         expect(row).to_contain_text("1 \u00d7 1")
         expect(row.locator(".label")).to_have_text("team=nlp")
+        expect(row.locator("td.owner")).to_have_text("default")  # the API key's name
     expect(page.locator("#who")).to_contain_text(owner.project_name)
 
     page.fill("#name-filter", "alpha")
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("parked-alpha")
+    page.fill("#name-filter", "")
+    page.fill("#label-filter", "team=vision")
+    expect(page.locator("#jobs-body")).to_contain_text("No jobs match")
+    page.fill("#label-filter", "")
+    expect(rows).to_have_count(2)
+    rows.first.locator("button.label").click()  # a label filters by itself
+    expect(page.locator("#label-filter")).to_have_value("team=nlp")
+    expect(rows).to_have_count(2)
+    assert "label=team%3Dnlp" in page.url  # the filter is in the address, to share
     page.select_option("#state-filter", "succeeded")
     expect(page.locator("#jobs-body")).to_contain_text("No jobs match")
 
@@ -86,36 +97,42 @@ def test_sign_in_with_an_api_key_lists_the_projects_jobs_and_filters_them(
     assert page.evaluate("sessionStorage.getItem('torchyard.apiKey')") is None
 
 
-def test_a_bad_spec_shows_the_apis_field_path_next_to_the_editor(
+def test_a_bad_spec_shows_the_apis_field_paths_beside_the_yaml_lines_as_you_type(
     dash: Dash, dataset_id: str, pool: str
 ) -> None:
+    page = dash.page
     dash.open("/submit")
-    dash.page.wait_for_selector("main[data-loaded]")
+    page.wait_for_selector("main[data-loaded]")
+    expect(page.locator("#spec-errors li.ok")).to_be_visible()  # the template is valid
     dash.console.expect_status(422)
-    bad = _spec_text(pool, dataset_id).replace('"micro_batch_size": 8', '"micro_batch_size": 0')
-    assert '"micro_batch_size": 0' in bad
-    dash.page.fill("#spec-editor", bad)
-    # Checked against /v1/spec/schema while typing ...
-    hint = dash.page.locator("#local-errors li[data-loc='train.micro_batch_size']")
-    expect(hint).to_contain_text("should be ≥ 1")
-    # ... and by the API on submit: its 422 field path, with the line it concerns.
-    dash.page.click("#submit-job")
-    error = dash.page.locator("#spec-errors li[data-loc='train.micro_batch_size']")
-    expect(error).to_be_visible()
-    expect(dash.page.locator("#submit-status")).to_contain_text("422")
+    bad = _spec_text(pool, dataset_id).replace("micro_batch_size: 8", "micro_batch_size: 0")
+    line = bad.splitlines().index("  micro_batch_size: 0") + 1
+    page.fill("#spec-editor", bad)
+    # Checked by the API while typing: the 422's field path, listed and marked at its line.
+    error = page.locator("#spec-errors li[data-loc='train.micro_batch_size']")
+    expect(error).to_contain_text("greater than or equal to 1")
+    expect(error.locator("a.line")).to_have_text(f" line {line}")
+    beside = page.locator(f".code .backdrop [data-line='{line}'] .note")
+    expect(beside).to_contain_text("greater than or equal to 1")
+    expect(page.locator(f".code .gutter [data-line='{line}']")).to_have_class("bad")
+    expect(page.locator(".code .gutter .bad")).to_have_count(1)
+    page.click("#submit-job")
+    expect(page.locator("#submit-status")).to_contain_text("422")
     error.locator("a.line").click()
-    selected = dash.page.evaluate(
+    selected = page.evaluate(
         "(e => e.value.slice(e.selectionStart, e.selectionEnd))"
         "(document.getElementById('spec-editor'))"
     )
-    assert selected.strip() == '"micro_batch_size": 0,'
+    assert selected.strip() == "micro_batch_size: 0"
+    # ... and the schema says what the field under the cursor is.
+    expect(page.locator("#field-help")).to_contain_text("train.micro_batch_size integer ≥ 1")
     dash.shot("submit")
 
-    dash.page.fill("#spec-editor", '{"name": "x", "nonsense": 1}')
-    expect(dash.page.locator("#local-errors li[data-loc='nonsense']")).to_contain_text(
-        "not a field"
-    )
-    expect(dash.page.locator("#local-errors li[data-loc='data']")).to_contain_text("required")
+    page.fill("#spec-editor", "name: x\nnonsense: 1\n")
+    expect(page.locator("#spec-errors li[data-loc='nonsense']")).to_contain_text("line 2")
+    expect(page.locator("#spec-errors li[data-loc='data']")).to_contain_text("required")
+    page.fill("#spec-editor", "name: x\ndata: [\n")
+    expect(page.locator("#spec-errors li[data-loc='']")).to_contain_text("not YAML")
 
 
 def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
@@ -154,7 +171,8 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     running = page.locator("#job-state .state").inner_text()
     later = _points(dash, "chart-loss")
     assert later > seen >= 2
-    dash.shot("job-detail")
+    dash.shot("job-detail", full_page=True)
+    assert dash.fits_width()
     # The points arrived while the job ran, not all at once at the end.
     assert running == "running" or later < 40, (running, later)
 
@@ -223,7 +241,7 @@ def test_cancel_on_the_detail_page_changes_the_jobs_state(
 
 
 def test_pause_and_resume_a_queued_job_from_its_page(
-    dash: Dash, parked: list[dict[str, Any]]
+    dash: Dash, api: httpx.Client, parked: list[dict[str, Any]]
 ) -> None:
     job = parked[1]
     state = dash.page.locator("#job-state .state")
@@ -237,6 +255,13 @@ def test_pause_and_resume_a_queued_job_from_its_page(
     expect(state).to_have_text("queued")
     expect(dash.page.locator("#events")).to_contain_text("paused → queued")
 
+    # The jobs table follows state changes made elsewhere, without a reload.
+    dash.open("/jobs")
+    row = dash.page.locator(f"#jobs-body tr[data-job-id='{job['id']}'] .state")
+    expect(row).to_have_text("queued")
+    assert api.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+    expect(row).to_have_text("paused")
+
 
 def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
     dash: Dash, api: httpx.Client, shared: dict[str, Any]
@@ -244,10 +269,10 @@ def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
     dash.open(f"/jobs/{shared['run']}")
     dash.page.click("text=Clone and edit")
     dash.page.wait_for_selector("main[data-loaded]")
-    clone = json.loads(dash.page.input_value("#spec-editor"))
+    clone = yaml.safe_load(dash.page.input_value("#spec-editor"))
     original = api.get(f"/v1/jobs/{shared['run']}").json()["spec"]
     assert clone == {**original, "name": "from-editor-copy"}
-    expect(dash.page.locator("#local-errors")).to_contain_text("Matches the schema")
+    expect(dash.page.locator("#spec-errors")).to_contain_text("would accept")
 
 
 def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
@@ -264,10 +289,12 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
     dash.open("/jobs")
     names = dash.page.locator("#jobs-body .job-name")
     expect(names).to_have_count(4)
-    dash.page.click("th[data-sort='name']")
+    dash.page.click("th[data-sort='name']")  # sorted by the API, so across pages too
     expect(names).to_have_text(["from-editor", "parked-alpha", "parked-beta", "short-run"])
+    expect(dash.page.locator("th[data-sort='name']")).to_have_attribute("aria-sort", "ascending")
     dash.page.click("th[data-sort='name']")
     expect(names).to_have_text(["short-run", "parked-beta", "parked-alpha", "from-editor"])
+    assert dash.fits_width()
     for job_id in (run, short):
         dash.page.check(f"#jobs-body tr[data-job-id='{job_id}'] input.pick")
     dash.shot("jobs")
@@ -313,12 +340,18 @@ def test_a_cold_job_page_loads_its_first_chart_within_budget(
         assert first_chart_ms < 15_000  # ~3 s alone; generous for a busy 2-core CI box
 
 
-def test_dark_mode_follows_the_system_setting(
+def test_dark_mode_on_a_laptop_screen_is_readable_and_fits(
     browser: Browser, live_api: str, owner: ProjectKey, shared: dict[str, Any]
 ) -> None:
-    with new_dash(browser, live_api, owner.api_key, color_scheme="dark") as dash:
+    with new_dash(browser, live_api, owner.api_key, color_scheme="dark", viewport=LAPTOP) as dash:
+        for route in ("/jobs", "/submit", f"/compare?ids={shared['run']},{shared['short']}"):
+            dash.open(route)
+            dash.page.wait_for_selector("main[data-loaded]")
+            assert dash.fits_width(), route
         dash.open(f"/jobs/{shared['run']}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
+        assert dash.fits_width()
+        dash.shot("job-detail-dark")
         background = dash.page.evaluate("getComputedStyle(document.body).backgroundColor")
         ink = dash.page.evaluate("document.getElementById('chart-loss').layout.font.color")
         assert background == "rgb(20, 22, 27)", background

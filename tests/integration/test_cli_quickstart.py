@@ -63,6 +63,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.timeout(1200)  # two full quickstarts; a loaded 2-core host needs minutes each
 def test_quickstart_trains_reports_and_stops_everything(tmp_path: Path, corpus_dir: Path) -> None:
     home = tmp_path / "home"
     proc = _quickstart(home, corpus_dir, "--steps", "20")

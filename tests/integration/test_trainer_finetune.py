@@ -315,3 +315,34 @@ def test_hf_gpt2_from_a_directory_with_its_tokenizer_trains_lora_under_fsdp_like
     model = HFCausalLM(merged, seq_len=single.model.seq_len)
     loss = _eval_loss_of(model, single, tmp_path / "eval")
     assert loss == pytest.approx(_final_eval_loss(events), rel=1e-5)
+
+
+def test_lora_fine_tune_of_an_earlier_run_starts_from_its_weights_and_resumes(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    """--init-from gives the frozen base its weights on every attempt (the adapter-only
+    checkpoints do not hold them); B = 0 at the start, so the step-0 eval loss is the
+    earlier run's final one."""
+    pretrained = _run_ok(
+        ft_spec(corpus_dir, 1, {"strategy": "single"}, lora=None), tmp_path / "pre", None
+    )
+    step_uri = statuses(pretrained)[-1]["data"]["checkpoint_uri"]
+    spec = ft_spec(corpus_dir, 1, {"strategy": "single"}, model={"init_from": {"job": 1}})
+    init = ("--init-from", step_uri)
+    proc = run_trainer(spec, tmp_path / "lora", nproc=None, args=init)
+    assert proc.returncode == 0, explain(proc)
+    events = read_events(tmp_path / "lora" / "run")
+    assert statuses(events)[0]["data"]["init_from"] == step_uri
+    (start,) = [e for e in events if e["type"] == "metric" and e["step"] == 0]
+    want = _final_eval_loss(pretrained)
+    assert start["values"]["eval_loss"] == pytest.approx(want, rel=REL_TOLERANCE)
+    assert _final_eval_loss(events) < want  # the adapters learned on top of it
+
+    workdir = tmp_path / "crashed"
+    env = {"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)}
+    crashed = run_trainer(spec, workdir, nproc=None, env=env, args=init)
+    assert crashed.returncode == 1, explain(crashed)
+    resumed = run_trainer(spec, workdir, nproc=None, env={"TORCHYARD_ATTEMPT": "1"}, args=init)
+    assert resumed.returncode == 0, explain(resumed)
+    again = read_events(workdir / "run")
+    _assert_close(losses_of(again, attempt=1), losses_of(events), list(range(4, MAX_STEPS + 1)))

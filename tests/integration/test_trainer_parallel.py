@@ -149,3 +149,72 @@ def test_fsdp_checkpoint_reshards_to_another_strategy_with_the_same_eval_loss(
     assert completed["data"]["final_eval_loss"] == pytest.approx(
         saved["final_eval_loss"], rel=REL_TOLERANCE
     )
+
+
+def _with_steps(spec: JobSpec, max_steps: int) -> JobSpec:
+    """`spec` training `max_steps` steps, evaluating and checkpointing at the last."""
+    raw = spec.model_dump(mode="json")
+    raw["train"]["max_steps"] = max_steps
+    raw["eval"]["interval_steps"] = raw["checkpoint"]["interval_steps"] = max_steps
+    return JobSpec.model_validate(raw)
+
+
+def _fine_tune(spec: JobSpec) -> JobSpec:
+    """`spec` as the worker writes a fine-tune's: with a pinned `model.init_from`."""
+    raw = spec.model_dump(mode="json")
+    raw["model"]["init_from"] = {"job": 1, "checkpoint": 1}
+    return JobSpec.model_validate(raw)
+
+
+def _eval_losses(events: list[dict]) -> dict[int, float]:
+    return {
+        e["step"]: e["values"]["eval_loss"]
+        for e in events
+        if e["type"] == "metric" and "eval_loss" in e["values"]
+    }
+
+
+@pytest.mark.parametrize(
+    ("strategy", "nproc"), [("single", None), ("tensor", 2)], ids=["to_single", "to_tensor"]
+)
+def test_a_new_run_initialized_from_an_fsdp_checkpoint_starts_at_its_eval_loss(
+    strategy: str, nproc: int | None, fsdp_checkpoint: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    source = str(fsdp_checkpoint / "ckpt" / f"step_{MAX_STEPS:08d}")
+    spec = method_spec(corpus_dir, nproc or 1, {"strategy": strategy}, 16)
+    spec = _fine_tune(_with_steps(spec, 2))
+    proc = run_trainer(spec, tmp_path, nproc=nproc, args=("--init-from", source))
+    assert proc.returncode == 0, explain(proc)
+    saved_events = read_events(fsdp_checkpoint / "run")
+    saved = statuses(saved_events)[-1]["data"]
+    events = read_events(tmp_path / "run")
+    running, completed = statuses(events)
+    assert (running["data"]["start_step"], running["data"]["init_from"]) == (0, source)
+    # Step 0: the weights as saved by 2 fsdp ranks, now whole or tensor-sharded.
+    assert _eval_losses(events)[0] == pytest.approx(saved["final_eval_loss"], rel=REL_TOLERANCE)
+    # Only the weights were taken: a fresh optimizer and schedule (warmup from step 1).
+    first_lr = next(e["values"]["lr"] for e in events if e["type"] == "metric" and e["step"] == 1)
+    assert first_lr == pytest.approx(spec.optim.lr / spec.optim.warmup_steps)
+    assert completed["data"]["steps"] == 2
+
+
+def test_a_resumed_fine_tune_continues_from_its_own_checkpoint(
+    fsdp_checkpoint: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    source = str(fsdp_checkpoint / "ckpt" / f"step_{MAX_STEPS:08d}")
+    spec = _fine_tune(method_spec(corpus_dir, 1, {"strategy": "single"}, 16))
+    args = ("--init-from", source)  # the worker passes it on every attempt
+    crashed = run_trainer(
+        spec, tmp_path, nproc=None, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)}, args=args
+    )
+    assert crashed.returncode == 1, explain(crashed)
+    resumed = run_trainer(spec, tmp_path, nproc=None, env={"TORCHYARD_ATTEMPT": "1"}, args=args)
+    assert resumed.returncode == 0, explain(resumed)
+    events = read_events(tmp_path / "run")
+    running = [e["data"] for e in statuses(events) if e["state"] == "running"]
+    assert [(r["start_step"], r["init_from"]) for r in running] == [(0, source), (3, None)]
+    # Step 4 again from the run's own step-3 checkpoint: the same loss as before the crash.
+    first, second = losses_of(events, attempt=0), losses_of(events, attempt=1)
+    assert second[FAIL_AT] == pytest.approx(first[FAIL_AT], rel=REL_TOLERANCE)
+    assert 0 in _eval_losses([e for e in events if e["attempt"] == 0])
+    assert 0 not in _eval_losses([e for e in events if e["attempt"] == 1])

@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from core.downsample import min_max
+from core.downsample import (
+    LEVEL_SHIFTS,
+    MIN_BLOCKS_PER_BUCKET,
+    grid,
+    min_max,
+    num_buckets,
+)
 
 
 def _noisy(n: int, seed: int = 0) -> tuple[list[int], list[float]]:
@@ -56,3 +62,27 @@ def test_sparse_and_nan_series_are_handled() -> None:
 def test_max_points_below_one_is_refused() -> None:
     with pytest.raises(ValueError):
         min_max([1], [1.0], 0)
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "buckets"),
+    [(0, 999_999, 499), (5, 20_004, 99), (123, 54_321, 149), (0, 100, 49), (70_000, 70_063, 1)],
+)
+def test_grid_puts_at_most_the_asked_buckets_on_rollup_block_edges(
+    lo: int, hi: int, buckets: int
+) -> None:
+    cut = grid(lo, hi, buckets)
+    block = 1 << cut.shift
+    assert cut.base % block == 0 and cut.width % block == 0 and cut.base <= lo
+    used = cut.bucket(hi) - cut.bucket(lo) + 1
+    assert used <= buckets
+    ideal = -(-(hi - lo + 1) // buckets)
+    assert cut.width <= 1.25 * ideal + 1  # at least ~80% of the buckets asked for are used
+    if cut.level:  # each bucket is whole blocks: at least MIN_BLOCKS_PER_BUCKET of them
+        assert cut.width >= MIN_BLOCKS_PER_BUCKET * block
+        assert cut.shift == LEVEL_SHIFTS[cut.level - 1]
+
+
+def test_a_million_steps_to_a_thousand_points_reads_a_coarse_level() -> None:
+    cut = grid(0, 999_999, num_buckets(1000))
+    assert cut.level >= 3  # blocks of >= 256 steps: a few thousand rollup rows, not 1M points

@@ -35,6 +35,22 @@ def test_torchrun_argv_is_exactly_the_contract_command() -> None:
     ]  # fmt: skip
 
 
+def test_a_fine_tune_passes_its_resolved_checkpoint_as_init_from_last() -> None:
+    paths = RunPaths(
+        run_dir=PATHS.run_dir,
+        checkpoint_dir=PATHS.checkpoint_dir,
+        data=PATHS.data,
+        init_from="s3://bucket/jobs/3/checkpoints/step_00000100",
+    )
+    argv = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=29555, paths=paths, python="/py"
+    )
+    plain = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=29555, paths=PATHS, python="/py"
+    )
+    assert argv == [*plain, "--init-from", "s3://bucket/jobs/3/checkpoints/step_00000100"]
+
+
 BASE_ENV = {
     "PATH": "/usr/bin",
     "HOME": "/home/w",

@@ -160,3 +160,42 @@ def test_hf_lora_targets_are_left_to_the_trainer() -> None:
         )
     )
     assert spec.lora is not None and spec.lora.target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc"),
+    [
+        ({"qat": {}}, ("qat",)),
+        ({"checkpoint": {"export_safetensors": True}}, ("checkpoint", "export_safetensors")),
+    ],
+    ids=["qat", "export_safetensors"],
+)
+def test_lora_with_qat_or_checkpoint_export_is_rejected(
+    extra: dict[str, Any], loc: tuple[str, ...]
+) -> None:
+    assert list(_errors(_spec(lora={}, **extra))) == [loc]
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc"),
+    [
+        ({"qat": {}}, ("qat",)),
+        ({"checkpoint": {"export_safetensors": True}}, ("checkpoint", "export_safetensors")),
+    ],
+    ids=["qat", "export_safetensors"],
+)
+def test_hf_model_with_gpt_only_features_is_rejected(
+    extra: dict[str, Any], loc: tuple[str, ...]
+) -> None:
+    raw = _spec(model={"kind": "hf", "hf": {"path_or_id": "/models/x"}}, **extra)
+    assert list(_errors(raw)) == [loc]
+
+
+def test_hf_model_init_from_an_earlier_job_is_rejected() -> None:
+    model = {"kind": "hf", "hf": {"path_or_id": "/models/x"}, "init_from": {"job": 1}}
+    assert list(_errors(_spec(model=model))) == [("model", "init_from")]
+
+
+def test_lora_fine_tune_of_an_earlier_job_is_valid() -> None:
+    spec = JobSpec.model_validate(_spec(model={"init_from": {"job": 1}}, lora={}))
+    assert spec.model.init_from is not None and spec.lora is not None

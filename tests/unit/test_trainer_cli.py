@@ -28,6 +28,8 @@ def _main_exit_code(spec_path: Path, run_dir: Path, *extra: str) -> int:
         ("not_json", "invalid spec"),
         ("missing_data", "does not exist"),
         ("dataset_without_data_arg", "needs --data PATH"),
+        ("init_from_without_arg", "needs --init-from URI"),
+        ("init_from_not_a_checkpoint", "is not a complete checkpoint"),
     ],
 )
 def test_invalid_spec_or_data_exits_2_with_an_error_event(
@@ -43,9 +45,12 @@ def test_invalid_spec_or_data_exits_2_with_an_error_event(
         raw["data"]["uri"] = str(tmp_path / "nowhere")
     elif case == "dataset_without_data_arg":
         raw["data"] = {"dataset": "ds_123"}
+    elif case.startswith("init_from"):
+        raw["model"]["init_from"] = {"job": 1, "checkpoint": 2}
+    extra = ["--init-from", str(tmp_path / "nowhere")] if case.endswith("checkpoint") else []
     spec_path = tmp_path / "spec.json"
     spec_path.write_text("{not json" if case == "not_json" else json.dumps(raw))
-    assert _main_exit_code(spec_path, tmp_path / "run") == 2
+    assert _main_exit_code(spec_path, tmp_path / "run", *extra) == 2
     lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
     (error,) = [json.loads(line) for line in lines]
     assert error["type"] == "error" and error["attempt"] == 0

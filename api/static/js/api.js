@@ -20,19 +20,28 @@ export const auth = {
   },
 };
 
-export async function api(path, { method = "GET", body, query, key } = {}) {
+/**
+ * Call the API: `body` goes as JSON; `text` as is, with `contentType` (e.g. a YAML spec).
+ * Throws ApiError with the contract's error body on a non-2xx answer.
+ */
+export async function api(path, { method = "GET", body, text, contentType, query, key, signal } = {}) {
   const url = new URL(path, window.location.origin);
   for (const [name, value] of Object.entries(query ?? {})) {
     if (value === undefined || value === null || value === "") continue;
     for (const v of Array.isArray(value) ? value : [value]) url.searchParams.append(name, v);
   }
   const headers = { Authorization: `Bearer ${key ?? auth.key ?? ""}` };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  const answer = await fetch(url, {
-    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await answer.text();
-  const data = text ? JSON.parse(text) : null;
+  let payload;
+  if (text !== undefined) {
+    headers["Content-Type"] = contentType ?? "text/plain";
+    payload = text;
+  } else if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    payload = JSON.stringify(body);
+  }
+  const answer = await fetch(url, { method, headers, body: payload, signal });
+  const raw = await answer.text();
+  const data = raw ? JSON.parse(raw) : null;
   if (!answer.ok) {
     const err = new ApiError(answer.status, data);
     if (answer.status === 401 && !key) {

@@ -48,6 +48,7 @@ function route() {
   if (stopPage) { stopPage(); stopPage = null; }
   clearError();
   view.replaceChildren();
+  for (const key of Object.keys(view.dataset)) delete view.dataset[key]; // loaded, live, zoom
   const [path, queryString] = window.location.hash.replace(/^#/, "").split("?");
   const query = new URLSearchParams(queryString ?? "");
   const signedIn = Boolean(auth.key);

@@ -216,7 +216,7 @@ export function detailPage(root, jobId) {
     ckptBody.replaceChildren(...items.map((c) => h("tr", {},
       h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
       h("td", { class: "num" }, fmtBytes(c.size_bytes)), h("td", {}, fmtTime(c.created_at)),
-      h("td", {}, h("code", {}, c.uri)))));
+      h("td", { class: "uri", title: c.uri }, h("code", {}, c.uri)))));
     if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "None yet.")));
   }
 
@@ -280,10 +280,10 @@ export function detailPage(root, jobId) {
     h("h2", {}, "Metrics"), charts,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
-      h("section", {}, h("h2", {}, "Checkpoints"), h("table", {},
+      h("section", {}, h("h2", {}, "Checkpoints"), h("div", { class: "table-wrap" }, h("table", {},
         h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
           h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "uri"))),
-        ckptBody))),
+        ckptBody)))),
     h("h2", {}, "Logs"),
     h("div", { class: "toolbar" }, rankSel, search),
     logBox,

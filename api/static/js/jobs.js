@@ -20,19 +20,23 @@ function progressCell(job) {
       ` · #${job.queue_position} in queue`) : "");
 }
 
-function jobRow(job) {
+function jobRow(job, onLabel) {
   const res = job.spec?.resources ?? {};
   const strategy = job.spec?.parallelism?.strategy ?? "ddp";
   const loss = job.latest_metrics?.loss;
   return h("tr", { dataset: { jobId: job.id } },
     h("td", { class: "num" }, h("a", { href: `#/jobs/${job.id}` }, `#${job.id}`)),
     h("td", {}, h("a", { href: `#/jobs/${job.id}`, class: "job-name" }, job.name),
-      ...Object.entries(job.labels ?? {}).map(([k, v]) => h("span", { class: "label" }, `${k}=${v}`))),
+      ...Object.entries(job.labels ?? {}).map(([k, v]) => h("button", {
+        type: "button", class: "label", title: "show only jobs with this label",
+        onclick: () => onLabel(`${k}=${v}`),
+      }, `${k}=${v}`))),
     h("td", {}, stateBadge(job.state)),
     h("td", {}, strategy),
     h("td", { class: "num" }, `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`),
     progressCell(job),
     h("td", { class: "num" }, fmtNumber(loss)),
+    h("td", { class: "owner" }, job.owner ?? "–"),
     h("td", {}, fmtTime(job.created_at)),
     h("td", { class: "num" }, fmtDuration(runSeconds(job))),
     h("td", {}, h("input", {
@@ -40,25 +44,9 @@ function jobRow(job) {
     })));
 }
 
-// Sort keys of the table's columns; sorting orders the page on screen (the API pages by id).
-const SORTS = {
-  id: (j) => j.id,
-  name: (j) => j.name.toLowerCase(),
-  state: (j) => j.state,
-  progress: (j) => (j.max_steps ? (j.current_step ?? 0) / j.max_steps : 0),
-  loss: (j) => (typeof j.latest_metrics?.loss === "number" ? j.latest_metrics.loss : Infinity),
-  created: (j) => j.created_at,
-  duration: (j) => runSeconds(j) ?? -1,
-};
-
-function sorted(items, key, dir) {
-  if (!key) return items;
-  const value = SORTS[key];
-  return [...items].sort((a, b) => {
-    const x = value(a);
-    const y = value(b);
-    return (x < y ? -1 : x > y ? 1 : 0) * dir || b.id - a.id;
-  });
+/** `team=nlp, tier=a` -> ["team=nlp", "tier=a"] (the API's repeatable `label`). */
+function labelPairs(text) {
+  return text.split(/[\s,]+/).filter((p) => p.includes("="));
 }
 
 export function jobsPage(root, query) {
@@ -67,7 +55,11 @@ export function jobsPage(root, query) {
     STATES.map((s) => h("option", { value: s, selected: query.get("state") === s }, s)));
   const nameInput = h("input", {
     id: "name-filter", type: "search", placeholder: "name contains…",
-    value: query.get("name") ?? "",
+    value: query.get("name") ?? "", "aria-label": "name",
+  });
+  const labelInput = h("input", {
+    id: "label-filter", type: "search", placeholder: "labels: team=nlp …",
+    value: query.getAll("label").join(" "), "aria-label": "labels",
   });
   capabilities().then(({ states }) => {
     if (!states) return;
@@ -78,60 +70,88 @@ export function jobsPage(root, query) {
   }).catch(() => {}); // the built-in list stays
   const body = h("tbody", { id: "jobs-body" });
   const info = h("span", { class: "muted", id: "jobs-info" });
-  const prev = h("button", { id: "prev-page", type: "button" }, "← Newer");
-  const next = h("button", { id: "next-page", type: "button" }, "Older →");
-  const compare = h("button", { id: "compare-selected", type: "button" }, "Compare selected");
+  const prev = h("button", { id: "prev-page", type: "button" }, "← Previous");
+  const next = h("button", { id: "next-page", type: "button" }, "Next →");
+  const compare = h("button", {
+    id: "compare-selected", type: "button", disabled: true,
+  }, "Compare selected");
   const cursors = [null]; // cursors[i] fetches page i
   let pageIndex = 0;
   let nextCursor = null;
   const picked = new Set();
-  let sortKey = null;
-  let sortDir = 1;
+  // The API sorts (keyset-paged, so any page of 100k jobs costs the same): `-created` etc.
+  let sort = query.get("sort") ?? "-created";
+  const headers = [];
   const header = (label, key, cls) => {
     const th = h("th", { class: cls, dataset: key ? { sort: key } : {} }, label);
     if (key) {
       th.classList.add("sortable");
       th.addEventListener("click", () => {
-        sortDir = sortKey === key ? -sortDir : 1;
-        sortKey = key;
-        for (const other of th.parentNode.children) other.removeAttribute("aria-sort");
-        th.setAttribute("aria-sort", sortDir > 0 ? "ascending" : "descending");
-        stop.now();
+        const key0 = sort.replace(/^-/, "");
+        // a new column starts ascending (names A-Z), except time: newest first
+        sort = key0 === key ? (sort.startsWith("-") ? key : `-${key}`)
+          : (key === "created" ? "-created" : key);
+        refilter();
       });
+      headers.push(th);
     }
     return th;
+  };
+  const showSort = () => {
+    for (const th of headers) {
+      th.removeAttribute("aria-sort");
+      if (th.dataset.sort === sort.replace(/^-/, "")) {
+        th.setAttribute("aria-sort", sort.startsWith("-") ? "descending" : "ascending");
+      }
+    }
+  };
+  const filters = () => ({
+    state: stateSel.value || undefined, name: nameInput.value.trim() || undefined,
+    label: labelPairs(labelInput.value), sort: sort === "-created" ? undefined : sort,
+  });
+  const keepInUrl = () => { // shareable, without a hashchange (which would rebuild the page)
+    const params = new URLSearchParams();
+    for (const [k, v] of Object.entries(filters())) {
+      for (const x of Array.isArray(v) ? v : [v]) if (x) params.append(k, x);
+    }
+    const hash = `#/jobs${params.size ? `?${params}` : ""}`;
+    if (window.location.hash !== hash) history.replaceState(null, "", hash);
   };
 
   async function load() {
     const page = await api("/v1/jobs", {
-      query: {
-        state: stateSel.value || undefined, name: nameInput.value.trim() || undefined,
-        limit: PAGE_SIZE, cursor: cursors[pageIndex] ?? undefined,
-      },
+      query: { ...filters(), limit: PAGE_SIZE, cursor: cursors[pageIndex] ?? undefined },
     });
     nextCursor = page.next_cursor;
-    body.replaceChildren(...sorted(page.items, sortKey, sortDir).map(jobRow));
+    body.replaceChildren(...page.items.map((job) => jobRow(job, (pair) => {
+      labelInput.value = pair;
+      refilter();
+    })));
     for (const box of body.querySelectorAll("input.pick")) {
       box.checked = picked.has(box.value);
       box.addEventListener("change", () => {
         if (box.checked) picked.add(box.value); else picked.delete(box.value);
+        compare.disabled = picked.size < 1;
       });
     }
     if (!page.items.length) {
-      body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No jobs match.")));
+      body.append(h("tr", {}, h("td", { colspan: 11, class: "muted" }, "No jobs match.")));
     }
     info.textContent = `page ${pageIndex + 1} · ${page.items.length} jobs`;
     prev.disabled = pageIndex === 0;
     next.disabled = !nextCursor;
+    showSort();
     root.dataset.loaded = "true";
   }
 
   let stop = poll(load, REFRESH_MS);
   const restart = () => { stop(); stop = poll(load, REFRESH_MS); };
-  const refilter = () => { cursors.length = 1; pageIndex = 0; restart(); };
+  const refilter = () => { cursors.length = 1; pageIndex = 0; keepInUrl(); restart(); };
   stateSel.addEventListener("change", refilter);
   let typing = null;
-  nameInput.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(refilter, 250); });
+  for (const input of [nameInput, labelInput]) {
+    input.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(refilter, 250); });
+  }
   prev.addEventListener("click", () => { pageIndex = Math.max(0, pageIndex - 1); restart(); });
   next.addEventListener("click", () => {
     if (!nextCursor) return;
@@ -145,14 +165,14 @@ export function jobsPage(root, query) {
 
   root.append(
     h("h1", {}, "Jobs"),
-    h("div", { class: "toolbar" }, stateSel, nameInput, info, h("span", { class: "spacer" }),
+    h("div", { class: "toolbar" }, stateSel, nameInput, labelInput, info, h("span", { class: "spacer" }),
       compare, h("a", { href: "#/submit" }, h("button", { class: "primary", type: "button" }, "New job"))),
     h("table", { id: "jobs-table" },
       h("thead", {}, h("tr", {},
-        header("id", "id", "num"), header("name", "name"), header("state", "state"),
+        header("id", null, "num"), header("name", "name"), header("state", "state"),
         header("strategy"), header("nodes × procs", null, "num"),
-        header("progress", "progress", "num"), header("loss", "loss", "num"),
-        header("created", "created"), header("duration", "duration", "num"), header("cmp"))),
+        header("progress", null, "num"), header("loss", null, "num"), header("owner"),
+        header("created", "created"), header("duration", null, "num"), header("cmp"))),
       body),
     h("div", { class: "pager" }, prev, next));
   return () => { stop(); clearTimeout(typing); };

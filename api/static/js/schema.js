@@ -1,16 +1,5 @@
-// Checks a value against the subset of JSON Schema that pydantic emits for JobSpec ($ref,
-// anyOf, type, const, enum, bounds, lengths, pattern, required, properties,
-// additionalProperties, items), for hints while typing. The API's 422 stays the authority.
-
-const TYPES = {
-  integer: Number.isInteger,
-  number: (v) => typeof v === "number",
-  string: (v) => typeof v === "string",
-  boolean: (v) => typeof v === "boolean",
-  null: (v) => v === null,
-  array: Array.isArray,
-  object: (v) => v !== null && typeof v === "object" && !Array.isArray(v),
-};
+// What GET /v1/spec/schema says about the field under the editor's cursor: its type, bounds,
+// default and description. Validation itself is the API's (POST /v1/spec/validate).
 
 function resolve(schema, root) {
   let s = schema;
@@ -18,49 +7,64 @@ function resolve(schema, root) {
   return s ?? {};
 }
 
-/** Problems of `value` under `schema`: [{path: [...], msg}]. */
-export function validate(value, schema, root = schema, path = []) {
+function alternatives(schema, root) {
   const s = resolve(schema, root);
-  const alternatives = s.anyOf ?? s.oneOf;
-  if (alternatives) {
-    const results = alternatives.map((alt) => validate(value, alt, root, path));
-    if (results.some((r) => !r.length)) return [];
-    return results.reduce((best, r) => (r.length < best.length ? r : best));
-  }
-  const out = [];
-  const add = (msg) => out.push({ path, msg });
-  if (s.type && !(Array.isArray(s.type) ? s.type : [s.type]).some((t) => TYPES[t]?.(value))) {
-    add(`should be ${Array.isArray(s.type) ? s.type.join(" or ") : s.type}`);
-    return out;
-  }
-  if ("const" in s && value !== s.const) add(`should be ${JSON.stringify(s.const)}`);
-  if (s.enum && !s.enum.includes(value)) add(`should be one of ${s.enum.map((e) => JSON.stringify(e)).join(", ")}`);
-  if (typeof value === "number") {
-    if (s.minimum !== undefined && value < s.minimum) add(`should be ≥ ${s.minimum}`);
-    if (s.maximum !== undefined && value > s.maximum) add(`should be ≤ ${s.maximum}`);
-    if (s.exclusiveMinimum !== undefined && value <= s.exclusiveMinimum) add(`should be > ${s.exclusiveMinimum}`);
-    if (s.exclusiveMaximum !== undefined && value >= s.exclusiveMaximum) add(`should be < ${s.exclusiveMaximum}`);
-  }
-  if (typeof value === "string") {
-    if (s.minLength !== undefined && value.length < s.minLength) add(`should have at least ${s.minLength} characters`);
-    if (s.maxLength !== undefined && value.length > s.maxLength) add(`should have at most ${s.maxLength} characters`);
-    if (s.pattern && !new RegExp(s.pattern, "u").test(value)) add(`should match ${s.pattern}`);
-  }
-  if (Array.isArray(value) && s.items) {
-    value.forEach((v, i) => out.push(...validate(v, s.items, root, [...path, i])));
-  }
-  if (TYPES.object(value)) {
-    for (const key of s.required ?? []) {
-      if (!(key in value)) out.push({ path: [...path, key], msg: "is required" });
+  return [s, ...(s.anyOf ?? s.oneOf ?? []).map((a) => resolve(a, root))];
+}
+
+/** The schema of the field at `path` (keys; numbers step into list items), or null. */
+export function fieldSchema(root, path) {
+  let field = root;
+  for (const part of path) {
+    let next = null;
+    for (const alt of alternatives(field, root)) {
+      if (typeof part === "number" && alt.items) next = alt.items;
+      else if (alt.properties && part in alt.properties) next = alt.properties[part];
+      else if (typeof alt.additionalProperties === "object") next = alt.additionalProperties;
+      if (next) break;
     }
-    const props = s.properties ?? {};
-    for (const [key, v] of Object.entries(value)) {
-      if (key in props) out.push(...validate(v, props[key], root, [...path, key]));
-      else if (s.additionalProperties === false) out.push({ path: [...path, key], msg: "is not a field here" });
-      else if (typeof s.additionalProperties === "object") {
-        out.push(...validate(v, s.additionalProperties, root, [...path, key]));
-      }
-    }
+    if (!next) return null;
+    field = next;
   }
-  return out;
+  return field;
+}
+
+/** One line about `field`: "integer ≥ 1 · default 8 · Sequences per rank per micro-step." */
+export function describe(field, root) {
+  const alts = alternatives(field, root).filter((a) => a.type || a.enum || "const" in a);
+  const kinds = alts.map((a) => {
+    if (a.enum) return a.enum.map((e) => JSON.stringify(e)).join(" | ");
+    if ("const" in a) return JSON.stringify(a.const);
+    const bounds = [
+      a.minimum !== undefined ? `≥ ${a.minimum}` : "", a.exclusiveMinimum !== undefined ? `> ${a.exclusiveMinimum}` : "",
+      a.maximum !== undefined ? `≤ ${a.maximum}` : "", a.exclusiveMaximum !== undefined ? `< ${a.exclusiveMaximum}` : "",
+    ].filter(Boolean).join(" ");
+    return [a.type === "object" && a.title ? a.title : a.type, bounds].filter(Boolean).join(" ");
+  });
+  const s = resolve(field, root);
+  const parts = [[...new Set(kinds)].join(" or ")];
+  if ("default" in field) parts.push(`default ${JSON.stringify(field.default)}`);
+  parts.push(field.description ?? s.description ?? "");
+  return parts.filter(Boolean).join(" · ");
+}
+
+const KEY = /^(\s*)(- +)?("(?:[^"\\]|\\.)*"|'[^']*'|[^\s#'"{[\]}:,-][^#:]*?)\s*:(\s|$)/;
+
+/**
+ * The JSON path of the key written on line `n` (0-based) of block-style YAML `lines`, from
+ * indentation (enough for field help; the API's parser is the authority). [] when none.
+ */
+export function pathAtLine(lines, n) {
+  const path = [];
+  let indent = Infinity;
+  for (let i = Math.min(n, lines.length - 1); i >= 0 && indent > 0; i -= 1) {
+    const m = KEY.exec(lines[i]);
+    if (!m) continue;
+    const at = m[1].length + (m[2]?.length ?? 0);
+    if (at >= indent) continue;
+    const key = m[3].replace(/^["']|["']$/g, "");
+    path.unshift(key);
+    indent = m[2] ? m[1].length : at;
+  }
+  return path;
 }

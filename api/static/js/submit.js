@@ -1,9 +1,10 @@
-// Submit: a JSON editor for a JobSpec, checked against /v1/spec/schema while typing and
-// validated by the API on submit; the API's 422 field paths are listed with their lines.
+// Submit: a YAML editor for a JobSpec. While you type, the API checks the text
+// (POST /v1/spec/validate, the same checks as POST /v1/jobs) and its 422 field paths are shown
+// next to the lines they concern; GET /v1/spec/schema describes the field under the cursor.
 
 import { ApiError, api } from "./api.js";
-import { validate } from "./schema.js";
-import { h, showError } from "./util.js";
+import { describe, fieldSchema, pathAtLine } from "./schema.js";
+import { h, showError, toYaml } from "./util.js";
 
 const TEMPLATE = {
   name: "my-run",
@@ -13,101 +14,178 @@ const TEMPLATE = {
   eval: { interval_steps: 25, num_batches: 2 },
   resources: { procs_per_node: 1 },
 };
+const CHECK_DELAY_MS = 250;
 
-/** The 1-based line in `text` (pretty JSON) where the field at `path` starts, or null. */
-export function lineOf(text, path) {
-  const lines = text.split("\n");
-  let from = 0;
-  let found = null;
-  for (const part of path) {
-    if (typeof part === "number") continue;
-    const i = lines.findIndex((line, n) => n >= from && line.trimStart().startsWith(`"${part}"`));
-    if (i < 0) break;
-    found = i + 1;
-    from = i + 1;
+/** The 1-based line of the deepest part of `loc` in `lines` (JSON Pointer -> line), or null. */
+export function lineOf(lines, loc) {
+  let found = lines?.[""] ?? null;
+  let pointer = "";
+  for (const part of loc) {
+    const next = `${pointer}/${String(part).replace(/~/g, "~0").replace(/\//g, "~1")}`;
+    if (lines && next in lines) { pointer = next; found = lines[next]; }
   }
   return found;
 }
 
-function localProblems(text, schema) {
-  let spec;
-  try {
-    spec = JSON.parse(text);
-  } catch (err) {
-    return [{ path: [], msg: `not JSON: ${err.message}` }];
+/** A code editor: a textarea over a backdrop that marks lines and shows messages beside them. */
+function codeEditor() {
+  const textarea = h("textarea", {
+    id: "spec-editor", class: "code-input", spellcheck: false, wrap: "off",
+    autocapitalize: "off", autocomplete: "off", "aria-label": "job spec (YAML)",
+  });
+  const gutter = h("div", { class: "gutter", "aria-hidden": "true" });
+  const backdrop = h("div", { class: "backdrop", "aria-hidden": "true" });
+  let marks = new Map(); // line -> [message]
+
+  function paint() {
+    const lines = textarea.value.split("\n");
+    gutter.replaceChildren(...lines.map((_, i) => h("div", {
+      class: marks.has(i + 1) ? "bad" : "", dataset: { line: i + 1 },
+    }, String(i + 1))));
+    backdrop.replaceChildren(...lines.map((text, i) => {
+      const messages = marks.get(i + 1);
+      return h("div", { class: messages ? "bad" : "", dataset: { line: i + 1 } },
+        h("span", { class: "ghost" }, text || " "),
+        messages ? h("span", { class: "note" }, `  ◀ ${messages.join("; ")}`) : "");
+    }));
+    sync();
   }
-  return schema ? validate(spec, schema) : [];
-}
+  function sync() {
+    backdrop.scrollTop = textarea.scrollTop;
+    backdrop.scrollLeft = textarea.scrollLeft;
+    gutter.scrollTop = textarea.scrollTop;
+  }
+  textarea.addEventListener("scroll", sync);
+  textarea.addEventListener("input", paint);
 
-/** Select line `n` (1-based) of the textarea, so a listed error shows where it is. */
-function selectLine(editor, n) {
-  const lines = editor.value.split("\n");
-  const start = lines.slice(0, n - 1).reduce((sum, l) => sum + l.length + 1, 0);
-  editor.focus();
-  editor.setSelectionRange(start, start + lines[n - 1].length);
-  const lineHeight = editor.scrollHeight / lines.length;
-  editor.scrollTop = Math.max(0, (n - 5) * lineHeight);
-}
-
-function problemItem(editor, path, msg) {
-  const where = path.join(".");
-  const line = lineOf(editor.value, path);
-  return h("li", { dataset: { loc: where } },
-    h("code", {}, where || "(spec)"),
-    line ? h("a", { href: "#", class: "line", onclick: (e) => { e.preventDefault(); selectLine(editor, line); } },
-      ` line ${line}`) : "",
-    ` ${msg}`);
+  return {
+    node: h("div", { class: "code" }, gutter, h("div", { class: "code-area" }, backdrop, textarea)),
+    textarea,
+    paint,
+    /** Mark `problems` ([{line, msg}]) beside their lines. */
+    mark(problems) {
+      marks = new Map();
+      for (const p of problems) {
+        if (p.line) marks.set(p.line, [...(marks.get(p.line) ?? []), p.msg]);
+      }
+      paint();
+    },
+    /** Select line `n` (1-based) and scroll it into view. */
+    selectLine(n) {
+      const lines = textarea.value.split("\n");
+      const start = lines.slice(0, n - 1).reduce((sum, l) => sum + l.length + 1, 0);
+      textarea.focus();
+      textarea.setSelectionRange(start, start + lines[n - 1].length);
+      const lineHeight = textarea.scrollHeight / lines.length;
+      textarea.scrollTop = Math.max(0, (n - 5) * lineHeight);
+      sync();
+    },
+    /** The 0-based line the cursor is on. */
+    cursorLine() {
+      return textarea.value.slice(0, textarea.selectionStart).split("\n").length - 1;
+    },
+  };
 }
 
 export function submitPage(root, query) {
-  const editor = h("textarea", { id: "spec-editor", class: "spec", spellcheck: false, "aria-label": "job spec (JSON)" });
-  const hints = h("ul", { class: "errors", id: "local-errors" });
-  const errors = h("ul", { class: "errors", id: "spec-errors" });
+  const editor = codeEditor();
+  const problems = h("ul", { class: "errors", id: "spec-errors" });
   const status = h("p", { class: "muted", id: "submit-status" });
+  const help = h("p", { class: "muted help", id: "field-help" });
   const button = h("button", { class: "primary", type: "submit", id: "submit-job" }, "Submit");
   let schema = null;
   let typing = null;
+  let checking = null; // the AbortController of the check in flight
+  let lines = null; // JSON Pointer -> line, of the last text the API accepted
 
-  const check = () => {
-    const problems = localProblems(editor.value, schema);
-    hints.replaceChildren(...problems.map((p) => problemItem(editor, p.path, p.msg)));
-    if (!problems.length) hints.append(h("li", { class: "ok" }, "Matches the schema."));
-  };
-  editor.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(check, 200); });
+  function show(items, source) {
+    problems.replaceChildren(...items.map((p) => h("li", { dataset: { loc: p.path.join(".") } },
+      h("code", {}, p.path.join(".") || "(spec)"),
+      p.line ? h("a", {
+        href: "#", class: "line",
+        onclick: (e) => { e.preventDefault(); editor.selectLine(p.line); showHelp(); },
+      }, ` line ${p.line}`) : "",
+      ` ${p.msg}`)));
+    if (!items.length) problems.append(h("li", { class: "ok" }, "POST /v1/jobs would accept this spec."));
+    problems.dataset.source = source;
+    editor.mark(items);
+  }
+
+  function placed(err, lineMap) {
+    return err.details.map((d) => {
+      const path = d.loc[0] === "body" ? d.loc.slice(1) : d.loc;
+      return { path, msg: d.msg, line: d.line ?? lineOf(lineMap, path) };
+    });
+  }
+
+  /** Ask the API about the text; resolves to {spec, lines} or null (problems shown). */
+  async function check() {
+    checking?.abort();
+    const controller = new AbortController();
+    checking = controller;
+    try {
+      const answer = await api("/v1/spec/validate", {
+        method: "POST", text: editor.textarea.value, contentType: "application/yaml",
+        signal: controller.signal,
+      });
+      lines = answer.lines;
+      show([], "validate");
+      return answer;
+    } catch (err) {
+      if (controller.signal.aborted) return null;
+      if (!(err instanceof ApiError) || !err.details.length) throw err;
+      show(placed(err, null), "validate");
+      return null;
+    } finally {
+      if (checking === controller) checking = null;
+    }
+  }
+
+  function showHelp() {
+    if (!schema) return;
+    const path = pathAtLine(editor.textarea.value.split("\n"), editor.cursorLine());
+    const field = path.length ? fieldSchema(schema, path) : null;
+    help.replaceChildren(...(field
+      ? [h("code", {}, path.join(".")), ` ${describe(field, schema)}`]
+      : ["Put the cursor on a field to see what the schema says about it."]));
+  }
+
+  editor.textarea.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => check().catch(showError), CHECK_DELAY_MS);
+    showHelp();
+  });
+  for (const type of ["click", "keyup"]) editor.textarea.addEventListener(type, showHelp);
 
   const form = h("form", { class: "editor", onsubmit: async (event) => {
     event.preventDefault();
-    errors.replaceChildren();
-    let spec;
-    try {
-      spec = JSON.parse(editor.value);
-    } catch (err) {
-      errors.append(problemItem(editor, [], `not JSON: ${err.message}`));
-      return;
-    }
+    clearTimeout(typing);
     button.disabled = true;
-    status.textContent = "Submitting…";
+    status.textContent = "Checking…";
     try {
-      const job = await api("/v1/jobs", { method: "POST", body: spec });
+      const checked = await check();
+      if (!checked) {
+        status.textContent = "422 validation_error: fix the fields listed below.";
+        return;
+      }
+      status.textContent = "Submitting…";
+      const job = await api("/v1/jobs", { method: "POST", body: checked.spec });
       window.location.hash = `#/jobs/${job.id}`;
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
       status.textContent = `${err.status} ${err.code ?? ""}: ${err.message}`;
-      for (const d of err.details) {
-        const path = d.loc[0] === "body" ? d.loc.slice(1) : d.loc;
-        errors.append(problemItem(editor, path, d.msg));
-      }
+      if (err.details.length) show(placed(err, lines), "jobs");
     } finally {
       button.disabled = false;
     }
   } },
-  h("div", {}, editor),
+  h("div", {}, editor.node, help),
   h("div", {},
     h("div", { class: "toolbar" }, button, h("a", { href: "/docs", target: "_blank" }, "API docs")),
     status,
-    h("h2", {}, "Errors from the API"), errors,
-    h("h2", {}, "While you type"), hints,
-    h("p", { class: "muted" }, "JSON; the fields are those of GET /v1/spec/schema.")));
+    h("h2", {}, "Problems"), problems,
+    h("p", { class: "muted" }, "YAML (or JSON). Checked by the API as you type; the fields are "
+      + "those of GET /v1/spec/schema.")));
 
   (async () => {
     const from = query.get("from");
@@ -119,16 +197,18 @@ export function submitPage(root, query) {
       const sets = await api("/v1/datasets");
       if (sets.items.length) spec = { ...TEMPLATE, data: { dataset: sets.items[0].id } };
     }
-    if (!editor.value) editor.value = JSON.stringify(spec, null, 2);
+    if (!editor.textarea.value) editor.textarea.value = `${toYaml(spec).trimStart()}\n`;
+    editor.paint();
     schema = await api("/v1/spec/schema");
-    check();
+    showHelp();
+    await check();
     root.dataset.loaded = "true";
   })().catch(showError);
 
-  root.append(h("h1", {}, from(query)), form);
-  return () => clearTimeout(typing);
+  root.append(h("h1", {}, title(query)), form);
+  return () => { clearTimeout(typing); checking?.abort(); };
 }
 
-function from(query) {
+function title(query) {
   return query.get("from") ? `Clone job #${query.get("from")}` : "Submit a job";
 }

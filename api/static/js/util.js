@@ -118,6 +118,10 @@ const LOOKS_TYPED = /^(true|false|null|yes|no|on|off|~|[-+]?(\d|\.\d))/i;
 
 function yamlScalar(value) {
   if (value === null || value === undefined) return "null";
+  if (typeof value === "number") { // 1e-7 -> 1.0e-7: a float for YAML 1.1 readers (PyYAML) too
+    const text = String(value);
+    return /e/.test(text) && !text.includes(".") ? text.replace("e", ".0e") : text;
+  }
   if (typeof value !== "string") return String(value);
   return PLAIN.test(value) && !LOOKS_TYPED.test(value) ? value : JSON.stringify(value);
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +153,7 @@ def test_unknown_dataset_fails_before_any_trainer_starts(
     assert (job.state, job.attempt) == ("failed", 1)
     assert "ds_missing" in (job.error or "")
     assert launches(job_events(engine, job_id)) == []
+    # The worker logs JSON lines, each carrying the job id of the task in progress.
+    records = [json.loads(x) for x in worker.log.splitlines() if x.startswith("{")]
+    mine = [r for r in records if r.get("job_id") == job_id]
+    assert any("claimed attempt 1" in r["message"] for r in mine), worker.log[-3000:]

@@ -1,0 +1,91 @@
+"""A fine-tune end to end through a real worker: job B with `model.init_from: {job: A}` and QAT
+starts from A's pinned checkpoint (`--init-from`), and its QAT metrics reach the database."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from core import init_from, jobs
+from core.models import Checkpoint
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    Worker,
+    create_job,
+    job_events,
+    launches,
+    metric_series,
+    send,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_state,
+)
+
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
+    w = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue("ft"), log_dir=worker_logs
+    )
+    yield w
+    w.stop()
+
+
+def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(
+    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+) -> None:
+    base = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        train={"max_steps": 10},
+        eval={"interval_steps": 10},
+    )
+    source_id = create_job(engine, project, base)
+    send(celery_client, source_id, worker.queue)
+    source = wait_state(engine, source_id, ENDED, 120, worker)
+    assert source.state == "succeeded", source.error
+
+    fine_tune = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        model={"init_from": {"job": source_id}},
+        train={"max_steps": 2},
+        eval={"interval_steps": 2},
+        checkpoint={"interval_steps": 2},
+        qat={"group_size": 32},
+    )
+    with Session(engine, expire_on_commit=False) as session:  # as POST /v1/jobs does
+        pinned = init_from.pin(session=session, project_id=project.project_id, spec=fine_tune)
+        job_id = jobs.create(session=session, project_id=project.project_id, spec=pinned).job.id
+        checkpoint = session.scalars(
+            select(Checkpoint).where(Checkpoint.job_id == source_id, Checkpoint.step == 10)
+        ).one()
+    assert pinned.model.init_from is not None
+    assert pinned.model.init_from.checkpoint == checkpoint.id
+    send(celery_client, job_id, worker.queue)
+    job = wait_state(engine, job_id, ENDED, 120, worker)
+    assert job.state == "succeeded", job.error
+
+    (launch,) = launches(job_events(engine, job_id))
+    assert launch.data["argv"][-2:] == ["--init-from", checkpoint.uri]
+    # Step 0 evaluates the source's weights (here fake-quantized): near the source's final
+    # eval loss, far below a random init's ln(256) nats.
+    (start,) = metric_series(engine, job_id, "eval_loss")[:1]
+    source_eval = metric_series(engine, source_id, "eval_loss")[-1].value
+    assert start.step == 0
+    assert start.value == pytest.approx(source_eval, rel=0.05)
+    assert start.value < math.log(256) - 0.5
+    fake = metric_series(engine, job_id, "eval_loss_qat_fake")
+    converted = metric_series(engine, job_id, "eval_loss_qat_converted")
+    assert [p.step for p in fake] == [p.step for p in converted] == [2]
+    assert converted[0].value == pytest.approx(fake[0].value, rel=1e-4)
