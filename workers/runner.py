@@ -2,6 +2,8 @@
 
 A delivery that loses the claim (the job is not queued: a duplicate message, a redelivery
 after a worker crash) returns at once without touching anything: one trainer per attempt.
+A multi-node job (`resources.nodes > 1`) is gang-scheduled: the claimant becomes its node 0
+(`workers.gang`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import datasets, jobs, scheduling
+from core import datasets, gang, jobs, scheduling
 from core.errors import DomainError, InvalidInput
 from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState
@@ -46,6 +48,7 @@ from workers.supervisor import Exit, Stop, Supervisor
 log = logging.getLogger(__name__)
 
 Dispatch = Callable[[int, str], None]  # (job_id, queue) -> send workers.run_job
+JoinDispatch = Callable[[int, int, str], None]  # (job_id, attempt, queue) -> workers.join_gang
 T = TypeVar("T")
 DB_RETRIES = 8
 
@@ -58,11 +61,13 @@ def run_job(
     worker: str,
     dispatch: Dispatch,
     shutdown: threading.Event,
+    send_join: JoinDispatch | None = None,
 ) -> str:
     """Run one attempt of job `job_id` if this delivery wins the claim; returns the outcome.
 
     `factory` makes the short-lived sessions of every DB write; `shutdown` is set when the
-    worker is stopping (the trainer is then stopped and the job handed back).
+    worker is stopping (the trainer is then stopped and the job handed back). `send_join`
+    sends the join messages of a multi-node job's other nodes (required for such jobs).
     """
     if shutdown.is_set():
         return _leave_to_another_worker(factory, job_id, dispatch)
@@ -75,6 +80,18 @@ def run_job(
         over = MaxRuntime(job.runtime_s)
         outcome, _ = _with_db_retry(factory, lambda s: _fail_unlaunched(s, job, over))
         return outcome
+    if gang.num_nodes(job.spec) > 1 and send_join is not None:
+        from workers import gang as gang_node  # it builds on this module
+
+        return gang_node.lead(
+            job,
+            settings=settings,
+            factory=factory,
+            worker=worker,
+            dispatch=dispatch,
+            send_join=send_join,
+            shutdown=shutdown,
+        )
     try:
         paths, proc, argv = _launch(settings, factory, job)
     except (ValidationError, DomainError, OSError) as exc:
@@ -142,8 +159,8 @@ def _launch(
     spec = JobSpec.model_validate(job.spec)
     if spec.resources.nodes != 1:
         raise InvalidInput(
-            f"resources.nodes: {spec.resources.nodes} nodes requested; this worker runs "
-            "single-node jobs only (gang scheduling is not implemented yet)"
+            f"resources.nodes: {spec.resources.nodes} nodes requested, but this delivery "
+            "cannot send the other nodes' join messages"
         )
     paths = _prepare(settings, factory, job, spec)
     nproc = spec.resources.procs_per_node
@@ -205,9 +222,16 @@ def _claim(factory: Callable[[], Session], job_id: int, worker: str) -> Job | No
 
 
 def _prepare(
-    settings: Settings, factory: Callable[[], Session], job: Job, spec: JobSpec
+    settings: Settings,
+    factory: Callable[[], Session],
+    job: Job,
+    spec: JobSpec,
+    node_rank: int | None = None,
 ) -> RunPaths:
-    """Resolve the data, create the run dir and write the spec the trainer reads."""
+    """Resolve the data, create the run dir and write the spec the trainer reads.
+
+    `node_rank`: the node of a multi-node attempt (its own run dir; only node 0 sets aside the
+    checkpoints no earlier attempt recorded)."""
     if spec.data.dataset is not None:
         dataset_id = spec.data.dataset
         dataset = _with_db_retry(
@@ -223,7 +247,7 @@ def _prepare(
     checkpoint_dir = job_checkpoint_uri(settings, job.id)
     if settings.is_local_storage:
         Path(checkpoint_dir.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    if job.attempt > 1:
+    if job.attempt > 1 and not node_rank:
         _with_db_retry(
             factory,
             lambda s: set_aside_unrecorded(
@@ -231,7 +255,9 @@ def _prepare(
             ),
         )
     paths = RunPaths(
-        run_dir=job_run_dir(settings, job.id, job.attempt), checkpoint_dir=checkpoint_dir, data=data
+        run_dir=job_run_dir(settings, job.id, job.attempt, node_rank),
+        checkpoint_dir=checkpoint_dir,
+        data=data,
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(json.dumps(job.spec, indent=2))
@@ -239,16 +265,25 @@ def _prepare(
 
 
 def _record_launch(
-    factory: Callable[[], Session], job: Job, pgid: int, argv: list[str], worker: str
+    factory: Callable[[], Session],
+    job: Job,
+    pgid: int,
+    argv: list[str],
+    worker: str,
+    node_rank: int | None = None,
 ) -> None:
+    node = "" if node_rank is None else f" as node {node_rank}"
+    data: dict[str, Any] = {"pgid": pgid, "worker": worker, "argv": argv}
+    if node_rank is not None:
+        data["node_rank"] = node_rank
     try:
         with factory() as session:
             jobs.add_event(
                 session=session,
                 job=job,
                 kind="info",
-                message=f"launched torchrun (pgid {pgid}) on {worker}",
-                data={"pgid": pgid, "worker": worker, "argv": argv},
+                message=f"launched torchrun (pgid {pgid}) on {worker}{node}",
+                data=data,
             )
             session.commit()
     except Exception:  # the run matters more than this row

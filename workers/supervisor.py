@@ -64,10 +64,13 @@ class Supervisor:
         ingest: RunIngest,
         shutdown: threading.Event,
         runtime_budget_s: float | None = None,
+        on_heartbeat: Callable[[Session], None] | None = None,
     ) -> None:
         """`runtime_budget_s`: seconds this attempt may train (from the trainer's `running`
         report) before `limits.max_runtime_s` is reached (the limit minus what earlier attempts
-        trained); None for no limit."""
+        trained); None for no limit. `on_heartbeat`: more to write in each heartbeat's
+        transaction (a gang node's own heartbeat)."""
+        self.on_heartbeat = on_heartbeat
         self.settings = settings
         self.session_factory = session_factory
         self.proc = proc
@@ -152,6 +155,8 @@ class Supervisor:
                     .returning(Job.state)
                     .execution_options(synchronize_session=False)
                 ).scalar_one_or_none()
+                if state is not None and self.on_heartbeat is not None:
+                    self.on_heartbeat(session)
                 session.commit()
         except Exception:
             log.exception("job %s: heartbeat failed; retrying next tick", job_id)
