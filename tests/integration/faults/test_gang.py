@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -31,6 +32,7 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
+from trainer.spec import JobSpec
 
 STEPS = 16
 ASSEMBLE_TIMEOUT_S = 3.0  # the no-deadlock test: node 0 gives up quickly
@@ -44,7 +46,13 @@ def workers() -> Iterator[list[Worker]]:
         w.stop()
 
 
-def gang_spec(pool: str, dataset_id: str, *, nodes: int, procs: int) -> object:
+def start(
+    settings: Settings, client: Celery, queue: str, logs: Path, env: dict[str, str]
+) -> Worker:
+    return start_worker(settings=settings, client=client, queue=queue, log_dir=logs, extra_env=env)
+
+
+def gang_spec(pool: str, dataset_id: str, *, nodes: int, procs: int, **more: Any) -> JobSpec:
     return tiny_spec(
         pool=pool,
         dataset_id=dataset_id,
@@ -53,6 +61,7 @@ def gang_spec(pool: str, dataset_id: str, *, nodes: int, procs: int) -> object:
         eval={"interval_steps": 8},
         checkpoint={"interval_steps": 8},
         resources={"nodes": nodes, "procs_per_node": procs, "pool": pool},
+        **more,
     )
 
 
@@ -138,11 +147,7 @@ def test_a_gang_of_two_with_one_free_worker_does_not_deadlock_and_runs_when_a_se
 ) -> None:
     queue = unique_queue("gang1")
     fast = {"TORCHYARD_GANG_ASSEMBLE_TIMEOUT_S": str(ASSEMBLE_TIMEOUT_S)}
-    workers.append(
-        start_worker(
-            settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, extra_env=fast
-        )
-    )
+    workers.append(start(settings, celery_client, queue, worker_logs, fast))
     job_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=2, procs=1))
     send(celery_client, job_id, queue)
 
@@ -159,11 +164,7 @@ def test_a_gang_of_two_with_one_free_worker_does_not_deadlock_and_runs_when_a_se
     assert not launches(job_events(engine, job_id))  # no trainer started for half a gang
     assert job_row(engine, job_id).state in ("queued", "starting")
 
-    workers.append(
-        start_worker(
-            settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, extra_env=fast
-        )
-    )
+    workers.append(start(settings, celery_client, queue, worker_logs, fast))
     job = wait_state(engine, job_id, TERMINAL, 180, workers[0])
     assert job.state == "succeeded", f"{job.error}\n{workers[1].log[-4000:]}"
     assert job.current_step == STEPS
