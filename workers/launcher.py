@@ -1,8 +1,10 @@
 """Build and start the one `torchrun` command of an attempt (after Determined's launcher).
 
 The argv and the environment are pure functions of their inputs, unit-tested exactly. The
-process starts in a new session (its own process group, pgid == pid), so cancel and shutdown
-can signal torchrun and every rank at once with `os.killpg`.
+process starts in a new session (its own process group, pgid == pid): cancel and shutdown
+SIGTERM that group and torchrun forwards the signal to every rank; a SIGKILL goes to
+torchrun's group and to each rank's own group (`kill_tree`: torchrun starts ranks in new
+sessions when it redirects their output).
 
 Per-rank output: torchrun's `--log-dir LOG_DIR --redirects 3` writes each local rank's stdout
 and stderr to `LOG_DIR/<rdzv_id>_<random>/attempt_<restart>/<local_rank>/{stdout,stderr}.log`
@@ -222,6 +224,32 @@ def signal_group(pgid: int, sig: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def rank_groups(pid: int) -> list[int]:
+    """The process groups of torchrun's (`pid`'s) children, its ranks.
+
+    With `--redirects` torchrun starts every rank in a new session (torch's
+    `SubprocessHandler`), so a signal to torchrun's own group does not reach them; a SIGKILLed
+    torchrun would leave them orphaned. Linux `/proc/PID/task/*/children`; [] elsewhere.
+    """
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in children.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def kill_tree(pgid: int) -> bool:
+    """SIGKILL torchrun's group (pgid == torchrun's pid) and each rank's own group; False when
+    none was left. The ranks are found before torchrun dies (then they are reparented)."""
+    ranks = rank_groups(pgid)
+    alive = signal_group(pgid, signal.SIGKILL)
+    for rank in ranks:
+        alive = signal_group(rank, signal.SIGKILL) or alive
+    return alive
 
 
 def group_alive(pgid: int) -> bool:

@@ -25,7 +25,7 @@ from core.models import Job, JobState, utcnow
 from core.settings import Settings
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
-from workers.launcher import signal_group
+from workers.launcher import kill_tree, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Supervisor:
                 self._begin_stop(Stop.MAX_RUNTIME)
             if self._kill_at is not None and now >= self._kill_at:
                 log.warning("job %s: trainer ignored SIGTERM; SIGKILL", self.ingest.job_id)
-                signal_group(self.pgid, signal.SIGKILL)
+                kill_tree(self.pgid)
                 self._kill_at = None
             wake = min(
                 next_flush, next_beat, self._kill_at or next_beat, self.deadline or next_beat
@@ -175,7 +175,7 @@ class Supervisor:
             if why is Stop.LOST:
                 # Fenced out: another attempt may own the job's checkpoint dir by now, so this
                 # trainer must not write a stop checkpoint into it (SIGTERM would).
-                signal_group(self.pgid, signal.SIGKILL)
+                kill_tree(self.pgid)
             else:
                 self._terminate(wait=False)
 
@@ -188,7 +188,7 @@ class Supervisor:
             try:
                 self.proc.wait(timeout=max(0.0, self._kill_at - time.monotonic()))
             except subprocess.TimeoutExpired:
-                signal_group(self.pgid, signal.SIGKILL)
+                kill_tree(self.pgid)
                 self.proc.wait()
 
     def _final_drain(self) -> bool:

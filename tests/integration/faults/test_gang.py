@@ -3,6 +3,7 @@ running its own `torchrun --nnodes 2 --nproc-per-node 1`, joined over c10d on lo
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from trainer.spec import JobSpec
 
 STEPS = 16
 ASSEMBLE_TIMEOUT_S = 3.0  # the no-deadlock test: node 0 gives up quickly
+CONTROL_QUEUE = "torchyard.control"  # workers/app.py's (importing it builds an app)
+HEARTBEAT_TIMEOUT_S = 3.0  # the reaper's silence threshold once a node is lost
 
 
 @pytest.fixture
@@ -53,16 +56,15 @@ def start(
 
 
 def gang_spec(pool: str, dataset_id: str, *, nodes: int, procs: int, **more: Any) -> JobSpec:
-    return tiny_spec(
-        pool=pool,
-        dataset_id=dataset_id,
-        parallelism={"strategy": "ddp"},
-        train={"max_steps": STEPS},
-        eval={"interval_steps": 8},
-        checkpoint={"interval_steps": 8},
-        resources={"nodes": nodes, "procs_per_node": procs, "pool": pool},
+    sections: dict[str, Any] = {
+        "parallelism": {"strategy": "ddp"},
+        "train": {"max_steps": STEPS},
+        "eval": {"interval_steps": 8},
+        "checkpoint": {"interval_steps": 8},
+        "resources": {"nodes": nodes, "procs_per_node": procs, "pool": pool},
         **more,
-    )
+    }
+    return tiny_spec(pool=pool, dataset_id=dataset_id, **sections)
 
 
 def nodes_of(engine: Engine, job_id: int, attempt: int) -> list[JobNode]:
@@ -181,3 +183,77 @@ def test_a_gang_of_two_with_one_free_worker_does_not_deadlock_and_runs_when_a_se
     assert [p.step for p in points] == list(range(1, STEPS + 1))
     print(f"gang released {releases()} times before the second worker joined; "
           f"ran as attempt {job.attempt}")  # fmt: skip
+
+
+def test_losing_a_node_restarts_the_whole_gang_from_its_checkpoint_with_every_step_once(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    dataset_id: str,
+    workers: list[Worker],
+) -> None:
+    queue = unique_queue("gangkill")
+    for _ in range(2):
+        workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    spec = gang_spec(
+        queue,
+        dataset_id,
+        nodes=2,
+        procs=1,
+        checkpoint={"interval_steps": 4, "keep_last": 10},
+        retries={"max_restarts": 1},
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, queue)
+    wait_for(
+        "the gang to pass step 6", lambda: (job_row(engine, job_id).current_step or 0) >= 6, 180
+    )
+    node1 = nodes_of(engine, job_id, 1)[1]
+    (victim,) = [w for w in workers if w.name == node1.worker]
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    (lost,) = [e for e in launches(job_events(engine, job_id)) if e.data["node_rank"] == 1]
+    # Parent-death signal: the lost node's torchrun goes with its worker. The surviving
+    # node's torchrun waits in torchrun's exit barrier for the lost one, until the reaper
+    # ends the attempt and its worker kills it.
+    wait_for("the lost node's trainer to end", lambda: group_gone(lost.data["pgid"]), 60)
+
+    # A replacement node, and the reaper as deployed (beat in a control worker), which notices
+    # the silent node even though the surviving node's worker is fine.
+    fast = {"TORCHYARD_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
+    workers.append(start(settings, celery_client, queue, worker_logs, fast))
+    workers.append(
+        start_worker(
+            settings=settings,
+            client=celery_client,
+            queue=CONTROL_QUEUE,
+            log_dir=worker_logs,
+            extra_env=fast,
+            beat=True,
+        )
+    )
+    job = wait_state(engine, job_id, TERMINAL, 240, workers[-2])
+    assert job.state == "succeeded", job.error
+    events = job_events(engine, job_id)
+    (restarting,) = [e for e in events if e.state_to == "restarting"]
+    assert restarting.attempt == 1 and restarting.data["cause"] == "failure"
+    # The whole gang ran again: two launches per attempt, one per node.
+    assert sorted((e.attempt, e.data["node_rank"]) for e in launches(events)) == [
+        (1, 0), (1, 1), (job.attempt, 0), (job.attempt, 1),
+    ]  # fmt: skip
+    assert all(group_gone(e.data["pgid"]) for e in launches(events))
+    recorded = [e.data["step"] for e in events if e.kind == "checkpoint" and e.attempt == 1]
+    resumed = next(e for e in events if e.state_to == "running" and e.attempt == job.attempt)
+    assert resumed.data["start_step"] == max(recorded)
+
+    reference_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=1, procs=2))
+    send(celery_client, reference_id, queue)
+    reference = wait_state(engine, reference_id, TERMINAL, 180, workers[-2])
+    assert reference.state == "succeeded", reference.error
+    points = metric_series(engine, job_id, "loss")
+    assert [p.step for p in points] == list(range(1, STEPS + 1))  # every step exactly once
+    expected = metric_series(engine, reference_id, "loss")
+    assert [p.value for p in points] == pytest.approx([p.value for p in expected], rel=1e-5)
+    print(f"restart cause: {restarting.message}; resumed at step {max(recorded)}")
