@@ -163,8 +163,15 @@ def release(*, session: Session, job_id: int, attempt: int, reason: str) -> bool
     return True
 
 
-def heartbeat(*, session: Session, job_id: int, attempt: int, node_rank: int) -> None:
-    """Record that node `node_rank` is alive. Does not commit."""
+def heartbeat(
+    *, session: Session, job_id: int, attempt: int, node_rank: int, stop: str | None = None
+) -> str | None:
+    """Record that node `node_rank` is alive, and `stop` (why its worker is stopping its
+    trainer: shutdown, max_runtime) if any; returns another node's stop reason, if one has
+    one, so every node of the gang stops. Does not commit."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow()}
+    if stop is not None:
+        values["stop"] = stop
     session.execute(
         update(JobNode)
         .where(
@@ -173,9 +180,19 @@ def heartbeat(*, session: Session, job_id: int, attempt: int, node_rank: int) ->
             JobNode.node_rank == node_rank,
             JobNode.ended_at.is_(None),
         )
-        .values(heartbeat_at=utcnow())
+        .values(**values)
         .execution_options(synchronize_session=False)
     )
+    return session.execute(
+        select(JobNode.stop)
+        .where(
+            JobNode.job_id == job_id,
+            JobNode.attempt == attempt,
+            JobNode.node_rank != node_rank,
+            JobNode.stop.is_not(None),
+        )
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 @dataclass(frozen=True)

@@ -256,8 +256,12 @@ def _run_node(
         ingest=ingest,
         shutdown=shutdown,
         runtime_budget_s=single._runtime_budget(job),
-        on_heartbeat=lambda s: gang.heartbeat(
-            session=s, job_id=job.id, attempt=job.attempt, node_rank=node_rank
+        on_heartbeat=lambda s, stop: gang.heartbeat(
+            session=s,
+            job_id=job.id,
+            attempt=job.attempt,
+            node_rank=node_rank,
+            stop=None if stop in (None, Stop.CANCEL, Stop.PAUSE, Stop.LOST) else str(stop),
         ),
     )
     try:

@@ -64,12 +64,13 @@ class Supervisor:
         ingest: RunIngest,
         shutdown: threading.Event,
         runtime_budget_s: float | None = None,
-        on_heartbeat: Callable[[Session], None] | None = None,
+        on_heartbeat: Callable[[Session, Stop | None], str | None] | None = None,
     ) -> None:
         """`runtime_budget_s`: seconds this attempt may train (from the trainer's `running`
         report) before `limits.max_runtime_s` is reached (the limit minus what earlier attempts
-        trained); None for no limit. `on_heartbeat`: more to write in each heartbeat's
-        transaction (a gang node's own heartbeat)."""
+        trained); None for no limit. `on_heartbeat(session, stop)`: more to write in each
+        heartbeat's transaction (a gang node's own heartbeat and stop); what it returns, a
+        `Stop` value of another node, stops this trainer too."""
         self.on_heartbeat = on_heartbeat
         self.settings = settings
         self.session_factory = session_factory
@@ -155,8 +156,9 @@ class Supervisor:
                     .returning(Job.state)
                     .execution_options(synchronize_session=False)
                 ).scalar_one_or_none()
+                peer_stop = None
                 if state is not None and self.on_heartbeat is not None:
-                    self.on_heartbeat(session)
+                    peer_stop = self.on_heartbeat(session, self.stop)
                 session.commit()
         except Exception:
             log.exception("job %s: heartbeat failed; retrying next tick", job_id)
@@ -166,6 +168,9 @@ class Supervisor:
         if state is None:
             log.error("job %s attempt %s is no longer ours: stopping the trainer", job_id, attempt)
             self._begin_stop(Stop.LOST)
+        elif peer_stop is not None and self.stop is None:
+            log.info("job %s: another node of the gang stopped (%s)", job_id, peer_stop)
+            self._begin_stop(Stop(peer_stop))
         return state
 
     def _begin_stop(self, why: Stop) -> None:

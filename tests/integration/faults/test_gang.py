@@ -257,3 +257,53 @@ def test_losing_a_node_restarts_the_whole_gang_from_its_checkpoint_with_every_st
     expected = metric_series(engine, reference_id, "loss")
     assert [p.value for p in points] == pytest.approx([p.value for p in expected], rel=1e-5)
     print(f"restart cause: {restarting.message}; resumed at step {max(recorded)}")
+
+
+def test_a_node_s_worker_shutdown_hands_the_whole_gang_back_and_it_resumes(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    dataset_id: str,
+    workers: list[Worker],
+) -> None:
+    queue = unique_queue("gangterm")
+    for _ in range(2):
+        workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    long_steps = 200
+    spec = gang_spec(
+        queue,
+        dataset_id,
+        nodes=2,
+        procs=1,
+        train={"max_steps": long_steps},
+        eval={"interval_steps": 100},
+        checkpoint={"interval_steps": 50, "keep_last": 10},
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, queue)
+    wait_for(
+        "the gang to pass step 10", lambda: (job_row(engine, job_id).current_step or 0) >= 10, 180
+    )
+    node1 = nodes_of(engine, job_id, 1)[1]
+    (leaving,) = [w for w in workers if w.name == node1.worker]
+    leaving.stop()  # warm shutdown, as a deploy does: the node's trainer checkpoints
+    first = launches(job_events(engine, job_id))
+    for launch in first:  # the other node stops too, instead of waiting in torchrun
+        wait_for(f"node {launch.data['node_rank']}'s trainer to end",
+                 lambda pgid=launch.data["pgid"]: group_gone(pgid), 30)  # fmt: skip
+    events = job_events(engine, job_id)
+    (handed_back,) = [e for e in events if e.state_to == "restarting"]
+    assert handed_back.data["cause"] == "shutdown"  # not a failure: no restart budget used
+    stopped_at = max(e.data["step"] for e in events if e.kind == "checkpoint")
+
+    workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    job = wait_state(engine, job_id, TERMINAL, 240, workers[-1])
+    assert job.state == "succeeded", job.error
+    assert job.attempt == 2
+    events = job_events(engine, job_id)
+    resumed = next(e for e in events if e.state_to == "running" and e.attempt == 2)
+    assert resumed.data["start_step"] == stopped_at
+    assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, long_steps + 1))
+    print(f"handed back at step {stopped_at}: {handed_back.message}")
