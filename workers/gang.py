@@ -34,7 +34,18 @@ from core.models import Job, JobState, utcnow
 from core.settings import Settings
 from trainer.spec import JobSpec
 from workers import launcher
-from workers import runner as single
+from workers.attempt import (
+    DB_RETRIES,
+    Dispatch,
+    dispatch_safely,
+    exit_code,
+    fail_unlaunched,
+    prepare,
+    record_end,
+    record_launch,
+    runtime_budget,
+    with_db_retry,
+)
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import Exit, Stop, Supervisor
@@ -51,7 +62,7 @@ def lead(
     settings: Settings,
     factory: Callable[[], Session],
     worker: str,
-    dispatch: single.Dispatch,
+    dispatch: Dispatch,
     send_join: JoinDispatch,
     shutdown: threading.Event,
 ) -> str:
@@ -59,21 +70,19 @@ def lead(
     for them, then run this node. Returns the outcome."""
     try:
         spec = JobSpec.model_validate(job.spec)
-        paths = single._prepare(settings, factory, job, spec, node_rank=0)
+        paths = prepare(settings, factory, job, spec, node_rank=0)
     except (ValidationError, DomainError, OSError) as exc:
         log.error("job %s: cannot launch: %s", job.id, exc)
         error = exc
-        outcome, _ = single._with_db_retry(
-            factory, lambda s: single._fail_unlaunched(s, job, error)
-        )
+        outcome, _ = with_db_retry(factory, lambda s: fail_unlaunched(s, job, error))
         return outcome
     host = settings.advertise_host
     port = launcher.free_port(host)
-    single._with_db_retry(
+    with_db_retry(
         factory, lambda s: gang.publish(session=s, job=job, worker=worker, host=host, port=port)
     )
     for _ in range(spec.resources.nodes - 1):
-        single._dispatch(lambda j, q: send_join(j, job.attempt, q), job.id, job.pool)
+        dispatch_safely(lambda j, q: send_join(j, job.attempt, q), job.id, job.pool)
     waited = _assemble(settings, factory, dispatch, job, node_rank=0, shutdown=shutdown)
     if waited is not None:
         return waited
@@ -87,7 +96,7 @@ def join(
     settings: Settings,
     factory: Callable[[], Session],
     worker: str,
-    dispatch: single.Dispatch,
+    dispatch: Dispatch,
     send_join: JoinDispatch,
     shutdown: threading.Event,
 ) -> str:
@@ -98,9 +107,9 @@ def join(
     if job is None or pool is None:
         return "not joined"
     if shutdown.is_set():  # let another worker take this node
-        single._dispatch(lambda j, q: send_join(j, attempt, q), job_id, pool)
+        dispatch_safely(lambda j, q: send_join(j, attempt, q), job_id, pool)
         return "worker shutting down"
-    node_rank = single._with_db_retry(
+    node_rank = with_db_retry(
         factory,
         lambda s: gang.join(
             session=s, job_id=job_id, attempt=attempt, worker=worker, host=settings.advertise_host
@@ -119,13 +128,11 @@ def join(
         return waited
     try:
         spec = JobSpec.model_validate(job.spec)
-        paths = single._prepare(settings, factory, job, spec, node_rank=node_rank)
+        paths = prepare(settings, factory, job, spec, node_rank=node_rank)
     except (ValidationError, DomainError, OSError) as exc:
         log.error("job %s node %s: cannot launch: %s", job_id, node_rank, exc)
         error = exc
-        outcome, _ = single._with_db_retry(
-            factory, lambda s: single._fail_unlaunched(s, job, error)
-        )
+        outcome, _ = with_db_retry(factory, lambda s: fail_unlaunched(s, job, error))
         return outcome
     return _run_node(settings, factory, dispatch, job, spec, paths, worker, shutdown, node_rank)
 
@@ -133,7 +140,7 @@ def join(
 def _assemble(
     settings: Settings,
     factory: Callable[[], Session],
-    dispatch: single.Dispatch,
+    dispatch: Dispatch,
     job: Job,
     *,
     node_rank: int,
@@ -156,7 +163,7 @@ def _assemble(
                 if current is None or current.attempt != job.attempt:
                     return "lost"
                 if current.state in (JobState.CANCELLING, JobState.PAUSING) and leader:
-                    outcome, _ = single._fail_unlaunched(session, job, RuntimeError("stopped"))
+                    outcome, _ = fail_unlaunched(session, job, RuntimeError("stopped"))
                     return outcome
                 if current.state != JobState.STARTING:
                     return f"gang {current.state}"
@@ -179,7 +186,7 @@ def _assemble(
             )
             if _release(factory, job, why):
                 log.info("job %s attempt %s: %s; released", job.id, job.attempt, why)
-                single._dispatch(dispatch, job.id, job.pool)
+                dispatch_safely(dispatch, job.id, job.pool)
                 return "gang released"
         elif not leader and now >= give_up:
             return "gang did not assemble"
@@ -187,7 +194,7 @@ def _assemble(
 
 
 def _release(factory: Callable[[], Session], job: Job, reason: str) -> bool:
-    return single._with_db_retry(
+    return with_db_retry(
         factory,
         lambda s: gang.release(session=s, job_id=job.id, attempt=job.attempt, reason=reason),
     )
@@ -207,7 +214,7 @@ def _beat(session: Session, job: Job, node_rank: int) -> None:
 def _run_node(
     settings: Settings,
     factory: Callable[[], Session],
-    dispatch: single.Dispatch,
+    dispatch: Dispatch,
     job: Job,
     spec: JobSpec,
     paths: RunPaths,
@@ -245,7 +252,7 @@ def _run_node(
         cpu_count=os.cpu_count(),
     )
     proc = launcher.spawn(argv, env, paths)
-    single._record_launch(factory, job, proc.pid, argv, worker, node_rank=node_rank)
+    record_launch(factory, job, proc.pid, argv, worker, node_rank=node_rank)
     ingest = RunIngest(
         paths=paths, job_id=job.id, attempt=job.attempt, node_rank=node_rank, nproc=nproc
     )
@@ -255,7 +262,7 @@ def _run_node(
         proc=proc,
         ingest=ingest,
         shutdown=shutdown,
-        runtime_budget_s=single._runtime_budget(job),
+        runtime_budget_s=runtime_budget(job),
         on_heartbeat=lambda s, stop: gang.heartbeat(
             session=s,
             job_id=job.id,
@@ -288,19 +295,19 @@ def _run_node(
 
 def _end_node(
     factory: Callable[[], Session],
-    dispatch: single.Dispatch,
+    dispatch: Dispatch,
     job: Job,
     end: Exit,
     paths: RunPaths,
     worker: str,
     node_rank: int,
     *,
-    retries: int = single.DB_RETRIES,
+    retries: int = DB_RETRIES,
 ) -> str:
     """Record this node's end; the failing node, or the last node to end, ends the job."""
 
     def write(session: Session) -> tuple[str, str | None]:
-        rc = single._exit_code(end, paths)
+        rc = exit_code(end, paths)
         ended = gang.record_node_end(
             session=session,
             job_id=job.id,
@@ -317,9 +324,9 @@ def _end_node(
         stop = end.stop or (Stop(ended.stop) if ended.stop else None)
         reported = dataclasses.replace(end.reported, completed=ended.completed)
         whole = dataclasses.replace(end, stop=stop, reported=reported)
-        return single._record_end(session, job, whole, paths, worker)
+        return record_end(session, job, whole, paths, worker)
 
-    outcome, pool = single._with_db_retry(factory, write, retries=retries)
+    outcome, pool = with_db_retry(factory, write, retries=retries)
     if pool is not None:
-        single._dispatch(dispatch, job.id, pool)
+        dispatch_safely(dispatch, job.id, pool)
     return outcome
