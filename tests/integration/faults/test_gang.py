@@ -4,6 +4,7 @@ running its own `torchrun --nnodes 2 --nproc-per-node 1`, joined over c10d on lo
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from core import jobs
 from core.models import JobNode
 from core.settings import Settings
 from tests.conftest import ProjectKey
@@ -39,6 +41,7 @@ STEPS = 16
 ASSEMBLE_TIMEOUT_S = 3.0  # the no-deadlock test: node 0 gives up quickly
 CONTROL_QUEUE = "torchyard.control"  # workers/app.py's (importing it builds an app)
 HEARTBEAT_TIMEOUT_S = 3.0  # the reaper's silence threshold once a node is lost
+GONE_WITHIN_S = 10.0  # a cancel ends the job and every node's processes within this
 
 
 @pytest.fixture
@@ -307,3 +310,55 @@ def test_a_node_s_worker_shutdown_hands_the_whole_gang_back_and_it_resumes(
     assert resumed.data["start_step"] == stopped_at
     assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, long_steps + 1))
     print(f"handed back at step {stopped_at}: {handed_back.message}")
+
+
+def test_cancel_ends_an_assembling_gang_and_a_running_one_with_every_node_s_processes(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    dataset_id: str,
+    workers: list[Worker],
+) -> None:
+    queue = unique_queue("gangcancel")
+    workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    spec = gang_spec(
+        queue,
+        dataset_id,
+        nodes=2,
+        procs=1,
+        train={"max_steps": 5000},
+        eval={"interval_steps": 1000},
+    )
+
+    def published(job_id: int) -> bool:
+        return any("gang of 2 nodes" in e.message for e in job_events(engine, job_id))
+
+    def cancel_and_wait(job_id: int) -> float:
+        started = time.monotonic()
+        with Session(engine) as s:
+            jobs.cancel(session=s, job_id=job_id)
+            s.commit()
+        wait_state(engine, job_id, ("cancelled",), GONE_WITHIN_S, workers[0])
+        for launch in launches(job_events(engine, job_id)):
+            left = max(0.1, GONE_WITHIN_S - (time.monotonic() - started))
+            wait_for(f"node {launch.data['node_rank']}'s trainer to be gone",
+                     lambda pgid=launch.data["pgid"]: group_gone(pgid), left)  # fmt: skip
+        return time.monotonic() - started
+
+    assembling = create_job(engine, project, spec)  # one worker: node 0 waits for node 1
+    send(celery_client, assembling, queue)
+    wait_for("node 0 to publish the rendezvous", lambda: published(assembling), 60)
+    took_assembling = cancel_and_wait(assembling)
+    assert not launches(job_events(engine, assembling))
+
+    workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    running = create_job(engine, project, spec)
+    send(celery_client, running, queue)
+    wait_for("the gang to pass step 5", lambda: (job_row(engine, running).current_step or 0) >= 5,
+             180)  # fmt: skip
+    took_running = cancel_and_wait(running)
+    assert len(launches(job_events(engine, running))) == 2
+    assert job_row(engine, running).state == "cancelled"
+    print(f"cancelled assembling gang in {took_assembling:.1f} s, running in {took_running:.1f} s")
