@@ -362,3 +362,46 @@ def test_cancel_ends_an_assembling_gang_and_a_running_one_with_every_node_s_proc
     assert len(launches(job_events(engine, running))) == 2
     assert job_row(engine, running).state == "cancelled"
     print(f"cancelled assembling gang in {took_assembling:.1f} s, running in {took_running:.1f} s")
+
+
+def test_a_node_s_trainer_crash_restarts_the_whole_gang_at_once(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    dataset_id: str,
+    workers: list[Worker],
+) -> None:
+    queue = unique_queue("gangcrash")
+    # Only one worker's trainers crash (after step 6, on attempt 1): one node of the gang.
+    workers.append(
+        start(settings, celery_client, queue, worker_logs, {"TORCHYARD_FAIL_AT_STEP": "6"})
+    )
+    workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    spec = gang_spec(
+        queue,
+        dataset_id,
+        nodes=2,
+        procs=1,
+        checkpoint={"interval_steps": 4, "keep_last": 10},
+        retries={"max_restarts": 1},
+    )
+    job_id = create_job(engine, project, spec)
+    send(celery_client, job_id, queue)
+    job = wait_state(engine, job_id, TERMINAL, 240, workers[0])
+    assert job.state == "succeeded", f"{job.error}\n{workers[1].log[-3000:]}"
+    assert job.attempt == 2
+    events = job_events(engine, job_id)
+    (restarting,) = [e for e in events if e.state_to == "restarting"]
+    # The failing node ended the attempt itself, without waiting for the reaper.
+    assert restarting.data["cause"] == "failure" and restarting.data["exit_code"] != 0
+    assert restarting.data["exit_cause"] != "worker_lost"
+    assert sorted((e.attempt, e.data["node_rank"]) for e in launches(events)) == [
+        (1, 0), (1, 1), (2, 0), (2, 1),
+    ]  # fmt: skip
+    assert all(group_gone(e.data["pgid"]) for e in launches(events))
+    resumed = next(e for e in events if e.state_to == "running" and e.attempt == 2)
+    assert resumed.data["start_step"] == 4
+    assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, STEPS + 1))
+    print(f"restart: {restarting.message}")
