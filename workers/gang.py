@@ -263,13 +263,7 @@ def _run_node(
         ingest=ingest,
         shutdown=shutdown,
         runtime_budget_s=runtime_budget(job),
-        on_heartbeat=lambda s, stop: gang.heartbeat(
-            session=s,
-            job_id=job.id,
-            attempt=job.attempt,
-            node_rank=node_rank,
-            stop=None if stop in (None, Stop.CANCEL, Stop.PAUSE, Stop.LOST) else str(stop),
-        ),
+        on_heartbeat=lambda s, stop: _node_heartbeat(s, job, node_rank, stop),
     )
     try:
         end = supervisor.run()
@@ -291,6 +285,23 @@ def _run_node(
     if end.stop is Stop.LOST:
         return "lost"
     return _end_node(factory, dispatch, job, end, paths, worker, node_rank)
+
+
+# The stops one node's worker decides for itself; cancel and pause reach every node through
+# the job's state anyway.
+GANG_STOPS = frozenset({Stop.SHUTDOWN, Stop.MAX_RUNTIME})
+
+
+def _node_heartbeat(session: Session, job: Job, node_rank: int, stop: Stop | None) -> str | None:
+    """This node's heartbeat (and its own stop, if any); another node's stop, to follow it."""
+    peer = gang.heartbeat(
+        session=session,
+        job_id=job.id,
+        attempt=job.attempt,
+        node_rank=node_rank,
+        stop=str(stop) if stop in GANG_STOPS else None,
+    )
+    return peer if peer in GANG_STOPS else None
 
 
 def _end_node(
@@ -321,7 +332,7 @@ def _end_node(
         if not (failed or ended.all_ended):
             session.commit()
             return f"node {node_rank} ended; the job ends with the last node", None
-        stop = end.stop or (Stop(ended.stop) if ended.stop else None)
+        stop = end.stop or (Stop(ended.stop) if ended.stop in GANG_STOPS else None)
         reported = dataclasses.replace(end.reported, completed=ended.completed)
         whole = dataclasses.replace(end, stop=stop, reported=reported)
         return record_end(session, job, whole, paths, worker)

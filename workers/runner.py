@@ -45,7 +45,6 @@ from workers.supervisor import Exit, Stop, Supervisor
 log = logging.getLogger(__name__)
 
 
-
 def run_job(
     job_id: int,
     *,
