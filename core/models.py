@@ -161,7 +161,7 @@ class MetricPoint(Base):
     """One value of one series at one step. Keyed, so re-ingestion upserts.
 
     On Postgres the foreign key to `jobs` is replaced by a delete trigger on `jobs` (migration
-    0003: its per-row check cost more than the insert); the table also feeds `metric_rollups`
+    0004: its per-row check cost more than the insert); the table also feeds `metric_rollups`
     through a statement trigger."""
 
     __tablename__ = "metric_points"
@@ -177,7 +177,7 @@ class MetricPoint(Base):
 class MetricRollup(Base):
     """The minimum and maximum points of one series over one block of steps: `step >> shift ==
     bucket`, `shift = 2 * level + 2` (16 to 1,048,576 steps). Kept by a Postgres trigger on
-    `metric_points` (migration 0003); read by `core.rollups`. Empty on SQLite."""
+    `metric_points` (migration 0004); read by `core.rollups`. Empty on SQLite."""
 
     __tablename__ = "metric_rollups"
 
