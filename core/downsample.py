@@ -10,7 +10,7 @@ of Jugel et al., "M4: A Visualization-Oriented Time Series Data Aggregation", VL
 LTTB (Steinarsson 2013) it is a pure GROUP BY, and it composes: the extremes of a bucket are
 the extremes of the extremes of its parts.
 
-That is what makes it fast on Postgres: `metric_rollups` (migration 0003) keeps each series'
+That is what makes it fast on Postgres: `metric_rollups` (migration 0004) keeps each series'
 extremes per aligned block of `1 << shift` steps (`LEVEL_SHIFTS`), and bucket edges are put on
 block edges (`grid`), so a bucket is whole blocks plus, at the ends of the range, points.
 A bucket spans at least 4 blocks of the level read, so at least ~80% of the `B` buckets are used

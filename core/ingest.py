@@ -60,7 +60,7 @@ def metrics(*, session: Session, job_id: int, attempt: int, points: Sequence[Met
 # attempt resumed from an earlier checkpoint) go through one keyed upsert, which leaves rows
 # whose values did not change alone. A race with another writer of the same job (which claim
 # fencing rules out) would fail the COPY on the primary key and roll the flush back; the next
-# flush then sees those keys as stored and upserts. The trigger of migration 0003 keeps
+# flush then sees those keys as stored and upserts. The trigger of migration 0004 keeps
 # `metric_rollups` in step with both statements.
 _PG_LAST_STEPS = text(
     "SELECT n.name, (SELECT max(m.step) FROM metric_points m"

@@ -161,7 +161,7 @@ class MetricPoint(Base):
     """One value of one series at one step. Keyed, so re-ingestion upserts.
 
     On Postgres the foreign key to `jobs` is replaced by a delete trigger on `jobs` (migration
-    0003: its per-row check cost more than the insert); the table also feeds `metric_rollups`
+    0004: its per-row check cost more than the insert); the table also feeds `metric_rollups`
     through a statement trigger."""
 
     __tablename__ = "metric_points"
@@ -177,7 +177,7 @@ class MetricPoint(Base):
 class MetricRollup(Base):
     """The minimum and maximum points of one series over one block of steps: `step >> shift ==
     bucket`, `shift = 2 * level + 2` (16 to 1,048,576 steps). Kept by a Postgres trigger on
-    `metric_points` (migration 0003); read by `core.rollups`. Empty on SQLite."""
+    `metric_points` (migration 0004); read by `core.rollups`. Empty on SQLite."""
 
     __tablename__ = "metric_rollups"
 
@@ -221,3 +221,30 @@ class Checkpoint(Base):
     uri: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobNode(Base):
+    """One node slot of a multi-node (gang) attempt: `resources.nodes` rows per attempt.
+
+    Node 0 is the first claimant; it publishes the c10d rendezvous endpoint (`host`, `port`).
+    A slot is taken by a fencing UPDATE (`worker IS NULL`), so a duplicated join message
+    cannot start a second trainer for the same node (core/gang.py).
+    """
+
+    __tablename__ = "job_nodes"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker: Mapped[str | None] = mapped_column(String(200), default=None)
+    # The worker's advertised host; node 0's `host:port` is the rendezvous endpoint.
+    host: Mapped[str | None] = mapped_column(String(255), default=None)
+    port: Mapped[int | None] = mapped_column(Integer, default=None)
+    joined_at: Mapped[datetime | None] = mapped_column(default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Why this node's worker stopped its trainer (workers.supervisor.Stop), if it did.
+    stop: Mapped[str | None] = mapped_column(String(20), default=None)
+    # The trainer's `completed` report, on the node whose rank reported it.
+    completed: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)

@@ -12,6 +12,8 @@ from typing import Any
 from core.settings import Settings
 
 RUN_JOB_TASK = "workers.run_job"
+# One per further node of a multi-node job, sent by its node 0 to the pool's queue.
+JOIN_GANG_TASK = "workers.join_gang"
 RECONCILE_TASK = "workers.reconcile"
 
 

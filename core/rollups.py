@@ -2,7 +2,7 @@
 
 `core.downsample.grid` puts bucket edges on rollup block edges, so the minimum and maximum of a
 bucket are those of its whole blocks (rows of `metric_rollups`, kept exact by the trigger of
-migration 0003) and, for the two blocks cut by the ends of the requested range, of the points
+migration 0004) and, for the two blocks cut by the ends of the requested range, of the points
 inside the range. A 1,000,000-point series cut to 1,000 points reads ~2,000-8,000 rollup rows
 and at most two blocks of points instead of the whole series.
 """

@@ -46,6 +46,17 @@ class Settings(BaseSettings):
         default=0.5, gt=0, description="How often the worker flushes trainer output to the DB."
     )
     worker_hostname: str = Field(default="", description="Name a worker records on claimed jobs.")
+    advertise_host: str = Field(
+        default="127.0.0.1",
+        description="Address other nodes of a multi-node job reach this worker's host at: node 0 "
+        "publishes it as the c10d rendezvous endpoint, and torchrun's `--local-addr`.",
+    )
+    gang_assemble_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long node 0 of a multi-node job waits for the other nodes to join "
+        "before it releases the gang and the job goes back to the queue.",
+    )
 
     @model_validator(mode="after")
     def _defaults_and_production_checks(self) -> Settings:

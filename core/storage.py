@@ -19,10 +19,16 @@ def job_checkpoint_uri(settings: Settings, job_id: int) -> str:
     return join(settings.storage_url, "jobs", str(job_id), "checkpoints")
 
 
-def job_run_dir(settings: Settings, job_id: int, attempt: int) -> Path:
-    """A local directory for one attempt's spec, events and logs (on the worker host)."""
+def job_run_dir(
+    settings: Settings, job_id: int, attempt: int, node_rank: int | None = None
+) -> Path:
+    """A local directory for one attempt's spec, events and logs (on the worker host).
+
+    A node of a multi-node attempt gets `node_<rank>` under it: nodes may share a host.
+    """
     base = settings.storage_path if settings.is_local_storage else settings.home.resolve()
-    return base / "jobs" / str(job_id) / "runs" / f"attempt_{attempt}"
+    run_dir = base / "jobs" / str(job_id) / "runs" / f"attempt_{attempt}"
+    return run_dir if node_rank is None else run_dir / f"node_{node_rank}"
 
 
 def allowed_data_roots(settings: Settings) -> list[Path]:

@@ -13,7 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.spec import JobSpec  # noqa: E402
+from trainer.spec import JobSpec
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- spec-reference -->", "<!-- /spec-reference -->"
@@ -53,7 +53,8 @@ def render() -> str:
         for name, prop in body.get("properties", {}).items():
             path = f"{prefix}{name}"
             desc = prop.get("description", "").replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| `{path}` | {_type(prop)} | {_default(prop, name in required)} | {desc} |")
+            default = _default(prop, name in required)
+            lines.append(f"| `{path}` | {_type(prop)} | {default} | {desc} |")
             # a nested object, also a nullable one (`X | None`: anyOf [$ref, null])
             refs = [p["$ref"] for p in (prop, *prop.get("anyOf", [])) if "$ref" in p]
             if refs:

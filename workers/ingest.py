@@ -61,10 +61,16 @@ class _Batch:
 class RunIngest:
     """Tails the files of attempt `attempt` of job `job_id` into the database."""
 
-    def __init__(self, *, paths: RunPaths, job_id: int, attempt: int) -> None:
+    def __init__(
+        self, *, paths: RunPaths, job_id: int, attempt: int, node_rank: int = 0, nproc: int = 1
+    ) -> None:
+        """`node_rank`, `nproc`: this node's place in a multi-node attempt. Its local rank r is
+        stored as rank `node_rank * nproc + r` and its launcher as rank `-1 - node_rank`."""
         self.paths = paths
         self.job_id = job_id
         self.attempt = attempt
+        self.rank_offset = node_rank * nproc
+        self.launcher_rank = LAUNCHER_RANK - node_rank
         self.events = FileTail(paths.events)
         self.logs: dict[tuple[int, str], FileTail] = {
             (LAUNCHER_RANK, s): FileTail(paths.launcher_log(s)) for s in ("stdout", "stderr")
@@ -86,8 +92,9 @@ class RunIngest:
         for offset, raw in event_chunk.lines:
             self._parse_event(offset, raw, batch)
         for (rank, stream), chunk in log_chunks.items():
+            stored = self.launcher_rank if rank == LAUNCHER_RANK else self.rank_offset + rank
             batch.logs += [
-                store.Log(rank=rank, stream=stream, offset=offset, line=_text(raw))
+                store.Log(rank=stored, stream=stream, offset=offset, line=_text(raw))
                 for offset, raw in chunk.lines
             ]
         with session_factory() as session:

@@ -1,8 +1,10 @@
 """Build and start the one `torchrun` command of an attempt (after Determined's launcher).
 
 The argv and the environment are pure functions of their inputs, unit-tested exactly. The
-process starts in a new session (its own process group, pgid == pid), so cancel and shutdown
-can signal torchrun and every rank at once with `os.killpg`.
+process starts in a new session (its own process group, pgid == pid): cancel and shutdown
+SIGTERM that group and torchrun forwards the signal to every rank; a SIGKILL goes to
+torchrun's group and to each rank's own group (`kill_tree`: torchrun starts ranks in new
+sessions when it redirects their output).
 
 Per-rank output: torchrun's `--log-dir LOG_DIR --redirects 3` writes each local rank's stdout
 and stderr to `LOG_DIR/<rdzv_id>_<random>/attempt_<restart>/<local_rank>/{stdout,stderr}.log`
@@ -70,6 +72,35 @@ def rdzv_id(job_id: int, attempt: int) -> str:
     return f"job{job_id}-a{attempt}"
 
 
+@dataclass(frozen=True, slots=True)
+class GangNode:
+    """This node's place in a multi-node attempt and node 0's c10d rendezvous endpoint."""
+
+    nnodes: int
+    node_rank: int
+    host: str  # node 0's advertised host
+    port: int  # node 0's rendezvous port
+    local_addr: str  # this worker's advertised host
+    join_timeout_s: int = 120
+
+
+def gang_rdzv_args(gang: GangNode) -> list[str]:
+    """torchrun's multi-node arguments. Node 0 hosts the c10d store (`is_host=1`), the others
+    only connect to it (several nodes may share one host, as on loopback in the tests). c10d
+    numbers the nodes itself (`--node-rank` is informational there); `--local-addr` is what
+    rank 0 publishes as MASTER_ADDR."""
+    return [
+        "--nnodes",
+        str(gang.nnodes),
+        "--node-rank",
+        str(gang.node_rank),
+        "--rdzv-conf",
+        f"is_host={int(gang.node_rank == 0)},join_timeout={gang.join_timeout_s}",
+        "--local-addr",
+        gang.local_addr,
+    ]
+
+
 def torchrun_argv(
     *,
     job_id: int,
@@ -78,24 +109,27 @@ def torchrun_argv(
     rdzv_port: int,
     paths: RunPaths,
     python: str = sys.executable,
+    gang: GangNode | None = None,
 ) -> list[str]:
     """The exact command that runs the trainer for one attempt on one node.
 
-    `--max-restarts 0`: restarts are the platform's (a new attempt, resumed from the latest
-    checkpoint), not torchrun's in-place ones.
+    `gang`: this node's part of a multi-node attempt (`--nnodes N`, rendezvous at node 0's
+    endpoint; `rdzv_port` is then ignored). `--max-restarts 0`: restarts are the platform's (a
+    new attempt, resumed from the latest checkpoint), not torchrun's in-place ones.
     """
+    endpoint = f"127.0.0.1:{rdzv_port}" if gang is None else f"{gang.host}:{gang.port}"
+    nodes = ["--nnodes", "1"] if gang is None else gang_rdzv_args(gang)
     return [
         python,
         "-m",
         "torch.distributed.run",
-        "--nnodes",
-        "1",
+        *nodes,
         "--nproc-per-node",
         str(nproc_per_node),
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        f"127.0.0.1:{rdzv_port}",
+        endpoint,
         "--rdzv-id",
         rdzv_id(job_id, attempt),
         "--max-restarts",
@@ -192,6 +226,32 @@ def signal_group(pgid: int, sig: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def rank_groups(pid: int) -> list[int]:
+    """The process groups of torchrun's (`pid`'s) children, its ranks.
+
+    With `--redirects` torchrun starts every rank in a new session (torch's
+    `SubprocessHandler`), so a signal to torchrun's own group does not reach them; a SIGKILLed
+    torchrun would leave them orphaned. Linux `/proc/PID/task/*/children`; [] elsewhere.
+    """
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in children.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def kill_tree(pgid: int) -> bool:
+    """SIGKILL torchrun's group (pgid == torchrun's pid) and each rank's own group; False when
+    none was left. The ranks are found before torchrun dies (then they are reparented)."""
+    ranks = rank_groups(pgid)
+    alive = signal_group(pgid, signal.SIGKILL)
+    for rank in ranks:
+        alive = signal_group(rank, signal.SIGKILL) or alive
+    return alive
 
 
 def group_alive(pgid: int) -> bool:

@@ -5,7 +5,9 @@
   harmless, the claim fences it.
 - A job in starting/running/cancelling whose heartbeat is older than
   `settings.heartbeat_timeout_s` lost its worker: cancelling -> cancelled, otherwise requeued
-  (restarting -> queued) while `retries.max_restarts` allows, else failed.
+  (restarting -> queued) while `retries.max_restarts` allows, else failed. A multi-node
+  job is reaped as a whole when any of its nodes went silent (its own slot heartbeat), even if
+  the other nodes still heartbeat the job row.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core import gang, jobs
 from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState, utcnow
 from core.settings import Settings
@@ -94,7 +96,13 @@ def _stale_active(
     if pools is not None:
         query = query.where(Job.pool.in_(list(pools)))
     with factory() as session:
-        return list(session.execute(query.order_by(Job.id)).scalars())
+        found = set(session.execute(query).scalars())
+        for job_id, _ in gang.stale_nodes(session=session, cutoff=cutoff):
+            found.add(job_id)
+        if pools is not None and found:
+            rows = select(Job.id).where(Job.id.in_(found), Job.pool.in_(list(pools)))
+            found = set(session.execute(rows).scalars())
+    return sorted(found)
 
 
 def _reap(
@@ -111,9 +119,10 @@ def _reap(
         ).scalar_one_or_none()
         if job is None or job.state not in ACTIVE_STATES:
             return None
-        last_seen = job.heartbeat_at or job.updated_at
-        if last_seen.tzinfo is None:  # SQLite hands back naive UTC
-            last_seen = last_seen.replace(tzinfo=UTC)
+        last_seen = _aware(job.heartbeat_at or job.updated_at)
+        node_seen = gang.oldest_heartbeat(session=session, job=job)
+        if node_seen is not None:  # a gang is as alive as its most silent node
+            last_seen = min(last_seen, _aware(node_seen))
         silence = (now - last_seen).total_seconds()
         if silence <= settings.heartbeat_timeout_s:
             return None
@@ -154,6 +163,11 @@ def _reap(
             report.failed.append(job_id)
         session.commit()
         return pool
+
+
+def _aware(when: datetime) -> datetime:
+    """SQLite hands back naive UTC."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _seconds_between(start: datetime | None, end: datetime) -> float:

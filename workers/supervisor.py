@@ -25,7 +25,7 @@ from core.models import Job, JobState, utcnow
 from core.settings import Settings
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
-from workers.launcher import signal_group
+from workers.launcher import kill_tree, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,14 @@ class Supervisor:
         ingest: RunIngest,
         shutdown: threading.Event,
         runtime_budget_s: float | None = None,
+        on_heartbeat: Callable[[Session, Stop | None], str | None] | None = None,
     ) -> None:
         """`runtime_budget_s`: seconds this attempt may train (from the trainer's `running`
         report) before `limits.max_runtime_s` is reached (the limit minus what earlier attempts
-        trained); None for no limit."""
+        trained); None for no limit. `on_heartbeat(session, stop)`: more to write in each
+        heartbeat's transaction (a gang node's own heartbeat and stop); what it returns, a
+        `Stop` value of another node, stops this trainer too."""
+        self.on_heartbeat = on_heartbeat
         self.settings = settings
         self.session_factory = session_factory
         self.proc = proc
@@ -115,7 +119,7 @@ class Supervisor:
                 self._begin_stop(Stop.MAX_RUNTIME)
             if self._kill_at is not None and now >= self._kill_at:
                 log.warning("job %s: trainer ignored SIGTERM; SIGKILL", self.ingest.job_id)
-                signal_group(self.pgid, signal.SIGKILL)
+                kill_tree(self.pgid)
                 self._kill_at = None
             wake = min(
                 next_flush, next_beat, self._kill_at or next_beat, self.deadline or next_beat
@@ -152,6 +156,9 @@ class Supervisor:
                     .returning(Job.state)
                     .execution_options(synchronize_session=False)
                 ).scalar_one_or_none()
+                peer_stop = None
+                if state is not None and self.on_heartbeat is not None:
+                    peer_stop = self.on_heartbeat(session, self.stop)
                 session.commit()
         except Exception:
             log.exception("job %s: heartbeat failed; retrying next tick", job_id)
@@ -161,6 +168,9 @@ class Supervisor:
         if state is None:
             log.error("job %s attempt %s is no longer ours: stopping the trainer", job_id, attempt)
             self._begin_stop(Stop.LOST)
+        elif peer_stop is not None and self.stop is None:
+            log.info("job %s: another node of the gang stopped (%s)", job_id, peer_stop)
+            self._begin_stop(Stop(peer_stop))
         return state
 
     def _begin_stop(self, why: Stop) -> None:
@@ -170,7 +180,7 @@ class Supervisor:
             if why is Stop.LOST:
                 # Fenced out: another attempt may own the job's checkpoint dir by now, so this
                 # trainer must not write a stop checkpoint into it (SIGTERM would).
-                signal_group(self.pgid, signal.SIGKILL)
+                kill_tree(self.pgid)
             else:
                 self._terminate(wait=False)
 
@@ -183,7 +193,7 @@ class Supervisor:
             try:
                 self.proc.wait(timeout=max(0.0, self._kill_at - time.monotonic()))
             except subprocess.TimeoutExpired:
-                signal_group(self.pgid, signal.SIGKILL)
+                kill_tree(self.pgid)
                 self.proc.wait()
 
     def _final_drain(self) -> bool:

@@ -12,10 +12,10 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import get_engine, session_factory
 from core.logs import job_id_var
-from core.queue import RECONCILE_TASK, RUN_JOB_TASK
+from core.queue import JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.settings import get_settings
+from workers import gang, runner
 from workers import reconcile as reconciler
-from workers import runner
 from workers.app import app
 
 # Set when this worker starts a warm or cold shutdown: a running job is stopped (the trainer
@@ -31,6 +31,11 @@ def _on_worker_shutting_down(**_: Any) -> None:
 def dispatch(job_id: int, queue: str) -> None:
     """Send `workers.run_job(job_id)` to the pool's queue."""
     app.send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
+
+
+def send_join(job_id: int, attempt: int, queue: str) -> None:
+    """Send `workers.join_gang(job_id, attempt)` (one further node of a gang) to `queue`."""
+    app.send_task(JOIN_GANG_TASK, args=[job_id, attempt], queue=queue)
 
 
 @app.task(
@@ -55,6 +60,36 @@ def run_job(self: Any, job_id: int) -> str:
             factory=session_factory(get_engine(settings)),
             worker=worker,
             dispatch=dispatch,
+            shutdown=shutting_down,
+            send_join=send_join,
+        )
+    finally:
+        job_id_var.reset(token)
+
+
+@app.task(
+    name=JOIN_GANG_TASK,
+    bind=True,
+    acks_late=True,
+    # A repeated join finds its slot taken (fencing UPDATE) or the attempt over.
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def join_gang(self: Any, job_id: int, attempt: int) -> str:
+    """Become a further node of attempt `attempt` of multi-node job `job_id`, if a slot is free."""
+    settings = get_settings()
+    worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
+    token = job_id_var.set(job_id)
+    try:
+        return gang.join(
+            job_id,
+            attempt,
+            settings=settings,
+            factory=session_factory(get_engine(settings)),
+            worker=worker,
+            dispatch=dispatch,
+            send_join=send_join,
             shutdown=shutting_down,
         )
     finally:

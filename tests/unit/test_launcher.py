@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.launcher import RunPaths, torchrun_argv, trainer_env
+from workers.launcher import GangNode, RunPaths, torchrun_argv, trainer_env
 
 PATHS = RunPaths(
     run_dir=Path("/srv/ty/jobs/7/runs/attempt_2"),
@@ -110,3 +110,30 @@ def test_rank_logs_follow_torchrun_log_dir_layout(tmp_path: Path) -> None:
         for stream in ("stdout", "stderr")
     }
     assert paths.launcher_log("stderr") == tmp_path / "launcher.stderr.log"
+
+
+def test_gang_node_argv_joins_node_0_s_c10d_rendezvous() -> None:
+    node = GangNode(
+        nnodes=2, node_rank=1, host="10.0.0.5", port=29400, local_addr="10.0.0.7", join_timeout_s=90
+    )
+    argv = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=0, paths=PATHS, python="/py", gang=node
+    )
+    assert argv[:21] == [
+        "/py", "-m", "torch.distributed.run",
+        "--nnodes", "2",
+        "--node-rank", "1",
+        "--rdzv-conf", "is_host=0,join_timeout=90",
+        "--local-addr", "10.0.0.7",
+        "--nproc-per-node", "4",
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "10.0.0.5:29400",
+        "--rdzv-id", "job7-a2",
+        "--max-restarts", "0",
+    ]  # fmt: skip
+    leader = GangNode(nnodes=2, node_rank=0, host="10.0.0.5", port=29400, local_addr="10.0.0.5")
+    lead_argv = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=0, paths=PATHS, python="/py", gang=leader
+    )
+    assert lead_argv[lead_argv.index("--rdzv-conf") + 1] == "is_host=1,join_timeout=120"
+    assert argv[21:] == lead_argv[21:]  # the same trainer command on every node

@@ -45,6 +45,14 @@ def test_queued_jobs_say_their_place_in_the_pool_queue_by_priority_then_age(
     ] == 2
 
 
+def test_a_queued_gang_says_it_waits_for_as_many_free_workers_as_nodes(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str
+) -> None:
+    spec = job_spec(dataset["id"], resources={"pool": pool, "nodes": 3})
+    job = submit(client, project, spec)
+    assert job["waiting_for"] == f"3 free workers at once on pool {pool!r} (a gang of 3 nodes)"
+
+
 def test_pause_resume_and_their_illegal_transitions(
     client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str, settings: Any
 ) -> None:

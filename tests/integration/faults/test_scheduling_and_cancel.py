@@ -4,16 +4,12 @@ state and leaves no process behind."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core import jobs
-from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
@@ -23,9 +19,7 @@ from tests.integration.workers.helpers import (
     job_row,
     launches,
     send,
-    start_worker,
     tiny_spec,
-    unique_queue,
     wait_for,
     wait_state,
 )
@@ -33,14 +27,6 @@ from tests.integration.workers.helpers import (
 LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_000}}
 GONE_WITHIN_S = 10.0
 
-
-@pytest.fixture(scope="module")
-def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    w = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("prio"), log_dir=worker_logs
-    )
-    yield w
-    w.stop()
 
 
 def _cancel(engine: Engine, job_id: int) -> str:

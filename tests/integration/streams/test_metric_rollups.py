@@ -1,4 +1,4 @@
-"""The metric rollups on Postgres (migration 0003): exact after any mix of new points and
+"""The metric rollups on Postgres (migration 0004): exact after any mix of new points and
 re-ingested ones, read by downsampled queries, deleted with their job, backfilled on upgrade."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_deleting_a_job_deletes_its_points_and_rollups(engine: Engine, job: dict
     assert left == [0, 0]
 
 
-def test_upgrading_to_0003_rolls_up_the_points_already_stored() -> None:
+def test_upgrading_to_0004_rolls_up_the_points_already_stored() -> None:
     name = f"torchyard_test_{secrets.token_hex(4)}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -170,7 +170,7 @@ def test_upgrading_to_0003_rolls_up_the_points_already_stored() -> None:
                 ),
                 [{"job": job_id, "step": s, "value": v} for s, v in truth.items()],
             )
-        command.upgrade(alembic_config(url), "0003_perf")
+        command.upgrade(alembic_config(url), "0004")
         assert _stored(engine, job_id, "loss") == _expected(truth)
         engine.dispose()
     finally:

@@ -17,6 +17,7 @@ from core import datasets
 from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +32,19 @@ def celery_client(settings: Settings) -> Iterator[Celery]:
 @pytest.fixture(scope="module")
 def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("worker_logs")
+
+
+@pytest.fixture(scope="module")
+def worker(
+    request: pytest.FixtureRequest, settings: Settings, celery_client: Celery, worker_logs: Path
+) -> Iterator[Worker]:
+    """One real Celery worker per test module, on a queue of its own named after the module."""
+    label = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    w = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue(label), log_dir=worker_logs
+    )
+    yield w
+    w.stop()
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ starts from A's pinned checkpoint (`--init-from`), and its QAT metrics reach the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -14,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from core import init_from, jobs
 from core.models import Checkpoint
-from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
@@ -23,22 +20,12 @@ from tests.integration.workers.helpers import (
     launches,
     metric_series,
     send,
-    start_worker,
     tiny_spec,
-    unique_queue,
     wait_state,
 )
 
 ENDED = ("succeeded", "failed", "cancelled")
 
-
-@pytest.fixture(scope="module")
-def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    w = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("ft"), log_dir=worker_logs
-    )
-    yield w
-    w.stop()
 
 
 def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(

@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core import jobs
-from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
@@ -24,9 +20,7 @@ from tests.integration.workers.helpers import (
     launches,
     metric_series,
     send,
-    start_worker,
     tiny_spec,
-    unique_queue,
     wait_for,
     wait_state,
 )
@@ -34,14 +28,6 @@ from tests.integration.workers.helpers import (
 STEPS = 20
 TERMINAL = ("succeeded", "failed", "cancelled")
 
-
-@pytest.fixture(scope="module")
-def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    w = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("pause"), log_dir=worker_logs
-    )
-    yield w
-    w.stop()
 
 
 def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(

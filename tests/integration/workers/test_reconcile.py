@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -25,7 +24,6 @@ from tests.integration.workers.helpers import (
     job_row,
     launches,
     send,
-    start_worker,
     tiny_spec,
     unique_queue,
     wait_for,
@@ -35,14 +33,6 @@ from workers.reconcile import Report, reconcile
 
 LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_000}}
 
-
-@pytest.fixture(scope="module")
-def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    w = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("rec"), log_dir=worker_logs
-    )
-    yield w
-    w.stop()
 
 
 @pytest.fixture

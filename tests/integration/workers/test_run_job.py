@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core import jobs
-from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
@@ -24,21 +22,10 @@ from tests.integration.workers.helpers import (
     log_lines,
     metric_series,
     send,
-    start_worker,
     tiny_spec,
-    unique_queue,
     wait_for,
     wait_state,
 )
-
-
-@pytest.fixture(scope="module")
-def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    w = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("run"), log_dir=worker_logs
-    )
-    yield w
-    w.stop()
 
 
 def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a_sample(

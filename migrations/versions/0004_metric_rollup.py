@@ -1,7 +1,7 @@
 """metric rollup: per-series min/max per step block at 9 resolutions, kept by a trigger
 
-Revision ID: 0003_perf
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-11-23 01:20:00
 
 `metric_rollups` holds, for every (job, series, level, bucket), the points holding the
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003_perf"
-down_revision: str | None = "0002"
+revision: str = "0004"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,263 @@
+"""Gang scheduling of multi-node jobs (`resources.nodes > 1`): node slots, assembly, the end.
+
+A gang attempt has one `job_nodes` row per node. The worker that claims the job (the fencing
+`queued -> starting` UPDATE of `core.jobs.claim`) is node 0: it creates the rows, takes slot 0
+and publishes the c10d rendezvous endpoint (its advertised host and a free port) on it, then
+sends one join message per other node to the pool's queue. A joining worker takes the lowest
+free slot with a fencing UPDATE (`worker IS NULL`), so a duplicated join message finds no slot
+and does nothing. Once every slot is taken the gang is *assembled*: each node launches its own
+torchrun (`--nnodes N`, c10d rendezvous at node 0's endpoint).
+
+A gang that does not assemble within `gang_assemble_timeout_s` is released (`release`):
+starting -> queued without using the restart budget, so a pool with fewer free workers than
+the gang needs never deadlocks; the job runs once enough workers are free.
+
+Every decision here (join, release, a node's end) first locks the job row (`SELECT ... FOR
+UPDATE` on Postgres), so joins, the release and the final verdict are serialised per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.models import Job, JobNode, JobState, utcnow
+
+
+def num_nodes(spec: dict[str, Any]) -> int:
+    """`resources.nodes` of a stored job spec (1 when absent)."""
+    return int((spec.get("resources") or {}).get("nodes", 1))
+
+
+def _lock_job(session: Session, job_id: int) -> Job | None:
+    return session.execute(
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
+def _is_current(job: Job | None, attempt: int, states: Sequence[str]) -> bool:
+    return job is not None and job.attempt == attempt and job.state in states
+
+
+def publish(*, session: Session, job: Job, worker: str, host: str, port: int) -> None:
+    """Create the node slots of the claimed attempt; slot 0 is `worker`'s with the rendezvous
+    endpoint `host:port`. Commits."""
+    now = utcnow()
+    nodes = num_nodes(job.spec)
+    for rank in range(nodes):
+        leader = rank == 0
+        session.add(
+            JobNode(
+                job_id=job.id,
+                attempt=job.attempt,
+                node_rank=rank,
+                worker=worker if leader else None,
+                host=host if leader else None,
+                port=port if leader else None,
+                joined_at=now if leader else None,
+                heartbeat_at=now if leader else None,
+            )
+        )
+    jobs.add_event(
+        session=session,
+        job=job,
+        kind="info",
+        message=f"gang of {nodes} nodes: node 0 is {worker}, rendezvous at {host}:{port}; "
+        f"waiting for {nodes - 1} more",
+        data={"nodes": nodes, "node_rank": 0, "worker": worker, "endpoint": f"{host}:{port}"},
+    )
+    session.commit()
+
+
+def join(*, session: Session, job_id: int, attempt: int, worker: str, host: str) -> int | None:
+    """Take the lowest free node slot of attempt `attempt`; returns its node rank, or None when
+    the attempt is over, released or already full (a duplicate or late join message). Commits.
+    """
+    job = _lock_job(session, job_id)
+    if not _is_current(job, attempt, [JobState.STARTING]):
+        session.rollback()
+        return None
+    assert job is not None
+    free = session.execute(
+        select(JobNode.node_rank)
+        .where(JobNode.job_id == job_id, JobNode.attempt == attempt, JobNode.worker.is_(None))
+        .order_by(JobNode.node_rank)
+        .limit(1)
+    ).scalar_one_or_none()
+    if free is None:
+        session.rollback()
+        return None
+    now = utcnow()
+    taken = session.execute(
+        update(JobNode)
+        .where(
+            JobNode.job_id == job_id,
+            JobNode.attempt == attempt,
+            JobNode.node_rank == free,
+            JobNode.worker.is_(None),
+        )
+        .values(worker=worker, host=host, joined_at=now, heartbeat_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if taken.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return None
+    jobs.add_event(
+        session=session,
+        job=job,
+        kind="info",
+        message=f"node {free} joined the gang: {worker}",
+        data={"node_rank": free, "worker": worker, "host": host},
+    )
+    session.commit()
+    return int(free)
+
+
+def members(*, session: Session, job_id: int, attempt: int) -> list[JobNode]:
+    """The node slots of one attempt, by node rank."""
+    query = (
+        select(JobNode)
+        .where(JobNode.job_id == job_id, JobNode.attempt == attempt)
+        .order_by(JobNode.node_rank)
+        .execution_options(populate_existing=True)
+    )
+    return list(session.execute(query).scalars())
+
+
+def assembled(nodes: Sequence[JobNode]) -> bool:
+    return bool(nodes) and all(n.worker is not None for n in nodes)
+
+
+def release(*, session: Session, job_id: int, attempt: int, reason: str) -> bool:
+    """Give up assembling: starting -> queued (no restart budget used). Commits.
+
+    False, changing nothing, when the gang assembled meanwhile or the attempt is no longer
+    starting (cancelled, reaped, ...).
+    """
+    job = _lock_job(session, job_id)
+    if not _is_current(job, attempt, [JobState.STARTING]):
+        session.rollback()
+        return False
+    slots = members(session=session, job_id=job_id, attempt=attempt)
+    if assembled(slots):
+        session.rollback()
+        return False
+    joined = sum(1 for n in slots if n.worker is not None)
+    jobs.transition(
+        session=session,
+        job_id=job_id,
+        to=JobState.QUEUED,
+        from_states=[JobState.STARTING],
+        message=f"{reason}; released the {joined} node(s) that joined, back to the queue",
+        data={"cause": "gang_release", "attempt": attempt, "joined": joined, "nodes": len(slots)},
+    )
+    session.commit()
+    return True
+
+
+def heartbeat(
+    *, session: Session, job_id: int, attempt: int, node_rank: int, stop: str | None = None
+) -> str | None:
+    """Record that node `node_rank` is alive, and `stop` (why its worker is stopping its
+    trainer: shutdown, max_runtime) if any; returns another node's stop reason, if one has
+    one, so every node of the gang stops. Does not commit."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow()}
+    if stop is not None:
+        values["stop"] = stop
+    session.execute(
+        update(JobNode)
+        .where(
+            JobNode.job_id == job_id,
+            JobNode.attempt == attempt,
+            JobNode.node_rank == node_rank,
+            JobNode.ended_at.is_(None),
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(
+        select(JobNode.stop)
+        .where(
+            JobNode.job_id == job_id,
+            JobNode.attempt == attempt,
+            JobNode.node_rank != node_rank,
+            JobNode.stop.is_not(None),
+        )
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+@dataclass(frozen=True)
+class GangEnd:
+    """What the ended nodes of an attempt reported, once one more node has ended."""
+
+    all_ended: bool
+    completed: dict[str, Any] | None  # the reporting rank's `completed` data, from any node
+    stop: str | None  # a stop reason of another node (shutdown, max_runtime, ...), if any
+
+
+def record_node_end(
+    *,
+    session: Session,
+    job_id: int,
+    attempt: int,
+    node_rank: int,
+    exit_code: int,
+    stop: str | None,
+    completed: dict[str, Any] | None,
+) -> GangEnd:
+    """Record that node `node_rank`'s trainer exited; lock the job row so exactly one node sees
+    `all_ended`. Does not commit: the caller records the job's end in the same transaction."""
+    _lock_job(session, job_id)
+    session.execute(
+        update(JobNode)
+        .where(JobNode.job_id == job_id, JobNode.attempt == attempt, JobNode.node_rank == node_rank)
+        .values(ended_at=utcnow(), exit_code=exit_code, stop=stop, completed=completed)
+        .execution_options(synchronize_session=False)
+    )
+    slots = members(session=session, job_id=job_id, attempt=attempt)
+    others = [n for n in slots if n.node_rank != node_rank]
+    return GangEnd(
+        all_ended=all(n.ended_at is not None for n in slots),
+        completed=completed or next((n.completed for n in slots if n.completed), None),
+        stop=next((n.stop for n in others if n.stop), None),
+    )
+
+
+def stale_nodes(*, session: Session, cutoff: Any) -> list[tuple[int, Any]]:
+    """(job id, oldest heartbeat) of active gang attempts with a live node silent since before
+    `cutoff`: its worker is gone even if the other nodes still heartbeat the job row."""
+    rows = session.execute(
+        select(JobNode.job_id, JobNode.heartbeat_at)
+        .join(Job, (Job.id == JobNode.job_id) & (Job.attempt == JobNode.attempt))
+        .where(
+            Job.state.in_(jobs.ACTIVE_STATES),
+            JobNode.worker.is_not(None),
+            JobNode.ended_at.is_(None),
+            JobNode.heartbeat_at < cutoff,
+        )
+        .order_by(JobNode.job_id)
+    ).all()
+    oldest: dict[int, Any] = {}
+    for job_id, seen in rows:
+        if job_id not in oldest or seen < oldest[job_id]:
+            oldest[job_id] = seen
+    return list(oldest.items())
+
+
+def oldest_heartbeat(*, session: Session, job: Job) -> Any:
+    """The oldest heartbeat of a live node of the job's current attempt, or None."""
+    seen = [
+        n.heartbeat_at
+        for n in members(session=session, job_id=job.id, attempt=job.attempt)
+        if n.worker is not None and n.ended_at is None and n.heartbeat_at is not None
+    ]
+    return min(seen) if seen else None

@@ -1,0 +1,291 @@
+"""What every attempt's runner shares, single-node (`workers.runner`) or a gang node
+(`workers.gang`): preparing the run dir, recording the launch and the end, retried DB writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from core import datasets, init_from, jobs
+from core.errors import InvalidInput
+from core.jobs import ACTIVE_STATES
+from core.models import Job, JobState
+from core.settings import Settings
+from core.storage import job_checkpoint_uri, job_run_dir
+from trainer.spec import JobSpec
+from workers.checkpoints import set_aside_unrecorded
+from workers.ingest import rank_exit_code, stderr_tail
+from workers.launcher import RunPaths
+from workers.outcome import (
+    Cause,
+    ExitCause,
+    Verdict,
+    classify,
+    requeue,
+    restarts_left,
+    verdict,
+)
+from workers.supervisor import Exit, Stop
+
+log = logging.getLogger(__name__)
+
+Dispatch = Callable[[int, str], None]  # (job_id, queue) -> send workers.run_job
+T = TypeVar("T")
+DB_RETRIES = 8
+
+
+class MaxRuntime(Exception):
+    """`limits.max_runtime_s` is used up."""
+
+    def __init__(self, runtime_s: float) -> None:
+        super().__init__(f"max_runtime_s exceeded ({int(runtime_s)} s)")
+
+
+def runtime_budget(job: Job) -> float | None:
+    """Seconds this attempt may run under `limits.max_runtime_s`; None without a limit."""
+    limit = (job.spec.get("limits") or {}).get("max_runtime_s")
+    return None if limit is None else float(limit) - float(job.runtime_s or 0.0)
+
+
+def prepare(
+    settings: Settings,
+    factory: Callable[[], Session],
+    job: Job,
+    spec: JobSpec,
+    node_rank: int | None = None,
+) -> RunPaths:
+    """Resolve the data, create the run dir and write the spec the trainer reads.
+
+    `node_rank`: the node of a multi-node attempt (its own run dir; only node 0 sets aside the
+    checkpoints no earlier attempt recorded)."""
+    if spec.data.dataset is not None:
+        dataset_id = spec.data.dataset
+        dataset = with_db_retry(
+            factory,
+            lambda s: datasets.get(session=s, dataset_id=dataset_id, project_id=job.project_id),
+        )
+        if dataset is None:
+            raise InvalidInput(f"data.dataset: dataset {spec.data.dataset!r} not found")
+        data = dataset.uri
+    else:
+        assert spec.data.uri is not None  # the spec allows exactly one
+        data = spec.data.uri
+    checkpoint_dir = job_checkpoint_uri(settings, job.id)
+    if settings.is_local_storage:
+        Path(checkpoint_dir.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    if job.attempt > 1 and not node_rank:
+        with_db_retry(
+            factory,
+            lambda s: set_aside_unrecorded(
+                session=s, job_id=job.id, attempt=job.attempt, root=checkpoint_dir
+            ),
+        )
+    source = spec.model.init_from
+    init_uri = None
+    if source is not None:
+        init_uri = with_db_retry(
+            factory,
+            lambda s: init_from.launch_uri(
+                session=s, job_id=job.id, project_id=job.project_id, source=source
+            ),
+        )
+    paths = RunPaths(
+        run_dir=job_run_dir(settings, job.id, job.attempt, node_rank),
+        checkpoint_dir=checkpoint_dir,
+        data=data,
+        init_from=init_uri,
+    )
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    paths.spec.write_text(json.dumps(job.spec, indent=2))
+    return paths
+
+
+def record_launch(
+    factory: Callable[[], Session],
+    job: Job,
+    pgid: int,
+    argv: list[str],
+    worker: str,
+    node_rank: int | None = None,
+) -> None:
+    node = "" if node_rank is None else f" as node {node_rank}"
+    data: dict[str, Any] = {"pgid": pgid, "worker": worker, "argv": argv}
+    if node_rank is not None:
+        data["node_rank"] = node_rank
+    try:
+        with factory() as session:
+            jobs.add_event(
+                session=session,
+                job=job,
+                kind="info",
+                message=f"launched torchrun (pgid {pgid}) on {worker}{node}",
+                data=data,
+            )
+            session.commit()
+    except Exception:  # the run matters more than this row
+        log.exception("job %s: could not record the launch", job.id)
+
+
+def fail_unlaunched(session: Session, job: Job, exc: Exception) -> tuple[str, None]:
+    current = session.get(Job, job.id, populate_existing=True)
+    if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
+        return "lost", None
+    if current.state == JobState.CANCELLING:
+        jobs.transition(session=session, job_id=job.id, to=JobState.CANCELLED, message="cancelled")
+        session.commit()
+        return Verdict.CANCELLED, None
+    if current.state == JobState.PAUSING:
+        jobs.transition(session=session, job_id=job.id, to=JobState.PAUSED, message="paused")
+        session.commit()
+        return Verdict.PAUSED, None
+    error = str(getattr(exc, "message", None) or exc)
+    jobs.transition(
+        session=session,
+        job_id=job.id,
+        to=JobState.FAILED,
+        message=f"cannot launch: {error}",
+        values={"error": error},
+    )
+    session.commit()
+    return Verdict.FAILED, None
+
+
+def record_end(
+    session: Session, job: Job, end: Exit, paths: RunPaths, worker: str
+) -> tuple[str, str | None]:
+    """Move the job to where this attempt's end leads; returns (outcome, queue to dispatch)."""
+    current = session.get(Job, job.id, populate_existing=True)
+    if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
+        return "lost", None
+    rc, attempt = exit_code(end, paths), job.attempt
+    runtime_s = float(current.runtime_s or 0.0) + end.runtime_s
+    error = describe_failure(rc, end, paths) if rc != 0 or end.stop is not None else None
+    if end.stop is Stop.MAX_RUNTIME:
+        cause, error = ExitCause.MAX_RUNTIME, f"max_runtime_s exceeded ({int(runtime_s)} s)"
+    else:
+        cause = classify(rc, error or "")
+    retry_oom = bool((current.spec.get("retries") or {}).get("retry_oom", False))
+    result = verdict(
+        returncode=rc,
+        completed=end.reported.completed is not None,
+        state=current.state,
+        shutdown=end.stop is Stop.SHUTDOWN,
+        restarts_left=restarts_left(session, current),
+        cause=cause,
+        retry_oom=retry_oom,
+    )
+    values = {"runtime_s": Job.runtime_s + end.runtime_s, "exit_code": rc}
+    if result is Verdict.SUCCEEDED:
+        if current.state == JobState.STARTING:
+            jobs.transition(session=session, job_id=job.id, to=JobState.RUNNING)
+        jobs.transition(
+            session=session,
+            job_id=job.id,
+            to=JobState.SUCCEEDED,
+            message="training completed",
+            data=end.reported.completed,
+            values={**values, "error": None},
+        )
+    elif result is Verdict.CANCELLED:
+        message = f"cancelled; trainer exited with code {rc}"
+        jobs.transition(
+            session=session, job_id=job.id, to=JobState.CANCELLED, message=message, values=values
+        )
+    elif result is Verdict.PAUSED:
+        message = f"paused after a checkpoint; trainer exited with code {rc}"
+        jobs.transition(
+            session=session, job_id=job.id, to=JobState.PAUSED, message=message, values=values
+        )
+    elif result is Verdict.HAND_BACK:
+        requeue(
+            session=session,
+            job_id=job.id,
+            cause=Cause.SHUTDOWN,
+            message=f"worker {worker} shutting down; attempt {attempt} handed back",
+            data={"attempt": attempt, "exit_code": rc},
+            values=values,
+        )
+    else:
+        message = f"attempt {attempt} failed ({cause}) with exit code {rc}"
+        if cause is ExitCause.MAX_RUNTIME:
+            message = f"attempt {attempt} stopped: {error}"
+        data = {"attempt": attempt, "exit_code": rc, "exit_cause": str(cause)}
+        if cause is not ExitCause.MAX_RUNTIME:
+            error = f"[{cause}] {error}"
+        if result is Verdict.RESTART:
+            requeue(
+                session=session,
+                job_id=job.id,
+                cause=Cause.FAILURE,
+                message=f"{message}; restarting from the latest checkpoint",
+                data=data,
+                values={**values, "error": error},
+            )
+        else:
+            jobs.transition(
+                session=session,
+                job_id=job.id,
+                to=JobState.FAILED,
+                message=message,
+                data=data,
+                values={**values, "error": error},
+            )
+    session.commit()
+    requeued = result in (Verdict.HAND_BACK, Verdict.RESTART)
+    return result, (current.pool if requeued else None)
+
+
+def exit_code(end: Exit, paths: RunPaths) -> int:
+    """The trainer's exit code: torchrun's own is 1 for any failed rank."""
+    if end.returncode == 0:
+        return 0
+    code = rank_exit_code(paths)
+    return end.returncode if code is None else code
+
+
+def describe_failure(returncode: int, end: Exit, paths: RunPaths, num_lines: int = 20) -> str:
+    """The `error` of a failed attempt: exit code, the trainer's error event, last stderr lines."""
+    parts = [f"trainer exited with code {returncode}"]
+    if end.stop is not None:
+        parts[0] += f" after the worker stopped it ({end.stop})"
+    if end.reported.errors:
+        parts.append(end.reported.errors[-1])
+    tail = stderr_tail(paths, num_lines)
+    if tail is not None:
+        rank, lines = tail
+        parts.append(f"--- last stderr lines of rank {rank} ---")
+        parts += lines
+    return "\n".join(parts)
+
+
+def dispatch_safely(dispatch: Dispatch, job_id: int, queue: str) -> None:
+    try:
+        dispatch(job_id, queue)
+    except Exception:  # the job is queued in the DB: the reconciler sends it again
+        log.exception("job %s: dispatch to %r failed; the reconciler will retry", job_id, queue)
+
+
+def with_db_retry(
+    factory: Callable[[], Session], write: Callable[[Session], T], *, retries: int = DB_RETRIES
+) -> T:
+    """Run `write` in a fresh session, retrying DB errors with backoff (~1 min by default)."""
+    delay = 0.5
+    for attempt in range(1, retries + 1):
+        try:
+            with factory() as session:
+                return write(session)
+        except SQLAlchemyError:
+            if attempt == retries:
+                raise
+            log.exception("database write failed (try %d); retrying in %.1f s", attempt, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    raise AssertionError("unreachable")
