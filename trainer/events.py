@@ -25,6 +25,12 @@ def current_attempt() -> int:
     return int(os.environ.get("TORCHYARD_ATTEMPT") or 0)
 
 
+def restart_count() -> int:
+    """How often torchrun has restarted this worker group in place (`--max-restarts`):
+    `TORCHELASTIC_RESTART_COUNT`, set by torchrun; 0 when unset (stand-alone)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
 class Reporter:
     """Emits the events of the contract; this base class drops them (non-reporting ranks)."""
 
@@ -78,7 +84,11 @@ class EventWriter(Reporter):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / EVENTS_FILE
         self.attempt = current_attempt() if attempt is None else attempt
+        torn = _ends_without_newline(self.path)
         self._file = self.path.open("a", encoding="utf-8")
+        if torn:  # a writer before us (an in-place restart's) died mid-line: end that line
+            self._file.write("\n")
+            self._file.flush()
 
     def emit(self, type_: str, **fields: Any) -> None:
         event = {"type": type_, "time": time.time(), "attempt": self.attempt, **fields}
@@ -87,3 +97,15 @@ class EventWriter(Reporter):
 
     def close(self) -> None:
         self._file.close()
+
+
+def _ends_without_newline(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False

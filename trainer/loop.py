@@ -36,7 +36,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.data import decode, encode, get_batch
 from trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from trainer.errors import NonFiniteError
-from trainer.events import Reporter, current_attempt
+from trainer.events import Reporter, current_attempt, restart_count
 from trainer.finetune import Network
 from trainer.model import VOCAB_SIZE, generate
 from trainer.optim import clip_gradients
@@ -233,8 +233,10 @@ def sample_text(run: Run) -> str:
 def train_loop(run: Run) -> None:
     """Train from `run.state.step` to `max_steps` or until stopped, then finish the run."""
     spec, state = run.spec, run.state
-    # Fault injection hits the first attempt only, so a restarted attempt can get past it.
-    fail_at = int(os.environ.get(FAIL_AT_STEP_ENV) or 0) if current_attempt() <= 1 else 0
+    # Fault injection hits the first run only (attempt 0 or 1, before any in-place restart),
+    # so a restarted attempt or worker group can get past it.
+    first_run = current_attempt() <= 1 and restart_count() == 0
+    fail_at = int(os.environ.get(FAIL_AT_STEP_ENV) or 0) if first_run else 0
     interval_time, interval_steps = 0.0, 0
     total_time, total_steps = 0.0, 0
     eval_loss: float | None = None
@@ -361,7 +363,8 @@ def _report_eval(run: Run) -> float:
 
 def _inject_failure(run: Run) -> None:
     """`TORCHYARD_FAIL_AT_STEP`: die like a crash (exit 1, no cleanup) after this step and
-    after its checkpoint, if any, is complete."""
+    after its checkpoint, if any, is complete. Every rank runs this, so the whole worker group
+    fails (torchrun then restarts it in place while `--max-restarts` allows)."""
     run.checkpointer.wait()
     log.error("%s=%d: exiting with code 1", FAIL_AT_STEP_ENV, run.state.step)
     sys.stdout.flush()

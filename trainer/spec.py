@@ -409,10 +409,29 @@ class ResourcesSpec(_Strict):
 
 
 class RetrySpec(_Strict):
-    """What happens when an attempt fails."""
+    """What happens when an attempt fails.
+
+    Two levels: `max_inplace_restarts` is torchrun's own `--max-restarts`: when a rank fails,
+    torchrun stops and restarts all local ranks of the worker group on the same worker, and
+    they resume from the latest complete checkpoint, without going back through the queue
+    (the job stays in its attempt; a `ranks restarted in place` event says so). When those
+    are used up, or the worker itself is lost, `max_restarts` job-level restarts (a new
+    attempt through the queue, on any worker, from the latest complete checkpoint) are the
+    fallback. In-place restarts are for single-node jobs. torchrun restarts on any rank failure,
+    whatever its cause: a spec or data error (exit 2) is run again and fails the same way, then
+    the job fails without a job-level restart.
+    """
 
     max_restarts: int = Field(
         default=0, ge=0, le=100, description="Restarts from the latest checkpoint after failure."
+    )
+    max_inplace_restarts: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="torchrun restarts of all local ranks after a rank fails, in the same "
+        "attempt (`torchrun --max-restarts`), each resuming from the latest complete checkpoint; "
+        "tried before `max_restarts`. Single-node jobs only.",
     )
     retry_oom: bool = Field(
         default=False,
@@ -540,6 +559,14 @@ def _cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
                 ("resources", "procs_per_node"),
                 f"strategy 'single' runs one process, but nodes x procs_per_node = "
                 f"{res.world_size}; use strategy 'ddp' or procs_per_node: 1",
+            )
+        )
+    if spec.retries.max_inplace_restarts and res.nodes > 1:
+        errors.append(
+            (
+                ("retries", "max_inplace_restarts"),
+                f"in-place restarts are for single-node jobs (resources.nodes is {res.nodes}); "
+                "a gang restarts as a whole through retries.max_restarts",
             )
         )
     errors += _parallelism_errors(spec)

@@ -27,7 +27,7 @@ from trainer.checkpoint import Checkpointer, load_model_only
 from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross_entropy
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.errors import InvalidJobError
-from trainer.events import EventWriter, NullReporter, Reporter
+from trainer.events import EventWriter, NullReporter, Reporter, restart_count
 from trainer.export import export_at_end
 from trainer.finetune import build_network, lora_settings, model_state
 from trainer.hf import data_vocab_size, encode_corpus, load_tokenizer
@@ -186,6 +186,7 @@ def run_job(
                 "start_step": start_step,
                 "unigram_eval_loss": unigram,
                 "init_from": init_from,
+                "restart": restart_count(),
             },
         )
         if init_from is not None:

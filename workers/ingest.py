@@ -3,6 +3,12 @@
 One `RunIngest.flush` reads everything new (complete lines, by byte offset), writes it in one
 short transaction through the keyed upserts of `core.ingest`, and only then moves the offsets:
 a failed write is simply read again at the next flush.
+
+In-place restarts (`retries.max_inplace_restarts`): torchrun gives every restart of the worker
+group new per-rank files (`attempt_<restart>/<local_rank>/`), each tailed on its own; a line's
+stored `offset` is `restart * RESTART_OFFSET_STRIDE + byte offset`, so the lines of every
+restart are kept, each once. The restarted trainer appends to the same `events.jsonl`, which
+is tailed by offset as before; its re-reported steps upsert the same metric keys.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_CHARS = 16_384
 MAX_METRIC_NAME_CHARS = 100  # metric_points.name is varchar(100)
+RESTART_OFFSET_STRIDE = 1 << 40  # log_lines.offset of a restart's files: bytes < 1 TiB each
 
 
 class JobLost(Exception):
@@ -72,8 +79,9 @@ class RunIngest:
         self.rank_offset = node_rank * nproc
         self.launcher_rank = LAUNCHER_RANK - node_rank
         self.events = FileTail(paths.events)
-        self.logs: dict[tuple[int, str], FileTail] = {
-            (LAUNCHER_RANK, s): FileTail(paths.launcher_log(s)) for s in ("stdout", "stderr")
+        # (restart, local rank, stream); torchrun's own files (rank -1) span all restarts.
+        self.logs: dict[tuple[int, int, str], FileTail] = {
+            (0, LAUNCHER_RANK, s): FileTail(paths.launcher_log(s)) for s in ("stdout", "stderr")
         }
         self.reported = Reported()
         observability.start_exporter()  # once per process; only with the port set
@@ -91,10 +99,11 @@ class RunIngest:
         batch = _Batch()
         for offset, raw in event_chunk.lines:
             self._parse_event(offset, raw, batch)
-        for (rank, stream), chunk in log_chunks.items():
+        for (restart, rank, stream), chunk in log_chunks.items():
             stored = self.launcher_rank if rank == LAUNCHER_RANK else self.rank_offset + rank
+            base = restart * RESTART_OFFSET_STRIDE
             batch.logs += [
-                store.Log(rank=stored, stream=stream, offset=offset, line=_text(raw))
+                store.Log(rank=stored, stream=stream, offset=base + offset, line=_text(raw))
                 for offset, raw in chunk.lines
             ]
         with session_factory() as session:
@@ -191,6 +200,9 @@ class RunIngest:
         trainer_state = str(event.get("state"))
         data = event.get("data") or {}
         message = str(event.get("message") or f"trainer {trainer_state}")
+        restart = data.get("restart") if isinstance(data, dict) else None
+        if trainer_state == "running" and isinstance(restart, int) and restart > 0:
+            message = f"ranks restarted in place (restart {restart}); {message}"
         if trainer_state == "running" and state == JobState.STARTING:
             try:
                 jobs.transition(
@@ -285,12 +297,15 @@ def _size(tail: FileTail) -> int:
 def stderr_tail(paths: RunPaths, num_lines: int = 20) -> tuple[int, list[str]] | None:
     """(rank, last lines) of the stderr that best explains a failure, or None if all are empty.
 
-    Prefers the lowest rank whose stderr holds a traceback, then any rank with output, then
-    torchrun's own stderr (rank -1).
+    Looks at the last in-place restart of the worker group only (the one that ended the
+    attempt). Prefers the lowest rank whose stderr holds a traceback, then any rank with
+    output, then torchrun's own stderr (rank -1).
     """
+    logs = paths.rank_logs()
+    last = max((restart for restart, _, _ in logs), default=0)
     candidates: list[tuple[int, list[str]]] = []
-    for (rank, stream), path in sorted(paths.rank_logs().items()):
-        if stream == "stderr":
+    for (restart, rank, stream), path in logs.items():
+        if stream == "stderr" and restart == last:
             candidates.append((rank, _last_lines(path, num_lines)))
     launcher = (LAUNCHER_RANK, _last_lines(paths.launcher_log("stderr"), num_lines))
     for rank, lines in candidates:

@@ -8,9 +8,11 @@ sessions when it redirects their output).
 
 Per-rank output: torchrun's `--log-dir LOG_DIR --redirects 3` writes each local rank's stdout
 and stderr to `LOG_DIR/<rdzv_id>_<random>/attempt_<restart>/<local_rank>/{stdout,stderr}.log`
-(torch's `DefaultLogsSpecs`; `--max-restarts 0` makes `attempt_0` the only one). torchrun's
-own output (rank -1) goes to `RUN_DIR/launcher.{stdout,stderr}.log`. The worker tails all of
-them by byte offset (`workers.tail`).
+(torch's `DefaultLogsSpecs`): `attempt_0` for the first run of the worker group, `attempt_N`
+after its N-th in-place restart (`--max-restarts`, `retries.max_inplace_restarts`; not to be
+confused with the job's attempts, which each get a run dir of their own). torchrun's own output
+(rank -1) goes to `RUN_DIR/launcher.{stdout,stderr}.log`. The worker tails all of them by byte
+offset (`workers.tail`).
 """
 
 from __future__ import annotations
@@ -58,14 +60,16 @@ class RunPaths:
         """torchrun's own `stream` ("stdout" | "stderr"), stored as rank -1."""
         return self.run_dir / f"launcher.{stream}.log"
 
-    def rank_logs(self) -> dict[tuple[int, str], Path]:
-        """{(local_rank, stream): path} of the per-rank files torchrun has created so far."""
-        found: dict[tuple[int, str], Path] = {}
-        for path in sorted(self.log_dir.glob("*/attempt_0/*/std*.log")):
+    def rank_logs(self) -> dict[tuple[int, int, str], Path]:
+        """{(restart, local_rank, stream): path} of the per-rank files torchrun has created so
+        far; `restart` is torchrun's restart count of the worker group (0 before any)."""
+        found: dict[tuple[int, int, str], Path] = {}
+        for path in self.log_dir.glob("*/attempt_*/*/std*.log"):
+            restart = path.parent.parent.name.removeprefix("attempt_")
             rank, stream = path.parent.name, path.name.removesuffix(".log")
-            if rank.isdigit() and stream in ("stdout", "stderr"):
-                found[(int(rank), stream)] = path
-        return found
+            if restart.isdigit() and rank.isdigit() and stream in ("stdout", "stderr"):
+                found[(int(restart), int(rank), stream)] = path
+        return dict(sorted(found.items()))
 
 
 def rdzv_id(job_id: int, attempt: int) -> str:
@@ -110,12 +114,15 @@ def torchrun_argv(
     paths: RunPaths,
     python: str = sys.executable,
     gang: GangNode | None = None,
+    max_restarts: int = 0,
 ) -> list[str]:
     """The exact command that runs the trainer for one attempt on one node.
 
     `gang`: this node's part of a multi-node attempt (`--nnodes N`, rendezvous at node 0's
-    endpoint; `rdzv_port` is then ignored). `--max-restarts 0`: restarts are the platform's (a
-    new attempt, resumed from the latest checkpoint), not torchrun's in-place ones.
+    endpoint; `rdzv_port` is then ignored). `max_restarts`: torchrun's in-place restarts of the
+    worker group after a rank fails (`retries.max_inplace_restarts`; the ranks resume from the
+    latest complete checkpoint); the platform's own restarts (a new attempt through the queue)
+    come after them.
     """
     endpoint = f"127.0.0.1:{rdzv_port}" if gang is None else f"{gang.host}:{gang.port}"
     nodes = ["--nnodes", "1"] if gang is None else gang_rdzv_args(gang)
@@ -133,7 +140,7 @@ def torchrun_argv(
         "--rdzv-id",
         rdzv_id(job_id, attempt),
         "--max-restarts",
-        "0",
+        str(max_restarts),
         "--log-dir",
         str(paths.log_dir),
         "--redirects",
@@ -166,7 +173,9 @@ def trainer_env(
     leaves one process unthrottled and oversubscribes several (TORCH_NOTES.md). An
     `OMP_NUM_THREADS` in the worker's own environment caps that (a host shared by several
     worker slots gives each its part).
-    `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every rendezvous a fresh store (pytorch#135712).
+    `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every rendezvous a fresh store (pytorch#135712):
+    without it, workers restarted in place by `--max-restarts` hung in 3 of 6 trials
+    (TORCH_NOTES.md).
     """
     env = {k: v for k, v in base.items() if not k.startswith("TORCHYARD_") or k in PASSTHROUGH_VARS}
     env["TORCHYARD_ATTEMPT"] = str(attempt)

@@ -147,6 +147,7 @@ def _launch(
         nproc_per_node=nproc,
         rdzv_port=launcher.free_port(),
         paths=paths,
+        max_restarts=spec.retries.max_inplace_restarts,
     )
     env = launcher.trainer_env(
         base=os.environ,

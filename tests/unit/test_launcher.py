@@ -35,6 +35,23 @@ def test_torchrun_argv_is_exactly_the_contract_command() -> None:
     ]  # fmt: skip
 
 
+def test_inplace_restarts_become_torchruns_max_restarts() -> None:
+    argv = torchrun_argv(
+        job_id=7,
+        attempt=2,
+        nproc_per_node=4,
+        rdzv_port=29555,
+        paths=PATHS,
+        python="/py",
+        max_restarts=3,
+    )
+    plain = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=29555, paths=PATHS, python="/py"
+    )
+    at = plain.index("--max-restarts") + 1
+    assert argv == [*plain[:at], "3", *plain[at + 1 :]]
+
+
 def test_a_fine_tune_passes_its_resolved_checkpoint_as_init_from_last() -> None:
     paths = RunPaths(
         run_dir=PATHS.run_dir,
@@ -96,19 +113,23 @@ def test_cuda_env_leaves_thread_count_to_the_base_environment() -> None:
     assert not any(k in env for k in ("TORCHYARD_DATABASE_URL", "TORCHYARD_BROKER_URL"))
 
 
-def test_rank_logs_follow_torchrun_log_dir_layout(tmp_path: Path) -> None:
+def test_rank_logs_follow_torchrun_log_dir_layout_across_inplace_restarts(tmp_path: Path) -> None:
     paths = RunPaths(run_dir=tmp_path, checkpoint_dir="c", data="d")
-    for rank in ("0", "1"):
-        folder = tmp_path / "logs" / "job7-a2_x1y2z3" / "attempt_0" / rank
-        folder.mkdir(parents=True)
-        for stream in ("stdout", "stderr"):
-            (folder / f"{stream}.log").touch()
-        (folder / "error.json").touch()
+    for restart in ("0", "1"):
+        for rank in ("0", "1"):
+            folder = tmp_path / "logs" / "job7-a2_x1y2z3" / f"attempt_{restart}" / rank
+            folder.mkdir(parents=True)
+            for stream in ("stdout", "stderr"):
+                (folder / f"{stream}.log").touch()
+            (folder / "error.json").touch()
     assert paths.rank_logs() == {
-        (rank, stream): tmp_path / f"logs/job7-a2_x1y2z3/attempt_0/{rank}/{stream}.log"
+        (restart, rank, stream): tmp_path
+        / f"logs/job7-a2_x1y2z3/attempt_{restart}/{rank}/{stream}.log"
+        for restart in (0, 1)
         for rank in (0, 1)
-        for stream in ("stdout", "stderr")
+        for stream in ("stderr", "stdout")
     }
+    assert list(paths.rank_logs())[:2] == [(0, 0, "stderr"), (0, 0, "stdout")]
     assert paths.launcher_log("stderr") == tmp_path / "launcher.stderr.log"
 
 

@@ -76,3 +76,11 @@ def test_json_schema_documents_every_field() -> None:
         if "description" not in prop
     ]
     assert not undocumented
+
+
+def test_inplace_restarts_are_for_single_node_jobs_only() -> None:
+    retries = {"max_inplace_restarts": 2}
+    assert JobSpec.model_validate(_spec(retries=retries)).retries.max_inplace_restarts == 2
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_spec(retries=retries, resources={"nodes": 2}))
+    assert _locs(exc.value) == [("retries", "max_inplace_restarts")]

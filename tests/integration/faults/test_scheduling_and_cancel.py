@@ -28,7 +28,6 @@ LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_00
 GONE_WITHIN_S = 10.0
 
 
-
 def _cancel(engine: Engine, job_id: int) -> str:
     with Session(engine) as s:
         state = jobs.cancel(session=s, job_id=job_id).state
@@ -113,7 +112,19 @@ def test_cancel_in_every_non_terminal_state_ends_it_and_its_processes(
     assert _cancel(engine, paused) == "cancelled"
     _cancelled_and_gone(engine, paused, worker)
 
+    pausing = create_job(engine, project, spec)
+    send(celery_client, pausing, worker.queue)
+    wait_state(engine, pausing, ("running",), 60, worker)
+    with Session(engine) as s:
+        assert jobs.pause(session=s, job_id=pausing).state == "pausing"
+        s.commit()
+    # Whether or not the worker has begun stopping the trainer for the pause, cancel wins.
+    assert _cancel(engine, pausing) == "cancelling"
+    assert any(e.state_from == "pausing" for e in job_events(engine, pausing)
+               if e.state_to == "cancelling")  # fmt: skip
+    _cancelled_and_gone(engine, pausing, worker)
+
     assert launches(job_events(engine, queued)) == []
-    for job_id in (queued, starting, running, paused):
+    for job_id in (queued, starting, running, paused, pausing):
         job = job_row(engine, job_id)
         assert job.state == "cancelled" and job.finished_at is not None

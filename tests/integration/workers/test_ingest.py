@@ -22,7 +22,7 @@ from tests.integration.workers.helpers import (
     tiny_spec,
     unique_queue,
 )
-from workers.ingest import JobLost, RunIngest
+from workers.ingest import RESTART_OFFSET_STRIDE, JobLost, RunIngest
 from workers.launcher import RunPaths
 
 
@@ -108,3 +108,48 @@ def test_flush_refuses_a_job_that_is_no_longer_this_attempts(
     with pytest.raises(JobLost):
         RunIngest(paths=paths, job_id=claimed_job, attempt=1).flush(session_factory(engine))
     assert metric_series(engine, claimed_job, "loss") == []
+
+
+def test_lines_of_every_inplace_restart_are_stored_once_and_the_restart_is_an_event(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    """torchrun's restart N of the worker group writes `attempt_N/<rank>/` files that start at
+    byte 0 again: their lines are kept apart from restart 0's, not taken for re-reads."""
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    logs = tmp_path / "logs" / "job1-a1_abc"
+    (logs / "attempt_0" / "0").mkdir(parents=True)
+    (logs / "attempt_0" / "0" / "stdout.log").write_bytes(b"step 1\ncrash\n")
+    paths.events.write_bytes(
+        _event("status", state="running", message="go", data={"start_step": 0, "restart": 0})
+        + _event("metric", step=1, values={"loss": 4.0})
+    )
+    ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
+    factory = session_factory(engine)
+    ingest.flush(factory)
+
+    (logs / "attempt_1" / "0").mkdir(parents=True)
+    (logs / "attempt_1" / "0" / "stdout.log").write_bytes(b"step 1\nstep 2\n")
+    with paths.events.open("ab") as f:
+        f.write(
+            _event("status", state="running", message="go", data={"start_step": 0, "restart": 1})
+            + _event("metric", step=1, values={"loss": 4.0})
+            + _event("metric", step=2, values={"loss": 3.0})
+        )
+    ingest.flush(factory)
+    ingest.flush(factory, final=True)
+
+    assert [(x.offset, x.line) for x in log_lines(engine, claimed_job) if x.rank == 0] == [
+        (0, "step 1"),
+        (7, "crash"),
+        (RESTART_OFFSET_STRIDE, "step 1"),
+        (RESTART_OFFSET_STRIDE + 7, "step 2"),
+    ]
+    assert [(p.step, p.value) for p in metric_series(engine, claimed_job, "loss")] == [
+        (1, 4.0),
+        (2, 3.0),
+    ]
+    events = job_events(engine, claimed_job)
+    assert [e.state_to for e in events if e.kind == "state"] == ["queued", "starting", "running"]
+    (restarted,) = [e for e in events if e.kind == "info"]
+    assert restarted.message == "ranks restarted in place (restart 1); go"
+    assert (restarted.attempt, restarted.data["restart"]) == (1, 1)
