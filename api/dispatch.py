@@ -1,4 +1,4 @@
-"""Tell the workers about a new job: one Celery message naming it, sent by task name.
+"""Tell the workers about a new job (or export): one Celery message naming it, by task name.
 
 The API holds only a Celery *client* built from `core.queue.celery_config`, never worker code.
 Postgres is the source of truth: the message is sent after the job row is committed, and if
@@ -13,8 +13,8 @@ import threading
 
 from celery import Celery
 
-from core.models import Job
-from core.queue import RUN_JOB_TASK, celery_config
+from core.models import CheckpointExport, Job
+from core.queue import EXPORT_CHECKPOINT_TASK, RUN_JOB_TASK, celery_config
 from core.settings import Settings
 
 log = logging.getLogger("torchyard.api.dispatch")
@@ -42,20 +42,26 @@ class Dispatcher:
 
     def dispatch(self, job: Job) -> bool:
         """Send the job's message; False (logged) when the broker refused or is unreachable."""
+        return self._send(RUN_JOB_TASK, job.id, job.pool, f"job {job.id} stays queued")
+
+    def dispatch_export(self, export: CheckpointExport, pool: str) -> bool:
+        """Send `workers.export_checkpoint(export.id)` to the job's pool; False (logged) when
+        the broker is unreachable (the export stays pending; asking again re-sends it)."""
+        return self._send(
+            EXPORT_CHECKPOINT_TASK, export.id, pool, f"export {export.id} stays pending"
+        )
+
+    def _send(self, task: str, item_id: int, queue: str, outcome: str) -> bool:
         try:
             self.client.send_task(
-                RUN_JOB_TASK,
-                args=[job.id],
-                queue=job.pool,
-                retry=True,
-                retry_policy=_RETRY_POLICY,
+                task, args=[item_id], queue=queue, retry=True, retry_policy=_RETRY_POLICY
             )
-        except Exception as exc:  # the broker's errors vary by transport; none may fail a submit
+        except Exception as exc:  # the broker's errors vary by transport; none may fail a request
             log.warning(
-                "job %s stays queued: could not send %s to queue %r (%s: %s)",
-                job.id,
-                RUN_JOB_TASK,
-                job.pool,
+                "%s: could not send %s to queue %r (%s: %s)",
+                outcome,
+                task,
+                queue,
                 type(exc).__name__,
                 exc,
             )

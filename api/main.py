@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from api import dashboard, errors, observability
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
-from api.routes import datasets, health, job_data, jobs, me, spec, streams
+from api.routes import datasets, exports, health, job_data, jobs, me, spec, streams
 from api.streams import StreamHub
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
 from core.settings import Settings, get_settings
@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=MAX_JSON_BYTES, exempt={UPLOAD_PATH})
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    for module in (health, me, jobs, job_data, streams, datasets, spec):
+    for module in (health, me, jobs, job_data, exports, streams, datasets, spec):
         app.include_router(module.router)
 
     dashboard.mount(app)

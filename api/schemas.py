@@ -128,6 +128,24 @@ class Metrics(BaseModel):
     series: list[MetricSeries]
 
 
+class CheckpointExport(_Out):
+    """A consolidated safetensors export of one checkpoint: `pending -> running -> ready |
+    failed`. Once ready, `GET .../export/download` serves its `model.safetensors`."""
+
+    id: int
+    job_id: int
+    checkpoint_id: int
+    step: int
+    state: Literal["pending", "running", "ready", "failed"]
+    uri: str = Field(description="Directory holding `model.safetensors` and `config.json`.")
+    size_bytes: int | None = Field(description="Size of `model.safetensors` in bytes (ready).")
+    sha256: str | None = Field(description="Hex sha256 of `model.safetensors` (ready).")
+    error: str | None = Field(description="Why it failed (the end of the exporter's stderr).")
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+
+
 class Checkpoint(_Out):
     """A complete checkpoint; `uri` is its `step_XXXXXXXX` directory."""
 
@@ -138,6 +156,9 @@ class Checkpoint(_Out):
     uri: str
     size_bytes: int
     created_at: Timestamp
+    export: CheckpointExport | None = Field(
+        default=None, description="Its safetensors export, once one was requested."
+    )
 
 
 class CheckpointList(BaseModel):

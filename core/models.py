@@ -223,6 +223,43 @@ class Checkpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class ExportState(enum.StrEnum):
+    """States of a checkpoint export: `pending -> running -> ready | failed`."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class CheckpointExport(Base):
+    """A consolidated safetensors export of one checkpoint (`POST .../export`), written by a
+    worker (`workers.export_checkpoint`) to `uri` (`model.safetensors` + `config.json`).
+
+    `checkpoint_id` is deliberately not a foreign key: retention deletes the checkpoint row
+    with its files, and an export that is ready by then stays downloadable. `attempt` fences
+    the worker that claimed it (a stale claim is taken over with `attempt + 1`).
+    """
+
+    __tablename__ = "checkpoint_exports"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    checkpoint_id: Mapped[int] = mapped_column(BigInteger, unique=True)
+    step: Mapped[int] = mapped_column(Integer)
+    source_uri: Mapped[str] = mapped_column(Text)
+    uri: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(20), default=ExportState.PENDING)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200), default=None)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class JobNode(Base):
     """One node slot of a multi-node (gang) attempt: `resources.nodes` rows per attempt.
 

@@ -15,6 +15,8 @@ RUN_JOB_TASK = "workers.run_job"
 # One per further node of a multi-node job, sent by its node 0 to the pool's queue.
 JOIN_GANG_TASK = "workers.join_gang"
 RECONCILE_TASK = "workers.reconcile"
+# Export one checkpoint to safetensors (`core.exports`); sent by the API to the job's pool.
+EXPORT_CHECKPOINT_TASK = "workers.export_checkpoint"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
+
+import fsspec  # type: ignore[import-untyped]
 
 from core.errors import Forbidden
 from core.settings import Settings
@@ -17,6 +21,45 @@ def join(root: str, *parts: str) -> str:
 
 def job_checkpoint_uri(settings: Settings, job_id: int) -> str:
     return join(settings.storage_url, "jobs", str(job_id), "checkpoints")
+
+
+def job_export_uri(settings: Settings, job_id: int, step: int) -> str:
+    """Where the export of the job's checkpoint at `step` goes (beside `checkpoints/`, so the
+    trainer's retention never touches it)."""
+    return join(settings.storage_url, "jobs", str(job_id), "exports", f"step_{step:08d}")
+
+
+def checkpoint_complete(uri: str) -> bool:
+    """True when the DCP checkpoint directory `uri` has its `.metadata` (written last)."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    return bool(fs.exists(f"{path.rstrip('/')}/.metadata"))
+
+
+def file_size(uri: str) -> int | None:
+    """The size of the file at `uri` in bytes; None when there is none."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    try:
+        return int(fs.size(path))
+    except FileNotFoundError:
+        return None
+
+
+def read_chunks(uri: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The bytes of the file at `uri`, `chunk_bytes` at a time (never whole in memory).
+    Raises FileNotFoundError."""
+    with fsspec.open(uri, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            yield chunk
+
+
+def sha256_of(uri: str) -> tuple[int, str]:
+    """(size in bytes, hex sha256) of the file at `uri`, read in chunks. Raises
+    FileNotFoundError."""
+    digest, size = hashlib.sha256(), 0
+    for chunk in read_chunks(uri):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def job_run_dir(

@@ -22,6 +22,7 @@ from torchyard import launch
 from torchyard.client import Client
 from torchyard.config import save_config
 from torchyard.errors import TorchyardError
+from torchyard.exports import export_command
 from torchyard.follow import follow_job
 from torchyard.models import LogLine
 from torchyard.quickstart import quickstart_command
@@ -69,6 +70,7 @@ admin_app = typer.Typer(no_args_is_help=True, help="Database administration (ser
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(admin_app, name="admin")
 app.command("quickstart")(quickstart_command)
+app.command("export")(export_command)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 PollOpt = Annotated[float, typer.Option("--poll", help="Seconds between polls.", min=0.1)]
@@ -242,7 +244,7 @@ def logs(
 
 @app.command()
 def checkpoints(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """List a job's complete checkpoints."""
+    """List a job's complete checkpoints with their ids and export state."""
     items = _client(ctx).jobs.checkpoints(job_id)
     if json_out:
         _print_json(items)

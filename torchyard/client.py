@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from torchyard.config import load_config
 from torchyard.errors import ConnectionFailed, ServerError, error_from_response
+from torchyard.exports import Exports
 from torchyard.models import (
     Checkpoint,
     Dataset,
@@ -70,6 +71,7 @@ class Client:
         )
         self.jobs = Jobs(self)
         self.datasets = Datasets(self)
+        self.exports = Exports(self)
 
     def __enter__(self) -> Client:
         return self
@@ -279,7 +281,7 @@ class Jobs:
         return _drain(lambda cursor: self.logs(job_id, rank=rank, after=cursor), after)
 
     def checkpoints(self, job_id: int) -> list[Checkpoint]:
-        """The job's complete checkpoints."""
+        """The job's complete checkpoints, each with its export (`client.exports`) if any."""
         answer = self._client.request("GET", f"/v1/jobs/{job_id}/checkpoints")
         return [Checkpoint.model_validate(c) for c in answer.get("items", [])]
 

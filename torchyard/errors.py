@@ -23,6 +23,15 @@ class ConnectionFailed(TorchyardError):
     """The API could not be reached at all (refused, DNS, TLS, timeout)."""
 
 
+class ExportFailed(TorchyardError):
+    """A checkpoint export ended `failed` (its `error` says why), or its download did not match
+    the export's size and sha256."""
+
+
+class ExportTimeout(TorchyardError, TimeoutError):
+    """A checkpoint export was not ready within the time the caller gave it."""
+
+
 @dataclass(frozen=True)
 class ErrorDetail:
     """One entry of an error body's `details`: where (`loc`, a JSON path) and what (`msg`)."""

@@ -75,8 +75,33 @@ class LogLine(_Model):
     created_at: datetime | None = None
 
 
+class CheckpointExport(_Model):
+    """A checkpoint's consolidated safetensors export: `state` is ``pending``, ``running``,
+    ``ready`` or ``failed``; once ready, `size_bytes` and `sha256` describe its
+    ``model.safetensors``, and `error` says why a failed one failed."""
+
+    id: int
+    job_id: int
+    checkpoint_id: int
+    step: int
+    state: str
+    uri: str | None = None
+    size_bytes: int | None = None
+    sha256: str | None = None
+    error: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def is_done(self) -> bool:
+        """True once the export is ready or failed."""
+        return self.state in ("ready", "failed")
+
+
 class Checkpoint(_Model):
-    """A complete checkpoint: `uri` is its ``step_XXXXXXXX`` directory, `size_bytes` in bytes."""
+    """A complete checkpoint: `uri` is its ``step_XXXXXXXX`` directory, `size_bytes` in bytes;
+    `export` its safetensors export, once one was asked for."""
 
     id: int
     job_id: int
@@ -85,6 +110,7 @@ class Checkpoint(_Model):
     uri: str
     size_bytes: int | None = None
     created_at: datetime | None = None
+    export: CheckpointExport | None = None
 
 
 class Dataset(_Model):

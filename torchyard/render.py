@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchyard.errors import ApiError, TorchyardError, ValidationFailed
-from torchyard.models import Checkpoint, Dataset, Job, LogLine, MetricSeries
+from torchyard.models import Checkpoint, CheckpointExport, Dataset, Job, LogLine, MetricSeries
 
 STATE_STYLES = {
     "queued": "cyan",
@@ -151,15 +151,34 @@ def job_details(job: Job) -> Table:
 
 
 def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> Table:
-    """One row per checkpoint: step, attempt, size, uri."""
+    """One row per checkpoint: id (for `torchyard export`), step, attempt, size, export state
+    (and the export's size once ready), uri."""
     table = Table(box=None, header_style="bold")
+    table.add_column("ID", justify="right")
     table.add_column("STEP", justify="right")
     table.add_column("ATTEMPT", justify="right")
     table.add_column("SIZE", justify="right")
+    table.add_column("EXPORT")
     table.add_column("URI", overflow="fold")
     for cp in sorted(checkpoints, key=lambda c: c.step):
-        table.add_row(str(cp.step), str(cp.attempt), format_bytes(cp.size_bytes), Text(cp.uri))
+        table.add_row(
+            str(cp.id),
+            str(cp.step),
+            str(cp.attempt),
+            format_bytes(cp.size_bytes),
+            export_state(cp.export),
+            Text(cp.uri),
+        )
     return table
+
+
+def export_state(export: CheckpointExport | None) -> Text:
+    """``-`` (none asked for), the state, ``ready (SIZE)`` in green, ``failed`` in red."""
+    if export is None:
+        return Text("-")
+    if export.state == "ready":
+        return Text(f"ready ({format_bytes(export.size_bytes)})", style="green")
+    return Text(export.state, style="red" if export.state == "failed" else "yellow")
 
 
 def metrics_table(series: Iterable[MetricSeries]) -> Table:

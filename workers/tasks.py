@@ -12,9 +12,9 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import get_engine, session_factory
 from core.logs import job_id_var
-from core.queue import JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
+from core.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.settings import get_settings
-from workers import gang, runner
+from workers import exports, gang, runner
 from workers import reconcile as reconciler
 from workers.app import app
 
@@ -94,6 +94,24 @@ def join_gang(self: Any, job_id: int, attempt: int) -> str:
         )
     finally:
         job_id_var.reset(token)
+
+
+@app.task(
+    name=EXPORT_CHECKPOINT_TASK,
+    bind=True,
+    acks_late=True,
+    # A repeated delivery finds the export no longer pending (claim-by-UPDATE) and returns.
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def export_checkpoint(self: Any, export_id: int) -> str:
+    """Export one checkpoint to safetensors if its export is still pending."""
+    settings = get_settings()
+    worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
+    return exports.run_export(
+        export_id, factory=session_factory(get_engine(settings)), worker=worker
+    )
 
 
 @app.task(name=RECONCILE_TASK)

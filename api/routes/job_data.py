@@ -10,7 +10,8 @@ from api import schemas
 from api.deps import CurrentPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import After, JobId
-from core import jobs, queries
+from core import exports, jobs, queries
+from core.models import CheckpointExport
 
 router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONSES)
 
@@ -119,7 +120,20 @@ def job_logs(
 def job_checkpoints(
     job_id: JobId, principal: CurrentPrincipal, session: SessionDep
 ) -> schemas.CheckpointList:
-    """The job's complete checkpoints, by step."""
+    """The job's complete checkpoints, by step, each with its safetensors export if one was
+    requested."""
     jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     items = queries.checkpoints(session=session, job_id=job_id)
-    return schemas.CheckpointList(items=[schemas.Checkpoint.model_validate(c) for c in items])
+    made = exports.of_job(session=session, job_id=job_id)
+    return schemas.CheckpointList(
+        items=[
+            schemas.Checkpoint.model_validate(c).model_copy(
+                update={"export": _export(made.get(c.id))}
+            )
+            for c in items
+        ]
+    )
+
+
+def _export(found: CheckpointExport | None) -> schemas.CheckpointExport | None:
+    return schemas.CheckpointExport.model_validate(found) if found is not None else None

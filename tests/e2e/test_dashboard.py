@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -186,6 +187,19 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
         assert _points(dash, f"chart-{chart}") > 0, chart
     expect(page.locator("#events")).to_contain_text("running → succeeded")
     expect(page.locator("#checkpoints tr")).to_have_count(2)  # steps 20, 40
+
+    # Export the last checkpoint from its row: a worker makes it, the button turns into a
+    # Download link, and the link downloads the safetensors with the API key (fetch + blob).
+    row = page.locator("#checkpoints tr[data-step='40']")
+    row.locator("button.export-checkpoint").click()
+    link = row.locator("a.download-export")
+    expect(link).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    with page.expect_download() as downloaded:
+        link.click()
+    assert downloaded.value.suggested_filename == f"job{job_id}-step00000040.safetensors"
+    assert Path(downloaded.value.path()).stat().st_size == int(
+        api.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"][1]["export"]["size_bytes"]
+    )
 
     # Zoom one chart: every series is refetched for those steps only; a reset brings back all.
     page.evaluate("Plotly.relayout('chart-loss', {'xaxis.range': [10, 20]})")

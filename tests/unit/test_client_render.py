@@ -64,15 +64,38 @@ def test_job_details_list_latest_metrics_and_error() -> None:
     assert "exit code" in text and "CUDA OOM" in text
 
 
-def test_checkpoints_are_sorted_by_step_with_sizes() -> None:
+def test_checkpoints_are_sorted_by_step_with_ids_sizes_and_export_state() -> None:
     cps = [
-        Checkpoint(id=2, job_id=7, step=400, uri="/s/step_00000400", size_bytes=12_300_000),
+        Checkpoint(
+            id=2,
+            job_id=7,
+            step=400,
+            uri="/s/step_00000400",
+            size_bytes=12_300_000,
+            export={
+                "id": 5,
+                "job_id": 7,
+                "checkpoint_id": 2,
+                "step": 400,
+                "state": "ready",
+                "size_bytes": 4_100_000,
+            },
+        ),
         Checkpoint(id=1, job_id=7, step=200, uri="/s/step_00000200", size_bytes=812),
+        Checkpoint(
+            id=3,
+            job_id=7,
+            step=600,
+            uri="/s/step_00000600",
+            size_bytes=812,
+            export={"id": 6, "job_id": 7, "checkpoint_id": 3, "step": 600, "state": "pending"},
+        ),
     ]
     rows = [line.split() for line in _text(checkpoints_table(cps)).splitlines()[1:] if line]
     assert rows == [
-        ["200", "0", "812", "B", "/s/step_00000200"],
-        ["400", "0", "12.3", "MB", "/s/step_00000400"],
+        ["1", "200", "0", "812", "B", "-", "/s/step_00000200"],
+        ["2", "400", "0", "12.3", "MB", "ready", "(4.1", "MB)", "/s/step_00000400"],
+        ["3", "600", "0", "812", "B", "pending", "/s/step_00000600"],
     ]
 
 

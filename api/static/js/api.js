@@ -53,6 +53,33 @@ export async function api(path, { method = "GET", body, text, contentType, query
   return data;
 }
 
+/**
+ * Download a file the API streams (e.g. a checkpoint export) with the Bearer key: the key is
+ * not a cookie, so a plain link cannot carry it. fetch + blob, then a temporary object URL.
+ * Throws ApiError on a non-2xx answer. Returns the size in bytes.
+ */
+export async function download(path, fallbackName) {
+  const answer = await fetch(new URL(path, window.location.origin), {
+    headers: { Authorization: `Bearer ${auth.key ?? ""}` },
+  });
+  if (!answer.ok) {
+    const raw = await answer.text();
+    let data = null;
+    try { data = raw ? JSON.parse(raw) : null; } catch { data = null; }
+    throw new ApiError(answer.status, data);
+  }
+  const disposition = answer.headers.get("Content-Disposition") ?? "";
+  const name = /filename="([^"]+)"/.exec(disposition)?.[1] ?? fallbackName;
+  const blob = await answer.blob();
+  const url = URL.createObjectURL(blob);
+  const link = Object.assign(document.createElement("a"), { href: url, download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000); // the browser has taken it by then
+  return blob.size;
+}
+
 /** Every item of a paginated `after`-cursor listing, from `after` on. */
 export async function pageAfter(path, { after, query = {}, limit = 1000 } = {}) {
   const items = [];

@@ -1,6 +1,6 @@
 // Job detail: live metric charts, events, log tail, checkpoints, the spec, and control buttons.
 
-import { api, capabilities, pageAfter } from "./api.js";
+import { api, capabilities, download, pageAfter } from "./api.js";
 import { lineChart, onZoom, purge } from "./charts.js";
 import { follow } from "./stream.js";
 import {
@@ -13,6 +13,7 @@ const STREAM_REFRESH_MS = 5000; // a safety net while the stream pushes
 const NUDGE_MS = 300; // stream messages within this window cause one refresh
 const MAX_POINTS = 2000; // per series; the API downsamples (min/max buckets) beyond that
 const MAX_LOG_LINES = 2000;
+const EXPORT_POLL_MS = 1000; // while an export is pending or running
 // Charts in this order; a series not named here gets a chart of its own after them.
 const CHARTS = [
   { id: "loss", title: "loss", series: ["loss", "eval_loss"] },
@@ -211,13 +212,62 @@ export function detailPage(root, jobId) {
     }
   }
 
+  // Checkpoints, each with its safetensors export: "Export" asks a worker for one (POST), the
+  // state shows while it is made, "Download" fetches it with the key once ready.
+  let exportTimer = null;
   async function loadCheckpoints() {
     const { items } = await api(`/v1/jobs/${jobId}/checkpoints`);
-    ckptBody.replaceChildren(...items.map((c) => h("tr", {},
+    ckptBody.replaceChildren(...items.map((c) => h("tr", { dataset: { step: c.step } },
       h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
       h("td", { class: "num" }, fmtBytes(c.size_bytes)), h("td", {}, fmtTime(c.created_at)),
+      exportCell(c),
       h("td", { class: "uri", title: c.uri }, h("code", {}, c.uri)))));
-    if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "None yet.")));
+    if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "None yet.")));
+    // The page stops polling once the job has ended; an export in the making is still followed.
+    clearTimeout(exportTimer);
+    if (items.some((c) => ["pending", "running"].includes(c.export?.state))) {
+      exportTimer = setTimeout(() => loadCheckpoints().catch(showError), EXPORT_POLL_MS);
+    }
+  }
+
+  function exportCell(c) {
+    const e = c.export;
+    const cell = h("td", { class: "export", dataset: { state: e?.state ?? "none" } });
+    if (e) cell.append(h("span", { class: `state state-${e.state}`, title: e.error ?? "" }, e.state), " ");
+    if (!e || e.state === "failed") {
+      cell.append(h("button", {
+        type: "button", class: "export-checkpoint", onclick: (ev) => requestExport(c, ev.target),
+      }, e ? "Export again" : "Export"));
+    } else if (e.state === "ready") {
+      cell.append(h("a", {
+        href: "#", class: "download-export", title: `sha256 ${e.sha256}`,
+        onclick: (ev) => { ev.preventDefault(); downloadExport(c, ev.target); },
+      }, `Download (${fmtBytes(e.size_bytes)})`));
+    }
+    return cell;
+  }
+
+  async function requestExport(c, button) {
+    button.disabled = true;
+    try {
+      await api(`/v1/jobs/${jobId}/checkpoints/${c.id}/export`, { method: "POST" });
+      await loadCheckpoints();
+    } catch (err) {
+      showError(err);
+      button.disabled = false;
+    }
+  }
+
+  async function downloadExport(c, link) {
+    link.setAttribute("aria-busy", "true");
+    try {
+      const name = `job${jobId}-step${String(c.step).padStart(8, "0")}.safetensors`;
+      await download(`/v1/jobs/${jobId}/checkpoints/${c.id}/export/download`, name);
+    } catch (err) {
+      showError(err);
+    } finally {
+      link.removeAttribute("aria-busy");
+    }
   }
 
   rankSel.addEventListener("change", () => {
@@ -282,7 +332,8 @@ export function detailPage(root, jobId) {
       h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
       h("section", {}, h("h2", {}, "Checkpoints"), h("div", { class: "table-wrap" }, h("table", {},
         h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
-          h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "uri"))),
+          h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "export"),
+          h("th", {}, "uri"))),
         ckptBody)))),
     h("h2", {}, "Logs"),
     h("div", { class: "toolbar" }, rankSel, search),
@@ -292,6 +343,7 @@ export function detailPage(root, jobId) {
     stop();
     stopStream?.();
     clearTimeout(nudge);
+    clearTimeout(exportTimer);
     for (const node of chartNodes.values()) purge(node);
   };
 }

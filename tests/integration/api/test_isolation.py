@@ -18,6 +18,9 @@ JOB_ENDPOINTS = [
     ("get", "/metrics"),
     ("get", "/logs"),
     ("get", "/checkpoints"),
+    ("post", "/checkpoints/1/export"),
+    ("get", "/checkpoints/1/export"),
+    ("get", "/checkpoints/1/export/download"),
 ]
 
 

@@ -52,6 +52,8 @@ def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> l
         f"/v1/jobs/{jid}/metrics",
         f"/v1/jobs/{jid}/logs",
         f"/v1/jobs/{jid}/checkpoints",
+        f"/v1/jobs/{jid}/checkpoints/1/export",
+        f"/v1/jobs/{jid}/checkpoints/%00/export/download",
         "/v1/jobs/-1/events",
         "/v1/jobs/%00",
         "/v1/datasets",

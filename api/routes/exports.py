@@ -1,0 +1,111 @@
+"""Checkpoint exports: ask for a consolidated safetensors export, follow it, download it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
+from fastapi.responses import StreamingResponse
+
+from api import schemas
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.errors import ERROR_RESPONSES, ErrorBody
+from api.routes.jobs import JobId
+from api.validation import MAX_ID
+from core import exports, jobs, storage
+from core.errors import Conflict
+from core.models import ExportState
+
+router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=ERROR_RESPONSES)
+
+CheckpointId = Annotated[int, Path(ge=1, le=MAX_ID, description="The checkpoint's id.")]
+_PATH = "/{job_id}/checkpoints/{checkpoint_id}/export"
+
+
+@router.post(
+    _PATH,
+    status_code=202,
+    response_model=schemas.CheckpointExport,
+    responses={
+        200: {
+            "model": schemas.CheckpointExport,
+            "description": "The export already asked for (pending, running or ready)",
+        },
+        409: {
+            "model": ErrorBody,
+            "description": "The checkpoint's files were deleted by retention",
+        },
+    },
+)
+def request_export(
+    job_id: JobId,
+    checkpoint_id: CheckpointId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
+    response: Response,
+) -> schemas.CheckpointExport:
+    """Ask for a consolidated `model.safetensors` (+ `config.json`) of a checkpoint, made by a
+    worker of the job's pool: 202 when queued, 200 with the export already asked for."""
+    asked = exports.request(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+    )
+    session.commit()
+    if asked.dispatch:
+        job = jobs.get_or_raise(session=session, job_id=job_id)
+        request.app.state.dispatcher.dispatch_export(asked.export, job.pool)
+    if not asked.created:
+        response.status_code = 200
+    return schemas.CheckpointExport.model_validate(asked.export)
+
+
+@router.get(_PATH, response_model=schemas.CheckpointExport)
+def get_export(
+    job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
+) -> schemas.CheckpointExport:
+    """The export of a checkpoint: its state, and once ready its size and sha256."""
+    export = exports.get_or_raise(
+        session=session, project_id=principal.project_id, job_id=job_id, checkpoint_id=checkpoint_id
+    )
+    return schemas.CheckpointExport.model_validate(export)
+
+
+@router.get(
+    f"{_PATH}/download",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/octet-stream": {}},
+            "description": "`model.safetensors`, streamed; `ETag` is its quoted sha256",
+        },
+        409: {"model": ErrorBody, "description": "The export is not ready (or failed)"},
+    },
+)
+def download_export(
+    job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
+) -> StreamingResponse:
+    """Download the export's `model.safetensors` (streamed); 409 until it is ready."""
+    export = exports.get_or_raise(
+        session=session, project_id=principal.project_id, job_id=job_id, checkpoint_id=checkpoint_id
+    )
+    if export.state != ExportState.READY:
+        detail = f": {export.error}" if export.error else ""
+        raise Conflict(f"the export of checkpoint {checkpoint_id} is {export.state}{detail}")
+    weights = storage.join(export.uri, exports.WEIGHTS_FILE)
+    size = storage.file_size(weights)
+    if size is None:
+        raise Conflict(f"the files of the export of checkpoint {checkpoint_id} no longer exist")
+    filename = f"job{export.job_id}-step{export.step:08d}.safetensors"
+    headers = {
+        "Content-Disposition": f'attachment; filename="{filename}"',
+        "Content-Length": str(size),
+        "ETag": f'"{export.sha256}"',
+    }
+    return StreamingResponse(
+        storage.read_chunks(weights), media_type="application/octet-stream", headers=headers
+    )

@@ -1,0 +1,208 @@
+"""Asking for a checkpoint's safetensors export over the API: queued once, project-scoped, 404
+for what is not the caller's, 409 for a checkpoint whose files are gone or an export not ready.
+
+No worker consumes the test's pool here, so exports stay `pending`; the worker side (a real
+export, downloaded and read back) is tests/integration/workers/test_export.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, delete, select, update
+
+from core import ingest
+from core.db import session_scope
+from core.models import Checkpoint, CheckpointExport
+from core.queue import EXPORT_CHECKPOINT_TASK
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.api.conftest import assert_error, job_spec, submit
+
+
+def _messages(broker_url: str, queue: str) -> list[tuple[str, int]]:
+    """(task name, first argument) of the messages waiting in a Redis queue, oldest first."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        found = []
+        for raw in reversed(client.lrange(queue, 0, -1)):  # LPUSH: newest first
+            message = json.loads(raw)
+            args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append((message["headers"]["task"], args[0]))
+        return found
+    finally:
+        client.close()
+
+
+def _checkpoint(engine: Engine, job_id: int, step: int, root: Path, complete: bool = True) -> int:
+    """Record a checkpoint of `job_id` at `step` whose directory (under `root`) holds a DCP
+    `.metadata` file when `complete`; returns its id."""
+    step_dir = root / f"job{job_id}" / f"step_{step:08d}"
+    step_dir.mkdir(parents=True)
+    if complete:
+        (step_dir / ".metadata").write_bytes(b"not read by the API")
+    with session_scope(engine) as s:
+        ingest.checkpoint(
+            session=s, job_id=job_id, attempt=1, step=step, uri=str(step_dir), size_bytes=10
+        )
+    with session_scope(engine) as s:
+        return s.scalars(
+            select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+        ).one()
+
+
+def _path(job_id: int, checkpoint_id: int | str) -> str:
+    return f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export"
+
+
+def _job(client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str) -> int:
+    return int(submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))["id"])
+
+
+def test_an_export_is_queued_once_to_the_jobs_pool_and_asking_again_returns_it(
+    client: TestClient,
+    engine: Engine,
+    settings: Settings,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    job_id = _job(client, project, dataset, pool)
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+
+    first = client.post(_path(job_id, checkpoint_id), headers=project.headers)
+    assert first.status_code == 202, first.text
+    export = first.json()
+    assert export["state"] == "pending"
+    assert (export["job_id"], export["checkpoint_id"], export["step"]) == (
+        job_id,
+        checkpoint_id,
+        10,
+    )
+    assert export["uri"].endswith(f"/jobs/{job_id}/exports/step_00000010")
+    assert export["size_bytes"] is None and export["sha256"] is None
+
+    again = client.post(_path(job_id, checkpoint_id), headers=project.headers)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == export["id"]
+    with session_scope(engine) as s:
+        rows = s.scalars(
+            select(CheckpointExport.id).where(CheckpointExport.checkpoint_id == checkpoint_id)
+        ).all()
+    assert rows == [export["id"]]
+    # The export message goes to the job's pool, after the job's own; a pending export is sent
+    # again when asked again (the worker's claim makes the duplicate harmless).
+    exports_sent = [m for m in _messages(settings.broker_url, pool) if m[0] != "workers.run_job"]
+    assert exports_sent == [(EXPORT_CHECKPOINT_TASK, export["id"])] * 2
+
+    status = client.get(_path(job_id, checkpoint_id), headers=project.headers)
+    assert status.status_code == 200 and status.json() == export
+    listed = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()
+    assert [c["export"] for c in listed["items"]] == [export]
+    download = client.get(f"{_path(job_id, checkpoint_id)}/download", headers=project.headers)
+    assert_error(download, 409, "conflict")
+    assert "pending" in download.json()["error"]["message"]
+
+
+def test_another_projects_key_gets_404_for_the_export_and_stores_nothing(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    other_project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    job_id = _job(client, project, dataset, pool)
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+    path = _path(job_id, checkpoint_id)
+
+    assert_error(client.post(path, headers=other_project.headers), 404, "not_found")
+    with session_scope(engine) as s:
+        assert s.scalar(select(CheckpointExport).where(CheckpointExport.job_id == job_id)) is None
+    assert client.post(path, headers=project.headers).status_code == 202
+    assert_error(client.get(path, headers=other_project.headers), 404, "not_found")
+    assert_error(client.get(f"{path}/download", headers=other_project.headers), 404, "not_found")
+    listed = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=other_project.headers)
+    assert_error(listed, 404, "not_found")
+
+
+def test_unknown_malformed_or_other_jobs_checkpoint_ids_are_404_or_422(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    job_id = _job(client, project, dataset, pool)
+    other_job = _job(client, project, dataset, pool)
+    others_checkpoint = _checkpoint(engine, other_job, 10, tmp_path)
+
+    headers = project.headers
+    assert_error(client.post(_path(job_id, others_checkpoint), headers=headers), 404, "not_found")
+    assert_error(client.post(_path(job_id, 2**62), headers=headers), 404, "not_found")
+    assert_error(client.get(_path(job_id, 2**62), headers=headers), 404, "not_found")
+    for bad in ("abc", 0, 2**63):
+        answer = client.post(_path(job_id, bad), headers=headers)
+        assert_error(answer, 422, "validation_error", loc=["path", "checkpoint_id"])
+    assert_error(client.post(_path(2**62, others_checkpoint), headers=headers), 404, "not_found")
+
+
+def test_a_checkpoint_whose_files_are_gone_is_409(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    job_id = _job(client, project, dataset, pool)
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path, complete=False)
+    answer = client.post(_path(job_id, checkpoint_id), headers=project.headers)
+    assert_error(answer, 409, "conflict")
+    assert "retention" in answer.json()["error"]["message"]
+
+
+def test_a_failed_export_is_queued_again_unless_retention_deleted_its_checkpoint(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    job_id = _job(client, project, dataset, pool)
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+    path = _path(job_id, checkpoint_id)
+    export_id = client.post(path, headers=project.headers).json()["id"]
+
+    def fail_it() -> None:
+        with session_scope(engine) as s:
+            s.execute(
+                update(CheckpointExport)
+                .where(CheckpointExport.id == export_id)
+                .values(state="failed", error="exporter exited with 1: boom")
+            )
+
+    fail_it()
+    assert client.get(path, headers=project.headers).json()["error"].endswith("boom")
+    assert_error(client.get(f"{path}/download", headers=project.headers), 409, "conflict")
+    again = client.post(path, headers=project.headers)
+    assert again.status_code == 202, again.text
+    assert again.json()["id"] == export_id
+    assert again.json()["state"] == "pending" and again.json()["error"] is None
+
+    fail_it()
+    with session_scope(engine) as s:  # as the worker does on a `checkpoint_deleted` event
+        s.execute(delete(Checkpoint).where(Checkpoint.id == checkpoint_id))
+    answer = client.post(path, headers=project.headers)
+    assert_error(answer, 409, "conflict")
+    assert "deleted by retention" in answer.json()["error"]["message"]
+    assert client.get(path, headers=project.headers).json()["state"] == "failed"
