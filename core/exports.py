@@ -51,6 +51,19 @@ class Claimed:
     uri: str
 
 
+def _require_full_gpt(job: Job) -> None:
+    """`trainer.export` consolidates the built-in GPT's full weights; LoRA/QLoRA runs write
+    their adapter and merged model at the end of the run instead, and Hugging Face models are
+    saved by `transformers`. Raises `Conflict` (409) for those jobs."""
+    spec = job.spec
+    if spec.get("lora") or spec.get("qlora") or (spec.get("model") or {}).get("kind") == "hf":
+        raise Conflict(
+            f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "
+            "built-in GPT to export; use the adapter and merged model the run wrote at its end "
+            "(events `export`, `completed` data `lora_adapter_uri` / `lora_merged_uri`)"
+        )
+
+
 def request(
     *, session: Session, settings: Settings, project_id: str, job_id: int, checkpoint_id: int
 ) -> Requested:
@@ -62,6 +75,7 @@ def request(
     files are gone (deleted by retention).
     """
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=project_id)
+    _require_full_gpt(job)
     export = _find(session, job.id, checkpoint_id, lock=True)
     if export is not None and export.state != ExportState.FAILED:
         if export.state == ExportState.RUNNING and _stale(export):

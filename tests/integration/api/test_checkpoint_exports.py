@@ -206,3 +206,21 @@ def test_a_failed_export_is_queued_again_unless_retention_deleted_its_checkpoint
     assert_error(answer, 409, "conflict")
     assert "deleted by retention" in answer.json()["error"]["message"]
     assert client.get(path, headers=project.headers).json()["state"] == "failed"
+
+
+def test_a_lora_jobs_checkpoint_is_409_naming_the_adapter_export_instead(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    spec = job_spec(dataset["id"], resources={"pool": pool}, lora={"r": 4})
+    job_id = int(submit(client, project, spec)["id"])
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+    answer = client.post(_path(job_id, checkpoint_id), headers=project.headers)
+    assert "lora_merged_uri" in assert_error(answer, 409, "conflict")["message"]
+    with session_scope(engine) as s:
+        stored = s.scalars(select(CheckpointExport).where(CheckpointExport.job_id == job_id))
+        assert stored.all() == []
