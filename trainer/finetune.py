@@ -36,7 +36,8 @@ from trainer.distributed import DistInfo
 from trainer.errors import InvalidJobError
 from trainer.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
 from trainer.model import GPTConfig, build_model
-from trainer.spec import GPT_LINEAR_MODULES, JobSpec, LoRASpec, QLoRASpec
+from trainer.spec import JobSpec, LoRASpec, QLoRASpec
+from trainer.spec_checks import GPT_LINEAR_MODULES
 from trainer.state import ModelOptimizerState
 
 if TYPE_CHECKING:
