@@ -39,9 +39,12 @@ WAIT_MS = 30_000
 _RESOURCE_STATUS = re.compile(r"status of (\d{3})")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
-    """Headless Debian Chromium; fails (not skips) when it is not installed."""
+    """Headless Debian Chromium; fails (not skips) when it is not installed.
+
+    Package-scoped: Playwright's sync API marks an asyncio loop as running in the main thread
+    while it is started, which would break the `asyncio.run` of tests collected after these."""
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"{CHROMIUM} is missing: run scripts/browser.sh (apt-get install chromium)")
     with sync_playwright() as pw:
