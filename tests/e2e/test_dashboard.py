@@ -23,6 +23,9 @@ from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue
 
 RUN_TIMEOUT_MS = 180_000
+# Long enough (a few seconds on an idle host: ~10 ms a step) that its points reach the page in
+# several pushes while it runs, not in one flush at its end.
+RUN_STEPS = 400
 POINTS = "id => document.getElementById(id)?.data?.[0]?.x?.length ?? 0"
 
 
@@ -145,8 +148,9 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     page.wait_for_selector("main[data-loaded]")
     text = _spec_text(
         pool, dataset_id, name="from-editor",
-        train={"micro_batch_size": 8, "max_steps": 40, "log_interval_steps": 1},
-        eval={"interval_steps": 20, "num_batches": 2}, checkpoint={"interval_steps": 20},
+        train={"micro_batch_size": 8, "max_steps": RUN_STEPS, "log_interval_steps": 1},
+        eval={"interval_steps": RUN_STEPS // 2, "num_batches": 2},
+        checkpoint={"interval_steps": RUN_STEPS // 2},
     )  # fmt: skip
     page.fill("#spec-editor", text)
     page.click("#submit-job")
@@ -175,10 +179,10 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     dash.shot("job-detail", full_page=True)
     assert dash.fits_width()
     # The points arrived while the job ran, not all at once at the end.
-    assert running == "running" or later < 40, (running, later)
+    assert running == "running" or later < RUN_STEPS, (running, later)
 
     expect(page.locator("#job-state .state")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
-    page.wait_for_function(f"({POINTS})('chart-loss') === 40")
+    page.wait_for_function(f"({POINTS})('chart-loss') === {RUN_STEPS}")
     loss_chart = page.evaluate(
         "document.getElementById('chart-loss').data.map(t => [t.name, t.x.length])"
     )
@@ -186,17 +190,17 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     for chart in ("lr", "grad_norm", "tokens_per_second"):
         assert _points(dash, f"chart-{chart}") > 0, chart
     expect(page.locator("#events")).to_contain_text("running → succeeded")
-    expect(page.locator("#checkpoints tr")).to_have_count(2)  # steps 20, 40
+    expect(page.locator("#checkpoints tr")).to_have_count(2)  # half way and at the end
 
     # Export the last checkpoint from its row: a worker makes it, the button turns into a
     # Download link, and the link downloads the safetensors with the API key (fetch + blob).
-    row = page.locator("#checkpoints tr[data-step='40']")
+    row = page.locator(f"#checkpoints tr[data-step='{RUN_STEPS}']")
     row.locator("button.export-checkpoint").click()
     link = row.locator("a.download-export")
     expect(link).to_be_visible(timeout=RUN_TIMEOUT_MS)
     with page.expect_download() as downloaded:
         link.click()
-    assert downloaded.value.suggested_filename == f"job{job_id}-step00000040.safetensors"
+    assert downloaded.value.suggested_filename == f"job{job_id}-step{RUN_STEPS:08d}.safetensors"
     assert Path(downloaded.value.path()).stat().st_size == int(
         api.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"][1]["export"]["size_bytes"]
     )
@@ -206,7 +210,7 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     page.wait_for_function("document.querySelector('main').dataset.zoom === '10-20'")
     assert page.evaluate("document.getElementById('chart-lr').data[0].x") == list(range(10, 21))
     page.evaluate("Plotly.relayout('chart-loss', {'xaxis.autorange': true})")
-    page.wait_for_function(f"({POINTS})('chart-lr') === 40")
+    page.wait_for_function(f"({POINTS})('chart-lr') === {RUN_STEPS}")
 
     # The spec reads as YAML that parses back to the submitted spec.
     spec = api.get(f"/v1/jobs/{job_id}").json()["spec"]
@@ -320,7 +324,7 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
     traces = dash.page.evaluate(
         "document.getElementById('compare-chart').data.map(t => [t.name, t.x.length])"
     )
-    assert traces == [[f"#{run} from-editor (ddp)", 40], [f"#{short} short-run (ddp)", 12]]
+    assert traces == [[f"#{run} from-editor (ddp)", RUN_STEPS], [f"#{short} short-run (ddp)", 12]]
     expect(dash.page.locator("#compare-metric")).to_have_value("loss")
     dash.shot("compare")
 
