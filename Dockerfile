@@ -12,6 +12,6 @@ COPY trainer trainer
 COPY torchyard torchyard
 COPY migrations migrations
 COPY alembic.ini ./
-RUN pip install -e ".[all]"
+RUN pip install -e ".[all,s3]"
 EXPOSE 8000
 CMD ["torchyard", "api", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,47 @@
+"""docker-compose.yml describes the production layout of README.md: the services exist, share
+one configuration, the worker reserves GPUs, and the image can reach the S3 storage it names."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+
+def _compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text()))
+
+
+def test_the_production_services_are_all_there_and_share_one_configuration() -> None:
+    services = _compose()["services"]
+    assert {"postgres", "redis", "minio", "migrate", "api", "worker", "beat"} <= set(services)
+    ours = [services[name] for name in ("migrate", "api", "worker", "beat")]
+    assert all(s["environment"] == ours[0]["environment"] for s in ours)
+    env = ours[0]["environment"]
+    assert env["TORCHYARD_ENV"] == "production"
+    assert env["TORCHYARD_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert env["TORCHYARD_BROKER_URL"].startswith("redis://")
+    for name in ("api", "worker", "beat"):
+        assert services[name]["depends_on"]["migrate"] == {
+            "condition": "service_completed_successfully"
+        }, name
+
+
+def test_the_worker_reserves_the_hosts_gpus() -> None:
+    worker = _compose()["services"]["worker"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert worker["command"][:2] == ["torchyard", "worker"]
+
+
+def test_an_s3_storage_url_comes_with_the_s3_filesystem_in_the_image() -> None:
+    env = _compose()["services"]["api"]["environment"]
+    assert env["TORCHYARD_STORAGE_URL"].startswith("s3://")
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(dep.startswith("s3fs") for dep in extras["s3"])
+    assert 'pip install -e ".[all,s3]"' in (REPO_ROOT / "Dockerfile").read_text()
