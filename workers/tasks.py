@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from celery import signals
@@ -26,6 +28,21 @@ shutting_down = threading.Event()
 @signals.worker_shutting_down.connect
 def _on_worker_shutting_down(**_: Any) -> None:
     shutting_down.set()
+
+
+def _worker_name(task: Any) -> str:
+    """The name this worker records on what it claims: the setting, else Celery's node name."""
+    return get_settings().worker_hostname or task.request.hostname or socket.gethostname()
+
+
+@contextlib.contextmanager
+def _job_logs(job_id: int) -> Iterator[None]:
+    """Every log record inside says which job it is about (`core.logs`)."""
+    token = job_id_var.set(job_id)
+    try:
+        yield
+    finally:
+        job_id_var.reset(token)
 
 
 def dispatch(job_id: int, queue: str) -> None:
@@ -51,20 +68,16 @@ def send_join(job_id: int, attempt: int, queue: str) -> None:
 def run_job(self: Any, job_id: int) -> str:
     """Run the job if it is still queued (assert the world: the claim re-reads the row)."""
     settings = get_settings()
-    worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
-    token = job_id_var.set(job_id)  # every log record of this task says which job
-    try:
+    with _job_logs(job_id):
         return runner.run_job(
             job_id,
             settings=settings,
             factory=session_factory(get_engine(settings)),
-            worker=worker,
+            worker=_worker_name(self),
             dispatch=dispatch,
             shutdown=shutting_down,
             send_join=send_join,
         )
-    finally:
-        job_id_var.reset(token)
 
 
 @app.task(
@@ -79,21 +92,17 @@ def run_job(self: Any, job_id: int) -> str:
 def join_gang(self: Any, job_id: int, attempt: int) -> str:
     """Become a further node of attempt `attempt` of multi-node job `job_id`, if a slot is free."""
     settings = get_settings()
-    worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
-    token = job_id_var.set(job_id)
-    try:
+    with _job_logs(job_id):
         return gang.join(
             job_id,
             attempt,
             settings=settings,
             factory=session_factory(get_engine(settings)),
-            worker=worker,
+            worker=_worker_name(self),
             dispatch=dispatch,
             send_join=send_join,
             shutdown=shutting_down,
         )
-    finally:
-        job_id_var.reset(token)
 
 
 @app.task(
@@ -107,10 +116,8 @@ def join_gang(self: Any, job_id: int, attempt: int) -> str:
 )
 def export_checkpoint(self: Any, export_id: int) -> str:
     """Export one checkpoint to safetensors if its export is still pending."""
-    settings = get_settings()
-    worker = settings.worker_hostname or self.request.hostname or socket.gethostname()
     return exports.run_export(
-        export_id, factory=session_factory(get_engine(settings)), worker=worker
+        export_id, factory=session_factory(get_engine(get_settings())), worker=_worker_name(self)
     )
 
 
