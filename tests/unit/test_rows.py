@@ -1,0 +1,53 @@
+"""Training rows: the writer's atomic, trimmed output and the raw-text degenerate case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.rows import IGNORE_INDEX, Rows, RowsWriter
+
+CPU = torch.device("cpu")
+
+
+def _row(offset: int, seq_len: int = 4) -> dict[str, np.ndarray]:
+    labels = np.arange(seq_len) + offset + 1
+    labels[0] = IGNORE_INDEX  # a prompt position
+    return {
+        "input_ids": np.arange(seq_len) + offset,
+        "labels": labels,
+        "position_ids": np.arange(seq_len),
+        "segment_ids": np.zeros(seq_len, dtype=np.int32),
+    }
+
+
+def test_writer_trims_to_the_rows_written_and_moves_the_entry_into_place(tmp_path: Path) -> None:
+    writer = RowsWriter(tmp_path / "entry", seq_len=4, capacity=10)
+    for offset in range(3):
+        writer.append(**_row(offset))
+    rows = writer.close({"dataset": "abc"})
+    assert len(rows) == 3 and rows.seq_len == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # no temporary left
+    batch = rows.batch(np.array([2, 0]), CPU)
+    assert batch.input_ids.tolist() == [[2, 3, 4, 5], [0, 1, 2, 3]]
+    assert batch.num_supervised == 6 == rows.num_supervised(np.array([0, 2]))
+
+
+def test_writer_refuses_a_row_of_the_wrong_length(tmp_path: Path) -> None:
+    writer = RowsWriter(tmp_path / "entry", seq_len=4, capacity=2)
+    with pytest.raises(ValueError, match="input_ids"):
+        writer.append(**{**_row(0), "input_ids": np.arange(5)})
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rows_from_chunks_supervise_every_next_token() -> None:
+    chunks = torch.arange(20, dtype=torch.uint8).view(4, 5)
+    batch = Rows.from_chunks(chunks).batch(np.array([1]), CPU)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8]]
+    assert batch.labels.tolist() == [[6, 7, 8, 9]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3]]
+    assert batch.segment_ids.tolist() == [[0, 0, 0, 0]]

@@ -1,0 +1,157 @@
+"""Training rows: fixed-length, pre-shifted token sequences with their loss mask, memory-mapped.
+
+One row is one sequence of T = `model.seq_len` positions; `labels[t]` is the target of input
+position `t` (already shifted), `-100` where the position is not supervised (prompt tokens,
+padding, the boundary between packed examples). `segment_ids` says which example of the row a
+position belongs to (packing: attention is causal *and* confined to one segment, positions
+restart per segment); padding has segment -1. Raw text is the degenerate case: every label
+supervised, one segment per row.
+
+Rows live as four `.npy` files in one directory, opened with `np.load(mmap_mode="r")`, so a
+rank's memory does not grow with the corpus: only the rows a batch indexes are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+IGNORE_INDEX = -100  # `F.cross_entropy(ignore_index=...)` default, and Hugging Face's
+ARRAYS = ("input_ids", "labels", "position_ids", "segment_ids")
+_META = "rows.json"
+_COPY_ROWS = 8192
+
+
+class Batch(NamedTuple):
+    """A micro-batch of rows: four (B, T) int64 tensors on the training device."""
+
+    input_ids: Tensor
+    labels: Tensor
+    position_ids: Tensor
+    segment_ids: Tensor
+
+    @property
+    def num_supervised(self) -> int:
+        """Positions whose label is supervised (the loss's denominator contribution)."""
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class Rows:
+    """N rows of T positions: four (N, T) int32 arrays (memory-mapped when opened from disk)."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    segment_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def batch(self, indices: np.ndarray, device: torch.device) -> Batch:
+        """The rows at `indices` (sorted reads are cheapest on a memmap) as a `Batch`."""
+        return Batch(*(_gather(getattr(self, name), indices, device) for name in ARRAYS))
+
+    def num_supervised(self, indices: np.ndarray) -> int:
+        """Supervised positions over the rows at `indices` (no device transfer)."""
+        return int((np.asarray(self.labels[np.sort(indices)]) != IGNORE_INDEX).sum())
+
+    @classmethod
+    def open(cls, directory: str | Path) -> Rows:
+        """Memory-map the rows written by `RowsWriter` in `directory` (read-only)."""
+        root = Path(directory)
+        arrays = {name: np.load(root / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        return cls(**arrays)
+
+    @classmethod
+    def from_chunks(cls, chunks: Tensor) -> Rows:
+        """Raw text: (N, T + 1) token chunks -> rows (every target supervised, one segment)."""
+        data = chunks.numpy()
+        n, t = data.shape[0], data.shape[1] - 1
+        positions = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
+        return cls(
+            input_ids=data[:, :-1],
+            labels=data[:, 1:],
+            position_ids=positions,
+            segment_ids=np.broadcast_to(np.zeros(1, dtype=np.int32), (n, t)),
+        )
+
+
+def _gather(array: np.ndarray, indices: np.ndarray, device: torch.device) -> Tensor:
+    values = torch.from_numpy(np.ascontiguousarray(array[indices]))
+    return values.to(device=device, dtype=torch.long, non_blocking=True)
+
+
+class RowsWriter:
+    """Builds a rows directory atomically: rows go to a temporary sibling directory, and
+    `close()` renames it into place, so a reader sees all of a cache entry or none of it.
+
+    `capacity` bounds the rows (the files are preallocated memmaps of that size and trimmed
+    on close). Raises `ValueError` on a row of the wrong length or when full.
+    """
+
+    def __init__(self, directory: str | Path, *, seq_len: int, capacity: int) -> None:
+        self.directory = Path(directory)
+        self.seq_len = seq_len
+        self.capacity = capacity
+        self._tmp = self.directory.with_name(f".{self.directory.name}.{uuid.uuid4().hex}")
+        self._tmp.mkdir(parents=True)
+        self._arrays = {
+            name: np.lib.format.open_memmap(
+                self._tmp / f"{name}.npy", mode="w+", dtype=np.int32, shape=(capacity, seq_len)
+            )
+            for name in ARRAYS
+        }
+        self.count = 0
+
+    def append(self, **row: np.ndarray) -> None:
+        """Add one row: `input_ids`, `labels`, `position_ids`, `segment_ids`, each (T,)."""
+        if self.count >= self.capacity:
+            raise ValueError(f"RowsWriter is full ({self.capacity} rows)")
+        for name in ARRAYS:
+            values = row[name]
+            if values.shape != (self.seq_len,):
+                raise ValueError(f"{name}: shape {values.shape}, expected ({self.seq_len},)")
+            self._arrays[name][self.count] = values
+        self.count += 1
+
+    def close(self, meta: dict[str, Any] | None = None) -> Rows:
+        """Trim to the rows written, write `rows.json` (count, seq_len, `meta`), move into
+        place (an existing complete entry wins), and return the opened rows."""
+        for name in ARRAYS:
+            self._arrays[name].flush()
+            full = np.load(self._tmp / f"{name}.npy", mmap_mode="r")
+            exact = np.lib.format.open_memmap(
+                self._tmp / f"{name}.part.npy", mode="w+", dtype=np.int32,
+                shape=(self.count, self.seq_len),
+            )  # fmt: skip
+            for start in range(0, self.count, _COPY_ROWS):  # bounded memory
+                stop = min(start + _COPY_ROWS, self.count)
+                exact[start:stop] = full[start:stop]
+            exact.flush()
+            del full, exact
+            os.replace(self._tmp / f"{name}.part.npy", self._tmp / f"{name}.npy")
+        self._arrays.clear()
+        info = {"count": self.count, "seq_len": self.seq_len, **(meta or {})}
+        (self._tmp / _META).write_text(json.dumps(info, indent=2))
+        try:
+            os.replace(self._tmp, self.directory)
+        except OSError:  # another rank/job finished the same entry first
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        return Rows.open(self.directory)
+
+    def abort(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
