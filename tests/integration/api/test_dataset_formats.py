@@ -3,8 +3,11 @@ refusals naming line and field path, nothing half-stored, stats on the dataset."
 
 from __future__ import annotations
 
+import ast
 import gzip
 import io
+import itertools
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -443,3 +446,45 @@ def test_registered_server_files_are_checked_too(
     )
     assert_error(answer, 422, "validation_error", ["body", "format"])
     assert counts(engine, project.project_id) == before
+
+
+def stdlib_instructions(limit: int) -> list[dict[str, str]]:
+    """A real instruction set: prompt = a stdlib function's source without its docstring,
+    completion = that docstring (`ast.get_docstring`)."""
+    out: list[dict[str, str]] = []
+    for src in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            node.body = node.body[1:] or [ast.Pass()]
+            out.append({"prompt": ast.unparse(node), "completion": doc})
+            if len(out) == limit:
+                return out
+    return out
+
+
+def test_a_real_instruction_and_preference_set_from_the_stdlib(
+    client: TestClient, project: ProjectKey
+) -> None:
+    records = stdlib_instructions(400)
+    assert len(records) == 400
+    ds = uploaded(client, project, "stdlib.jsonl", jsonl(*records))
+    stats = ds["stats"]
+    assert (ds["format"], stats["records"]) == ("prompt_completion", 400)
+    examples = [len(r["prompt"]) + len(r["completion"]) for r in records]
+    assert stats["chars"]["example"]["max"] == max(examples)
+    assert stats["chars"]["supervised"]["max"] == max(len(r["completion"]) for r in records)
+    canonical = {orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in records}
+    assert stats["duplicates"] == len(records) - len(canonical)
+
+    # chosen: the function's own docstring; rejected: the next function's (when it differs).
+    pairs = [
+        {"prompt": a["prompt"], "chosen": a["completion"], "rejected": b["completion"]}
+        for a, b in itertools.pairwise(records)
+        if a["completion"] != b["completion"]
+    ]
+    ds = uploaded(client, project, "stdlib-pref.jsonl.gz", gzip.compress(jsonl(*pairs)))
+    assert (ds["format"], ds["stats"]["records"]) == ("preference", len(pairs))
