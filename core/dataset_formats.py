@@ -88,11 +88,11 @@ class Problems:
     def raise_if_any(self) -> None:
         if not self.total:
             return
-        message = f"dataset refused: {self.listed[0]['msg']}"
+        message = "dataset refused"
         if self.total > 1:
             shown = "all" if self.total <= MAX_LISTED else f"the first {MAX_LISTED}"
-            message += f" ({self.total} problems in all; {shown} listed in details)"
-        raise InvalidInput(message, details=self.listed)
+            message += f", {self.total} problems ({shown} listed in details), the first"
+        raise InvalidInput(f"{message}: {self.listed[0]['msg']}", details=self.listed)
 
 
 def _loc(error: Any) -> list[str | int]:

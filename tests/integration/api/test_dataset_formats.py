@@ -197,7 +197,10 @@ def test_at_most_100_problems_are_listed_and_all_are_counted(
     error = refused(client, project, settings, engine, "c.jsonl", jsonl(GOOD, *[bad] * 250))
     assert len(error["details"]) == MAX_LISTED
     assert [d["line"] for d in error["details"]] == list(range(2, 2 + MAX_LISTED))
-    assert "(250 problems in all; the first 100 listed in details)" in error["message"]
+    assert error["message"] == (
+        "dataset refused, 250 problems (the first 100 listed in details), the first: "
+        + error["details"][0]["msg"]
+    )
 
 
 @pytest.mark.parametrize(
