@@ -46,6 +46,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PARQUET_MAGIC = b"PAR1"
 _NPY_MAGIC = b"\x93NUMPY"
+_UTF8_BOM = b"\xef\xbb\xbf"
 _KEYS_HINT = (
     "expected the keys of one format: text (jsonl_text), messages, prompt + completion, "
     "prompt + chosen + rejected or input + preferred_output (preference)"
@@ -286,6 +287,8 @@ def _check_jsonl(uri: str, declared: str | None, limit: int, problems: Problems)
                         "too_large",
                     )
                 elif line.strip():
+                    if number == 1:
+                        line = line.removeprefix(_UTF8_BOM)  # written by some Windows tools
                     obj, message, type_ = _decode(line)
                     if type_:
                         problems.add("line", number, [], message, type_)

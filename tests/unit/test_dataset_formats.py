@@ -107,3 +107,12 @@ def test_duplicates_count_records_equal_to_an_earlier_one() -> None:
     stats = acc.result()
     assert stats.duplicates == 2
     assert [(w.type, w.count, w.first) for w in stats.warnings] == [("duplicates", 2, "row 3")]
+
+
+def test_an_example_over_the_long_record_threshold_is_warned_about() -> None:
+    acc = StatsAccumulator()
+    for number, n in enumerate([10, dataset_stats.LONG_RECORD_CHARS + 1, 20], start=1):
+        canonical, record = _text_record(n)
+        acc.add(number, canonical, record, nbytes=len(canonical))
+    warnings = acc.result().warnings
+    assert [(w.type, w.count, w.first) for w in warnings] == [("long_record", 1, "line 2")]

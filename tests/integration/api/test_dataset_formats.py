@@ -288,6 +288,7 @@ def test_stats_of_a_hand_built_file(client: TestClient, project: ProjectKey) -> 
         ("pref.jsonl", jsonl({"prompt": "p", "chosen": "a", "rejected": "b"}), "preference"),
         ("dpo.jsonl", jsonl(DPO), "preference"),
         ("blank-lines.jsonl", b"\n" + jsonl(GOOD) + b"\n\n", "messages"),
+        ("bom.jsonl", b"\xef\xbb\xbf" + jsonl(GOOD), "messages"),
     ],
 )
 def test_the_format_is_detected_from_file_type_and_first_record(
@@ -342,6 +343,9 @@ def test_parquet_tokens_with_loss_mask(
     assert (stats["records"], stats["num_tokens"], stats["supervised_tokens"]) == (3, 9, 5)
     assert stats["max_token_id"] == 9
     assert stats["tokens"] == {"p50": 3, "p90": 4, "p99": 4, "max": 4}
+    labelled = pa.table({"input_ids": [[1, 2, 3]], "labels": [[-100, 2, 3]]})
+    ds = uploaded(client, project, "labels.parquet", _parquet(labelled))
+    assert (ds["stats"]["num_tokens"], ds["stats"]["supervised_tokens"]) == (3, 2)
     bad = pa.table({"input_ids": [[1, 2], [3, 4], []], "labels": [[1, 2], [3], [5]]})
     error = refused(client, project, settings, engine, "bad.parquet", _parquet(bad))
     assert [d["msg"] for d in error["details"]] == [
