@@ -99,8 +99,7 @@ class Problems:
 def _loc(error: Any) -> list[str | int]:
     """A pydantic error's location as a JSON path (union branches dropped; the field a record
     validator names in its message appended)."""
-    path = error_path(tuple(error["loc"]))
-    loc: list[str | int] = [p for p in error["loc"] if isinstance(p, int) or p in path]
+    loc: list[str | int] = [p for p in error["loc"] if error_path((p,))]
     field_name = str(error["msg"]).split(":", 1)[0]
     if ":" in str(error["msg"]) and field_name.isidentifier():
         loc.append(field_name)

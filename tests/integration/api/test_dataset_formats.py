@@ -495,3 +495,15 @@ def test_a_real_instruction_and_preference_set_from_the_stdlib(
     ]
     ds = uploaded(client, project, "stdlib-pref.jsonl.gz", gzip.compress(jsonl(*pairs)))
     assert (ds["format"], ds["stats"]["records"]) == ("preference", len(pairs))
+
+
+def test_a_wrong_type_in_a_union_field_names_the_field_without_pydantic_branches(
+    client: TestClient, project: ProjectKey, settings: Settings, engine: Engine
+) -> None:
+    data = jsonl({"prompt": "p", "completion": "c"}, {"prompt": 5, "completion": "c"})
+    error = refused(client, project, settings, engine, "pc.jsonl", data)
+    assert {tuple(d["loc"]) for d in error["details"]} == {("body", "file", "line", 2, "prompt")}
+    assert [d["msg"] for d in error["details"]] == [
+        "line 2: prompt: Input should be a valid string",
+        "line 2: prompt: Input should be a valid list",
+    ]
