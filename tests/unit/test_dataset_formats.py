@@ -116,3 +116,20 @@ def test_an_example_over_the_long_record_threshold_is_warned_about() -> None:
         acc.add(number, canonical, record, nbytes=len(canonical))
     warnings = acc.result().warnings
     assert [(w.type, w.count, w.first) for w in warnings] == [("long_record", 1, "line 2")]
+
+
+def test_duplicate_hashes_stop_growing_at_the_cap_and_say_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dataset_stats, "MAX_HASHES", 3)
+    acc = StatsAccumulator()
+    for number, n in enumerate([1, 2, 3, 4, 5, 1], start=1):
+        canonical, record = _text_record(n)
+        acc.add(number, canonical, record, nbytes=len(canonical))
+    assert len(acc._hashes) == 3
+    stats = acc.result()
+    assert stats.duplicates == 1  # the last record repeats the first, which is tracked
+    assert [(w.type, w.count, w.first) for w in stats.warnings] == [
+        ("duplicates_sampled", 2, "line 4"),
+        ("duplicates", 1, "line 6"),
+    ]
