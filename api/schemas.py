@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from core.dataset_stats import DatasetStats
 from core.models import JobState
+from trainer.records import Format
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
@@ -166,7 +168,8 @@ class CheckpointList(BaseModel):
 
 
 class Dataset(_Out):
-    """Training text in a project: a registered server-side path or an uploaded file."""
+    """Training data in a project: a registered server-side path or an uploaded file, its
+    `format` (declared or detected) and, for record and token formats, its `stats`."""
 
     id: str
     project_id: str
@@ -175,6 +178,8 @@ class Dataset(_Out):
     size_bytes: int
     sha256: str
     num_files: int
+    format: Format
+    stats: DatasetStats | None
     created_at: Timestamp
 
 
@@ -188,6 +193,9 @@ DatasetName = Annotated[
 ]
 
 
+TokenDtype = Literal["uint16", "uint32"]
+
+
 class DatasetRegister(BaseModel):
     """A server-side file or directory to register as a dataset."""
 
@@ -199,6 +207,14 @@ class DatasetRegister(BaseModel):
         max_length=4096,
         pattern=PRINTABLE,
         description="A path under one of the server's allowed data roots.",
+    )
+    format: Format | None = Field(
+        default=None,
+        description="How to read and check the file; detected (from its type and first "
+        "records) when absent. A directory is `text`.",
+    )
+    token_dtype: TokenDtype | None = Field(
+        default=None, description="`tokens` in a `.bin` file: uint16 (default) or uint32."
     )
 
 

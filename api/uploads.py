@@ -20,10 +20,12 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from core import storage
 from core.errors import InvalidInput, TooLarge
+from trainer.records import FORMATS
 
 # Room for the multipart framing and the `name` field on top of the file itself.
 MULTIPART_OVERHEAD = 64 * 1024
 _MAX_NAME_BYTES = 1024
+TEXT_FIELDS = ("name", "format", "token_dtype")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # The form, as documented in the OpenAPI schema (the route parses the body itself).
@@ -38,6 +40,16 @@ OPENAPI_BODY: dict[str, Any] = {
                     "properties": {
                         "name": {"type": "string", "maxLength": 200},
                         "file": {"type": "string", "format": "binary"},
+                        "format": {
+                            "type": "string",
+                            "enum": list(FORMATS),
+                            "description": "Declared format; detected when absent.",
+                        },
+                        "token_dtype": {
+                            "type": "string",
+                            "enum": ["uint16", "uint32"],
+                            "description": "`tokens` in a `.bin` file (default uint16).",
+                        },
                     },
                 }
             }
@@ -64,12 +76,14 @@ def _invalid(loc: list[str | int], msg: str, type_: str = "value_error") -> Inva
 
 @dataclass
 class Upload:
-    """A dataset file written to storage; `name` is the raw form field (validated by the caller)."""
+    """A dataset file written to storage; `name` is the raw form field and `fields` the other
+    text fields given (`format`, `token_dtype`), all validated by the caller."""
 
     name: bytes
     uri: str
     size_bytes: int
     sha256: str
+    fields: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,18 +146,18 @@ class _Events:
 
 
 class _Receiver:
-    """State of one upload: the open file, its digest, and the `name` field."""
+    """State of one upload: the open file, its digest, and the text fields (`TEXT_FIELDS`)."""
 
     def __init__(self, *, root_uri: str, max_bytes: int) -> None:
         self.root_uri = root_uri
         self.max_bytes = max_bytes
         self.fs, self.root_path = fsspec.core.url_to_fs(root_uri)
-        self.current: str | None = None  # "file" | "name"
+        self.current: str | None = None  # "file" | one of TEXT_FIELDS
         self.out: IO[bytes] | None = None
         self.uri: str | None = None
         self.size = 0
         self.hash = hashlib.sha256()
-        self.name: bytes | None = None
+        self.fields: dict[str, bytes] = {}
 
     async def handle(self, kind: str, value: Any) -> None:
         if kind == "begin":
@@ -167,12 +181,13 @@ class _Receiver:
             self.uri = storage.join(self.root_uri, filename)
             path = storage.join(self.root_path, filename)
             await to_thread.run_sync(self._open, path)
-        elif part.field_name == "name":
+        elif part.field_name in TEXT_FIELDS:
+            name = part.field_name
             if part.filename is not None:
-                raise _invalid(["body", "name"], "expected a text field, got a file")
-            if self.name is not None:
-                raise _invalid(["body", "name"], "given more than once")
-            self.current, self.name = "name", b""
+                raise _invalid(["body", name], "expected a text field, got a file")
+            if name in self.fields:
+                raise _invalid(["body", name], "given more than once")
+            self.current, self.fields[name] = name, b""
         else:
             raise _invalid(["body", part.field_name], "unexpected field", "extra_forbidden")
 
@@ -181,11 +196,11 @@ class _Receiver:
         self.out = self.fs.open(path, "wb")
 
     async def _data(self, data: bytes) -> None:
-        if self.current == "name":
-            assert self.name is not None
-            self.name += data
-            if len(self.name) > _MAX_NAME_BYTES:
-                raise _invalid(["body", "name"], "too long", "string_too_long")
+        if self.current in TEXT_FIELDS:
+            value = self.fields[self.current] + data
+            if len(value) > _MAX_NAME_BYTES:
+                raise _invalid(["body", self.current], "too long", "string_too_long")
+            self.fields[self.current] = value
         elif self.current == "file" and self.out is not None:
             self.size += len(data)
             if self.size > self.max_bytes:
@@ -232,7 +247,7 @@ async def receive(request: Request, *, root_uri: str, max_bytes: int) -> Upload:
             events.queue.clear()
         if not events.ended:
             raise _invalid(["body"], "multipart body ended before its closing boundary")
-        if receiver.name is None:
+        if "name" not in receiver.fields:
             raise _invalid(["body", "name"], "field required", "missing")
         if receiver.uri is None:
             raise _invalid(["body", "file"], "field required", "missing")
@@ -241,11 +256,13 @@ async def receive(request: Request, *, root_uri: str, max_bytes: int) -> Upload:
     except BaseException:
         await to_thread.run_sync(receiver.remove)
         raise
+    fields = dict(receiver.fields)
     return Upload(
-        name=receiver.name,
+        name=fields.pop("name"),
         uri=receiver.uri,
         size_bytes=receiver.size,
         sha256=receiver.hash.hexdigest(),
+        fields=fields,
     )
 
 

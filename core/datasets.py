@@ -1,4 +1,5 @@
-"""Datasets: registered server-side paths or uploaded files, with size and sha256 recorded."""
+"""Datasets: registered server-side paths or uploaded files, with size, sha256, format and stats
+recorded (records are checked by core/dataset_formats.py before any row is written)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from core import dataset_formats
 from core.auth import new_id
+from core.dataset_stats import DatasetStats
 from core.errors import Conflict, InvalidInput, NotFound
 from core.models import Dataset, utcnow
 from core.settings import Settings
@@ -52,11 +55,20 @@ def _file_digest(path: Path) -> tuple[int, str]:
 
 
 def register(
-    *, session: Session, settings: Settings, project_id: str, name: str, uri: str
+    *,
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    name: str,
+    uri: str,
+    format: str | None = None,
+    token_dtype: str | None = None,
 ) -> Dataset:
     """Register a server-side file or directory under an allowed root. Commits.
 
-    Raises Forbidden (escapes the roots), InvalidInput (missing or empty), Conflict (name taken).
+    A file is checked record by record as `format` (None: detected); a directory is `text`.
+    Raises Forbidden (escapes the roots), InvalidInput (missing, empty, a record format on a
+    directory, or invalid records: line/row and field path per detail), Conflict (name taken).
     """
     path = resolve_under(uri, allowed_data_roots(settings))
     if not path.exists():
@@ -70,6 +82,20 @@ def register(
             f"{uri!r} is empty",
             details=[{"loc": ["body", "uri"], "msg": "no data", "type": "value_error"}],
         )
+    checked = dataset_formats.Checked("text", None)
+    if path.is_file():
+        checked = check(
+            settings=settings,
+            uri=str(path),
+            format=format,
+            token_dtype=token_dtype,
+            where=("body", "uri"),
+        )
+    elif format not in (None, "text"):
+        raise InvalidInput(
+            f"format: a {format} dataset is one file; {uri!r} is a directory",
+            details=[{"loc": ["body", "format"], "msg": "needs a file", "type": "value_error"}],
+        )
     return create(
         session=session,
         project_id=project_id,
@@ -78,6 +104,27 @@ def register(
         size_bytes=size,
         sha256=sha256,
         num_files=num_files,
+        format=checked.format,
+        stats=checked.stats,
+    )
+
+
+def check(
+    *,
+    settings: Settings,
+    uri: str,
+    format: str | None,
+    token_dtype: str | None,
+    where: tuple[str, ...],
+) -> dataset_formats.Checked:
+    """Validate the file at `uri` (streamed) as `format`, or detect it. Raises InvalidInput
+    with the first 100 problems (line or row, field path) and their total in the message."""
+    return dataset_formats.check(
+        uri,
+        declared=format,
+        token_dtype=token_dtype,
+        max_record_bytes=settings.max_record_bytes,
+        where=where,
     )
 
 
@@ -90,6 +137,8 @@ def create(
     size_bytes: int,
     sha256: str,
     num_files: int,
+    format: str = "text",
+    stats: DatasetStats | None = None,
     dataset_id: str | None = None,
 ) -> Dataset:
     """Insert a dataset row. Commits; raises Conflict when the project has the name already."""
@@ -101,6 +150,8 @@ def create(
         size_bytes=size_bytes,
         sha256=sha256,
         num_files=num_files,
+        format=format,
+        stats=stats.model_dump(mode="json") if stats is not None else None,
         created_at=utcnow(),
     )
     session.add(dataset)

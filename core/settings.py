@@ -35,6 +35,12 @@ class Settings(BaseSettings):
         "Python standard library and the storage root.",
     )
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1, description="Upload size limit.")
+    max_record_bytes: int = Field(
+        default=4 * 1024**2,
+        ge=1,
+        description="A dataset record (JSONL line, Parquet row as JSON) over this many bytes "
+        "refuses the dataset.",
+    )
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Worker heartbeat period.")
     heartbeat_timeout_s: float = Field(
         default=60.0, gt=0, description="A running job whose heartbeat is older is reaped."

@@ -24,10 +24,11 @@ from torchyard.config import save_config
 from torchyard.errors import TorchyardError
 from torchyard.exports import export_command
 from torchyard.follow import follow_job
-from torchyard.models import LogLine
+from torchyard.models import DATASET_FORMATS, Dataset, LogLine
 from torchyard.quickstart import quickstart_command
 from torchyard.render import (
     checkpoints_table,
+    dataset_stats_table,
     datasets_table,
     error_lines,
     job_details,
@@ -279,15 +280,32 @@ def datasets_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
         out.print(datasets_table(items) if items else "no datasets")
 
 
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help=f"One of {', '.join(DATASET_FORMATS)}; detected from the file type and first "
+        "record when absent.",
+    ),
+]
+TokenDtypeOpt = Annotated[
+    str | None,
+    typer.Option("--token-dtype", help="uint16 (default) or uint32: token ids of a .bin file."),
+]
+
+
 @datasets_app.command("register")
 def datasets_register(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Dataset name.")],
     uri: Annotated[str, typer.Argument(help="A path the server can read (allowed roots).")],
+    format: FormatOpt = None,
+    token_dtype: TokenDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Register a server-side file or directory as a dataset."""
-    _print_dataset(_client(ctx).datasets.register(name, uri), json_out)
+    """Register a server-side file or directory as a dataset (a file's records are checked)."""
+    datasets = _client(ctx).datasets
+    _print_dataset(datasets.register(name, uri, format=format, token_dtype=token_dtype), json_out)
 
 
 @datasets_app.command("upload")
@@ -295,17 +313,33 @@ def datasets_upload(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Dataset name.")],
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Local file.")],
+    format: FormatOpt = None,
+    token_dtype: TokenDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Upload a local file as a dataset."""
-    _print_dataset(_client(ctx).datasets.upload(name, path), json_out)
+    """Upload a local file (JSONL, .jsonl.gz/.zst, Parquet, .npy/.bin, text) as a dataset;
+    the server checks every record and refuses the file with each bad line listed."""
+    datasets = _client(ctx).datasets
+    _print_dataset(datasets.upload(name, path, format=format, token_dtype=token_dtype), json_out)
 
 
-def _print_dataset(dataset: Any, json_out: bool) -> None:
+@datasets_app.command("show")
+def datasets_show(
+    ctx: typer.Context,
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Show one dataset with its stats (records, lengths, roles, duplicates, warnings)."""
+    _print_dataset(_client(ctx).datasets.get(dataset_id), json_out)
+
+
+def _print_dataset(dataset: Dataset, json_out: bool) -> None:
     if json_out:
         _print_json(dataset)
-    else:
-        out.print(datasets_table([dataset]))
+        return
+    out.print(datasets_table([dataset]))
+    if dataset.stats is not None:
+        out.print(dataset_stats_table(dataset.stats))
 
 
 @app.command()

@@ -428,27 +428,49 @@ class Datasets:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def register(self, name: str, uri: str) -> Dataset:
+    def register(
+        self,
+        name: str,
+        uri: str,
+        *,
+        format: str | None = None,
+        token_dtype: str | None = None,
+    ) -> Dataset:
         """Register a file or directory the server can read, under one of its allowed roots.
 
+        A file is checked record by record as `format` (None: the server detects it; a
+        directory is `text`); `token_dtype` (`uint16`/`uint32`) reads a `.bin` token file.
         The server hashes every file before answering, so this waits at least five minutes
         (or the client's timeout, if longer). Raises `PermissionDenied` outside the roots,
-        `ValidationFailed` for a missing or empty path, `Conflict` when the name is taken.
+        `ValidationFailed` for a missing or empty path or invalid records (each bad record's
+        line and field path in `details`), `Conflict` when the name is taken.
         """
+        body = {"name": name, "uri": uri, "format": format, "token_dtype": token_dtype}
         answer = self._client.request(
             "POST",
             "/v1/datasets",
-            json={"name": name, "uri": uri},
+            json={k: v for k, v in body.items() if v is not None},
             timeout=max(self._client.timeout, 300.0),
         )
         return Dataset.model_validate(answer)
 
-    def upload(self, name: str, path: str | Path, *, timeout_s: float | None = None) -> Dataset:
+    def upload(
+        self,
+        name: str,
+        path: str | Path,
+        *,
+        format: str | None = None,
+        token_dtype: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Dataset:
         """Upload one local file, streamed in chunks (never read whole into memory).
 
-        `timeout_s` bounds each network read/write (default: the client's timeout, at least
-        five minutes). Raises `PayloadTooLarge` over the server's limit, `IsADirectoryError`
-        for a directory (register a server-side directory instead, or archive it).
+        The server checks every record as `format` (None: detected from the file type and its
+        first record) before keeping it. `timeout_s` bounds each network read/write (default:
+        the client's timeout, at least five minutes). Raises `ValidationFailed` for invalid
+        records (the first 100 with line and field path in `details`, the total in the
+        message), `PayloadTooLarge` over the server's limit, `IsADirectoryError` for a
+        directory (register a server-side directory instead, or archive it).
         """
         path = Path(path)
         if path.is_dir():
@@ -459,7 +481,11 @@ class Datasets:
                 "POST",
                 "/v1/datasets/upload",
                 files={"file": (path.name, fh, "application/octet-stream")},
-                data={"name": name},
+                data={
+                    k: v
+                    for k, v in {"name": name, "format": format, "token_dtype": token_dtype}.items()
+                    if v is not None
+                },
                 timeout=timeout,
             )
         return Dataset.model_validate(answer)

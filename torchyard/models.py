@@ -113,8 +113,47 @@ class Checkpoint(_Model):
     export: CheckpointExport | None = None
 
 
+DATASET_FORMATS = ("text", "jsonl_text", "messages", "prompt_completion", "preference", "tokens")
+"""The server's dataset formats (`trainer.records.FORMATS`; a unit test keeps them equal)."""
+
+
+class Lengths(_Model):
+    """Length percentiles (nearest rank) and maximum: characters, or tokens for `tokens`."""
+
+    p50: int
+    p90: int
+    p99: int
+    max: int
+
+
+class StatsWarning(_Model):
+    """Something that did not refuse a dataset: `count` records, the first at `first`."""
+
+    type: str
+    message: str
+    count: int
+    first: str
+
+
+class DatasetStats(_Model):
+    """What the server's record-by-record check counted (docs/CONTRACTS.md, `Dataset`)."""
+
+    records: int
+    bytes: int
+    roles: dict[str, int] = {}
+    chars: dict[str, Lengths] | None = None
+    tokens: Lengths | None = None
+    num_tokens: int | None = None
+    supervised_tokens: int | None = None
+    max_token_id: int | None = None
+    token_dtype: str | None = None
+    duplicates: int = 0
+    warnings: list[StatsWarning] = []
+
+
 class Dataset(_Model):
-    """Training text registered in a project; `id` looks like ``ds_...``."""
+    """Training data registered in a project; `id` looks like ``ds_...``. `format` is one of
+    text, jsonl_text, messages, prompt_completion, preference, tokens."""
 
     id: str
     project_id: int | str | None = None
@@ -123,6 +162,8 @@ class Dataset(_Model):
     size_bytes: int | None = None
     sha256: str | None = None
     num_files: int | None = None
+    format: str = "text"
+    stats: DatasetStats | None = None
     created_at: datetime | None = None
 
 

@@ -7,6 +7,7 @@ error messages) is wrapped in `Text` so square brackets in it are never read as 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
@@ -14,7 +15,16 @@ from rich.table import Table
 from rich.text import Text
 
 from torchyard.errors import ApiError, TorchyardError, ValidationFailed
-from torchyard.models import Checkpoint, CheckpointExport, Dataset, Job, LogLine, MetricSeries
+from torchyard.models import (
+    Checkpoint,
+    CheckpointExport,
+    Dataset,
+    DatasetStats,
+    Job,
+    Lengths,
+    LogLine,
+    MetricSeries,
+)
 
 STATE_STYLES = {
     "queued": "cyan",
@@ -201,14 +211,17 @@ def metrics_table(series: Iterable[MetricSeries]) -> Table:
 
 
 def datasets_table(datasets: Iterable[Dataset], now: datetime | None = None) -> Table:
-    """One row per dataset: id, name, size, files, uri, age."""
+    """One row per dataset: id, name, format, records, size, files, uri, age."""
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "SIZE", "FILES", "URI", "CREATED"):
-        table.add_column(column, justify="right" if column in ("SIZE", "FILES") else "left")
+    for column in ("ID", "NAME", "FORMAT", "RECORDS", "SIZE", "FILES", "URI", "CREATED"):
+        right = column in ("RECORDS", "SIZE", "FILES")
+        table.add_column(column, justify="right" if right else "left")
     for ds in datasets:
         table.add_row(
             Text(ds.id),
             Text(ds.name),
+            ds.format,
+            "-" if ds.stats is None else str(ds.stats.records),
             format_bytes(ds.size_bytes),
             "-" if ds.num_files is None else str(ds.num_files),
             Text(ds.uri, overflow="fold"),
@@ -217,10 +230,40 @@ def datasets_table(datasets: Iterable[Dataset], now: datetime | None = None) -> 
     return table
 
 
+def dataset_stats_table(stats: DatasetStats) -> Table:
+    """The stats of one dataset as `name  value` rows: counts, length percentiles (p50 / p90
+    / p99 / max), messages per role, warnings."""
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("records", str(stats.records))
+    table.add_row("bytes", format_bytes(stats.bytes))
+    table.add_row("duplicates", str(stats.duplicates))
+    for part, lengths in (stats.chars or {}).items():
+        table.add_row(f"chars ({part})", _percentiles(lengths))
+    if stats.tokens is not None:
+        table.add_row("tokens per record", _percentiles(stats.tokens))
+    for name in ("num_tokens", "supervised_tokens", "max_token_id", "token_dtype"):
+        if (value := getattr(stats, name)) is not None:
+            table.add_row(name.replace("_", " "), str(value))
+    if stats.roles:
+        table.add_row("messages", ", ".join(f"{r} {n}" for r, n in sorted(stats.roles.items())))
+    for w in stats.warnings:
+        table.add_row(Text("warning", style="yellow"), f"{w.message}: {w.count} (first {w.first})")
+    return table
+
+
+def _percentiles(lengths: Lengths) -> str:
+    return f"p50 {lengths.p50} / p90 {lengths.p90} / p99 {lengths.p99} / max {lengths.max}"
+
+
 def log_line(line: LogLine) -> str:
     """``[rank 0] text`` (``[launcher]`` for rank -1), plain text for the terminal."""
     who = "launcher" if line.rank < 0 else f"rank {line.rank}"
     return f"[{who}] {line.line}"
+
+
+_PLACED = re.compile(r"(line|row) \d+: ")
 
 
 def error_lines(exc: TorchyardError) -> list[str]:
@@ -229,6 +272,9 @@ def error_lines(exc: TorchyardError) -> list[str]:
     if not isinstance(exc, ApiError):
         return [str(exc)]
     head = f"{exc.message} ({exc.status} {exc.code})"
+    if exc.details and all(_PLACED.match(d.msg) for d in exc.details):
+        # A refused dataset: each detail names its line or row and field path already.
+        return [head, *(f"  {d.msg}" for d in exc.details)]
     if any(d.msg and d.msg in exc.message for d in exc.details):
         # The message only repeats a detail (FastAPI-style "invalid request: body.x: ...").
         what = "invalid request" if isinstance(exc, ValidationFailed) else "request rejected"

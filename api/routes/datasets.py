@@ -21,6 +21,10 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RES
 
 DatasetId = Annotated[str, Path(max_length=100, description="The dataset's id (`ds_...`).")]
 _NAME = TypeAdapter(schemas.DatasetName)
+_FIELDS: dict[str, TypeAdapter[str]] = {
+    "format": TypeAdapter(schemas.Format),
+    "token_dtype": TypeAdapter(schemas.TokenDtype),
+}
 _CONFLICT = {409: {"model": ErrorBody, "description": "The project has a dataset of that name"}}
 
 
@@ -48,6 +52,8 @@ def register_dataset(
             project_id=principal.project_id,
             name=body.name,
             uri=body.uri,
+            format=body.format,
+            token_dtype=body.token_dtype,
         )
     except (OSError, RuntimeError) as exc:  # unreadable file, unknown ~user, name too long
         raise InvalidInput(
@@ -73,7 +79,8 @@ async def upload_dataset(
     session: SessionDep,
     settings: SettingsDep,
 ) -> schemas.Dataset:
-    """Upload a file (multipart: `name`, `file`) as a dataset; streamed to storage, size-capped."""
+    """Upload a file (multipart: `name`, `file`, optional `format`, `token_dtype`) as a dataset;
+    streamed to storage, size-capped, then checked record by record (422 names each bad line)."""
     limit = settings.max_upload_bytes
     declared = content_length(request.headers)
     if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
@@ -90,6 +97,15 @@ async def upload_dataset(
     upload = await uploads.receive(request, root_uri=root_uri, max_bytes=limit)
     try:
         name = _NAME.validate_python(upload.name.decode("utf-8"))
+        options = {key: _form_field(key, raw) for key, raw in upload.fields.items()}
+        checked = await run_in_threadpool(
+            datasets.check,
+            settings=settings,
+            uri=upload.uri,
+            format=options.get("format"),
+            token_dtype=options.get("token_dtype"),
+            where=("body", "file"),
+        )
         dataset = await run_in_threadpool(
             datasets.create,
             session=session,
@@ -99,6 +115,8 @@ async def upload_dataset(
             size_bytes=upload.size_bytes,
             sha256=upload.sha256,
             num_files=1,
+            format=checked.format,
+            stats=checked.stats,
             dataset_id=dataset_id,
         )
     except BaseException as exc:
@@ -110,6 +128,19 @@ async def upload_dataset(
             raise _bad_name(err["msg"], err["type"]) from None
         raise
     return schemas.Dataset.model_validate(dataset)
+
+
+def _form_field(key: str, raw: bytes) -> str:
+    """A text form field validated as its schema type; InvalidInput naming it otherwise."""
+    try:
+        value: str = _FIELDS[key].validate_python(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValidationError):
+        allowed = ", ".join(_FIELDS[key].json_schema()["enum"])
+        msg = f"must be one of {allowed}"
+        raise InvalidInput(
+            f"{key}: {msg}", details=[{"loc": ["body", key], "msg": msg, "type": "enum"}]
+        ) from None
+    return value
 
 
 def _bad_name(msg: str, type_: str) -> InvalidInput:

@@ -73,7 +73,8 @@ def assert_error(
     assert error["code"] == code
     assert isinstance(error["message"], str) and error["message"]
     for detail in error["details"]:
-        assert set(detail) == {"loc", "msg", "type"}
+        # `line`/`column` where a text was parsed (a spec's YAML, a dataset's JSONL).
+        assert {"loc", "msg", "type"} <= set(detail) <= {"loc", "msg", "type", "line", "column"}
         assert isinstance(detail["loc"], list)
     if loc is not None:
         locs = [d["loc"] for d in error["details"]]

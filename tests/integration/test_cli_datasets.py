@@ -1,0 +1,91 @@
+"""``torchyard datasets upload/register/show`` and the SDK's `client.datasets` against a real API
+server: formats declared or detected, stats shown, refusals listed by line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from typer.testing import CliRunner, Result
+
+from torchyard import Client, ValidationFailed
+from torchyard.cli import app
+from torchyard.models import DATASET_FORMATS
+from trainer.records import FORMATS
+
+CHAT = [
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+    {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+]
+
+
+@pytest.fixture
+def cli(live_api: str, api_key: str, tmp_path: Path) -> Any:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Result:
+        env = {
+            "TORCHYARD_URL": live_api,
+            "TORCHYARD_API_KEY": api_key,
+            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
+        }
+        return runner.invoke(app, list(args), env=env)
+
+    return invoke
+
+
+def _jsonl(path: Path, records: list[Any]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def test_the_client_knows_the_servers_formats() -> None:
+    assert DATASET_FORMATS == FORMATS
+
+
+def test_upload_with_a_format_then_show_its_stats(cli: Any, tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.txt", CHAT)  # a .txt name: only --format makes it messages
+    uploaded = cli("datasets", "upload", "chat", str(path), "--format", "messages", "--json")
+    assert uploaded.exit_code == 0, uploaded.output
+    dataset = json.loads(uploaded.stdout)
+    assert (dataset["format"], dataset["stats"]["records"]) == ("messages", 2)
+
+    shown = cli("datasets", "show", dataset["id"])
+    assert shown.exit_code == 0, shown.output
+    assert "messages" in shown.stdout
+    assert "chars (supervised)" in shown.stdout
+    assert "p50 1 / p90 5 / p99 5 / max 5" in shown.stdout  # "4" and "hello"
+    assert "assistant 2, user 2" in shown.stdout
+
+    detected = cli("datasets", "upload", "auto", str(_jsonl(tmp_path / "a.jsonl", CHAT)))
+    assert detected.exit_code == 0, detected.output
+    assert " messages " in detected.stdout
+
+
+def test_a_refused_upload_prints_each_bad_line(cli: Any, tmp_path: Path) -> None:
+    bad = [CHAT[0], {"messages": [{"role": "robot", "content": "x"}]}, {"text": "t"}]
+    result = cli("datasets", "upload", "bad", str(_jsonl(tmp_path / "bad.jsonl", bad)))
+    assert result.exit_code != 0
+    assert "  line 2: messages[0].role: must be one of system, user, assistant, tool" in (
+        result.output
+    )
+    assert "  line 3: mixed formats: this record is jsonl_text, the dataset is messages" in (
+        result.output
+    )
+    unknown = cli("datasets", "upload", "x", str(tmp_path / "bad.jsonl"), "--format", "chat")
+    assert unknown.exit_code != 0
+    assert "format: must be one of text, jsonl_text, messages" in unknown.output
+    assert "bad" not in cli("datasets", "list").stdout
+
+
+def test_sdk_upload_refusal_is_validation_failed_with_line_details(
+    live_api: str, api_key: str, tmp_path: Path
+) -> None:
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "a"}])
+    with Client(live_api, api_key) as client, pytest.raises(ValidationFailed) as caught:
+        client.datasets.upload("pref", path)
+    assert [d.msg for d in caught.value.details] == ["line 1: chosen: equals rejected"]
+    assert caught.value.details[0].loc == ("body", "file", "line", 1, "chosen")
