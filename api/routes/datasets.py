@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from pydantic import TypeAdapter, ValidationError
@@ -21,7 +21,9 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RES
 
 DatasetId = Annotated[str, Path(max_length=100, description="The dataset's id (`ds_...`).")]
 _NAME = TypeAdapter(schemas.DatasetName)
-_CONFLICT = {409: {"model": ErrorBody, "description": "The project has a dataset of that name"}}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "The project has a dataset of that name"}
+}
 
 
 @router.post(
