@@ -9,6 +9,7 @@ anything unexpected get the same shape, so a client parses one thing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -72,7 +73,7 @@ def error_response(
     *,
     code: str | None = None,
     details: list[dict[str, Any]] | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body = {
         "error": {
@@ -103,7 +104,7 @@ def _text(value: object) -> str:
 def status_of(exc: domain.DomainError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS_OF:
-            return STATUS_OF[cls]  # type: ignore[index]
+            return STATUS_OF[cls]
     return 400
 
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import fsspec  # type: ignore[import-untyped]
+import fsspec
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -175,7 +175,7 @@ def open_decompressed(uri: str) -> Iterator[IO[bytes]]:
                 yield gz  # type: ignore[misc]
         elif head.startswith(_ZSTD_MAGIC):
             with zstandard.ZstdDecompressor().stream_reader(raw) as zst:
-                yield zst  # type: ignore[misc]
+                yield zst
         else:
             yield raw
 

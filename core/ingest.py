@@ -91,7 +91,8 @@ def _upsert_points_postgres(
     names = sorted({p.name for p in batch})
     rows = session.execute(_PG_LAST_STEPS, {"job_id": job_id, "names": names})
     last: dict[str, int | None] = {name: top for name, top in rows}
-    fresh, stored = [], []
+    fresh: list[Metric] = []
+    stored: list[Metric] = []
     for p in batch:
         top = last[p.name]
         (fresh if top is None or p.step > top else stored).append(p)

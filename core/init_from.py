@@ -58,12 +58,13 @@ def pin(*, session: Session, project_id: str, spec: JobSpec) -> JobSpec:
     else:
         assert source.job is not None  # InitFromSpec asks for one of the two
         job = _job_of_project(session, project_id, source.job)
-        checkpoint = _latest(session, job.id)
-        if checkpoint is None:
+        latest = _latest(session, job.id)
+        if latest is None:
             raise Conflict(
                 f"model.init_from.job: job {job.id} ({job.state}) has no complete checkpoint",
                 details=_detail("job", "no complete checkpoint", "conflict"),
             )
+        checkpoint = latest
     _check_shapes(spec, job)
     pinned = InitFromSpec(job=job.id, checkpoint=checkpoint.id)
     return spec.model_copy(update={"model": spec.model.model_copy(update={"init_from": pinned})})

@@ -41,7 +41,7 @@ def _value(sort: str, job: Job) -> str | int:
     return value
 
 
-def _after(query: Select[tuple[Job]], after: After) -> Select[tuple[Job]]:
+def _after(query: Select[Job], after: After) -> Select[Job]:
     key = after.sort.lstrip("-")
     column = SORT_COLUMNS[key]
     descending = after.sort.startswith("-")

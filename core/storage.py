@@ -8,7 +8,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-import fsspec  # type: ignore[import-untyped]
+import fsspec
 
 from core.errors import Forbidden
 from core.settings import Settings

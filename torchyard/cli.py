@@ -8,10 +8,10 @@ with 1 unless it succeeded.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from pydantic import BaseModel
 from rich.console import Console
@@ -39,6 +39,11 @@ from torchyard.render import (
 from torchyard.specs import SpecFileError, apply_overrides, load_spec
 from torchyard.summary import render_summary
 
+if TYPE_CHECKING:
+    # typer >= 0.2x vendors click; its groups get this Context, not `click.Context` (click is
+    # no longer a dependency of typer).
+    from typer._click.core import Context as ClickContext
+
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -46,7 +51,7 @@ err = Console(stderr=True, soft_wrap=True)
 class _Group(TyperGroup):
     """Turns SDK errors into a red message and exit status 1 for every command."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: ClickContext) -> Any:
         try:
             return super().invoke(ctx)
         except (TorchyardError, SpecFileError) as exc:
@@ -236,7 +241,7 @@ def logs(
     jobs = _client(ctx).jobs
     if follow:
         items = jobs.follow(job_id, poll_s=poll, events=False, metrics=False, logs=True, rank=rank)
-        lines = (item for item in items if isinstance(item, LogLine))
+        lines: Iterator[LogLine] = (item for item in items if isinstance(item, LogLine))
     else:
         lines = jobs.iter_logs(job_id, rank=rank)
     for line in lines:

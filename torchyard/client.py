@@ -13,6 +13,7 @@ when the API answers with an error, and `ConnectionFailed` when it cannot be rea
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -230,7 +231,9 @@ class Jobs:
         """All events with id > `after`, oldest first, across pages."""
         return _drain(lambda cursor: self.events(job_id, after=cursor), after)
 
-    def metrics(self, job_id: int, *, names: Sequence[str] | None = None) -> list[MetricSeries]:
+    def metrics(
+        self, job_id: int, *, names: Sequence[str] | None = None
+    ) -> builtins.list[MetricSeries]:
         """The job's metric series (all, or only `names`), each ascending by step."""
         params = {"names": ",".join(names) if names else None}
         answer = self._client.request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
@@ -280,7 +283,7 @@ class Jobs:
         """All log lines with id > `after`, oldest first, across pages."""
         return _drain(lambda cursor: self.logs(job_id, rank=rank, after=cursor), after)
 
-    def checkpoints(self, job_id: int) -> list[Checkpoint]:
+    def checkpoints(self, job_id: int) -> builtins.list[Checkpoint]:
         """The job's complete checkpoints, each with its export (`client.exports`) if any."""
         answer = self._client.request("GET", f"/v1/jobs/{job_id}/checkpoints")
         return [Checkpoint.model_validate(c) for c in answer.get("items", [])]
@@ -394,7 +397,8 @@ class _FollowCursor:
 
 def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(id, event, data) of each server-sent event message (WHATWG HTML SSE format)."""
-    msg_id, kind, data = "", "message", []
+    msg_id, kind = "", "message"
+    data: list[str] = []
     for line in lines:
         if not line:
             if data:

@@ -149,8 +149,8 @@ def job_details(job: Job) -> Table:
     ]
     if job.labels:
         rows.append(("labels", Text(", ".join(f"{k}={v}" for k, v in job.labels.items()))))
-    for name, value in sorted(job.latest_metrics.items()):
-        rows.append((name, format_value(value)))
+    for name, metric in sorted(job.latest_metrics.items()):
+        rows.append((name, format_value(metric)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
     if job.error:

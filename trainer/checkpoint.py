@@ -23,7 +23,7 @@ from typing import Any
 import fsspec
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -250,10 +250,12 @@ def load_model_only(model: nn.Module, uri: str, *, dist_info: DistInfo) -> None:
     problems = []
     for name, tensor in weights.items():
         meta = saved.get(f"model_optim.model.{name}")
+        shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else ()
+        size = tuple(getattr(meta, "size", ()))  # () for non-tensor (bytes) entries
         if meta is None:
             problems.append(f"{name} is missing")
-        elif tuple(getattr(meta, "size", ())) != tuple(tensor.shape):
-            problems.append(f"{name} has shape {tuple(meta.size)}, the model {tuple(tensor.shape)}")
+        elif size != shape:
+            problems.append(f"{name} has shape {size}, the model {shape}")
     if problems:
         raise InvalidJobError(
             f"init_from: checkpoint {uri} does not fit the model: {'; '.join(problems[:5])}"

@@ -14,6 +14,7 @@ non-overlapping chunks of `seq_len + 1` tokens: inputs are `chunk[:-1]`, targets
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import math
 from collections.abc import Callable
@@ -133,7 +134,7 @@ def _fsspec_documents(location: str, include: list[str]) -> list[tuple[str, Call
     files = {p for pattern in include for p in fs.glob(f"{root}/{pattern}") if fs.isfile(p)}
     if not files:
         raise InvalidJobError(f"no file under {location!r} matches {include}")
-    return [(p[len(root) + 1 :], lambda p=p: fs.cat_file(p)) for p in sorted(files)]
+    return [(p[len(root) + 1 :], functools.partial(fs.cat_file, p)) for p in sorted(files)]
 
 
 def make_chunks(tokens: Tensor, seq_len: int, *, what: str) -> Tensor:

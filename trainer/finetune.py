@@ -99,7 +99,7 @@ def build_network(
         bnb_config = bnb_4bit_config(qlora) if qlora is not None and from_files else None
         base = build_hf_model(spec.model, device=device, seed=spec.seed, quantization=bnb_config)
         if qlora is not None and not from_files:
-            head = base.get_output_embeddings()  # type: ignore[operator]
+            head = base.get_output_embeddings()
             if not quantize_linears(base, qlora, device=device, skip={id(head)}):
                 raise InvalidJobError(
                     "qlora: the model has no nn.Linear layer to quantize (GPT-2 uses Conv1D)"
@@ -202,7 +202,7 @@ def apply_lora(base: nn.Module, lora: LoRASpec, spec: JobSpec, *, device: torch.
         prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     config = LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it divides by r
         lora_dropout=lora.dropout,
         target_modules=targets,
         modules_to_save=list(lora.modules_to_save) or None,

@@ -50,7 +50,7 @@ class HFCausalLM(nn.Module):
     def __init__(self, lm: nn.Module, *, seq_len: int) -> None:
         super().__init__()
         self.lm = lm
-        config = lm.config
+        config: Any = lm.config  # a transformers config: attributes per architecture
         self.cfg = LMShape(
             seq_len=seq_len,
             vocab_size=int(config.vocab_size),

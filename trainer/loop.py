@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt, restart_count
 from trainer.finetune import Network
-from trainer.model import VOCAB_SIZE, generate
+from trainer.model import VOCAB_SIZE, generate, shape_of
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
 from trainer.sampler import GlobalBatchSampler
@@ -227,7 +227,10 @@ def sample_text(run: Run) -> str:
         generator,
         vocab_size=run.network.vocab_size if run.network is not None else VOCAB_SIZE,
     )
-    return tokenizer.decode(ids.tolist()) if tokenizer is not None else decode(ids)
+    if tokenizer is None:
+        return decode(ids)
+    # One flat id list decodes to one string (the stubs also allow a batch's list of strings).
+    return cast(str, tokenizer.decode(ids.tolist()))
 
 
 def train_loop(run: Run) -> None:
@@ -345,7 +348,7 @@ def cuda_metrics(run: Run, tokens_per_second: float) -> dict[str, float]:
     name = torch.cuda.get_device_name(device)
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
     if peak is not None:
-        m = run.model.cfg  # GPTConfig, or the LMShape of a Hugging Face model
+        m = shape_of(run.model)  # GPTConfig, or the LMShape of a Hugging Face model
         per_token = 6 * run.num_params + 12 * m.n_layers * m.d_model * m.seq_len
         out["mfu"] = tokens_per_second * per_token / (peak * run.dist.world_size)
     return out

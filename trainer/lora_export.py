@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fsspec
 import torch
@@ -74,7 +74,8 @@ def export_lora(
     )
     if dist_info.rank != 0:
         return
-    state = _dequantized(full, peft_model)
+    # get_model_state_dict is annotated with any state value; a module's are all tensors.
+    state = _dequantized(cast(dict[str, Tensor], full), peft_model)
     fresh = _fresh_peft_model(spec, peft_model)
     fresh.load_state_dict(state, strict=True)
     uri = export_uri(root, step)
@@ -117,7 +118,9 @@ def _dequantized(state: dict[str, Tensor], peft_model: nn.Module) -> dict[str, T
         if not any(k.startswith(f"{name}.weight.") for name in quantized)
     }
     for name, module in quantized.items():
-        weight = bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
+        packed = module.weight
+        assert isinstance(packed, bnb.nn.Params4bit)  # a Linear4bit's weight
+        weight = bnb.functional.dequantize_4bit(packed.data, packed.quant_state)
         out[f"{name}.weight"] = weight.float().cpu()
     return out
 
@@ -143,15 +146,18 @@ def _fresh_peft_model(spec: JobSpec, trained: Any) -> Any:
 
 
 def _save_merged(merged: nn.Module, network: Network, out: Path) -> None:
-    if hasattr(merged, "save_pretrained"):  # a transformers model
-        merged.save_pretrained(str(out))
+    save_pretrained = getattr(merged, "save_pretrained", None)
+    if save_pretrained is not None:  # a transformers model
+        save_pretrained(str(out))
         if network.tokenizer is not None:
             network.tokenizer.save_pretrained(str(out))
         return
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = {"model_type": "torchyard-gpt", **asdict(merged.cfg)}  # type: ignore[arg-type]
+    cfg = merged.cfg
+    assert isinstance(cfg, GPTConfig)  # not a transformers model: the built-in GPT
+    config = {"model_type": "torchyard-gpt", **asdict(cfg)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 

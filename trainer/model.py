@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,29 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+@runtime_checkable
+class ModelShape(Protocol):
+    """What sampling and the MFU estimate read of a model's `cfg`: a `GPTConfig`, or the
+    `trainer.hf.LMShape` of a Hugging Face model."""
+
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+
+
+def shape_of(model: nn.Module) -> ModelShape:
+    """`model.cfg` (GPT or HFCausalLM). Raises `TypeError` for a model without one."""
+    cfg = model.cfg
+    if not isinstance(cfg, ModelShape):
+        raise TypeError(f"{type(model).__name__} has no `cfg` with the model's shape")
+    return cfg
 
 
 class CausalSelfAttention(nn.Module):
@@ -200,7 +224,7 @@ def generate(
     ids = prompt_ids.to(device=device, dtype=torch.long).view(1, -1)
     start = ids.shape[1]
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -model.cfg.seq_len :])[:, -1, :vocab_size].float()
+        logits = model(ids[:, -shape_of(model).seq_len :])[:, -1, :vocab_size].float()
         probs = torch.softmax(logits / temperature, dim=-1)
         next_id = torch.multinomial(probs, num_samples=1, generator=generator)
         ids = torch.cat([ids, next_id], dim=1)

@@ -86,5 +86,5 @@ def clip_gradients(params: Iterable[nn.Parameter], max_norm: float | None) -> Te
     """
     params = [p for p in params if p.grad is not None]
     if max_norm is None:
-        return torch.nn.utils.get_total_norm([p.grad for p in params])
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     return torch.nn.utils.clip_grad_norm_(params, max_norm)

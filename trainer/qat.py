@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import safetensors
 import torch
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CONVERTED_DIR = "qat_converted"
-_WEIGHT_DTYPES = {"int4": torch.int4, "int8": torch.int8}
+# torch.int4 exists at runtime (a shell dtype) but not in torch's stubs.
+_WEIGHT_DTYPES = {"int4": torch.int4, "int8": torch.int8}  # type: ignore[attr-defined]
 
 
 def base_config(spec: QATSpec) -> Int8DynamicActivationIntxWeightConfig:
@@ -93,7 +94,10 @@ def report_converted(run: Run) -> dict[str, Any]:
     full = get_model_state_dict(
         run.parallel_model, options=StateDictOptions(full_state_dict=True)
     )  # every rank gets the whole tensors (FSDP all-gathers them)
-    local = local_prepared_copy(run.model.cfg, full, spec.qat, run.dist.device)
+    cfg = run.model.cfg
+    assert isinstance(cfg, GPTConfig)  # spec_checks: qat is for the built-in GPT only
+    # get_model_state_dict is annotated with any state value; a module's are all tensors.
+    local = local_prepared_copy(cfg, cast(dict[str, torch.Tensor], full), spec.qat, run.dist.device)
     del full
     fake_loss = evaluate(run, model=local)
     convert(local, spec.qat)

@@ -190,7 +190,8 @@ def parse_record(format: str, obj: Any) -> Record:
     Raises `pydantic.ValidationError` (field paths in `.errors()[i]["loc"]`) or `KeyError`
     for a format without records (`text`, `tokens`).
     """
-    record: Record = _ADAPTERS[format].validate_python(obj)
+    record = _ADAPTERS[format].validate_python(obj)
+    assert isinstance(record, Record)  # MODELS holds exactly the Record classes
     return record
 
 

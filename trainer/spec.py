@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trainer.spec_checks import cross_field_errors, get_path
 
-SPEC_VERSION = 1
+SPEC_VERSION: Final = 1
 
 Name = Annotated[
     str,

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, load_model_only
@@ -174,6 +175,7 @@ def run_job(
         start_step = start_step or 0
         unigram = unigram_cross_entropy(corpus.train, corpus.eval, data_vocab_size(tokenizer))
         num_params = run.num_params
+        assert run.network is not None  # build_run always records how it built the model
         reporter.status(
             "running",
             f"training from step {start_step} on {dist_info.world_size} process(es)",
@@ -271,12 +273,14 @@ def build_run(
             f"{spec.train.micro_batch_size} per data-parallel rank ({dims.dp_size})"
         )
     state = TrainState()
-    states = {
+    states: dict[str, Stateful] = {
         "model_optim": model_state(parts.train_model, optimizer, network),
         "scheduler": scheduler,
         "sampler": sampler,
         "train": state,
-    } | ({"scaler": scaler} if scaler else {})
+    }
+    if scaler:
+        states["scaler"] = scaler
     checkpointer = Checkpointer(
         root=checkpoint_dir,
         spec=spec.checkpoint,

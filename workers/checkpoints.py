@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 
-import fsspec  # type: ignore[import-untyped]
+import fsspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 

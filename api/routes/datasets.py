@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from pydantic import TypeAdapter, ValidationError
@@ -25,7 +25,9 @@ _FIELDS: dict[str, TypeAdapter[str]] = {
     "format": TypeAdapter(schemas.Format),
     "token_dtype": TypeAdapter(schemas.TokenDtype),
 }
-_CONFLICT = {409: {"model": ErrorBody, "description": "The project has a dataset of that name"}}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "The project has a dataset of that name"}
+}
 
 
 @router.post(

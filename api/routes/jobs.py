@@ -26,7 +26,9 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="The job's id.")]
 After = Annotated[
     int | None, Query(ge=0, le=MAX_ID, description="Return only items with a larger id.")
 ]
-_CONFLICT = {409: {"model": ErrorBody, "description": "Conflicts with the job's state"}}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "Conflicts with the job's state"}
+}
 
 
 @router.post(

@@ -72,7 +72,7 @@ def validate_spec(
             session=session, settings=settings, project_id=principal.project_id, spec=spec
         )
     except ValidationError as exc:
-        details = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors()]
+        details: list[dict[str, Any]] = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors()]
         first = details[0]
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidInput(

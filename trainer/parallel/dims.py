@@ -98,6 +98,8 @@ class ParallelDims:
             return init_device_mesh(device_type, (self.pp,), mesh_dim_names=("pp",))
         if self.strategy == "tensor":
             return init_device_mesh(device_type, (self.tp,), mesh_dim_names=("tp",))
+        shape: tuple[int, ...]
+        names: tuple[str, ...]
         if self.tp > 1:
             shape, names = (self.dp_shard, self.tp), ("dp", "tp")
         elif self.dp_replicate > 1:

@@ -49,7 +49,7 @@ from trainer.parallel.pipeline import PipelineRunner, prune_to_rank, stage_bound
 from trainer.spec import FSDPSpec, JobSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-TP_PLAN = {
+TP_PLAN: dict[str, type[ColwiseParallel] | type[RowwiseParallel]] = {
     "attn.wq": ColwiseParallel,
     "attn.wk": ColwiseParallel,
     "attn.wv": ColwiseParallel,
@@ -85,6 +85,7 @@ def parallelize(
     """
     mesh = dims.build_mesh(device.type)
     if dims.pp > 1:
+        assert isinstance(model, GPT)  # spec_checks: pipeline plans exist for the GPT only
         pp = spec.parallelism.pipeline
         bounds = stage_bounds(spec.model.n_layers, dims.pp * pp.stages_per_rank, pp.split_points)
         prune_to_rank(model, bounds, rank, dims.pp)
@@ -101,6 +102,7 @@ def parallelize(
         )
         return Parallelized(model=model, train_model=model, mesh=mesh, pipeline=runner)
     if mesh is not None and dims.tp > 1:
+        assert isinstance(model, GPT)  # spec_checks: tensor plans exist for the GPT only
         apply_tensor_parallel(model, mesh["tp"])
     _apply_block_options(model, spec)
     train_model: nn.Module = model
@@ -129,11 +131,14 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, spec: FSDPSpec) -> None:
     offload = (
         CPUOffloadPolicy() if spec.cpu_offload and mesh.device_type == "cuda" else OffloadPolicy()
     )
-    options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
-    for container, key in block_slots(model):
-        block = getattr(container, key)
-        fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
-    fully_shard(model, reshard_after_forward=spec.reshard_after_forward, **options)
+    for module in [getattr(container, key) for container, key in block_slots(model)] + [model]:
+        fully_shard(
+            module,
+            mesh=mesh,
+            reshard_after_forward=spec.reshard_after_forward,
+            mp_policy=mp_policy,
+            offload_policy=offload,
+        )
 
 
 def block_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -145,7 +150,7 @@ def block_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
     names: set[str] = set()
     for module in model.modules():
         names |= set(getattr(module, "_no_split_modules", None) or ())
-    slots = []
+    slots: list[tuple[nn.Module, str]] = []
     for container in model.modules():
         if isinstance(container, nn.ModuleList):
             for key, child in container.named_children():
@@ -185,7 +190,7 @@ def clip_grad_norm(
     the root of a sum of squares; a pipeline adds the squares of all ranks. Under a pipeline
     `params` excludes the tied embedding's second copy (`PipelineRunner.norm_params`).
     """
-    groups: dict[object, list[Tensor]] = {}
+    groups: dict[DeviceMesh | None, list[Tensor]] = {}
     for p in params:
         if p.grad is not None:
             key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
@@ -194,7 +199,8 @@ def clip_grad_norm(
     for key, grads in groups.items():
         norm = torch.nn.utils.get_total_norm(grads)
         if key is not None:
-            norm = norm.full_tensor()  # type: ignore[union-attr]
+            # get_total_norm is annotated -> Tensor; of DTensor gradients it returns a DTensor
+            norm = norm.full_tensor()  # type: ignore[attr-defined]
         square = square + norm.float().cpu() ** 2
     if pipeline is not None:
         dist.all_reduce(square)

@@ -136,7 +136,11 @@ class PipelineRunner:
         if spec.schedule == "interleaved_1f1b":
             self.schedule: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B = (
                 ScheduleInterleaved1F1B(
-                    self.stages, spec.num_microbatches, loss_fn=loss_fn, scale_grads=False
+                    # torch annotates a list (invariant) of the private stage base class
+                    self.stages,  # type: ignore[arg-type]
+                    spec.num_microbatches,
+                    loss_fn=loss_fn,
+                    scale_grads=False,
                 )
             )
         else:

@@ -40,9 +40,9 @@ def test_queued_jobs_say_their_place_in_the_pool_queue_by_priority_then_age(
     assert _post(client, project, urgent["id"], "pause").json()["state"] == "paused"
     paused = client.get(f"/v1/jobs/{urgent['id']}", headers=project.headers).json()
     assert paused["queue_position"] is None and "resume" in paused["waiting_for"]
-    assert client.get(f"/v1/jobs/{young['id']}", headers=project.headers).json()[
-        "queue_position"
-    ] == 2
+    assert (
+        client.get(f"/v1/jobs/{young['id']}", headers=project.headers).json()["queue_position"] == 2
+    )
 
 
 def test_a_queued_gang_says_it_waits_for_as_many_free_workers_as_nodes(

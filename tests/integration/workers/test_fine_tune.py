@@ -27,7 +27,6 @@ from tests.integration.workers.helpers import (
 ENDED = ("succeeded", "failed", "cancelled")
 
 
-
 def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(
     engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
 ) -> None:

@@ -29,7 +29,6 @@ STEPS = 20
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-
 def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(
     engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
 ) -> None:

@@ -34,7 +34,6 @@ from workers.reconcile import Report, reconcile
 LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_000}}
 
 
-
 @pytest.fixture
 def run_reconcile(
     settings: Settings, engine: Engine, celery_client: Celery
