@@ -22,7 +22,7 @@ from trainer.events import NullReporter, Reporter
 from trainer.hf import encode_corpus, load_tokenizer
 from trainer.loop import Run
 from trainer.spec import JobSpec
-from trainer.train import build_run
+from trainer.train import build_run, text_rows
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 180
@@ -136,6 +136,12 @@ def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | No
     """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
     assert spec.data.uri is not None
     corpus = encode_corpus(load_corpus(spec.data.uri, spec.data), load_tokenizer(spec.model))
+    train_rows, eval_rows = text_rows(corpus, spec.model.seq_len)
     return build_run(
-        spec, corpus, str(checkpoint_dir), cpu_world_of_one(), reporter or NullReporter()
+        spec,
+        train_rows,
+        eval_rows,
+        str(checkpoint_dir),
+        cpu_world_of_one(),
+        reporter or NullReporter(),
     )
