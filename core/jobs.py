@@ -294,7 +294,7 @@ def create(
         labels=dict(spec.labels),
         pool=spec.resources.pool,
         priority=spec.priority,
-        max_steps=spec.train.max_steps,
+        max_steps=spec.train.max_steps or 0,  # 0: set by epochs, known once data is read
         idempotency_key=idempotency_key,
         request_hash=digest,
         owner=owner,

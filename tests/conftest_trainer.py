@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from trainer.data import load_corpus
@@ -21,8 +22,9 @@ from trainer.distributed import DistInfo
 from trainer.events import NullReporter, Reporter
 from trainer.hf import encode_corpus, load_tokenizer
 from trainer.loop import Run
+from trainer.rows import IGNORE_INDEX, Rows
 from trainer.spec import JobSpec
-from trainer.train import build_run
+from trainer.train import build_run, text_rows
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 180
@@ -136,6 +138,46 @@ def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | No
     """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
     assert spec.data.uri is not None
     corpus = encode_corpus(load_corpus(spec.data.uri, spec.data), load_tokenizer(spec.model))
+    train_rows, eval_rows = text_rows(corpus, spec.model.seq_len)
     return build_run(
-        spec, corpus, str(checkpoint_dir), cpu_world_of_one(), reporter or NullReporter()
+        spec,
+        train_rows,
+        eval_rows,
+        str(checkpoint_dir),
+        cpu_world_of_one(),
+        reporter or NullReporter(),
     )
+
+
+def uneven_rows(num_rows: int, seq_len: int, *, seed: int, segments: int = 1) -> Rows:
+    """Rows of random byte tokens whose supervised lengths differ widely: row i supervises
+    only its last 1 + (37 i mod seq_len) positions (a prompt before them). `segments` > 1
+    packs that many equal examples per row (positions restart, each example's last position
+    unsupervised), as `trainer.rows` lays out packed data."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 256, size=(num_rows, seq_len + 1), dtype=np.int32)
+    labels = ids[:, 1:].copy()
+    for i in range(num_rows):
+        labels[i, : seq_len - (1 + (37 * i) % seq_len)] = IGNORE_INDEX
+    example = seq_len // segments
+    t = np.arange(seq_len, dtype=np.int32)
+    if segments > 1:
+        labels[:, (t + 1) % example == 0] = IGNORE_INDEX
+    shape = (num_rows, seq_len)
+    return Rows(
+        input_ids=np.ascontiguousarray(ids[:, :-1]),
+        labels=labels,
+        position_ids=np.broadcast_to(t % example, shape),
+        segment_ids=np.ascontiguousarray(np.broadcast_to(t // example, shape)),
+    )
+
+
+def build_rows_run(
+    spec: JobSpec,
+    rows: Rows,
+    checkpoint_dir: Path,
+    dist_info: DistInfo,
+    reporter: Reporter | None = None,
+) -> Run:
+    """A `Run` of `spec` training and evaluating on `rows` (no corpus read)."""
+    return build_run(spec, rows, rows, str(checkpoint_dir), dist_info, reporter or NullReporter())

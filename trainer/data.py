@@ -8,7 +8,8 @@ in sorted relative-path order up to `max_bytes`.
 Split: in a directory, whole documents go to evaluation, chosen by a hash of their relative
 path (so the split does not move when files are added); a single file splits by position
 (the last `eval_fraction` of its bytes). Each side is concatenated and cut into
-non-overlapping chunks of `seq_len + 1` tokens: inputs are `chunk[:-1]`, targets `chunk[1:]`.
+non-overlapping chunks of `seq_len + 1` tokens: inputs are `chunk[:-1]`, targets `chunk[1:]`
+(`trainer.rows.Rows.from_chunks`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -149,12 +149,6 @@ def make_chunks(tokens: Tensor, seq_len: int, *, what: str) -> Tensor:
             f"seq_len + 1 = {seq_len + 1}; give more data or a shorter model.seq_len"
         )
     return tokens[: n * (seq_len + 1)].view(n, seq_len + 1)
-
-
-def get_batch(chunks: Tensor, indices: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Inputs and targets of the chunks at `indices`: two (len(indices), seq_len) int64."""
-    batch = chunks[torch.from_numpy(indices)].to(device=device, dtype=torch.long)
-    return batch[:, :-1], batch[:, 1:]
 
 
 def unigram_cross_entropy(

@@ -45,7 +45,14 @@ class LMShape:
 
 class HFCausalLM(nn.Module):
     """A `transformers` causal LM (or a peft model around one): ids (B, T) int64 -> logits
-    (B, T, vocab_size), computed without a KV cache."""
+    (B, T, vocab_size), computed without a KV cache.
+
+    Packed rows: `position_ids` (B, T) restart at 0 for each example and go to the model with
+    no `attention_mask`; transformers then finds the examples from the restarts
+    (`masking_utils.find_packed_sequence_indices`) and confines attention to each (sdpa, eager,
+    flex and flash-attention alike). `segment_ids` says the same thing (the rows contract
+    guarantees that positions restart exactly where segments change) and is not needed here.
+    """
 
     def __init__(self, lm: nn.Module, *, seq_len: int) -> None:
         super().__init__()
@@ -58,8 +65,14 @@ class HFCausalLM(nn.Module):
             d_model=int(config.hidden_size),
         )
 
-    def forward(self, idx: Tensor) -> Tensor:
-        return self.lm(input_ids=idx, use_cache=False).logits
+    def forward(
+        self,
+        idx: Tensor,
+        position_ids: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+    ) -> Tensor:
+        del segment_ids  # implied by position_ids (see the class doc)
+        return self.lm(input_ids=idx, position_ids=position_ids, use_cache=False).logits
 
     def num_params(self) -> int:
         """Number of parameters (each shared tensor counted once)."""

@@ -1,13 +1,15 @@
 """The training loop: steps with gradient accumulation, metrics, eval, checkpoints, stopping.
 
-One optimizer step: `grad_accum_steps` micro-batches, forward under autocast, loss scaled by
-1 / grad_accum_steps, backward under DDP's `no_sync()` (FSDP2: gradient sync off) on all but
+The data are `trainer.rows.Rows` (train and eval); the sampler says which rows each rank
+takes. One optimizer step: `grad_accum_steps` micro-batches, forward under autocast, the
+summed token loss scaled by dp_size / N (N: supervised positions of the whole global batch,
+`trainer.batches`), backward under DDP's `no_sync()` (FSDP2: gradient sync off) on all but
 the last micro-step (one gradient reduction per step); fp16 adds `torch.amp.GradScaler`. A
 pipeline instead runs its schedule once per micro-step (`PipelineRunner.step`). Then clip
 (a mesh-aware global norm under fsdp/tensor/pipeline), step, schedule.
 
 At every step boundary the ranks all-reduce one tiny tensor `[loss x share, stop]`: the loss
-becomes the true mean over the step's global batch (`Run.loss_share`), and a SIGTERM seen
+becomes the token mean over the step's global batch (`Run.loss_share`), and a SIGTERM seen
 by any rank stops all of them at the same step (checkpoint, `stopped` event, exit 0). A
 non-finite loss or gradient norm raises `NonFiniteError` on every rank alike.
 """
@@ -29,11 +31,11 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainer.batches import forward, lm_loss, next_step_batches
 from trainer.checkpoint import Checkpointer
-from trainer.data import decode, encode, get_batch
+from trainer.data import decode, encode
 from trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt, restart_count
@@ -41,6 +43,7 @@ from trainer.finetune import Network
 from trainer.model import VOCAB_SIZE, generate, shape_of
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
+from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler
 from trainer.spec import JobSpec
 from trainer.state import TrainState
@@ -77,9 +80,10 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only
     sampler: GlobalBatchSampler
-    train_chunks: Tensor  # (N_train, seq_len + 1) uint8
-    eval_chunks: Tensor  # (N_eval, seq_len + 1) uint8
-    eval_batches: list[np.ndarray]  # this rank's eval micro-batches (chunk indices)
+    train_rows: Rows
+    eval_rows: Rows
+    eval_batches: list[np.ndarray]  # this rank's eval micro-batches (row indices)
+    max_steps: int  # train.max_steps, or the steps of train.epochs over train_rows
     checkpointer: Checkpointer
     reporter: Reporter
     state: TrainState
@@ -91,11 +95,12 @@ class Run:
 
     @property
     def loss_share(self) -> float:
-        """Weight of this rank's loss in the global mean: 1/world_size (tensor-parallel ranks
-        repeat their group's loss, so the mean stays right); a pipeline's last rank 1."""
+        """Weight of this rank's loss in the global sum: 1 / tp (each rank holds its
+        data-parallel share's token sum / N, repeated by the tp ranks of its group); a
+        pipeline's last rank 1, the others 0."""
         if self.pipeline is not None:
             return 1.0 if self.pipeline.has_last else 0.0
-        return 1.0 / self.dist.world_size
+        return self.dims.dp_size / self.dist.world_size
 
     @property
     def tokens_per_step(self) -> int:
@@ -114,37 +119,35 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
         yield
 
 
-def lm_loss(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy in nats of logits (B, T, V) against targets (B, T), computed in fp32."""
-    return F.cross_entropy(
-        logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
-    )
-
-
 def train_step(run: Run) -> tuple[Tensor, float, float]:
     """One optimizer step on this rank's share of the next global batch.
 
-    Returns (this rank's mean loss over its micro-batches as a 0-dim tensor, the gradient
-    norm before clipping, the lr used). Raises `NonFiniteError` on a non-finite gradient
-    norm, except under fp16, where the scaler skips that step and lowers its scale.
+    Returns (this rank's summed token loss / N as a 0-dim tensor, N the supervised positions
+    of the global batch; the gradient norm before clipping; the lr used). Raises
+    `NonFiniteError` on a non-finite gradient norm, except under fp16, where the scaler
+    skips that step and lowers its scale.
     """
-    spec, device = run.spec, run.dist.device
+    spec, device, rows = run.spec, run.dist.device, run.train_rows
     lr = float(run.optimizer.param_groups[0]["lr"])
-    micro_batches = run.sampler.next_step()
+    step = next_step_batches(run.sampler, rows)
+    count = step.num_supervised
     loss_sum = torch.zeros((), device=device)
-    for m, indices in enumerate(micro_batches):
-        x, y = get_batch(run.train_chunks, indices, device)
-        last = m == len(micro_batches) - 1
+    for m, indices in enumerate(step.micro_batches):
+        batch = rows.batch(indices, device)
+        last = m == len(step.micro_batches) - 1
         if run.pipeline is not None:
             with autocast(device, spec.train.precision):
-                loss_sum += run.pipeline.step(x, y).to(device)
+                loss_sum += run.pipeline.step(batch, count, plain=rows.plain).to(device)
             continue
         set_gradient_sync(run.model, last)
         with no_sync(run.parallel_model, skip_sync=not last):
             with autocast(device, spec.train.precision):
-                loss = lm_loss(run.parallel_model(x), y) / len(micro_batches)
+                logits = forward(run.parallel_model, batch, plain=rows.plain)
+                token_sum = lm_loss(logits, batch.labels, reduction="sum")
+            # dp ranks' gradients are averaged by DDP/FSDP: x dp_size makes it a sum / N
+            loss = token_sum * (run.dims.dp_size / count)
             (run.scaler.scale(loss) if run.scaler else loss).backward()
-        loss_sum += loss.detach()
+        loss_sum += token_sum.detach() / count
     if run.scaler:
         run.scaler.unscale_(run.optimizer)
     grad_norm = _clip(run)
@@ -182,8 +185,9 @@ def agree(run: Run, local_loss: Tensor) -> tuple[float, bool]:
 
 @torch.no_grad()
 def evaluate(run: Run, model: nn.Module | None = None) -> float:
-    """Mean eval loss (nats/token) over the eval chunks of all data-parallel ranks (a
-    tensor-parallel group counts its batch once per rank in both sums; the ratio holds).
+    """Mean eval loss (nats per supervised token) over the eval rows of all data-parallel
+    ranks (a tensor-parallel group counts its batch once per rank in both sums; the ratio
+    holds).
 
     `model`: evaluate this whole, unsharded copy on each rank instead of the run's model
     (every rank still takes only its own eval batches; single/ddp/fsdp layouts only)."""
@@ -191,17 +195,18 @@ def evaluate(run: Run, model: nn.Module | None = None) -> float:
     pipeline = run.pipeline if model is None else None
     net.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=run.dist.device)
+    rows = run.eval_rows
     for indices in run.eval_batches:
-        x, y = get_batch(run.eval_chunks, indices, run.dist.device)
+        batch = rows.batch(indices, run.dist.device)
         with autocast(run.dist.device, run.spec.train.precision):
             if pipeline is not None:
-                loss_sum, count = pipeline.eval_loss_sum(x, y)
+                loss_sum, count = pipeline.eval_loss_sum(batch, plain=rows.plain)
                 totals[0] += loss_sum
                 totals[1] += count
                 continue
-            logits = net(x)
-        totals[0] += lm_loss(logits, y, reduction="sum").double()
-        totals[1] += y.numel()
+            logits = forward(net, batch, plain=rows.plain)
+        totals[0] += lm_loss(logits, batch.labels, reduction="sum").double()
+        totals[1] += rows.num_supervised(indices)
     net.train()
     loss_sum, count = all_reduce_sum(totals, run.dist).tolist()
     return loss_sum / count
@@ -234,7 +239,7 @@ def sample_text(run: Run) -> str:
 
 
 def train_loop(run: Run) -> None:
-    """Train from `run.state.step` to `max_steps` or until stopped, then finish the run."""
+    """Train from `run.state.step` to `run.max_steps` or until stopped, then finish."""
     spec, state = run.spec, run.state
     # Fault injection hits the first run only (attempt 0 or 1, before any in-place restart),
     # so a restarted attempt or worker group can get past it.
@@ -245,7 +250,7 @@ def train_loop(run: Run) -> None:
     eval_loss: float | None = None
     eval_step = -1
     stopped = False
-    while state.step < spec.train.max_steps:
+    while state.step < run.max_steps:
         started = time.perf_counter()
         local_loss, grad_norm, lr = train_step(run)
         loss, stopped = agree(run, local_loss)
@@ -321,6 +326,7 @@ def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time:
         "grad_norm": grad_norm,
         "tokens_per_second": run.tokens_per_step / step_time,
         "step_time_s": step_time,
+        "epoch": run.sampler.epochs_done,
     }
     values.update(cuda_metrics(run, values["tokens_per_second"]))
     run.reporter.metric(run.state.step, values)

@@ -5,6 +5,12 @@ MLP, a learned positional embedding, and (by default) an output projection tied 
 embedding (Press & Wolf 2017). Attention reshapes use `.view(B, T, -1, head_dim)` so the
 same code runs with tensor-parallel local head counts.
 
+Packed rows (several examples in one sequence, `trainer.rows`): the forward takes optional
+`position_ids` (restarting per example, into the positional embedding) and `segment_ids`; with
+them attention is causal *and* confined to equal segment ids (a block-diagonal boolean mask,
+`block_causal_mask`), so examples never attend to each other. Without them the plain causal
+path (`is_causal=True`, no mask tensor) runs unchanged.
+
 The model is built on the meta device and materialized with `init_weights`, which draws
 every weight from a generator seeded by the job seed: two builds with one seed are equal.
 """
@@ -90,14 +96,21 @@ class CausalSelfAttention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`mask`: (B, 1, T, T) bool, True where query t may attend to key s (already causal);
+        None: plain causal attention."""
         B, T, _ = x.shape
         # (B, T, C) -> (B, H, T, head_dim); H is the local head count under tensor parallel
         q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
         )
         y = y.transpose(1, 2).reshape(B, T, -1)
         return self.resid_dropout(self.wo(y))
@@ -126,13 +139,30 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
+def block_causal_mask(segment_ids: Tensor) -> Tensor:
+    """Attention mask of packed rows: segment ids (B, T) int64 -> (B, 1, T, T) bool, True
+    where query t may attend to key s: s <= t and both in the same segment (the
+    block-diagonal causal mask of packed sequences; the diagonal is always True, so no query
+    row is empty, also for padding's segment -1). Broadcasts over heads."""
+    length = segment_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (same & causal).unsqueeze(1)
+
+
 class GPT(nn.Module):
-    """Token ids (B, T) int64, T <= seq_len -> logits (B, T, vocab_size)."""
+    """Token ids (B, T) int64, T <= seq_len -> logits (B, T, vocab_size).
+
+    Optional `position_ids` (B, T) int64 (< seq_len) replace 0..T-1 in the positional
+    embedding; optional `segment_ids` (B, T) int64 confine attention to each segment
+    (`block_causal_mask`). Both None: plain causal attention over positions 0..T-1.
+    Raises `ValueError` when T exceeds seq_len.
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -150,14 +180,20 @@ class GPT(nn.Module):
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         )
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def forward(
+        self,
+        idx: Tensor,
+        position_ids: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+    ) -> Tensor:
         length = idx.shape[1]
         if length > self.cfg.seq_len:
             raise ValueError(f"sequence of {length} tokens exceeds seq_len {self.cfg.seq_len}")
-        pos = torch.arange(length, device=idx.device)
+        pos = torch.arange(length, device=idx.device) if position_ids is None else position_ids
         x = self.drop(self.wte(idx) + self.wpe(pos))
+        mask = None if segment_ids is None else block_causal_mask(segment_ids)
         for block in self.blocks.values():
-            x = block(x)
+            x = block(x, mask)
         x = self.ln_f(x)
         if self.lm_head is None:
             return F.linear(x, self.wte.weight)

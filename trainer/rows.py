@@ -47,12 +47,18 @@ class Batch(NamedTuple):
 
 @dataclass(frozen=True)
 class Rows:
-    """N rows of T positions: four (N, T) int32 arrays (memory-mapped when opened from disk)."""
+    """N rows of T positions: four (N, T) int32 arrays (memory-mapped when opened from disk).
+
+    `plain`: the raw-text case (`from_chunks`): every label supervised, positions 0..T-1, one
+    segment per row. The loop then calls the model without position/segment ids (the plain
+    causal path) and counts B x T supervised positions per batch without reading labels.
+    """
 
     input_ids: np.ndarray
     labels: np.ndarray
     position_ids: np.ndarray
     segment_ids: np.ndarray
+    plain: bool = False
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -66,7 +72,10 @@ class Rows:
         return Batch(*(_gather(getattr(self, name), indices, device) for name in ARRAYS))
 
     def num_supervised(self, indices: np.ndarray) -> int:
-        """Supervised positions over the rows at `indices` (no device transfer)."""
+        """Supervised positions over the rows at `indices` (no device transfer; repeated
+        indices count again)."""
+        if self.plain:
+            return len(indices) * self.seq_len
         return int((np.asarray(self.labels[np.sort(indices)]) != IGNORE_INDEX).sum())
 
     @classmethod
@@ -87,10 +96,15 @@ class Rows:
             labels=data[:, 1:],
             position_ids=positions,
             segment_ids=np.broadcast_to(np.zeros(1, dtype=np.int32), (n, t)),
+            plain=True,
         )
 
 
 def _gather(array: np.ndarray, indices: np.ndarray, device: torch.device) -> Tensor:
+    if array.strides[0] == 0:  # one row broadcast to all (from_chunks): expand, no copy
+        row = torch.from_numpy(np.array(array[0]))  # T values
+        row = row.to(device=device, dtype=torch.long, non_blocking=True)
+        return row.expand(len(indices), -1)
     values = torch.from_numpy(np.ascontiguousarray(array[indices]))
     return values.to(device=device, dtype=torch.long, non_blocking=True)
 

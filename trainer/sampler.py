@@ -71,12 +71,20 @@ class GlobalBatchSampler:
                 self.epoch, self.offset = self.epoch + 1, 0
         return np.concatenate(parts)
 
-    def next_step(self) -> list[np.ndarray]:
-        """This rank's micro-batches of the next step: `grad_accum_steps` arrays (M,) int64."""
-        batch = self.next_global_batch()
+    def split(self, batch: np.ndarray) -> list[np.ndarray]:
+        """This rank's micro-batches of a global batch (G,): `grad_accum_steps` arrays (M,)."""
         per_rank = self.micro_batch_size * self.grad_accum_steps
         mine = batch[self.rank * per_rank : (self.rank + 1) * per_rank]
         return np.split(mine, self.grad_accum_steps)
+
+    def next_step(self) -> list[np.ndarray]:
+        """This rank's micro-batches of the next step: `grad_accum_steps` arrays (M,) int64."""
+        return self.split(self.next_global_batch())
+
+    @property
+    def epochs_done(self) -> float:
+        """Passes over the data so far: completed epochs + the share of the current one."""
+        return self.epoch + self.offset / self.num_chunks
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "offset": self.offset}

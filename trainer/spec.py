@@ -334,7 +334,21 @@ class TrainSpec(_Strict):
     grad_accum_steps: int = Field(
         default=1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step."
     )
-    max_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer steps.")
+    max_steps: int | None = Field(
+        default=1000,
+        ge=1,
+        le=10_000_000,
+        description="Optimizer steps; null when `epochs` governs (the default when `epochs` "
+        "is given). Exactly one of `max_steps` and `epochs` is set.",
+    )
+    epochs: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Passes over the training rows instead of `max_steps`: the run takes "
+        "ceil(epochs x rows / global batch) steps, each epoch in its own shuffle drawn from "
+        "the seed (a resumed run continues mid-epoch in the same order).",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32",
         description="`bf16`/`fp16`: autocast (fp16 adds dynamic loss scaling with "
@@ -352,6 +366,14 @@ class TrainSpec(_Strict):
         default=False,
         description="`torch.compile` each transformer block (needs a C++ compiler on CPU).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_replace_default_steps(cls, data: Any) -> Any:
+        """`epochs` without `max_steps`: the default step count does not apply."""
+        if isinstance(data, dict) and data.get("epochs") is not None and "max_steps" not in data:
+            return {**data, "max_steps": None}
+        return data
 
 
 class EvalSpec(_Strict):

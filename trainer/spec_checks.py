@@ -61,7 +61,8 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     errors += _qat_errors(spec)
     errors += _model_source_errors(spec)
     errors += _finetune_errors(spec)
-    if spec.eval.interval_steps > spec.train.max_steps:
+    errors += _stopping_errors(spec)
+    if spec.train.max_steps is not None and spec.eval.interval_steps > spec.train.max_steps:
         errors.append(
             (
                 ("eval", "interval_steps"),
@@ -70,6 +71,22 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
             )
         )
     return errors
+
+
+def _stopping_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """Exactly one of `train.max_steps` and `train.epochs` says when training ends."""
+    train = spec.train
+    if train.max_steps is not None and train.epochs is not None:
+        return [
+            (
+                ("train", "epochs"),
+                f"give either train.max_steps ({train.max_steps}) or train.epochs "
+                f"({train.epochs}), not both; set max_steps to null to train by epochs",
+            )
+        ]
+    if train.max_steps is None and train.epochs is None:
+        return [(("train", "max_steps"), "give train.max_steps or train.epochs")]
+    return []
 
 
 def _parallelism_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:

@@ -11,6 +11,7 @@ torchrun's error file through `@record`).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from trainer.batches import lm_loss, resolve_max_steps
 from trainer.checkpoint import Checkpointer, load_model_only
 from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross_entropy
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
@@ -32,9 +34,10 @@ from trainer.events import EventWriter, NullReporter, Reporter, restart_count
 from trainer.export import export_at_end
 from trainer.finetune import build_network, lora_settings, model_state
 from trainer.hf import data_vocab_size, encode_corpus, load_tokenizer
-from trainer.loop import Run, evaluate, lm_loss, train_loop
+from trainer.loop import Run, evaluate, train_loop
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
+from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler, eval_batches
 from trainer.spec import JobSpec
 from trainer.state import RNGState, TrainState
@@ -155,8 +158,15 @@ def run_job(
     # A LoRA run's checkpoints hold only its adapters: its frozen base is rebuilt from
     # --init-from on every attempt, before the adapters are added (`build_network`).
     lora = lora_settings(spec) is not None
+    train_rows, eval_rows = text_rows(corpus, spec.model.seq_len)
     run = build_run(
-        spec, corpus, checkpoint_dir, dist_info, reporter, init_from=init_from if lora else None
+        spec,
+        train_rows,
+        eval_rows,
+        checkpoint_dir,
+        dist_info,
+        reporter,
+        init_from=init_from if lora else None,
     )
     run.stop.install()
     try:
@@ -184,7 +194,7 @@ def run_job(
                 "num_params": num_params,
                 "trainable_params": run.network.trainable_params,
                 "tokens_per_step": run.tokens_per_step,
-                "max_steps": spec.train.max_steps,
+                "max_steps": run.max_steps,
                 "start_step": start_step,
                 "unigram_eval_loss": unigram,
                 "init_from": init_from,
@@ -202,21 +212,32 @@ def run_job(
         run.checkpointer.close()
 
 
+def text_rows(corpus: Corpus, seq_len: int) -> tuple[Rows, Rows]:
+    """Raw text as rows: each split cut into chunks of seq_len + 1 tokens (`make_chunks`),
+    every next token supervised (`Rows.from_chunks`). Raises `InvalidJobError` when a split
+    holds less than one chunk."""
+    return (
+        Rows.from_chunks(make_chunks(corpus.train, seq_len, what="training")),
+        Rows.from_chunks(make_chunks(corpus.eval, seq_len, what="evaluation")),
+    )
+
+
 def build_run(
     spec: JobSpec,
-    corpus: Corpus,
+    train_rows: Rows,
+    eval_rows: Rows,
     checkpoint_dir: str,
     dist_info: DistInfo,
     reporter: Reporter,
     *,
     init_from: str | None = None,
 ) -> Run:
-    """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, data, sampler and checkpointer for one
-    attempt. `corpus` holds the model's token ids (`trainer.hf.encode_corpus`); `init_from`:
-    a checkpoint whose weights the base takes before LoRA adapters are added (LoRA runs).
+    """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, sampler and checkpointer for one
+    attempt over `train_rows` / `eval_rows` (of the model's token ids); `init_from`: a
+    checkpoint whose weights the base takes before LoRA adapters are added (LoRA runs).
 
-    Raises `InvalidJobError` when a split holds less than one chunk, or the model cannot be
-    built as asked (`trainer.finetune.build_network`).
+    Raises `InvalidJobError` when the eval rows hold less than one batch per data-parallel
+    rank, or the model cannot be built as asked (`trainer.finetune.build_network`).
     """
     torch.manual_seed(spec.seed + dist_info.rank)  # dropout differs per rank, reproducibly
     dims = ParallelDims.from_spec(spec, dist_info.world_size)
@@ -240,27 +261,31 @@ def build_run(
         qat.prepare(model, spec.qat)
         end_hooks.append(qat.report_converted)
     parts = parallelize(
-        model, dims, spec, rank=dist_info.rank, device=dist_info.device, loss=lm_loss
+        model,
+        dims,
+        spec,
+        rank=dist_info.rank,
+        device=dist_info.device,
+        loss=functools.partial(lm_loss, reduction="sum"),
     )
-    optimizer = build_optimizer(parts.model, spec.optim, foreach=None if dims.tp == 1 else False)
-    scheduler = build_scheduler(optimizer, spec.optim, spec.train.max_steps)
-    fp16 = spec.train.precision == "fp16"
-    scaler = torch.amp.GradScaler(dist_info.device.type) if fp16 else None
-    train_chunks = make_chunks(corpus.train, spec.model.seq_len, what="training")
-    eval_chunks = make_chunks(corpus.eval, spec.model.seq_len, what="evaluation")
     dp_rank = dims.dp_rank(dist_info.rank)
     sampler = GlobalBatchSampler(
-        num_chunks=len(train_chunks),
+        num_chunks=len(train_rows),
         seed=spec.seed,
         micro_batch_size=spec.train.micro_batch_size,
         grad_accum_steps=spec.train.grad_accum_steps,
         rank=dp_rank,
         world_size=dims.dp_size,
     )
+    max_steps = resolve_max_steps(spec.train, len(train_rows), sampler.global_batch_size)
+    optimizer = build_optimizer(parts.model, spec.optim, foreach=None if dims.tp == 1 else False)
+    scheduler = build_scheduler(optimizer, spec.optim, max_steps)
+    fp16 = spec.train.precision == "fp16"
+    scaler = torch.amp.GradScaler(dist_info.device.type) if fp16 else None
     # Sharded and pipelined forwards are collective: every rank runs as many eval batches,
     # all of full size (a pipeline splits each into its micro-batches).
     my_eval_batches = eval_batches(
-        num_chunks=len(eval_chunks),
+        num_chunks=len(eval_rows),
         num_batches=spec.eval.num_batches,
         micro_batch_size=spec.train.micro_batch_size,
         rank=dp_rank,
@@ -269,7 +294,7 @@ def build_run(
     )
     if not my_eval_batches:
         raise InvalidJobError(
-            f"the evaluation split has {len(eval_chunks)} chunks, fewer than one batch of "
+            f"the evaluation split has {len(eval_rows)} rows, fewer than one batch of "
             f"{spec.train.micro_batch_size} per data-parallel rank ({dims.dp_size})"
         )
     state = TrainState()
@@ -303,9 +328,10 @@ def build_run(
         scheduler=scheduler,
         scaler=scaler,
         sampler=sampler,
-        train_chunks=train_chunks,
-        eval_chunks=eval_chunks,
+        train_rows=train_rows,
+        eval_rows=eval_rows,
         eval_batches=my_eval_batches,
+        max_steps=max_steps,
         checkpointer=checkpointer,
         reporter=reporter,
         state=state,

@@ -46,7 +46,9 @@ def test_writer_refuses_a_row_of_the_wrong_length(tmp_path: Path) -> None:
 
 def test_rows_from_chunks_supervise_every_next_token() -> None:
     chunks = torch.arange(20, dtype=torch.uint8).view(4, 5)
-    batch = Rows.from_chunks(chunks).batch(np.array([1]), CPU)
+    rows = Rows.from_chunks(chunks)
+    assert rows.plain and rows.num_supervised(np.array([1, 3, 3])) == 12  # B x T, no read
+    batch = rows.batch(np.array([1]), CPU)
     assert batch.input_ids.tolist() == [[5, 6, 7, 8]]
     assert batch.labels.tolist() == [[6, 7, 8, 9]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3]]

@@ -84,3 +84,26 @@ def test_inplace_restarts_are_for_single_node_jobs_only() -> None:
     with pytest.raises(ValidationError) as exc:
         JobSpec.model_validate(_spec(retries=retries, resources={"nodes": 2}))
     assert _locs(exc.value) == [("retries", "max_inplace_restarts")]
+
+
+def test_epochs_replace_the_default_step_count_and_survive_a_round_trip() -> None:
+    spec = JobSpec.model_validate(_spec(train={"epochs": 3}))
+    assert (spec.train.max_steps, spec.train.epochs) == (None, 3)
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert JobSpec.model_validate(_spec()).train.max_steps == 1000  # no epochs: the default
+
+
+@pytest.mark.parametrize(
+    ("train", "loc"),
+    [
+        ({"epochs": 3, "max_steps": 100}, ("train", "epochs")),
+        ({"max_steps": None}, ("train", "max_steps")),
+    ],
+    ids=["both", "neither"],
+)
+def test_exactly_one_of_max_steps_and_epochs_ends_training(
+    train: dict[str, object], loc: tuple[str, ...]
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_spec(train=train, eval={"interval_steps": 10}))
+    assert _locs(exc.value) == [loc]

@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from tests.conftest_trainer import build_local_run, cpu_world_of_one, tiny_spec
+from tests.conftest_trainer import (
+    build_local_run,
+    build_rows_run,
+    cpu_world_of_one,
+    read_events,
+    tiny_spec,
+    uneven_rows,
+)
 from trainer.checkpoint import Checkpointer, latest_complete, list_checkpoints
 from trainer.events import EventWriter, NullReporter
-from trainer.loop import train_step
+from trainer.loop import Run, train_loop, train_step
 from trainer.spec import CheckpointSpec
 
 
@@ -96,3 +104,56 @@ def test_resume_restores_model_optimizer_schedule_data_position_and_rng(
     assert event == {**event, "type": "checkpoint", "step": 3, "uri": str(ckpt)}
     assert event["size_bytes"] == sum(p.stat().st_size for p in ckpt.iterdir())
     assert json.loads((ckpt / "spec.json").read_text()) == spec.model_dump(mode="json")
+
+
+EPOCHS_TRAIN = {"micro_batch_size": 4, "epochs": 2, "max_steps": None}  # 10 rows: 5 steps
+
+
+def _recorded_steps(run: Run, steps: int) -> tuple[list[list[int]], list[float]]:
+    """Run `steps` train steps; (each step's global batch of row indices, its loss)."""
+    order: list[list[int]] = []
+    take = run.sampler.next_global_batch
+
+    def recording() -> np.ndarray:
+        batch = take()
+        order.append(batch.tolist())
+        return batch
+
+    run.sampler.next_global_batch = recording  # type: ignore[method-assign]
+    losses = [float(train_step(run)[0]) for _ in range(steps)]
+    return order, losses
+
+
+def test_epochs_govern_the_step_count_and_are_reported(corpus_dir: Path, tmp_path: Path) -> None:
+    spec = tiny_spec(corpus_dir, train=EPOCHS_TRAIN, sample={"max_new_tokens": 1})
+    rows = uneven_rows(10, 64, seed=0)
+    reporter = EventWriter(tmp_path / "run")
+    run = build_rows_run(spec, rows, tmp_path / "ckpt", cpu_world_of_one(), reporter)
+    assert run.max_steps == 5  # ceil(2 epochs x 10 rows / 4 per step)
+    train_loop(run)
+    reporter.close()
+    events = read_events(tmp_path / "run")
+    epochs = [e["values"]["epoch"] for e in events if "epoch" in e.get("values", {})]
+    assert epochs == pytest.approx([0.4, 0.8, 1.2, 1.6, 2.0])
+    assert events[-1]["data"]["steps"] == 5
+
+
+def test_a_run_by_epochs_resumes_mid_epoch_with_the_same_row_order(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    spec = tiny_spec(corpus_dir, train=EPOCHS_TRAIN)
+    rows = uneven_rows(10, 64, seed=0)
+    first = build_rows_run(spec, rows, tmp_path / "ckpt", cpu_world_of_one())
+    _recorded_steps(first, 3)  # 12 rows: epoch 1, 2 rows in
+    first.state.step = 3
+    first.checkpointer.save(3, force=True)
+    first.checkpointer.wait()
+    expected_order, expected_losses = _recorded_steps(first, 2)
+
+    resumed = build_rows_run(spec, rows, tmp_path / "ckpt", cpu_world_of_one())
+    assert resumed.checkpointer.load_latest() == 3
+    assert resumed.sampler.state_dict() == {"epoch": 1, "offset": 2}
+    order, losses = _recorded_steps(resumed, 2)
+    assert order == expected_order
+    assert losses == expected_losses
+    assert order[0] == resumed.sampler.permutation(1)[2:6].tolist()  # epoch 1's shuffle

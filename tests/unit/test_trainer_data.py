@@ -5,18 +5,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from trainer.data import (
     decode,
     encode,
-    get_batch,
     load_corpus,
     make_chunks,
     unigram_cross_entropy,
 )
 from trainer.errors import InvalidJobError
+from trainer.rows import Rows
 from trainer.spec import DataSpec
 
 
@@ -115,7 +116,8 @@ def test_chunks_are_non_overlapping_and_batches_shift_targets_by_one() -> None:
     chunks = make_chunks(tokens, seq_len=9, what="training")
     assert chunks.shape == (10, 10)
     assert torch.equal(chunks.flatten(), tokens)
-    x, y = get_batch(chunks, torch.tensor([3, 0]).numpy(), torch.device("cpu"))
+    batch = Rows.from_chunks(chunks).batch(np.array([3, 0]), torch.device("cpu"))
+    x, y = batch.input_ids, batch.labels
     assert x.dtype == torch.long and x.shape == (2, 9)
     assert torch.equal(x[0], torch.arange(30, 39)) and torch.equal(y[0], torch.arange(31, 40))
 

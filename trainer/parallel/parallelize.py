@@ -81,7 +81,8 @@ def parallelize(
 ) -> Parallelized:
     """Apply `spec.parallelism` to `model` (built and initialized on `device`), in place.
 
-    `loss` (logits, targets) -> mean loss is the pipeline's last-stage loss.
+    `loss` (logits, targets) -> summed token loss is the pipeline's last-stage loss (divided
+    there by each step's supervised-token count).
     """
     mesh = dims.build_mesh(device.type)
     if dims.pp > 1:
@@ -94,7 +95,6 @@ def parallelize(
             model,
             bounds,
             pp,
-            grad_accum_steps=spec.train.grad_accum_steps,
             loss=loss,
             rank=rank,
             world_size=dims.pp,

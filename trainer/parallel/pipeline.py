@@ -11,9 +11,15 @@ reshard by name. With tied embeddings (the default) the token embedding lives on
 and on the last rank (output); their gradients are summed over those two ranks before each
 optimizer step, so both copies stay equal (as Megatron-LM's embedding group does).
 
-Gradient accumulation: the loss of each pipeline micro-batch is divided by
-`num_microbatches x grad_accum_steps` and the schedules run with `scale_grads=False`, so
-gradients summed over several `step()` calls are those of the mean loss over the whole step.
+Loss and gradient accumulation: the loss of each pipeline micro-batch is its summed token
+cross-entropy divided by the supervised-token count of the whole step (`step`'s
+`num_supervised`, passed to the loss function through the schedule's `loss_kwargs`), and the
+schedules run with `scale_grads=False`, so gradients summed over several `step()` calls are
+those of the step's token-mean loss (`trainer.batches`).
+
+Packed rows: `position_ids` and `segment_ids` go to every stage as keyword inputs (the
+schedules split them into micro-batches like the inputs); the first stage embeds positions,
+every stage's blocks attend within segments (`trainer.model.block_causal_mask`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
-from trainer.model import GPT
+from trainer.model import GPT, block_causal_mask
+from trainer.rows import IGNORE_INDEX, Batch
 from trainer.spec import PipelineSpec
 
 
@@ -65,13 +72,21 @@ class StageModule(nn.Module):
         self.ln_f = model.ln_f if last else None
         self.lm_head = model.lm_head if last else None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        position_ids: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+    ) -> Tensor:
         if self.first:
             assert self.wte is not None and self.wpe is not None
-            pos = torch.arange(x.shape[1], device=x.device)
+            pos = (
+                torch.arange(x.shape[1], device=x.device) if position_ids is None else position_ids
+            )
             x = self.drop(self.wte(x) + self.wpe(pos))
+        mask = None if segment_ids is None else block_causal_mask(segment_ids)
         for block in self.blocks.values():
-            x = block(x)
+            x = block(x, mask)
         if not self.last:
             return x
         assert self.ln_f is not None
@@ -107,7 +122,6 @@ class PipelineRunner:
         bounds: list[range],
         spec: PipelineSpec,
         *,
-        grad_accum_steps: int,
         loss: Callable[[Tensor, Tensor], Tensor],
         rank: int,
         world_size: int,
@@ -116,7 +130,6 @@ class PipelineRunner:
         self.rank_model = rank_model
         self.rank, self.world_size = rank, world_size
         self.num_microbatches = spec.num_microbatches
-        self.loss_scale = spec.num_microbatches * grad_accum_steps
         n = len(bounds)
         self.stages = [
             PipelineStage(
@@ -128,10 +141,9 @@ class PipelineRunner:
             for s in range(rank, n, world_size)
         ]
         self.has_last = any(stage.is_last for stage in self.stages)
-        scaled = self.loss_scale
 
-        def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
-            return loss(logits, targets) / scaled
+        def loss_fn(logits: Tensor, targets: Tensor, num_supervised: float = 1.0) -> Tensor:
+            return loss(logits, targets) / num_supervised
 
         if spec.schedule == "interleaved_1f1b":
             self.schedule: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B = (
@@ -153,27 +165,34 @@ class PipelineRunner:
         self._tied_group = dist.new_group([0, world_size - 1]) if tied else None
         self._holds_tied = tied and rank in (0, world_size - 1)
 
-    def step(self, x: Tensor, y: Tensor) -> Tensor:
-        """Forward and backward of one batch (B, T) through all stages.
+    def step(self, batch: Batch, num_supervised: int, *, plain: bool) -> Tensor:
+        """Forward and backward of one batch (B, T) through all stages; `num_supervised`:
+        the supervised positions of the step's whole global batch.
 
-        Returns the sum over its pipeline micro-batches of loss / (num_microbatches x
-        grad_accum_steps) on the last stage's rank (the step's mean loss after summing over
-        accumulation steps), 0 elsewhere.
+        Returns the batch's summed token loss / `num_supervised` on the last stage's rank
+        (the step's token-mean loss after summing over accumulation steps), 0 elsewhere.
         """
         losses: list[Tensor] = []
-        self.schedule.step(x, target=y, losses=losses)
+        self.schedule.step(
+            batch.input_ids,
+            target=batch.labels,
+            losses=losses,
+            loss_kwargs={"num_supervised": float(num_supervised)},
+            **_packing_kwargs(batch, plain),
+        )
         return torch.stack(losses).sum().detach() if self.has_last else torch.zeros(())
 
-    def eval_loss_sum(self, x: Tensor, y: Tensor) -> tuple[float, int]:
-        """(summed token losses in nats, token count) of one batch, forward only; (0, 0)
-        on ranks without the last stage."""
+    def eval_loss_sum(self, batch: Batch, *, plain: bool) -> tuple[float, int]:
+        """(summed token losses in nats, supervised positions) of one batch, forward only;
+        (0, 0) on ranks without the last stage."""
         losses: list[Tensor] = []
-        self.schedule.eval(x, target=y, losses=losses)
+        self.schedule.eval(
+            batch.input_ids, target=batch.labels, losses=losses, **_packing_kwargs(batch, plain)
+        )
         if not self.has_last:
             return 0.0, 0
-        per_micro = y.numel() // self.num_microbatches
-        mean_sum = float(torch.stack(losses).double().sum()) * self.loss_scale
-        return mean_sum * per_micro, y.numel()
+        count = int((batch.labels != IGNORE_INDEX).sum())
+        return float(torch.stack(losses).double().sum()), count
 
     def sync_tied_grads(self) -> None:
         """Sum the tied embedding's gradient over its two copies (ranks 0 and world - 1)."""
@@ -191,3 +210,10 @@ class PipelineRunner:
         if self._holds_tied and self.rank != 0:
             skip.add(id(self.rank_model.wte.weight))
         return [p for p in self.rank_model.parameters() if id(p) not in skip]
+
+
+def _packing_kwargs(batch: Batch, plain: bool) -> dict[str, Tensor]:
+    """The stages' keyword inputs: none for plain rows, else position and segment ids."""
+    if plain:
+        return {}
+    return {"position_ids": batch.position_ids, "segment_ids": batch.segment_ids}
