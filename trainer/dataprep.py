@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trainer.distributed import DistInfo
+    from trainer.preference import PreferenceRows
     from trainer.spec import JobSpec
 
 PIPELINE_VERSION = 1  # bump when the rows a plan produces change
@@ -88,10 +89,11 @@ class DataPlan:
 
 @dataclass(frozen=True)
 class PreparedRows:
-    """The rows of both sides, their cache entry and the `data` event's fields."""
+    """The rows of both sides (`PreferenceRows` for `preference` data), their cache entry and
+    the `data` event's fields."""
 
-    train: Rows
-    eval: Rows
+    train: Rows | PreferenceRows
+    eval: Rows | PreferenceRows
     directory: Path
     report: dict[str, Any]
 
@@ -148,7 +150,13 @@ def prepare_rows(
     cached, entry = found[0] == "1", Path(found[1:])
     report = json.loads((entry / _REPORT).read_text()) | {"cached": cached, "key": entry.name}
     reporter.data(report)
-    return PreparedRows(Rows.open(entry / "train"), Rows.open(entry / "eval"), entry, report)
+    if report["format"] == "preference":
+        from trainer.preference import PreferenceRows
+
+        sides: list[Any] = [PreferenceRows.open(entry / side) for side in ("train", "eval")]
+    else:
+        sides = [Rows.open(entry / side) for side in ("train", "eval")]
+    return PreparedRows(sides[0], sides[1], entry, report)
 
 
 def _gather(outcome: tuple[str, str], dist: DistInfo | None) -> list[tuple[str, str]]:
@@ -293,28 +301,53 @@ def _build_example_rows(
     spec: JobSpec,
 ) -> dict[str, Any]:
     """Records -> verified, truncated, packed rows in `out/{train,eval}`; the counts."""
-    data = spec.data
+    max_share = spec.data.max_truncated_share
+    _verify_sample(plan, files, tok, max_share)
+    sources: list[tuple[list[DataFile], ExampleSplit | int]]
+    if eval_files is None:
+        split = ExampleSplit(iter_records(files), spec.data.eval_fraction)
+        sources, capacity = [(files, split)], split.counts
+    else:
+        sources, capacity = [(files, 0), (eval_files, 1)], [_count(files), _count(eval_files)]
     if plan.format == "preference":
-        raise InvalidJobError("preference rows (chosen/rejected) are built by the DPO method")
-    sample = []
+        from trainer.preference import build_preference_rows
+
+        return build_preference_rows(plan, sources, capacity, tok, out, max_share)
+    return _write_examples(plan, sources, capacity, tok, out, max_share)
+
+
+def _verify_sample(
+    plan: DataPlan, files: list[DataFile], tok: Tokenizer, max_truncated_share: float
+) -> None:
+    """The mask verifier on the first `VERIFY_SAMPLE` records, before the rest is read."""
+    verifier = MaskStats()
     for index, (where, _, obj) in enumerate(iter_records(files)):
         if index == VERIFY_SAMPLE:
             break
-        sample.append(encode_one(where, obj, plan, tok))
-    verifier = MaskStats()
-    for example in sample:
-        verifier.add(example, truncate(example, plan.seq_len, plan.truncation))
+        if plan.format == "preference":
+            from trainer.preference import encode_pair
+
+            examples = encode_pair(where, obj, tokenizer=tok, template=plan.template or "")
+        else:
+            examples = (encode_one(where, obj, plan, tok),)
+        for example in examples:
+            verifier.add(example, truncate(example, plan.seq_len, plan.truncation))
     verifier.check(
-        loss_on=plan.loss_on, max_truncated_share=data.max_truncated_share, what="data sample"
+        loss_on=plan.loss_on, max_truncated_share=max_truncated_share, what="data sample"
     )
-    del sample
-    if eval_files is None:
-        split: ExampleSplit | None = ExampleSplit(iter_records(files), data.eval_fraction)
-        assert split is not None
-        capacity = split.counts
-    else:
-        split = None
-        capacity = [_count(files), _count(eval_files)]
+
+
+def _write_examples(
+    plan: DataPlan,
+    sources: list[tuple[list[DataFile], ExampleSplit | int]],
+    capacity: list[int],
+    tok: Tokenizer,
+    out: Path,
+    max_truncated_share: float,
+) -> dict[str, Any]:
+    """SFT examples -> packed or padded rows in `out/{train,eval}`; the counts per side.
+    `sources`: (files, split), where split is an `ExampleSplit` or a fixed side (0 train,
+    1 evaluation)."""
     pad_id = 0 if tok.hf is None else int(tok.hf.pad_token_id or tok.eos_id or 0)
     writers = [
         RowsWriter(out / name, seq_len=plan.seq_len, capacity=max(n, 1))
@@ -324,10 +357,9 @@ def _build_example_rows(
         RowPacker(plan.seq_len, packing=plan.packing, pad_id=pad_id, emit=w.append) for w in writers
     ]
     stats = [MaskStats(), MaskStats()]
-    sources = [(files, split)] + ([(eval_files, None)] if eval_files is not None else [])
-    for source, source_split in sources:
+    for source, split in sources:
         for index, (where, raw, obj) in enumerate(iter_records(source)):
-            side = 1 if source is eval_files else source_split.side(index, raw)  # type: ignore[union-attr]
+            side = split if isinstance(split, int) else split.side(index, raw)
             example = encode_one(where, obj, plan, tok)
             kept = truncate(example, plan.seq_len, plan.truncation)
             stats[side].add(example, kept)
@@ -337,9 +369,7 @@ def _build_example_rows(
     for name, writer, packer, side_stats in zip(
         ("train", "eval"), writers, packers, stats, strict=True
     ):
-        side_stats.check(
-            loss_on=plan.loss_on, max_truncated_share=data.max_truncated_share, what=name
-        )
+        side_stats.check(loss_on=plan.loss_on, max_truncated_share=max_truncated_share, what=name)
         packing = packer.close()
         if writer.count == 0:
             raise InvalidJobError(f"the {name} split has no example that fits model.seq_len")

@@ -91,3 +91,16 @@ def bpe_tokenizer(vocab_size: int = 600) -> Any:
         pad_token="<|endoftext|>",
         chat_template=CHATML,
     )
+
+
+def preference_records(limit: int = 200) -> list[dict[str, Any]]:
+    """Chosen: the function's real docstring; rejected: the next function's."""
+    functions = stdlib_functions(limit)
+    return [
+        {
+            "prompt": [{"role": "user", "content": code}],
+            "chosen": [{"role": "assistant", "content": doc}],
+            "rejected": [{"role": "assistant", "content": functions[(i + 1) % len(functions)][1]}],
+        }
+        for i, (code, doc) in enumerate(functions)
+    ]

@@ -173,3 +173,34 @@ def test_token_files_become_rows_and_token_records_keep_their_loss_mask(tmp_path
             seg_labels = labels[i][segs == s]
             assert np.all(seg_labels[:4] == IGNORE_INDEX) and np.all(seg_labels[4:-1] >= 0)
             assert seg_labels[-1] == IGNORE_INDEX
+
+
+def test_preference_pairs_become_aligned_chosen_and_rejected_rows(tmp_path: Path) -> None:
+    from tests.unit.sft_data import preference_records
+
+    records = preference_records(30)
+    data = write_jsonl(tmp_path / "pref.jsonl", records)
+    prepared = _prepare(tmp_path, _spec(data, eval_fraction=0.2))
+    train = prepared.train
+    assert len(train.chosen) == len(train.rejected) > 0
+    docs = {r["chosen"][0]["content"] for r in records}
+    for i in range(len(train)):
+        chosen, rejected = (
+            np.asarray(rows.input_ids[i]) for rows in (train.chosen, train.rejected)
+        )
+        labels = np.asarray(train.chosen.labels[i])
+        first = int(np.argmax(labels != IGNORE_INDEX))  # the answer's first target
+        assert np.array_equal(chosen[: first + 1], rejected[: first + 1])  # same prompt
+        answer = bytes(labels[labels != IGNORE_INDEX].astype(np.uint8)).decode()
+        assert answer.removesuffix("<|im_end|>") in docs
+        segments = np.asarray(train.chosen.segment_ids[i])
+        assert segments[0] == 0 and set(segments.tolist()) <= {0, -1}  # one pair per row
+
+
+def test_a_separate_eval_file_is_all_evaluation_and_the_data_all_training(tmp_path: Path) -> None:
+    train_file = write_jsonl(tmp_path / "train.jsonl", messages_records(30)[:20])
+    eval_file = write_jsonl(tmp_path / "eval.jsonl", messages_records(30)[20:])
+    prepared = _prepare(tmp_path, _spec(train_file), eval_location=str(eval_file))
+    assert prepared.report["train"]["examples"] == 20
+    assert prepared.report["eval"]["examples"] == 10
+    assert len(prepared.eval) == 10 - prepared.report["eval"]["dropped"]
