@@ -62,11 +62,10 @@ class Tokenizer:
 
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, starts, ends): (L,) int32 ids and each token's [start, end) in characters."""
-        if self.hf is None:
-            data = text.encode("utf-8")
-            widths = np.fromiter((len(c.encode("utf-8")) for c in text), np.int64, len(text))
-            starts = np.repeat(np.arange(len(text), dtype=np.int64), widths)
-            return np.frombuffer(data, dtype=np.uint8).astype(np.int32), starts, starts + 1
+        if self.hf is None:  # byte i belongs to the character whose first byte precedes it
+            data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+            starts = np.cumsum((data & 0xC0) != 0x80, dtype=np.int64) - 1
+            return data.astype(np.int32), starts, starts + 1
         out = self.hf(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         offsets = np.asarray(out["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         return np.asarray(out["input_ids"], dtype=np.int32), offsets[:, 0], offsets[:, 1]

@@ -43,7 +43,7 @@ class PackingStats:
         }
 
 
-@dataclass
+@dataclass(eq=False)  # rows are told apart by identity (their arrays do not compare)
 class _OpenRow:
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     used: int = 0

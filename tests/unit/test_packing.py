@@ -89,3 +89,9 @@ def test_an_example_longer_than_a_row_is_refused() -> None:
     packer = RowPacker(8, packing=True, pad_id=0, emit=lambda **r: None)
     with pytest.raises(ValueError, match="9 tokens"):
         packer.add(*_example(9, 0))
+
+
+def test_a_row_that_fills_up_is_written_while_an_earlier_one_stays_open() -> None:
+    rows, _ = _pack([5, 32, 20], packing=True)
+    assert [r["segment_ids"].max() for r in rows] == [0, 1]  # [32], then [5, 20]
+    assert np.array_equal(rows[0]["input_ids"], _example(32, 1)[0])
