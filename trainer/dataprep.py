@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trainer.distributed import DistInfo
-    from trainer.preference import PreferenceRows
+    from trainer.pairs import PreferenceRows
     from trainer.spec import JobSpec
 
 PIPELINE_VERSION = 1  # bump when the rows a plan produces change
@@ -151,7 +151,7 @@ def prepare_rows(
     report = json.loads((entry / _REPORT).read_text()) | {"cached": cached, "key": entry.name}
     reporter.data(report)
     if report["format"] == "preference":
-        from trainer.preference import PreferenceRows
+        from trainer.pairs import PreferenceRows
 
         sides: list[Any] = [PreferenceRows.open(entry / side) for side in ("train", "eval")]
     else:
@@ -310,7 +310,7 @@ def _build_example_rows(
     else:
         sources, capacity = [(files, 0), (eval_files, 1)], [_count(files), _count(eval_files)]
     if plan.format == "preference":
-        from trainer.preference import build_preference_rows
+        from trainer.pairs import build_preference_rows
 
         return build_preference_rows(plan, sources, capacity, tok, out, max_share)
     return _write_examples(plan, sources, capacity, tok, out, max_share)
@@ -325,7 +325,7 @@ def _verify_sample(
         if index == VERIFY_SAMPLE:
             break
         if plan.format == "preference":
-            from trainer.preference import encode_pair
+            from trainer.pairs import encode_pair
 
             examples = encode_pair(where, obj, tokenizer=tok, template=plan.template or "")
         else:

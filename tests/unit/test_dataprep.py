@@ -204,3 +204,37 @@ def test_a_separate_eval_file_is_all_evaluation_and_the_data_all_training(tmp_pa
     assert prepared.report["train"]["examples"] == 20
     assert prepared.report["eval"]["examples"] == 10
     assert len(prepared.eval) == 10 - prepared.report["eval"]["dropped"]
+
+
+def test_jsonl_text_is_a_token_stream_unpacked_and_whole_documents_packed(
+    tmp_path: Path,
+) -> None:
+    docs = [{"text": f"document {i}: " + "lorem ipsum " * (3 + i % 7)} for i in range(60)]
+    data = write_jsonl(tmp_path / "docs.jsonl", docs)
+    stream = _prepare(tmp_path / "s", _spec(data, seq_len=32, eval_fraction=0.2))
+    assert np.all(np.asarray(stream.train.segment_ids) == 0)
+    assert np.all(np.asarray(stream.train.labels) != IGNORE_INDEX)
+    packed = _prepare(tmp_path / "p", _spec(data, seq_len=128, eval_fraction=0.2, packing=True))
+    texts = {d["text"] for d in docs}
+    for row in range(len(packed.train)):
+        segs, ids = packed.train.segment_ids[row], packed.train.input_ids[row]
+        for s in np.unique(segs[segs >= 0]):
+            assert bytes(ids[segs == s].astype(np.uint8)).decode() in texts  # whole documents
+
+
+def test_raw_text_with_a_bpe_tokenizer_is_tokenized_block_by_block_losslessly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer import textrows
+
+    monkeypatch.setattr(textrows, "_BLOCK", 97)  # many blocks, cut at line ends
+    tok = bpe_tokenizer()
+    data = tmp_path / "corpus.txt"
+    text = "".join(f"def f{i}(x):\n    return x + {i}  # é\n" for i in range(300))
+    data.write_text(text)
+    train = _prepare(tmp_path, _spec(data, seq_len=64), tok).train
+    chunks = np.concatenate(
+        [np.asarray(train.input_ids), np.asarray(train.labels)[:, -1:]], axis=1
+    ).reshape(-1)
+    decoded = tok.decode(chunks.tolist())
+    assert len(decoded) > len(text) // 2 and text.startswith(decoded)

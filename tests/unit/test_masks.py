@@ -191,3 +191,32 @@ def test_ignore_index_matches_the_rows_contract() -> None:
     from trainer.rows import IGNORE_INDEX as ROWS_IGNORE_INDEX
 
     assert IGNORE_INDEX == ROWS_IGNORE_INDEX
+
+
+LLAMA3_STYLE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' }}"
+    "{{ m.content | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+def test_a_user_jinja_template_with_other_markers_masks_answer_and_end_of_turn() -> None:
+    record = parse_record("messages", messages_records(2)[1])
+    tok = Tokenizer(None)
+    example = encode_record(record, tokenizer=tok, template=LLAMA3_STYLE, loss_on="assistant")
+    answer = record.messages[-1].content
+    assert answer is not None
+    assert _decode(tok, example.input_ids[example.supervised]) == answer.strip() + "<|eot_id|>"
+    assert example.leaks == 0
+
+
+def test_the_tokenizers_own_template_is_used_through_apply_chat_template() -> None:
+    from trainer.chat import resolve_template
+
+    hf = bpe_tokenizer()
+    assert resolve_template(None, hf) == hf.chat_template
+    assert resolve_template(None, None) == CHATML
+    assert resolve_template("chatml", hf) == CHATML
+    assert resolve_template(LLAMA3_STYLE, hf) == LLAMA3_STYLE
