@@ -36,6 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from trainer.chat import resolve_template
@@ -60,6 +61,7 @@ VERIFY_SAMPLE = 256  # examples whose masks are verified before the corpus is to
 CACHE_ENV = "TORCHYARD_CACHE_DIR"
 BUILD_TIMEOUT = timedelta(hours=12)  # how long ranks wait for their node's builder
 _REPORT = "data.json"
+_COUNT_ROWS = 4096  # rows read at once when counting labels
 CHAT_FORMATS = ("messages", "prompt_completion", "preference")
 
 
@@ -380,3 +382,21 @@ def _write_examples(
 
 def _count(files: list[DataFile]) -> int:
     return sum(1 for _ in iter_records(files))
+
+
+def unigram_eval_loss(train: Rows, held: Rows, vocab_size: int) -> float:
+    """Cross-entropy in nats/token of `held`'s supervised targets under the frequencies of
+    `train`'s supervised targets (add-one smoothed), the baseline a model must beat (as
+    `trainer.data.unigram_cross_entropy`, over rows). Reads the labels in blocks of rows."""
+    counts = _label_counts(train, vocab_size).astype(np.float64) + 1.0
+    log_p = np.log(counts / counts.sum())
+    held_counts = _label_counts(held, vocab_size)
+    return float(-(held_counts * log_p).sum() / max(int(held_counts.sum()), 1))
+
+
+def _label_counts(rows: Rows, vocab_size: int) -> np.ndarray:
+    total = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, len(rows), _COUNT_ROWS):
+        labels = np.asarray(rows.labels[start : start + _COUNT_ROWS]).reshape(-1)
+        total += np.bincount(labels[labels >= 0], minlength=vocab_size)[:vocab_size]
+    return total

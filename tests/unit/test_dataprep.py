@@ -238,3 +238,18 @@ def test_raw_text_with_a_bpe_tokenizer_is_tokenized_block_by_block_losslessly(
     ).reshape(-1)
     decoded = tok.decode(chunks.tolist())
     assert len(decoded) > len(text) // 2 and text.startswith(decoded)
+
+
+def test_unigram_baseline_counts_supervised_targets_only() -> None:
+    from trainer.dataprep import unigram_eval_loss
+
+    def rows(labels: list[list[int]]) -> Rows:
+        array = np.array(labels, dtype=np.int32)
+        zeros = np.zeros_like(array)
+        return Rows(input_ids=zeros, labels=array, position_ids=zeros, segment_ids=zeros)
+
+    train = rows([[1, 1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]])
+    held = rows([[1, 2, IGNORE_INDEX, IGNORE_INDEX]])
+    # counts + 1 over a vocabulary of 4: token 0: 1, 1: 3, 2: 2, 3: 2 -> total 8
+    expected = -(np.log(3 / 8) + np.log(2 / 8)) / 2
+    assert unigram_eval_loss(train, held, 4) == pytest.approx(expected, rel=1e-12)
