@@ -82,6 +82,7 @@ class DataPlan:
     include: tuple[str, ...]
     exclude: tuple[str, ...]
     max_bytes: int | None
+    token_dtype: str | None
     version: int = PIPELINE_VERSION
 
     @property
@@ -201,6 +202,7 @@ def make_plan(
         include=tuple(data.include),
         exclude=tuple(data.exclude),
         max_bytes=data.max_bytes,
+        token_dtype=data.token_dtype,
     )
 
 

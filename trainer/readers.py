@@ -6,7 +6,8 @@ matching `data.include` and not `data.exclude`, in sorted relative-path order.
 - JSONL (`.jsonl`, `.json`, optionally `.gz` / `.zst`, decompressed by fsspec's
   `compression="infer"`, zstd through `zstandard`), parsed line by line with `orjson`.
 - Parquet (`.parquet`), read in record batches with `pyarrow.parquet.ParquetFile.iter_batches`.
-- Flat token arrays (`.npy`, or `.bin` = uint16 as nanoGPT writes), memory-mapped.
+- Flat token arrays (`.npy`, or `.bin` of `data.token_dtype`, uint16 as nanoGPT writes),
+  memory-mapped.
 - Anything else is raw text (`text` format).
 
 `content_digest` hashes every selected file's bytes (sha256, with its relative path), the
@@ -128,9 +129,9 @@ def _parquet(f: DataFile) -> Iterator[tuple[str, bytes, Any]]:
                 yield f"{f.rel}:{number}", orjson.dumps(row, option=orjson.OPT_SORT_KEYS), row
 
 
-def token_array(f: DataFile) -> np.ndarray:
-    """A flat `.npy` (any integer dtype) or `.bin` (uint16) token file, memory-mapped (local
-    files) or read (other URIs)."""
+def token_array(f: DataFile, bin_dtype: str = "uint16") -> np.ndarray:
+    """A flat `.npy` (any integer dtype) or `.bin` (`bin_dtype`) token file, memory-mapped
+    (local files) or read (other URIs)."""
     fs, path = fsspec.core.url_to_fs(f.url)
     local = _is_local(fs)
     if f.rel.lower().endswith(".npy"):
@@ -139,9 +140,9 @@ def token_array(f: DataFile) -> np.ndarray:
         with fsspec.open(f.url, "rb") as stream:
             return np.load(stream)
     if local:
-        return np.memmap(path, dtype=np.uint16, mode="r")
+        return np.memmap(path, dtype=np.dtype(bin_dtype), mode="r")
     with fsspec.open(f.url, "rb") as stream:
-        return np.frombuffer(stream.read(), dtype=np.uint16)
+        return np.frombuffer(stream.read(), dtype=np.dtype(bin_dtype))
 
 
 def detect(files: list[DataFile]) -> str:

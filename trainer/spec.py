@@ -183,6 +183,11 @@ class DataSpec(_Strict):
         "(filled in at submission), or for a `uri` detected from the file extension and the "
         "first record.",
     )
+    token_dtype: Literal["uint16", "uint32"] | None = Field(
+        default=None,
+        description="Integer type of a flat `.bin` token file (`tokens` format; `.npy` files "
+        "carry their own). null: the registered dataset's, else `uint16` (nanoGPT's).",
+    )
     loss_on: Literal["assistant", "completion", "all"] | None = Field(
         default=None,
         description="Which tokens are supervised. `assistant`: the content and end-of-turn "

@@ -11,7 +11,8 @@ segment. The tail shorter than a chunk is dropped.
   `eval_fraction` of bytes; at most `data.max_bytes` bytes are read.
 - `jsonl_text` (without packing): each record's text, then the tokenizer's EOS (or a newline
   byte for bytes), split by example (`trainer.dataprep.ExampleSplit`).
-- `tokens` (`.npy`, `.bin`): the last `eval_fraction` of each file's tokens is evaluation.
+- `tokens` (`.npy`, `.bin` of `data.token_dtype`): the last `eval_fraction` of each file's
+  tokens is evaluation.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def build_text_rows(
     data: DataSpec,
 ) -> dict[str, Any]:
     """Write `out/{train,eval}` for `text`, unpacked `jsonl_text` and flat `tokens`."""
-    capacity = _capacity(files + (eval_files or []), plan)
+    capacity = _capacity(files + (eval_files or []), plan, data.token_dtype or "uint16")
     writers = [
         RowsWriter(out / name, seq_len=plan.seq_len, capacity=capacity)
         for name in ("train", "eval")
@@ -112,7 +113,7 @@ def build_text_rows(
     if plan.format == "jsonl_text":
         _feed_records(files, eval_files, tok, chunkers, data.eval_fraction)
     elif plan.format == "tokens":
-        _feed_tokens(files, eval_files, chunkers, data.eval_fraction)
+        _feed_tokens(files, eval_files, chunkers, data)
     else:
         for side, blocks in _text_sides(files, eval_files, data):
             _feed_text(blocks, tok, chunkers[side])
@@ -128,10 +129,10 @@ def build_text_rows(
     return report
 
 
-def _capacity(files: list[DataFile], plan: DataPlan) -> int:
+def _capacity(files: list[DataFile], plan: DataPlan, bin_dtype: str) -> int:
     """An upper bound on rows per side: tokens <= bytes + one separator per record/file."""
     if plan.format == "tokens":
-        total = sum(int(token_array(f).shape[0]) for f in files)
+        total = sum(int(token_array(f, bin_dtype).shape[0]) for f in files)
     else:
         total = 2 * sum(int(fsspec.core.url_to_fs(f.url)[0].size(f.url)) for f in files)
     return total // (plan.seq_len + 1) + 1
@@ -161,17 +162,18 @@ def _feed_tokens(
     files: list[DataFile],
     eval_files: list[DataFile] | None,
     chunkers: list[Chunker],
-    eval_fraction: float,
+    data: DataSpec,
 ) -> None:
+    bin_dtype = data.token_dtype or "uint16"
     for f in files:
-        array = token_array(f)
-        n_eval = 0 if eval_files else max(1, math.floor(array.shape[0] * eval_fraction))
+        array = token_array(f, bin_dtype)
+        n_eval = 0 if eval_files else max(1, math.floor(array.shape[0] * data.eval_fraction))
         for start in range(0, array.shape[0] - n_eval, _BLOCK):
             chunkers[0].add(np.asarray(array[start : min(start + _BLOCK, array.shape[0] - n_eval)]))
         if n_eval:
             chunkers[1].add(np.asarray(array[array.shape[0] - n_eval :]))
     for f in eval_files or []:
-        array = token_array(f)
+        array = token_array(f, bin_dtype)
         for start in range(0, array.shape[0], _BLOCK):
             chunkers[1].add(np.asarray(array[start : start + _BLOCK]))
 

@@ -253,3 +253,10 @@ def test_unigram_baseline_counts_supervised_targets_only() -> None:
     # counts + 1 over a vocabulary of 4: token 0: 1, 1: 3, 2: 2, 3: 2 -> total 8
     expected = -(np.log(3 / 8) + np.log(2 / 8)) / 2
     assert unigram_eval_loss(train, held, 4) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_uint32_bin_file_is_read_with_the_declared_token_dtype(tmp_path: Path) -> None:
+    flat = tmp_path / "tokens.bin"
+    (np.arange(3000, dtype=np.uint32) + 70_000).tofile(flat)
+    prepared = _prepare(tmp_path, _spec(flat, seq_len=32, token_dtype="uint32"))
+    assert np.array_equal(np.asarray(prepared.train.input_ids[0]), np.arange(32) + 70_000)
