@@ -279,3 +279,51 @@ def verify_masks(
         stats.add(example, truncate(example, seq_len, truncation))
     stats.check(loss_on=loss_on, max_truncated_share=max_truncated_share, what=what)
     return stats
+
+
+def preview(
+    objects: list[Any],
+    *,
+    format: str,
+    tokenizer: Tokenizer,
+    template: str,
+    loss_on: str | None,
+    seq_len: int,
+    truncation: str,
+    max_truncated_share: float,
+) -> dict[str, Any]:
+    """What a job would learn from: each decoded record's tokens with their mask bits, and the
+    verifier's counts and verdict (`refused`: the reason, or None), as `POST
+    /v1/datasets/{id}/preview` shows them. Records of `format` (not `text`/`tokens`/
+    `preference`); raises `InvalidJobError` for an invalid record or unrenderable template."""
+    from pydantic import ValidationError
+
+    from trainer.records import describe_error, parse_record
+
+    mode = loss_on or DEFAULT_LOSS_ON[format]
+    examples, shown = [], []
+    for number, obj in enumerate(objects, start=1):
+        try:
+            record = parse_record(format, obj)
+        except ValidationError as exc:
+            raise InvalidJobError(f"record {number}: {describe_error(exc.errors()[0])}") from exc
+        example = encode_record(record, tokenizer=tokenizer, template=template, loss_on=mode)
+        examples.append(example)
+        ids = example.input_ids.tolist()
+        pieces = (
+            [bytes([i]).decode("latin-1") for i in ids]
+            if tokenizer.hf is None
+            else tokenizer.hf.convert_ids_to_tokens(ids)
+        )
+        shown.append(
+            {"input_ids": ids, "tokens": pieces, "supervised": example.supervised.tolist(),
+             "roles": [example.role_names[r] for r in example.roles.tolist()]}
+        )  # fmt: skip
+    stats, refused = MaskStats(), None
+    for example in examples:
+        stats.add(example, truncate(example, seq_len, truncation))
+    try:
+        stats.check(loss_on=mode, max_truncated_share=max_truncated_share, what="preview")
+    except InvalidJobError as exc:
+        refused = str(exc)
+    return {"examples": shown, "report": stats.report(), "loss_on": mode, "refused": refused}

@@ -220,3 +220,26 @@ def test_the_tokenizers_own_template_is_used_through_apply_chat_template() -> No
     assert resolve_template(None, None) == CHATML
     assert resolve_template("chatml", hf) == CHATML
     assert resolve_template(LLAMA3_STYLE, hf) == LLAMA3_STYLE
+
+
+def test_preview_returns_tokens_with_mask_bits_and_the_verdict() -> None:
+    from trainer.masks import preview
+
+    records = messages_records(3)
+    shown = preview(
+        records, format="messages", tokenizer=Tokenizer(bpe_tokenizer()), template=CHATML,
+        loss_on=None, seq_len=4096, truncation="drop", max_truncated_share=0.1,
+    )  # fmt: skip
+    assert shown["refused"] is None and shown["loss_on"] == "assistant"
+    first = shown["examples"][0]
+    assert len(first["tokens"]) == len(first["supervised"]) == len(first["roles"])
+    trained = [t for t, s in zip(first["tokens"], first["supervised"], strict=True) if s]
+    assert trained[-1] == "<|im_end|>"
+    assert {r for r, s in zip(first["roles"], first["supervised"], strict=True) if s} == {
+        "assistant"
+    }
+    refused = preview(
+        records, format="messages", tokenizer=Tokenizer(None), template=CHATML, loss_on=None,
+        seq_len=16, truncation="truncate_right", max_truncated_share=0.1,
+    )  # fmt: skip
+    assert "lose every supervised token" in refused["refused"]
