@@ -73,25 +73,26 @@ def render(
     own `raise_exception`, e.g. "roles must alternate")."""
     from jinja2 import TemplateError
 
+    schemas: list[Any] | None = list(tools) if tools is not None else None
     try:
         if tokenizer is not None:
-            text = tokenizer.apply_chat_template(
+            text: Any = tokenizer.apply_chat_template(
                 messages,
                 chat_template=template,
-                tools=tools,
+                tools=schemas,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
         else:
             from transformers.utils.chat_template_utils import render_jinja_template
 
-            rendered, _ = render_jinja_template(
+            result: Any = render_jinja_template(  # (rendered chats, generation indices)
                 conversations=[messages],
-                tools=tools,
+                tools=schemas,
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
             )
-            text = rendered[0]
+            text = result[0][0]
     except (TemplateError, ValueError, TypeError) as exc:
         raise InvalidJobError(f"data.chat_template: cannot render a conversation: {exc}") from exc
     return str(text)

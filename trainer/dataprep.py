@@ -325,6 +325,7 @@ def _verify_sample(
 ) -> None:
     """The mask verifier on the first `VERIFY_SAMPLE` records, before the rest is read."""
     verifier = MaskStats()
+    examples: tuple[Example, ...]
     for index, (where, _, obj) in enumerate(iter_records(files)):
         if index == VERIFY_SAMPLE:
             break
