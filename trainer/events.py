@@ -61,6 +61,10 @@ class Reporter:
     def sample(self, step: int, prompt: str, text: str) -> None:
         self.emit("sample", step=step, prompt=prompt, text=text)
 
+    def data(self, fields: dict[str, Any]) -> None:
+        """How the data became rows (`trainer.dataprep`): counts, masks, packing, cache."""
+        self.emit("data", **fields)
+
     def error(self, message: str, traceback: str, exit_code: int) -> None:
         """`exit_code` is an addition to the contract: the code this rank exits with (2 = do
         not retry), since torchrun itself exits 1 whatever its workers' codes were."""

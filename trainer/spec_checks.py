@@ -62,6 +62,7 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     errors += _model_source_errors(spec)
     errors += _finetune_errors(spec)
     errors += _stopping_errors(spec)
+    errors += _data_errors(spec)
     if spec.train.max_steps is not None and spec.eval.interval_steps > spec.train.max_steps:
         errors.append(
             (
@@ -222,6 +223,41 @@ def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
                     f"1..{model.n_layers - 1}",
                 )
             )
+    return errors
+
+
+# `data.loss_on` values each record format can honour (None: the format's default).
+LOSS_ON_BY_FORMAT: dict[str, tuple[str, ...]] = {
+    "text": ("all",),
+    "jsonl_text": ("all",),
+    "tokens": ("all",),
+    "messages": ("assistant", "all"),
+    "prompt_completion": ("completion", "assistant", "all"),
+    "preference": ("completion",),
+}
+
+
+def _data_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """`data.loss_on` and `data.packing` against a declared `data.format`; eval sources."""
+    data = spec.data
+    errors: list[tuple[tuple[str, ...], str]] = []
+    if data.eval_dataset is not None and data.eval_uri is not None:
+        errors.append((("data", "eval_uri"), "give at most one of `eval_dataset` or `eval_uri`"))
+    if data.format is None:
+        return errors  # known at launch: the trainer checks the same and exits 2
+    allowed = LOSS_ON_BY_FORMAT[data.format]
+    if data.loss_on is not None and data.loss_on not in allowed:
+        errors.append(
+            (
+                ("data", "loss_on"),
+                f"loss_on {data.loss_on!r} does not apply to format {data.format!r}; "
+                f"choose among {list(allowed)}",
+            )
+        )
+    if data.packing and data.format == "preference":
+        errors.append(
+            (("data", "packing"), "preference pairs are never packed (one pair per sequence)")
+        )
     return errors
 
 

@@ -184,6 +184,9 @@ class RunIngest:
             data = {k: event.get(k) for k in ("step", "format", "uri", "size_bytes")}
             message = f"exported {data['format']} at step {data['step']}"
             self._add(session, job, "info", message, data)
+        elif kind == "data":
+            data = {k: v for k, v in event.items() if k not in ("type", "time", "attempt")}
+            self._add(session, job, "info", _data_message(data), data)
         elif kind == "sample":
             data = {k: event.get(k) for k in ("step", "prompt", "text")}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)
@@ -349,3 +352,15 @@ def rank_exit_code(paths: RunPaths) -> int | None:
     except FileNotFoundError:
         return None
     return int(match[1]) if match else None
+
+
+def _data_message(data: dict[str, Any]) -> str:
+    """One line for the trainer's `data` event (how the data became rows)."""
+    sides = [data.get(name) for name in ("train", "eval")]
+    train, held = (side if isinstance(side, dict) else {} for side in sides)
+    source = "from cache" if data.get("cached") else "tokenized"
+    return (
+        f"data {source}: {data.get('format')}, loss on {data.get('loss_on')}; "
+        f"{train.get('rows', train.get('pairs'))} training and "
+        f"{held.get('rows', held.get('pairs'))} evaluation rows"
+    )

@@ -56,6 +56,14 @@ def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
         + _event("checkpoint", step=2, uri="ckpt/step_00000002", size_bytes=10)
         + _event("sample", step=3, prompt="def ", text="x\u0000y")
         + _event("export", step=3, format="peft_adapter", uri="ckpt/lora/a", size_bytes=7)
+        + _event(
+            "data",
+            format="messages",
+            loss_on="assistant",
+            cached=False,
+            train={"rows": 40, "dropped": 1},
+            eval={"rows": 3},
+        )
         + b'{"type": "metric", "step": 4, "val'  # torn: the writer died mid-line
     )
     ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
@@ -73,7 +81,7 @@ def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
     assert checkpoint.data == {"step": 2, "uri": "ckpt/step_00000002", "size_bytes": 10}
     (sample,) = [e for e in events if e.kind == "sample"]
     assert sample.data["text"] == "x\ufffdy"
-    (export,) = [e for e in events if e.kind == "info" and e.data.get("format")]
+    (export,) = [e for e in events if e.kind == "info" and e.data.get("uri")]
     assert export.message == "exported peft_adapter at step 3"
     assert export.data == {
         "step": 3,
@@ -81,6 +89,11 @@ def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
         "uri": "ckpt/lora/a",
         "size_bytes": 7,
     }
+    (data,) = [e for e in events if e.kind == "info" and "loss_on" in e.data]
+    assert data.message == (
+        "data tokenized: messages, loss on assistant; 40 training and 3 evaluation rows"
+    )
+    assert data.data["train"] == {"rows": 40, "dropped": 1}
     assert [(x.rank, x.offset, x.line) for x in log_lines(engine, claimed_job)] == [
         (-1, 0, "launcher says"),
         (0, 0, "hello"),

@@ -1,0 +1,405 @@
+"""A job's data -> training and evaluation rows, once, in a content-addressed cache.
+
+    prepared = prepare_rows(spec, data_location, tokenizer, cache_root=..., dist=..., reporter=...)
+    prepared.train, prepared.eval   # trainer.rows.Rows, memory-mapped
+
+Pipeline (DESIGN.md "render -> mask -> verify -> pack -> shard, once"): records are streamed
+(`trainer.readers`), rendered and masked (`trainer.chat`, `trainer.masks`), the masks of a
+first sample verified before anything else is tokenized, over-long examples dropped or cut
+(`data.truncation`), then packed or padded into rows (`trainer.packing`) written with
+`trainer.rows.RowsWriter`. Raw text and flat token files take the degenerate path
+(`trainer.textrows`): contiguous windows of seq_len + 1 tokens.
+
+Cache: `CACHE_ROOT/<key>/{train,eval}/` plus `data.json` (the counts), where `key` is the
+sha256 of everything that decides the rows (`DataPlan`): the data's content digest (sha256
+of every file's bytes), the tokenizer's identity (class, name and a hash of its whole
+serialization), the chat template's source, seq_len, packing, loss_on, truncation, format,
+eval source and split share, file selection. The job seed is not in it: nothing here depends
+on it (the split hashes example content, packing follows file order), so jobs that differ
+only by seed share an entry. An entry is built in a temporary directory and renamed into
+place, so a reader sees all of it or nothing; a later job or a resumed attempt finds it and
+tokenizes nothing. On each node local rank 0 builds while the other ranks wait (one
+`all_gather_object` over a gloo group with a long timeout, which also carries a failure to
+every rank); then every rank memory-maps the entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from trainer.chat import resolve_template
+from trainer.errors import InvalidJobError
+from trainer.events import Reporter
+from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_record, truncate
+from trainer.packing import RowPacker
+from trainer.readers import DataFile, content_digest, detect, iter_records, list_files
+from trainer.records import describe_error, parse_record
+from trainer.rows import Rows, RowsWriter
+from trainer.spec_checks import LOSS_ON_BY_FORMAT
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trainer.distributed import DistInfo
+    from trainer.pairs import PreferenceRows
+    from trainer.spec import JobSpec
+
+PIPELINE_VERSION = 1  # bump when the rows a plan produces change
+VERIFY_SAMPLE = 256  # examples whose masks are verified before the corpus is tokenized
+CACHE_ENV = "TORCHYARD_CACHE_DIR"
+BUILD_TIMEOUT = timedelta(hours=12)  # how long ranks wait for their node's builder
+_REPORT = "data.json"
+_COUNT_ROWS = 4096  # rows read at once when counting labels
+CHAT_FORMATS = ("messages", "prompt_completion", "preference")
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Everything that decides the rows; `key` hashes it."""
+
+    format: str
+    loss_on: str
+    template: str | None
+    tokenizer: str
+    seq_len: int
+    packing: bool
+    truncation: str
+    eval_fraction: float
+    train_digest: str
+    eval_digest: str | None
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    max_bytes: int | None
+    token_dtype: str | None
+    version: int = PIPELINE_VERSION
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PreparedRows:
+    """The rows of both sides (`PreferenceRows` for `preference` data), their cache entry and
+    the `data` event's fields."""
+
+    train: Rows | PreferenceRows
+    eval: Rows | PreferenceRows
+    directory: Path
+    report: dict[str, Any]
+
+
+def cache_root(explicit: str | None = None) -> Path:
+    """Where row caches live: `explicit`, else `$TORCHYARD_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/torchyard/rows` (`~/.cache/torchyard/rows`). Local: rows are mmapped."""
+    chosen = explicit or os.environ.get(CACHE_ENV)
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "torchyard" / "rows"
+
+
+def prepare_rows(
+    spec: JobSpec,
+    data_location: str,
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    cache_dir: Path,
+    dist: DistInfo | None,
+    reporter: Reporter,
+    eval_location: str | None = None,
+) -> PreparedRows:
+    """The job's rows from `cache_dir`, built first when absent (see the module docstring).
+
+    `tokenizer`: the model's fast tokenizer, or None for bytes. `eval_location`: the
+    evaluation data (`data.eval_dataset` / `data.eval_uri` resolved), else a held-out share.
+    Raises `InvalidJobError` (exit 2) for unreadable or invalid data, a refused mask, or a
+    side without one row.
+    """
+    builder = dist is None or dist.local_rank == 0
+    outcome: tuple[str, str] = ("wait", "")
+    failure: BaseException | None = None
+    if builder:
+        try:
+            entry, cached = _build_entry(
+                spec, data_location, eval_location, Tokenizer(tokenizer), cache_dir
+            )
+            outcome = ("ok", f"{int(cached)}{entry}")
+        except InvalidJobError as exc:
+            outcome, failure = ("invalid", str(exc)), exc
+        except Exception as exc:
+            outcome, failure = ("error", f"{type(exc).__name__}: {exc}"), exc
+    outcomes = _gather(outcome, dist)
+    if failure is not None:
+        raise failure
+    for status, message in outcomes:
+        if status == "invalid":
+            raise InvalidJobError(f"data preparation on another rank: {message}")
+        if status == "error":
+            raise RuntimeError(f"data preparation failed on another rank: {message}")
+    found = outcome[1] if outcome[0] == "ok" else next(m for s, m in outcomes if s == "ok")
+    cached, entry = found[0] == "1", Path(found[1:])
+    report = json.loads((entry / _REPORT).read_text()) | {"cached": cached, "key": entry.name}
+    reporter.data(report)
+    if report["format"] == "preference":
+        from trainer.pairs import PreferenceRows
+
+        sides: list[Any] = [PreferenceRows.open(entry / side) for side in ("train", "eval")]
+    else:
+        sides = [Rows.open(entry / side) for side in ("train", "eval")]
+    return PreparedRows(sides[0], sides[1], entry, report)
+
+
+def _gather(outcome: tuple[str, str], dist: DistInfo | None) -> list[tuple[str, str]]:
+    """Every rank's outcome; doubles as the barrier the non-builders wait on."""
+    if dist is None or not dist.is_distributed:
+        return [outcome]
+    import torch.distributed as tdist
+
+    group = tdist.new_group(backend="gloo", timeout=BUILD_TIMEOUT)
+    gathered: list[Any] = [None] * dist.world_size
+    tdist.all_gather_object(gathered, outcome, group=group)
+    tdist.destroy_process_group(group)
+    return [tuple(x) for x in gathered]
+
+
+def make_plan(
+    spec: JobSpec, files: list[DataFile], eval_files: list[DataFile] | None, tok: Tokenizer
+) -> DataPlan:
+    """The plan of `spec`'s data. Raises `InvalidJobError` for a `loss_on` the format
+    cannot honour."""
+    data = spec.data
+    fmt = data.format or detect(files)
+    loss_on = data.loss_on or DEFAULT_LOSS_ON[fmt]
+    if loss_on not in LOSS_ON_BY_FORMAT[fmt]:
+        raise InvalidJobError(
+            f"data.loss_on {loss_on!r} does not apply to format {fmt!r}; choose among "
+            f"{list(LOSS_ON_BY_FORMAT[fmt])}"
+        )
+    return DataPlan(
+        format=fmt,
+        loss_on=loss_on,
+        template=resolve_template(data.chat_template, tok.hf) if fmt in CHAT_FORMATS else None,
+        tokenizer=tok.identity,
+        seq_len=spec.model.seq_len,
+        packing=data.packing,
+        truncation=data.truncation,
+        eval_fraction=data.eval_fraction,
+        train_digest=content_digest(files),
+        eval_digest=content_digest(eval_files) if eval_files is not None else None,
+        include=tuple(data.include),
+        exclude=tuple(data.exclude),
+        max_bytes=data.max_bytes,
+        token_dtype=data.token_dtype,
+    )
+
+
+def _build_entry(
+    spec: JobSpec, location: str, eval_location: str | None, tok: Tokenizer, cache_dir: Path
+) -> tuple[Path, bool]:
+    """(entry directory, whether it was already there)."""
+    data = spec.data
+    files = list_files(location, data.include, data.exclude)
+    eval_files = list_files(eval_location, data.include, data.exclude) if eval_location else None
+    plan = make_plan(spec, files, eval_files, tok)
+    entry = cache_dir / plan.key
+    if (entry / _REPORT).is_file():
+        return entry, True
+    tmp = cache_dir / f".{plan.key}.{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    try:
+        if _is_stream(plan, files):
+            from trainer.textrows import build_text_rows
+
+            report = build_text_rows(plan, files, eval_files, tok, tmp, spec.data)
+        else:
+            report = _build_example_rows(plan, files, eval_files, tok, tmp, spec)
+        (tmp / _REPORT).write_text(json.dumps(report, indent=2))
+        try:
+            os.replace(tmp, entry)
+        except OSError:  # another builder (a shared cache) finished the same entry first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return entry, False
+
+
+def _is_stream(plan: DataPlan, files: list[DataFile]) -> bool:
+    """Whether the data takes the degenerate contiguous-windows path (`trainer.textrows`)."""
+    if plan.format == "tokens":
+        return files[0].kind == "tokens"  # flat arrays; Parquet token records are examples
+    return plan.format == "text" or (plan.format == "jsonl_text" and not plan.packing)
+
+
+class ExampleSplit:
+    """Held-out split by example: an example is evaluation data when the hash of its bytes
+    ranks below `eval_fraction` (duplicates land on one side), with at least one example on
+    each side (a count pass over the records finds the extremes). Counts per side are the
+    `RowsWriter` capacities."""
+
+    def __init__(self, records: Iterator[tuple[str, bytes, Any]], eval_fraction: float) -> None:
+        self.eval_fraction = eval_fraction
+        self.counts = [0, 0]  # train, eval
+        low = high = (2.0, -1)
+        for index, (_, raw, _) in enumerate(records):
+            score = self.score(raw)
+            self.counts[score < eval_fraction] += 1
+            low, high = min(low, (score, index)), max(high, (-score, index))
+        self.forced: dict[int, int] = {}
+        if self.counts[1] == 0 and self.counts[0] > 1:
+            self.forced[low[1]] = 1
+        if self.counts[0] == 0 and self.counts[1] > 1:
+            self.forced[high[1]] = 0
+        for side in self.forced.values():
+            self.counts[side] += 1
+            self.counts[1 - side] -= 1
+
+    @staticmethod
+    def score(raw: bytes) -> float:
+        return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big") / 2**64
+
+    def side(self, index: int, raw: bytes) -> int:
+        """0 train, 1 eval."""
+        if index in self.forced:
+            return self.forced[index]
+        return int(self.score(raw) < self.eval_fraction)
+
+
+def encode_one(where: str, obj: Any, plan: DataPlan, tok: Tokenizer) -> Example:
+    """One decoded record -> `Example`. Raises `InvalidJobError` naming `where` (file:line)."""
+    if plan.format == "tokens":
+        from trainer.textrows import token_example
+
+        return token_example(where, obj)
+    try:
+        record = parse_record(plan.format, obj)
+    except ValidationError as exc:
+        raise InvalidJobError(f"{where}: {describe_error(exc.errors()[0])}") from exc
+    try:
+        return encode_record(
+            record, tokenizer=tok, template=plan.template or "", loss_on=plan.loss_on
+        )
+    except InvalidJobError as exc:
+        raise InvalidJobError(f"{where}: {exc}") from exc
+
+
+def _build_example_rows(
+    plan: DataPlan,
+    files: list[DataFile],
+    eval_files: list[DataFile] | None,
+    tok: Tokenizer,
+    out: Path,
+    spec: JobSpec,
+) -> dict[str, Any]:
+    """Records -> verified, truncated, packed rows in `out/{train,eval}`; the counts."""
+    max_share = spec.data.max_truncated_share
+    _verify_sample(plan, files, tok, max_share)
+    sources: list[tuple[list[DataFile], ExampleSplit | int]]
+    if eval_files is None:
+        split = ExampleSplit(iter_records(files), spec.data.eval_fraction)
+        sources, capacity = [(files, split)], split.counts
+    else:
+        sources, capacity = [(files, 0), (eval_files, 1)], [_count(files), _count(eval_files)]
+    if plan.format == "preference":
+        from trainer.pairs import build_preference_rows
+
+        return build_preference_rows(plan, sources, capacity, tok, out, max_share)
+    return _write_examples(plan, sources, capacity, tok, out, max_share)
+
+
+def _verify_sample(
+    plan: DataPlan, files: list[DataFile], tok: Tokenizer, max_truncated_share: float
+) -> None:
+    """The mask verifier on the first `VERIFY_SAMPLE` records, before the rest is read."""
+    verifier = MaskStats()
+    examples: tuple[Example, ...]
+    for index, (where, _, obj) in enumerate(iter_records(files)):
+        if index == VERIFY_SAMPLE:
+            break
+        if plan.format == "preference":
+            from trainer.pairs import encode_pair
+
+            examples = encode_pair(where, obj, tokenizer=tok, template=plan.template or "")
+        else:
+            examples = (encode_one(where, obj, plan, tok),)
+        for example in examples:
+            verifier.add(example, truncate(example, plan.seq_len, plan.truncation))
+    verifier.check(
+        loss_on=plan.loss_on, max_truncated_share=max_truncated_share, what="data sample"
+    )
+
+
+def _write_examples(
+    plan: DataPlan,
+    sources: list[tuple[list[DataFile], ExampleSplit | int]],
+    capacity: list[int],
+    tok: Tokenizer,
+    out: Path,
+    max_truncated_share: float,
+) -> dict[str, Any]:
+    """SFT examples -> packed or padded rows in `out/{train,eval}`; the counts per side.
+    `sources`: (files, split), where split is an `ExampleSplit` or a fixed side (0 train,
+    1 evaluation)."""
+    pad_id = 0 if tok.hf is None else int(tok.hf.pad_token_id or tok.eos_id or 0)
+    writers = [
+        RowsWriter(out / name, seq_len=plan.seq_len, capacity=max(n, 1))
+        for name, n in zip(("train", "eval"), capacity, strict=True)
+    ]
+    packers = [
+        RowPacker(plan.seq_len, packing=plan.packing, pad_id=pad_id, emit=w.append) for w in writers
+    ]
+    stats = [MaskStats(), MaskStats()]
+    for source, split in sources:
+        for index, (where, raw, obj) in enumerate(iter_records(source)):
+            side = split if isinstance(split, int) else split.side(index, raw)
+            example = encode_one(where, obj, plan, tok)
+            kept = truncate(example, plan.seq_len, plan.truncation)
+            stats[side].add(example, kept)
+            if kept is not None:
+                packers[side].add(kept.input_ids, kept.labels())
+    report: dict[str, Any] = {"format": plan.format, "loss_on": plan.loss_on}
+    for name, writer, packer, side_stats in zip(
+        ("train", "eval"), writers, packers, stats, strict=True
+    ):
+        side_stats.check(loss_on=plan.loss_on, max_truncated_share=max_truncated_share, what=name)
+        packing = packer.close()
+        if writer.count == 0:
+            raise InvalidJobError(f"the {name} split has no example that fits model.seq_len")
+        writer.close({"format": plan.format})
+        report[name] = side_stats.report() | packing.report()
+    return report
+
+
+def _count(files: list[DataFile]) -> int:
+    return sum(1 for _ in iter_records(files))
+
+
+def unigram_eval_loss(train: Rows, held: Rows, vocab_size: int) -> float:
+    """Cross-entropy in nats/token of `held`'s supervised targets under the frequencies of
+    `train`'s supervised targets (add-one smoothed), the baseline a model must beat (as
+    `trainer.data.unigram_cross_entropy`, over rows). Reads the labels in blocks of rows."""
+    counts = _label_counts(train, vocab_size).astype(np.float64) + 1.0
+    log_p = np.log(counts / counts.sum())
+    held_counts = _label_counts(held, vocab_size)
+    return float(-(held_counts * log_p).sum() / max(int(held_counts.sum()), 1))
+
+
+def _label_counts(rows: Rows, vocab_size: int) -> np.ndarray:
+    total = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, len(rows), _COUNT_ROWS):
+        labels = np.asarray(rows.labels[start : start + _COUNT_ROWS]).reshape(-1)
+        total += np.bincount(labels[labels >= 0], minlength=vocab_size)[:vocab_size]
+    return total

@@ -1,0 +1,241 @@
+"""The degenerate rows of raw text and flat token files (ROWS.md): contiguous windows.
+
+The token stream of each side is cut into non-overlapping chunks of seq_len + 1 tokens; a row
+is `input_ids = chunk[:-1]`, `labels = chunk[1:]` (all supervised), positions 0..T-1, one
+segment. The tail shorter than a chunk is dropped.
+
+- `text`: files are read in 1 MiB blocks (never a whole file in memory), decoded as UTF-8
+  (U+FFFD for invalid bytes) and tokenized at line boundaries; bytes are the ids of the
+  byte-level GPT. Split as before (`trainer.data`): a directory's whole files go to
+  evaluation by a hash of their relative path (at least one per side), a single file's last
+  `eval_fraction` of bytes; at most `data.max_bytes` bytes are read.
+- `jsonl_text` (without packing): each record's text, then the tokenizer's EOS (or a newline
+  byte for bytes), split by example (`trainer.dataprep.ExampleSplit`).
+- `tokens` (`.npy`, `.bin` of `data.token_dtype`): the last `eval_fraction` of each file's
+  tokens is evaluation.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+import numpy as np
+
+from trainer.errors import InvalidJobError
+from trainer.masks import Example, Tokenizer
+from trainer.readers import DataFile, iter_records, token_array
+from trainer.rows import RowsWriter
+
+if TYPE_CHECKING:
+    from trainer.dataprep import DataPlan
+    from trainer.spec import DataSpec
+
+_BLOCK = 1 << 20
+
+
+class Chunker:
+    """Collects a token stream and writes each full chunk of T + 1 tokens as one row."""
+
+    def __init__(self, seq_len: int, emit: Callable[..., None]) -> None:
+        self.seq_len = seq_len
+        self.emit = emit
+        self.carry = np.zeros(0, dtype=np.int32)
+        self.rows = 0
+        self.tokens = 0
+        self._positions = np.arange(seq_len, dtype=np.int32)
+        self._segments = np.zeros(seq_len, dtype=np.int32)
+
+    def add(self, ids: np.ndarray) -> None:
+        self.tokens += int(ids.shape[0])
+        data = np.concatenate([self.carry, ids.astype(np.int32, copy=False)])
+        width = self.seq_len + 1
+        full = data.shape[0] // width
+        for chunk in data[: full * width].reshape(full, width):
+            self.emit(
+                input_ids=chunk[:-1],
+                labels=chunk[1:],
+                position_ids=self._positions,
+                segment_ids=self._segments,
+            )
+        self.rows += full
+        self.carry = data[full * width :].copy()
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "rows": self.rows,
+            "packing_efficiency": 1.0,
+            "supervised_efficiency": 1.0,
+        }
+
+
+def token_example(where: str, obj: Any) -> Example:
+    """A pre-tokenized record (`input_ids`, optional `labels` with -100 or `loss_mask` 0/1,
+    per token) as an `Example`. Raises `InvalidJobError` naming `where`."""
+    try:
+        ids = np.asarray(obj["input_ids"], dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0:
+            raise ValueError("input_ids: must be a non-empty list of token ids")
+        if obj.get("labels") is not None:
+            supervised = np.asarray(obj["labels"], dtype=np.int64) != -100
+        elif obj.get("loss_mask") is not None:
+            supervised = np.asarray(obj["loss_mask"], dtype=np.int64) != 0
+        else:
+            supervised = np.ones(ids.shape, dtype=bool)
+        if supervised.shape != ids.shape:
+            raise ValueError("labels / loss_mask: must have one entry per input id")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidJobError(f"{where}: {exc}") from exc
+    return Example(ids.astype(np.int32), supervised, np.zeros(ids.shape, np.int8), ("tokens",))
+
+
+def build_text_rows(
+    plan: DataPlan,
+    files: list[DataFile],
+    eval_files: list[DataFile] | None,
+    tok: Tokenizer,
+    out: Path,
+    data: DataSpec,
+) -> dict[str, Any]:
+    """Write `out/{train,eval}` for `text`, unpacked `jsonl_text` and flat `tokens`."""
+    capacity = _capacity(files + (eval_files or []), plan, data.token_dtype or "uint16")
+    writers = [
+        RowsWriter(out / name, seq_len=plan.seq_len, capacity=capacity)
+        for name in ("train", "eval")
+    ]
+    chunkers = [Chunker(plan.seq_len, w.append) for w in writers]
+    if plan.format == "jsonl_text":
+        _feed_records(files, eval_files, tok, chunkers, data.eval_fraction)
+    elif plan.format == "tokens":
+        _feed_tokens(files, eval_files, chunkers, data)
+    else:
+        for side, blocks in _text_sides(files, eval_files, data):
+            _feed_text(blocks, tok, chunkers[side])
+    report: dict[str, Any] = {"format": plan.format, "loss_on": "all"}
+    for name, writer, chunker in zip(("train", "eval"), writers, chunkers, strict=True):
+        if writer.count == 0:
+            raise InvalidJobError(
+                f"the {name} split has {chunker.tokens} tokens, fewer than one chunk of "
+                f"seq_len + 1 = {plan.seq_len + 1}; give more data or a shorter model.seq_len"
+            )
+        writer.close({"format": plan.format})
+        report[name] = chunker.report()
+    return report
+
+
+def _capacity(files: list[DataFile], plan: DataPlan, bin_dtype: str) -> int:
+    """An upper bound on rows per side: tokens <= bytes + one separator per record/file."""
+    if plan.format == "tokens":
+        total = sum(int(token_array(f, bin_dtype).shape[0]) for f in files)
+    else:
+        total = 2 * sum(int(fsspec.core.url_to_fs(f.url)[0].size(f.url)) for f in files)
+    return total // (plan.seq_len + 1) + 1
+
+
+def _feed_records(
+    files: list[DataFile],
+    eval_files: list[DataFile] | None,
+    tok: Tokenizer,
+    chunkers: list[Chunker],
+    eval_fraction: float,
+) -> None:
+    from trainer.dataprep import ExampleSplit
+
+    separator = np.array([tok.eos_id if tok.eos_id is not None else 10], dtype=np.int32)
+    split = ExampleSplit(iter_records(files), eval_fraction) if eval_files is None else None
+    for source, held_out in ((files, False), (eval_files or [], True)):
+        for index, (where, raw, obj) in enumerate(iter_records(source)):
+            text = obj.get("text") if isinstance(obj, dict) else None
+            if not isinstance(text, str) or not text:
+                raise InvalidJobError(f"{where}: text: must be a non-empty string")
+            side = 1 if held_out else split.side(index, raw)  # type: ignore[union-attr]
+            chunkers[side].add(np.concatenate([tok.ids(text), separator]))
+
+
+def _feed_tokens(
+    files: list[DataFile],
+    eval_files: list[DataFile] | None,
+    chunkers: list[Chunker],
+    data: DataSpec,
+) -> None:
+    bin_dtype = data.token_dtype or "uint16"
+    for f in files:
+        array = token_array(f, bin_dtype)
+        n_eval = 0 if eval_files else max(1, math.floor(array.shape[0] * data.eval_fraction))
+        for start in range(0, array.shape[0] - n_eval, _BLOCK):
+            chunkers[0].add(np.asarray(array[start : min(start + _BLOCK, array.shape[0] - n_eval)]))
+        if n_eval:
+            chunkers[1].add(np.asarray(array[array.shape[0] - n_eval :]))
+    for f in eval_files or []:
+        array = token_array(f, bin_dtype)
+        for start in range(0, array.shape[0], _BLOCK):
+            chunkers[1].add(np.asarray(array[start : start + _BLOCK]))
+
+
+def _text_sides(
+    files: list[DataFile], eval_files: list[DataFile] | None, data: DataSpec
+) -> Iterator[tuple[int, Iterator[bytes]]]:
+    """(side, byte blocks) per document, within the `max_bytes` budget."""
+    budget = data.max_bytes if data.max_bytes is not None else math.inf
+    sizes = [int(fsspec.core.url_to_fs(f.url)[0].size(f.url)) for f in files]
+    if eval_files is None and len(files) == 1:
+        size = int(min(sizes[0], budget))
+        n_eval = max(1, math.floor(size * data.eval_fraction))
+        yield 0, _blocks(files[0], 0, size - n_eval)
+        yield 1, _blocks(files[0], size - n_eval, size)
+        return
+    held = [eval_files is None and _eval_score(f.rel) < data.eval_fraction for f in files]
+    if eval_files is None and not any(held):
+        held[min(range(len(files)), key=lambda i: _eval_score(files[i].rel))] = True
+    if eval_files is None and all(held):
+        held[max(range(len(files)), key=lambda i: _eval_score(files[i].rel))] = False
+    for f, size, is_eval in zip(files, sizes, held, strict=True):
+        if budget <= 0:
+            break
+        take = int(min(size, budget))
+        budget -= take
+        yield int(is_eval), _blocks(f, 0, take)
+    for f in eval_files or []:
+        yield 1, _blocks(f, 0, int(fsspec.core.url_to_fs(f.url)[0].size(f.url)))
+
+
+def _eval_score(rel_path: str) -> float:
+    """A stable number in [0, 1) from a file's relative path (as `trainer.data`, so the split
+    does not move): below `eval_fraction` -> evaluation."""
+    digest = hashlib.sha256(rel_path.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _blocks(f: DataFile, start: int, stop: int) -> Iterator[bytes]:
+    with fsspec.open(f.url, "rb") as stream:
+        stream.seek(start)
+        left = stop - start
+        while left > 0 and (block := stream.read(min(_BLOCK, left))):
+            left -= len(block)
+            yield block
+
+
+def _feed_text(blocks: Iterator[bytes], tok: Tokenizer, chunker: Chunker) -> None:
+    """Tokenize a document block by block (bytes: as they are; else decoded text cut after
+    its last newline, so no token straddles two blocks but at line ends)."""
+    if tok.hf is None:
+        for block in blocks:
+            chunker.add(np.frombuffer(block, dtype=np.uint8))
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    for block in blocks:
+        pending += decoder.decode(block)
+        cut = pending.rfind("\n") + 1
+        if cut:
+            chunker.add(tok.ids(pending[:cut]))
+            pending = pending[cut:]
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        chunker.add(tok.ids(pending))
