@@ -226,6 +226,25 @@ class DPOMethod:
         return {f"eval_{name}": value for name, value in mean_metrics(sums, dist).items()}
 
 
+def build_dpo(
+    spec: JobSpec,
+    network: Network,
+    model: nn.Module,
+    *,
+    dist_info: DistInfo,
+    mesh: DeviceMesh | None,
+    init_from: str | None = None,
+) -> DPOMethod | None:
+    """The DPO method of a `method.kind: dpo` job (its reference built as `build_reference`
+    says, after `parallelize` gave the policy `model` and `mesh`); None for SFT."""
+    if spec.method.kind != "dpo":
+        return None
+    reference = build_reference(
+        spec, network, model, dist_info=dist_info, mesh=mesh, init_from=init_from
+    )
+    return DPOMethod(_dpo_spec(spec), reference, precision=spec.train.precision)
+
+
 def pair_batches(
     chosen: Rows, rejected: Rows, batches: Iterable[Any], device: torch.device
 ) -> Iterator[tuple[Batch, Batch]]:

@@ -22,7 +22,7 @@ from trainer.finetune import Network, build_network
 from trainer.optim import build_optimizer
 from trainer.preference import (
     DPOMethod,
-    build_reference,
+    build_dpo,
     check_pairs,
     concat_pairs,
     logits_of,
@@ -52,9 +52,10 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Rows, Rows]:
     return write_preference_rows(directory, stdlib_pairs(16, SEQ_LEN + 1), SEQ_LEN)
 
 
-def _spec(model: str = "gpt", lora: bool = False, **dpo: Any) -> JobSpec:
+def _spec(model: str = "gpt", lora: bool = False, precision: str = "fp32", **dpo: Any) -> JobSpec:
     sections: dict[str, Any] = {
         "model": {"seq_len": SEQ_LEN},
+        "train": {"precision": precision},
         "method": {"kind": "dpo", "dpo": dpo},
         "optim": {"lr": 1e-2, "warmup_steps": 0, "weight_decay": 0.0},
     }
@@ -67,11 +68,9 @@ def _spec(model: str = "gpt", lora: bool = False, **dpo: Any) -> JobSpec:
 
 def _build(spec: JobSpec) -> tuple[Network, DPOMethod]:
     network = build_network(spec, device=CPU)
-    reference = build_reference(
-        spec, network, network.model, dist_info=cpu_world_of_one(), mesh=None
-    )
-    assert spec.method.dpo is not None
-    return network, DPOMethod(spec=spec.method.dpo, reference=reference)
+    method = build_dpo(spec, network, network.model, dist_info=cpu_world_of_one(), mesh=None)
+    assert method is not None and method.precision == spec.train.precision
+    return network, method
 
 
 def _pairs(rows: tuple[Rows, Rows], indices: list[int]) -> tuple[Batch, Batch]:
@@ -90,11 +89,19 @@ def _step(network: Network, method: DPOMethod, pairs: list[tuple[Batch, Batch]])
     return float(loss)
 
 
-@pytest.mark.parametrize(("model", "lora"), [("gpt", False), ("gpt", True), ("llama", True)])
+@pytest.mark.parametrize(
+    ("model", "lora", "precision"),
+    [
+        ("gpt", False, "fp32"),
+        ("gpt", False, "bf16"),
+        ("gpt", True, "fp32"),
+        ("llama", True, "fp32"),
+    ],
+)
 def test_at_init_the_policy_is_its_reference_the_loss_log_2_and_the_rewards_zero(
-    model: str, lora: bool, rows: tuple[Rows, Rows]
+    model: str, lora: bool, precision: str, rows: tuple[Rows, Rows]
 ) -> None:
-    network, method = _build(_spec(model, lora))
+    network, method = _build(_spec(model, lora, precision))
     loss = method.accumulate(
         [_pairs(rows, [0, 1, 2, 3])],
         model=network.model,
@@ -132,6 +139,12 @@ def test_lora_reference_is_the_adapter_free_model_and_stays_it_while_the_policy_
     assert float(moved.min()) > 1e-3  # adapters trained: every answer's log-prob changed
     assert torch.equal(reference.logps(both, forward=logits_of, precision="fp32"), ref_logps)
     assert network.model.training  # the reference forward restored the training mode
+
+
+def test_sft_jobs_get_no_dpo_method() -> None:
+    spec = tiny_spec(Path("/unused"))
+    network = build_network(spec, device=CPU)
+    assert build_dpo(spec, network, network.model, dist_info=cpu_world_of_one(), mesh=None) is None
 
 
 def test_full_reference_is_a_frozen_copy_of_the_starting_weights(rows: tuple[Rows, Rows]) -> None:
