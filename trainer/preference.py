@@ -145,9 +145,9 @@ class DPOMethod:
         dp_size / global_pairs: the data-parallel gradient average (DDP, FSDP) then gives the
         gradient of the mean loss over the `global_pairs` pairs of the step, whatever their
         split into micro-batches and ranks (DPO's loss is per pair, not per token). Gradients
-        are reduced on the last micro-batch only. Returns the sum of the backwarded losses
-        (0-dim fp32, detached): this rank's mean pair loss when every rank has as many pairs,
-        which `trainer.loop.agree` averages over the ranks into the step's mean.
+        are reduced on the last micro-batch only. Returns this rank's share of the step's mean
+        loss, the sum of its pair losses / global_pairs (0-dim fp32, detached): the ranks'
+        shares add up to the mean, as the token sums / N of SFT steps do (`trainer.batches`).
         """
         scale = dp_size / global_pairs
         device = pairs[0][0].input_ids.device
@@ -164,7 +164,7 @@ class DPOMethod:
                 losses, stats = self._score(logits, both, ref)
                 loss = losses.sum() * scale
                 (scaler.scale(loss) if scaler else loss).backward()
-            loss_sum += loss.detach()
+            loss_sum += losses.detach().sum() / global_pairs
             sums += stats
         self._sums = sums
         return loss_sum

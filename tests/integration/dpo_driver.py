@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from trainer.distributed import DistInfo, init_distributed, shutdown
+from trainer.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown
 from trainer.finetune import build_network
-from trainer.loop import lm_loss
 from trainer.optim import build_optimizer
 from trainer.parallel import ParallelDims, clip_grad_norm, parallelize
 from trainer.preference import build_dpo, check_pairs, pair_batches
@@ -48,7 +48,10 @@ def train(spec: JobSpec, info: DistInfo, rows: Path) -> dict[str, Any]:
     torch.manual_seed(spec.seed + info.rank)
     dims = ParallelDims.from_spec(spec, info.world_size)
     network = build_network(spec, device=info.device, dist_info=info)
-    parts = parallelize(network.model, dims, spec, rank=info.rank, device=info.device, loss=lm_loss)
+    # `loss` is a pipeline's last-stage loss: unused (DPO refuses pipelines)
+    parts = parallelize(
+        network.model, dims, spec, rank=info.rank, device=info.device, loss=F.cross_entropy
+    )
     optimizer = build_optimizer(parts.model, spec.optim)
     method = build_dpo(spec, network, parts.model, dist_info=info, mesh=parts.mesh)
     assert method is not None
@@ -79,7 +82,7 @@ def train(spec: JobSpec, info: DistInfo, rows: Path) -> dict[str, Any]:
     train = []
     for _ in range(spec.train.max_steps):
         pairs = list(pair_batches(chosen, rejected, sampler.next_step(), info.device))
-        method.accumulate(
+        share = method.accumulate(
             pairs,
             model=parts.model,
             train_model=parts.train_model,
@@ -89,7 +92,9 @@ def train(spec: JobSpec, info: DistInfo, rows: Path) -> dict[str, Any]:
         clip_grad_norm(list(parts.model.parameters()), spec.optim.grad_clip, pipeline=None)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        train.append(method.train_metrics(info))
+        # the ranks' shares add up to the step's mean loss (as the loop's `agree` sums them)
+        step_loss = float(all_reduce_sum(share.reshape(1), info))
+        train.append({**method.train_metrics(info), "shares_sum": step_loss})
     record["train"] = train
     record["eval_end"] = evaluate()
     return record

@@ -7,6 +7,7 @@ Each run (tests/integration/dpo_driver.py) takes 8 pairs per step (single: 1 mic
 ddp/fsdp: 2 ranks x 2 micro-batches of 2) and proves:
 - at the start the policy is its reference: eval loss log 2, rewards 0;
 - training raises the reward accuracy above 0.5 and the margin above 0 on the pairs;
+- the ranks' loss shares returned by `DPOMethod.accumulate` add up to the step's mean loss;
 - ddp and fsdp follow the single-process loss curve: the loss is normalised by the pairs of
   the global batch, whatever their split. Tolerance 1e-5 relative: the same fp32 mathematics
   summed in another order (DDP's all-reduce, FSDP's reduce-scatter, per-micro-batch sums),
@@ -128,6 +129,8 @@ def test_dpo_raises_reward_accuracy_and_margin_and_matches_single_process(
     assert end["eval_rewards/accuracy"] > 0.5, end
     assert end["eval_rewards/margin"] > 0.0 and end["eval_loss"] < LOG_2, end
     losses = [step["loss"] for step in out["train"]]
+    shares = [step["shares_sum"] for step in out["train"]]
+    assert shares == pytest.approx(losses, rel=1e-6)  # the step's loss as the loop sees it
     assert losses[0] == pytest.approx(LOG_2, rel=1e-6)  # step 1 scores the initial policy
     expected = [step["loss"] for step in single["train"]]
     assert losses == pytest.approx(expected, rel=REL_TOLERANCE)
