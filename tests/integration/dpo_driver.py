@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown
+from trainer.dpo_train import build_dpo, check_pairs, pair_batches
 from trainer.finetune import build_network
 from trainer.optim import build_optimizer
 from trainer.parallel import ParallelDims, clip_grad_norm, parallelize
-from trainer.preference import build_dpo, check_pairs, pair_batches
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler, eval_batches
 from trainer.spec import JobSpec

@@ -17,10 +17,7 @@ from torch import nn
 
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
 from tests.conftest_trainer import cpu_world_of_one, tiny_spec
-from trainer.errors import InvalidJobError
-from trainer.finetune import Network, build_network
-from trainer.optim import build_optimizer
-from trainer.preference import (
+from trainer.dpo_train import (
     DPOMethod,
     build_dpo,
     check_pairs,
@@ -28,6 +25,9 @@ from trainer.preference import (
     logits_of,
     pair_batches,
 )
+from trainer.errors import InvalidJobError
+from trainer.finetune import Network, build_network
+from trainer.optim import build_optimizer
 from trainer.rows import Batch, Rows
 from trainer.spec import JobSpec
 

@@ -1,9 +1,10 @@
 """DPO training (`method.kind: dpo`): the frozen reference model, one optimizer step's
 forward/backward over preference pairs, and the evaluation of held-out pairs.
 
-Data: two row sets of equal length, `chosen` and `rejected` (docs: the rows contract,
-`trainer.rows`); row i of each is the same prompt followed by one answer, supervised on the
-answer only, one example per row (right padding). A micro-batch is `train.micro_batch_size`
+Data: two row sets of equal length, `chosen` and `rejected` (the rows contract of
+`trainer.rows`, written by the data pipeline for `preference` datasets); row i of each is
+the same prompt followed by one answer, supervised on the answer only, one example per row
+(right padding). A micro-batch is `train.micro_batch_size`
 pairs: the chosen and rejected rows are concatenated into one batch of 2B rows, so the policy
 runs one forward and one backward per micro-batch (one DDP/FSDP reduction per step, as for
 SFT) and the reference one no-grad forward, as TRL's `concatenated_forward` does.
