@@ -35,13 +35,19 @@ from trainer.distributed import DistInfo, no_sync
 from trainer.dpo import dpo_loss, mean_metrics, pair_statistics, sequence_logps
 from trainer.errors import InvalidJobError
 from trainer.finetune import Network, build_network
-from trainer.loop import autocast
 from trainer.parallel.parallelize import apply_fsdp, set_gradient_sync
 from trainer.rows import IGNORE_INDEX, Batch, Rows
 from trainer.spec import DPOSpec, JobSpec
 
 _CHECK_ROWS = 8192
 Forward = Callable[[nn.Module, Batch], Tensor]  # (model, batch of B rows) -> logits (B, T, V)
+
+
+def autocast(device: torch.device, precision: str) -> torch.autocast:
+    """`torch.autocast` to bf16/fp16 for `precision` on `device`, disabled for fp32 (as
+    `trainer.loop.autocast`, which this module cannot import: the loop imports it)."""
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
 
 
 def logits_of(model: nn.Module, batch: Batch) -> Tensor:
