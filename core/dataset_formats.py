@@ -27,8 +27,8 @@ from typing import IO, Any
 
 import fsspec
 import orjson
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.parquet as pq
 import zstandard
 from pydantic import ValidationError
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import fsspec
 import numpy as np
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from core.dataset_stats import DatasetStats, StatsAccumulator
 

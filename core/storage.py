@@ -62,6 +62,12 @@ def sha256_of(uri: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def row_cache_dir(settings: Settings) -> Path:
+    """The worker host's cache of tokenized training rows (`trainer.dataprep`): local, since
+    the trainer memory-maps them; shared by every job and attempt on the host."""
+    return settings.home.resolve() / "cache" / "rows"
+
+
 def job_run_dir(
     settings: Settings, job_id: int, attempt: int, node_rank: int | None = None
 ) -> Path:

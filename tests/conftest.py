@@ -31,6 +31,21 @@ REDIS_URL = os.environ.get("TORCHYARD_TEST_REDIS", "redis://127.0.0.1:6379")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def row_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The trainer's row cache (`TORCHYARD_CACHE_DIR`) in a directory of this session, for
+    in-process runs and the `python -m trainer` processes the tests start (not the user's
+    ~/.cache); workers pass their own `--cache-dir`."""
+    path = tmp_path_factory.mktemp("row_cache")
+    previous = os.environ.get("TORCHYARD_CACHE_DIR")
+    os.environ["TORCHYARD_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("TORCHYARD_CACHE_DIR", None)
+    else:
+        os.environ["TORCHYARD_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A freshly created, migrated Postgres database, dropped after the session."""

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data import load_corpus
+from trainer.dataprep import prepare_rows
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter, Reporter
-from trainer.hf import encode_corpus, load_tokenizer
+from trainer.hf import load_tokenizer
 from trainer.loop import Run
 from trainer.rows import IGNORE_INDEX, Rows
 from trainer.spec import JobSpec
-from trainer.train import build_run, text_rows
+from trainer.train import build_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 180
@@ -137,12 +137,19 @@ def cpu_world_of_one() -> DistInfo:
 def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | None = None) -> Run:
     """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
     assert spec.data.uri is not None
-    corpus = encode_corpus(load_corpus(spec.data.uri, spec.data), load_tokenizer(spec.model))
-    train_rows, eval_rows = text_rows(corpus, spec.model.seq_len)
+    prepared = prepare_rows(
+        spec,
+        spec.data.uri,
+        load_tokenizer(spec.model),
+        cache_dir=checkpoint_dir.parent / f"{checkpoint_dir.name}-rows",
+        dist=None,
+        reporter=NullReporter(),
+    )
+    assert isinstance(prepared.train, Rows) and isinstance(prepared.eval, Rows)
     return build_run(
         spec,
-        train_rows,
-        eval_rows,
+        prepared.train,
+        prepared.eval,
         str(checkpoint_dir),
         cpu_world_of_one(),
         reporter or NullReporter(),

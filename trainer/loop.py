@@ -37,6 +37,7 @@ from trainer.batches import forward, lm_loss, next_step_batches
 from trainer.checkpoint import Checkpointer
 from trainer.data import decode, encode
 from trainer.distributed import DistInfo, all_reduce_sum, no_sync
+from trainer.dpo_train import DPOMethod, pair_batches
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt, restart_count
 from trainer.finetune import Network
@@ -92,6 +93,10 @@ class Run:
     # Called in order after the final eval and checkpoint of a completed run; each returns
     # fields added to the `completed` status data (e.g. QAT's converted eval loss).
     end_hooks: list[Callable[[Run], dict[str, Any]]] = field(default_factory=list)
+    # method.kind dpo: the method, and the rejected rows aligned with train_rows / eval_rows
+    # (which then hold the chosen answers): (train, eval)
+    dpo: DPOMethod | None = None
+    rejected_rows: tuple[Rows, Rows] | None = None
 
     @property
     def loss_share(self) -> float:
@@ -127,8 +132,27 @@ def train_step(run: Run) -> tuple[Tensor, float, float]:
     `NonFiniteError` on a non-finite gradient norm, except under fp16, where the scaler
     skips that step and lowers its scale.
     """
-    spec, device, rows = run.spec, run.dist.device, run.train_rows
     lr = float(run.optimizer.param_groups[0]["lr"])
+    loss_sum = _lm_accumulate(run) if run.dpo is None else _dpo_accumulate(run, run.dpo)
+    if run.scaler:
+        run.scaler.unscale_(run.optimizer)
+    grad_norm = _clip(run)
+    if not math.isfinite(grad_norm) and run.scaler is None:
+        raise NonFiniteError(f"gradient norm is {grad_norm} at step {run.state.step + 1}")
+    if run.scaler:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return loss_sum, grad_norm, lr
+
+
+def _lm_accumulate(run: Run) -> Tensor:
+    """Forward/backward of this rank's micro-batches: token sums x dp_size / N; returns
+    this rank's token sum / N."""
+    spec, device, rows = run.spec, run.dist.device, run.train_rows
     step = next_step_batches(run.sampler, rows)
     count = step.num_supervised
     loss_sum = torch.zeros((), device=device)
@@ -148,19 +172,24 @@ def train_step(run: Run) -> tuple[Tensor, float, float]:
             loss = token_sum * (run.dims.dp_size / count)
             (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += token_sum.detach() / count
-    if run.scaler:
-        run.scaler.unscale_(run.optimizer)
-    grad_norm = _clip(run)
-    if not math.isfinite(grad_norm) and run.scaler is None:
-        raise NonFiniteError(f"gradient norm is {grad_norm} at step {run.state.step + 1}")
-    if run.scaler:
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-    else:
-        run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
-    return loss_sum, grad_norm, lr
+    return loss_sum
+
+
+def _dpo_accumulate(run: Run, dpo: DPOMethod) -> Tensor:
+    """`method.kind: dpo`: the step's pairs (chosen: `train_rows`, rejected: the aligned
+    rows), normalised by the global batch's pairs (`trainer.dpo_train`)."""
+    assert run.rejected_rows is not None
+    global_batch = run.sampler.next_global_batch()
+    micro_batches = run.sampler.split(global_batch)
+    pairs = pair_batches(run.train_rows, run.rejected_rows[0], micro_batches, run.dist.device)
+    return dpo.accumulate(
+        list(pairs),
+        model=run.model,
+        train_model=run.parallel_model,
+        global_pairs=len(global_batch),
+        dp_size=run.dims.dp_size,
+        scaler=run.scaler,
+    )
 
 
 def _clip(run: Run) -> float:
@@ -265,7 +294,7 @@ def train_loop(run: Run) -> None:
             _report_train(run, loss, lr, grad_norm, interval_time / interval_steps)
             interval_time, interval_steps = 0.0, 0
         if state.step % spec.eval.interval_steps == 0:
-            eval_loss, eval_step = _report_eval(run), state.step
+            eval_loss, eval_step = report_eval(run), state.step
         run.checkpointer.save(state.step, force=stopped)
         run.checkpointer.poll()
         if state.step == fail_at:
@@ -295,7 +324,7 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
     """Final eval (unless just done), final checkpoint, sample, `completed` status."""
     log.info("peak memory %d bytes", peak_memory_bytes(run.dist.device))
     if eval_loss is None:
-        eval_loss = _report_eval(run)
+        eval_loss = report_eval(run)
     run.checkpointer.save(run.state.step, force=True)
     run.checkpointer.close()
     # Sharded forwards need every rank (same seed: same tokens); a pipeline does not sample.
@@ -328,6 +357,8 @@ def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time:
         "step_time_s": step_time,
         "epoch": run.sampler.epochs_done,
     }
+    if run.dpo is not None:  # a collective: every rank reports at the same steps
+        values.update(run.dpo.train_metrics(run.dist))
     values.update(cuda_metrics(run, values["tokens_per_second"]))
     run.reporter.metric(run.state.step, values)
     if run.dist.rank == run.dims.reporting_rank:
@@ -360,11 +391,17 @@ def cuda_metrics(run: Run, tokens_per_second: float) -> dict[str, float]:
     return out
 
 
-def _report_eval(run: Run) -> float:
-    eval_loss = evaluate(run)
+def report_eval(run: Run) -> float:
+    if run.dpo is not None:
+        assert run.rejected_rows is not None
+        pairs = pair_batches(run.eval_rows, run.rejected_rows[1], run.eval_batches, run.dist.device)
+        values = run.dpo.evaluate(run.model, pairs, run.dist)
+    else:
+        values = {"eval_loss": evaluate(run)}
+    eval_loss = values["eval_loss"]
     if not math.isfinite(eval_loss):
         raise NonFiniteError(f"eval loss is {eval_loss} at step {run.state.step}")
-    run.reporter.metric(run.state.step, {"eval_loss": eval_loss})
+    run.reporter.metric(run.state.step, values)
     if run.dist.rank == run.dims.reporting_rank:
         log.info("step %d eval_loss %.4f", run.state.step, eval_loss)
     return eval_loss

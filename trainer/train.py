@@ -17,6 +17,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,18 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.batches import lm_loss, resolve_max_steps
 from trainer.checkpoint import Checkpointer, load_model_only
-from trainer.data import Corpus, is_uri, load_corpus, make_chunks, unigram_cross_entropy
+from trainer.data import is_uri
+from trainer.dataprep import PreparedRows, cache_root, prepare_rows, unigram_eval_loss
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
+from trainer.dpo_train import build_dpo, check_pairs
 from trainer.errors import InvalidJobError
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
 from trainer.export import export_at_end
 from trainer.finetune import build_network, lora_settings, model_state
-from trainer.hf import data_vocab_size, encode_corpus, load_tokenizer
-from trainer.loop import Run, evaluate, train_loop
+from trainer.hf import data_vocab_size, load_tokenizer
+from trainer.loop import Run, report_eval, train_loop
 from trainer.optim import build_optimizer, build_scheduler
+from trainer.pairs import PreferenceRows
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler, eval_batches
@@ -51,6 +55,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, type=Path, help="directory for events.jsonl")
     p.add_argument("--checkpoint-dir", required=True, help="local directory or fsspec URI")
     p.add_argument("--data", help="corpus file or directory; default: spec.data.uri")
+    p.add_argument(
+        "--eval-data",
+        help="evaluation file or directory (data.eval_dataset resolved); default: "
+        "spec.data.eval_uri, else a held-out share of --data",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="local directory of the row cache; default: $TORCHYARD_CACHE_DIR, else "
+        "~/.cache/torchyard/rows",
+    )
     p.add_argument(
         "--init-from",
         help="a complete checkpoint (step_XXXXXXXX dir or URI) whose model weights start the "
@@ -78,12 +92,16 @@ def main(argv: list[str] | None = None) -> None:
         if spec is None:
             assert spec_error is not None
             raise spec_error
-        corpus = load_corpus(_data_location(spec, args.data), spec.data)
+        data = DataSources(
+            train=_data_location(spec, args.data),
+            eval=args.eval_data or spec.data.eval_uri,
+            cache_dir=cache_root(args.cache_dir),
+        )
         dist_info = init_distributed(spec.resources.device)
         init_from = _init_from_location(spec, args.init_from)
         run_job(
             spec,
-            corpus,
+            data,
             _checkpoint_root(args.checkpoint_dir),
             dist_info,
             reporter,
@@ -138,9 +156,19 @@ def _checkpoint_root(checkpoint_dir: str) -> str:
     return checkpoint_dir if is_uri(checkpoint_dir) else os.path.abspath(checkpoint_dir)
 
 
+@dataclass(frozen=True)
+class DataSources:
+    """Where a run's data is: the training location, the evaluation location (None: a
+    held-out share of the training data) and the local row cache."""
+
+    train: str
+    eval: str | None
+    cache_dir: Path
+
+
 def run_job(
     spec: JobSpec,
-    corpus: Corpus,
+    data: DataSources,
     checkpoint_dir: str,
     dist_info: DistInfo,
     reporter: Reporter,
@@ -154,11 +182,19 @@ def run_job(
     Everything built here is local, so it is freed when this returns (before teardown).
     """
     tokenizer = load_tokenizer(spec.model)  # None: bytes
-    corpus = encode_corpus(corpus, tokenizer)
+    prepared = prepare_rows(
+        spec,
+        data.train,
+        tokenizer,
+        cache_dir=data.cache_dir,
+        dist=dist_info,
+        reporter=reporter,
+        eval_location=data.eval,
+    )
     # A LoRA run's checkpoints hold only its adapters: its frozen base is rebuilt from
     # --init-from on every attempt, before the adapters are added (`build_network`).
     lora = lora_settings(spec) is not None
-    train_rows, eval_rows = text_rows(corpus, spec.model.seq_len)
+    train_rows, eval_rows, rejected_rows = _method_rows(spec, prepared)
     run = build_run(
         spec,
         train_rows,
@@ -167,6 +203,8 @@ def run_job(
         dist_info,
         reporter,
         init_from=init_from if lora else None,
+        rejected_rows=rejected_rows,
+        reference_init_from=init_from,
     )
     run.stop.install()
     try:
@@ -183,7 +221,11 @@ def run_job(
                 "has no checkpoint of its own"
             )
         start_step = start_step or 0
-        unigram = unigram_cross_entropy(corpus.train, corpus.eval, data_vocab_size(tokenizer))
+        unigram = (
+            None
+            if rejected_rows is not None
+            else unigram_eval_loss(train_rows, eval_rows, data_vocab_size(tokenizer))
+        )
         num_params = run.num_params
         assert run.network is not None  # build_run always records how it built the model
         reporter.status(
@@ -202,9 +244,9 @@ def run_job(
             },
         )
         if init_from is not None:
-            reporter.metric(start_step, {"eval_loss": evaluate(run)})
+            report_eval(run)
         log.info(
-            "%d parameters (%d trainable), unigram eval loss %.4f",
+            "%d parameters (%d trainable), unigram eval loss %s",
             num_params, run.network.trainable_params, unigram,
         )  # fmt: skip
         train_loop(run)
@@ -212,14 +254,26 @@ def run_job(
         run.checkpointer.close()
 
 
-def text_rows(corpus: Corpus, seq_len: int) -> tuple[Rows, Rows]:
-    """Raw text as rows: each split cut into chunks of seq_len + 1 tokens (`make_chunks`),
-    every next token supervised (`Rows.from_chunks`). Raises `InvalidJobError` when a split
-    holds less than one chunk."""
-    return (
-        Rows.from_chunks(make_chunks(corpus.train, seq_len, what="training")),
-        Rows.from_chunks(make_chunks(corpus.eval, seq_len, what="evaluation")),
-    )
+def _method_rows(
+    spec: JobSpec, prepared: PreparedRows
+) -> tuple[Rows, Rows, tuple[Rows, Rows] | None]:
+    """(train rows, eval rows, rejected (train, eval) rows or None) for the job's method.
+
+    DPO trains on preference pairs (the chosen rows, with the rejected rows aligned beside
+    them); SFT on plain rows. Raises `InvalidJobError` when the data's format does not fit
+    the method."""
+    train, held = prepared.train, prepared.eval
+    if spec.method.kind == "dpo":
+        if not isinstance(train, PreferenceRows) or not isinstance(held, PreferenceRows):
+            raise InvalidJobError(
+                "method.kind dpo needs a preference dataset (data.format preference)"
+            )
+        return train.chosen, held.chosen, (train.rejected, held.rejected)
+    if isinstance(train, PreferenceRows) or isinstance(held, PreferenceRows):
+        raise InvalidJobError(
+            "a preference dataset trains with method.kind dpo (method.kind is sft)"
+        )
+    return train, held, None
 
 
 def build_run(
@@ -231,6 +285,8 @@ def build_run(
     reporter: Reporter,
     *,
     init_from: str | None = None,
+    rejected_rows: tuple[Rows, Rows] | None = None,
+    reference_init_from: str | None = None,
 ) -> Run:
     """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, sampler and checkpointer for one
     attempt over `train_rows` / `eval_rows` (of the model's token ids); `init_from`: a
@@ -268,6 +324,15 @@ def build_run(
         device=dist_info.device,
         loss=functools.partial(lm_loss, reduction="sum"),
     )
+    dpo = build_dpo(
+        spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh,
+        init_from=reference_init_from,
+    )  # fmt: skip
+    if dpo is not None:
+        if rejected_rows is None:
+            raise InvalidJobError("method 'dpo' needs a preference dataset")
+        check_pairs(train_rows, rejected_rows[0])
+        check_pairs(eval_rows, rejected_rows[1])
     dp_rank = dims.dp_rank(dist_info.rank)
     sampler = GlobalBatchSampler(
         num_chunks=len(train_rows),
@@ -337,6 +402,8 @@ def build_run(
         state=state,
         network=network,
         end_hooks=end_hooks,
+        dpo=dpo,
+        rejected_rows=rejected_rows,
     )
 
 

@@ -19,7 +19,7 @@ from core.errors import InvalidInput
 from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState
 from core.settings import Settings
-from core.storage import job_checkpoint_uri, job_run_dir
+from core.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
 from trainer.spec import JobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.ingest import rank_exit_code, stderr_tail
@@ -67,17 +67,13 @@ def prepare(
     `node_rank`: the node of a multi-node attempt (its own run dir; only node 0 sets aside the
     checkpoints no earlier attempt recorded)."""
     if spec.data.dataset is not None:
-        dataset_id = spec.data.dataset
-        dataset = with_db_retry(
-            factory,
-            lambda s: datasets.get(session=s, dataset_id=dataset_id, project_id=job.project_id),
-        )
-        if dataset is None:
-            raise InvalidInput(f"data.dataset: dataset {spec.data.dataset!r} not found")
-        data = dataset.uri
+        data = _dataset_uri(factory, job, "dataset", spec.data.dataset)
     else:
         assert spec.data.uri is not None  # the spec allows exactly one
         data = spec.data.uri
+    eval_data = None
+    if spec.data.eval_dataset is not None:
+        eval_data = _dataset_uri(factory, job, "eval_dataset", spec.data.eval_dataset)
     checkpoint_dir = job_checkpoint_uri(settings, job.id)
     if settings.is_local_storage:
         Path(checkpoint_dir.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
@@ -102,10 +98,24 @@ def prepare(
         checkpoint_dir=checkpoint_dir,
         data=data,
         init_from=init_uri,
+        eval_data=eval_data,
+        cache_dir=row_cache_dir(settings),
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(json.dumps(job.spec, indent=2))
     return paths
+
+
+def _dataset_uri(factory: Callable[[], Session], job: Job, field: str, dataset_id: str) -> str:
+    """Where the project's dataset `dataset_id` (named by `data.<field>`) lies; InvalidInput
+    when it has gone since submission."""
+    dataset = with_db_retry(
+        factory,
+        lambda s: datasets.get(session=s, dataset_id=dataset_id, project_id=job.project_id),
+    )
+    if dataset is None:
+        raise InvalidInput(f"data.{field}: dataset {dataset_id!r} not found")
+    return dataset.uri
 
 
 def record_launch(

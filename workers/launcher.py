@@ -43,6 +43,8 @@ class RunPaths:
     checkpoint_dir: str
     data: str
     init_from: str | None = None  # checkpoint URI of `model.init_from`, resolved by the worker
+    eval_data: str | None = None  # `data.eval_dataset`, resolved by the worker
+    cache_dir: Path | None = None  # the host's row cache (local: rows are memory-mapped)
 
     @property
     def spec(self) -> Path:
@@ -156,6 +158,8 @@ def torchrun_argv(
         "--data",
         paths.data,
         *(["--init-from", paths.init_from] if paths.init_from else []),
+        *(["--eval-data", paths.eval_data] if paths.eval_data else []),
+        *(["--cache-dir", str(paths.cache_dir)] if paths.cache_dir else []),
     ]
 
 

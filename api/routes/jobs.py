@@ -109,21 +109,61 @@ def check_submittable(
     field's `["body", ...]` path.
     """
     require_storable(spec.model_dump(), ("body",))
-    _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
+    spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
     return init_from.pin(session=session, project_id=project_id, spec=spec)
 
 
-def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
-    """The spec's data exists for this project: a dataset of the project, or an allowed path."""
+def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> JobSpec:
+    """The spec's data exists for this project (a dataset of the project, or an allowed path)
+    and fits the method. Returns the spec with `data.format` and `data.token_dtype` filled in
+    from a registered dataset, so the trainer reads the data as it was validated."""
     if spec.data.dataset is not None:
-        found = datasets.get(session=session, dataset_id=spec.data.dataset, project_id=project_id)
+        spec = _with_dataset_format(session=session, project_id=project_id, spec=spec)
+    if spec.data.eval_dataset is not None:
+        found = datasets.get(
+            session=session, dataset_id=spec.data.eval_dataset, project_id=project_id
+        )
         if found is None:
-            raise _data_error("dataset", f"no dataset {spec.data.dataset!r} in this project")
-    if spec.data.uri is not None:
-        _check_data_uri(spec.data.uri, settings)
+            raise _data_error(
+                "eval_dataset", f"no dataset {spec.data.eval_dataset!r} in this project"
+            )
+        if spec.data.format is not None and found.format != spec.data.format:
+            raise _data_error(
+                "eval_dataset", f"format {found.format!r} differs from the training data's "
+                f"{spec.data.format!r}",
+            )  # fmt: skip
+    for field in ("uri", "eval_uri"):
+        uri = getattr(spec.data, field)
+        if uri is not None:
+            _check_data_uri(uri, settings, field)
     hf = spec.model.hf
     if hf is not None and hf.path_or_id is not None:
         _check_model_path(hf.path_or_id, settings)
+    return spec
+
+
+def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) -> JobSpec:
+    assert spec.data.dataset is not None
+    found = datasets.get(session=session, dataset_id=spec.data.dataset, project_id=project_id)
+    if found is None:
+        raise _data_error("dataset", f"no dataset {spec.data.dataset!r} in this project")
+    if spec.data.format is not None and spec.data.format != found.format:
+        raise _data_error(
+            "format", f"the dataset's format is {found.format!r}, not {spec.data.format!r}"
+        )
+    preference = found.format == "preference"
+    if preference != (spec.method.kind == "dpo"):
+        msg = (
+            "a preference dataset trains with method.kind dpo"
+            if preference
+            else f"method.kind dpo needs a preference dataset (this one is {found.format!r})"
+        )
+        raise _data_error("dataset", msg)
+    token_dtype = (found.stats or {}).get("token_dtype") if found.format == "tokens" else None
+    data = spec.data.model_copy(
+        update={"format": found.format, "token_dtype": spec.data.token_dtype or token_dtype}
+    )
+    return spec.model_copy(update={"data": data})
 
 
 def _check_model_path(path_or_id: str, settings: Settings) -> None:
@@ -145,14 +185,14 @@ def _check_model_path(path_or_id: str, settings: Settings) -> None:
         ) from None
 
 
-def _check_data_uri(uri: str, settings: Settings) -> None:
-    loc = ["body", "data", "uri"]
+def _check_data_uri(uri: str, settings: Settings, field: str = "uri") -> None:
+    loc = ["body", "data", field]
     if "://" in uri and not uri.startswith("file://"):
         # A remote URI is allowed only under a data root that is itself a URI.
         prefixes = [r.rstrip("/") + "/" for r in settings.data_roots if "://" in r]
         if ".." in uri.split("/") or not any(uri.startswith(p) for p in prefixes):
             raise Forbidden(
-                f"data.uri {uri!r} is outside the allowed data roots",
+                f"data.{field} {uri!r} is outside the allowed data roots",
                 details=[{"loc": loc, "msg": "outside allowed roots", "type": "forbidden"}],
             )
         return
@@ -164,9 +204,9 @@ def _check_data_uri(uri: str, settings: Settings) -> None:
     except Forbidden as exc:
         raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
     except (OSError, RuntimeError, ValueError) as exc:  # unknown ~user, name too long, ...
-        raise _data_error("uri", f"not a usable path: {exc}") from None
+        raise _data_error(field, f"not a usable path: {exc}") from None
     if not exists:
-        raise _data_error("uri", f"{uri!r} does not exist on the server")
+        raise _data_error(field, f"{uri!r} does not exist on the server")
 
 
 def _data_error(field: str, msg: str) -> InvalidInput:

@@ -38,7 +38,7 @@ def test_invalid_spec_or_data_exits_2_with_an_error_event(
     monkeypatch.delenv("TORCHYARD_ATTEMPT", raising=False)
     raw = tiny_spec(corpus_dir).model_dump(mode="json")
     if case == "unknown_field":
-        raw["train"]["epochs"] = 3
+        raw["train"]["epochz"] = 3
     elif case == "heads_do_not_divide":
         raw["model"]["n_heads"] = 5
     elif case == "missing_data":
@@ -52,7 +52,7 @@ def test_invalid_spec_or_data_exits_2_with_an_error_event(
     spec_path.write_text("{not json" if case == "not_json" else json.dumps(raw))
     assert _main_exit_code(spec_path, tmp_path / "run", *extra) == 2
     lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
-    (error,) = [json.loads(line) for line in lines]
+    (error,) = [e for e in map(json.loads, lines) if e["type"] == "error"]
     assert error["type"] == "error" and error["attempt"] == 0
     assert message in error["message"]
     assert error["exit_code"] == 2

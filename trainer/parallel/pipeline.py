@@ -178,7 +178,7 @@ class PipelineRunner:
             target=batch.labels,
             losses=losses,
             loss_kwargs={"num_supervised": float(num_supervised)},
-            **_packing_kwargs(batch, plain),
+            **_packing_kwargs(batch, plain),  # type: ignore[arg-type]  # forwarded to the stage modules; step() also has a bool parameter mypy matches it against
         )
         return torch.stack(losses).sum().detach() if self.has_last else torch.zeros(())
 
