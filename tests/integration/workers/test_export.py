@@ -120,6 +120,7 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     tensors = safetensors.torch.load(body)
     assert {n: tuple(t.shape) for n, t in tensors.items()} == _model_shapes(checkpoint["uri"])
     weights = load_model_weights(checkpoint["uri"])
+    assert weights
     assert all(torch.equal(tensors[name], weights[name]) for name in weights)
 
     download = api.get(f"{path}/download", headers=project.headers)
