@@ -15,7 +15,6 @@ quantization is in the forward at all is proven without such a tolerance: see
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.conftest_trainer import (
     read_events,
     statuses,
     tiny_spec,
+    validation_spec,
 )
 from trainer import qat
 from trainer.events import EventWriter
@@ -38,29 +38,9 @@ from trainer.spec import JobSpec
 REL_TOLERANCE = 13 * 256 * torch.finfo(torch.float32).eps / 2  # derived in the docstring
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread, as the trainer's launcher gives each rank on a shared CPU host (two
-    threads on a loaded 2-core machine made this run 20x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _spec(nproc: int, parallelism: dict[str, Any], **sections: dict[str, Any]) -> JobSpec:
-    raw: dict[str, Any] = {
-        "name": "job",
-        "data": {"dataset": "ds_1"},
-        "model": {"n_layers": 4, "n_heads": 4, "d_model": 64},
-        "parallelism": parallelism,
-        "resources": {"procs_per_node": nproc},
-        "train": {"micro_batch_size": 16},
-        "qat": {},
-    }
-    for name, values in sections.items():
-        raw[name] = {**raw.get(name, {}), **values}
-    return JobSpec.model_validate(raw)
+    """`validation_spec` with QAT on (its defaults unless `sections` say otherwise)."""
+    return validation_spec(nproc, parallelism, **{"qat": {}, **sections})
 
 
 def _error_locs(nproc: int, parallelism: dict[str, Any], **sections: dict[str, Any]) -> set:
