@@ -31,6 +31,7 @@ from tests.integration.workers.helpers import (
 )
 from workers.checkpoints import ASIDE
 
+pytestmark = pytest.mark.long  # waits for the reaper: ~2 min
 STEPS = 24
 # workers/app.py's (importing it would build the app from this process's settings).
 CONTROL_QUEUE = "torchyard.control"
