@@ -11,8 +11,7 @@ from core import jobs
 from core.db import session_scope
 from core.models import JobState
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, job_spec, submit
-from tests.integration.api.test_jobs import _queued_job_ids
+from tests.integration.api.conftest import assert_error, job_spec, queued_job_ids, submit
 
 
 def _post(client: TestClient, project: ProjectKey, job_id: int, action: str) -> Any:
@@ -40,9 +39,9 @@ def test_queued_jobs_say_their_place_in_the_pool_queue_by_priority_then_age(
     assert _post(client, project, urgent["id"], "pause").json()["state"] == "paused"
     paused = client.get(f"/v1/jobs/{urgent['id']}", headers=project.headers).json()
     assert paused["queue_position"] is None and "resume" in paused["waiting_for"]
-    assert client.get(f"/v1/jobs/{young['id']}", headers=project.headers).json()[
-        "queue_position"
-    ] == 2
+    assert (
+        client.get(f"/v1/jobs/{young['id']}", headers=project.headers).json()["queue_position"] == 2
+    )
 
 
 def test_a_queued_gang_says_it_waits_for_as_many_free_workers_as_nodes(
@@ -62,7 +61,7 @@ def test_pause_resume_and_their_illegal_transitions(
     assert _post(client, project, job["id"], "pause").json()["state"] == "paused"  # idempotent
     resumed = _post(client, project, job["id"], "resume")
     assert resumed.status_code == 202 and resumed.json()["state"] == "queued"
-    assert _queued_job_ids(settings.broker_url, pool) == [job["id"], job["id"]]  # re-dispatched
+    assert queued_job_ids(settings.broker_url, pool) == [job["id"], job["id"]]  # re-dispatched
     conflict = assert_error(_post(client, project, job["id"], "resume"), 409, "conflict")
     assert conflict["details"][0]["type"] == "queued"
 
