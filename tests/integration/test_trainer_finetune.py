@@ -23,6 +23,7 @@ more in fp32 (eps / 2 per weight, less than a reordered sum moves a dot product)
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,16 @@ def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list
         assert got[step] == pytest.approx(expected[step], rel=REL_TOLERANCE), step
 
 
-def _crash_and_resume(spec: JobSpec, workdir: Path, nproc: int, expected: list[dict]) -> None:
-    """Crash after FAIL_AT, resume: both attempts follow `expected`'s losses."""
+def _crash_and_resume(spec: JobSpec, workdir: Path, nproc: int) -> None:
+    """Run `spec` in `workdir`, crashing after step FAIL_AT, then resume it to the end."""
     crashed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)})
     assert crashed.returncode == 1, explain(crashed)
     resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
     assert resumed.returncode == 0, explain(resumed)
+
+
+def _assert_follows(workdir: Path, expected: list[dict]) -> None:
+    """Both attempts of the crashed-and-resumed run in `workdir` follow `expected`'s losses."""
     events = read_events(workdir / "run")
     want = losses_of(expected)
     _assert_close(losses_of(events, attempt=0), want, list(range(1, FAIL_AT + 1)))
@@ -139,32 +144,41 @@ def lora_reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     return workdir
 
 
+@pytest.fixture(scope="module")
+def lora_run(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """method -> the workdir of its LoRA run, crashed after step FAIL_AT and resumed.
+
+    Each method runs once per module, for whichever test asks first, in any order: its
+    equivalence test checks it, the reshard test reuses the fsdp run's final checkpoint."""
+    done: dict[str, Path] = {}
+
+    def get(method: str) -> Path:
+        if method not in done:
+            nproc, parallelism, mbs, accum = METHODS[method]
+            workdir = tmp_path_factory.mktemp(f"lora_{method}")
+            _crash_and_resume(ft_spec(corpus_dir, nproc, parallelism, mbs, accum), workdir, nproc)
+            done[method] = workdir
+        return done[method]
+
+    return get
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 def test_lora_matches_single_process_and_resumes_from_an_adapter_checkpoint(
-    method: str, lora_reference: Path, corpus_dir: Path, tmp_path: Path
+    method: str, lora_reference: Path, lora_run: Callable[[str], Path]
 ) -> None:
-    nproc, parallelism, mbs, accum = METHODS[method]
-    spec = ft_spec(corpus_dir, nproc, parallelism, mbs, accum)
-    _crash_and_resume(spec, tmp_path, nproc, read_events(lora_reference / "run"))
-    assert _exports(read_events(tmp_path / "run")).keys() == {
+    workdir = lora_run(method)
+    _assert_follows(workdir, read_events(lora_reference / "run"))
+    assert _exports(read_events(workdir / "run")).keys() == {
         "peft_adapter",
         "merged_safetensors",
     }
-    _COMPLETED[method] = tmp_path
-
-
-# method -> workdir of its completed LoRA run, for the reshard test to reuse
-_COMPLETED: dict[str, Path] = {}
 
 
 def test_lora_fsdp_checkpoint_loads_in_a_single_process_with_the_same_eval_loss(
-    lora_reference: Path, corpus_dir: Path, tmp_path: Path
+    lora_run: Callable[[str], Path], corpus_dir: Path, tmp_path: Path
 ) -> None:
-    if "fsdp" not in _COMPLETED:
-        nproc, parallelism, mbs, accum = METHODS["fsdp"]
-        _run_ok(ft_spec(corpus_dir, nproc, parallelism, mbs, accum), tmp_path / "fsdp", nproc)
-        _COMPLETED["fsdp"] = tmp_path / "fsdp"
-    saved = _COMPLETED["fsdp"]
+    saved = lora_run("fsdp")
     shutil.copytree(saved / "ckpt", tmp_path / "single" / "ckpt", ignore=_no_exports)
     events = _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}), tmp_path / "single", None)
     running, completed = statuses(events)
@@ -242,7 +256,8 @@ def test_qlora_under_ddp_matches_single_process_and_resumes(
     qlora_reference: Path, corpus_dir: Path, tmp_path: Path
 ) -> None:
     spec = ft_spec(corpus_dir, 2, {"strategy": "ddp"}, 8, qlora=QLORA)
-    _crash_and_resume(spec, tmp_path, 2, read_events(qlora_reference / "run"))
+    _crash_and_resume(spec, tmp_path, 2)
+    _assert_follows(tmp_path, read_events(qlora_reference / "run"))
 
 
 LLAMA = {

@@ -16,6 +16,7 @@ steps; a wrong batch or a lost gradient moves the loss by 1e-2 relative or more.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,22 +86,36 @@ def reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> lis
     return read_events(workdir / "run")
 
 
-# method -> workdir of its completed (resumed) run, for the reshard tests to reuse
-_COMPLETED: dict[str, Path] = {}
+@pytest.fixture(scope="module")
+def resumed_run(
+    corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """method -> the workdir of its run, crashed after step FAIL_AT and resumed to MAX_STEPS.
+
+    Each method runs once per module, for whichever test asks first, in any order: its
+    equivalence test checks it, and the reshard tests reuse the fsdp run's final checkpoint."""
+    done: dict[str, Path] = {}
+
+    def get(method: str) -> Path:
+        if method not in done:
+            workdir = tmp_path_factory.mktemp(method)
+            nproc, parallelism, mbs, accum = METHODS[method]
+            spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
+            crash = {"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)}
+            crashed = run_trainer(spec, workdir, nproc=nproc, env=crash)
+            assert crashed.returncode == 1, explain(crashed)
+            resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
+            assert resumed.returncode == 0, explain(resumed)
+            done[method] = workdir
+        return done[method]
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def fsdp_checkpoint(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-rank fsdp run's workdir after it completed (checkpoint at MAX_STEPS): the one the
-    fsdp equivalence test left, or a fresh run when that test was not selected."""
-    if "fsdp" in _COMPLETED:
-        return _COMPLETED["fsdp"]
-    workdir = tmp_path_factory.mktemp("fsdp_full")
-    nproc, parallelism, mbs, accum = METHODS["fsdp"]
-    spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
-    proc = run_trainer(spec, workdir, nproc=nproc)
-    assert proc.returncode == 0, explain(proc)
-    return workdir
+def fsdp_checkpoint(resumed_run: Callable[[str], Path]) -> Path:
+    """The 2-rank fsdp run's workdir after it completed (checkpoint at MAX_STEPS)."""
+    return resumed_run("fsdp")
 
 
 def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list[int]) -> None:
@@ -111,17 +126,10 @@ def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_matches_single_process_and_resumes_after_a_crash_on_the_same_curve(
-    method: str, reference: list[dict], corpus_dir: Path, tmp_path: Path
+    method: str, reference: list[dict], resumed_run: Callable[[str], Path]
 ) -> None:
-    nproc, parallelism, mbs, accum = METHODS[method]
-    spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
-    crashed = run_trainer(spec, tmp_path, nproc=nproc, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)})
-    assert crashed.returncode == 1, explain(crashed)
-    resumed = run_trainer(spec, tmp_path, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
-    assert resumed.returncode == 0, explain(resumed)
-
     expected = losses_of(reference)
-    events = read_events(tmp_path / "run")
+    events = read_events(resumed_run(method) / "run")
     _assert_close(losses_of(events, attempt=0), expected, list(range(1, FAIL_AT + 1)))
     running = [e for e in statuses(events) if e["state"] == "running"]
     assert [e["data"]["start_step"] for e in running] == [0, 3]
@@ -135,7 +143,6 @@ def test_method_matches_single_process_and_resumes_after_a_crash_on_the_same_cur
     assert final["final_eval_loss"] == pytest.approx(
         want["final_eval_loss"], rel=EVAL_REL_TOLERANCE
     )
-    _COMPLETED[method] = tmp_path
 
 
 @pytest.mark.parametrize(
