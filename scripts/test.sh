@@ -12,4 +12,9 @@ bash scripts/setup.sh
 ruff check .
 ruff format --check .
 mypy
-exec python -m pytest "$@"
+# Several pytest-xdist workers: most tests wait on subprocesses (torchrun, Celery workers,
+# uvicorn, Chromium), so more workers than cores pay off; `--dist loadfile` keeps each module on
+# one worker, so its module-scoped servers and reference runs are built once. Each worker has its
+# own Postgres database, Redis database, ports and temp dirs (tests/conftest.py).
+# TORCHYARD_TEST_WORKERS=0 runs in this process; `-m "not long"` skips the long fault scenarios.
+exec python -m pytest -n "${TORCHYARD_TEST_WORKERS:-4}" --dist loadfile "$@"

@@ -2,7 +2,7 @@
 
 `TORCHYARD_TEST_POSTGRES` (default postgresql+psycopg://postgres@127.0.0.1:5432/postgres) is
 the server to create a throw-away database on; `TORCHYARD_TEST_REDIS` (default
-redis://127.0.0.1:6379) the Redis to use (a database number chosen per session, flushed).
+redis://127.0.0.1:6379) the Redis to use (a database number claimed per session, flushed).
 `.ci/run` starts both when absent.
 """
 
@@ -61,18 +61,40 @@ def postgres_url() -> Iterator[str]:
     admin.dispose()
 
 
+_REDIS_DATABASES = range(15, 0, -1)  # 0 holds only the claims below; Redis has 16 by default
+_REDIS_CLAIM_TTL_S = 6 * 3600  # a killed session's claim expires; no suite runs this long
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A Redis database number of its own for this session, flushed before and after."""
+    """A Redis database number of its own for this session, flushed before and after.
+
+    Sessions running at once (pytest-xdist workers, or suites of several checkouts) each claim a
+    number with `SET NX` on a key in database 0, so no two of them share (and flush) one.
+    """
     import redis
 
-    db = 1 + secrets.randbelow(14)
-    url = f"{REDIS_URL}/{db}"
+    token = secrets.token_hex(8)
+    admin = redis.Redis.from_url(f"{REDIS_URL}/0")
+    claim = next(
+        (
+            f"torchyard-test:db:{db}"
+            for db in _REDIS_DATABASES
+            if admin.set(f"torchyard-test:db:{db}", token, nx=True, ex=_REDIS_CLAIM_TTL_S)
+        ),
+        None,
+    )  # a generator: it stops at the first number claimed
+    if claim is None:
+        pytest.fail(f"all Redis databases {list(_REDIS_DATABASES)} are claimed by other sessions")
+    url = f"{REDIS_URL}/{claim.rsplit(':', 1)[1]}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
     client.flushdb()
     client.close()
+    if admin.get(claim) == token.encode():
+        admin.delete(claim)
+    admin.close()
 
 
 @pytest.fixture(scope="session")

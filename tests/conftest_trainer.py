@@ -51,6 +51,22 @@ def tiny_spec(data: Path, **sections: dict[str, Any]) -> JobSpec:
     return JobSpec.model_validate(raw)
 
 
+def validation_spec(nproc: int, parallelism: dict[str, Any], **sections: dict[str, Any]) -> JobSpec:
+    """A spec that is only validated, never run: 4 blocks of d_model 64 on dataset `ds_1`,
+    `nproc` processes per node with `parallelism`; `sections` update its parts."""
+    raw: dict[str, Any] = {
+        "name": "job",
+        "data": {"dataset": "ds_1"},
+        "model": {"n_layers": 4, "n_heads": 4, "d_model": 64},
+        "parallelism": parallelism,
+        "resources": {"procs_per_node": nproc},
+        "train": {"micro_batch_size": 16},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return JobSpec.model_validate(raw)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

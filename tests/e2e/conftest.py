@@ -122,9 +122,9 @@ def new_dash(
         context.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def owner(engine: Engine) -> ProjectKey:
-    """The project whose jobs the module's pages show."""
+    """A project of the test's own, whose jobs its pages show (no test sees another's jobs)."""
     return make_project(engine)
 
 
@@ -142,17 +142,29 @@ def guest(browser: Browser, live_api: str) -> Iterator[Dash]:  # noqa: F811
         yield dash
 
 
-@pytest.fixture(scope="module")
-def api(live_api: str, owner: ProjectKey) -> Iterator[httpx.Client]:  # noqa: F811
-    with httpx.Client(base_url=live_api, headers=owner.headers, timeout=30) as client:
+@contextmanager
+def api_client(base_url: str, project: ProjectKey) -> Iterator[httpx.Client]:
+    """An HTTP client of the API signed in as `project`."""
+    with httpx.Client(base_url=base_url, headers=project.headers, timeout=30) as client:
         yield client
 
 
-@pytest.fixture(scope="module")
-def dataset_id(api: httpx.Client, corpus_dir: Path) -> str:
+def register_corpus(api: httpx.Client, corpus_dir: Path) -> str:
+    """Register `corpus_dir` as a dataset of `api`'s project; returns its id."""
     answer = api.post("/v1/datasets", json={"name": "corpus", "uri": str(corpus_dir)})
     assert answer.status_code == 201, answer.text
     return str(answer.json()["id"])
+
+
+@pytest.fixture
+def api(live_api: str, owner: ProjectKey) -> Iterator[httpx.Client]:  # noqa: F811
+    with api_client(live_api, owner) as client:
+        yield client
+
+
+@pytest.fixture
+def dataset_id(api: httpx.Client, corpus_dir: Path) -> str:
+    return register_corpus(api, corpus_dir)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,16 @@
 """The dashboard in a real browser: sign in, list, submit, watch a live run, cancel, compare.
 
-One module: a real API (uvicorn), a real Celery worker and real tiny training jobs, shared by
-the tests in file order (the submitted run is the one compared at the end). Waits are
-Playwright's `wait_for_*` against deadlines, never sleeps.
+One module: a real API (uvicorn) and a real Celery worker, shared by its tests. Each test owns
+its data: a project of its own (`owner`), or the module's `finished` project of two completed
+runs, which the tests that only read them share; none depends on another having run. Waits are
+Playwright's `wait_for_*` (or polling) against deadlines, never sleeps.
 """
 
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,11 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from sqlalchemy import Engine
 
-from tests.conftest import ProjectKey
-from tests.e2e.conftest import LAPTOP, Dash, new_dash
-from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue
+from tests.conftest import ProjectKey, make_project
+from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
+from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
 
 RUN_TIMEOUT_MS = 180_000
 # Long enough (a few seconds on an idle host: ~10 ms a step) that its points reach the page in
@@ -29,14 +32,10 @@ RUN_STEPS = 400
 POINTS = "id => document.getElementById(id)?.data?.[0]?.x?.length ?? 0"
 
 
-@pytest.fixture(scope="module")
-def shared() -> dict[str, Any]:
-    """Job ids handed from one test to the next."""
-    return {}
+FINISHED_STEPS = RUN_STEPS  # the long one of the `finished` runs (as long, for the screenshots)
 
 
-@pytest.fixture(scope="module")
-def parked(api: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
+def park_two_jobs(api: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
     """Two jobs on a pool no worker serves: they stay queued until cancelled."""
     nowhere = unique_queue("parked")
     jobs = []
@@ -46,6 +45,56 @@ def parked(api: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
         assert answer.status_code == 201, answer.text
         jobs.append(answer.json())
     return jobs
+
+
+@pytest.fixture
+def parked(api: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
+    """Two queued jobs of the test's own project."""
+    return park_two_jobs(api, dataset_id)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A project with two parked jobs and two runs that succeeded (ids `long` and `short`)."""
+
+    owner: ProjectKey
+    long: int
+    short: int
+
+
+@pytest.fixture(scope="module")
+def finished(
+    engine: Engine, live_api: str, corpus_dir: Path, pool: str, worker: Worker
+) -> Finished:
+    """Built once for the tests that only read finished runs (none of them changes it)."""
+    owner = make_project(engine)
+    with api_client(live_api, owner) as api:
+        dataset_id = register_corpus(api, corpus_dir)
+        park_two_jobs(api, dataset_id)
+        ids = []
+        for name, steps in (("long-run", FINISHED_STEPS), ("short-run", 12)):
+            spec = tiny_spec(pool=pool, dataset_id=dataset_id, name=name,
+                             train={"micro_batch_size": 8, "max_steps": steps,
+                                    "log_interval_steps": 1},
+                             eval={"interval_steps": steps // 2, "num_batches": 1})  # fmt: skip
+            answer = api.post("/v1/jobs", json=spec.model_dump(mode="json"))
+            assert answer.status_code == 201, answer.text
+            ids.append(int(answer.json()["id"]))
+
+        def states() -> list[str] | None:
+            got = [api.get(f"/v1/jobs/{i}").json()["state"] for i in ids]
+            return got if all(s in ("succeeded", "failed", "cancelled") for s in got) else None
+
+        ended = wait_for("both finished runs to end", states, RUN_TIMEOUT_MS / 1000, 0.2)
+        assert ended == ["succeeded", "succeeded"], worker.log[-4000:]
+    return Finished(owner=owner, long=ids[0], short=ids[1])
+
+
+@pytest.fixture
+def reader(browser: Browser, live_api: str, finished: Finished) -> Iterator[Dash]:
+    """A signed-in page of the `finished` project (fresh context, fails on console errors)."""
+    with new_dash(browser, live_api, finished.owner.api_key) as dash:
+        yield dash
 
 
 def _spec_text(pool: str, dataset_id: str, **overrides: Any) -> str:
@@ -140,9 +189,8 @@ def test_a_bad_spec_shows_the_apis_field_paths_beside_the_yaml_lines_as_you_type
 
 
 def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
-    dash: Dash, api: httpx.Client, dataset_id: str, pool: str, worker: Worker,
-    shared: dict[str, Any],
-) -> None:  # fmt: skip
+    dash: Dash, api: httpx.Client, dataset_id: str, pool: str, worker: Worker
+) -> None:
     page = dash.page
     dash.open("/submit")
     page.wait_for_selector("main[data-loaded]")
@@ -156,14 +204,6 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     page.click("#submit-job")
     page.wait_for_url("**/ui/#/jobs/*")
     job_id = int(page.url.rsplit("/", 1)[1])
-    shared["run"] = job_id
-    # A second, shorter run on the same worker, for the compare view.
-    other = tiny_spec(pool=pool, dataset_id=dataset_id, name="short-run",
-                      train={"micro_batch_size": 8, "max_steps": 12, "log_interval_steps": 1},
-                      eval={"interval_steps": 6, "num_batches": 1})  # fmt: skip
-    answer = api.post("/v1/jobs", json=other.model_dump(mode="json"))
-    assert answer.status_code == 201, answer.text
-    shared["short"] = answer.json()["id"]
 
     try:
         page.wait_for_function(f"({POINTS})('chart-loss') >= 2", timeout=RUN_TIMEOUT_MS)
@@ -282,36 +322,31 @@ def test_pause_and_resume_a_queued_job_from_its_page(
 
 
 def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
-    dash: Dash, api: httpx.Client, shared: dict[str, Any]
+    reader: Dash, live_api: str, finished: Finished
 ) -> None:
-    dash.open(f"/jobs/{shared['run']}")
-    dash.page.click("text=Clone and edit")
-    dash.page.wait_for_selector("main[data-loaded]")
-    clone = yaml.safe_load(dash.page.input_value("#spec-editor"))
-    original = api.get(f"/v1/jobs/{shared['run']}").json()["spec"]
-    assert clone == {**original, "name": "from-editor-copy"}
-    expect(dash.page.locator("#spec-errors")).to_contain_text("would accept")
+    reader.open(f"/jobs/{finished.long}")
+    reader.page.click("text=Clone and edit")
+    reader.page.wait_for_selector("main[data-loaded]")
+    clone = yaml.safe_load(reader.page.input_value("#spec-editor"))
+    with api_client(live_api, finished.owner) as api:
+        original = api.get(f"/v1/jobs/{finished.long}").json()["spec"]
+    assert clone == {**original, "name": "long-run-copy"}
+    expect(reader.page.locator("#spec-errors")).to_contain_text("would accept")
 
 
 def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
-    dash: Dash, api: httpx.Client, shared: dict[str, Any], worker: Worker
+    reader: Dash, finished: Finished
 ) -> None:
-    run, short = shared["run"], shared["short"]
-    deadline = time.monotonic() + RUN_TIMEOUT_MS / 1000
-    while api.get(f"/v1/jobs/{short}").json()["state"] not in ("succeeded", "failed"):
-        assert time.monotonic() < deadline, worker.log[-4000:]
-        time.sleep(0.2)
-    assert api.get(f"/v1/jobs/{short}").json()["state"] == "succeeded", worker.log[-4000:]
-
+    dash, run, short = reader, finished.long, finished.short
     # Sort the page by name, both ways; then pick both runs and compare them.
     dash.open("/jobs")
     names = dash.page.locator("#jobs-body .job-name")
     expect(names).to_have_count(4)
     dash.page.click("th[data-sort='name']")  # sorted by the API, so across pages too
-    expect(names).to_have_text(["from-editor", "parked-alpha", "parked-beta", "short-run"])
+    expect(names).to_have_text(["long-run", "parked-alpha", "parked-beta", "short-run"])
     expect(dash.page.locator("th[data-sort='name']")).to_have_attribute("aria-sort", "ascending")
     dash.page.click("th[data-sort='name']")
-    expect(names).to_have_text(["short-run", "parked-beta", "parked-alpha", "from-editor"])
+    expect(names).to_have_text(["short-run", "parked-beta", "parked-alpha", "long-run"])
     assert dash.fits_width()
     for job_id in (run, short):
         dash.page.check(f"#jobs-body tr[data-job-id='{job_id}'] input.pick")
@@ -324,7 +359,10 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
     traces = dash.page.evaluate(
         "document.getElementById('compare-chart').data.map(t => [t.name, t.x.length])"
     )
-    assert traces == [[f"#{run} from-editor (ddp)", RUN_STEPS], [f"#{short} short-run (ddp)", 12]]
+    assert traces == [
+        [f"#{run} long-run (ddp)", FINISHED_STEPS],
+        [f"#{short} short-run (ddp)", 12],
+    ]
     expect(dash.page.locator("#compare-metric")).to_have_value("loss")
     dash.shot("compare")
 
@@ -335,16 +373,16 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
 
 
 def test_a_cold_job_page_loads_its_first_chart_within_budget(
-    browser: Browser, live_api: str, owner: ProjectKey, shared: dict[str, Any]
+    browser: Browser, live_api: str, finished: Finished
 ) -> None:
     """What the detail page costs on a cold cache: bytes over the wire and ms to a chart."""
     sizes: list[tuple[str, int]] = []
-    with new_dash(browser, live_api, owner.api_key) as dash:
+    with new_dash(browser, live_api, finished.owner.api_key) as dash:
         dash.page.on(
             "requestfinished",
             lambda req: sizes.append((req.url, _wire_bytes(req.sizes()))),
         )
-        dash.open(f"/jobs/{shared['run']}")
+        dash.open(f"/jobs/{finished.long}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
         first_chart_ms = float(dash.page.evaluate("performance.now()"))
         total = sum(n for _, n in sizes)
@@ -359,14 +397,15 @@ def test_a_cold_job_page_loads_its_first_chart_within_budget(
 
 
 def test_dark_mode_on_a_laptop_screen_is_readable_and_fits(
-    browser: Browser, live_api: str, owner: ProjectKey, shared: dict[str, Any]
+    browser: Browser, live_api: str, finished: Finished
 ) -> None:
-    with new_dash(browser, live_api, owner.api_key, color_scheme="dark", viewport=LAPTOP) as dash:
-        for route in ("/jobs", "/submit", f"/compare?ids={shared['run']},{shared['short']}"):
+    key = finished.owner.api_key
+    with new_dash(browser, live_api, key, color_scheme="dark", viewport=LAPTOP) as dash:
+        for route in ("/jobs", "/submit", f"/compare?ids={finished.long},{finished.short}"):
             dash.open(route)
             dash.page.wait_for_selector("main[data-loaded]")
             assert dash.fits_width(), route
-        dash.open(f"/jobs/{shared['run']}")
+        dash.open(f"/jobs/{finished.long}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
         assert dash.fits_width()
         dash.shot("job-detail-dark")

@@ -75,5 +75,5 @@ def test_qat_on_two_ranks_follows_the_single_process_curve_and_reports_converted
     # checkpoint.export_safetensors: the final checkpoint, consolidated by the reporting rank.
     exported = safetensors.torch.load_file(done["export_uri"])
     final = load_model_weights(done["checkpoint_uri"])
-    assert exported.keys() == final.keys()
+    assert final and exported.keys() == final.keys()
     assert all(torch.equal(exported[k], final[k]) for k in final)

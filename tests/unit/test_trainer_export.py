@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors import safe_open
 
 from tests.conftest_trainer import build_local_run, tiny_spec
 from trainer import export
 from trainer.loop import train_step
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_export_writes_one_safetensors_whose_weights_reproduce_the_models_logits(

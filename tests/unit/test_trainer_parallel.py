@@ -10,24 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from tests.conftest_trainer import build_local_run, tiny_spec
+from tests.conftest_trainer import validation_spec as _spec
 from trainer.loop import train_step
 from trainer.parallel import ParallelDims
 from trainer.parallel.pipeline import stage_bounds
-from trainer.spec import JobSpec
-
-
-def _spec(nproc: int, parallelism: dict[str, Any], **sections: dict[str, Any]) -> JobSpec:
-    raw: dict[str, Any] = {
-        "name": "job",
-        "data": {"dataset": "ds_1"},
-        "model": {"n_layers": 4, "n_heads": 4, "d_model": 64},
-        "parallelism": parallelism,
-        "resources": {"procs_per_node": nproc},
-        "train": {"micro_batch_size": 16},
-    }
-    for name, values in sections.items():
-        raw[name] = {**raw.get(name, {}), **values}
-    return JobSpec.model_validate(raw)
 
 
 def _errors(nproc: int, parallelism: dict[str, Any], **sections: dict[str, Any]) -> list:

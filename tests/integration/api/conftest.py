@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,11 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 from api.main import create_app
 from core.models import Dataset, Job, JobEvent
+from core.queue import RUN_JOB_TASK
 from core.settings import Settings
 from tests.conftest import ProjectKey
 
@@ -80,6 +84,28 @@ def assert_error(
         locs = [d["loc"] for d in error["details"]]
         assert loc in locs, locs
     return dict(error)
+
+
+def queued_messages(broker_url: str, queue: str) -> list[tuple[str, int]]:
+    """(task name, first argument) of the Celery messages waiting in a Redis queue, oldest
+    first."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        found = []
+        for raw in reversed(client.lrange(queue, 0, -1)):  # LPUSH: newest first
+            message = json.loads(raw)
+            args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append((message["headers"]["task"], args[0]))
+        return found
+    finally:
+        client.close()
+
+
+def queued_job_ids(broker_url: str, queue: str) -> list[int]:
+    """Job ids of the messages waiting in a Redis queue, oldest first; all are `run_job`."""
+    messages = queued_messages(broker_url, queue)
+    assert {task for task, _ in messages} <= {RUN_JOB_TASK}, messages
+    return [job_id for _, job_id in messages]
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,9 @@ export, downloaded and read back) is tests/integration/workers/test_export.py.
 
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 from typing import Any
 
-import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete, select, update
 
@@ -22,21 +19,7 @@ from core.models import Checkpoint, CheckpointExport
 from core.queue import EXPORT_CHECKPOINT_TASK
 from core.settings import Settings
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, job_spec, submit
-
-
-def _messages(broker_url: str, queue: str) -> list[tuple[str, int]]:
-    """(task name, first argument) of the messages waiting in a Redis queue, oldest first."""
-    client = redis.Redis.from_url(broker_url)
-    try:
-        found = []
-        for raw in reversed(client.lrange(queue, 0, -1)):  # LPUSH: newest first
-            message = json.loads(raw)
-            args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-            found.append((message["headers"]["task"], args[0]))
-        return found
-    finally:
-        client.close()
+from tests.integration.api.conftest import assert_error, job_spec, queued_messages, submit
 
 
 def _checkpoint(engine: Engine, job_id: int, step: int, root: Path, complete: bool = True) -> int:
@@ -98,7 +81,8 @@ def test_an_export_is_queued_once_to_the_jobs_pool_and_asking_again_returns_it(
     assert rows == [export["id"]]
     # The export message goes to the job's pool, after the job's own; a pending export is sent
     # again when asked again (the worker's claim makes the duplicate harmless).
-    exports_sent = [m for m in _messages(settings.broker_url, pool) if m[0] != "workers.run_job"]
+    queued = queued_messages(settings.broker_url, pool)
+    exports_sent = [m for m in queued if m[0] != "workers.run_job"]
     assert exports_sent == [(EXPORT_CHECKPOINT_TASK, export["id"])] * 2
 
     status = client.get(_path(job_id, checkpoint_id), headers=project.headers)

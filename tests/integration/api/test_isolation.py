@@ -59,12 +59,20 @@ def test_lists_show_only_the_callers_rows(
     other_project: ProjectKey,
     dataset: dict[str, Any],
 ) -> None:
+    # The other project owns a dataset and a job too, so its lists cannot pass by being empty.
+    their_dataset = client.post(
+        "/v1/datasets",
+        json={"name": "corpus", "uri": dataset["uri"]},
+        headers=other_project.headers,
+    ).json()
+    theirs = submit(client, other_project, job_spec(their_dataset["id"]))
     job = submit(client, project, job_spec(dataset["id"]))
     their_jobs = client.get("/v1/jobs", headers=other_project.headers).json()["items"]
+    assert [j["id"] for j in their_jobs] == [theirs["id"]]  # their own job, not ours
     assert job["id"] not in [j["id"] for j in their_jobs]
-    assert all(j["project_id"] == other_project.project_id for j in their_jobs)
+    assert their_jobs[0]["project_id"] == other_project.project_id
     their_datasets = client.get("/v1/datasets", headers=other_project.headers).json()["items"]
-    assert dataset["id"] not in [d["id"] for d in their_datasets]
+    assert [d["id"] for d in their_datasets] == [their_dataset["id"]]
     mine = client.get("/v1/datasets", headers=project.headers).json()["items"]
     assert [d["id"] for d in mine] == [dataset["id"]]
 

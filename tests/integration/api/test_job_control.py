@@ -11,8 +11,7 @@ from core import jobs
 from core.db import session_scope
 from core.models import JobState
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, job_spec, submit
-from tests.integration.api.test_jobs import _queued_job_ids
+from tests.integration.api.conftest import assert_error, job_spec, queued_job_ids, submit
 
 
 def _post(client: TestClient, project: ProjectKey, job_id: int, action: str) -> Any:
@@ -62,7 +61,7 @@ def test_pause_resume_and_their_illegal_transitions(
     assert _post(client, project, job["id"], "pause").json()["state"] == "paused"  # idempotent
     resumed = _post(client, project, job["id"], "resume")
     assert resumed.status_code == 202 and resumed.json()["state"] == "queued"
-    assert _queued_job_ids(settings.broker_url, pool) == [job["id"], job["id"]]  # re-dispatched
+    assert queued_job_ids(settings.broker_url, pool) == [job["id"], job["id"]]  # re-dispatched
     conflict = assert_error(_post(client, project, job["id"], "resume"), 409, "conflict")
     assert conflict["details"][0]["type"] == "queued"
 

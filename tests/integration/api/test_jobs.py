@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from typing import Any
 
-import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
@@ -15,25 +12,15 @@ from api.main import create_app
 from core import jobs
 from core.db import session_scope
 from core.models import JobState
-from core.queue import RUN_JOB_TASK
 from core.settings import Settings
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, counts, job_spec, submit
-
-
-def _queued_job_ids(broker_url: str, queue: str) -> list[int]:
-    """Job ids of the `workers.run_job` messages waiting in a Redis queue."""
-    client = redis.Redis.from_url(broker_url)
-    try:
-        ids = []
-        for raw in client.lrange(queue, 0, -1):
-            message = json.loads(raw)
-            assert message["headers"]["task"] == RUN_JOB_TASK
-            args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-            ids.append(args[0])
-        return ids
-    finally:
-        client.close()
+from tests.integration.api.conftest import (
+    assert_error,
+    counts,
+    job_spec,
+    queued_job_ids,
+    submit,
+)
 
 
 def test_submit_stores_a_queued_job_and_dispatches_it_to_its_pool(
@@ -57,7 +44,7 @@ def test_submit_stores_a_queued_job_and_dispatches_it_to_its_pool(
     assert job["spec"]["model"]["n_heads"] == 4  # defaults filled in
     assert job["attempt"] == 0 and job["current_step"] is None
     assert client.get(f"/v1/jobs/{job['id']}", headers=project.headers).json() == job
-    assert _queued_job_ids(settings.broker_url, pool) == [job["id"]]
+    assert queued_job_ids(settings.broker_url, pool) == [job["id"]]
 
 
 def test_submit_succeeds_and_the_job_stays_queued_when_the_broker_is_down(

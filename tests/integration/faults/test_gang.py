@@ -74,6 +74,7 @@ def nodes_of(engine: Engine, job_id: int, attempt: int) -> list[JobNode]:
         return list(s.execute(query).scalars())
 
 
+@pytest.mark.long  # ~2 min
 def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
     engine: Engine,
     settings: Settings,

@@ -34,6 +34,7 @@ from tests.integration.workers.helpers import (
 
 __all__ = ["workers"]  # a fixture
 
+pytestmark = pytest.mark.long  # 2-4 min each on a busy 2-core host
 CONTROL_QUEUE = "torchyard.control"  # workers/app.py's (importing it builds an app)
 HEARTBEAT_TIMEOUT_S = 3.0  # the reaper's silence threshold once a node is lost
 GONE_WITHIN_S = 10.0  # a cancel ends the job and every node's processes within this

@@ -72,6 +72,9 @@ class RedisServer:
             client.close()
 
 
+pytestmark = pytest.mark.long  # restarts a Redis server: ~1.5 min
+
+
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(port=free_port(), folder=tmp_path)

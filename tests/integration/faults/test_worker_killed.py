@@ -31,6 +31,7 @@ from tests.integration.workers.helpers import (
 )
 from workers.checkpoints import ASIDE
 
+pytestmark = pytest.mark.long  # waits for the reaper: ~2 min
 STEPS = 24
 # workers/app.py's (importing it would build the app from this process's settings).
 CONTROL_QUEUE = "torchyard.control"
@@ -126,6 +127,8 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
     # The stop checkpoint the dying trainer wrote (parent-death SIGTERM) is kept, set aside.
     aside = Path(job_checkpoint_uri(settings, job_id)) / ASIDE
     set_aside = sorted(int(p.name[5:13]) for p in aside.glob("step_*.a2"))
+    # SIGTERM reaches the trainer after the worker's last event, so at least that one exists.
+    assert set_aside, f"no stop checkpoint set aside under {aside}"
     assert all(step > max(recorded_before) for step in set_aside)
     print(f"recorded before the kill: {recorded_before}; set aside: {set_aside}")
 

@@ -120,6 +120,7 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     tensors = safetensors.torch.load(body)
     assert {n: tuple(t.shape) for n, t in tensors.items()} == _model_shapes(checkpoint["uri"])
     weights = load_model_weights(checkpoint["uri"])
+    assert weights
     assert all(torch.equal(tensors[name], weights[name]) for name in weights)
 
     download = api.get(f"{path}/download", headers=project.headers)
@@ -150,7 +151,25 @@ def test_an_unreadable_checkpoint_fails_its_export_with_the_exporters_error(
     worker: Worker,
     tmp_path: Path,
 ) -> None:
+    # A job that never runs, only to own the checkpoint; its export goes to the job's pool, the
+    # module worker's. It is cancelled at the end: left queued, it would be the first job of
+    # that pool, and the worker would claim it for the next test's message.
     job_id = create_job(engine, project, tiny_spec(pool=worker.queue, dataset_id=dataset_id))
+    try:
+        _export_an_unreadable_checkpoint(api, engine, project, worker, job_id, tmp_path)
+    finally:
+        cancelled = api.post(f"/v1/jobs/{job_id}/cancel", headers=project.headers)
+        assert cancelled.status_code == 202, cancelled.text
+
+
+def _export_an_unreadable_checkpoint(
+    api: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    worker: Worker,
+    job_id: int,
+    tmp_path: Path,
+) -> None:
     step_dir = tmp_path / "step_00000002"
     step_dir.mkdir()
     (step_dir / ".metadata").write_bytes(b"not a DCP metadata file")
