@@ -283,7 +283,8 @@ class PreviewExample(BaseModel):
     status: Literal["kept", "truncated", "dropped"] = Field(
         description="What `truncation` does with it at `seq_len`."
     )
-    input_ids: list[int]
+    num_tokens: int = Field(description="The example's length L in tokens (before truncation).")
+    input_ids: list[int] = Field(description="Its first min(L, 4096) token ids.")
     tokens: list[str] = Field(description="Each token decoded alone (display text).")
     supervised: list[bool] = Field(description="Token t is a target of the loss (mask bit).")
     roles: list[str] = Field(description="The message role (or record part) token t is from.")

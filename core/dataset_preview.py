@@ -16,6 +16,7 @@ the same `tokenizer.json` backend.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,9 @@ PREVIEW_FORMATS = ("messages", "prompt_completion", "jsonl_text")
 # == trainer.hf._TOKENIZER_FILES (trainer.hf imports torch): a model directory with none of
 # them trains on bytes.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Tokens listed per example (the counts cover all): 64 examples stay a few MB of JSON even for
+# records at the size limit.
+MAX_SHOWN_TOKENS = 4096
 
 
 def preview(
@@ -67,34 +71,38 @@ def preview(
             f"{', '.join(PREVIEW_FORMATS)} records",
             details=[{"loc": ["path", "dataset_id"], "msg": "no preview", "type": "conflict"}],
         )
-    _check_loss_on(dataset.format, loss_on)
+    uri, format = dataset.uri, dataset.format
+    session.rollback()  # read-only from here: give the connection back while we tokenize
+    _check_loss_on(format, loss_on)
     tokenizer = load_tokenizer(model, settings)
     template = _template(chat_template, tokenizer)
 
     from trainer.masks import preview as render
     from trainer.readers import iter_records, list_files
 
-    def sample() -> Any:
-        files = list_files(dataset.uri, ["**/*"], [])
+    def sample() -> Iterator[tuple[str, Any]]:
+        files = list_files(uri, ["**/*"], [])
         with closing(iter_records(files)) as records:
             for where, _, obj in itertools.islice(records, num_examples):
                 yield where, obj
 
+    context = seq_len or model.seq_len
     shown = render(
         sample(),
-        format=dataset.format,
+        format=format,
         tokenizer=tokenizer,
         template=template,
         loss_on=loss_on,
-        seq_len=seq_len or model.seq_len,
+        seq_len=context,
         truncation=truncation,
         max_truncated_share=max_truncated_share,
+        max_shown_tokens=MAX_SHOWN_TOKENS,
     )
     return {
-        "dataset_id": dataset.id,
-        "format": dataset.format,
+        "dataset_id": dataset_id,
+        "format": format,
         "tokenizer": _tokenizer_name(tokenizer),
-        "seq_len": seq_len or model.seq_len,
+        "seq_len": context,
         "verdict": "ok" if shown["refused"] is None else "refused",
         **shown,
     }

@@ -173,6 +173,7 @@ class PreviewExample(_Model):
 
     where: str
     status: str
+    num_tokens: int
     input_ids: list[int]
     tokens: list[str]
     supervised: list[bool]

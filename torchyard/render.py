@@ -262,9 +262,11 @@ def preview_tokens(example: PreviewExample) -> Text:
     """The example's text token by token: supervised tokens (targets of the loss) on a green
     background, the rest plain; one header line names the record and counts its tokens."""
     supervised = sum(example.supervised)
+    shown = len(example.tokens)
+    cut = f" (first {shown} shown)" if example.num_tokens > shown else ""
     text = Text()
     text.append(
-        f"{example.where}  {example.status}, {len(example.tokens)} tokens, "
+        f"{example.where}  {example.status}, {example.num_tokens} tokens{cut}, "
         f"{supervised} supervised\n",
         style="bold",
     )

@@ -331,12 +331,14 @@ def preview(
     seq_len: int,
     truncation: str,
     max_truncated_share: float,
+    max_shown_tokens: int | None = None,
 ) -> dict[str, Any]:
     """What a job would learn from `records` ((where, decoded object) pairs of `format`, not
     `text`/`tokens`/`preference`), as `POST /v1/datasets/{id}/preview` shows them.
 
-    Returns `examples` (per record: `where`, `input_ids`, decoded `tokens`, `supervised` and
-    `roles`, all of length L, and `status`: kept, truncated or dropped at `seq_len`), the
+    Returns `examples` (per record: `where`, `num_tokens` L, `input_ids`, decoded `tokens`,
+    `supervised` and `roles` for its first min(L, `max_shown_tokens`) tokens, and `status`:
+    kept, truncated or dropped at `seq_len`; the counts always cover every token), the
     verifier's `report` (with per-role token and supervised counts), the `loss_on` applied, and
     `refused`: None, or the reason exactly as the job's verifier refuses the same sample (an
     unrenderable record, or `MaskStats.check`'s reasons). Never raises for the data.
@@ -351,15 +353,17 @@ def preview(
             kept = truncate(example, seq_len, truncation)
             stats.add(example, kept)
             status = "dropped" if kept is None else "kept" if kept is example else "truncated"
-            ids = example.input_ids.tolist()
+            shown_len = len(example) if max_shown_tokens is None else max_shown_tokens
+            ids = example.input_ids[:shown_len].tolist()
             shown.append(
                 {
                     "where": where,
                     "status": status,
+                    "num_tokens": len(example),
                     "input_ids": ids,
                     "tokens": tokenizer.pieces(ids),
-                    "supervised": example.supervised.tolist(),
-                    "roles": [example.role_names[r] for r in example.roles.tolist()],
+                    "supervised": example.supervised[:shown_len].tolist(),
+                    "roles": [example.role_names[r] for r in example.roles[:shown_len].tolist()],
                 }
             )
         stats.check(loss_on=mode, max_truncated_share=max_truncated_share, what="data sample")

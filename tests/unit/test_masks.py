@@ -245,6 +245,13 @@ def test_preview_returns_tokens_with_mask_bits_and_the_verdict() -> None:
     assert refused["refused"].startswith("data sample: 3 of 3 examples")
     assert "lose every supervised token" in refused["refused"]
     assert [e["status"] for e in refused["examples"]] == ["truncated"] * 3
+    capped = preview(
+        records[:1], format="messages", tokenizer=Tokenizer(None), template=CHATML, loss_on=None,
+        seq_len=4096, truncation="drop", max_truncated_share=0.1, max_shown_tokens=5,
+    )  # fmt: skip
+    (example,) = capped["examples"]
+    assert example["tokens"] == list("<|im_") and len(example["roles"]) == 5
+    assert example["num_tokens"] > 5 and capped["report"]["tokens"] == example["num_tokens"]
 
 
 def test_preview_reports_a_record_the_template_cannot_render_as_the_job_would() -> None:

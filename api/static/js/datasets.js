@@ -84,7 +84,8 @@ function exampleBlock(example) {
   const count = example.supervised.filter(Boolean).length;
   return h("div", { class: "preview-example", dataset: { where: example.where } },
     h("div", { class: "muted" }, `${example.where} · ${example.status} · `,
-      `${example.tokens.length} tokens, ${count} supervised`),
+      `${example.num_tokens} tokens, ${count} supervised`,
+      example.num_tokens > example.tokens.length ? ` (first ${example.tokens.length} shown)` : ""),
     h("pre", { class: "tokens" }, example.tokens.map((piece, i) => tokenSpan(
       piece, example.supervised[i], example.roles[i], example.input_ids[i]))));
 }

@@ -105,7 +105,8 @@ def test_byte_gpt_chatml_supervises_assistant_content_and_im_end_only(
     ]
     for i, example in enumerate(shown["examples"]):
         assert example["status"] == "kept"
-        assert len(example["input_ids"]) == len(example["tokens"]) == len(example["supervised"])
+        assert example["num_tokens"] == len(example["input_ids"]) == len(example["tokens"])
+        assert len(example["tokens"]) == len(example["supervised"]) == len(example["roles"])
         assert text_of(example, supervised=True) == f"Return x plus {i}.<|im_end|>"
         assert {r for r, s in zip(example["roles"], example["supervised"], strict=True) if s} == {
             "assistant"
