@@ -65,16 +65,17 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
 # must run, not just import.
 _PREVIEW_WITHOUT_TORCH = """
 import sys
-from transformers import PreTrainedTokenizerFast
-from transformers.utils.chat_template_utils import _compile_jinja_template
-import core.dataset_preview, api.main
+import api.main
+from core import dataset_preview
+from core.settings import Settings
 from trainer import chat, errors, masks, readers, records, spec, spec_checks
-hf = PreTrainedTokenizerFast.from_pretrained(sys.argv[1], local_files_only=True)
+model = spec.ModelSpec(kind="hf", hf={"path_or_id": sys.argv[1]})
+tokenizer = dataset_preview.load_tokenizer(model, Settings(data_roots=[sys.argv[1]]))
+template = dataset_preview._template(chat.CHATML, tokenizer)  # compiled, as a custom one
 record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
-_compile_jinja_template(chat.CHATML)
 shown = masks.preview(
-    [("x.jsonl:1", record)], format="messages", tokenizer=masks.Tokenizer(hf),
-    template=chat.CHATML, loss_on=None, seq_len=64, truncation="drop", max_truncated_share=0.1,
+    [("x.jsonl:1", record)], format="messages", tokenizer=tokenizer,
+    template=template, loss_on=None, seq_len=64, truncation="drop", max_truncated_share=0.1,
 )
 assert shown["refused"] is None, shown["refused"]
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
