@@ -95,3 +95,21 @@ def test_a_refused_sample_shows_the_jobs_reason(laptop: Dash, chat_dataset: dict
     verdict = page.locator("#preview-verdict")
     expect(verdict).to_have_class("verdict verdict-refused")
     expect(verdict).to_contain_text("lose every supervised token to truncation")
+
+
+def test_the_preview_in_dark_mode_fits_a_laptop_and_keeps_supervised_tokens_marked(
+    browser: Browser, live_api: str, owner: ProjectKey, chat_dataset: dict[str, Any]
+) -> None:
+    with new_dash(browser, live_api, owner.api_key, color_scheme="dark", viewport=LAPTOP) as dash:
+        dash.open(f"/datasets/{chat_dataset['id']}")
+        dash.page.wait_for_selector("main[data-loaded]")
+        dash.page.select_option("#preview-template", "chatml")
+        dash.page.click("#preview-run")
+        first = dash.page.locator(".preview-example pre.tokens span.tok.supervised").first
+        expect(first).to_be_visible()
+        background = first.evaluate("el => getComputedStyle(el).backgroundColor")
+        plain = dash.page.locator("span.tok.unsupervised").first.evaluate(
+            "el => getComputedStyle(el).backgroundColor"
+        )
+        assert background != plain, (background, plain)  # the mask bit is visible
+        assert dash.fits_width()
