@@ -4,6 +4,7 @@ coloured, so a user sees what the model will learn from"). Waits are Playwright'
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,12 +31,13 @@ SPANS = """el => [...el.querySelectorAll('pre.tokens span.tok')]
   .map(s => [s.className, s.dataset.role, s.textContent])"""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def chat_dataset(api: httpx.Client) -> dict[str, Any]:
+    """A messages dataset uploaded for this test (a name of its own: `owner` may be shared)."""
     body = b"".join(orjson.dumps(r) + b"\n" for r in CHAT)
     answer = api.post(
         "/v1/datasets/upload",
-        data={"name": "chat-e2e"},
+        data={"name": f"chat-{secrets.token_hex(4)}"},
         files={"file": ("chat.jsonl", body, "application/octet-stream")},
     )
     assert answer.status_code == 201, answer.text
@@ -54,10 +56,10 @@ def test_the_preview_colours_assistant_tokens_supervised_and_user_tokens_not(
     page = laptop.page
     laptop.open("/datasets")
     link = page.locator(f"#datasets-body tr[data-dataset-id='{chat_dataset['id']}'] a")
-    expect(link).to_have_text("chat-e2e")
+    expect(link).to_have_text(chat_dataset["name"])
     link.click()
     page.wait_for_selector("main[data-loaded]")
-    expect(page.locator("#dataset-name")).to_have_text("chat-e2e")
+    expect(page.locator("#dataset-name")).to_have_text(chat_dataset["name"])
     stats = page.locator("#dataset-stats")
     expect(stats.locator("dd[data-stat='Format']")).to_have_text("messages")
     expect(stats.locator("dd[data-stat='Records']")).to_have_text("3")
