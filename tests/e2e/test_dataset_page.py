@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.conftest import ProjectKey
-from tests.e2e.conftest import LAPTOP, Dash, new_dash
+from tests.e2e.conftest import LAPTOP, WAIT_MS, Dash, new_dash
 
 CHAT = [
     {
@@ -26,6 +26,9 @@ CHAT = [
     }
     for i in range(3)
 ]
+# The first preview of a fresh API process imports `transformers` (seconds; more on a loaded
+# host): the page's own wait budget, not `expect`'s 5 s default.
+PREVIEW_MS = WAIT_MS
 # Each span's class, role and text, in order, for one previewed example.
 SPANS = """el => [...el.querySelectorAll('pre.tokens span.tok')]
   .map(s => [s.className, s.dataset.role, s.textContent])"""
@@ -69,7 +72,7 @@ def test_the_preview_colours_assistant_tokens_supervised_and_user_tokens_not(
     page.select_option("#preview-template", "chatml")
     page.fill("#preview-n", "2")
     page.click("#preview-run")
-    expect(page.locator("#preview-verdict")).to_have_class("verdict verdict-ok")
+    expect(page.locator("#preview-verdict")).to_have_class("verdict verdict-ok", timeout=PREVIEW_MS)
     examples = page.locator(".preview-example")
     expect(examples).to_have_count(2)
     for i in range(2):
@@ -95,7 +98,7 @@ def test_a_refused_sample_shows_the_jobs_reason(laptop: Dash, chat_dataset: dict
     page.select_option("#preview-truncation", "truncate_right")
     page.click("#preview-run")
     verdict = page.locator("#preview-verdict")
-    expect(verdict).to_have_class("verdict verdict-refused")
+    expect(verdict).to_have_class("verdict verdict-refused", timeout=PREVIEW_MS)
     expect(verdict).to_contain_text("lose every supervised token to truncation")
 
 
@@ -108,7 +111,7 @@ def test_the_preview_in_dark_mode_fits_a_laptop_and_keeps_supervised_tokens_mark
         dash.page.select_option("#preview-template", "chatml")
         dash.page.click("#preview-run")
         first = dash.page.locator(".preview-example pre.tokens span.tok.supervised").first
-        expect(first).to_be_visible()
+        expect(first).to_be_visible(timeout=PREVIEW_MS)
         background = first.evaluate("el => getComputedStyle(el).backgroundColor")
         plain = dash.page.locator("span.tok.unsupervised").first.evaluate(
             "el => getComputedStyle(el).backgroundColor"
