@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -10,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from core.dataset_stats import DatasetStats
 from core.models import JobState
 from trainer.records import Format
+from trainer.spec import DataSpec, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
@@ -244,3 +246,77 @@ class Me(BaseModel):
 
 class Status(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+def _data_field(name: str) -> Any:
+    """`DataSpec`'s declaration of `name` (default, bounds, description), to declare it again."""
+    return copy.copy(DataSpec.model_fields[name])
+
+
+class DatasetPreviewRequest(BaseModel):
+    """How to tokenize a dataset's first records for a mask preview: the job spec's `model`
+    section and the `data` fields that decide the loss mask."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec = Field(
+        default_factory=ModelSpec,
+        description="The job spec's `model` section: its tokenizer (bytes for `gpt`; for `hf`, "
+        "the one saved in `hf.path_or_id`, a server-side path) and its `seq_len`.",
+    )
+    chat_template: str | None = _data_field("chat_template")
+    loss_on: Literal["assistant", "completion", "all"] | None = _data_field("loss_on")
+    seq_len: int | None = Field(
+        default=None, ge=8, le=65536, description="Context length in tokens; null: model.seq_len."
+    )
+    truncation: Literal["drop", "truncate_left", "truncate_right"] = _data_field("truncation")
+    max_truncated_share: float = _data_field("max_truncated_share")
+    num_examples: int = Field(
+        default=8, ge=1, le=64, description="How many records, from the first, to preview."
+    )
+
+
+class PreviewExample(BaseModel):
+    """One record as the job tokenizes it; the lists have one entry per token (L)."""
+
+    where: str = Field(description="`file:line` (or `file:row`) of the record.")
+    status: Literal["kept", "truncated", "dropped"] = Field(
+        description="What `truncation` does with it at `seq_len`."
+    )
+    num_tokens: int = Field(description="The example's length L in tokens (before truncation).")
+    input_ids: list[int] = Field(description="Its first min(L, 4096) token ids.")
+    tokens: list[str] = Field(description="Each token decoded alone (display text).")
+    supervised: list[bool] = Field(description="Token t is a target of the loss (mask bit).")
+    roles: list[str] = Field(description="The message role (or record part) token t is from.")
+
+
+class PreviewReport(BaseModel):
+    """The mask verifier's counts over the previewed examples (after truncation)."""
+
+    examples: int
+    dropped: int
+    truncated: int
+    lost_all_supervision: int = Field(description="Examples truncation left no target.")
+    tokens: int
+    supervised_tokens: int
+    supervised_share_by_role: dict[str, float] = Field(
+        description="Each role's share of all supervised tokens (fractions summing to 1)."
+    )
+    tokens_by_role: dict[str, int]
+    supervised_by_role: dict[str, int]
+
+
+class DatasetPreview(BaseModel):
+    """What a job would learn from the dataset's first records, and the verifier's verdict."""
+
+    dataset_id: str
+    format: Format
+    tokenizer: str = Field(description="`bytes`, or the tokenizer's class and path.")
+    seq_len: int
+    loss_on: Literal["assistant", "completion", "all"]
+    verdict: Literal["ok", "refused"]
+    refused: str | None = Field(
+        description="The reason a job's mask verifier would refuse this sample, word for word."
+    )
+    examples: list[PreviewExample]
+    report: PreviewReport

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import fsspec
 
-from core.errors import Forbidden
+from core.errors import Forbidden, InvalidInput
 from core.settings import Settings
 
 
@@ -101,3 +101,24 @@ def resolve_under(path: str | os.PathLike[str], roots: list[Path]) -> Path:
         f"path {str(path)!r} is outside the allowed data roots",
         details=[{"loc": ["body", "uri"], "msg": "outside allowed roots", "type": "forbidden"}],
     )
+
+
+def model_path(path_or_id: str, settings: Settings) -> Path | None:
+    """A Hugging Face `model.hf.path_or_id` given as a server-side path, resolved: it must lie
+    under an allowed data root, like `data.uri`. None for a hub id (`org/name`).
+
+    Raises Forbidden (outside the roots) or InvalidInput (unusable path), both at
+    `["body", "model", "hf", "path_or_id"]`.
+    """
+    if not path_or_id.startswith(("/", ".", "~", "file://")):
+        return None
+    loc = ["body", "model", "hf", "path_or_id"]
+    try:
+        return resolve_under(path_or_id.removeprefix("file://"), allowed_data_roots(settings))
+    except Forbidden as exc:
+        raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
+    except (OSError, RuntimeError, ValueError) as exc:
+        msg = f"not a usable path: {exc}"
+        raise InvalidInput(
+            f"model.hf.path_or_id: {msg}", details=[{"loc": loc, "msg": msg, "type": "value_error"}]
+        ) from None

@@ -35,6 +35,9 @@ from torchyard.render import (
     jobs_table,
     log_line,
     metrics_table,
+    preview_report,
+    preview_tokens,
+    preview_verdict,
 )
 from torchyard.specs import SpecFileError, apply_overrides, load_spec
 from torchyard.summary import render_summary
@@ -336,6 +339,52 @@ def datasets_show(
 ) -> None:
     """Show one dataset with its stats (records, lengths, roles, duplicates, warnings)."""
     _print_dataset(_client(ctx).datasets.get(dataset_id), json_out)
+
+
+@datasets_app.command("preview")
+def datasets_preview(
+    ctx: typer.Context,
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
+    template: Annotated[
+        str | None,
+        typer.Option("--template", help="chatml, or a Jinja template (default: the model's)."),
+    ] = None,
+    model_path: Annotated[
+        str | None,
+        typer.Option("--model-path", help="Server-side HF model dir (default: byte-level GPT)."),
+    ] = None,
+    loss_on: Annotated[
+        str | None, typer.Option("--loss-on", help="assistant, completion or all.")
+    ] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Context in tokens.")] = None,
+    truncation: Annotated[
+        str | None, typer.Option("--truncation", help="drop, truncate_left or truncate_right.")
+    ] = None,
+    num_examples: Annotated[
+        int, typer.Option("-n", "--num-examples", help="Records to preview (1-64).")
+    ] = 4,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show what a job would learn from the first records: supervised tokens highlighted in
+    green, the share per role, and the mask verifier's verdict (exit 1 when it refuses)."""
+    shown = _client(ctx).datasets.preview(
+        dataset_id,
+        model_path=model_path,
+        chat_template=template,
+        loss_on=loss_on,
+        seq_len=seq_len,
+        truncation=truncation,
+        num_examples=num_examples,
+    )
+    if json_out:
+        _print_json(shown)
+    else:
+        for example in shown.examples:
+            out.print(preview_tokens(example), "\n")
+        out.print(preview_report(shown))
+        out.print(preview_verdict(shown))
+    if shown.refused is not None:
+        raise typer.Exit(1)
 
 
 def _print_dataset(dataset: Dataset, json_out: bool) -> None:

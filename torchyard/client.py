@@ -29,6 +29,7 @@ from torchyard.exports import Exports
 from torchyard.models import (
     Checkpoint,
     Dataset,
+    DatasetPreview,
     Event,
     Job,
     LogLine,
@@ -502,3 +503,45 @@ class Datasets:
     def get(self, dataset_id: str) -> Dataset:
         """One dataset. Raises `NotFound`."""
         return Dataset.model_validate(self._client.request("GET", f"/v1/datasets/{dataset_id}"))
+
+    def preview(
+        self,
+        dataset_id: str,
+        *,
+        model: dict[str, Any] | None = None,
+        model_path: str | None = None,
+        chat_template: str | None = None,
+        loss_on: str | None = None,
+        seq_len: int | None = None,
+        truncation: str | None = None,
+        num_examples: int = 8,
+    ) -> DatasetPreview:
+        """Tokenize the dataset's first `num_examples` records as a job would and return each
+        token with its mask bit and role, the supervised share per role, and the mask
+        verifier's verdict (a refusal is returned, not raised).
+
+        `model` is a job spec's `model` section (default: the byte-level GPT); `model_path`
+        is short for `{"kind": "hf", "hf": {"path_or_id": model_path}}` (a server-side model
+        directory with a tokenizer). `chat_template`: null (the tokenizer's, else ChatML),
+        `chatml` or a Jinja string. `seq_len` None: `model.seq_len`. Raises `NotFound`,
+        `Conflict` (a `text`, `tokens` or `preference` dataset), `ValidationFailed` (bad
+        template, loss_on or model path, with the field path), `PermissionDenied` (a model
+        path outside the server's data roots).
+        """
+        if model_path is not None:
+            model = {"kind": "hf", "hf": {"path_or_id": model_path}}
+        body = {
+            "model": model,
+            "chat_template": chat_template,
+            "loss_on": loss_on,
+            "seq_len": seq_len,
+            "truncation": truncation,
+            "num_examples": num_examples,
+        }
+        answer = self._client.request(
+            "POST",
+            f"/v1/datasets/{dataset_id}/preview",
+            json={k: v for k, v in body.items() if v is not None},
+            timeout=max(self._client.timeout, 120.0),
+        )
+        return DatasetPreview.model_validate(answer)

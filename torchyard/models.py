@@ -167,6 +167,48 @@ class Dataset(_Model):
     created_at: datetime | None = None
 
 
+class PreviewExample(_Model):
+    """One record as a job tokenizes it: per token (L of each) its id, display text, mask bit
+    (a target of the loss) and the role it came from; `status`: kept, truncated or dropped."""
+
+    where: str
+    status: str
+    num_tokens: int
+    input_ids: list[int]
+    tokens: list[str]
+    supervised: list[bool]
+    roles: list[str]
+
+
+class PreviewReport(_Model):
+    """The mask verifier's counts over the previewed examples (after truncation)."""
+
+    examples: int
+    dropped: int
+    truncated: int
+    lost_all_supervision: int
+    tokens: int
+    supervised_tokens: int
+    supervised_share_by_role: dict[str, float] = {}
+    tokens_by_role: dict[str, int] = {}
+    supervised_by_role: dict[str, int] = {}
+
+
+class DatasetPreview(_Model):
+    """`client.datasets.preview(...)`: what a job would learn from the first records, and the
+    verdict (`ok`, or `refused` with the reason a job would be refused with)."""
+
+    dataset_id: str
+    format: str
+    tokenizer: str
+    seq_len: int
+    loss_on: str
+    verdict: str
+    refused: str | None = None
+    examples: list[PreviewExample] = []
+    report: PreviewReport
+
+
 class MetricPoint(_Model):
     """One value of one metric at one optimizer step."""
 

@@ -19,11 +19,13 @@ from torchyard.models import (
     Checkpoint,
     CheckpointExport,
     Dataset,
+    DatasetPreview,
     DatasetStats,
     Job,
     Lengths,
     LogLine,
     MetricSeries,
+    PreviewExample,
 )
 
 STATE_STYLES = {
@@ -251,6 +253,56 @@ def dataset_stats_table(stats: DatasetStats) -> Table:
     for w in stats.warnings:
         table.add_row(Text("warning", style="yellow"), f"{w.message}: {w.count} (first {w.first})")
     return table
+
+
+SUPERVISED_STYLE = "black on green"
+
+
+def preview_tokens(example: PreviewExample) -> Text:
+    """The example's text token by token: supervised tokens (targets of the loss) on a green
+    background, the rest plain; one header line names the record and counts its tokens."""
+    supervised = sum(example.supervised)
+    shown = len(example.tokens)
+    cut = f" (first {shown} shown)" if example.num_tokens > shown else ""
+    text = Text()
+    text.append(
+        f"{example.where}  {example.status}, {example.num_tokens} tokens{cut}, "
+        f"{supervised} supervised\n",
+        style="bold",
+    )
+    for piece, bit in zip(example.tokens, example.supervised, strict=True):
+        text.append(piece, style=SUPERVISED_STYLE if bit else "")
+    return text
+
+
+def preview_report(preview: DatasetPreview) -> Table:
+    """Per role: tokens, supervised tokens and the role's share of all supervised tokens,
+    titled with the tokenizer, loss_on and seq_len, captioned with the truncation counts."""
+    report = preview.report
+    title = f"{preview.tokenizer}, loss_on {preview.loss_on}, seq_len {preview.seq_len}"
+    table = Table(title=title)
+    for column in ("role", "tokens", "supervised", "share"):
+        table.add_column(column, justify="left" if column == "role" else "right")
+    for role in sorted(report.tokens_by_role):
+        share = report.supervised_share_by_role.get(role, 0.0)
+        table.add_row(
+            role,
+            str(report.tokens_by_role[role]),
+            str(report.supervised_by_role.get(role, 0)),
+            f"{share:.1%}",
+        )
+    table.caption = (
+        f"{report.examples} examples, {report.dropped} dropped, {report.truncated} truncated, "
+        f"{report.lost_all_supervision} lost all supervision"
+    )
+    return table
+
+
+def preview_verdict(preview: DatasetPreview) -> Text:
+    """`verdict: ok` in green, or the refusal a job would get, in red."""
+    if preview.refused is None:
+        return Text("verdict: ok", style="green")
+    return Text(f"verdict: refused: {preview.refused}", style="red")
 
 
 def _percentiles(lengths: Lengths) -> str:

@@ -172,8 +172,8 @@ def render_chat(
         ]
     for k, m in enumerate(messages):
         if m.content and (loss_on == "assistant" and m.trained):
-            start, end = next(r for r in regions if spans[k][0] <= r[0] < spans[k][1])
-            if m.content.strip() not in text[start:end]:
+            region = next((r for r in regions if spans[k][0] <= r[0] < spans[k][1]), None)
+            if region is None or m.content.strip() not in text[region[0] : region[1]]:
                 raise InvalidJobError(
                     f"data.chat_template does not render messages[{k}].content verbatim "
                     "inside its turn; the loss mask cannot be located"

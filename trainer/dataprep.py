@@ -37,15 +37,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from trainer.chat import resolve_template
 from trainer.errors import InvalidJobError
 from trainer.events import Reporter
-from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_record, truncate
+from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_at, truncate
 from trainer.packing import RowPacker
 from trainer.readers import DataFile, content_digest, detect, iter_records, list_files
-from trainer.records import describe_error, parse_record
 from trainer.rows import Rows, RowsWriter
 from trainer.spec_checks import LOSS_ON_BY_FORMAT
 
@@ -284,16 +282,10 @@ def encode_one(where: str, obj: Any, plan: DataPlan, tok: Tokenizer) -> Example:
         from trainer.textrows import token_example
 
         return token_example(where, obj)
-    try:
-        record = parse_record(plan.format, obj)
-    except ValidationError as exc:
-        raise InvalidJobError(f"{where}: {describe_error(exc.errors()[0])}") from exc
-    try:
-        return encode_record(
-            record, tokenizer=tok, template=plan.template or "", loss_on=plan.loss_on
-        )
-    except InvalidJobError as exc:
-        raise InvalidJobError(f"{where}: {exc}") from exc
+    return encode_at(
+        where, obj, format=plan.format, tokenizer=tok, template=plan.template or "",
+        loss_on=plan.loss_on,
+    )  # fmt: skip
 
 
 def _build_example_rows(

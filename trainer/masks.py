@@ -19,7 +19,9 @@ to truncation. Torch-free (numpy, tokenizers/transformers, jinja2), so the API c
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +74,24 @@ class Tokenizer:
 
     def ids(self, text: str) -> np.ndarray:
         return self.encode(text)[0]
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Each id decoded alone, for display: a byte that starts a UTF-8 character carries
+        the whole character (its continuation bytes show as ""); a Hugging Face token is
+        `decode([id])` (special tokens kept; a character split across tokens shows U+FFFD)."""
+        if self.hf is None:
+            data = bytes(ids)
+            heads = [i for i, b in enumerate(data) if b & 0xC0 != 0x80] + [len(data)]
+            out = [""] * len(data)
+            for a, b in itertools.pairwise(heads):
+                out[a] = data[a:b].decode("utf-8", errors="replace")
+            for i in range(heads[0]):  # stray continuation bytes before the first character
+                out[i] = "\ufffd"
+            return out
+        decoded: list[str] = self.hf.batch_decode(
+            [[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        return decoded
 
 
 @dataclass(frozen=True)
@@ -281,8 +301,28 @@ def verify_masks(
     return stats
 
 
+def encode_at(
+    where: str, obj: Any, *, format: str, tokenizer: Tokenizer, template: str, loss_on: str
+) -> Example:
+    """One decoded record of `format` -> `Example`, as the job encodes it. Raises
+    `InvalidJobError` prefixed with `where` (`file:line`) for an invalid record or one the
+    template cannot render or locate."""
+    from pydantic import ValidationError
+
+    from trainer.records import describe_error, parse_record
+
+    try:
+        record = parse_record(format, obj)
+    except ValidationError as exc:
+        raise InvalidJobError(f"{where}: {describe_error(exc.errors()[0])}") from exc
+    try:
+        return encode_record(record, tokenizer=tokenizer, template=template, loss_on=loss_on)
+    except InvalidJobError as exc:
+        raise InvalidJobError(f"{where}: {exc}") from exc
+
+
 def preview(
-    objects: list[Any],
+    records: Iterable[tuple[str, Any]],
     *,
     format: str,
     tokenizer: Tokenizer,
@@ -291,39 +331,45 @@ def preview(
     seq_len: int,
     truncation: str,
     max_truncated_share: float,
+    max_shown_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """What a job would learn from: each decoded record's tokens with their mask bits, and the
-    verifier's counts and verdict (`refused`: the reason, or None), as `POST
-    /v1/datasets/{id}/preview` shows them. Records of `format` (not `text`/`tokens`/
-    `preference`); raises `InvalidJobError` for an invalid record or unrenderable template."""
-    from pydantic import ValidationError
+    """What a job would learn from `records` ((where, decoded object) pairs of `format`, not
+    `text`/`tokens`/`preference`), as `POST /v1/datasets/{id}/preview` shows them.
 
-    from trainer.records import describe_error, parse_record
-
+    Returns `examples` (per record: `where`, `num_tokens` L, `input_ids`, decoded `tokens`,
+    `supervised` and `roles` for its first min(L, `max_shown_tokens`) tokens, and `status`:
+    kept, truncated or dropped at `seq_len`; the counts always cover every token), the
+    verifier's `report` (with per-role token and supervised counts), the `loss_on` applied, and
+    `refused`: None, or the reason exactly as the job's verifier refuses the same sample (an
+    unrenderable record, or `MaskStats.check`'s reasons). Never raises for the data.
+    """
     mode = loss_on or DEFAULT_LOSS_ON[format]
-    examples, shown = [], []
-    for number, obj in enumerate(objects, start=1):
-        try:
-            record = parse_record(format, obj)
-        except ValidationError as exc:
-            raise InvalidJobError(f"record {number}: {describe_error(exc.errors()[0])}") from exc
-        example = encode_record(record, tokenizer=tokenizer, template=template, loss_on=mode)
-        examples.append(example)
-        ids = example.input_ids.tolist()
-        pieces = (
-            [bytes([i]).decode("latin-1") for i in ids]
-            if tokenizer.hf is None
-            else tokenizer.hf.convert_ids_to_tokens(ids)
-        )
-        shown.append(
-            {"input_ids": ids, "tokens": pieces, "supervised": example.supervised.tolist(),
-             "roles": [example.role_names[r] for r in example.roles.tolist()]}
-        )  # fmt: skip
-    stats, refused = MaskStats(), None
-    for example in examples:
-        stats.add(example, truncate(example, seq_len, truncation))
+    stats, shown, refused = MaskStats(), [], None
     try:
-        stats.check(loss_on=mode, max_truncated_share=max_truncated_share, what="preview")
+        for where, obj in records:
+            example = encode_at(
+                where, obj, format=format, tokenizer=tokenizer, template=template, loss_on=mode
+            )
+            kept = truncate(example, seq_len, truncation)
+            stats.add(example, kept)
+            status = "dropped" if kept is None else "kept" if kept is example else "truncated"
+            shown_len = len(example) if max_shown_tokens is None else max_shown_tokens
+            ids = example.input_ids[:shown_len].tolist()
+            shown.append(
+                {
+                    "where": where,
+                    "status": status,
+                    "num_tokens": len(example),
+                    "input_ids": ids,
+                    "tokens": tokenizer.pieces(ids),
+                    "supervised": example.supervised[:shown_len].tolist(),
+                    "roles": [example.role_names[r] for r in example.roles[:shown_len].tolist()],
+                }
+            )
+        stats.check(loss_on=mode, max_truncated_share=max_truncated_share, what="data sample")
     except InvalidJobError as exc:
         refused = str(exc)
-    return {"examples": shown, "report": stats.report(), "loss_on": mode, "refused": refused}
+    report = stats.report()
+    report["tokens_by_role"] = dict(sorted(stats.tokens_by_role.items()))
+    report["supervised_by_role"] = dict(sorted(stats.supervised_by_role.items()))
+    return {"examples": shown, "report": report, "loss_on": mode, "refused": refused}

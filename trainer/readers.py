@@ -19,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +92,7 @@ def content_digest(files: list[DataFile]) -> str:
     return tree.hexdigest()
 
 
-def iter_records(files: list[DataFile]) -> Iterator[tuple[str, bytes, Any]]:
+def iter_records(files: list[DataFile]) -> Generator[tuple[str, bytes, Any], None, None]:
     """(where, raw bytes, decoded object) per record: `where` is `file:line` (JSONL) or
     `file:row` (Parquet). Raises `InvalidJobError` for malformed JSON or a non-record file."""
     for f in files:

@@ -13,7 +13,7 @@ from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.validation import require_storable, unstorable
-from core import datasets, storage
+from core import dataset_preview, datasets, storage
 from core.auth import new_id
 from core.errors import InvalidInput, NotFound, TooLarge
 
@@ -169,3 +169,39 @@ def get_dataset(
         session=session, dataset_id=dataset_id, project_id=principal.project_id
     )
     return schemas.Dataset.model_validate(dataset)
+
+
+@router.post(
+    "/{dataset_id}/preview",
+    response_model=schemas.DatasetPreview,
+    responses={
+        409: {"model": ErrorBody, "description": "The dataset's format has no records to render"},
+        403: {"model": ErrorBody, "description": "`model.hf.path_or_id` is outside the data roots"},
+    },
+)
+def preview_dataset(
+    dataset_id: DatasetId,
+    body: schemas.DatasetPreviewRequest,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    """Tokenize the dataset's first records as a job would: each token with its mask bit and
+    role, supervised shares per role, and the mask verifier's verdict (a refusal is reported,
+    not raised)."""
+    if unstorable(dataset_id):
+        raise NotFound(f"dataset {dataset_id!r} not found")
+    require_storable(body.model_dump(), ("body",))
+    return dataset_preview.preview(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        dataset_id=dataset_id,
+        model=body.model,
+        chat_template=body.chat_template,
+        loss_on=body.loss_on,
+        seq_len=body.seq_len,
+        truncation=body.truncation,
+        max_truncated_share=body.max_truncated_share,
+        num_examples=body.num_examples,
+    )

@@ -138,7 +138,7 @@ def _check_data(*, session: Session, settings: Settings, project_id: str, spec: 
             _check_data_uri(uri, settings, field)
     hf = spec.model.hf
     if hf is not None and hf.path_or_id is not None:
-        _check_model_path(hf.path_or_id, settings)
+        storage.model_path(hf.path_or_id, settings)
     return spec
 
 
@@ -164,25 +164,6 @@ def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) ->
         update={"format": found.format, "token_dtype": spec.data.token_dtype or token_dtype}
     )
     return spec.model_copy(update={"data": data})
-
-
-def _check_model_path(path_or_id: str, settings: Settings) -> None:
-    """A Hugging Face model given by a server-side path must lie under an allowed data root,
-    like `data.uri` (a hub id, `org/name`, is left to the workers)."""
-    if not path_or_id.startswith(("/", ".", "~", "file://")):
-        return
-    loc = ["body", "model", "hf", "path_or_id"]
-    try:
-        storage.resolve_under(
-            path_or_id.removeprefix("file://"), storage.allowed_data_roots(settings)
-        )
-    except Forbidden as exc:
-        raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
-    except (OSError, RuntimeError, ValueError) as exc:
-        msg = f"not a usable path: {exc}"
-        raise InvalidInput(
-            f"model.hf.path_or_id: {msg}", details=[{"loc": loc, "msg": msg, "type": "value_error"}]
-        ) from None
 
 
 def _check_data_uri(uri: str, settings: Settings, field: str = "uri") -> None:

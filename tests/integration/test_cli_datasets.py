@@ -9,11 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from torchyard import Client, ValidationFailed
 from torchyard.cli import app
 from torchyard.models import DATASET_FORMATS
+from torchyard.render import SUPERVISED_STYLE, preview_tokens
 from trainer.records import FORMATS
 
 CHAT = [
@@ -89,3 +91,29 @@ def test_sdk_upload_refusal_is_validation_failed_with_line_details(
         client.datasets.upload("pref", path)
     assert [d.msg for d in caught.value.details] == ["line 1: chosen: equals rejected"]
     assert caught.value.details[0].loc == ("body", "file", "line", 1, "chosen")
+
+
+def test_preview_highlights_the_supervised_tokens_and_prints_shares(
+    cli: Any, tmp_path: Path, live_api: str, api_key: str
+) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", CHAT)
+    dataset = json.loads(cli("datasets", "upload", "chat", str(path), "--json").stdout)
+    shown = cli("datasets", "preview", dataset["id"], "--template", "chatml", "-n", "2")
+    assert shown.exit_code == 0, shown.output
+    assert "chat.jsonl:1  kept" in shown.stdout and "chat.jsonl:2  kept" in shown.stdout
+    assert "verdict: ok" in shown.stdout
+    assert "assistant" in shown.stdout and "100.0%" in shown.stdout
+
+    with Client(live_api, api_key) as client:
+        preview = client.datasets.preview(dataset["id"], chat_template="chatml", num_examples=1)
+    text = preview_tokens(preview.examples[0])
+    green = "".join(text.plain[s.start : s.end] for s in text.spans if s.style == SUPERVISED_STYLE)
+    assert green == "hello<|im_end|>"
+    console = Console(color_system="truecolor", force_terminal=True, width=200)
+    with console.capture() as captured:
+        console.print(text)
+    assert "\x1b[30;42m" in captured.get()  # black on green reaches the terminal
+
+    refused = cli("datasets", "preview", dataset["id"], "--seq-len", "8")
+    assert refused.exit_code == 1
+    assert "verdict: refused: data sample: 2 of 2 examples" in refused.stdout

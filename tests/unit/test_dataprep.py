@@ -260,3 +260,40 @@ def test_a_uint32_bin_file_is_read_with_the_declared_token_dtype(tmp_path: Path)
     (np.arange(3000, dtype=np.uint32) + 70_000).tofile(flat)
     prepared = _prepare(tmp_path, _spec(flat, seq_len=32, token_dtype="uint32"))
     assert np.array_equal(np.asarray(prepared.train.input_ids[0]), np.arange(32) + 70_000)
+
+
+UPPER = "{% for m in messages %}{{ m.role }}: {{ m.content | upper }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"seq_len": 64, "truncation": "truncate_right"},
+        {"seq_len": 64, "truncation": "drop"},
+        {"chat_template": UPPER},
+        {"loss_on": "all", "seq_len": 8, "truncation": "drop"},
+    ],
+    ids=["truncated_away", "dropped", "template_cannot_mark", "all_dropped"],
+)
+def test_the_preview_refuses_a_sample_with_the_jobs_reason_word_for_word(
+    tmp_path: Path, data: dict[str, Any]
+) -> None:
+    from trainer.chat import resolve_template
+    from trainer.readers import iter_records, list_files
+
+    path = write_jsonl(tmp_path / "chat.jsonl", messages_records(40))
+    spec = _spec(path, **data)
+    with pytest.raises(InvalidJobError) as refused:
+        _prepare(tmp_path, spec)
+    records = ((where, obj) for where, _, obj in iter_records(list_files(str(path), ["*"], [])))
+    shown = masks.preview(
+        records,
+        format="messages",
+        tokenizer=masks.Tokenizer(None),
+        template=resolve_template(spec.data.chat_template, None),
+        loss_on=spec.data.loss_on,
+        seq_len=spec.model.seq_len,
+        truncation=spec.data.truncation,
+        max_truncated_share=spec.data.max_truncated_share,
+    )
+    assert shown["refused"] == str(refused.value)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,18 @@ FORBIDDEN = {
     "torchyard": {"api", "core", "workers", "torch", "sqlalchemy", "celery", "fastapi"},
 }
 
-# The trainer modules that import nothing heavier than pydantic: the job spec and the dataset
-# record formats, which the API validates with.
-PURE_TRAINER = ("trainer.spec", "trainer.records")
+# The trainer modules that never import torch: the job spec and the dataset record formats,
+# which the API validates with (pydantic only), and what the mask preview renders with
+# (numpy, fsspec/orjson, jinja2, `tokenizers` through `transformers`' tokenizer classes).
+PURE_TRAINER = (
+    "trainer.spec",
+    "trainer.spec_checks",
+    "trainer.records",
+    "trainer.errors",
+    "trainer.chat",
+    "trainer.masks",
+    "trainer.readers",
+)
 
 
 def _imports(path: Path) -> list[str]:
@@ -47,3 +58,41 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
             if crosses or trainer_internals:
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, "imports crossing the layers of DESIGN.md:\n" + "\n".join(bad)
+
+
+# Renders a preview with a saved fast tokenizer, the way core.dataset_preview does, then says
+# which torch modules the interpreter holds. Imports are lazy in transformers, so the preview
+# must run, not just import.
+_PREVIEW_WITHOUT_TORCH = """
+import sys
+import api.main
+from core import dataset_preview
+from core.settings import Settings
+from trainer import chat, errors, masks, readers, records, spec, spec_checks
+model = spec.ModelSpec(kind="hf", hf={"path_or_id": sys.argv[1]})
+tokenizer = dataset_preview.load_tokenizer(model, Settings(data_roots=[sys.argv[1]]))
+template = dataset_preview._template(chat.CHATML, tokenizer)  # compiled, as a custom one
+record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+shown = masks.preview(
+    [("x.jsonl:1", record)], format="messages", tokenizer=tokenizer,
+    template=template, loss_on=None, seq_len=64, truncation="drop", max_truncated_share=0.1,
+)
+assert shown["refused"] is None, shown["refused"]
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+def test_the_preview_modules_run_without_importing_torch(tmp_path: Path) -> None:
+    from tests.unit.sft_data import bpe_tokenizer
+
+    bpe_tokenizer().save_pretrained(tmp_path / "tok")
+    done = subprocess.run(
+        [sys.executable, "-c", _PREVIEW_WITHOUT_TORCH, str(tmp_path / "tok")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -225,7 +225,7 @@ def test_the_tokenizers_own_template_is_used_through_apply_chat_template() -> No
 def test_preview_returns_tokens_with_mask_bits_and_the_verdict() -> None:
     from trainer.masks import preview
 
-    records = messages_records(3)
+    records = [(f"chat.jsonl:{n}", r) for n, r in enumerate(messages_records(3), start=1)]
     shown = preview(
         records, format="messages", tokenizer=Tokenizer(bpe_tokenizer()), template=CHATML,
         loss_on=None, seq_len=4096, truncation="drop", max_truncated_share=0.1,
@@ -242,4 +242,39 @@ def test_preview_returns_tokens_with_mask_bits_and_the_verdict() -> None:
         records, format="messages", tokenizer=Tokenizer(None), template=CHATML, loss_on=None,
         seq_len=16, truncation="truncate_right", max_truncated_share=0.1,
     )  # fmt: skip
+    assert refused["refused"].startswith("data sample: 3 of 3 examples")
     assert "lose every supervised token" in refused["refused"]
+    assert [e["status"] for e in refused["examples"]] == ["truncated"] * 3
+    capped = preview(
+        records[:1], format="messages", tokenizer=Tokenizer(None), template=CHATML, loss_on=None,
+        seq_len=4096, truncation="drop", max_truncated_share=0.1, max_shown_tokens=5,
+    )  # fmt: skip
+    (example,) = capped["examples"]
+    assert example["tokens"] == list("<|im_") and len(example["roles"]) == 5
+    assert example["num_tokens"] > 5 and capped["report"]["tokens"] == example["num_tokens"]
+
+
+def test_preview_reports_a_record_the_template_cannot_render_as_the_job_would() -> None:
+    from trainer.masks import preview
+
+    records = [("chat.jsonl:1", messages_records(1)[0])]
+    shown = preview(
+        records, format="messages", tokenizer=Tokenizer(None),
+        template="{{ raise_exception('roles must alternate') }}", loss_on=None, seq_len=4096,
+        truncation="drop", max_truncated_share=0.1,
+    )  # fmt: skip
+    assert shown["refused"].startswith("chat.jsonl:1: data.chat_template: cannot render")
+    assert shown["examples"] == []
+
+
+def test_byte_pieces_give_each_character_once_at_its_first_byte() -> None:
+    ids = list("aé€".encode())
+    assert Tokenizer(None).pieces(ids) == ["a", "é", "", "€", "", ""]
+    assert Tokenizer(None).pieces([0x82, 0x61]) == ["\ufffd", "a"]
+
+
+def test_a_template_that_drops_the_assistant_turn_is_refused_not_crashed() -> None:
+    record = parse_record("messages", messages_records(1)[0])
+    silent = "{% for m in messages if m.role != 'assistant' %}{{ m.content }}{% endfor %}"
+    with pytest.raises(InvalidJobError, match=r"does not render messages\[2\]\.content"):
+        encode_record(record, tokenizer=Tokenizer(None), template=silent, loss_on="assistant")

@@ -6,6 +6,7 @@ import { jobsPage } from "./jobs.js";
 import { detailPage } from "./detail.js";
 import { comparePage } from "./compare.js";
 import { submitPage } from "./submit.js";
+import { datasetPage, datasetsPage } from "./datasets.js";
 
 const view = document.getElementById("view");
 let stopPage = null;
@@ -68,6 +69,8 @@ function route() {
   if (parts[0] === "jobs" && parts[1]) stopPage = detailPage(view, Number(parts[1]));
   else if (parts[0] === "compare") stopPage = comparePage(view, query);
   else if (parts[0] === "submit") stopPage = submitPage(view, query);
+  else if (parts[0] === "datasets" && parts[1]) stopPage = datasetPage(view, parts[1]);
+  else if (parts[0] === "datasets") stopPage = datasetsPage(view);
   else stopPage = jobsPage(view, query);
 }
 

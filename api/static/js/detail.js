@@ -123,7 +123,10 @@ export function detailPage(root, jobId) {
     if (job.waiting_for) rows.push(["waiting for", job.waiting_for]);
     if (job.exit_code !== null && job.exit_code !== undefined) rows.push(["exit code", job.exit_code]);
     if (job.error) rows.push(["error", job.error]);
-    summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { field: k } }, String(v))]));
+    const datasetId = job.spec?.data?.dataset;
+    if (datasetId) rows.push(["dataset", h("a", { href: `#/datasets/${datasetId}` }, datasetId)]);
+    summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k),
+      h("dd", { dataset: { field: k } }, v instanceof Node ? v : String(v))]));
     if (!specBox.textContent) showSpec();
     const sel = rankSel.value;
     const world = (res.nodes ?? 1) * (res.procs_per_node ?? 1);

@@ -33,6 +33,7 @@ ROUTES = {
     ("post", "/v1/datasets/upload"),
     ("get", "/v1/datasets"),
     ("get", "/v1/datasets/{dataset_id}"),
+    ("post", "/v1/datasets/{dataset_id}/preview"),
     ("get", "/v1/spec/schema"),
     ("get", "/healthz"),
     ("get", "/readyz"),

@@ -28,6 +28,7 @@ PROTECTED = [
     ("post", "/v1/datasets"),
     ("post", "/v1/datasets/upload"),
     ("get", "/v1/datasets/ds_1"),
+    ("post", "/v1/datasets/ds_1/preview"),
 ]
 
 

@@ -47,6 +47,10 @@ def test_another_projects_dataset_is_404_like_an_unknown_one(
 ) -> None:
     theirs = client.get(f"/v1/datasets/{dataset['id']}", headers=other_project.headers)
     error = assert_error(theirs, 404, "not_found")
+    preview = client.post(
+        f"/v1/datasets/{dataset['id']}/preview", json={}, headers=other_project.headers
+    )
+    assert assert_error(preview, 404, "not_found")["message"] == error["message"]
     unknown = client.get("/v1/datasets/ds_0000000000000000", headers=other_project.headers)
     assert error["message"].replace(dataset["id"], "X") == (
         unknown.json()["error"]["message"].replace("ds_0000000000000000", "X")

@@ -38,6 +38,15 @@ QUERY = "?limit=-1&after=x&cursor=%ff%fe&state=&names=,,,&rank=1e10&name=%00"
 @pytest.fixture
 def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> list[str]:
     job = submit(client, project, job_spec(dataset["id"]))
+    chat = (
+        b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    )
+    chat_dataset = client.post(
+        "/v1/datasets/upload",
+        data={"name": "chat"},
+        files={"file": ("chat.jsonl", chat + b"\n", "application/octet-stream")},
+        headers=project.headers,
+    ).json()["id"]
     jid = job["id"]
     return [
         "/",
@@ -59,6 +68,9 @@ def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> l
         "/v1/datasets",
         "/v1/datasets/upload",
         f"/v1/datasets/{dataset['id']}",
+        f"/v1/datasets/{dataset['id']}/preview",
+        f"/v1/datasets/{chat_dataset}/preview",
+        "/v1/datasets/%ff%00/preview",
         "/v1/datasets/%ff%00",
         "/v1/../../etc/passwd",
     ]

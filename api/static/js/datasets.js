@@ -1,0 +1,194 @@
+// Datasets: the project's list, and one dataset's page with its stats and the mask preview
+// (POST /v1/datasets/{id}/preview): tokens coloured by mask bit, so a user sees what a job
+// would learn from before it runs.
+
+import { api } from "./api.js";
+import { fmtBytes, fmtNumber, fmtTime, h, showError } from "./util.js";
+
+const PREVIEWABLE = new Set(["messages", "prompt_completion", "jsonl_text"]);
+
+export function datasetsPage(root) {
+  let stopped = false; // an answer that comes after the user left is not shown
+  const body = h("tbody", { id: "datasets-body" });
+  root.append(
+    h("h1", {}, "Datasets"),
+    h("div", { class: "table-wrap" }, h("table", {},
+      h("thead", {}, h("tr", {}, ["Name", "Format", "Records", "Size", "Created"].map(
+        (c) => h("th", { class: c === "Records" || c === "Size" ? "num" : "" }, c)))),
+      body)));
+  api("/v1/datasets").then(({ items }) => {
+    if (stopped) return;
+    if (!items.length) {
+      body.append(h("tr", {}, h("td", { colspan: 5, class: "muted" },
+        "No datasets yet: upload one with `torchyard datasets upload NAME FILE`.")));
+    }
+    for (const ds of items) {
+      body.append(h("tr", { dataset: { datasetId: ds.id } },
+        h("td", {}, h("a", { href: `#/datasets/${ds.id}`, class: "dataset-name" }, ds.name)),
+        h("td", {}, ds.format),
+        h("td", { class: "num" }, fmtNumber(ds.stats?.records)),
+        h("td", { class: "num" }, fmtBytes(ds.size_bytes)),
+        h("td", {}, fmtTime(ds.created_at))));
+    }
+    root.dataset.loaded = "true";
+  }).catch(showError);
+  return () => { stopped = true; };
+}
+
+function percentiles(l) {
+  return `p50 ${l.p50} · p90 ${l.p90} · p99 ${l.p99} · max ${l.max}`;
+}
+
+function statsList(ds) {
+  const s = ds.stats ?? {};
+  const rows = [
+    ["Format", ds.format], ["Records", fmtNumber(s.records)], ["Size", fmtBytes(ds.size_bytes)],
+    ["Files", ds.num_files], ["Duplicates", fmtNumber(s.duplicates)],
+    ["Created", fmtTime(ds.created_at)],
+  ];
+  if (s.roles && Object.keys(s.roles).length) {
+    rows.push(["Messages", Object.entries(s.roles).sort().map(([r, n]) => `${r} ${n}`).join(", ")]);
+  }
+  for (const [part, lengths] of Object.entries(s.chars ?? {})) {
+    rows.push([`Chars (${part})`, percentiles(lengths)]);
+  }
+  if (s.tokens) rows.push(["Tokens per record", percentiles(s.tokens)]);
+  for (const key of ["num_tokens", "supervised_tokens", "max_token_id", "token_dtype"]) {
+    if (s[key] !== null && s[key] !== undefined) rows.push([key.replaceAll("_", " "), s[key]]);
+  }
+  return h("dl", { class: "kv", id: "dataset-stats" },
+    rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { stat: k } }, String(v))]));
+}
+
+function warningsList(ds) {
+  const warnings = ds.stats?.warnings ?? [];
+  if (!warnings.length) return h("p", { class: "muted", id: "dataset-warnings" }, "No warnings.");
+  return h("ul", { class: "errors", id: "dataset-warnings" }, warnings.map((w) =>
+    h("li", {}, `${w.message}: ${w.count} (first ${w.first})`)));
+}
+
+function choice(id, label, values, selected) {
+  return h("label", {}, `${label} `, h("select", { id },
+    values.map(([value, text]) => h("option", { value, selected: value === selected }, text))));
+}
+
+function tokenSpan(piece, supervised, role, id) {
+  return h("span", {
+    class: supervised ? "tok supervised" : "tok unsupervised",
+    title: `${role} · id ${id}${supervised ? " · supervised" : ""}`,
+    dataset: { role },
+  }, piece);
+}
+
+function exampleBlock(example) {
+  const count = example.supervised.filter(Boolean).length;
+  return h("div", { class: "preview-example", dataset: { where: example.where } },
+    h("div", { class: "muted" }, `${example.where} · ${example.status} · `,
+      `${example.num_tokens} tokens, ${count} supervised`,
+      example.num_tokens > example.tokens.length ? ` (first ${example.tokens.length} shown)` : ""),
+    h("pre", { class: "tokens" }, example.tokens.map((piece, i) => tokenSpan(
+      piece, example.supervised[i], example.roles[i], example.input_ids[i]))));
+}
+
+function rolesTable(report) {
+  return h("table", { id: "preview-roles" },
+    h("thead", {}, h("tr", {}, h("th", {}, "Role"), h("th", { class: "num" }, "Tokens"),
+      h("th", { class: "num" }, "Supervised"), h("th", { class: "num" }, "Share"))),
+    h("tbody", {}, Object.keys(report.tokens_by_role).sort().map((role) =>
+      h("tr", { dataset: { role } }, h("td", {}, role),
+        h("td", { class: "num" }, fmtNumber(report.tokens_by_role[role])),
+        h("td", { class: "num" }, fmtNumber(report.supervised_by_role[role] ?? 0)),
+        h("td", { class: "num" },
+          `${(100 * (report.supervised_share_by_role[role] ?? 0)).toFixed(1)}%`)))));
+}
+
+function showPreview(out, shown) {
+  const r = shown.report;
+  out.replaceChildren(
+    h("p", { id: "preview-verdict", class: `verdict verdict-${shown.verdict}` },
+      shown.refused ? `Refused: ${shown.refused}` : "OK: a job would train on this sample."),
+    h("p", { class: "muted" }, `${shown.tokenizer} · loss_on ${shown.loss_on} · seq_len `,
+      `${shown.seq_len} · ${r.examples} examples, ${r.dropped} dropped, ${r.truncated} `,
+      `truncated, ${r.lost_all_supervision} lost all supervision`),
+    rolesTable(r),
+    h("p", { class: "legend" }, h("span", { class: "tok supervised" }, "supervised"), " ",
+      h("span", { class: "tok unsupervised" }, "not supervised"),
+      h("span", { class: "muted" }, " · hover a token for its role and id")),
+    h("div", { id: "preview-examples" }, shown.examples.map(exampleBlock)));
+}
+
+function previewPanel(ds) {
+  if (!PREVIEWABLE.has(ds.format)) {
+    return h("p", { class: "muted", id: "preview-unavailable" },
+      `A ${ds.format} dataset has no records to render: there is no mask to preview.`);
+  }
+  const template = choice("preview-template", "Template", [
+    ["", "model's own (else ChatML)"], ["chatml", "ChatML"], ["custom", "Jinja…"]], "");
+  const jinja = h("textarea", {
+    id: "preview-jinja", rows: 4, hidden: true, placeholder: "{% for m in messages %}…",
+    "aria-label": "Jinja chat template",
+  });
+  template.querySelector("select").addEventListener("change", (event) => {
+    jinja.hidden = event.target.value !== "custom";
+  });
+  const modelPath = h("input", {
+    id: "preview-model-path", placeholder: "byte-level GPT", size: 28,
+    "aria-label": "server-side model directory",
+  });
+  const lossOn = choice("preview-loss-on", "Loss on", [["", "default"],
+    ["assistant", "assistant"], ["completion", "completion"], ["all", "all"]], "");
+  const truncation = choice("preview-truncation", "Truncation", [["drop", "drop"],
+    ["truncate_left", "truncate left"], ["truncate_right", "truncate right"]], "drop");
+  const seqLen = h("input", { id: "preview-seq-len", type: "number", min: 8, value: 1024,
+    "aria-label": "seq_len" });
+  const count = h("input", { id: "preview-n", type: "number", min: 1, max: 64, value: 4,
+    "aria-label": "examples" });
+  const out = h("div", { id: "preview-result" });
+  const run = h("button", { id: "preview-run", class: "primary", type: "button" }, "Preview");
+  run.addEventListener("click", async () => {
+    const kind = template.querySelector("select").value;
+    const body = {
+      chat_template: kind === "custom" ? jinja.value : kind || null,
+      loss_on: lossOn.querySelector("select").value || null,
+      truncation: truncation.querySelector("select").value,
+      seq_len: Number(seqLen.value) || null,
+      num_examples: Number(count.value) || 4,
+    };
+    if (modelPath.value.trim()) {
+      body.model = { kind: "hf", hf: { path_or_id: modelPath.value.trim() } };
+    }
+    run.disabled = true;
+    out.replaceChildren(h("p", { class: "muted" }, "Tokenizing…"));
+    try {
+      showPreview(out, await api(`/v1/datasets/${ds.id}/preview`, { method: "POST", body }));
+    } catch (err) {
+      out.replaceChildren(h("ul", { class: "errors", id: "preview-errors" },
+        (err.details?.length ? err.details : [{ loc: [], msg: err.message }]).map((d) =>
+          h("li", {}, h("code", {}, d.loc.filter((p) => p !== "body").join(".")), " ", d.msg))));
+    } finally {
+      run.disabled = false;
+    }
+  });
+  return h("div", {},
+    h("div", { class: "toolbar" }, template, h("label", {}, "Model ", modelPath), lossOn,
+      truncation, h("label", {}, "seq_len ", seqLen), h("label", {}, "Examples ", count), run),
+    jinja, out);
+}
+
+export function datasetPage(root, datasetId) {
+  let stopped = false;
+  api(`/v1/datasets/${encodeURIComponent(datasetId)}`).then((ds) => {
+    if (stopped) return;
+    root.append(
+      h("h1", {}, h("a", { href: "#/datasets" }, "Datasets"), " / ",
+        h("span", { id: "dataset-name" }, ds.name)),
+      h("div", { class: "panel" }, statsList(ds)),
+      h("h2", {}, "Warnings"), warningsList(ds),
+      h("h2", {}, "Mask preview"),
+      h("div", { class: "panel", id: "preview-panel" }, previewPanel(ds)));
+    root.dataset.loaded = "true";
+  }).catch((err) => {
+    if (!stopped) root.append(h("p", { id: "dataset-error", class: "muted" }, err.message));
+  });
+  return () => { stopped = true; };
+}
