@@ -11,19 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
+from trainer.dataplan import DataPlan, ExampleSplit
 from trainer.errors import InvalidJobError
 from trainer.masks import Example, MaskStats, Tokenizer, encode_record, truncate
 from trainer.packing import RowPacker
 from trainer.readers import DataFile, iter_records
 from trainer.records import PreferenceRecord, PromptCompletionRecord, describe_error, parse_record
 from trainer.rows import Rows, RowsWriter
-
-if TYPE_CHECKING:
-    from trainer.dataprep import DataPlan, ExampleSplit
 
 ANSWERS = ("chosen", "rejected")
 
