@@ -124,6 +124,39 @@ def test_compressed_jsonl_and_parquet_read_the_same_rows(tmp_path: Path, suffix:
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "encoding"),
+    [("d.ndjson", "plain"), ("d.jsonl.zstd", "zstd"), ("d.jsonl", "gzip"), ("d.jsonl", "bom")],
+)
+def test_the_trainer_reads_every_jsonl_the_upload_accepts(
+    tmp_path: Path, name: str, encoding: str
+) -> None:
+    import zstandard
+
+    from core.dataset_formats import check
+
+    records = messages_records(30)
+    plain = prepare(tmp_path / "a", data_spec(write_jsonl(tmp_path / "p.jsonl", records)))
+    raw = (tmp_path / "p.jsonl").read_bytes()
+    path = tmp_path / name
+    path.write_bytes(
+        {
+            "plain": raw,
+            "zstd": zstandard.ZstdCompressor().compress(raw),
+            "gzip": gzip.compress(raw),  # compressed, by its magic bytes, not its name
+            "bom": b"\xef\xbb\xbf" + raw,
+        }[encoding]
+    )
+    accepted = check(
+        str(path), declared=None, token_dtype=None, max_record_bytes=1 << 20, where=("body",)
+    )
+    assert accepted.format == "messages"
+    other = prepare(tmp_path / "b", data_spec(path))
+    assert sorted(_segments(other.train) + _segments(other.eval)) == sorted(
+        _segments(plain.train) + _segments(plain.eval)
+    )
+
+
 def test_token_files_become_rows_and_token_records_keep_their_loss_mask(tmp_path: Path) -> None:
     flat = tmp_path / "tokens.npy"
     np.save(flat, np.arange(2000, dtype=np.uint16) % 251)

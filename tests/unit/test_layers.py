@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,10 @@ FORBIDDEN = {
     "torchyard": {"api", "core", "workers", "torch", "sqlalchemy", "celery", "fastapi"},
 }
 
-# The trainer modules that import nothing heavier than pydantic: the job spec and the dataset
-# record formats, which the API validates with.
-PURE_TRAINER = ("trainer.spec", "trainer.records")
+# The trainer modules that import neither torch nor numpy: the job spec and the dataset record
+# formats, which the API validates with, and the JSONL reader upload validation shares with
+# the trainer.
+PURE_TRAINER = ("trainer.spec", "trainer.records", "trainer.jsonl")
 
 
 def _imports(path: Path) -> list[str]:
@@ -47,3 +50,14 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
             if crosses or trainer_internals:
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, "imports crossing the layers of DESIGN.md:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", PURE_TRAINER)
+def test_pure_trainer_modules_import_neither_torch_nor_numpy(module: str) -> None:
+    """What the API imports of the trainer loads no tensor library (checked in a fresh
+    interpreter: the modules' transitive imports, not only their own lines)."""
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
