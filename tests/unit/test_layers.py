@@ -18,10 +18,17 @@ FORBIDDEN = {
     "torchyard": {"api", "core", "workers", "torch", "sqlalchemy", "celery", "fastapi"},
 }
 
-# The trainer modules that import neither torch nor numpy: the job spec and the dataset record
-# formats, which the API validates with, and the JSONL reader upload validation shares with
-# the trainer.
-PURE_TRAINER = ("trainer.spec", "trainer.records", "trainer.jsonl")
+# The trainer modules that import neither torch nor numpy: the job spec (and its sections) and
+# the dataset record formats, which the API validates with, and the JSONL reader upload
+# validation shares with the trainer.
+PURE_TRAINER = (
+    "trainer.spec",
+    "trainer.spec_base",
+    "trainer.spec_data",
+    "trainer.spec_method",
+    "trainer.records",
+    "trainer.jsonl",
+)
 
 
 def _imports(path: Path) -> list[str]:
