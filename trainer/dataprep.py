@@ -292,13 +292,13 @@ def _write_examples(
     """SFT examples -> packed or padded rows in `out/{train,eval}`; the counts per side.
     `sources`: (files, split), where split is an `ExampleSplit` or a fixed side (0 train,
     1 evaluation)."""
-    pad_id = 0 if tok.hf is None else int(tok.hf.pad_token_id or tok.eos_id or 0)
     writers = [
         RowsWriter(out / name, seq_len=plan.seq_len, capacity=max(n, 1))
         for name, n in zip(("train", "eval"), capacity, strict=True)
     ]
     packers = [
-        RowPacker(plan.seq_len, packing=plan.packing, pad_id=pad_id, emit=w.append) for w in writers
+        RowPacker(plan.seq_len, packing=plan.packing, pad_id=tok.pad_id, emit=w.append)
+        for w in writers
     ]
     stats = [MaskStats(), MaskStats()]
     for source, split in sources:
