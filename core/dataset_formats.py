@@ -3,7 +3,8 @@
 A file is read once, in chunks (never whole in memory), from storage (local or fsspec):
 
 - JSONL (`.jsonl`, `.ndjson`, `.json`, or any file declared as a record format), optionally
-  gzip- or zstd-compressed (recognised by magic bytes), decoded with orjson line by line;
+  gzip- or zstd-compressed (recognised by magic bytes), decoded with orjson line by line, as
+  the trainer reads it (`trainer.jsonl`);
 - Parquet (by magic bytes), read with pyarrow in row batches: record formats as columns, or
   `tokens` (core/dataset_tokens.py);
 - `.npy` / `.bin` token arrays (`tokens`, core/dataset_tokens.py);
@@ -18,12 +19,9 @@ first `MAX_LISTED` are kept, all are counted, and any problem refuses the whole 
 
 from __future__ import annotations
 
-import gzip
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 import orjson
@@ -35,18 +33,13 @@ from pydantic import ValidationError
 from core import dataset_tokens
 from core.dataset_stats import DatasetStats, StatsAccumulator
 from core.errors import InvalidInput
+from trainer.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
 from trainer.records import RECORD_FORMATS, describe_error, detect_format, error_path, parse_record
 
 MAX_LISTED = 100
-CHUNK_BYTES = 1 << 20
 PARQUET_BATCH_ROWS = 1024
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
-_COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PARQUET_MAGIC = b"PAR1"
 _NPY_MAGIC = b"\x93NUMPY"
-_UTF8_BOM = b"\xef\xbb\xbf"
 _KEYS_HINT = (
     "expected the keys of one format: text (jsonl_text), messages, prompt + completion, "
     "prompt + chosen + rejected or input + preferred_output (preference)"
@@ -116,16 +109,13 @@ class Checked:
 
 def file_kind(name: str, head: bytes) -> str:
     """`jsonl`, `parquet`, `npy`, `bin` or `text`, by magic bytes and then by name."""
-    lower = name.lower()
     if head.startswith(_PARQUET_MAGIC):
         return "parquet"
     if head.startswith(_NPY_MAGIC):
         return "npy"
-    if lower.endswith(".bin"):
+    if name.lower().endswith(".bin"):
         return "bin"
-    for suffix in _COMPRESSED_SUFFIXES:
-        lower = lower.removesuffix(suffix)
-    return "jsonl" if lower.endswith(JSONL_SUFFIXES) else "text"
+    return "jsonl" if is_jsonl_name(name) else "text"
 
 
 def check(
@@ -162,67 +152,6 @@ def check(
         pass
     problems.raise_if_any()
     return result
-
-
-@contextmanager
-def open_decompressed(uri: str) -> Iterator[IO[bytes]]:
-    """The file at `uri`, gzip or zstd decompressed on the fly when its magic bytes say so."""
-    with fsspec.open(uri, "rb") as raw:
-        head = raw.read(4)
-        raw.seek(0)
-        if head.startswith(_GZIP_MAGIC):
-            with gzip.GzipFile(fileobj=raw) as gz:
-                yield gz  # type: ignore[misc]
-        elif head.startswith(_ZSTD_MAGIC):
-            with zstandard.ZstdDecompressor().stream_reader(raw) as zst:
-                yield zst
-        else:
-            yield raw
-
-
-def iter_lines(
-    fh: IO[bytes], limit: int, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[tuple[bytes | None, int]]:
-    """(line without its newline, size in bytes) per line, read `chunk_bytes` at a time; a
-    line over `limit` bytes comes as (None, size) and is never held in memory whole."""
-    pending = bytearray()
-    skipped = -1  # bytes of an over-long line so far, or -1
-    while chunk := fh.read(chunk_bytes):
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            piece = chunk[start:end]
-            start = end + 1
-            if skipped >= 0:
-                yield None, skipped + len(piece)
-                skipped = -1
-                continue
-            pending += piece
-            yield (bytes(pending) if len(pending) <= limit else None), len(pending)
-            pending.clear()
-        rest = chunk[start:]
-        if skipped >= 0:
-            skipped += len(rest)
-        else:
-            pending += rest
-            if len(pending) > limit:
-                skipped = len(pending)
-                pending.clear()
-    if skipped >= 0:
-        yield None, skipped
-    elif pending:
-        yield bytes(pending), len(pending)
-
-
-def _decode(line: bytes) -> tuple[Any, str, str]:
-    """(object, "", "") or (None, problem message, problem type) for one JSONL line."""
-    try:
-        return orjson.loads(line), "", ""
-    except orjson.JSONDecodeError as exc:
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            return None, f"not valid UTF-8 (byte {bad.start + 1}: {bad.reason})", "unicode"
-        return None, f"malformed JSON: {exc}", "json_invalid"
 
 
 class _Records:
@@ -286,9 +215,7 @@ def _check_jsonl(uri: str, declared: str | None, limit: int, problems: Problems)
                         "too_large",
                     )
                 elif line.strip():
-                    if number == 1:
-                        line = line.removeprefix(_UTF8_BOM)  # written by some Windows tools
-                    obj, message, type_ = _decode(line)
+                    obj, message, type_ = decode_line(line, number)
                     if type_:
                         problems.add("line", number, [], message, type_)
                     else:

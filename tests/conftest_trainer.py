@@ -28,6 +28,18 @@ from trainer.train import build_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 180
+# A 2-layer Llama for `model.hf.from_config` (GQA: 4 query heads over 2 key/value heads), byte
+# vocabulary, 128 positions: the Hugging Face model of the fine-tuning and DPO tests.
+TINY_LLAMA: dict[str, Any] = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
 
 
 def tiny_spec(data: Path, **sections: dict[str, Any]) -> JobSpec:

@@ -25,13 +25,11 @@ every rank); then every rank memory-maps the entry.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainer.chat import resolve_template
+from trainer.dataplan import DataPlan, ExampleSplit
 from trainer.errors import InvalidJobError
 from trainer.events import Reporter
 from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_at, truncate
@@ -54,38 +53,12 @@ if TYPE_CHECKING:
     from trainer.pairs import PreferenceRows
     from trainer.spec import JobSpec
 
-PIPELINE_VERSION = 1  # bump when the rows a plan produces change
 VERIFY_SAMPLE = 256  # examples whose masks are verified before the corpus is tokenized
 CACHE_ENV = "TORCHYARD_CACHE_DIR"
 BUILD_TIMEOUT = timedelta(hours=12)  # how long ranks wait for their node's builder
 _REPORT = "data.json"
 _COUNT_ROWS = 4096  # rows read at once when counting labels
 CHAT_FORMATS = ("messages", "prompt_completion", "preference")
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    """Everything that decides the rows; `key` hashes it."""
-
-    format: str
-    loss_on: str
-    template: str | None
-    tokenizer: str
-    seq_len: int
-    packing: bool
-    truncation: str
-    eval_fraction: float
-    train_digest: str
-    eval_digest: str | None
-    include: tuple[str, ...]
-    exclude: tuple[str, ...]
-    max_bytes: int | None
-    token_dtype: str | None
-    version: int = PIPELINE_VERSION
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -242,40 +215,6 @@ def _is_stream(plan: DataPlan, files: list[DataFile]) -> bool:
     return plan.format == "text" or (plan.format == "jsonl_text" and not plan.packing)
 
 
-class ExampleSplit:
-    """Held-out split by example: an example is evaluation data when the hash of its bytes
-    ranks below `eval_fraction` (duplicates land on one side), with at least one example on
-    each side (a count pass over the records finds the extremes). Counts per side are the
-    `RowsWriter` capacities."""
-
-    def __init__(self, records: Iterator[tuple[str, bytes, Any]], eval_fraction: float) -> None:
-        self.eval_fraction = eval_fraction
-        self.counts = [0, 0]  # train, eval
-        low = high = (2.0, -1)
-        for index, (_, raw, _) in enumerate(records):
-            score = self.score(raw)
-            self.counts[score < eval_fraction] += 1
-            low, high = min(low, (score, index)), max(high, (-score, index))
-        self.forced: dict[int, int] = {}
-        if self.counts[1] == 0 and self.counts[0] > 1:
-            self.forced[low[1]] = 1
-        if self.counts[0] == 0 and self.counts[1] > 1:
-            self.forced[high[1]] = 0
-        for side in self.forced.values():
-            self.counts[side] += 1
-            self.counts[1 - side] -= 1
-
-    @staticmethod
-    def score(raw: bytes) -> float:
-        return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big") / 2**64
-
-    def side(self, index: int, raw: bytes) -> int:
-        """0 train, 1 eval."""
-        if index in self.forced:
-            return self.forced[index]
-        return int(self.score(raw) < self.eval_fraction)
-
-
 def encode_one(where: str, obj: Any, plan: DataPlan, tok: Tokenizer) -> Example:
     """One decoded record -> `Example`. Raises `InvalidJobError` naming `where` (file:line)."""
     if plan.format == "tokens":
@@ -345,13 +284,13 @@ def _write_examples(
     """SFT examples -> packed or padded rows in `out/{train,eval}`; the counts per side.
     `sources`: (files, split), where split is an `ExampleSplit` or a fixed side (0 train,
     1 evaluation)."""
-    pad_id = 0 if tok.hf is None else int(tok.hf.pad_token_id or tok.eos_id or 0)
     writers = [
         RowsWriter(out / name, seq_len=plan.seq_len, capacity=max(n, 1))
         for name, n in zip(("train", "eval"), capacity, strict=True)
     ]
     packers = [
-        RowPacker(plan.seq_len, packing=plan.packing, pad_id=pad_id, emit=w.append) for w in writers
+        RowPacker(plan.seq_len, packing=plan.packing, pad_id=tok.pad_id, emit=w.append)
+        for w in writers
     ]
     stats = [MaskStats(), MaskStats()]
     for source, split in sources:
@@ -382,7 +321,7 @@ def _count(files: list[DataFile]) -> int:
 def unigram_eval_loss(train: Rows, held: Rows, vocab_size: int) -> float:
     """Cross-entropy in nats/token of `held`'s supervised targets under the frequencies of
     `train`'s supervised targets (add-one smoothed), the baseline a model must beat (as
-    `trainer.data.unigram_cross_entropy`, over rows). Reads the labels in blocks of rows."""
+    over rows). Reads the labels in blocks of rows."""
     counts = _label_counts(train, vocab_size).astype(np.float64) + 1.0
     log_p = np.log(counts / counts.sum())
     held_counts = _label_counts(held, vocab_size)

@@ -5,7 +5,7 @@ or a hub id; 4-bit through `BitsAndBytesConfig` for QLoRA) or builds one from a 
 (`AutoConfig.for_model` + `from_config`) with weights drawn from the job seed, the same on
 every rank. `HFCausalLM` gives it the trainer's calling convention, token ids (B, T) int64 ->
 logits (B, T, vocab_size). Data is bytes unless the model directory has a tokenizer
-(`AutoTokenizer`), which `encode_corpus` then applies to the corpus.
+(`AutoTokenizer`, `load_tokenizer`), which `trainer.dataprep.prepare_rows` then applies.
 
 `transformers` is imported inside the functions, so runs of the built-in GPT do not pay for it.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from trainer.data import Corpus, is_uri
+from trainer.data import is_uri
 from trainer.errors import InvalidJobError
 from trainer.model import VOCAB_SIZE
 from trainer.spec import ModelSpec
@@ -167,26 +167,6 @@ def _tokenizer(path_or_id: str, revision: str | None) -> PreTrainedTokenizerBase
     except (OSError, ValueError) as exc:  # no tokenizer for this model: bytes
         log.warning("no tokenizer for %s (%s); using bytes", path_or_id, exc)
         return None
-
-
-def encode_corpus(corpus: Corpus, tokenizer: PreTrainedTokenizerBase | None) -> Corpus:
-    """`corpus` as the ids of `tokenizer` ((N,) int32 per side; bytes decoded as UTF-8 with
-    U+FFFD for invalid sequences), or unchanged when `tokenizer` is None.
-
-    Raises `InvalidJobError` when a side encodes to no token.
-    """
-    if tokenizer is None:
-        return corpus
-
-    def ids(tokens: Tensor) -> Tensor:
-        text = bytes(tokens.numpy()).decode("utf-8", errors="replace")
-        out = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-        return torch.tensor(out, dtype=torch.int32)
-
-    train, held = ids(corpus.train), ids(corpus.eval)
-    if train.numel() == 0 or held.numel() == 0:
-        raise InvalidJobError("the corpus encodes to no token with the model's tokenizer")
-    return Corpus(train, held, corpus.num_train_docs, corpus.num_eval_docs)
 
 
 def data_vocab_size(tokenizer: PreTrainedTokenizerBase | None) -> int:

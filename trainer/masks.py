@@ -62,6 +62,14 @@ class Tokenizer:
         digest = hashlib.sha256(self.hf.backend_tokenizer.to_str().encode()).hexdigest()
         return f"{type(self.hf).__name__}:{self.hf.name_or_path}:{digest}"
 
+    @property
+    def pad_id(self) -> int:
+        """The id that fills padding positions (their labels are ignored, so any id would do):
+        the tokenizer's pad token, else its EOS, else 0 (bytes: 0)."""
+        if self.hf is None:
+            return 0
+        return int(self.hf.pad_token_id or self.eos_id or 0)
+
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, starts, ends): (L,) int32 ids and each token's [start, end) in characters."""
         if self.hf is None:  # byte i belongs to the character whose first byte precedes it

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
+from trainer.dataplan import DataPlan, ExampleSplit
 from trainer.errors import InvalidJobError
 from trainer.masks import Example, MaskStats, Tokenizer, encode_record, truncate
 from trainer.packing import RowPacker
 from trainer.readers import DataFile, iter_records
 from trainer.records import PreferenceRecord, PromptCompletionRecord, describe_error, parse_record
 from trainer.rows import Rows, RowsWriter
-
-if TYPE_CHECKING:
-    from trainer.dataprep import DataPlan, ExampleSplit
 
 ANSWERS = ("chosen", "rejected")
 
@@ -75,13 +73,12 @@ def build_preference_rows(
 ) -> dict[str, Any]:
     """Write `out/{train,eval}/{chosen,rejected}`; the counts per side. `sources`: the
     files with their `ExampleSplit` or fixed side (0 train, 1 evaluation)."""
-    pad_id = 0 if tok.hf is None else int(tok.hf.pad_token_id or tok.eos_id or 0)
     writers = [
         [RowsWriter(out / side / a, seq_len=plan.seq_len, capacity=max(n, 1)) for a in ANSWERS]
         for side, n in zip(("train", "eval"), capacity, strict=True)
     ]
     packers = [
-        [RowPacker(plan.seq_len, packing=False, pad_id=pad_id, emit=w.append) for w in pair]
+        [RowPacker(plan.seq_len, packing=False, pad_id=tok.pad_id, emit=w.append) for w in pair]
         for pair in writers
     ]
     stats = [MaskStats(), MaskStats()]

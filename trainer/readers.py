@@ -3,8 +3,8 @@
 A location is a file or a directory (local path or fsspec URI); a directory's files are those
 matching `data.include` and not `data.exclude`, in sorted relative-path order.
 
-- JSONL (`.jsonl`, `.json`, optionally `.gz` / `.zst`, decompressed by fsspec's
-  `compression="infer"`, zstd through `zstandard`), parsed line by line with `orjson`.
+- JSONL (`.jsonl`, `.ndjson`, `.json`, optionally `.gz` / `.zst` / `.zstd`, decompressed by
+  magic bytes), read line by line as upload validation reads it (`trainer.jsonl`).
 - Parquet (`.parquet`), read in record batches with `pyarrow.parquet.ParquetFile.iter_batches`.
 - Flat token arrays (`.npy`, or `.bin` of `data.token_dtype`, uint16 as nanoGPT writes),
   memory-mapped.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import io
+import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +28,9 @@ import numpy as np
 import orjson
 
 from trainer.errors import InvalidJobError
+from trainer.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
 from trainer.records import detect_format
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
 TOKEN_SUFFIXES = (".npy", ".bin")
 _BATCH_ROWS = 1024
 _READ_BYTES = 1 << 20
@@ -46,7 +46,7 @@ class DataFile:
     @property
     def kind(self) -> str:
         name = self.rel.lower()
-        if name.endswith(JSONL_SUFFIXES):
+        if is_jsonl_name(name):
             return "jsonl"
         if name.endswith(".parquet"):
             return "parquet"
@@ -105,17 +105,14 @@ def iter_records(files: list[DataFile]) -> Generator[tuple[str, bytes, Any], Non
 
 
 def _jsonl(f: DataFile) -> Iterator[tuple[str, bytes, Any]]:
-    with fsspec.open(f.url, "rb", compression="infer") as stream:
-        if f.rel.lower().endswith(".zst"):  # fsspec's zstd file does not iterate by line
-            stream = io.BufferedReader(stream)
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
+    with open_decompressed(f.url) as stream:
+        for number, (line, _) in enumerate(iter_lines(stream, limit=sys.maxsize), start=1):
+            if line is None or not line.strip():
                 continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidJobError(f"{f.rel}:{number}: malformed JSON: {exc}") from exc
-            yield f"{f.rel}:{number}", line.rstrip(b"\r\n"), obj
+            obj, message, _ = decode_line(line, number)
+            if message:
+                raise InvalidJobError(f"{f.rel}:{number}: {message}")
+            yield f"{f.rel}:{number}", line.rstrip(b"\r"), obj
 
 
 def _parquet(f: DataFile) -> Iterator[tuple[str, bytes, Any]]:

@@ -2,6 +2,8 @@
 
 This module imports nothing heavier than pydantic, so the API and the client SDK can validate
 specs without importing torch. The trainer reads the same model (``JobSpec.load(path)``).
+The data section (`DataSpec`) lives in `trainer.spec_data` and the method section
+(`MethodSpec`, `DPOSpec`) in `trainer.spec_method`; both are importable from here.
 
 Every field is documented where it is declared; ``JobSpec.model_json_schema()`` is the public
 JSON Schema served at ``GET /v1/spec/schema`` and rendered into README.md.
@@ -13,11 +15,14 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from trainer.records import Format
+from trainer.spec_base import StrictSpec
 from trainer.spec_checks import cross_field_errors, get_path
+from trainer.spec_data import DataSpec as DataSpec
+from trainer.spec_method import DPOSpec as DPOSpec
+from trainer.spec_method import MethodSpec as MethodSpec
 
 SPEC_VERSION: Final = 1
 
@@ -32,11 +37,7 @@ Name = Annotated[
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
-
-
-class InitFromSpec(_Strict):
+class InitFromSpec(StrictSpec):
     """Start from the model weights of an earlier job's checkpoint (fine-tuning).
 
     Only the weights are taken (not the optimizer, schedule or step), under any parallelism
@@ -63,7 +64,7 @@ class InitFromSpec(_Strict):
         return self
 
 
-class QATSpec(_Strict):
+class QATSpec(StrictSpec):
     """Quantization-aware training with torchao (`QATConfig`, prepare/convert).
 
     During training each `nn.Linear` fake-quantizes its input to int8 per token (dynamic,
@@ -84,7 +85,7 @@ class QATSpec(_Strict):
     )
 
 
-class HFModelSpec(_Strict):
+class HFModelSpec(StrictSpec):
     """A Hugging Face `transformers` causal LM; read when `model.kind` is `hf`. Exactly one of
     `path_or_id` or `from_config`."""
 
@@ -110,7 +111,7 @@ class HFModelSpec(_Strict):
     )
 
 
-class ModelSpec(_Strict):
+class ModelSpec(StrictSpec):
     """The network to train: the built-in GPT-style decoder over bytes, or a Hugging Face
     causal LM (`kind: hf`)."""
 
@@ -141,103 +142,7 @@ class ModelSpec(_Strict):
     )
 
 
-class DataSpec(_Strict):
-    """Training data and how it becomes token rows. Exactly one of `dataset` or `uri`; at
-    most one of `eval_dataset` or `eval_uri`."""
-
-    dataset: str | None = Field(
-        default=None,
-        description="Id of a dataset registered through `/v1/datasets` in the job's project.",
-    )
-    uri: str | None = Field(
-        default=None,
-        description="A file or directory (local path or fsspec URI) readable by the workers. "
-        "Only for trusted deployments; prefer `dataset`.",
-    )
-    include: list[str] = Field(
-        default=["**/*"],
-        min_length=1,
-        description="Glob patterns selecting files when the data is a directory.",
-    )
-    exclude: list[str] = Field(
-        default=["site-packages/*", "dist-packages/*", "*__pycache__/*", ".git/*"],
-        description="`fnmatch` patterns of files to skip, matched against the path relative "
-        "to the data directory (`*` also matches `/`).",
-    )
-    max_bytes: int | None = Field(
-        default=None, ge=1024, description="Read at most this many bytes of the corpus."
-    )
-    eval_fraction: float = Field(
-        default=0.05,
-        gt=0.0,
-        lt=0.5,
-        description="Share of the corpus held out for evaluation when `eval_dataset` is not "
-        "given: for record formats, whole examples chosen by a hash of their content (so a "
-        "duplicate never lands on both sides); for `text`, whole files of a directory or the "
-        "last bytes of a single file.",
-    )
-    format: Format | None = Field(
-        default=None,
-        description="Record format (`text`, `jsonl_text`, `messages`, `prompt_completion`, "
-        "`preference`, `tokens`; see `trainer.records`). null: the registered dataset's format "
-        "(filled in at submission), or for a `uri` detected from the file extension and the "
-        "first record.",
-    )
-    token_dtype: Literal["uint16", "uint32"] | None = Field(
-        default=None,
-        description="Integer type of a flat `.bin` token file (`tokens` format; `.npy` files "
-        "carry their own). null: the registered dataset's, else `uint16` (nanoGPT's).",
-    )
-    loss_on: Literal["assistant", "completion", "all"] | None = Field(
-        default=None,
-        description="Which tokens are supervised. `assistant`: the content and end-of-turn "
-        "token of each assistant message (weight 0 excluded); `completion`: the completion "
-        "of a `prompt_completion` record (and its end-of-turn / EOS); `all`: every token. "
-        "null: `assistant` for `messages`, `completion` for `prompt_completion` and "
-        "`preference`, `all` for `text`, `jsonl_text` and `tokens` (whose own `labels` / "
-        "`loss_mask`, when present, decide).",
-    )
-    chat_template: str | None = Field(
-        default=None,
-        max_length=65536,
-        description="How conversations are rendered to text. null: the tokenizer's own "
-        "template (`tokenizer.chat_template`), else the built-in ChatML; `chatml`: the "
-        "built-in ChatML (`<|im_start|>role\\n...<|im_end|>`); any other value: a Jinja "
-        "template rendered as `transformers` renders chat templates.",
-    )
-    truncation: Literal["drop", "truncate_left", "truncate_right"] = Field(
-        default="drop",
-        description="An example longer than `model.seq_len` tokens: `drop` it (default: no "
-        "answer is ever trained without its whole prompt, nor cut before its end-of-turn), "
-        "`truncate_left` (keep its last seq_len tokens) or `truncate_right` (keep its first "
-        "seq_len tokens). Counts are reported in the `data` event.",
-    )
-    max_truncated_share: float = Field(
-        default=0.1,
-        ge=0.0,
-        le=1.0,
-        description="Refuse the job (a data error) when more than this share of the examples "
-        "lose every supervised token to `truncation` (dropped, or cut down to prompt only).",
-    )
-    packing: bool = Field(
-        default=False,
-        description="Pack several whole examples into each sequence of `model.seq_len` "
-        "positions (positions restart per example, attention confined to it); false: one "
-        "example per sequence, padded.",
-    )
-    eval_dataset: str | None = Field(
-        default=None,
-        description="Id of a registered dataset (same project and format) used for evaluation "
-        "instead of a held-out share of `dataset`.",
-    )
-    eval_uri: str | None = Field(
-        default=None,
-        description="A file or directory used for evaluation (with `uri`, like `uri`) instead "
-        "of a held-out share.",
-    )
-
-
-class FSDPSpec(_Strict):
+class FSDPSpec(StrictSpec):
     """FSDP2 (`torch.distributed.fsdp.fully_shard`) knobs; read when `strategy` is `fsdp`."""
 
     reshard_after_forward: bool = Field(
@@ -261,7 +166,7 @@ class FSDPSpec(_Strict):
     )
 
 
-class PipelineSpec(_Strict):
+class PipelineSpec(StrictSpec):
     """`torch.distributed.pipelining` knobs; read when `strategy` is `pipeline`."""
 
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
@@ -292,7 +197,7 @@ class PipelineSpec(_Strict):
     )
 
 
-class ParallelismSpec(_Strict):
+class ParallelismSpec(StrictSpec):
     """How the model is spread over the job's processes."""
 
     strategy: Literal["single", "ddp", "fsdp", "tensor", "pipeline"] = Field(
@@ -331,7 +236,7 @@ class ParallelismSpec(_Strict):
         return max(1, world_size // self.tp_size(world_size))
 
 
-class LoRASpec(_Strict):
+class LoRASpec(StrictSpec):
     """Low-rank adapters (Hu et al. 2021) through `peft` (`LoraConfig`, `get_peft_model`),
     applied before sharding; only the adapters (and `modules_to_save`) train."""
 
@@ -357,7 +262,7 @@ class LoRASpec(_Strict):
     )
 
 
-class QLoRASpec(_Strict):
+class QLoRASpec(StrictSpec):
     """QLoRA (Dettmers et al. 2023): the frozen base weights of the linear layers quantized to
     4 bits with `bitsandbytes`, LoRA adapters (`lora`, or its defaults) trained on top."""
 
@@ -374,7 +279,7 @@ class QLoRASpec(_Strict):
     )
 
 
-class OptimSpec(_Strict):
+class OptimSpec(StrictSpec):
     """AdamW with linear warmup and a decay schedule (Loshchilov & Hutter 2019)."""
 
     name: Literal["adamw"] = Field(default="adamw", description="Optimizer.")
@@ -392,7 +297,7 @@ class OptimSpec(_Strict):
     )
 
 
-class TrainSpec(_Strict):
+class TrainSpec(StrictSpec):
     """Batching, precision and stopping."""
 
     micro_batch_size: int = Field(
@@ -443,14 +348,14 @@ class TrainSpec(_Strict):
         return data
 
 
-class EvalSpec(_Strict):
+class EvalSpec(StrictSpec):
     """Held-out evaluation."""
 
     interval_steps: int = Field(default=100, ge=1, description="Evaluate every N steps.")
     num_batches: int = Field(default=8, ge=1, description="Micro-batches per evaluation.")
 
 
-class CheckpointSpec(_Strict):
+class CheckpointSpec(StrictSpec):
     """Sharded checkpoints with `torch.distributed.checkpoint` (DCP)."""
 
     interval_steps: int = Field(
@@ -468,7 +373,7 @@ class CheckpointSpec(_Strict):
     )
 
 
-class SampleSpec(_Strict):
+class SampleSpec(StrictSpec):
     """Text generated from the trained model at the end of the run."""
 
     prompt: str = Field(default="def ", max_length=1000, description="Prompt text.")
@@ -476,7 +381,7 @@ class SampleSpec(_Strict):
     temperature: float = Field(default=0.8, gt=0.0, le=10.0, description="Softmax temperature.")
 
 
-class ResourcesSpec(_Strict):
+class ResourcesSpec(StrictSpec):
     """Where and how wide the job runs."""
 
     nodes: int = Field(default=1, ge=1, le=1024, description="Hosts (one torchrun each).")
@@ -493,7 +398,7 @@ class ResourcesSpec(_Strict):
         return self.nodes * self.procs_per_node
 
 
-class RetrySpec(_Strict):
+class RetrySpec(StrictSpec):
     """What happens when an attempt fails.
 
     Two levels: `max_inplace_restarts` is torchrun's own `--max-restarts`: when a rank fails,
@@ -525,7 +430,7 @@ class RetrySpec(_Strict):
     )
 
 
-class LimitsSpec(_Strict):
+class LimitsSpec(StrictSpec):
     """Hard limits on a job."""
 
     max_runtime_s: float | None = Field(
@@ -536,79 +441,7 @@ class LimitsSpec(_Strict):
     )
 
 
-class DPOSpec(_Strict):
-    """Direct Preference Optimization (Rafailov et al. 2023, arXiv:2305.18290); read when
-    `method.kind` is `dpo`. Each pair's loss compares the policy's log-ratio to the reference
-    model, log pi(y|x) - log pi_ref(y|x), of the chosen answer with that of the rejected one."""
-
-    beta: float = Field(
-        default=0.1,
-        gt=0.0,
-        le=100.0,
-        description="KL strength: the implicit reward is beta x the log-ratio (sigmoid); IPO's "
-        "target margin is 1 / (2 beta) (its tau).",
-    )
-    loss_type: Literal["sigmoid", "ipo"] = Field(
-        default="sigmoid",
-        description="`sigmoid`: -log sigmoid(beta h) of the paper (with `label_smoothing`, the "
-        "conservative cDPO loss). `ipo`: (h / length - 1 / (2 beta))^2 of IPO (Azar et al. "
-        "2023, eq. 17), log-ratios averaged per answer token as TRL does.",
-    )
-    label_smoothing: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=0.5,
-        description="cDPO: assumed probability that a pair's labels are flipped; the sigmoid "
-        "loss becomes -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h). Sigmoid only.",
-    )
-    reference: Literal["initial", "none"] = Field(
-        default="initial",
-        description="`initial`: the starting weights, frozen (under lora/qlora the same model "
-        "with its adapters disabled, no second copy; otherwise a copy built like the policy "
-        "and sharded the same way). `none`: reference-free (log pi_ref = 0).",
-    )
-
-    @model_validator(mode="after")
-    def _smoothing_is_for_sigmoid(self) -> DPOSpec:
-        if self.label_smoothing and self.loss_type != "sigmoid":
-            raise PydanticCustomError(
-                "dpo_smoothing", "label_smoothing applies to loss_type 'sigmoid' only"
-            )
-        return self
-
-
-class MethodSpec(_Strict):
-    """What the model learns from the data: next-token prediction or preferences."""
-
-    kind: Literal["sft", "dpo"] = Field(
-        default="sft",
-        description="`sft`: cross-entropy on the supervised tokens (raw text, chat and "
-        "instruction data). `dpo`: Direct Preference Optimization on a `preference` dataset "
-        "(pairs of answers to one prompt), with `dpo`'s settings.",
-    )
-    dpo: DPOSpec | None = Field(
-        default=None,
-        description="DPO settings; filled with the defaults when `kind` is `dpo`, refused with "
-        "`sft`.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _dpo_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") == "dpo" and data.get("dpo") is None:
-            return {**data, "dpo": {}}
-        return data
-
-    @model_validator(mode="after")
-    def _dpo_only_with_dpo(self) -> MethodSpec:
-        if self.kind != "dpo" and self.dpo is not None:
-            raise PydanticCustomError(
-                "method_dpo_unused", "method.dpo is read only with method.kind 'dpo'"
-            )
-        return self
-
-
-class JobSpec(_Strict):
+class JobSpec(StrictSpec):
     """A training job, version 1."""
 
     spec_version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")

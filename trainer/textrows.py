@@ -6,11 +6,11 @@ segment. The tail shorter than a chunk is dropped.
 
 - `text`: files are read in 1 MiB blocks (never a whole file in memory), decoded as UTF-8
   (U+FFFD for invalid bytes) and tokenized at line boundaries; bytes are the ids of the
-  byte-level GPT. Split as before (`trainer.data`): a directory's whole files go to
-  evaluation by a hash of their relative path (at least one per side), a single file's last
-  `eval_fraction` of bytes; at most `data.max_bytes` bytes are read.
+  byte-level GPT. A directory's whole files go to evaluation by a hash of their relative
+  path (`trainer.dataplan.document_sides`), a single file's last `eval_fraction` of bytes;
+  at most `data.max_bytes` bytes are read, in sorted relative-path order.
 - `jsonl_text` (without packing): each record's text, then the tokenizer's EOS (or a newline
-  byte for bytes), split by example (`trainer.dataprep.ExampleSplit`).
+  byte for bytes), split by example (`trainer.dataplan.ExampleSplit`).
 - `tokens` (`.npy`, `.bin` of `data.token_dtype`): the last `eval_fraction` of each file's
   tokens is evaluation.
 """
@@ -18,7 +18,6 @@ segment. The tail shorter than a chunk is dropped.
 from __future__ import annotations
 
 import codecs
-import hashlib
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import numpy as np
 
+from trainer.dataplan import DataPlan, ExampleSplit, document_sides
 from trainer.errors import InvalidJobError
 from trainer.masks import Example, Tokenizer
 from trainer.readers import DataFile, iter_records, token_array
 from trainer.rows import RowsWriter
 
 if TYPE_CHECKING:
-    from trainer.dataprep import DataPlan
     from trainer.spec import DataSpec
 
 _BLOCK = 1 << 20
@@ -134,7 +133,7 @@ def _capacity(files: list[DataFile], plan: DataPlan, bin_dtype: str) -> int:
     if plan.format == "tokens":
         total = sum(int(token_array(f, bin_dtype).shape[0]) for f in files)
     else:
-        total = 2 * sum(int(fsspec.core.url_to_fs(f.url)[0].size(f.url)) for f in files)
+        total = 2 * sum(_size(f) for f in files)
     return total // (plan.seq_len + 1) + 1
 
 
@@ -145,8 +144,6 @@ def _feed_records(
     chunkers: list[Chunker],
     eval_fraction: float,
 ) -> None:
-    from trainer.dataprep import ExampleSplit
-
     separator = np.array([tok.eos_id if tok.eos_id is not None else 10], dtype=np.int32)
     split = ExampleSplit(iter_records(files), eval_fraction) if eval_files is None else None
     for source, held_out in ((files, False), (eval_files or [], True)):
@@ -181,35 +178,38 @@ def _feed_tokens(
 def _text_sides(
     files: list[DataFile], eval_files: list[DataFile] | None, data: DataSpec
 ) -> Iterator[tuple[int, Iterator[bytes]]]:
-    """(side, byte blocks) per document, within the `max_bytes` budget."""
+    """(side, byte blocks) per document. The documents are those within the `max_bytes`
+    budget (in order, the last one cut); the split is then made among them, so a held-out
+    document always lies within the budget and one document splits by position.
+    Raises `InvalidJobError` when they hold no byte."""
     budget = data.max_bytes if data.max_bytes is not None else math.inf
-    sizes = [int(fsspec.core.url_to_fs(f.url)[0].size(f.url)) for f in files]
-    if eval_files is None and len(files) == 1:
-        size = int(min(sizes[0], budget))
-        n_eval = max(1, math.floor(size * data.eval_fraction))
-        yield 0, _blocks(files[0], 0, size - n_eval)
-        yield 1, _blocks(files[0], size - n_eval, size)
-        return
-    held = [eval_files is None and _eval_score(f.rel) < data.eval_fraction for f in files]
-    if eval_files is None and not any(held):
-        held[min(range(len(files)), key=lambda i: _eval_score(files[i].rel))] = True
-    if eval_files is None and all(held):
-        held[max(range(len(files)), key=lambda i: _eval_score(files[i].rel))] = False
-    for f, size, is_eval in zip(files, sizes, held, strict=True):
+    taken: list[tuple[DataFile, int]] = []
+    for f in files:
         if budget <= 0:
             break
-        take = int(min(size, budget))
+        take = int(min(_size(f), budget))
         budget -= take
+        taken.append((f, take))
+    if not any(take for _, take in taken):
+        raise InvalidJobError(f"the text data ({', '.join(f.rel for f, _ in taken)}) is empty")
+    if eval_files is None and len(taken) == 1:
+        (f, size), n_eval = taken[0], max(1, math.floor(taken[0][1] * data.eval_fraction))
+        yield 0, _blocks(f, 0, size - n_eval)
+        yield 1, _blocks(f, size - n_eval, size)
+        return
+    held = (
+        document_sides([f.rel for f, _ in taken], data.eval_fraction)
+        if eval_files is None
+        else [False] * len(taken)
+    )
+    for (f, take), is_eval in zip(taken, held, strict=True):
         yield int(is_eval), _blocks(f, 0, take)
     for f in eval_files or []:
-        yield 1, _blocks(f, 0, int(fsspec.core.url_to_fs(f.url)[0].size(f.url)))
+        yield 1, _blocks(f, 0, _size(f))
 
 
-def _eval_score(rel_path: str) -> float:
-    """A stable number in [0, 1) from a file's relative path (as `trainer.data`, so the split
-    does not move): below `eval_fraction` -> evaluation."""
-    digest = hashlib.sha256(rel_path.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+def _size(f: DataFile) -> int:
+    return int(fsspec.core.url_to_fs(f.url)[0].size(f.url))
 
 
 def _blocks(f: DataFile, start: int, stop: int) -> Iterator[bytes]:

@@ -26,7 +26,14 @@ from typing import Any
 import pytest
 
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
-from tests.conftest_trainer import REPO_ROOT, RUN_TIMEOUT_S, free_port, tiny_spec, trainer_env
+from tests.conftest_trainer import (
+    REPO_ROOT,
+    RUN_TIMEOUT_S,
+    TINY_LLAMA,
+    free_port,
+    tiny_spec,
+    trainer_env,
+)
 from trainer.spec import JobSpec
 
 SEQ_LEN = 96
@@ -34,20 +41,10 @@ NUM_PAIRS = 16
 STEPS = 6
 REL_TOLERANCE = 1e-5
 LOG_2 = math.log(2)
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
-}
 MODELS: dict[str, dict[str, Any]] = {
     "gpt_full": {"model": {"seq_len": SEQ_LEN}, "optim": {"lr": 3e-3}},
     "llama_lora": {
-        "model": {"seq_len": SEQ_LEN, "kind": "hf", "hf": {"from_config": LLAMA}},
+        "model": {"seq_len": SEQ_LEN, "kind": "hf", "hf": {"from_config": TINY_LLAMA}},
         "lora": {"r": 8},
         "optim": {"lr": 1e-2},
     },

@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest_trainer import (
+    TINY_LLAMA,
     build_local_run,
     explain,
     read_events,
@@ -260,24 +261,12 @@ def test_qlora_under_ddp_matches_single_process_and_resumes(
     _assert_follows(tmp_path, read_events(qlora_reference / "run"))
 
 
-LLAMA = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
-}
-
-
 def test_hf_llama_from_a_config_trains_in_full(corpus_dir: Path, tmp_path: Path) -> None:
     spec = ft_spec(
         corpus_dir,
         1,
         {"strategy": "single"},
-        model={"kind": "hf", "hf": {"from_config": LLAMA}},
+        model={"kind": "hf", "hf": {"from_config": TINY_LLAMA}},
         lora=None,
     )
     assert spec.lora is None

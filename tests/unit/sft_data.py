@@ -1,6 +1,7 @@
 """Real, offline SFT data for the tests: an instruction set built from the standard library
 (prompt: a function's signature and body; completion: its real docstring), the same as chat
-messages, and a byte-level BPE tokenizer trained on it (`tokenizers`) with a ChatML template."""
+messages, and a byte-level BPE tokenizer trained on it (`tokenizers`) with a ChatML template;
+and `prepare`, which runs `trainer.dataprep.prepare_rows` on a spec as a job would."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import inspect
 import json
 from pathlib import Path
 from typing import Any
+
+from trainer.dataprep import PreparedRows, prepare_rows
+from trainer.events import EventWriter
+from trainer.spec import JobSpec
 
 STDLIB_MODULES = (
     "textwrap",
@@ -22,6 +27,27 @@ STDLIB_MODULES = (
     "base64",
 )
 SYSTEM = "You write the docstring of a Python function."
+
+
+def data_spec(location: Path, **data: Any) -> JobSpec:
+    """A job spec whose data is `location`; `seq_len` goes to the model, the rest to `data`."""
+    return JobSpec.model_validate(
+        {"name": "sft", "model": {"seq_len": data.pop("seq_len", 2048)},
+         "data": {"uri": str(location), "max_truncated_share": 0.5, **data}}
+    )  # fmt: skip
+
+
+def prepare(root: Path, spec: JobSpec, tokenizer: Any = None, **kw: Any) -> PreparedRows:
+    """`prepare_rows` for `spec` with its cache in `root/cache` and its events in
+    `root/run/events.jsonl`; `kw` goes to `prepare_rows` (e.g. `eval_location`)."""
+    reporter = EventWriter(root / "run", attempt=1)
+    try:
+        return prepare_rows(
+            spec, str(spec.data.uri), tokenizer, cache_dir=root / "cache", dist=None,
+            reporter=reporter, **kw,
+        )  # fmt: skip
+    finally:
+        reporter.close()
 
 
 def stdlib_functions(limit: int = 200) -> list[tuple[str, str]]:

@@ -5,38 +5,25 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.unit.sft_data import SYSTEM, bpe_tokenizer, messages_records, write_jsonl
+from tests.unit.sft_data import (
+    SYSTEM,
+    bpe_tokenizer,
+    data_spec,
+    messages_records,
+    prepare,
+    write_jsonl,
+)
 from trainer import masks
-from trainer.dataprep import prepare_rows
+from trainer.dataprep import unigram_eval_loss
 from trainer.errors import InvalidJobError
-from trainer.events import EventWriter
 from trainer.rows import IGNORE_INDEX, Rows
-from trainer.spec import JobSpec
-
-
-def _spec(location: Path, **data: Any) -> JobSpec:
-    return JobSpec.model_validate(
-        {"name": "sft", "model": {"seq_len": data.pop("seq_len", 2048)},
-         "data": {"uri": str(location), "max_truncated_share": 0.5, **data}}
-    )  # fmt: skip
-
-
-def _prepare(tmp_path: Path, spec: JobSpec, tokenizer: Any = None, **kw: Any) -> Any:
-    run_dir = tmp_path / "run"
-    reporter = EventWriter(run_dir, attempt=1)
-    try:
-        return prepare_rows(
-            spec, str(spec.data.uri), tokenizer, cache_dir=tmp_path / "cache", dist=None,
-            reporter=reporter, **kw,
-        )  # fmt: skip
-    finally:
-        reporter.close()
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
@@ -56,7 +43,7 @@ def _segments(rows: Rows) -> list[tuple[int, ...]]:
 def test_messages_are_packed_masked_and_split_by_example(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", messages_records(120))
     tok = bpe_tokenizer()
-    prepared = _prepare(tmp_path, _spec(data, packing=True, eval_fraction=0.2), tok)
+    prepared = prepare(tmp_path, data_spec(data, packing=True, eval_fraction=0.2), tok)
     train, held = prepared.train, prepared.eval
     assert len(train) > 0 and len(held) > 0 and train.seq_len == 2048
     # eval examples are whole examples, none of them also in train
@@ -80,30 +67,30 @@ def test_a_second_job_reuses_the_cache_without_calling_the_tokenizer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", messages_records(40))
-    spec = _spec(data, packing=True, eval_fraction=0.2)
-    first = _prepare(tmp_path, spec)
+    spec = data_spec(data, packing=True, eval_fraction=0.2)
+    first = prepare(tmp_path, spec)
 
     def refuse(self: Any, text: str) -> Any:
         raise AssertionError("the tokenizer was called")
 
     monkeypatch.setattr(masks.Tokenizer, "encode", refuse)
-    second = _prepare(tmp_path, spec)
+    second = prepare(tmp_path, spec)
     assert second.directory == first.directory and second.report["cached"] is True
     assert np.array_equal(np.asarray(second.train.labels), np.asarray(first.train.labels))
 
 
 def test_changed_content_or_packing_is_a_new_cache_entry(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", messages_records(40))
-    first = _prepare(tmp_path, _spec(data, eval_fraction=0.2)).directory
-    assert _prepare(tmp_path, _spec(data, eval_fraction=0.2, packing=True)).directory != first
+    first = prepare(tmp_path, data_spec(data, eval_fraction=0.2)).directory
+    assert prepare(tmp_path, data_spec(data, eval_fraction=0.2, packing=True)).directory != first
     write_jsonl(data, messages_records(41))
-    assert _prepare(tmp_path, _spec(data, eval_fraction=0.2)).directory != first
+    assert prepare(tmp_path, data_spec(data, eval_fraction=0.2)).directory != first
 
 
 def test_too_many_examples_lost_to_truncation_refuse_the_job(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", messages_records(40))
     with pytest.raises(InvalidJobError, match="lose every supervised token"):
-        _prepare(tmp_path, _spec(data, seq_len=64, truncation="truncate_right"))
+        prepare(tmp_path, data_spec(data, seq_len=64, truncation="truncate_right"))
     assert not any((tmp_path / "cache").iterdir())  # nothing half-built stays
 
 
@@ -112,30 +99,13 @@ def test_an_invalid_record_is_refused_with_its_line_and_field(tmp_path: Path) ->
     records[2]["messages"][1]["role"] = "robot"
     data = write_jsonl(tmp_path / "chat.jsonl", records)
     with pytest.raises(InvalidJobError, match=r"chat.jsonl:3: messages\[1\].role"):
-        _prepare(tmp_path, _spec(data))
-
-
-def test_raw_text_rows_are_the_contiguous_chunks_of_the_old_path(tmp_path: Path) -> None:
-    import torch
-
-    from trainer.data import load_corpus, make_chunks
-
-    data = tmp_path / "corpus.txt"
-    data.write_text("".join(f"line {i}: the quick brown fox é\n" for i in range(400)))
-    spec = _spec(data, seq_len=64)
-    prepared = _prepare(tmp_path, spec)
-    corpus = load_corpus(str(data), spec.data)
-    for rows, tokens in ((prepared.train, corpus.train), (prepared.eval, corpus.eval)):
-        expected = Rows.from_chunks(make_chunks(tokens, 64, what="x").to(torch.int32))
-        assert np.array_equal(np.asarray(rows.input_ids), expected.input_ids)
-        assert np.array_equal(np.asarray(rows.labels), expected.labels)
-        assert np.all(np.asarray(rows.segment_ids) == 0)
+        prepare(tmp_path, data_spec(data))
 
 
 @pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst", ".parquet"])
 def test_compressed_jsonl_and_parquet_read_the_same_rows(tmp_path: Path, suffix: str) -> None:
     records = messages_records(30)
-    plain = _prepare(tmp_path / "a", _spec(write_jsonl(tmp_path / "p.jsonl", records)))
+    plain = prepare(tmp_path / "a", data_spec(write_jsonl(tmp_path / "p.jsonl", records)))
     path = tmp_path / f"d{suffix}"
     if suffix == ".jsonl.gz":
         path.write_bytes(gzip.compress((tmp_path / "p.jsonl").read_bytes()))
@@ -148,7 +118,40 @@ def test_compressed_jsonl_and_parquet_read_the_same_rows(tmp_path: Path, suffix:
         import pyarrow.parquet as pq
 
         pq.write_table(pa.Table.from_pylist(records), path)
-    other = _prepare(tmp_path / "b", _spec(path))
+    other = prepare(tmp_path / "b", data_spec(path))
+    assert sorted(_segments(other.train) + _segments(other.eval)) == sorted(
+        _segments(plain.train) + _segments(plain.eval)
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "encoding"),
+    [("d.ndjson", "plain"), ("d.jsonl.zstd", "zstd"), ("d.jsonl", "gzip"), ("d.jsonl", "bom")],
+)
+def test_the_trainer_reads_every_jsonl_the_upload_accepts(
+    tmp_path: Path, name: str, encoding: str
+) -> None:
+    import zstandard
+
+    from core.dataset_formats import check
+
+    records = messages_records(30)
+    plain = prepare(tmp_path / "a", data_spec(write_jsonl(tmp_path / "p.jsonl", records)))
+    raw = (tmp_path / "p.jsonl").read_bytes()
+    path = tmp_path / name
+    path.write_bytes(
+        {
+            "plain": raw,
+            "zstd": zstandard.ZstdCompressor().compress(raw),
+            "gzip": gzip.compress(raw),  # compressed, by its magic bytes, not its name
+            "bom": b"\xef\xbb\xbf" + raw,
+        }[encoding]
+    )
+    accepted = check(
+        str(path), declared=None, token_dtype=None, max_record_bytes=1 << 20, where=("body",)
+    )
+    assert accepted.format == "messages"
+    other = prepare(tmp_path / "b", data_spec(path))
     assert sorted(_segments(other.train) + _segments(other.eval)) == sorted(
         _segments(plain.train) + _segments(plain.eval)
     )
@@ -157,14 +160,14 @@ def test_compressed_jsonl_and_parquet_read_the_same_rows(tmp_path: Path, suffix:
 def test_token_files_become_rows_and_token_records_keep_their_loss_mask(tmp_path: Path) -> None:
     flat = tmp_path / "tokens.npy"
     np.save(flat, np.arange(2000, dtype=np.uint16) % 251)
-    prepared = _prepare(tmp_path, _spec(flat, seq_len=32))
+    prepared = prepare(tmp_path, data_spec(flat, seq_len=32))
     assert np.array_equal(np.asarray(prepared.train.input_ids[0]), np.arange(32))
     records = [
         {"input_ids": list(range(1, 11 + i)), "loss_mask": [0] * 5 + [1] * (5 + i)}
         for i in range(30)
     ]
     data = write_jsonl(tmp_path / "tok.jsonl", records)
-    rows = _prepare(tmp_path, _spec(data, format="tokens", seq_len=48, packing=True)).train
+    rows = prepare(tmp_path, data_spec(data, format="tokens", seq_len=48, packing=True)).train
     labels = np.asarray(rows.labels)
     # loss_mask 1 from token 5 on: token t's label is supervised iff token t + 1 is
     for i in range(len(rows)):
@@ -180,7 +183,7 @@ def test_preference_pairs_become_aligned_chosen_and_rejected_rows(tmp_path: Path
 
     records = preference_records(30)
     data = write_jsonl(tmp_path / "pref.jsonl", records)
-    prepared = _prepare(tmp_path, _spec(data, eval_fraction=0.2))
+    prepared = prepare(tmp_path, data_spec(data, eval_fraction=0.2))
     train = prepared.train
     assert len(train.chosen) == len(train.rejected) > 0
     docs = {r["chosen"][0]["content"] for r in records}
@@ -200,7 +203,7 @@ def test_preference_pairs_become_aligned_chosen_and_rejected_rows(tmp_path: Path
 def test_a_separate_eval_file_is_all_evaluation_and_the_data_all_training(tmp_path: Path) -> None:
     train_file = write_jsonl(tmp_path / "train.jsonl", messages_records(30)[:20])
     eval_file = write_jsonl(tmp_path / "eval.jsonl", messages_records(30)[20:])
-    prepared = _prepare(tmp_path, _spec(train_file), eval_location=str(eval_file))
+    prepared = prepare(tmp_path, data_spec(train_file), eval_location=str(eval_file))
     assert prepared.report["train"]["examples"] == 20
     assert prepared.report["eval"]["examples"] == 10
     assert len(prepared.eval) == 10 - prepared.report["eval"]["dropped"]
@@ -211,10 +214,10 @@ def test_jsonl_text_is_a_token_stream_unpacked_and_whole_documents_packed(
 ) -> None:
     docs = [{"text": f"document {i}: " + "lorem ipsum " * (3 + i % 7)} for i in range(60)]
     data = write_jsonl(tmp_path / "docs.jsonl", docs)
-    stream = _prepare(tmp_path / "s", _spec(data, seq_len=32, eval_fraction=0.2))
+    stream = prepare(tmp_path / "s", data_spec(data, seq_len=32, eval_fraction=0.2))
     assert np.all(np.asarray(stream.train.segment_ids) == 0)
     assert np.all(np.asarray(stream.train.labels) != IGNORE_INDEX)
-    packed = _prepare(tmp_path / "p", _spec(data, seq_len=128, eval_fraction=0.2, packing=True))
+    packed = prepare(tmp_path / "p", data_spec(data, seq_len=128, eval_fraction=0.2, packing=True))
     texts = {d["text"] for d in docs}
     for row in range(len(packed.train)):
         segs, ids = packed.train.segment_ids[row], packed.train.input_ids[row]
@@ -232,7 +235,7 @@ def test_raw_text_with_a_bpe_tokenizer_is_tokenized_block_by_block_losslessly(
     data = tmp_path / "corpus.txt"
     text = "".join(f"def f{i}(x):\n    return x + {i}  # é\n" for i in range(300))
     data.write_text(text)
-    train = _prepare(tmp_path, _spec(data, seq_len=64), tok).train
+    train = prepare(tmp_path, data_spec(data, seq_len=64), tok).train
     chunks = np.concatenate(
         [np.asarray(train.input_ids), np.asarray(train.labels)[:, -1:]], axis=1
     ).reshape(-1)
@@ -240,25 +243,34 @@ def test_raw_text_with_a_bpe_tokenizer_is_tokenized_block_by_block_losslessly(
     assert len(decoded) > len(text) // 2 and text.startswith(decoded)
 
 
+def _label_rows(labels: list[list[int]]) -> Rows:
+    array = np.array(labels, dtype=np.int32)
+    zeros = np.zeros_like(array)
+    return Rows(input_ids=zeros, labels=array, position_ids=zeros, segment_ids=zeros)
+
+
 def test_unigram_baseline_counts_supervised_targets_only() -> None:
-    from trainer.dataprep import unigram_eval_loss
-
-    def rows(labels: list[list[int]]) -> Rows:
-        array = np.array(labels, dtype=np.int32)
-        zeros = np.zeros_like(array)
-        return Rows(input_ids=zeros, labels=array, position_ids=zeros, segment_ids=zeros)
-
-    train = rows([[1, 1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]])
-    held = rows([[1, 2, IGNORE_INDEX, IGNORE_INDEX]])
+    train = _label_rows([[1, 1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]])
+    held = _label_rows([[1, 2, IGNORE_INDEX, IGNORE_INDEX]])
     # counts + 1 over a vocabulary of 4: token 0: 1, 1: 3, 2: 2, 3: 2 -> total 8
     expected = -(np.log(3 / 8) + np.log(2 / 8)) / 2
     assert unigram_eval_loss(train, held, 4) == pytest.approx(expected, rel=1e-12)
 
 
+def test_unigram_baseline_is_the_cross_entropy_under_train_byte_frequencies() -> None:
+    train = _label_rows([[65] * 3000 + [66] * 1000])
+    held = _label_rows([[65, 66]])
+    p_a, p_b = 3001 / (4000 + 256), 1001 / (4000 + 256)  # add-one smoothing
+    expected = -(math.log(p_a) + math.log(p_b)) / 2
+    assert unigram_eval_loss(train, held, 256) == pytest.approx(expected, rel=1e-12)
+    uniform = _label_rows([list(range(256)) * 10])
+    assert unigram_eval_loss(uniform, uniform, 256) == pytest.approx(math.log(256))
+
+
 def test_a_uint32_bin_file_is_read_with_the_declared_token_dtype(tmp_path: Path) -> None:
     flat = tmp_path / "tokens.bin"
     (np.arange(3000, dtype=np.uint32) + 70_000).tofile(flat)
-    prepared = _prepare(tmp_path, _spec(flat, seq_len=32, token_dtype="uint32"))
+    prepared = prepare(tmp_path, data_spec(flat, seq_len=32, token_dtype="uint32"))
     assert np.array_equal(np.asarray(prepared.train.input_ids[0]), np.arange(32) + 70_000)
 
 
@@ -282,9 +294,9 @@ def test_the_preview_refuses_a_sample_with_the_jobs_reason_word_for_word(
     from trainer.readers import iter_records, list_files
 
     path = write_jsonl(tmp_path / "chat.jsonl", messages_records(40))
-    spec = _spec(path, **data)
+    spec = data_spec(path, **data)
     with pytest.raises(InvalidJobError) as refused:
-        _prepare(tmp_path, spec)
+        prepare(tmp_path, spec)
     records = ((where, obj) for where, _, obj in iter_records(list_files(str(path), ["*"], [])))
     shown = masks.preview(
         records,

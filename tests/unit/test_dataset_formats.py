@@ -7,8 +7,9 @@ import io
 import pytest
 
 from core import dataset_stats
-from core.dataset_formats import file_kind, iter_lines
+from core.dataset_formats import file_kind
 from core.dataset_stats import StatsAccumulator
+from trainer.jsonl import iter_lines
 from trainer.records import parse_record
 
 

@@ -18,13 +18,21 @@ FORBIDDEN = {
     "torchyard": {"api", "core", "workers", "torch", "sqlalchemy", "celery", "fastapi"},
 }
 
-# The trainer modules that never import torch: the job spec and the dataset record formats,
-# which the API validates with (pydantic only), and what the mask preview renders with
-# (numpy, fsspec/orjson, jinja2, `tokenizers` through `transformers`' tokenizer classes).
-PURE_TRAINER = (
+# The trainer modules the API and core may import. The job spec (and its sections), the record
+# formats and the JSONL reader import neither torch nor numpy; what the mask preview renders
+# with (chat templates, masks, readers) uses numpy, jinja2 and `transformers`' fast tokenizer
+# classes, but never torch.
+NUMPY_FREE = (
     "trainer.spec",
-    "trainer.spec_checks",
+    "trainer.spec_base",
+    "trainer.spec_data",
+    "trainer.spec_method",
     "trainer.records",
+    "trainer.jsonl",
+)
+PURE_TRAINER = (
+    *NUMPY_FREE,
+    "trainer.spec_checks",
     "trainer.errors",
     "trainer.chat",
     "trainer.masks",
@@ -96,3 +104,16 @@ def test_the_preview_modules_run_without_importing_torch(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("module", PURE_TRAINER)
+def test_pure_trainer_modules_import_no_tensor_library(module: str) -> None:
+    """What the API imports of the trainer loads no torch, and the spec/record modules not
+    even numpy (checked in a fresh interpreter: the modules' transitive imports, not only
+    their own lines)."""
+    banned = ("torch", "numpy") if module in NUMPY_FREE else ("torch",)
+    code = f"import sys, {module}; print(sorted(m for m in {banned!r} if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -6,37 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
+from tests.unit.spec_errors import raw_spec, spec_errors
 from trainer.spec import JobSpec
 
 
-def _spec(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"name": "job", "data": {"dataset": "ds_1"}}
-    base.update(overrides)
-    return base
-
-
-def _errors(raw: dict[str, Any]) -> dict[tuple[Any, ...], str]:
-    with pytest.raises(ValidationError) as exc:
-        JobSpec.model_validate(raw)
-    return {tuple(e["loc"]): e["msg"] for e in exc.value.errors()}
-
-
 def test_method_defaults_to_sft_without_dpo_settings() -> None:
-    spec = JobSpec.model_validate(_spec())
+    spec = JobSpec.model_validate(raw_spec())
     assert spec.method.kind == "sft" and spec.method.dpo is None
 
 
 def test_dpo_gets_the_papers_default_settings() -> None:
-    spec = JobSpec.model_validate(_spec(method={"kind": "dpo"}))
+    spec = JobSpec.model_validate(raw_spec(method={"kind": "dpo"}))
     dpo = spec.method.dpo
     assert dpo is not None
     assert (dpo.beta, dpo.loss_type, dpo.label_smoothing, dpo.reference) == (
         0.1, "sigmoid", 0.0, "initial",
     )  # fmt: skip
     spec = JobSpec.model_validate(
-        _spec(method={"kind": "dpo", "dpo": {"beta": 0.5, "loss_type": "ipo"}})
+        raw_spec(method={"kind": "dpo", "dpo": {"beta": 0.5, "loss_type": "ipo"}})
     )
     assert spec.method.dpo is not None and spec.method.dpo.loss_type == "ipo"
 
@@ -54,19 +42,19 @@ def test_dpo_gets_the_papers_default_settings() -> None:
     ],
 )
 def test_out_of_range_dpo_settings_name_their_field(dpo: dict[str, Any], field: str) -> None:
-    errors = _errors(_spec(method={"kind": "dpo", "dpo": dpo}))
+    errors = spec_errors(raw_spec(method={"kind": "dpo", "dpo": dpo}))
     assert ("method", "dpo", field) in errors
 
 
 def test_label_smoothing_is_refused_with_ipo() -> None:
-    errors = _errors(
-        _spec(method={"kind": "dpo", "dpo": {"loss_type": "ipo", "label_smoothing": 0.1}})
+    errors = spec_errors(
+        raw_spec(method={"kind": "dpo", "dpo": {"loss_type": "ipo", "label_smoothing": 0.1}})
     )
     assert "sigmoid' only" in errors[("method", "dpo")]
 
 
 def test_dpo_settings_with_sft_are_refused() -> None:
-    errors = _errors(_spec(method={"kind": "sft", "dpo": {"beta": 0.2}}))
+    errors = spec_errors(raw_spec(method={"kind": "sft", "dpo": {"beta": 0.2}}))
     assert "read only with method.kind 'dpo'" in errors[("method",)]
 
 
@@ -79,8 +67,8 @@ def test_dpo_settings_with_sft_are_refused() -> None:
     ],
 )
 def test_dpo_refuses_tensor_and_pipeline_parallelism(parallelism: dict[str, Any]) -> None:
-    errors = _errors(
-        _spec(
+    errors = spec_errors(
+        raw_spec(
             method={"kind": "dpo"},
             parallelism=parallelism,
             resources={"procs_per_node": 2},
@@ -95,7 +83,7 @@ def test_dpo_runs_with_single_ddp_and_fsdp_with_or_without_lora(strategy: str) -
     procs = 1 if strategy == "single" else 2
     for lora in (None, {"r": 4}):
         JobSpec.model_validate(
-            _spec(
+            raw_spec(
                 method={"kind": "dpo"},
                 parallelism={"strategy": strategy},
                 resources={"procs_per_node": procs},
@@ -105,12 +93,12 @@ def test_dpo_runs_with_single_ddp_and_fsdp_with_or_without_lora(strategy: str) -
 
 
 def test_dpo_refuses_qat() -> None:
-    errors = _errors(_spec(method={"kind": "dpo"}, qat={}))
+    errors = spec_errors(raw_spec(method={"kind": "dpo"}, qat={}))
     assert "method 'dpo'" in errors[("qat",)]
 
 
-def test_dpo_refuses_packing_once_the_data_spec_has_it() -> None:
-    if "packing" not in JobSpec.model_fields["data"].annotation.model_fields:  # type: ignore[union-attr]
-        pytest.skip("data.packing arrives with the data pipeline (issue 11)")
-    errors = _errors(_spec(method={"kind": "dpo"}, data={"dataset": "ds_1", "packing": True}))
+def test_dpo_refuses_packing() -> None:
+    errors = spec_errors(
+        raw_spec(method={"kind": "dpo"}, data={"dataset": "ds_1", "packing": True})
+    )
     assert "one pair per row" in errors[("data", "packing")]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
-from tests.conftest_trainer import cpu_world_of_one, tiny_spec
+from tests.conftest_trainer import TINY_LLAMA, cpu_world_of_one, tiny_spec
 from trainer.dpo_train import (
     DPOMethod,
     build_dpo,
@@ -33,16 +33,6 @@ from trainer.spec import JobSpec
 
 CPU = torch.device("cpu")
 SEQ_LEN = 96
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
-}
 LOG_2_FP32 = float(torch.tensor(math.log(2), dtype=torch.float32))
 
 
@@ -60,7 +50,7 @@ def _spec(model: str = "gpt", lora: bool = False, precision: str = "fp32", **dpo
         "optim": {"lr": 1e-2, "warmup_steps": 0, "weight_decay": 0.0},
     }
     if model == "llama":
-        sections["model"] |= {"kind": "hf", "hf": {"from_config": LLAMA}}
+        sections["model"] |= {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}
     if lora:
         sections["lora"] = {"r": 4}
     return tiny_spec(Path("/unused"), **sections)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest_trainer import build_local_run, tiny_spec
+from tests.conftest_trainer import TINY_LLAMA, build_local_run, tiny_spec
 from trainer.errors import InvalidJobError
 from trainer.finetune import AdapterOptimizerState, build_network, quantize_linears
 from trainer.loop import train_step
@@ -17,16 +17,6 @@ from trainer.model import GPTConfig, build_model
 from trainer.parallel.parallelize import block_slots
 from trainer.spec import JobSpec, QLoRASpec
 
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
-}
 CPU = torch.device("cpu")
 
 
@@ -92,7 +82,7 @@ def test_qlora_quantizes_the_block_linears_to_nf4() -> None:
 
 
 def test_hf_model_from_config_is_built_from_the_seed(corpus_dir: Path) -> None:
-    spec = _hf_spec(corpus_dir, LLAMA)
+    spec = _hf_spec(corpus_dir, TINY_LLAMA)
     a, b = (build_network(spec, device=CPU) for _ in range(2))
     assert a.trainable_params == a.num_params > 0 and a.tokenizer is None
     x = torch.randint(0, 256, (2, 16))
@@ -106,18 +96,18 @@ def test_hf_model_from_config_is_built_from_the_seed(corpus_dir: Path) -> None:
 
 
 def test_hf_lora_target_the_model_lacks_is_an_invalid_job(corpus_dir: Path) -> None:
-    spec = _hf_spec(corpus_dir, LLAMA, lora={"target_modules": ["c_attn"]})
+    spec = _hf_spec(corpus_dir, TINY_LLAMA, lora={"target_modules": ["c_attn"]})
     with pytest.raises(InvalidJobError, match="q_proj"):
         build_network(spec, device=CPU)
 
 
 def test_hf_vocabulary_smaller_than_bytes_is_an_invalid_job(corpus_dir: Path) -> None:
     with pytest.raises(InvalidJobError, match="vocab_size"):
-        build_network(_hf_spec(corpus_dir, {**LLAMA, "vocab_size": 100}), device=CPU)
+        build_network(_hf_spec(corpus_dir, {**TINY_LLAMA, "vocab_size": 100}), device=CPU)
 
 
 def test_seq_len_beyond_the_hf_models_positions_is_an_invalid_job(corpus_dir: Path) -> None:
-    config = {**LLAMA, "max_position_embeddings": 32}
+    config = {**TINY_LLAMA, "max_position_embeddings": 32}
     with pytest.raises(InvalidJobError, match="positions"):
         build_network(_hf_spec(corpus_dir, config), device=CPU)
 
