@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -399,7 +400,30 @@ def unigram_eval_loss(train: Rows, held: Rows, vocab_size: int) -> float:
 
 def _label_counts(rows: Rows, vocab_size: int) -> np.ndarray:
     total = np.zeros(vocab_size, dtype=np.int64)
-    for start in range(0, len(rows), _COUNT_ROWS):
-        labels = np.asarray(rows.labels[start : start + _COUNT_ROWS]).reshape(-1)
+    for labels in _label_blocks(rows.labels):
         total += np.bincount(labels[labels >= 0], minlength=vocab_size)[:vocab_size]
     return total
+
+
+def _label_blocks(labels: np.ndarray) -> Iterator[np.ndarray]:
+    """`labels` (N, T) as flat blocks of at most `_COUNT_ROWS` rows. A whole memory-mapped
+    file is read with plain reads into one reused buffer: pages touched through a mapping
+    count in the process's RSS for as long as it is mapped, so scanning every label through
+    the memmap would grow each rank's RSS with the corpus; reads only warm the page cache."""
+    if not (
+        isinstance(labels, np.memmap)
+        and isinstance(labels.base, mmap.mmap)
+        and labels.flags.c_contiguous
+    ):
+        for start in range(0, len(labels), _COUNT_ROWS):
+            yield np.asarray(labels[start : start + _COUNT_ROWS]).reshape(-1)
+        return
+    path, width = Path(str(labels.filename)), int(labels.shape[1])
+    buffer = np.empty(_COUNT_ROWS * width, dtype=labels.dtype)
+    with path.open("rb") as file:
+        file.seek(int(labels.offset))
+        for start in range(0, len(labels), _COUNT_ROWS):
+            view = buffer[: min(_COUNT_ROWS, len(labels) - start) * width]
+            if file.readinto(view.data.cast("B")) != view.nbytes:
+                raise OSError(f"{path}: shorter than its header says")
+            yield view

@@ -80,10 +80,12 @@ class Rows:
 
     @classmethod
     def open(cls, directory: str | Path) -> Rows:
-        """Memory-map the rows written by `RowsWriter` in `directory` (read-only)."""
+        """Memory-map the rows written by `RowsWriter` in `directory` (read-only); `plain`
+        when its `rows.json` says so (the raw-text rows of `trainer.textrows`)."""
         root = Path(directory)
         arrays = {name: np.load(root / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
-        return cls(**arrays)
+        meta = json.loads((root / _META).read_text()) if (root / _META).is_file() else {}
+        return cls(**arrays, plain=bool(meta.get("plain", False)))
 
     @classmethod
     def from_chunks(cls, chunks: Tensor) -> Rows:
