@@ -28,7 +28,7 @@ from torch import Tensor
 IGNORE_INDEX = -100  # `F.cross_entropy(ignore_index=...)` default, and Hugging Face's
 ARRAYS = ("input_ids", "labels", "position_ids", "segment_ids")
 _META = "rows.json"
-_COPY_ROWS = 8192
+_COPY_BYTES = 1 << 20
 
 
 class Batch(NamedTuple):
@@ -115,8 +115,10 @@ class RowsWriter:
     """Builds a rows directory atomically: rows go to a temporary sibling directory, and
     `close()` renames it into place, so a reader sees all of a cache entry or none of it.
 
-    `capacity` bounds the rows (the files are preallocated memmaps of that size and trimmed
-    on close). Raises `ValueError` on a row of the wrong length or when full.
+    Rows are appended to raw files with buffered writes, never through a memory map: pages
+    written through a mapping stay in the writer's RSS until unmapped, which would grow the
+    building rank's memory with the corpus. `capacity` bounds the rows. Raises `ValueError`
+    on a row of the wrong length or when full.
     """
 
     def __init__(self, directory: str | Path, *, seq_len: int, capacity: int) -> None:
@@ -125,12 +127,7 @@ class RowsWriter:
         self.capacity = capacity
         self._tmp = self.directory.with_name(f".{self.directory.name}.{uuid.uuid4().hex}")
         self._tmp.mkdir(parents=True)
-        self._arrays = {
-            name: np.lib.format.open_memmap(
-                self._tmp / f"{name}.npy", mode="w+", dtype=np.int32, shape=(capacity, seq_len)
-            )
-            for name in ARRAYS
-        }
+        self._files = {name: (self._tmp / f"{name}.raw").open("wb") for name in ARRAYS}
         self.count = 0
 
     def append(self, **row: np.ndarray) -> None:
@@ -138,29 +135,26 @@ class RowsWriter:
         if self.count >= self.capacity:
             raise ValueError(f"RowsWriter is full ({self.capacity} rows)")
         for name in ARRAYS:
-            values = row[name]
-            if values.shape != (self.seq_len,):
-                raise ValueError(f"{name}: shape {values.shape}, expected ({self.seq_len},)")
-            self._arrays[name][self.count] = values
+            if row[name].shape != (self.seq_len,):
+                raise ValueError(f"{name}: shape {row[name].shape}, expected ({self.seq_len},)")
+        for name in ARRAYS:
+            self._files[name].write(row[name].astype(np.int32, copy=False).tobytes())
         self.count += 1
 
     def close(self, meta: dict[str, Any] | None = None) -> Rows:
-        """Trim to the rows written, write `rows.json` (count, seq_len, `meta`), move into
-        place (an existing complete entry wins), and return the opened rows."""
+        """Write each array as `.npy` (header, then the raw rows streamed in), write
+        `rows.json` (count, seq_len, `meta`), move into place (an existing complete entry
+        wins), and return the opened rows."""
+        descr = np.lib.format.dtype_to_descr(np.dtype(np.int32))
+        header = {"descr": descr, "fortran_order": False, "shape": (self.count, self.seq_len)}
         for name in ARRAYS:
-            self._arrays[name].flush()
-            full = np.load(self._tmp / f"{name}.npy", mmap_mode="r")
-            exact = np.lib.format.open_memmap(
-                self._tmp / f"{name}.part.npy", mode="w+", dtype=np.int32,
-                shape=(self.count, self.seq_len),
-            )  # fmt: skip
-            for start in range(0, self.count, _COPY_ROWS):  # bounded memory
-                stop = min(start + _COPY_ROWS, self.count)
-                exact[start:stop] = full[start:stop]
-            exact.flush()
-            del full, exact
-            os.replace(self._tmp / f"{name}.part.npy", self._tmp / f"{name}.npy")
-        self._arrays.clear()
+            self._files[name].close()
+            raw = self._tmp / f"{name}.raw"
+            with raw.open("rb") as source, (self._tmp / f"{name}.npy").open("wb") as target:
+                np.lib.format.write_array_header_1_0(target, header)
+                shutil.copyfileobj(source, target, _COPY_BYTES)
+            raw.unlink()
+        self._files.clear()
         info = {"count": self.count, "seq_len": self.seq_len, **(meta or {})}
         (self._tmp / _META).write_text(json.dumps(info, indent=2))
         try:
@@ -170,4 +164,6 @@ class RowsWriter:
         return Rows.open(self.directory)
 
     def abort(self) -> None:
+        for file in self._files.values():
+            file.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
