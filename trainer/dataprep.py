@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import uuid
@@ -47,7 +46,7 @@ from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode
 from trainer.packing import RowPacker
 from trainer.readers import DataFile, content_digest, detect, iter_records, list_files
 from trainer.records import describe_error, parse_record
-from trainer.rows import Rows, RowsWriter
+from trainer.rows import Rows, RowsWriter, mapped_file
 from trainer.spec_checks import LOSS_ON_BY_FORMAT
 
 if TYPE_CHECKING:
@@ -410,18 +409,15 @@ def _label_blocks(labels: np.ndarray) -> Iterator[np.ndarray]:
     file is read with plain reads into one reused buffer: pages touched through a mapping
     count in the process's RSS for as long as it is mapped, so scanning every label through
     the memmap would grow each rank's RSS with the corpus; reads only warm the page cache."""
-    if not (
-        isinstance(labels, np.memmap)
-        and isinstance(labels.base, mmap.mmap)
-        and labels.flags.c_contiguous
-    ):
+    where = mapped_file(labels)
+    if where is None:
         for start in range(0, len(labels), _COUNT_ROWS):
             yield np.asarray(labels[start : start + _COUNT_ROWS]).reshape(-1)
         return
-    path, width = Path(str(labels.filename)), int(labels.shape[1])
+    path, width = Path(where[0]), int(labels.shape[1])
     buffer = np.empty(_COUNT_ROWS * width, dtype=labels.dtype)
     with path.open("rb") as file:
-        file.seek(int(labels.offset))
+        file.seek(where[1])
         for start in range(0, len(labels), _COUNT_ROWS):
             view = buffer[: min(_COUNT_ROWS, len(labels) - start) * width]
             if file.readinto(view.data.cast("B")) != view.nbytes:

@@ -7,13 +7,15 @@ position belongs to (packing: attention is causal *and* confined to one segment,
 restart per segment); padding has segment -1. Raw text is the degenerate case: every label
 supervised, one segment per row.
 
-Rows live as four `.npy` files in one directory, opened with `np.load(mmap_mode="r")`, so a
-rank's memory does not grow with the corpus: only the rows a batch indexes are read.
+Rows live as four `.npy` files in one directory, opened with `np.load(mmap_mode="r")` for their
+shapes and read row by row with `os.preadv` (`take_rows`), so a rank's memory does not grow
+with the corpus: only the rows a batch indexes are read, and none stay mapped.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -76,7 +78,7 @@ class Rows:
         indices count again)."""
         if self.plain:
             return len(indices) * self.seq_len
-        return int((np.asarray(self.labels[np.sort(indices)]) != IGNORE_INDEX).sum())
+        return int((take_rows(self.labels, np.sort(indices)) != IGNORE_INDEX).sum())
 
     @classmethod
     def open(cls, directory: str | Path) -> Rows:
@@ -107,8 +109,48 @@ def _gather(array: np.ndarray, indices: np.ndarray, device: torch.device) -> Ten
         row = torch.from_numpy(np.array(array[0]))  # T values
         row = row.to(device=device, dtype=torch.long, non_blocking=True)
         return row.expand(len(indices), -1)
-    values = torch.from_numpy(np.ascontiguousarray(array[indices]))
+    values = torch.from_numpy(take_rows(array, indices))
     return values.to(device=device, dtype=torch.long, non_blocking=True)
+
+
+def mapped_file(array: np.ndarray) -> tuple[str, int] | None:
+    """(path, byte offset of row 0) when `array` is a whole C-ordered `.npy` file opened with
+    `np.load(mmap_mode=...)`, else None (in memory, or a view of a mapping)."""
+    if (
+        isinstance(array, np.memmap)
+        and isinstance(array.base, mmap.mmap)
+        and array.flags.c_contiguous
+        and array.filename is not None
+    ):
+        return str(array.filename), int(array.offset)
+    return None
+
+
+def take_rows(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """`array[indices]` of an (N, T) array as a new (len(indices), T) array.
+
+    A memory-mapped file is read with one `os.preadv` per row instead of through the mapping:
+    pages touched through a mapping, and what the kernel reads and maps around them, count in
+    the process's RSS for as long as it is mapped, so over an epoch each rank's RSS would grow
+    to the size of the corpus. Reads leave the pages in the page cache only. Raises
+    `IndexError` for an index outside 0..N-1.
+    """
+    where = mapped_file(array)
+    if where is None:
+        return np.ascontiguousarray(array[indices])
+    path, offset = where
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= len(array)):
+        raise IndexError(f"row index out of range 0..{len(array) - 1}")
+    out = np.empty((len(indices), array.shape[1]), dtype=array.dtype)
+    row_bytes = out.shape[1] * out.itemsize
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for i, index in enumerate(indices.tolist()):
+            if os.preadv(fd, [out[i].data], offset + index * row_bytes) != row_bytes:
+                raise OSError(f"{path}: shorter than its header says")
+    finally:
+        os.close(fd)
+    return out
 
 
 class RowsWriter:

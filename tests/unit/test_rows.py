@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.rows import IGNORE_INDEX, Rows, RowsWriter
+from trainer.rows import ARRAYS, IGNORE_INDEX, Rows, RowsWriter
 
 CPU = torch.device("cpu")
 
@@ -78,3 +78,28 @@ def test_writer_keeps_the_rows_it_writes_out_of_its_rss(tmp_path: Path) -> None:
     # Writing through memory maps made every written page resident (16 MiB); a quarter of one
     # array is left for unrelated mappings of the process.
     assert grown < num_rows * seq_len * 4 / 4
+
+
+def test_batches_of_mapped_rows_equal_the_arrays_and_leave_no_pages_mapped(
+    tmp_path: Path,
+) -> None:
+    num_rows, seq_len = 2048, 1024  # a row of an array is one 4 KiB page; 8 MiB per array
+    writer = RowsWriter(tmp_path / "entry", seq_len=seq_len, capacity=num_rows)
+    for offset in range(num_rows):
+        writer.append(**_row(offset, seq_len))
+    rows = writer.close()
+    expected = {name: np.load(tmp_path / "entry" / f"{name}.npy") for name in ARRAYS}
+    rng = np.random.default_rng(0)
+    rows.batch(rng.integers(0, num_rows, 16), CPU)  # the first call imports what it needs
+    before = _mapped_file_bytes()
+    batches = np.split(rng.permutation(num_rows)[:1024], 64)  # 1,024 distinct rows
+    for indices in batches:
+        batch = rows.batch(indices, CPU)
+        for name in ARRAYS:
+            assert np.array_equal(getattr(batch, name).numpy(), expected[name][indices])
+    # Through the mapping, each of the 1,024 distinct rows read makes at least its own 4 KiB
+    # page of each of the 4 arrays resident (>= 16 MiB); a quarter of that is left for
+    # unrelated mappings of the process.
+    assert _mapped_file_bytes() - before < 64 * 16 * 4 * 4096 / 4
+    with pytest.raises(IndexError):
+        rows.batch(np.array([num_rows]), CPU)
