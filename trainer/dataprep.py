@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,7 +44,7 @@ from trainer.events import Reporter
 from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_at, truncate
 from trainer.packing import RowPacker
 from trainer.readers import DataFile, content_digest, detect, iter_records, list_files
-from trainer.rows import Rows, RowsWriter
+from trainer.rows import Rows, RowsWriter, mapped_file
 from trainer.spec_checks import LOSS_ON_BY_FORMAT
 
 if TYPE_CHECKING:
@@ -330,7 +331,27 @@ def unigram_eval_loss(train: Rows, held: Rows, vocab_size: int) -> float:
 
 def _label_counts(rows: Rows, vocab_size: int) -> np.ndarray:
     total = np.zeros(vocab_size, dtype=np.int64)
-    for start in range(0, len(rows), _COUNT_ROWS):
-        labels = np.asarray(rows.labels[start : start + _COUNT_ROWS]).reshape(-1)
+    for labels in _label_blocks(rows.labels):
         total += np.bincount(labels[labels >= 0], minlength=vocab_size)[:vocab_size]
     return total
+
+
+def _label_blocks(labels: np.ndarray) -> Iterator[np.ndarray]:
+    """`labels` (N, T) as flat blocks of at most `_COUNT_ROWS` rows. A whole memory-mapped
+    file is read with plain reads into one reused buffer: pages touched through a mapping
+    count in the process's RSS for as long as it is mapped, so scanning every label through
+    the memmap would grow each rank's RSS with the corpus; reads only warm the page cache."""
+    where = mapped_file(labels)
+    if where is None:
+        for start in range(0, len(labels), _COUNT_ROWS):
+            yield np.asarray(labels[start : start + _COUNT_ROWS]).reshape(-1)
+        return
+    path, width = Path(where[0]), int(labels.shape[1])
+    buffer = np.empty(_COUNT_ROWS * width, dtype=labels.dtype)
+    with path.open("rb") as file:
+        file.seek(where[1])
+        for start in range(0, len(labels), _COUNT_ROWS):
+            view = buffer[: min(_COUNT_ROWS, len(labels) - start) * width]
+            if file.readinto(view.data.cast("B")) != view.nbytes:
+                raise OSError(f"{path}: shorter than its header says")
+            yield view

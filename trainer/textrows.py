@@ -123,7 +123,7 @@ def build_text_rows(
                 f"the {name} split has {chunker.tokens} tokens, fewer than one chunk of "
                 f"seq_len + 1 = {plan.seq_len + 1}; give more data or a shorter model.seq_len"
             )
-        writer.close({"format": plan.format})
+        writer.close({"format": plan.format, "plain": True})  # the model's plain causal path
         report[name] = chunker.report()
     return report
 

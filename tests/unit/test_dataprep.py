@@ -309,3 +309,48 @@ def test_the_preview_refuses_a_sample_with_the_jobs_reason_word_for_word(
         max_truncated_share=spec.data.max_truncated_share,
     )
     assert shown["refused"] == str(refused.value)
+
+
+def _rss_file_bytes() -> int:
+    """This process's resident file-backed pages (`RssFile` of /proc/self/status)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def test_unigram_baseline_reads_a_memmapped_corpus_without_mapping_it_into_rss(
+    tmp_path: Path,
+) -> None:
+    from trainer.dataprep import unigram_eval_loss
+    from trainer.rows import RowsWriter
+
+    num_rows, seq_len, vocab = 3 * 4096 + 5, 256, 300  # > 3 read blocks, a partial last one
+    rng = np.random.default_rng(0)
+    labels = rng.integers(-1, vocab, size=(num_rows, seq_len)).astype(np.int32)
+    labels[labels < 0] = IGNORE_INDEX
+    writer = RowsWriter(tmp_path / "rows", seq_len=seq_len, capacity=num_rows)
+    zeros = np.zeros(seq_len, dtype=np.int32)
+    for row in labels:
+        writer.append(input_ids=zeros, labels=row, position_ids=zeros, segment_ids=zeros)
+    mapped = writer.close()
+    held = Rows(input_ids=labels[:8], labels=labels[:8], position_ids=labels[:8],
+                segment_ids=labels[:8])  # fmt: skip
+    in_memory = Rows(input_ids=labels, labels=labels, position_ids=labels, segment_ids=labels)
+    expected = unigram_eval_loss(in_memory, held, vocab)  # also imports everything it needs
+    before = _rss_file_bytes()
+    assert unigram_eval_loss(mapped, held, vocab) == expected
+    # Reading through the mapping made every label page resident (growth = labels.nbytes,
+    # 12.6 MB); a quarter of that is left for unrelated mappings of the process.
+    assert _rss_file_bytes() - before < labels.nbytes / 4
+
+
+def test_raw_text_rows_take_the_plain_path_and_chat_rows_do_not(tmp_path: Path) -> None:
+    data = tmp_path / "corpus.txt"
+    data.write_text("".join(f"line {i}: the quick brown fox\n" for i in range(200)))
+    text = prepare(tmp_path, data_spec(data, seq_len=64))
+    chat = write_jsonl(tmp_path / "chat.jsonl", messages_records(8))
+    messages = prepare(tmp_path, data_spec(chat, format="messages"))
+    assert text.train.plain and text.eval.plain  # reopened from the cache, not just built
+    assert Rows.open(text.directory / "train").plain
+    assert not messages.train.plain and not messages.eval.plain
