@@ -243,8 +243,8 @@ def run_job(
                 "restart": restart_count(),
             },
         )
-        if init_from is not None:
-            report_eval(run)
+        if init_from is not None or (start_step == 0 and spec.eval.at_start):
+            report_eval(run)  # step 0: the starting weights
         log.info(
             "%d parameters (%d trainable), unigram eval loss %s",
             num_params, run.network.trainable_params, unigram,

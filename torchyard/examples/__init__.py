@@ -1,0 +1,1 @@
+"""Example specs and the offline data they train on (`torchyard quickstart --example`)."""
