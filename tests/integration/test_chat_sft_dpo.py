@@ -10,6 +10,7 @@ preference set, and its held-out reward accuracy and margin rise above step 0's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,36 @@ def test_chat_sft_with_lora_and_packing_over_ddp_lowers_the_eval_loss(
         # From about ln(vocab) at random init to about the unigram entropy: a drop of > 0.5 nats.
         assert eval_loss[last] < eval_loss[0] - 0.5, eval_loss
         assert [c.step for c in client.jobs.checkpoints(job.id)] == [last]
+
+
+def test_dpo_from_the_lora_sft_checkpoint_raises_reward_accuracy_and_margin(
+    live_api: str,
+    sft_job: tuple[ProjectKey, Job],
+    model_dir: Path,
+    example_data: ExampleData,
+    queue: str,
+    chat_worker: Worker,
+) -> None:
+    """Evaluated on its training pairs (`eval_dataset` = the dataset): this small a model does
+    not learn to read the code in a CI-sized run, so held-out pairs stay near chance; what is
+    proven here is that the preference is learned from the SFT model, through the service."""
+    project, sft = sft_job
+    with Client(live_api, project.api_key) as client:
+        pairs = client.datasets.upload("docstring-pairs", example_data.preference)
+        assert pairs.format == "preference"
+        spec = _example("dpo", model_dir=model_dir, dataset_id=pairs.id, queue=queue)
+        spec["data"]["eval_dataset"] = pairs.id
+        spec["model"]["init_from"] = {"job": sft.id}
+        job = _run(client, spec, chat_worker)
+        (checkpoint,) = client.jobs.checkpoints(sft.id)
+        assert job.spec["model"]["init_from"] == {"job": sft.id, "checkpoint": checkpoint.id}
+        accuracy = _series(client, job.id, "eval_rewards/accuracy")
+        margin = _series(client, job.id, "eval_rewards/margin")
+        loss = _series(client, job.id, "eval_loss")
+    last = spec["train"]["max_steps"]
+    # Step 0: the policy is its reference (the SFT model, DPO adapters at B = 0): every margin
+    # is 0, so no pair is ranked right (accuracy counts margin > 0) and the loss is ln 2.
+    assert accuracy[0] == 0.0 and margin[0] == 0.0
+    assert loss[0] == pytest.approx(math.log(2), rel=1e-6)
+    assert accuracy[last] > 0.5 and margin[last] > 0.0, (accuracy, margin)
+    assert loss[last] < loss[0]

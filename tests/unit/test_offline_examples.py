@@ -36,16 +36,19 @@ def test_examples_pair_each_function_body_with_its_own_docstring() -> None:
     assert (first[1]["content"], first[2]["content"]) == (functions[0].code, functions[0].docstring)
 
 
-def test_preference_pairs_prefer_the_real_docstring_over_another_functions() -> None:
-    functions = stdlib_functions(limit=20)
+def test_preference_pairs_prefer_the_real_docstring_over_another_modules() -> None:
+    functions = stdlib_functions(limit=96)
     pairs = preference_records(functions)
-    assert len(pairs) == len(functions)
-    for i, pair in enumerate(pairs):
-        assert pair["prompt"][-1]["content"] == functions[i].code
-        assert pair["chosen"][0]["content"] == functions[i].docstring
-        rejected = pair["rejected"][0]["content"]
-        assert rejected != functions[i].docstring
-        assert rejected in {f.docstring for f in functions}
+    assert len(pairs) == 48  # every other function gives a prompt, the rest the rejected
+    by_doc = {f.docstring: f for f in functions}
+    chosen = [p["chosen"][0]["content"] for p in pairs]
+    rejected = [p["rejected"][0]["content"] for p in pairs]
+    assert not set(chosen) & set(rejected)  # no answer is preferred in one pair, refused in another
+    assert len(set(rejected)) == len(rejected)
+    for pair, f in zip(pairs, functions[0::2], strict=True):
+        assert pair["prompt"][-1]["content"] == f.code
+        assert pair["chosen"][0]["content"] == f.docstring
+        assert by_doc[pair["rejected"][0]["content"]].module != f.module
 
 
 @pytest.mark.parametrize("fmt", ["messages", "prompt_completion", "preference"])
@@ -56,7 +59,9 @@ def test_written_files_pass_the_upload_validation_as_their_format(tmp_path: Path
         str(path), declared=None, token_dtype=None, max_record_bytes=1 << 20, where=("file",)
     )
     assert checked.format == fmt
-    assert len(path.read_text().splitlines()) == data.num_examples == 60  # no pair dropped
+    records = len(path.read_text().splitlines())
+    assert data.num_examples == 60
+    assert records == (30 if fmt == "preference" else 60)
 
 
 def test_offline_model_dir_loads_as_an_hf_model_with_a_chatml_tokenizer(tmp_path: Path) -> None:

@@ -59,20 +59,23 @@ def stdlib_functions(
 ) -> list[Function]:
     """Documented functions of `modules`, in source order, at most `limit`; only those whose
     code (without docstring) and docstring fit `max_code_chars` / `max_doc_chars` (so an
-    example fits a short context), and whose body is more than the docstring."""
+    example fits a short context), whose body is more than the docstring, and whose
+    docstring no earlier one has (an override often repeats its parent's)."""
     out: list[Function] = []
+    seen: set[str] = set()
     for path in stdlib_sources(modules):
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             doc = ast.get_docstring(node)
-            if not doc or len(node.body) < 2 or len(doc) > max_doc_chars:
+            if not doc or len(node.body) < 2 or len(doc) > max_doc_chars or doc in seen:
                 continue
             node.body = node.body[1:]
             code = ast.unparse(node)
             if len(code) > max_code_chars:
                 continue
+            seen.add(doc)
             out.append(Function(path.stem, code, doc))
             if len(out) >= limit:
                 return out
@@ -99,16 +102,31 @@ def prompt_completion_records(functions: Sequence[Function]) -> list[dict[str, A
 
 
 def preference_records(functions: Sequence[Function]) -> list[dict[str, Any]]:
-    """`preference` records (TRL's conversational shape): chosen = the real docstring,
-    rejected = the docstring of the next function (cyclically) whose docstring differs (the
-    upload refuses a pair whose chosen equals rejected; a function whose docstring all others
-    share is left out)."""
+    """`preference` records (TRL's conversational shape): chosen = a function's real
+    docstring, rejected = the docstring of a function of another module.
+
+    The functions alternate between the two roles (even positions give prompt and chosen, odd
+    ones the rejected answers, each used once), so no docstring is both preferred and
+    rejected, and both roles come from the same modules: nothing but the code in the prompt
+    tells a model which answer is the right one. A function left without a partner (of
+    another module, with another docstring) is left out.
+    """
+    chosen_side, pool = functions[0::2], list(functions[1::2])
+    used = [False] * len(pool)
     out = []
-    for i, f in enumerate(functions):
-        others = (functions[(i + k) % len(functions)].docstring for k in range(1, len(functions)))
-        other = next((d for d in others if d != f.docstring), None)
-        if other is None:
+    for k, f in enumerate(chosen_side):
+        order = [(k + len(pool) // 2 + i) % len(pool) for i in range(len(pool))]
+        match = next(
+            (
+                j
+                for j in order
+                if not used[j] and pool[j].module != f.module and pool[j].docstring != f.docstring
+            ),
+            None,
+        )
+        if match is None:
             continue
+        used[match] = True
         out.append(
             {
                 "prompt": [
@@ -116,7 +134,7 @@ def preference_records(functions: Sequence[Function]) -> list[dict[str, Any]]:
                     {"role": "user", "content": f.code},
                 ],
                 "chosen": [{"role": "assistant", "content": f.docstring}],
-                "rejected": [{"role": "assistant", "content": other}],
+                "rejected": [{"role": "assistant", "content": pool[match].docstring}],
             }
         )
     return out
@@ -136,12 +154,15 @@ class ExampleData:
     messages: Path
     prompt_completion: Path
     preference: Path
-    num_examples: int
+    num_examples: int  # messages and prompt_completion records
 
 
-def write_example_data(out_dir: Path, *, limit: int = 400) -> ExampleData:
-    """Write ``docstrings.messages.jsonl``, ``docstrings.prompt_completion.jsonl`` and
-    ``docstrings.preference.jsonl`` under `out_dir` from up to `limit` functions."""
+def write_example_data(
+    out_dir: Path, *, limit: int = 400, preference_functions: int = 96
+) -> ExampleData:
+    """Write ``docstrings.messages.jsonl``, ``docstrings.prompt_completion.jsonl`` (up to
+    `limit` functions) and ``docstrings.preference.jsonl`` (pairs from the first
+    `preference_functions` of them: a set the example's small model learns in minutes)."""
     functions = stdlib_functions(limit=limit)
     return ExampleData(
         messages=write_jsonl(out_dir / "docstrings.messages.jsonl", messages_records(functions)),
@@ -149,7 +170,8 @@ def write_example_data(out_dir: Path, *, limit: int = 400) -> ExampleData:
             out_dir / "docstrings.prompt_completion.jsonl", prompt_completion_records(functions)
         ),
         preference=write_jsonl(
-            out_dir / "docstrings.preference.jsonl", preference_records(functions)
+            out_dir / "docstrings.preference.jsonl",
+            preference_records(functions[:preference_functions]),
         ),
         num_examples=len(functions),
     )
