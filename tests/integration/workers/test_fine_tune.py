@@ -63,7 +63,8 @@ def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(
     assert job.state == "succeeded", job.error
 
     (launch,) = launches(job_events(engine, job_id))
-    assert launch.data["argv"][-2:] == ["--init-from", checkpoint.uri]
+    argv = launch.data["argv"]
+    assert argv[argv.index("--init-from") + 1] == checkpoint.uri
     # Step 0 evaluates the source's weights (here fake-quantized): near the source's final
     # eval loss, far below a random init's ln(256) nats.
     (start,) = metric_series(engine, job_id, "eval_loss")[:1]
