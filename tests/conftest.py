@@ -98,15 +98,23 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An allowed data root for model directories (`model.hf.path_or_id`) tests write."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
 def settings(
     postgres_url: str,
     redis_url: str,
     corpus_dir: Path,
+    models_root: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Settings:
     """Settings for a production-shaped deployment: Postgres, Redis, local storage.
 
-    `corpus_dir` is an allowed data root, so tests can register it as a dataset.
+    `corpus_dir` is an allowed data root, so tests can register it as a dataset; so is
+    `models_root`, for Hugging Face model directories.
     """
     home = tmp_path_factory.mktemp("torchyard_home")
     return Settings(
@@ -118,7 +126,7 @@ def settings(
         heartbeat_interval_s=1.0,
         ingest_interval_s=0.2,
         cancel_grace_s=5.0,
-        data_roots=[str(corpus_dir)],
+        data_roots=[str(corpus_dir), str(models_root)],
     )
 
 

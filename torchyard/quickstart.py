@@ -32,9 +32,10 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from torchyard import launch
+from torchyard import launch, quickstart_examples
 from torchyard.client import Client
 from torchyard.errors import TorchyardError
+from torchyard.examples import load_example
 from torchyard.follow import follow_job, heartbeat_silence_s
 from torchyard.models import Dataset, Job
 from torchyard.specs import apply_overrides
@@ -66,6 +67,7 @@ class Options:
     overrides: list[str] = field(default_factory=list)
     ready_timeout_s: float = 60.0
     project: str = "quickstart"
+    example: str = "gpt"  # quickstart_examples.EXAMPLES
 
 
 def example_spec() -> dict[str, Any]:
@@ -250,6 +252,8 @@ def run(opts: Options, console: Console) -> int:
     home, data = home.resolve(), (opts.data or STDLIB).expanduser().resolve()
     if not data.exists():
         raise QuickstartError(f"--data {data}: no such file or directory")
+    if opts.example != "gpt" and (opts.data is not None or opts.include):
+        raise QuickstartError(f"--data and --include are for the gpt example, not {opts.example}")
     env = embedded_env(home, os.environ)
     if data != STDLIB:
         env = with_data_root(env, data)
@@ -257,6 +261,11 @@ def run(opts: Options, console: Console) -> int:
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     console.print(Text(f"home {home} (logs in {logs})", style="dim"))
+    inputs = None
+    if opts.example != "gpt":
+        inputs = quickstart_examples.prepare(home, console)
+        env = with_data_root(env, quickstart_examples.examples_root(home))
+        spec = build_spec(load_example("chat_sft"), opts)
     api_key = bootstrap(env, logs / "admin.log", opts.project)
 
     servers = Servers(env, logs, opts.port or free_port())
@@ -267,11 +276,24 @@ def run(opts: Options, console: Console) -> int:
             servers.start(spec["resources"]["pool"])
             servers.wait_ready(opts.ready_timeout_s)
             with Client(servers.url, api_key) as client:
-                dataset = register_corpus(client, data)
-                console.print(Text(f"dataset {dataset.id}: {dataset.uri}", style="dim"))
-                spec["data"]["dataset"] = dataset.id
-                job_id = client.jobs.create(spec).id
-                summary = follow_job(client, job_id, console, check=servers.check_job)
+                if inputs is not None:
+                    jobs: list[int] = []
+                    summary = quickstart_examples.submit(
+                        client,
+                        opts.example,
+                        inputs,
+                        prepare_spec=lambda base: build_spec(base, opts),
+                        follow=lambda c, i: follow_job(c, i, console, check=servers.check_job),
+                        console=console,
+                        on_job=lambda job: jobs.append(job.id),
+                    )
+                    job_id = jobs[-1]
+                else:
+                    dataset = register_corpus(client, data)
+                    console.print(Text(f"dataset {dataset.id}: {dataset.uri}", style="dim"))
+                    spec["data"]["dataset"] = dataset.id
+                    job_id = client.jobs.create(spec).id
+                    summary = follow_job(client, job_id, console, check=servers.check_job)
             console.print(render_summary(summary))
             _print_access(console, servers.url, api_key, home, opts.keep_running)
             if opts.keep_running:
@@ -362,6 +384,14 @@ def quickstart_command(
     ready_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for the API to become ready.")
     ] = 60.0,
+    example: Annotated[
+        quickstart_examples.Example,
+        typer.Option(
+            help="gpt: a small GPT on real text (the default). chat-sft: LoRA chat SFT of a "
+            "small Llama (local ChatML tokenizer, packing) on stdlib docstrings. dpo: that "
+            "SFT, then DPO from its checkpoint on docstring preference pairs.",
+        ),
+    ] = quickstart_examples.Example.gpt,
 ) -> None:
     """Train a small GPT on real text end to end: API, worker and job, all local."""
     opts = Options(
@@ -374,5 +404,6 @@ def quickstart_command(
         keep_running=keep_running,
         overrides=overrides or [],
         ready_timeout_s=ready_timeout,
+        example=example.value,
     )
     raise typer.Exit(run(opts, Console(soft_wrap=True)))

@@ -16,6 +16,7 @@ import logging
 import re
 import time
 import warnings
+from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -233,10 +238,14 @@ def _reader(uri: str) -> dcp.StorageReader:
     return FsspecReader(uri) if is_uri(uri) else dcp.FileSystemReader(uri)
 
 
-def load_model_only(model: nn.Module, uri: str, *, dist_info: DistInfo) -> None:
+def load_model_only(
+    model: nn.Module, uri: str, *, dist_info: DistInfo, names: Collection[str] | None = None
+) -> None:
     """Initialize `model` (any layout: DDP, FSDP2/TP DTensors, a pipeline rank's part) with
     the weights of the complete checkpoint at `uri`, whatever layout and world size saved it
-    (DCP reshards by parameter name). Optimizer, schedule and step are not read.
+    (DCP reshards by parameter name). Optimizer, schedule and step are not read. `names`:
+    only these entries of the model's state dict (e.g. a LoRA run's trainable parameters,
+    all its checkpoints hold); the others keep their values.
 
     Raises `InvalidJobError` when `uri` is no complete checkpoint, lacks one of the model's
     parameters, or holds one with another shape.
@@ -246,6 +255,8 @@ def load_model_only(model: nn.Module, uri: str, *, dist_info: DistInfo) -> None:
     except (FileNotFoundError, OSError) as exc:
         raise InvalidJobError(f"init_from: {uri} is not a complete checkpoint: {exc}") from exc
     weights = get_model_state_dict(model)
+    if names is not None:
+        weights = {k: v for k, v in weights.items() if k in set(names)}
     state = {"model_optim": {"model": weights}}
     problems = []
     for name, tensor in weights.items():
@@ -261,5 +272,7 @@ def load_model_only(model: nn.Module, uri: str, *, dist_info: DistInfo) -> None:
             f"init_from: checkpoint {uri} does not fit the model: {'; '.join(problems[:5])}"
         )
     dcp.load(state, storage_reader=_reader(uri), no_dist=not dist_info.is_distributed)
-    set_model_state_dict(model, state["model_optim"]["model"])
+    set_model_state_dict(
+        model, state["model_optim"]["model"], options=StateDictOptions(strict=names is None)
+    )
     log.info("initialized the model from %s", uri)

@@ -31,7 +31,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.checkpoint import load_model_only
 from trainer.distributed import DistInfo
 from trainer.errors import InvalidJobError
 from trainer.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
@@ -77,8 +76,9 @@ def build_network(
     dist_info: DistInfo | None = None,
 ) -> Network:
     """Build the model of `spec` on `device`, quantized and/or with adapters as asked;
-    `init_from` (a complete checkpoint of the built-in GPT) gives the base its weights first
-    (every rank reads them whole: `dist_info` says whether there is a process group).
+    `init_from` (a complete checkpoint: full, or a LoRA run's adapters, merged) gives the
+    base its weights first, before quantization and adapters (`trainer.warm_start`; every
+    rank reads them whole: `dist_info` says whether there is a process group).
 
     Raises `InvalidJobError` for a model that cannot be built, LoRA targets it lacks, a
     checkpoint that does not fit, or QLoRA where bitsandbytes is missing.
@@ -89,15 +89,19 @@ def build_network(
         base: nn.Module = build_model(
             GPTConfig.from_spec(spec.model), device=device, seed=spec.seed
         )
-        if init_from is not None:
-            assert dist_info is not None
-            load_model_only(base, init_from, dist_info=dist_info)
+        _warm_start(base, spec, init_from, dist_info)
         if qlora is not None:
             quantize_linears(base.blocks, qlora, device=device)  # type: ignore[arg-type]
     else:
         from_files = spec.model.hf is not None and spec.model.hf.path_or_id is not None
         bnb_config = bnb_4bit_config(qlora) if qlora is not None and from_files else None
+        if bnb_config is not None and init_from is not None:
+            raise InvalidJobError(
+                "model.init_from with qlora on a model loaded from files (4-bit on load) is "
+                "not supported; use lora, or a from_config model"
+            )
         base = build_hf_model(spec.model, device=device, seed=spec.seed, quantization=bnb_config)
+        _warm_start(base, spec, init_from, dist_info)
         if qlora is not None and not from_files:
             head = base.get_output_embeddings()
             if not quantize_linears(base, qlora, device=device, skip={id(head)}):
@@ -120,6 +124,17 @@ def build_network(
         trainable_params=trainable,
         vocab_size=data_vocab_size(tokenizer),
     )
+
+
+def _warm_start(
+    base: nn.Module, spec: JobSpec, init_from: str | None, dist_info: DistInfo | None
+) -> None:
+    if init_from is None:
+        return
+    from trainer.warm_start import load_starting_weights  # (it builds source networks here)
+
+    assert dist_info is not None
+    load_starting_weights(base, spec, init_from, dist_info=dist_info)
 
 
 def bnb_4bit_config(qlora: QLoRASpec) -> BitsAndBytesConfig:

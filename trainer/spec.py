@@ -353,6 +353,12 @@ class EvalSpec(StrictSpec):
 
     interval_steps: int = Field(default=100, ge=1, description="Evaluate every N steps.")
     num_batches: int = Field(default=8, ge=1, description="Micro-batches per evaluation.")
+    at_start: bool = Field(
+        default=False,
+        description="Also evaluate the starting weights, reported at step 0, when a run starts "
+        "fresh (not when it resumes from its own checkpoint): the baseline of the eval curve. "
+        "A run from `model.init_from` always does.",
+    )
 
 
 class CheckpointSpec(StrictSpec):

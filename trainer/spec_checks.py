@@ -318,7 +318,6 @@ def _model_source_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
             )
         )
     gpt_only = [
-        (("model", "init_from"), model.init_from is not None, "model.init_from"),
         (("qat",), spec.qat is not None, "qat"),
         (("checkpoint", "export_safetensors"), spec.checkpoint.export_safetensors,
          "checkpoint.export_safetensors"),

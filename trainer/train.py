@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.batches import lm_loss, resolve_max_steps
-from trainer.checkpoint import Checkpointer, load_model_only
+from trainer.checkpoint import Checkpointer
 from trainer.data import is_uri
 from trainer.dataprep import PreparedRows, cache_root, prepare_rows, unigram_eval_loss
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
@@ -191,9 +191,11 @@ def run_job(
         reporter=reporter,
         eval_location=data.eval,
     )
-    # A LoRA run's checkpoints hold only its adapters: its frozen base is rebuilt from
-    # --init-from on every attempt, before the adapters are added (`build_network`).
-    lora = lora_settings(spec) is not None
+    # The starting weights go into the base before adapters and sharding (`build_network`),
+    # on every attempt: a LoRA run's checkpoints hold only its adapters, so its frozen base
+    # is rebuilt from --init-from each time; a full run's own checkpoint then overwrites them.
+    if lora_settings(spec) is not None and spec.model.init_from is not None and not init_from:
+        raise InvalidJobError("a LoRA fine-tune of model.init_from needs --init-from URI")
     train_rows, eval_rows, rejected_rows = _method_rows(spec, prepared)
     run = build_run(
         spec,
@@ -202,19 +204,14 @@ def run_job(
         checkpoint_dir,
         dist_info,
         reporter,
-        init_from=init_from if lora else None,
+        init_from=init_from,
         rejected_rows=rejected_rows,
-        reference_init_from=init_from,
     )
     run.stop.install()
     try:
-        if lora and spec.model.init_from is not None and init_from is None:
-            raise InvalidJobError("a LoRA fine-tune of model.init_from needs --init-from URI")
         start_step = run.checkpointer.load_latest()
         if start_step is not None or init_from is None:
             init_from = None  # the run's own checkpoints take precedence
-        elif not lora:  # (LoRA: build_run put the weights into the base, before adapters)
-            load_model_only(run.parallel_model, init_from, dist_info=dist_info)
         if start_step is None and init_from is None and spec.model.init_from is not None:
             raise InvalidJobError(
                 "model.init_from needs --init-from URI (the worker resolves it) while the run "
@@ -243,8 +240,8 @@ def run_job(
                 "restart": restart_count(),
             },
         )
-        if init_from is not None:
-            report_eval(run)
+        if init_from is not None or (start_step == 0 and spec.eval.at_start):
+            report_eval(run)  # step 0: the starting weights
         log.info(
             "%d parameters (%d trainable), unigram eval loss %s",
             num_params, run.network.trainable_params, unigram,
@@ -286,11 +283,11 @@ def build_run(
     *,
     init_from: str | None = None,
     rejected_rows: tuple[Rows, Rows] | None = None,
-    reference_init_from: str | None = None,
 ) -> Run:
     """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, sampler and checkpointer for one
     attempt over `train_rows` / `eval_rows` (of the model's token ids); `init_from`: a
-    checkpoint whose weights the base takes before LoRA adapters are added (LoRA runs).
+    checkpoint whose weights the base takes before adapters and sharding (also the DPO
+    reference's starting weights).
 
     Raises `InvalidJobError` when the eval rows hold less than one batch per data-parallel
     rank, or the model cannot be built as asked (`trainer.finetune.build_network`).
@@ -326,7 +323,7 @@ def build_run(
     )
     dpo = build_dpo(
         spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh,
-        init_from=reference_init_from,
+        init_from=init_from,
     )  # fmt: skip
     if dpo is not None:
         if rejected_rows is None:

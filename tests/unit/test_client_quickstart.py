@@ -7,16 +7,24 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from typer.testing import CliRunner
 
+from torchyard.cli import app
+from torchyard.examples import load_example
 from torchyard.quickstart import (
     STDLIB,
     Options,
+    QuickstartError,
     build_spec,
     dataset_name,
     embedded_env,
     example_spec,
+    run,
     with_data_root,
 )
+from torchyard.quickstart_examples import Inputs
+from torchyard.quickstart_examples import example_spec as fine_tuning_spec
 from trainer.spec import JobSpec
 
 
@@ -86,3 +94,35 @@ def test_dataset_names_are_stable_per_path(path: Path) -> None:
 
 def test_stdlib_dataset_is_named_for_the_python_version() -> None:
     assert dataset_name(STDLIB).startswith("python3.") and dataset_name(STDLIB).endswith("-stdlib")
+
+
+def test_help_offers_the_chat_sft_and_dpo_examples_next_to_the_default_gpt() -> None:
+    result = CliRunner().invoke(app, ["quickstart", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "gpt|chat-sft|dpo" in result.output
+    assert "[default: gpt]" in result.output
+    assert Options().example == "gpt"
+
+
+@pytest.mark.parametrize("name", ["chat_sft", "dpo"])
+def test_fine_tuning_examples_are_valid_specs_once_model_and_data_are_filled_in(
+    name: str, tmp_path: Path
+) -> None:
+    inputs = Inputs(data=None, model_dir=tmp_path / "model")  # type: ignore[arg-type]
+    raw = fine_tuning_spec(name, inputs, "ds_test", lambda s: build_spec(s, Options(steps=4)))
+    if name == "dpo":
+        raw["model"]["init_from"] = {"job": 1}
+    spec = JobSpec.model_validate(raw)
+    assert spec.model.kind == "hf" and spec.model.hf is not None
+    assert spec.model.hf.path_or_id == str(tmp_path / "model")
+    assert spec.lora is not None and spec.train.max_steps == 4
+    assert spec.parallelism.strategy == "ddp" and spec.resources.procs_per_node == 2
+    assert spec.method.kind == ("dpo" if name == "dpo" else "sft")
+    assert spec.data.packing == (name == "chat_sft")
+    assert load_example(name)["data"]["dataset"] is None  # the example leaves it to be filled
+
+
+def test_fine_tuning_examples_refuse_the_gpt_examples_data_options(tmp_path: Path) -> None:
+    opts = Options(home=tmp_path, data=tmp_path, example="chat-sft")
+    with pytest.raises(QuickstartError, match="--data and --include are for the gpt example"):
+        run(opts, Console(file=None))

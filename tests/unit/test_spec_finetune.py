@@ -181,9 +181,10 @@ def test_hf_model_with_gpt_only_features_is_rejected(
     assert list(spec_errors(raw)) == [loc]
 
 
-def test_hf_model_init_from_an_earlier_job_is_rejected() -> None:
+def test_hf_model_init_from_an_earlier_job_is_valid() -> None:
     model = {"kind": "hf", "hf": {"path_or_id": "/models/x"}, "init_from": {"job": 1}}
-    assert list(spec_errors(raw_spec(model=model))) == [("model", "init_from")]
+    spec = JobSpec.model_validate(raw_spec(model=model, lora={}))
+    assert spec.model.init_from is not None and spec.model.init_from.job == 1
 
 
 def test_lora_fine_tune_of_an_earlier_job_is_valid() -> None:
