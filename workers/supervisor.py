@@ -14,8 +14,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -41,6 +42,20 @@ class Stop(enum.StrEnum):
     MAX_RUNTIME = "max_runtime"
     SHUTDOWN = "shutdown"
     LOST = "lost"
+    HANG = "hang"  # no step progress for the hang timeout (a `Watcher` decided)
+
+
+class Watcher(Protocol):
+    """Something the supervisor consults while the trainer runs (system metrics, hang
+    detection): `tick(now)` every `interval_s` seconds of `time.monotonic()`; a `Stop` it
+    returns stops the trainer with that reason. `close()` once, after torchrun exited.
+    A watcher must not raise: the supervisor logs and ignores its errors."""
+
+    interval_s: float
+
+    def tick(self, now: float) -> Stop | None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,13 +80,16 @@ class Supervisor:
         shutdown: threading.Event,
         runtime_budget_s: float | None = None,
         on_heartbeat: Callable[[Session, Stop | None], str | None] | None = None,
+        watchers: Sequence[Watcher] = (),
     ) -> None:
         """`runtime_budget_s`: seconds this attempt may train (from the trainer's `running`
         report) before `limits.max_runtime_s` is reached (the limit minus what earlier attempts
         trained); None for no limit. `on_heartbeat(session, stop)`: more to write in each
         heartbeat's transaction (a gang node's own heartbeat and stop); what it returns, a
-        `Stop` value of another node, stops this trainer too."""
+        `Stop` value of another node, stops this trainer too. `watchers`: see `Watcher`."""
         self.on_heartbeat = on_heartbeat
+        self.watchers = list(watchers)
+        self._watch_at = [time.monotonic()] * len(self.watchers)
         self.settings = settings
         self.session_factory = session_factory
         self.proc = proc
@@ -88,6 +106,11 @@ class Supervisor:
         try:
             self._watch()
         finally:
+            for watcher in self.watchers:
+                try:
+                    watcher.close()
+                except Exception:
+                    log.exception("job %s: watcher %r failed to close", self.ingest.job_id, watcher)
             if self.proc.poll() is None:  # an exception (e.g. hard worker shutdown) got here
                 self._terminate(wait=True)
             # Ranks that outlived torchrun would be orphans: the group goes with it.
@@ -117,16 +140,36 @@ class Supervisor:
             if self.deadline is not None and now >= self.deadline and self.stop is None:
                 log.info("job %s: limits.max_runtime_s reached", self.ingest.job_id)
                 self._begin_stop(Stop.MAX_RUNTIME)
+            wake_watch = self._tick_watchers(now)
             if self._kill_at is not None and now >= self._kill_at:
                 log.warning("job %s: trainer ignored SIGTERM; SIGKILL", self.ingest.job_id)
                 kill_tree(self.pgid)
                 self._kill_at = None
             wake = min(
-                next_flush, next_beat, self._kill_at or next_beat, self.deadline or next_beat
+                next_flush,
+                next_beat,
+                wake_watch,
+                self._kill_at or next_beat,
+                self.deadline or next_beat,
             )
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=max(0.01, min(MAX_WAIT_S, wake - time.monotonic())))
         return returncode
+
+    def _tick_watchers(self, now: float) -> float:
+        """Tick the watchers that are due; returns when the next one is."""
+        for i, watcher in enumerate(self.watchers):
+            if now < self._watch_at[i]:
+                continue
+            self._watch_at[i] = now + watcher.interval_s
+            try:
+                stop = watcher.tick(now)
+            except Exception:  # a watcher's bug must not cost the training run
+                log.exception("job %s: watcher %r failed", self.ingest.job_id, watcher)
+                continue
+            if stop is not None and self.stop is None:
+                self._begin_stop(stop)
+        return min(self._watch_at, default=now + MAX_WAIT_S)
 
     def _observe(self, state: str | None) -> None:
         if state == JobState.CANCELLING and self.stop is None:
