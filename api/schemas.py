@@ -6,15 +6,20 @@ import copy
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from core.dataset_stats import DatasetStats
 from core.models import JobState
 from trainer.records import Format
-from trainer.spec import DataSpec, ModelSpec
+from trainer.spec import DataSpec, JobSpec, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+
+
+def _spec_json(value: Any) -> Any:
+    """`Job.spec` is a typed `JobSpec` in the ORM; the API shows it as its JSON document."""
+    return value.model_dump(mode="json") if isinstance(value, JobSpec) else value
 
 
 def _utc(value: datetime) -> datetime:
@@ -40,7 +45,7 @@ class Job(_Out):
     attempt: int
     labels: dict[str, str]
     pool: str
-    spec: dict[str, Any]
+    spec: Annotated[dict[str, Any], BeforeValidator(_spec_json)]
     created_at: Timestamp
     updated_at: Timestamp
     started_at: Timestamp | None

@@ -56,7 +56,7 @@ def _require_full_gpt(job: Job) -> None:
     their adapter and merged model at the end of the run instead, and Hugging Face models are
     saved by `transformers`. Raises `Conflict` (409) for those jobs."""
     spec = job.spec
-    if spec.get("lora") or spec.get("qlora") or (spec.get("model") or {}).get("kind") == "hf":
+    if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
         raise Conflict(
             f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "
             "built-in GPT to export; use the adapter and merged model the run wrote at its end "

@@ -29,9 +29,9 @@ from core import jobs
 from core.models import Job, JobNode, JobState, utcnow
 
 
-def num_nodes(spec: dict[str, Any]) -> int:
-    """`resources.nodes` of a stored job spec (1 when absent)."""
-    return int((spec.get("resources") or {}).get("nodes", 1))
+def num_nodes(job: Job) -> int:
+    """`resources.nodes` of the job."""
+    return job.spec.resources.nodes
 
 
 def _lock_job(session: Session, job_id: int) -> Job | None:
@@ -51,7 +51,7 @@ def publish(*, session: Session, job: Job, worker: str, host: str, port: int) ->
     """Create the node slots of the claimed attempt; slot 0 is `worker`'s with the rendezvous
     endpoint `host:port`. Commits."""
     now = utcnow()
-    nodes = num_nodes(job.spec)
+    nodes = num_nodes(job)
     for rank in range(nodes):
         leader = rank == 0
         session.add(

@@ -249,7 +249,15 @@ def retry(*, session: Session, job_id: int, project_id: str | None = None) -> Jo
         from_states=[S.FAILED, S.CANCELLED],
         message=f"retry requested after {job.state}",
         data={"cause": "retry"},
-        values={"finished_at": None, "error": None, "exit_code": None},
+        # A fresh restart budget: the counters core.lifecycle reads start again.
+        values={
+            "finished_at": None,
+            "error": None,
+            "exit_code": None,
+            "failure": None,
+            "restarts_used": 0,
+            "restarts_by_class": {},
+        },
     )
 
 
@@ -290,7 +298,8 @@ def create(
         project_id=project_id,
         name=spec.name,
         state=S.QUEUED,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
+        slots=spec.resources.procs_per_node,
         labels=dict(spec.labels),
         pool=spec.resources.pool,
         priority=spec.priority,

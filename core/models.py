@@ -23,10 +23,37 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from trainer.spec import JobSpec
 
 # Postgres gets JSONB, SQLite plain JSON text.
 JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class SpecType(TypeDecorator[JobSpec]):
+    """A `JobSpec` stored as JSON: validated once when the row is read, dumped when written.
+
+    Code that reads `Job.spec` gets the typed spec with its defaults (no `.get("x", default)`
+    on dicts). A stored spec that no longer validates raises `pydantic.ValidationError` on read:
+    a spec change that would invalidate stored rows needs a data migration.
+    """
+
+    impl = JsonType
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        spec = value if isinstance(value, JobSpec) else JobSpec.model_validate(value)
+        return spec.model_dump(mode="json")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | None:
+        return None if value is None else JobSpec.model_validate(value)
+
+
 # SQLite autoincrements only INTEGER PRIMARY KEY columns.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -120,7 +147,7 @@ class Job(Base):
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(100))
     state: Mapped[str] = mapped_column(String(20), default=JobState.QUEUED)
-    spec: Mapped[dict[str, Any]] = mapped_column()
+    spec: Mapped[JobSpec] = mapped_column(SpecType())
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     pool: Mapped[str] = mapped_column(String(100), default="default")
     priority: Mapped[int] = mapped_column(Integer, default=0)
@@ -142,6 +169,17 @@ class Job(Base):
     runtime_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     # The name of the API key that submitted the job (None for jobs from before 0003).
     owner: Mapped[str | None] = mapped_column(String(100), default=None)
+    # Failure restarts since submission or the last manual retry: all classes, and per
+    # failure class ({"oom": 1, ...}); core.lifecycle decides from them (0008).
+    restarts_used: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    restarts_by_class: Mapped[dict[str, Any]] = mapped_column(
+        JsonType, default=dict, server_default="{}"
+    )
+    # The latest failed attempt: core.lifecycle.Failure.to_json() (class, reason, rank, ...).
+    failure: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)
+    # Devices one node of the job needs (resources.procs_per_node): what a worker's claim
+    # compares with its free devices.
+    slots: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class JobEvent(Base):
@@ -289,3 +327,7 @@ class JobNode(Base):
     stop: Mapped[str | None] = mapped_column(String(20), default=None)
     # The trainer's `completed` report, on the node whose rank reported it.
     completed: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)
+    # The device indices this node was given (CUDA_VISIBLE_DEVICES, or CPU slots) (0008).
+    devices: Mapped[list[int] | None] = mapped_column(JsonType, default=None)
+    # How this node failed: core.lifecycle.Failure.to_json(), None when it did not.
+    failure: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)

@@ -84,7 +84,7 @@ def queue_positions(*, session: Session, queued: Sequence[Job]) -> dict[int, int
 def waiting_for(job: Job) -> str | None:
     """What a job that is not running waits for, in words; None when it waits for nothing."""
     if job.state == JobState.QUEUED:
-        nodes = int((job.spec.get("resources") or {}).get("nodes", 1))
+        nodes = job.spec.resources.nodes
         if nodes > 1:
             return f"{nodes} free workers at once on pool {job.pool!r} (a gang of {nodes} nodes)"
         return f"a free worker on pool {job.pool!r}"

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from trainer.failures import FailureClass
 from trainer.spec_base import StrictSpec
 from trainer.spec_checks import cross_field_errors, get_path
 from trainer.spec_data import DataSpec as DataSpec
@@ -432,7 +433,21 @@ class RetrySpec(StrictSpec):
     retry_oom: bool = Field(
         default=False,
         description="Also restart after running out of memory (usually it fails again the same "
-        "way). Spec and data errors are never retried.",
+        "way) within `max_restarts`; `on.oom` overrides it.",
+    )
+    on: dict[FailureClass, Annotated[int, Field(ge=0, le=100)]] = Field(
+        default={},
+        description="Restarts allowed per failure class (`oom`, `hang`, `node_lost`, `infra`, "
+        "`user_error`, `preempted`), overriding `max_restarts` for that class. A class not named "
+        "gets `max_restarts`, except `user_error` (0) and `oom` (0 unless `retry_oom`). "
+        "`preempted` attempts are requeued without using any budget.",
+    )
+    max_total_restarts: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Cap on restarts of all classes together; null: the largest per-class "
+        "budget (`max_restarts` or a value in `on`).",
     )
 
 
@@ -444,6 +459,13 @@ class LimitsSpec(StrictSpec):
         gt=0,
         description="Wall-clock seconds of training (all attempts together) after which the "
         "run checkpoints and stops with reason `max_runtime`; null for no limit.",
+    )
+    hang_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds without step progress after which the worker dumps every rank's "
+        "stacks and ends the attempt as `hang`; null: derived from the job's own median step "
+        "time, never below the worker's floor (`TORCHYARD_HANG_TIMEOUT_FLOOR_S`).",
     )
 
 

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -51,8 +50,8 @@ class MaxRuntime(Exception):
 
 def runtime_budget(job: Job) -> float | None:
     """Seconds this attempt may run under `limits.max_runtime_s`; None without a limit."""
-    limit = (job.spec.get("limits") or {}).get("max_runtime_s")
-    return None if limit is None else float(limit) - float(job.runtime_s or 0.0)
+    limit = job.spec.limits.max_runtime_s
+    return None if limit is None else limit - float(job.runtime_s or 0.0)
 
 
 def prepare(
@@ -102,7 +101,7 @@ def prepare(
         cache_dir=row_cache_dir(settings),
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
-    paths.spec.write_text(json.dumps(job.spec, indent=2))
+    paths.spec.write_text(job.spec.model_dump_json(indent=2))
     return paths
 
 
@@ -182,7 +181,7 @@ def record_end(
         cause, error = ExitCause.MAX_RUNTIME, f"max_runtime_s exceeded ({int(runtime_s)} s)"
     else:
         cause = classify(rc, error or "")
-    retry_oom = bool((current.spec.get("retries") or {}).get("retry_oom", False))
+    retry_oom = current.spec.retries.retry_oom
     result = verdict(
         returncode=rc,
         completed=end.reported.completed is not None,

@@ -69,7 +69,7 @@ def lead(
     """Node 0 of the claimed attempt `job`: publish the rendezvous, call the other nodes, wait
     for them, then run this node. Returns the outcome."""
     try:
-        spec = JobSpec.model_validate(job.spec)
+        spec = job.spec
         paths = prepare(settings, factory, job, spec, node_rank=0)
     except (ValidationError, DomainError, OSError) as exc:
         log.error("job %s: cannot launch: %s", job.id, exc)
@@ -127,7 +127,7 @@ def join(
     if waited is not None:
         return waited
     try:
-        spec = JobSpec.model_validate(job.spec)
+        spec = job.spec
         paths = prepare(settings, factory, job, spec, node_rank=node_rank)
     except (ValidationError, DomainError, OSError) as exc:
         log.error("job %s node %s: cannot launch: %s", job_id, node_rank, exc)
@@ -179,10 +179,9 @@ def _assemble(
         now = time.monotonic()
         if leader and (now >= give_up or shutdown.is_set()):
             why = (
-                f"node 0's worker is shutting down while {gang.num_nodes(job.spec)} nodes assemble"
+                f"node 0's worker is shutting down while {gang.num_nodes(job)} nodes assemble"
                 if shutdown.is_set()
-                else f"gang of {gang.num_nodes(job.spec)} nodes did not assemble within "
-                f"{timeout:g} s"
+                else f"gang of {gang.num_nodes(job)} nodes did not assemble within {timeout:g} s"
             )
             if _release(factory, job, why):
                 log.info("job %s attempt %s: %s; released", job.id, job.attempt, why)

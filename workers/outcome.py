@@ -111,7 +111,7 @@ def verdict(
 
 def restarts_left(session: Session, job: Job) -> int:
     """`retries.max_restarts` minus the failure restarts since the job's last manual retry."""
-    allowed = int((job.spec.get("retries") or {}).get("max_restarts", 0))
+    allowed = job.spec.retries.max_restarts
     rows = session.execute(
         select(JobEvent.state_to, JobEvent.data)
         .where(

@@ -22,7 +22,6 @@ from core import gang, jobs, scheduling
 from core.errors import DomainError, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
-from trainer.spec import JobSpec
 from workers import gang as gang_node
 from workers import launcher
 from workers.attempt import (
@@ -72,7 +71,7 @@ def run_job(
         over = MaxRuntime(job.runtime_s)
         outcome, _ = with_db_retry(factory, lambda s: fail_unlaunched(s, job, over))
         return outcome
-    if gang.num_nodes(job.spec) > 1 and send_join is not None:
+    if gang.num_nodes(job) > 1 and send_join is not None:
         return gang_node.lead(
             job,
             settings=settings,
@@ -133,7 +132,7 @@ def _launch(
     settings: Settings, factory: Callable[[], Session], job: Job
 ) -> tuple[RunPaths, subprocess.Popen[bytes], list[str]]:
     """Start torchrun for the claimed attempt. Raises ValidationError, DomainError, OSError."""
-    spec = JobSpec.model_validate(job.spec)
+    spec = job.spec
     if spec.resources.nodes != 1:
         raise InvalidInput(
             f"resources.nodes: {spec.resources.nodes} nodes requested, but this delivery "

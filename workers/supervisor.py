@@ -8,7 +8,6 @@ exception, the trainer's process group is signalled and reaped before `run` retu
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from core.jobs import ACTIVE_STATES
+from core.lifecycle import Stop
 from core.models import Job, JobState, utcnow
 from core.settings import Settings
 from workers import observability
@@ -32,17 +32,6 @@ log = logging.getLogger(__name__)
 
 FINAL_DRAIN_RETRIES = 10
 MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shutdown
-
-
-class Stop(enum.StrEnum):
-    """Why the worker stopped the trainer (None when it ended by itself)."""
-
-    CANCEL = "cancel"
-    PAUSE = "pause"
-    MAX_RUNTIME = "max_runtime"
-    SHUTDOWN = "shutdown"
-    LOST = "lost"
-    HANG = "hang"  # no step progress for the hang timeout (a `Watcher` decided)
 
 
 class Watcher(Protocol):

@@ -25,6 +25,7 @@ FORBIDDEN = {
 NUMPY_FREE = (
     "trainer.spec",
     "trainer.spec_base",
+    "trainer.failures",
     "trainer.spec_data",
     "trainer.spec_method",
     "trainer.records",
