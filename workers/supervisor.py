@@ -37,10 +37,13 @@ MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shu
 class Watcher(Protocol):
     """Something the supervisor consults while the trainer runs (system metrics, hang
     detection): `tick(now)` every `interval_s` seconds of `time.monotonic()`; a `Stop` it
-    returns stops the trainer with that reason. `close()` once, after torchrun exited.
-    A watcher must not raise: the supervisor logs and ignores its errors."""
+    returns stops the trainer with that reason, and its `reason` (one line, e.g. "no step
+    progress for 61 s after step 36") becomes the attempt's `Exit.stop_reason`. `close()` once,
+    after torchrun exited. A watcher must not raise: the supervisor logs and ignores its errors.
+    """
 
     interval_s: float
+    reason: str | None
 
     def tick(self, now: float) -> Stop | None: ...
 
@@ -54,6 +57,7 @@ class Exit:
     reported: Reported
     drained: bool
     runtime_s: float = 0.0  # seconds the trainer trained (since its `running` report)
+    stop_reason: str | None = None  # a watcher's words for the stop it asked for
 
 
 class Supervisor:
@@ -86,6 +90,7 @@ class Supervisor:
         self.ingest = ingest
         self.shutdown = shutdown
         self.stop: Stop | None = None
+        self.stop_reason: str | None = None
         self._kill_at: float | None = None
         self.runtime_budget_s = runtime_budget_s
         self.training_since: float | None = None  # when the trainer reported `running`
@@ -107,7 +112,9 @@ class Supervisor:
         returncode = self.proc.wait()
         runtime_s = 0.0 if self.training_since is None else time.monotonic() - self.training_since
         drained = self.stop is Stop.LOST or self._final_drain()
-        return Exit(returncode, self.stop, self.ingest.reported, drained, runtime_s)
+        return Exit(
+            returncode, self.stop, self.ingest.reported, drained, runtime_s, self.stop_reason
+        )
 
     def _watch(self) -> int:
         s = self.settings
@@ -157,6 +164,7 @@ class Supervisor:
                 log.exception("job %s: watcher %r failed", self.ingest.job_id, watcher)
                 continue
             if stop is not None and self.stop is None:
+                self.stop_reason = watcher.reason
                 self._begin_stop(stop)
         return min(self._watch_at, default=now + MAX_WAIT_S)
 
