@@ -4,14 +4,13 @@ was written, so a validation error's JSON path can be shown next to the line it 
 PyYAML's composer (`yaml.SafeLoader`) gives every node its start mark; walking the node tree
 records the (line, column) of every mapping key and sequence item by JSON path. Aliases and
 anchors are refused: a spec has no use for them, and a graph of aliases ("billion laughs") would
-cost exponential time to walk or serialise. Plain scalars like ``3e-4`` are floats here, as in
-YAML 1.2 and JSON (PyYAML's YAML 1.1 resolver would read them as strings).
+cost exponential time to walk or serialise. Scalars follow YAML 1.2 (`trainer.yaml12`): ``3e-4``
+is a float and ``on`` a string, as in JSON.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,26 +18,13 @@ from typing import Any
 import yaml
 
 from core.errors import InvalidInput
+from trainer.yaml12 import Loader as Yaml12Loader
 
 Path = tuple[str | int, ...]
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats without a dot (``1e-4``, ``3E+2``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.VERBOSE,
-    ),
-    list("-+0123456789."),
-)
+class _Loader(Yaml12Loader):
+    """The specs' YAML 1.2 scalars (`trainer.yaml12`), composed node by node here."""
 
 
 @dataclass

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from trainer.yaml12 import load as load_yaml
+
 
 class SpecFileError(ValueError):
     """A spec file or an override that cannot be used (not a mapping, bad syntax, bad path)."""
@@ -34,7 +36,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
             raise SpecFileError(f"{path}: {exc.strerror or exc}") from exc
         label = str(path)
     try:
-        data = json.loads(text) if label.endswith(".json") else yaml.safe_load(text)
+        data = json.loads(text) if label.endswith(".json") else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise SpecFileError(f"{label}: not valid {_kind(label)}: {exc}") from exc
     if not isinstance(data, dict):
@@ -58,7 +60,7 @@ def parse_value(raw: str) -> Any:
         pass
     if raw and raw[0] in "[{":
         try:
-            return yaml.safe_load(raw)
+            return load_yaml(raw)
         except yaml.YAMLError as exc:
             raise SpecFileError(f"cannot parse {raw!r}: {exc}") from exc
     return raw

@@ -26,6 +26,7 @@ NUMPY_FREE = (
     "trainer.spec",
     "trainer.spec_base",
     "trainer.failures",
+    "trainer.yaml12",
     "trainer.spec_data",
     "trainer.spec_method",
     "trainer.records",

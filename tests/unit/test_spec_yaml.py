@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from core.errors import InvalidInput
 from core.spec_yaml import parse
+from torchyard.specs import load_spec
+from trainer.spec import JobSpec
 
 SPEC = """\
 name: my-run   # a comment
@@ -69,3 +73,17 @@ def test_an_alias_bomb_is_refused_without_expanding_it() -> None:
     rows += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
     with pytest.raises(InvalidInput, match="aliases"):
         parse("\n".join(rows))
+
+
+def test_yaml_1_1_booleans_are_strings_so_retries_on_is_a_key(tmp_path: Path) -> None:
+    """`on`, `yes`, `no` stay strings (YAML 1.2): the server and the CLI read `retries.on` the
+    same way, and only `true`/`false` are booleans."""
+    text = "name: x\ndata: {uri: /d}\nretries:\n  on: {oom: 1, hang: 2}\nlabels: {a: yes, b: no}\n"
+    server = parse(text).data
+    (tmp_path / "spec.yaml").write_text(text)
+    client = load_spec(tmp_path / "spec.yaml")
+    assert server == client
+    assert server["retries"] == {"on": {"oom": 1, "hang": 2}}
+    assert server["labels"] == {"a": "yes", "b": "no"}
+    assert JobSpec.model_validate(server).retries.on == {"oom": 1, "hang": 2}
+    assert parse("a: true\nb: False\n").data == {"a": True, "b": False}

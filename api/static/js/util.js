@@ -115,6 +115,8 @@ export function clearError() {
 
 const PLAIN = /^[A-Za-z_][\w./-]*$/;
 const LOOKS_TYPED = /^(true|false|null|yes|no|on|off|~|[-+]?(\d|\.\d))/i;
+// Keys a YAML 1.1 reader (PyYAML) would turn into booleans or null: `retries.on` stays a string.
+const KEY_TYPED = /^(true|false|null|yes|no|on|off|y|n|~)$/i;
 
 function yamlScalar(value) {
   if (value === null || value === undefined) return "null";
@@ -140,7 +142,7 @@ export function toYaml(value, indent = "") {
     if (!keys.length) return "{}";
     return keys.map((k) => {
       const v = value[k];
-      const key = PLAIN.test(k) ? k : JSON.stringify(k);
+      const key = PLAIN.test(k) && !KEY_TYPED.test(k) ? k : JSON.stringify(k);
       const nested = v !== null && typeof v === "object" && Object.keys(v).length
         && !(Array.isArray(v) && v.every((x) => x === null || typeof x !== "object"));
       return nested ? `\n${indent}${key}:${toYaml(v, `${indent}  `)}` : `\n${indent}${key}: ${toYaml(v, indent)}`;
