@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, expect
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
-from core.models import JobState
+from core.db import session_scope
+from core.models import Job, JobState
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.failures import INFRA, OOM, RETRIES, fail_job
@@ -36,6 +37,8 @@ LAYOUT = """() => {
     dark: matchMedia('(prefers-color-scheme: dark)').matches,
   };
 }"""
+
+LIMIT_ERROR = "max_runtime_s exceeded (60 s)\ncheckpointed at step 120"
 
 
 def _job(engine: Engine, owner: ProjectKey, dataset_id: str, name: str) -> int:
@@ -119,3 +122,20 @@ def test_the_jobs_list_shows_the_failure_class_beside_the_state(
     expect(ok.locator(".state")).to_have_text("queued")
     expect(ok.locator(".fclass")).to_have_count(0)
     assert laptop.fits_width()
+
+
+def test_a_failed_job_without_a_recorded_failure_starts_with_its_error(
+    laptop: Dash, engine: Engine, owner: ProjectKey, dataset_id: str
+) -> None:
+    """A runtime limit (or a job from before failures were classed) has only `error`."""
+    job_id = _job(engine, owner, dataset_id, "limit-run")
+    with session_scope(engine) as session:
+        session.execute(
+            update(Job).where(Job.id == job_id).values(state="failed", error=LIMIT_ERROR)
+        )
+    laptop.open(f"/jobs/{job_id}")
+    card = laptop.page.locator("#failure")
+    expect(card.locator(".reason")).to_have_text("max_runtime_s exceeded (60 s)")
+    expect(card.locator(".fclass")).to_have_count(0)
+    expect(card.locator("pre.log-tail")).to_have_text("checkpointed at step 120")
+    assert laptop.page.evaluate(LAYOUT)["after_title"]
