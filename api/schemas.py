@@ -6,10 +6,21 @@ import copy
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
+from core import models
 from core.dataset_stats import DatasetStats
 from core.models import JobState
+from core.retry_budget import RetryPolicy, retry_policy
+from trainer.failures import FailureClass
 from trainer.records import Format
 from trainer.spec import DataSpec, JobSpec, ModelSpec
 
@@ -32,6 +43,29 @@ Timestamp = Annotated[datetime, AfterValidator(_utc)]
 
 class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+
+class Failure(BaseModel):
+    """How the job's latest failed attempt failed: its class, why, where, and the failing rank's
+    last log lines."""
+
+    failure_class: FailureClass = Field(
+        # The `failure` column (core.lifecycle.Failure.to_json) names it `class`.
+        validation_alias=AliasChoices("class", "failure_class"),
+        description="`oom` (CUDA or host), `hang`, `node_lost`, `user_error` (spec, data or "
+        "code exception), `infra` (collective timeout, disk full, storage unreachable) or "
+        "`preempted`.",
+    )
+    reason: str = Field(description="One line: what went wrong.")
+    rank: int | None = Field(default=None, description="The global rank that failed first.")
+    node_rank: int | None = Field(default=None, description="The node (0-based) it ran on.")
+    host: str | None = Field(default=None, description="The host of that node.")
+    exit_code: int | None = Field(default=None, description="The failing rank's exit code.")
+    log_tail: list[str] | None = Field(
+        default=None,
+        description="The failing rank's last log lines, oldest first. Null in the jobs list "
+        "(`GET /v1/jobs`), which leaves them out to stay light; read the job for them.",
+    )
 
 
 class Job(_Out):
@@ -68,6 +102,41 @@ class Job(_Out):
     waiting_for: str | None = Field(
         default=None, description="What a queued or paused job waits for, in words."
     )
+    failure: Failure | None = Field(
+        default=None,
+        description="The latest failed attempt (kept while a restart runs, cleared when the job "
+        "succeeds or is retried by hand); null when none failed.",
+    )
+    restarts_used: int = Field(
+        default=0,
+        description="Restarts after failures, all classes, since submission or the last manual "
+        "retry.",
+    )
+    restarts_by_class: dict[FailureClass, int] = Field(
+        default_factory=dict, description="`restarts_used` per failure class."
+    )
+    retry_policy: RetryPolicy | None = Field(
+        default=None,
+        description="The spec's `retries` as budgets: per class allowed / used / left, the cap, "
+        "and a summary of what the policy did.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_row(cls, data: Any) -> Any:
+        """A `core.models.Job` row: its columns, and the retry budget computed from its spec."""
+        if not isinstance(data, models.Job):
+            return data
+        row = {name: getattr(data, name) for name in cls.model_fields if hasattr(data, name)}
+        failure = data.failure or {}
+        row["retry_policy"] = retry_policy(
+            retries=data.spec.retries,
+            restarts_used=data.restarts_used,
+            restarts_by_class=data.restarts_by_class or {},
+            state=data.state,
+            failure_class=FailureClass(failure["class"]) if "class" in failure else None,
+        )
+        return row
 
 
 class JobPage(BaseModel):

@@ -23,6 +23,7 @@ from torchyard.client import Client
 from torchyard.config import save_config
 from torchyard.errors import TorchyardError
 from torchyard.exports import export_command
+from torchyard.failures import failure_block
 from torchyard.follow import follow_job
 from torchyard.models import DATASET_FORMATS, Dataset, LogLine
 from torchyard.quickstart import quickstart_command
@@ -176,12 +177,15 @@ def list_jobs(
 
 @app.command()
 def show(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Show one job."""
+    """Show one job; a failed or restarted one starts with why it failed."""
     job = _client(ctx).jobs.get(job_id)
     if json_out:
         _print_json(job)
-    else:
-        out.print(job_details(job))
+        return
+    if (why := failure_block(job)) is not None:
+        out.print(why)
+        out.print()
+    out.print(job_details(job))
 
 
 @app.command()

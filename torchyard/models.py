@@ -19,8 +19,41 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class Failure(_Model):
+    """How a job's latest failed attempt failed. `failure_class`: ``oom``, ``hang``,
+    ``node_lost``, ``user_error``, ``infra`` or ``preempted``; `rank` the global rank that
+    failed first; `log_tail` its last log lines (None in a jobs list)."""
+
+    failure_class: str
+    reason: str
+    rank: int | None = None
+    node_rank: int | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    log_tail: list[str] | None = None
+
+
+class ClassBudget(_Model):
+    """Restarts after failures of one class: allowed, used, left (the cap included)."""
+
+    allowed: int
+    used: int
+    left: int
+
+
+class RetryPolicy(_Model):
+    """The job's `retries` as budgets, and `summary`: what the policy did, in words."""
+
+    cap: int
+    used: int
+    left: int
+    by_class: dict[str, ClassBudget] = Field(default_factory=dict)
+    summary: str = ""
+
+
 class Job(_Model):
-    """A training job as the API reports it. `spec` is the submitted `JobSpec` as a dict."""
+    """A training job as the API reports it. `spec` is the submitted `JobSpec` as a dict;
+    `failure` the latest failed attempt (None when none failed)."""
 
     id: int
     project_id: int | str | None = None
@@ -42,6 +75,10 @@ class Job(_Model):
     worker: str | None = None
     heartbeat_at: datetime | None = None
     owner: str | None = None  # the name of the API key that submitted it
+    failure: Failure | None = None
+    restarts_used: int = 0
+    restarts_by_class: dict[str, int] = Field(default_factory=dict)
+    retry_policy: RetryPolicy | None = None
 
     @property
     def is_terminal(self) -> bool:

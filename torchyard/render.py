@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchyard.errors import ApiError, TorchyardError, ValidationFailed
+from torchyard.failures import state_with_class
 from torchyard.models import (
     Checkpoint,
     CheckpointExport,
@@ -110,7 +111,8 @@ def step_text(job: Job) -> str:
 
 
 def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
-    """One row per job: id, name, state, step, loss, pool, age."""
+    """One row per job: id, name, state (with the latest failure's class), step, loss, pool,
+    age."""
     table = Table(box=None, header_style="bold")
     for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "POOL", "CREATED"):
         table.add_column(column, justify="right" if column in ("ID", "STEP", "LOSS") else "left")
@@ -118,7 +120,7 @@ def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
         table.add_row(
             str(job.id),
             Text(job.name),
-            state_text(job.state),
+            state_with_class(job, STATE_STYLES.get(job.state, "")),
             step_text(job),
             format_value(job.latest_metrics.get("loss")),
             Text(job.pool or "-"),
@@ -155,8 +157,10 @@ def job_details(job: Job) -> Table:
         rows.append((name, format_value(metric)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
-    if job.error:
+    if job.failure is None and job.error:  # else `failures.failure_block` showed it
         rows.append(("error", Text(job.error, style="red")))
+    if job.failure is None and job.restarts_used and job.retry_policy is not None:
+        rows.append(("restarts", Text(job.retry_policy.summary)))
     for key, value in rows:
         table.add_row(key, value)
     return table

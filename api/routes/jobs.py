@@ -84,18 +84,21 @@ def submit_job(
     return _out(session, [result.job])[0]
 
 
-def _out(session: Session, items: list[Job]) -> list[schemas.Job]:
-    """Jobs as the API shows them: queued ones with their place in the queue (one query)."""
+def _out(session: Session, items: list[Job], log_tail: bool = True) -> list[schemas.Job]:
+    """Jobs as the API shows them: queued ones with their place in the queue (one query).
+    `log_tail=False` (the list) leaves each failure's log lines out."""
     positions = scheduling.queue_positions(session=session, queued=items)
-    return [
-        schemas.Job.model_validate(job).model_copy(
-            update={
-                "queue_position": positions.get(job.id),
-                "waiting_for": scheduling.waiting_for(job),
-            }
-        )
-        for job in items
-    ]
+    out = []
+    for job in items:
+        shown = schemas.Job.model_validate(job)
+        update: dict[str, Any] = {
+            "queue_position": positions.get(job.id),
+            "waiting_for": scheduling.waiting_for(job),
+        }
+        if shown.failure is not None and not log_tail:
+            update["failure"] = shown.failure.model_copy(update={"log_tail": None})
+        out.append(shown.model_copy(update=update))
+    return out
 
 
 def check_submittable(
@@ -236,7 +239,7 @@ def list_jobs(
         after=_decode_cursor(cursor, sort) if cursor is not None else None,
     )
     return schemas.JobPage(
-        items=_out(session, items),
+        items=_out(session, items, log_tail=False),
         next_cursor=_encode_cursor(after) if after is not None else None,
     )
 

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from torchyard.models import Checkpoint, Dataset, Job, LogLine, MetricSeries
+from torchyard.failures import failure_block, where
+from torchyard.models import Checkpoint, Dataset, Failure, Job, LogLine, MetricSeries
 from torchyard.render import (
     checkpoints_table,
     datasets_table,
@@ -147,3 +148,27 @@ def test_non_finite_latest_metrics_arrive_as_null_and_print_as_dash() -> None:
     job = _job(latest_metrics={"loss": None, "lr": 0.002})
     text = _text(jobs_table([job], now=NOW))
     assert text.splitlines()[1].split()[4] == "-"
+
+
+def test_failure_place_names_what_is_known_of_rank_host_and_exit() -> None:
+    def place(**kw: object) -> str:
+        return where(Failure.model_validate({"failure_class": "infra", "reason": "r", **kw}))
+
+    assert place(rank=3, node_rank=1, host="host-b", exit_code=1) == "rank 3 on host-b, exit 1"
+    assert place(rank=3, node_rank=1) == "rank 3 on node 1"
+    assert place(node_rank=2) == "on node 2"
+    assert place(exit_code=-9) == "exit -9"
+    assert place() == ""
+
+
+def test_a_failed_job_without_a_recorded_failure_says_its_error() -> None:
+    job = _job(state="failed", error="max_runtime_s exceeded (60 s)\nmore")
+    assert _text(failure_block(job)).splitlines()[0] == "failed: max_runtime_s exceeded (60 s)"
+    assert failure_block(_job()) is None
+
+
+def test_markup_in_a_failure_reason_or_log_line_is_printed_literally() -> None:
+    failure = {"failure_class": "user_error", "reason": "bad [red]x[/red]", "log_tail": ["[b]y"]}
+    text = _text(failure_block(_job(state="failed", failure=failure)))
+    assert text.splitlines()[0] == "failed: [user_error] bad [red]x[/red]"
+    assert "  [b]y" in text

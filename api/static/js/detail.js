@@ -2,6 +2,7 @@
 
 import { api, capabilities, download, pageAfter } from "./api.js";
 import { lineChart, onZoom, purge } from "./charts.js";
+import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import {
   TERMINAL, etaSeconds, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds,
@@ -56,6 +57,9 @@ export function detailPage(root, jobId) {
     h("button", { type: "button" }, "Clone and edit"));
   const compareLink = h("a", { href: `#/compare?ids=${jobId}` },
     h("button", { type: "button" }, "Compare…"));
+  // A failed job's page starts with why it failed; a restarted one with its last failure.
+  const failureSlot = h("div", { id: "failure-slot" });
+  let failureShown = "";
   const summary = h("dl", { class: "kv", id: "job-summary" });
   const charts = h("div", { class: "grid2", id: "charts" });
   const chartNodes = new Map();
@@ -122,9 +126,17 @@ export function detailPage(root, jobId) {
     if (job.queue_position) rows.push(["queue position", job.queue_position]);
     if (job.waiting_for) rows.push(["waiting for", job.waiting_for]);
     if (job.exit_code !== null && job.exit_code !== undefined) rows.push(["exit code", job.exit_code]);
-    if (job.error) rows.push(["error", job.error]);
+    // The failure card shows a failure's error (with its log tail); other errors stay here.
+    if (job.error && !job.failure && job.state !== "failed") rows.push(["error", job.error]);
+    if (job.restarts_used && !job.failure) rows.push(["restarts", job.retry_policy?.summary ?? job.restarts_used]);
     const datasetId = job.spec?.data?.dataset;
     if (datasetId) rows.push(["dataset", h("a", { href: `#/datasets/${datasetId}` }, datasetId)]);
+    const shown = JSON.stringify([job.state, job.failure, job.error, job.retry_policy?.summary]);
+    if (shown !== failureShown) { // re-rendered only on change: a selection in the tail survives
+      failureShown = shown;
+      const view = failureView(job);
+      failureSlot.replaceChildren(...(view ? [view] : []));
+    }
     summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k),
       h("dd", { dataset: { field: k } }, v instanceof Node ? v : String(v))]));
     if (!specBox.textContent) showSpec();
@@ -329,6 +341,7 @@ export function detailPage(root, jobId) {
   root.append(
     h("h1", {}, title, badge, h("span", { class: "spacer" }), compareLink, clone,
       ...Object.values(actions).map((a) => a.button), cancel),
+    failureSlot,
     h("div", { class: "panel" }, summary),
     h("h2", {}, "Metrics"), charts,
     h("div", { class: "grid2" },

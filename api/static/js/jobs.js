@@ -1,6 +1,7 @@
 // Jobs: a filtered, paginated table (the API's cursor) that refreshes while it is shown.
 
 import { api, capabilities } from "./api.js";
+import { failureClassBadge } from "./failure.js";
 import {
   STATES, etaSeconds, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds, stateBadge,
 } from "./util.js";
@@ -31,7 +32,9 @@ function jobRow(job, onLabel) {
         type: "button", class: "label", title: "show only jobs with this label",
         onclick: () => onLabel(`${k}=${v}`),
       }, `${k}=${v}`))),
-    h("td", {}, stateBadge(job.state)),
+    h("td", {}, stateBadge(job.state), // and why a failed one failed (the reason on hover)
+      job.state === "failed" && job.failure
+        ? [" ", failureClassBadge(job.failure.failure_class, job.failure.reason)] : null),
     h("td", {}, strategy),
     h("td", { class: "num" }, `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`),
     progressCell(job),

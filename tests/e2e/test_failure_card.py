@@ -1,0 +1,141 @@
+"""A failed job's page starts with why it failed (issue 15: "failure class, reason, the failing
+rank and its last log lines, and what the retry policy did — not a timeline to dig through"),
+in a real Chromium at 1366x768, light and dark; a restarted job shows its last failure as a
+warning line. Each test makes its own jobs (`core.jobs.create`) in its own project and writes
+the failure into the row as the lifecycle does (`tests.integration.failures`): no training runs.
+Waits are Playwright's, no sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, expect
+from sqlalchemy import Engine, update
+
+from core.db import session_scope
+from core.models import Job, JobState
+from tests.conftest import ProjectKey
+from tests.e2e.conftest import LAPTOP, Dash, new_dash
+from tests.integration.failures import INFRA, OOM, RETRIES, fail_job
+from tests.integration.workers.helpers import create_job, tiny_spec, unique_queue
+
+# Where the card sits: the element right after the page's title bar, and its box.
+LAYOUT = """() => {
+  const h1 = document.querySelector('#view > h1');
+  const card = document.getElementById('failure');
+  const box = (el) => { const r = el.getBoundingClientRect(); return [r.top, r.bottom]; };
+  // The card's background as [r, g, b] (a canvas resolves color-mix() and color() forms).
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.fillStyle = getComputedStyle(card).backgroundColor;
+  ctx.fillRect(0, 0, 1, 1);
+  return {
+    after_title: h1.nextElementSibling.firstElementChild === card,
+    card: box(card),
+    summary: box(document.getElementById('job-summary')),
+    background: [...ctx.getImageData(0, 0, 1, 1).data.slice(0, 3)],
+    dark: matchMedia('(prefers-color-scheme: dark)').matches,
+  };
+}"""
+
+LIMIT_ERROR = "max_runtime_s exceeded (60 s)\ncheckpointed at step 120"
+
+
+def _job(engine: Engine, owner: ProjectKey, dataset_id: str, name: str) -> int:
+    spec = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name=name,
+                     retries=RETRIES)  # fmt: skip
+    return create_job(engine, owner, spec)
+
+
+@pytest.fixture
+def failed_job(engine: Engine, owner: ProjectKey, dataset_id: str) -> int:
+    """Failed of OOM on rank 3 after two infra restarts (attempt 3)."""
+    job_id = _job(engine, owner, dataset_id, "oom-run")
+    fail_job(engine, job_id, OOM, restarts_by_class={"infra": 2})
+    return job_id
+
+
+@pytest.fixture(params=["light", "dark"])
+def laptop(
+    request: pytest.FixtureRequest, browser: Browser, live_api: str, owner: ProjectKey
+) -> Iterator[Dash]:
+    with new_dash(browser, live_api, owner.api_key, request.param, LAPTOP) as dash:
+        yield dash
+
+
+def test_a_failed_jobs_page_starts_with_class_reason_where_budget_and_log_tail(
+    laptop: Dash, failed_job: int
+) -> None:
+    page = laptop.page
+    laptop.open(f"/jobs/{failed_job}")
+    card = page.locator("#failure")
+    expect(card).to_be_visible()
+    expect(card.locator(".fclass")).to_have_text("oom")
+    expect(card.locator(".reason")).to_have_text(OOM.reason)
+    for field, value in (("rank", "3"), ("node", "1"), ("host", "host-b"), ("exit code", "1")):
+        expect(card.locator(f"dd[data-field='{field}']")).to_have_text(value)
+    expect(card.locator(".retry-summary")).to_have_text(
+        "restarted 2 times (hang 0/2, infra 2/3, at most 3 in all); oom is not restarted (budget 0)"
+    )
+    expect(card).to_contain_text("Last log lines of rank 3")
+    expect(card.locator("pre.log-tail")).to_have_text("\n".join(OOM.log_tail))
+
+    layout = page.evaluate(LAYOUT)
+    assert layout["after_title"], "the failure card is the first thing under the title"
+    assert layout["card"][1] <= layout["summary"][0], layout
+    assert layout["card"][1] <= LAPTOP["height"], "the whole card shows without scrolling"
+    assert laptop.fits_width()
+    # The card's own background: reddish, and dark in dark mode (not a light box there).
+    red, green, blue = layout["background"]
+    assert red > green and red > blue, layout
+    assert (red + green + blue < 200) == layout["dark"], layout
+    # The error text (which repeats the log tail) is not listed again in the summary.
+    expect(page.locator("#job-summary dd[data-field='error']")).to_have_count(0)
+    laptop.shot("job-failed-dark" if layout["dark"] else "job-failed")
+
+
+def test_a_restarted_job_shows_its_last_failure_as_a_warning_line(
+    laptop: Dash, engine: Engine, owner: ProjectKey, dataset_id: str
+) -> None:
+    job_id = _job(engine, owner, dataset_id, "infra-run")
+    fail_job(engine, job_id, INFRA, state=JobState.RUNNING, restarts_by_class={"infra": 1})
+    laptop.open(f"/jobs/{job_id}")
+    line = laptop.page.locator("#failure.failure-warning")
+    expect(line).to_be_visible()
+    expect(line.locator(".fclass")).to_have_text("infra")
+    expect(line).to_contain_text(f"{INFRA.reason} (rank 1 on host-a)")
+    expect(line).to_contain_text("restarted once (hang 0/2, infra 1/3, at most 3 in all)")
+    expect(laptop.page.locator("pre.log-tail")).to_have_count(0)
+    assert laptop.fits_width()
+
+
+def test_the_jobs_list_shows_the_failure_class_beside_the_state(
+    laptop: Dash, failed_job: int, engine: Engine, owner: ProjectKey, dataset_id: str
+) -> None:
+    healthy = _job(engine, owner, dataset_id, "fine-run")
+    laptop.open("/jobs")
+    row = laptop.page.locator(f"#jobs-body tr[data-job-id='{failed_job}']")
+    expect(row.locator(".state")).to_have_text("failed")
+    expect(row.locator(".fclass")).to_have_text("oom")
+    expect(row.locator(".fclass")).to_have_attribute("title", OOM.reason)
+    ok = laptop.page.locator(f"#jobs-body tr[data-job-id='{healthy}']")
+    expect(ok.locator(".state")).to_have_text("queued")
+    expect(ok.locator(".fclass")).to_have_count(0)
+    assert laptop.fits_width()
+
+
+def test_a_failed_job_without_a_recorded_failure_starts_with_its_error(
+    laptop: Dash, engine: Engine, owner: ProjectKey, dataset_id: str
+) -> None:
+    """A runtime limit (or a job from before failures were classed) has only `error`."""
+    job_id = _job(engine, owner, dataset_id, "limit-run")
+    with session_scope(engine) as session:
+        session.execute(
+            update(Job).where(Job.id == job_id).values(state="failed", error=LIMIT_ERROR)
+        )
+    laptop.open(f"/jobs/{job_id}")
+    card = laptop.page.locator("#failure")
+    expect(card.locator(".reason")).to_have_text("max_runtime_s exceeded (60 s)")
+    expect(card.locator(".fclass")).to_have_count(0)
+    expect(card.locator("pre.log-tail")).to_have_text("checkpointed at step 120")
+    assert laptop.page.evaluate(LAYOUT)["after_title"]
