@@ -24,7 +24,7 @@ from core.models import Job, JobState
 from core.settings import Settings
 from trainer.spec import JobSpec
 from workers import gang as gang_node
-from workers import launcher
+from workers import launcher, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -98,6 +98,7 @@ def run_job(
         ingest=ingest,
         shutdown=shutdown,
         runtime_budget_s=budget,
+        watchers=sysmetrics.watchers_for(settings, factory, proc.pid, ingest),
     )
     try:
         end = supervisor.run()
