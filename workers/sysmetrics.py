@@ -152,10 +152,13 @@ class ProcessSampler:
 
 
 def _measure(proc: psutil.Process, *, fresh: bool) -> _Member | None:
-    """One process's figures; None when it is gone or cannot be read."""
+    """One process's figures; None when it is gone, exiting (a zombie, or its memory already
+    released: RSS 0) or cannot be read."""
     try:
         with proc.oneshot():
-            return _Member(
+            if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return None
+            member = _Member(
                 pid=proc.pid,
                 ppid=proc.ppid(),
                 cpu_percent=proc.cpu_percent(interval=None),
@@ -164,6 +167,7 @@ def _measure(proc: psutil.Process, *, fresh: bool) -> _Member | None:
             )
     except psutil.Error:
         return None
+    return member if member.rss_bytes > 0 else None
 
 
 def _under(member: _Member, ancestor: int, members: dict[int, _Member]) -> bool:
