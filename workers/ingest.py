@@ -56,7 +56,7 @@ class Reported:
     errors: list[str] = field(default_factory=list)
     num_events: int = 0
     num_log_lines: int = 0
-    step: int = 0  # the step of the last metric line stored (0 before the first)
+    step: int | None = None  # the step of the last metric line stored (None before the first)
 
 
 @dataclass

@@ -24,9 +24,11 @@ rank; `n`: node rank; `i`: NVML device index):
   multi-node job name their devices `node<n>-gpu<i>`, so that two nodes' `gpu0` stay apart.
 
 Metric points are keyed by (job, name, step): a sample is stored at the latest training step
-the attempt's ingest has stored (`Reported.step`, 0 before the first), so a later sample at the
-same step overwrites the earlier one — a slow step keeps only its last sample, a fast run has
-gaps between its samples. That is the price of charting them on the step axis with the rest.
+this node's ingest has stored (`Reported.step`), or, before this attempt's first one and on
+the nodes of a gang whose ranks report no metrics, at the job's `current_step` (the latest
+stored by any node or attempt; 0 before any). So a later sample at the same step overwrites
+the earlier one: a slow step keeps only its last sample, a fast run has gaps between its
+samples. That is the price of charting them on the step axis with the rest.
 """
 
 from __future__ import annotations
@@ -327,17 +329,20 @@ class SysMetrics:
         return None
 
     def _store(self, values: list[Reading], when: float) -> None:
-        """Store at the ingest's latest step, if the job is still this attempt's."""
-        job_id, attempt, step = self.ingest.job_id, self.ingest.attempt, self.ingest.reported.step
-        points = [store.Metric(r.series, step, r.value, when) for r in values]
+        """Store at the latest step (module docstring), if the job is still this attempt's."""
+        job_id, attempt = self.ingest.job_id, self.ingest.attempt
         with self.session_factory() as session:
             ours = session.execute(
-                select(Job.id).where(
+                select(Job.current_step).where(
                     Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES)
                 )
             ).first()
             if ours is None:  # lost: the supervisor's heartbeat stops the trainer
                 return
+            step = self.ingest.reported.step
+            if step is None:
+                step = ours.current_step or 0
+            points = [store.Metric(r.series, step, r.value, when) for r in values]
             store.metrics(session=session, job_id=job_id, attempt=attempt, points=points)
             session.commit()
 

@@ -111,7 +111,7 @@ def test_sampler_of_a_process_that_is_gone_is_empty() -> None:
     assert ProcessSampler(proc.pid).sample().rss_bytes == {}
 
 
-def _job(tmp_path: Path) -> tuple[Callable[[], Session], int]:
+def _job(tmp_path: Path, current_step: int | None = None) -> tuple[Callable[[], Session], int]:
     """A running job at attempt 1 in a SQLite database of its own."""
     engine = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
     Base.metadata.create_all(engine)
@@ -119,7 +119,15 @@ def _job(tmp_path: Path) -> tuple[Callable[[], Session], int]:
     with factory() as s:
         s.add(Project(id="p", name="p"))
         s.flush()  # no ORM relationship orders the inserts
-        job = Job(project_id="p", name="j", spec={}, max_steps=10, state="running", attempt=1)
+        job = Job(
+            project_id="p",
+            name="j",
+            spec={},
+            max_steps=100,
+            state="running",
+            attempt=1,
+            current_step=current_step,
+        )
         s.add(job)
         s.commit()
         return factory, job.id
@@ -170,3 +178,36 @@ def test_watcher_stores_sys_series_sets_gauges_and_close_removes_them(
         assert _gauge(name, job_id, 0) is None and _gauge(name, job_id, 1) is None
     node = {"job_id": str(job_id), "node": "0"}
     assert REGISTRY.get_sample_value("torchyard_job_node_rss_bytes", node) is None
+
+
+def _sys_steps(factory: Callable[[], Session], job_id: int) -> set[int]:
+    with factory() as s:
+        query = select(MetricPoint.step).where(
+            MetricPoint.job_id == job_id, MetricPoint.name.startswith("sys/")
+        )
+        return set(s.execute(query).scalars())
+
+
+def test_a_node_whose_ranks_report_no_metrics_samples_at_the_jobs_current_step(
+    tree: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """A gang's other node (or an attempt before its first step): its ingest has stored no
+    metric line, so the sample goes to the job's latest stored step."""
+    factory, job_id = _job(tmp_path, current_step=12)
+    paths = RunPaths(run_dir=tmp_path / "run", checkpoint_dir="ckpt", data="data")
+    ingest = RunIngest(paths=paths, job_id=job_id, attempt=1, node_rank=1, nproc=2)
+    watcher = SysMetrics(
+        settings=Settings(home=tmp_path),
+        session_factory=factory,
+        root_pid=tree.pid,
+        ingest=ingest,
+        node_rank=1,
+    )
+    try:
+        watcher.tick(time.monotonic())
+    finally:
+        watcher.close()
+    assert _sys_steps(factory, job_id) == {12}
+    with factory() as s:
+        names = set(s.execute(select(MetricPoint.name)).scalars())
+    assert {"sys/rss_bytes/node1", "sys/rss_bytes/rank0", "sys/rss_bytes/rank1"} <= names
