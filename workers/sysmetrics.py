@@ -307,6 +307,7 @@ class SysMetrics:
         node_rank: int = 0,
     ) -> None:
         self.interval_s = settings.sys_metrics_interval_s
+        self.reason: str | None = None  # it never stops the trainer (`Watcher.reason`)
         self.session_factory = session_factory
         self.ingest = ingest
         self.node_rank = node_rank
