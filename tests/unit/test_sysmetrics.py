@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from core.db import make_engine, session_factory
 from core.models import Base, Job, MetricPoint, Project
 from core.settings import Settings
+from trainer.spec import JobSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.sysmetrics import ProcessSample, ProcessSampler, SysMetrics
@@ -122,7 +123,7 @@ def _job(tmp_path: Path, current_step: int | None = None) -> tuple[Callable[[], 
         job = Job(
             project_id="p",
             name="j",
-            spec={},
+            spec=JobSpec(name="j", data={"uri": "/data/corpus"}).model_dump(mode="json"),
             max_steps=100,
             state="running",
             attempt=1,
