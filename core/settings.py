@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     ingest_interval_s: float = Field(
         default=0.5, gt=0, description="How often the worker flushes trainer output to the DB."
     )
+    sys_metrics_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the worker samples a running job's CPU, memory and GPUs into its "
+        "`sys/*` series and Prometheus gauges (seconds).",
+    )
     worker_hostname: str = Field(default="", description="Name a worker records on claimed jobs.")
     advertise_host: str = Field(
         default="127.0.0.1",

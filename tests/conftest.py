@@ -125,6 +125,7 @@ def settings(
         storage_url=str(home / "storage"),
         heartbeat_interval_s=1.0,
         ingest_interval_s=0.2,
+        sys_metrics_interval_s=1.0,
         cancel_grace_s=5.0,
         data_roots=[str(corpus_dir), str(models_root)],
     )
@@ -141,6 +142,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TORCHYARD_STORAGE_URL": settings.storage_url,
         "TORCHYARD_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
         "TORCHYARD_INGEST_INTERVAL_S": str(settings.ingest_interval_s),
+        "TORCHYARD_SYS_METRICS_INTERVAL_S": str(settings.sys_metrics_interval_s),
         "TORCHYARD_CANCEL_GRACE_S": str(settings.cancel_grace_s),
         "TORCHYARD_DATA_ROOTS": json.dumps(settings.data_roots),
         "PYTHONPATH": str(REPO_ROOT),

@@ -33,7 +33,7 @@ from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState, utcnow
 from core.settings import Settings
 from trainer.spec import JobSpec
-from workers import launcher
+from workers import launcher, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -263,6 +263,7 @@ def _run_node(
         shutdown=shutdown,
         runtime_budget_s=runtime_budget(job),
         on_heartbeat=lambda s, stop: _node_heartbeat(s, job, node_rank, stop),
+        watchers=sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
     )
     try:
         end = supervisor.run()

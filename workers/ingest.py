@@ -56,6 +56,7 @@ class Reported:
     errors: list[str] = field(default_factory=list)
     num_events: int = 0
     num_log_lines: int = 0
+    step: int | None = None  # the step of the last metric line stored (None before the first)
 
 
 @dataclass
@@ -231,6 +232,8 @@ class RunIngest:
         r = self.reported
         r.num_log_lines += len(batch.logs)
         r.num_events += len(batch.events)
+        if batch.metrics:
+            r.step = batch.metrics[-1].step
         for event in batch.events:
             if event.get("type") == "status":
                 r.running |= event.get("state") == "running"

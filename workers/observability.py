@@ -11,6 +11,14 @@ per worker; 0 or unset: no exporter). The series (rates come from PromQL `rate()
   to the commit that stored it;
 - `torchyard_worker_ingest_flush_seconds`: one read-parse-write-commit flush;
 - `torchyard_worker_heartbeats_total{outcome}` and `torchyard_worker_last_heartbeat_seconds`.
+
+Per running job (`workers.sysmetrics`, one label set per job and rank, node or GPU, removed
+when the job's attempt ends on this worker):
+
+- `torchyard_job_cpu_percent{job_id,rank}`: percent of one core (200 = two cores busy);
+- `torchyard_job_rss_bytes{job_id,rank}`, `torchyard_job_node_rss_bytes{job_id,node}`: bytes;
+- `torchyard_job_gpu_utilization_percent{job_id,gpu}`, `torchyard_job_gpu_memory_used_bytes`,
+  `torchyard_job_gpu_power_watts` (same labels; `gpu` is the NVML device index).
 """
 
 from __future__ import annotations
@@ -44,6 +52,59 @@ HEARTBEATS = Counter("torchyard_worker_heartbeats", "Heartbeats written, by outc
 LAST_HEARTBEAT = Gauge(
     "torchyard_worker_last_heartbeat_seconds", "Unix time of the last successful heartbeat."
 )
+
+JOB_CPU = Gauge(
+    "torchyard_job_cpu_percent",
+    "CPU use of a job's rank (its process and descendants), percent of one core.",
+    ["job_id", "rank"],
+)
+JOB_RSS = Gauge(
+    "torchyard_job_rss_bytes",
+    "Resident memory of a job's rank (its process and descendants), bytes.",
+    ["job_id", "rank"],
+)
+JOB_NODE_RSS = Gauge(
+    "torchyard_job_node_rss_bytes",
+    "Resident memory of all of a job's processes on one node (torchrun included), bytes.",
+    ["job_id", "node"],
+)
+JOB_GPU_UTIL = Gauge(
+    "torchyard_job_gpu_utilization_percent",
+    "Percent of the last sample period a kernel ran on a GPU the job uses (NVML).",
+    ["job_id", "gpu"],
+)
+JOB_GPU_MEMORY = Gauge(
+    "torchyard_job_gpu_memory_used_bytes",
+    "Memory used on a GPU the job uses (the whole device, NVML), bytes.",
+    ["job_id", "gpu"],
+)
+JOB_GPU_POWER = Gauge(
+    "torchyard_job_gpu_power_watts",
+    "Power draw of a GPU the job uses (NVML), watts.",
+    ["job_id", "gpu"],
+)
+
+
+class JobGauges:
+    """The per-job gauges of one job on this worker: `update` sets them, `remove` drops them."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = str(job_id)
+        self._shown: set[tuple[Gauge, str]] = set()
+
+    def update(self, values: dict[tuple[Gauge, str], float]) -> None:
+        """Set `{(gauge, label): value}` (label: the rank, node or GPU index); label sets of
+        the last update that are not in `values` (a rank that exited) are removed."""
+        for gauge, label in self._shown - values.keys():
+            gauge.remove(self.job_id, label)
+        for (gauge, label), value in values.items():
+            gauge.labels(self.job_id, label).set(value)
+        self._shown = set(values)
+
+    def remove(self) -> None:
+        """Drop every label set of this job, so a finished job does not linger in scrapes."""
+        self.update({})
+
 
 _started = False
 _lock = threading.Lock()

@@ -23,7 +23,7 @@ from core.errors import DomainError, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
 from workers import gang as gang_node
-from workers import launcher
+from workers import launcher, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -97,6 +97,7 @@ def run_job(
         ingest=ingest,
         shutdown=shutdown,
         runtime_budget_s=budget,
+        watchers=sysmetrics.watchers_for(settings, factory, proc.pid, ingest),
     )
     try:
         end = supervisor.run()

@@ -229,6 +229,12 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     assert ["eval_loss", 2] in loss_chart
     for chart in ("lr", "grad_norm", "tokens_per_second"):
         assert _points(dash, f"chart-{chart}") > 0, chart
+    # The worker's samples of the job's processes: a System section, one chart per quantity
+    # with a trace per rank (and the node's total for memory).
+    expect(page.locator("#system-heading")).to_be_visible()
+    expect(page.locator("#system-charts #chart-sys-cpu_percent")).to_be_visible()
+    memory = page.evaluate("document.getElementById('chart-sys-rss_bytes').data.map(t => t.name)")
+    assert {"rank0", "node0"} <= set(memory), memory
     expect(page.locator("#events")).to_contain_text("running → succeeded")
     expect(page.locator("#checkpoints tr")).to_have_count(2)  # half way and at the end
 

@@ -17,9 +17,10 @@ export function plotlyReady() {
 
 /**
  * Draw or update the chart in `node`: `traces` is [{name, x, y}]. Keeps the user's zoom
- * (uirevision) across updates, so live points do not reset a zoomed view.
+ * (uirevision) across updates, so live points do not reset a zoomed view. `yFormat`: a d3
+ * format for the y values (ticks and hover), e.g. ".3s" for bytes as 365M.
  */
-export async function lineChart(node, traces, { title, xTitle = "step", yLog = false } = {}) {
+export async function lineChart(node, traces, { title, xTitle = "step", yLog = false, yFormat } = {}) {
   const Plotly = await plotlyReady();
   const { fg, grid } = themeColors();
   const data = traces.map((t) => ({
@@ -30,7 +31,7 @@ export async function lineChart(node, traces, { title, xTitle = "step", yLog = f
     x: t.x,
     y: t.y,
     line: { width: 1.5 },
-    hovertemplate: `${t.name} %{y:.4g} @ step %{x}<extra></extra>`,
+    hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}} @ step %{x}<extra></extra>`,
   }));
   const layout = {
     title: { text: title, font: { size: 13 }, x: 0.02, xanchor: "left" },
@@ -42,7 +43,7 @@ export async function lineChart(node, traces, { title, xTitle = "step", yLog = f
     font: { color: fg, size: 11 },
     xaxis: { title: { text: xTitle }, gridcolor: grid, zerolinecolor: grid },
     yaxis: { gridcolor: grid, zerolinecolor: grid, type: yLog ? "log" : "linear",
-      exponentformat: "e" },
+      exponentformat: "e", ...(yFormat ? { tickformat: yFormat } : {}) },
     showlegend: traces.length > 1,
     legend: { orientation: "h", y: 1.12, x: 1, xanchor: "right" },
   };

@@ -24,11 +24,36 @@ const CHARTS = [
   { id: "step_time_s", title: "step time (s)", series: ["step_time_s"] },
 ];
 
+// The worker's `sys/<quantity>/<rank|node|gpu>` series: one chart per quantity, one trace each.
+const SYSTEM = {
+  cpu_percent: { title: "CPU % (100 = one core)" },
+  rss_bytes: { title: "memory (RSS)", yFormat: ".3s" },
+  gpu_util_percent: { title: "GPU utilisation %" },
+  gpu_memory_bytes: { title: "GPU memory used", yFormat: ".3s" },
+  gpu_power_watts: { title: "GPU power (W)" },
+};
+const isSystem = (name) => name.startsWith("sys/");
+
 function chartsFor(names) {
   const known = new Set(CHARTS.flatMap((c) => c.series));
-  const extra = names.filter((n) => !known.has(n)).sort()
+  const extra = names.filter((n) => !known.has(n) && !isSystem(n)).sort()
     .map((n) => ({ id: n.replace(/[^A-Za-z0-9_-]/g, "_"), title: n, series: [n] }));
   return [...CHARTS.filter((c) => c.series.some((s) => names.includes(s))), ...extra];
+}
+
+function systemChartsFor(names) {
+  const byQuantity = new Map();
+  for (const name of names.filter(isSystem).sort((a, b) => a.localeCompare(b, "en", { numeric: true }))) {
+    const quantity = name.split("/")[1];
+    if (!byQuantity.has(quantity)) byQuantity.set(quantity, []);
+    byQuantity.get(quantity).push(name);
+  }
+  const order = Object.keys(SYSTEM); // known quantities in this order, then the others
+  const place = (q) => (order.includes(q) ? order.indexOf(q) : order.length);
+  return [...byQuantity].sort(([a], [b]) => place(a) - place(b)).map(([quantity, series]) => ({
+    id: `sys-${quantity.replace(/[^A-Za-z0-9_-]/g, "_")}`, title: quantity, ...SYSTEM[quantity],
+    series, label: (n) => n.split("/").slice(2).join("/"),
+  }));
 }
 
 function eventText(e) {
@@ -62,6 +87,8 @@ export function detailPage(root, jobId) {
   let failureShown = "";
   const summary = h("dl", { class: "kv", id: "job-summary" });
   const charts = h("div", { class: "grid2", id: "charts" });
+  const systemHeading = h("h2", { id: "system-heading", hidden: true }, "System");
+  const systemCharts = h("div", { class: "grid2", id: "system-charts" });
   const chartNodes = new Map();
   const timeline = h("ul", { class: "timeline", id: "events" });
   const ckptBody = h("tbody", { id: "checkpoints" });
@@ -165,20 +192,25 @@ export function detailPage(root, jobId) {
     if (range !== zoom) return; // the zoom changed while this answer was on its way
     root.dataset.zoom = range ? `${Math.floor(range[0])}-${Math.ceil(range[1])}` : "";
     const byName = new Map(series.map((s) => [s.name, s]));
-    for (const chart of chartsFor([...byName.keys()])) {
+    const names = [...byName.keys()];
+    const placed = [...chartsFor(names).map((c) => [charts, c]),
+      ...systemChartsFor(names).map((c) => [systemCharts, c])];
+    for (const [box, chart] of placed) {
       let node = chartNodes.get(chart.id);
       const fresh = !node;
       if (fresh) {
         node = h("div", { class: "panel chart", id: `chart-${chart.id}` });
         chartNodes.set(chart.id, node);
-        charts.append(node);
+        box.append(node);
       }
-      const traces = chart.series.filter((n) => byName.has(n))
-        .map((n) => ({ name: n, x: byName.get(n).steps, y: byName.get(n).values }));
+      const traces = chart.series.filter((n) => byName.has(n)).map((n) => ({
+        name: chart.label ? chart.label(n) : n, x: byName.get(n).steps, y: byName.get(n).values,
+      }));
       if (!traces.length) continue; // nothing in the zoomed range
-      await lineChart(node, traces, { title: chart.title });
+      await lineChart(node, traces, { title: chart.title, yFormat: chart.yFormat });
       if (fresh) onZoom(node, (r) => { zoom = r; loadMetrics().catch(showError); });
     }
+    systemHeading.hidden = !systemCharts.childElementCount;
     if (!series.length && !charts.childElementCount) {
       charts.replaceChildren(h("p", { class: "muted", id: "no-metrics" }, "No metrics reported yet."));
     } else {
@@ -344,6 +376,7 @@ export function detailPage(root, jobId) {
     failureSlot,
     h("div", { class: "panel" }, summary),
     h("h2", {}, "Metrics"), charts,
+    systemHeading, systemCharts,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
       h("section", {}, h("h2", {}, "Checkpoints"), h("div", { class: "table-wrap" }, h("table", {},

@@ -121,6 +121,10 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
     assert {0, 1} <= {x.rank for x in lines} <= {0, 1, -1, -2}  # launchers: -1 - node rank
     keys = [(x.rank, x.stream, x.offset) for x in lines]
     assert len(keys) == len(set(keys))
+    # Each node's worker sampled its own rank (global RANK) and its whole tree (sysmetrics).
+    for who in ("rank0", "rank1", "node0", "node1"):
+        rss = metric_series(engine, job_id, f"sys/rss_bytes/{who}")
+        assert rss and all(p.value > 0 for p in rss), who
 
     reference_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=1, procs=2))
     send(celery_client, reference_id, queue)

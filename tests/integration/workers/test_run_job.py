@@ -52,6 +52,13 @@ def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a
     assert sum(p.value for p in last) < sum(p.value for p in first) - 0.5
     assert job.latest_metrics["loss"] == pytest.approx(losses[-1].value)
     assert [p.step for p in metric_series(engine, job_id, "eval_loss")] == [10, 20, 30]
+    # The worker sampled both ranks' processes (workers.sysmetrics) while they trained.
+    for rank in (0, 1):
+        rss = metric_series(engine, job_id, f"sys/rss_bytes/rank{rank}")
+        assert rss and all(p.value > 10 * 1024**2 for p in rss), [(p.step, p.value) for p in rss]
+        cpu = metric_series(engine, job_id, f"sys/cpu_percent/rank{rank}")
+        assert cpu and max(p.value for p in cpu) > 0, cpu
+        assert all(0 <= p.step <= 30 for p in [*rss, *cpu])
 
     events = job_events(engine, job_id)
     assert [(e.state_from, e.state_to) for e in events if e.kind == "state"] == [
