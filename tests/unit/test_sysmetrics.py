@@ -100,7 +100,8 @@ def test_sampler_gives_each_rank_its_rss_and_cpu_percent(
     sample = _poll("CPU use of the busy rank", busy)
     assert set(sample.cpu_percent) == set(sample.rss_bytes) == {0, 1}
     assert all(math.isfinite(v) and v >= 0 for v in sample.cpu_percent.values())
-    assert sample.cpu_percent[0] > 10  # it spins; a share of a loaded core
+    # It spins while rank 1 sleeps; how big a share of a core it gets depends on the host's load.
+    assert sample.cpu_percent[0] > sample.cpu_percent[1]
     assert sample.rss_bytes[1] > 150 * 1024**2 > sample.rss_bytes[0]
     assert sample.node_rss_bytes > sample.rss_bytes[0] + sample.rss_bytes[1]  # + the launcher
     assert tree.pid in sample.pids and len(sample.pids) == 3
