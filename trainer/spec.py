@@ -445,6 +445,14 @@ class LimitsSpec(StrictSpec):
         description="Wall-clock seconds of training (all attempts together) after which the "
         "run checkpoints and stops with reason `max_runtime`; null for no limit.",
     )
+    hang_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds without step progress (after the first step) after which the "
+        "worker dumps every rank's Python stacks into the job's logs and stops the attempt as "
+        "hung (failure class `hang`); null: 10x the median time between the job's step "
+        "reports, at least the worker's `TORCHYARD_HANG_TIMEOUT_FLOOR_S` (300 s).",
+    )
 
 
 class JobSpec(StrictSpec):

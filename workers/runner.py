@@ -41,6 +41,7 @@ from workers.gang import JoinDispatch
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import Exit, Stop, Supervisor
+from workers.watchdog import hang_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ def run_job(
         ingest=ingest,
         shutdown=shutdown,
         runtime_budget_s=budget,
+        watchers=[hang_watchdog(settings, JobSpec(**job.spec).limits, ingest, proc.pid, factory)],
     )
     try:
         end = supervisor.run()
