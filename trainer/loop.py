@@ -350,6 +350,10 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
 
 
 def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time: float) -> None:
+    """The train metrics of the log interval ending now (`step_time`: this rank's mean seconds
+    per step over it). Every rank calls it at the same steps: with world_size > 1 one
+    all-gather of the ranks' step times feeds `step_time_s/max`, `step_time_s/median` and the
+    `rank_step_times` event, in which the worker looks for stragglers."""
     values = {
         "loss": loss,
         "lr": lr,
