@@ -173,7 +173,8 @@ class Watchdog:
         self.reason: str | None = None
         self.stored = False  # the stacks and the `hang` event are in the database
         self._unstored: list[RankStacks] = []
-        self._idle_s = 0.0
+        self._found: dict[str, float | int | None] = {}  # what the `hang` event's data says
+        self._idle_s = 0.0  # seconds without progress when the hang was found
 
     def timeout_s(self) -> float:
         """The hang timeout now (seconds; the derived one follows the job's pace)."""
@@ -187,8 +188,13 @@ class Watchdog:
         progress = self.ingest.progress
         if progress.observed_at is None or now - progress.observed_at < self.timeout_s():
             return None
-        self._idle_s = now - progress.observed_at
-        self.reason = f"no step progress for {self._idle_s:.0f} s (last step {progress.step})"
+        self._idle_s = idle_s = now - progress.observed_at
+        self._found = {
+            "timeout_s": self.timeout_s(),
+            "idle_s": round(idle_s, 1),
+            "step": progress.step,
+        }
+        self.reason = f"no step progress for {idle_s:.0f} s (last step {progress.step})"
         log.warning("job %s: %s; dumping stacks", self.ingest.job_id, self.reason)
         try:
             self._unstored = dump_stacks(self.pgid, self.ingest.rank_offset, py_spy_path=py_spy())
@@ -237,9 +243,7 @@ class Watchdog:
             ]
         store.logs(session=session, job_id=job.id, attempt=self.ingest.attempt, lines=lines)
         data = {
-            "timeout_s": self.timeout_s(),
-            "idle_s": round(self._idle_s, 1),
-            "step": self.ingest.progress.step,
+            **self._found,
             "stacks": [
                 {
                     "rank": s.rank,
