@@ -204,9 +204,8 @@ class RunIngest:
         elif kind == "sample":
             data = {k: event.get(k) for k in ("step", "prompt", "text")}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)
-        elif kind == "rank_step_times":
-            seconds = [float(t) for t in event["seconds"]]
-            for found in self.stragglers.observe(int(event["step"]), seconds):
+        elif kind == "rank_step_times" and (report := _step_times(event)) is not None:
+            for found in self.stragglers.observe(*report):
                 self._straggler(session, job, found)
         elif kind == "error":
             data = {"traceback": event.get("traceback")}
@@ -308,6 +307,17 @@ def _parse_metric(event: dict[str, Any], out: list[store.Metric]) -> None:
             value = float(value)
         if math.isfinite(value) and len(name) <= MAX_METRIC_NAME_CHARS:
             out.append(make((name.replace("\x00", "\ufffd"), step, value, when)))
+
+
+def _step_times(event: dict[str, Any]) -> tuple[int, list[float]] | None:
+    """(step, every rank's seconds) of a `rank_step_times` event; None for a malformed one
+    (a non-finite time is null after `_clean`), which is skipped rather than stop the ingest."""
+    step, seconds = event.get("step"), event.get("seconds")
+    if not isinstance(step, int) or not isinstance(seconds, list):
+        return None
+    if not all(isinstance(t, int | float) for t in seconds):
+        return None
+    return step, [float(t) for t in seconds]
 
 
 def _text(raw: bytes) -> str:

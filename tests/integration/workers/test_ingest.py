@@ -162,6 +162,8 @@ def test_a_rank_slow_in_three_reports_in_a_row_is_one_straggler_event_naming_it_
         b"".join(_event("rank_step_times", step=s, seconds=slow) for s in (1, 2, 3, 4))
         + _event("rank_step_times", step=5, seconds=[0.1] * 4)  # recovered
         + b"".join(_event("rank_step_times", step=s, seconds=slow) for s in (6, 7))
+        + _event("rank_step_times", step=8, seconds=[0.1, None, 0.1, 0.35])  # skipped
+        + _event("rank_step_times", step="9", seconds=slow)  # skipped
     )
     ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
     ingest.flush(session_factory(engine))
