@@ -150,7 +150,9 @@ class Event(_Out):
     id: int
     job_id: int
     attempt: int
-    kind: str = Field(description="`state` | `checkpoint` | `sample` | `info` | `error`")
+    kind: str = Field(
+        description="`state` | `checkpoint` | `sample` | `info` | `error` | `hang` | `straggler`"
+    )
     state_from: str | None
     state_to: str | None
     message: str
@@ -171,7 +173,7 @@ class LogLine(_Out):
     id: int
     attempt: int
     rank: int
-    stream: str = Field(description="`stdout` | `stderr`")
+    stream: str = Field(description="`stdout` | `stderr` | `stacks` (the hang watchdog's dumps)")
     line: str
     created_at: Timestamp
 

@@ -63,6 +63,13 @@ class Settings(BaseSettings):
         description="Address other nodes of a multi-node job reach this worker's host at: node 0 "
         "publishes it as the c10d rendezvous endpoint, and torchrun's `--local-addr`.",
     )
+    hang_timeout_floor_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds without step progress after which a job that sets no "
+        "`limits.hang_timeout_s` counts as hung, at the least (the derived timeout is the larger "
+        "of this and 10x the median time between the job's step reports).",
+    )
     gang_assemble_timeout_s: float = Field(
         default=60.0,
         gt=0,

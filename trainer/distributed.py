@@ -81,6 +81,17 @@ def all_reduce_sum(tensor: Tensor, info: DistInfo) -> Tensor:
     return tensor
 
 
+def all_gather_float(value: float, info: DistInfo) -> list[float]:
+    """Every rank's `value`, in rank order (one all-gather of a 1-element tensor over the
+    default process group); `[value]` when not distributed."""
+    if not info.is_distributed:
+        return [value]
+    mine = torch.tensor([value], dtype=torch.float64, device=info.device)
+    gathered = [torch.empty_like(mine) for _ in range(info.world_size)]
+    dist.all_gather(gathered, mine)
+    return [float(t.item()) for t in gathered]
+
+
 def broadcast_from_rank0(obj: Any, info: DistInfo) -> Any:
     """Rank 0's `obj` on every rank (a picklable object)."""
     if not info.is_distributed:

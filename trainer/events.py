@@ -46,6 +46,11 @@ class Reporter:
         if finite:
             self.emit("metric", step=step, values=finite)
 
+    def rank_step_times(self, step: int, seconds: list[float]) -> None:
+        """Every rank's mean step time (seconds) over the log interval ending at optimizer
+        step `step`, in global rank order (the worker looks for stragglers in them)."""
+        self.emit("rank_step_times", step=step, seconds=seconds)
+
     def checkpoint(self, step: int, uri: str, size_bytes: int) -> None:
         self.emit("checkpoint", step=step, uri=uri, size_bytes=size_bytes)
 

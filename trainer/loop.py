@@ -22,6 +22,7 @@ import math
 import os
 import resource
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ from torch import Tensor, nn
 from trainer.batches import forward, lm_loss, next_step_batches
 from trainer.checkpoint import Checkpointer
 from trainer.data import decode, encode
-from trainer.distributed import DistInfo, all_reduce_sum, no_sync
+from trainer.distributed import DistInfo, all_gather_float, all_reduce_sum, no_sync
 from trainer.dpo_train import DPOMethod, pair_batches
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt, restart_count
@@ -349,6 +350,10 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
 
 
 def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time: float) -> None:
+    """The train metrics of the log interval ending now (`step_time`: this rank's mean seconds
+    per step over it). Every rank calls it at the same steps: with world_size > 1 one
+    all-gather of the ranks' step times feeds `step_time_s/max`, `step_time_s/median` and the
+    `rank_step_times` event, in which the worker looks for stragglers."""
     values = {
         "loss": loss,
         "lr": lr,
@@ -360,6 +365,11 @@ def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time:
     if run.dpo is not None:  # a collective: every rank reports at the same steps
         values.update(run.dpo.train_metrics(run.dist))
     values.update(cuda_metrics(run, values["tokens_per_second"]))
+    if run.dist.is_distributed:  # a collective: every rank reports at the same steps
+        seconds = all_gather_float(step_time, run.dist)
+        values["step_time_s/max"] = max(seconds)
+        values["step_time_s/median"] = statistics.median(seconds)
+        run.reporter.rank_step_times(run.state.step, seconds)
     run.reporter.metric(run.state.step, values)
     if run.dist.rank == run.dims.reporting_rank:
         log.info(

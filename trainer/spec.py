@@ -463,9 +463,10 @@ class LimitsSpec(StrictSpec):
     hang_timeout_s: float | None = Field(
         default=None,
         gt=0,
-        description="Seconds without step progress after which the worker dumps every rank's "
-        "stacks and ends the attempt as `hang`; null: derived from the job's own median step "
-        "time, never below the worker's floor (`TORCHYARD_HANG_TIMEOUT_FLOOR_S`).",
+        description="Seconds without step progress (after the first step) after which the "
+        "worker dumps every rank's Python stacks into the job's logs and stops the attempt as "
+        "hung (failure class `hang`); null: 10x the median time between the job's step "
+        "reports, at least the worker's `TORCHYARD_HANG_TIMEOUT_FLOOR_S` (300 s).",
     )
 
 

@@ -11,9 +11,11 @@ torchrun's error file through `@record`).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -77,6 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run one attempt of a job; raises SystemExit(2) for invalid input, re-raises failures."""
     args = parse_args(argv)
+    # The worker's hang watchdog sends SIGUSR1 when py-spy cannot dump this rank: every
+    # thread's Python stack goes to stderr, which the worker stores as this rank's log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     rank = env_rank()
     logging.basicConfig(
         level=logging.INFO,

@@ -49,6 +49,7 @@ from workers.attempt import (
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import Exit, Stop, Supervisor
+from workers.watchdog import hang_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,10 @@ def _run_node(
         shutdown=shutdown,
         runtime_budget_s=runtime_budget(job),
         on_heartbeat=lambda s, stop: _node_heartbeat(s, job, node_rank, stop),
-        watchers=sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
+        watchers=[
+            *sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
+            hang_watchdog(settings, spec.limits, ingest, proc.pid, factory),
+        ],
     )
     try:
         end = supervisor.run()

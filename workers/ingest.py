@@ -26,13 +26,14 @@ import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core import gang, jobs
 from core import ingest as store
-from core import jobs
 from core.errors import Conflict
 from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState
 from workers import observability
 from workers.launcher import LAUNCHER_RANK, RunPaths
+from workers.progress import StepProgress, Straggler, StragglerDetector
 from workers.tail import FileTail
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class RunIngest:
         self.paths = paths
         self.job_id = job_id
         self.attempt = attempt
+        self.nproc = nproc
         self.rank_offset = node_rank * nproc
         self.launcher_rank = LAUNCHER_RANK - node_rank
         self.events = FileTail(paths.events)
@@ -85,6 +87,9 @@ class RunIngest:
             (0, LAUNCHER_RANK, s): FileTail(paths.launcher_log(s)) for s in ("stdout", "stderr")
         }
         self.reported = Reported()
+        # Read from the files, not the database: a DB outage is no hang.
+        self.progress = StepProgress()
+        self.stragglers = StragglerDetector()
         observability.start_exporter()  # once per process; only with the port set
 
     def flush(self, session_factory: Callable[[], Session], *, final: bool = False) -> str:
@@ -100,6 +105,7 @@ class RunIngest:
         batch = _Batch()
         for offset, raw in event_chunk.lines:
             self._parse_event(offset, raw, batch)
+        self._observe_progress(batch)
         for (restart, rank, stream), chunk in log_chunks.items():
             stored = self.launcher_rank if rank == LAUNCHER_RANK else self.rank_offset + rank
             base = restart * RESTART_OFFSET_STRIDE
@@ -131,6 +137,14 @@ class RunIngest:
         """Whether a file has bytes not stored yet (after a flush: more than one batch)."""
         tails: list[FileTail] = [self.events, *self.logs.values()]
         return any(_size(t) > t.offset for t in tails)
+
+    def _observe_progress(self, batch: _Batch) -> None:
+        for event in batch.events:
+            data = event.get("data")
+            restart = data.get("restart") if isinstance(data, dict) else None
+            if event.get("state") == "running" and isinstance(restart, int) and restart > 0:
+                self.progress.restarted()
+        self.progress.observe(((m.step, m.time) for m in batch.metrics), time.monotonic())
 
     def _parse_event(self, offset: int, raw: bytes, batch: _Batch) -> None:
         try:
@@ -191,6 +205,9 @@ class RunIngest:
         elif kind == "sample":
             data = {k: event.get(k) for k in ("step", "prompt", "text")}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)
+        elif kind == "rank_step_times" and (report := _step_times(event)) is not None:
+            for found in self.stragglers.observe(*report):
+                self._straggler(session, job, found)
         elif kind == "error":
             data = {"traceback": event.get("traceback")}
             self._add(session, job, "error", str(event.get("message", "")), data)
@@ -222,6 +239,28 @@ class RunIngest:
                 pass
         self._add(session, job, "info", message, {"trainer_state": trainer_state, **data})
         return state
+
+    def _straggler(self, session: Session, job: Job, found: Straggler) -> None:
+        """A `straggler` event naming the rank and its node's worker and host (node
+        `rank // procs_per_node` of a gang; the job's worker otherwise)."""
+        nodes = gang.members(session=session, job_id=job.id, attempt=self.attempt)
+        node = nodes[min(found.rank // self.nproc, len(nodes) - 1)] if nodes else None
+        worker = node.worker if node is not None else job.worker
+        host = node.host if node is not None else None
+        message = (
+            f"straggler: rank {found.rank} on {host or worker} took {found.seconds:.3g} s per "
+            f"step, {found.ratio:.1f}x the median {found.median_s:.3g} s of all ranks, "
+            f"{found.reports} reports in a row (step {found.step})"
+        )
+        data = {
+            "rank": found.rank,
+            "worker": worker,
+            "host": host,
+            "step": found.step,
+            "seconds": found.seconds,
+            "median_s": found.median_s,
+        }
+        self._add(session, job, "straggler", message, data)
 
     def _add(self, session: Session, job: Job, kind: str, message: str, data: Any) -> None:
         jobs.add_event(
@@ -271,6 +310,17 @@ def _parse_metric(event: dict[str, Any], out: list[store.Metric]) -> None:
             value = float(value)
         if math.isfinite(value) and len(name) <= MAX_METRIC_NAME_CHARS:
             out.append(make((name.replace("\x00", "\ufffd"), step, value, when)))
+
+
+def _step_times(event: dict[str, Any]) -> tuple[int, list[float]] | None:
+    """(step, every rank's seconds) of a `rank_step_times` event; None for a malformed one
+    (a non-finite time is null after `_clean`), which is skipped rather than stop the ingest."""
+    step, seconds = event.get("step"), event.get("seconds")
+    if not isinstance(step, int) or not isinstance(seconds, list):
+        return None
+    if not all(isinstance(t, int | float) for t in seconds):
+        return None
+    return step, [float(t) for t in seconds]
 
 
 def _text(raw: bytes) -> str:

@@ -40,6 +40,7 @@ from workers.gang import JoinDispatch
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import Exit, Stop, Supervisor
+from workers.watchdog import hang_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,10 @@ def run_job(
         ingest=ingest,
         shutdown=shutdown,
         runtime_budget_s=budget,
-        watchers=sysmetrics.watchers_for(settings, factory, proc.pid, ingest),
+        watchers=[
+            *sysmetrics.watchers_for(settings, factory, proc.pid, ingest),
+            hang_watchdog(settings, job.spec.limits, ingest, proc.pid, factory),
+        ],
     )
     try:
         end = supervisor.run()

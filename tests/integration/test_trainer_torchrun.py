@@ -92,6 +92,23 @@ def test_ddp_two_processes_train_to_completion_and_beat_the_unigram_baseline(
     assert len(sample["text"].encode()) >= 16  # 32 bytes, fewer characters if multi-byte
 
 
+def test_every_ranks_step_time_is_reported_at_each_log_interval_with_max_and_median(
+    ddp_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    _, events = ddp_run
+    reports = [e for e in events if e["type"] == "rank_step_times"]
+    assert [e["step"] for e in reports] == list(range(1, MAX_STEPS + 1))  # log interval 1
+    assert all(len(e["seconds"]) == 2 and min(e["seconds"]) > 0 for e in reports)
+    train = {
+        e["step"]: e["values"] for e in events if e["type"] == "metric" and "loss" in e["values"]
+    }
+    for e in reports:
+        values = train[e["step"]]
+        assert values["step_time_s/max"] == max(e["seconds"])
+        assert values["step_time_s/median"] == pytest.approx(sum(e["seconds"]) / 2)
+        assert values["step_time_s"] == e["seconds"][0]  # the reporting rank's own
+
+
 def test_checkpoints_are_evented_when_complete_retained_and_carry_their_spec(
     ddp_run: tuple[Path, list[dict[str, Any]]], corpus_dir: Path
 ) -> None:

@@ -11,13 +11,20 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import datasets
+from core import datasets, jobs
 from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import ProjectKey
-from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.integration.workers.helpers import (
+    Worker,
+    create_job,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+)
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +64,15 @@ def dataset_id(session: Session, settings: Settings, project: ProjectKey, corpus
         name="corpus",
         uri=str(corpus_dir),
     ).id
+
+
+@pytest.fixture
+def claimed_job(engine: Engine, project: ProjectKey, dataset_id: str) -> int:
+    """A job claimed (attempt 1, `starting`) by worker "in-process", with no trainer."""
+    job_id = create_job(
+        engine, project, tiny_spec(pool=unique_queue("ingest"), dataset_id=dataset_id)
+    )
+    with Session(engine) as s:
+        assert jobs.claim(session=s, job_id=job_id, worker="in-process") is not None
+        s.commit()
+    return job_id

@@ -12,15 +12,11 @@ from sqlalchemy.orm import Session
 from core import jobs
 from core.db import session_factory
 from core.models import JobState
-from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
-    create_job,
     job_events,
     job_row,
     log_lines,
     metric_series,
-    tiny_spec,
-    unique_queue,
 )
 from workers.ingest import RESTART_OFFSET_STRIDE, JobLost, RunIngest
 from workers.launcher import RunPaths
@@ -28,17 +24,6 @@ from workers.launcher import RunPaths
 
 def _event(kind: str, **fields: object) -> bytes:
     return json.dumps({"type": kind, "time": 1.0, "attempt": 1, **fields}).encode() + b"\n"
-
-
-@pytest.fixture
-def claimed_job(engine: Engine, project: ProjectKey, dataset_id: str) -> int:
-    job_id = create_job(
-        engine, project, tiny_spec(pool=unique_queue("ingest"), dataset_id=dataset_id)
-    )
-    with Session(engine) as s:
-        assert jobs.claim(session=s, job_id=job_id, worker="in-process") is not None
-        s.commit()
-    return job_id
 
 
 def test_flush_stores_complete_lines_once_and_the_final_one_only_at_the_end(
@@ -166,3 +151,49 @@ def test_lines_of_every_inplace_restart_are_stored_once_and_the_restart_is_an_ev
     (restarted,) = [e for e in events if e.kind == "info"]
     assert restarted.message == "ranks restarted in place (restart 1); go"
     assert (restarted.attempt, restarted.data["restart"]) == (1, 1)
+
+
+def test_a_rank_slow_in_three_reports_in_a_row_is_one_straggler_event_naming_it_and_its_worker(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    slow = [0.1, 0.1, 0.1, 0.35]
+    paths.events.write_bytes(
+        b"".join(_event("rank_step_times", step=s, seconds=slow) for s in (1, 2, 3, 4))
+        + _event("rank_step_times", step=5, seconds=[0.1] * 4)  # recovered
+        + b"".join(_event("rank_step_times", step=s, seconds=slow) for s in (6, 7))
+        + _event("rank_step_times", step=8, seconds=[0.1, None, 0.1, 0.35])  # skipped
+        + _event("rank_step_times", step="9", seconds=slow)  # skipped
+    )
+    ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
+    ingest.flush(session_factory(engine))
+    ingest.flush(session_factory(engine))  # nothing new: no second event
+
+    (straggler,) = [e for e in job_events(engine, claimed_job) if e.kind == "straggler"]
+    assert straggler.data == {
+        "rank": 3,
+        "worker": "in-process",
+        "host": None,
+        "step": 3,
+        "seconds": 0.35,
+        "median_s": 0.1,
+    }
+    assert straggler.message.startswith("straggler: rank 3 on in-process took 0.35 s per step")
+    assert "3.5x the median 0.1 s" in straggler.message
+
+
+def test_step_progress_is_read_from_the_files_even_while_the_database_is_unreachable(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    paths.events.write_bytes(
+        b"".join(_event("metric", step=s, values={"loss": 1.0}) for s in (1, 2))
+    )
+    ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
+
+    def unreachable() -> Session:
+        raise OSError("database unreachable")
+
+    with pytest.raises(OSError):
+        ingest.flush(unreachable)
+    assert ingest.progress.step == 2 and ingest.progress.observed_at is not None
