@@ -18,6 +18,7 @@ from tests.integration.workers.helpers import (
     create_job,
     group_gone,
     job_events,
+    job_nodes,
     launches,
     log_lines,
     metric_series,
@@ -45,6 +46,11 @@ def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a
     assert job.state == "succeeded", job.error
     assert (job.attempt, job.exit_code, job.current_step) == (1, 0, 30)
     assert job.worker == worker.name and job.heartbeat_at is not None
+    # A single-node job is a gang of one: one node slot, holding the node's exit facts.
+    (node,) = job_nodes(engine, job_id)
+    assert (node.attempt, node.node_rank, node.worker) == (1, 0, worker.name)
+    assert (node.exit_code, node.stop, node.failure) == (0, None, None)
+    assert node.ended_at is not None and node.completed and node.completed["steps"] == 30
 
     losses = metric_series(engine, job_id, "loss")
     assert [p.step for p in losses] == list(range(1, 31))
@@ -127,6 +133,17 @@ def test_invalid_data_fails_the_job_at_once_and_is_never_retried(
     events = job_events(engine, job_id)
     assert not any(e.state_to == "restarting" for e in events)
     assert any(e.kind == "error" and "does not exist" in e.message for e in events)
+    # The trainer's own error event says what failed: a user error, never retried.
+    assert job.failure is not None and job.restarts_used == 0
+    assert (job.failure["class"], job.failure["exit_code"], job.failure["rank"]) == (
+        "user_error",
+        2,
+        0,
+    )
+    assert "does not exist" in job.failure["reason"] and job.failure["log_tail"]
+    assert events[-1].state_to == "failed" and events[-1].data["failure_class"] == "user_error"
+    (node,) = job_nodes(engine, job_id)
+    assert (node.exit_code, node.stop, node.failure) == (2, None, job.failure)
 
 
 def test_unknown_dataset_fails_before_any_trainer_starts(
