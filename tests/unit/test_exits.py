@@ -15,10 +15,13 @@ import pytest
 import torch
 import torch.distributed
 
+from core.lifecycle import NodeEnd, Stop
 from trainer.errors import CheckpointWriteError, InvalidJobError
 from trainer.failures import FailureClass, classify_exception, error_type_names
 from workers import exits
+from workers.ingest import Reported
 from workers.launcher import RunPaths
+from workers.supervisor import Exit
 
 C = FailureClass
 
@@ -224,3 +227,33 @@ def test_oom_kills_reads_the_counter_of_the_processs_cgroup(tmp_path: Path) -> N
     (tmp_path / "cgroup1").write_text("5:cpu:/\n4:memory:/w\n")
     assert exits.oom_kills(tmp_path / "cgroup1", v1) == 5
     assert exits.oom_kills(tmp_path / "absent", v1) is None
+
+
+def _exit(
+    returncode: int,
+    stop: Stop | None = None,
+    *,
+    completed: dict[str, int] | None = None,
+    runtime_s: float = 0.0,
+    stop_reason: str | None = None,
+) -> Exit:
+    reported = Reported(completed=completed)
+    return Exit(returncode, stop, reported, True, runtime_s, stop_reason)
+
+
+def test_node_end_says_failed_only_for_an_unasked_non_zero_exit_or_a_hang(tmp_path: Path) -> None:
+    run = exits.NodeRun(
+        paths=RunPaths(run_dir=tmp_path, checkpoint_dir="", data=""),
+        node_rank=0,
+        nproc=1,
+        oom_kills=None,
+    )
+    done = exits.node_end(_exit(0, completed={"steps": 3}, runtime_s=4.0), run)
+    assert done == NodeEnd(node_rank=0, exit_code=0, completed=True, runtime_s=4.0)
+    cancelled = exits.node_end(_exit(1, Stop.CANCEL), run)  # the ranks died of the stop
+    assert cancelled.failure is None and cancelled.stop is Stop.CANCEL
+    hung = exits.node_end(_exit(-9, Stop.HANG, stop_reason="no step progress for 61 s"), run)
+    assert hung.failure is not None and hung.failure.failure_class is C.HANG
+    assert hung.failure.reason == "no step progress for 61 s"
+    crashed = exits.node_end(_exit(1), run)
+    assert crashed.failure is not None and crashed.failure.failure_class is C.INFRA
