@@ -12,6 +12,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core import jobs
+from core.settings import Settings
+from core.storage import job_checkpoint_uri
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
@@ -161,3 +163,33 @@ def test_unknown_dataset_fails_before_any_trainer_starts(
     records = [json.loads(x) for x in worker.log.splitlines() if x.startswith("{")]
     mine = [r for r in records if r.get("job_id") == job_id]
     assert any("claimed attempt 1" in r["message"] for r in mine), worker.log[-3000:]
+
+
+def test_an_exception_in_the_trainer_fails_the_job_with_the_class_from_its_error_file(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    project: ProjectKey,
+    dataset_id: str,
+    worker: Worker,
+) -> None:
+    """Storage refuses the step-10 checkpoint (a file is in the way): the trainer raises, its
+    `@record`ed error file and error event say `infra`, and the worker fails the job so."""
+    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, retries={"max_restarts": 0})
+    job_id = create_job(engine, project, spec)
+    checkpoints = Path(job_checkpoint_uri(settings, job_id).removeprefix("file://"))
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_00000010").write_text("not a directory")
+    send(celery_client, job_id, worker.queue)
+
+    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 90, worker)
+    assert (job.state, job.attempt, job.exit_code) == ("failed", 1, 1)
+    assert job.failure is not None
+    assert (job.failure["class"], job.failure["rank"], job.failure["node_rank"]) == ("infra", 0, 0)
+    assert job.failure["reason"].startswith("CheckpointWriteError: checkpoint at step 10")
+    assert any("CheckpointWriteError" in line for line in job.failure["log_tail"])
+    assert (job.error or "").startswith("[infra] CheckpointWriteError: checkpoint at step 10")
+    (node,) = job_nodes(engine, job_id)
+    assert node.failure == job.failure
+    (error,) = [e for e in job_events(engine, job_id) if e.kind == "error"]
+    assert (error.data["failure_class"], error.data["exit_code"]) == ("infra", 1)
