@@ -151,7 +151,10 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
             stopped.send_signal(signal.SIGKILL)  # whatever happened, leave nothing behind
     left_running_after = time.monotonic() - stopped_at
     assert job.state == "failed", job.error
-    assert "(hang)" in (job.error or "")  # "... after the worker stopped it (hang)"
+    # The lifecycle classes the attempt `hang`, with the watchdog's words as its reason.
+    assert job.failure is not None and job.failure["class"] == "hang", job.error
+    assert job.failure["reason"].startswith("no step progress for"), job.failure
+    assert (job.error or "").startswith("[hang] no step progress for"), job.error
     assert left_running_after < HANG_TIMEOUT_S + MARGIN_S  # the idle time is checked below
 
     events = job_events(engine, job_id)
