@@ -5,7 +5,7 @@ A GPU worker consumes its pool's queue, one job at a time, and holds no second m
     celery -A workers.app:app worker -Q <pool> --pool solo --concurrency 1 --prefetch-multiplier 1
 
 Celery beat (`celery -A workers.app:app beat`) sends `workers.reconcile` every
-`RECONCILE_INTERVAL_S` (3 s) to the control queue, which every worker also consumes: an idle
+`RECONCILE_INTERVAL_S` (2 s) to the control queue, which every worker also consumes: an idle
 worker runs it. When every worker may be busy with a long job, run a small worker for it
 alone, with beat embedded:
 
@@ -26,10 +26,11 @@ from core.queue import RECONCILE_TASK, celery_config
 from core.settings import Settings, get_settings
 
 CONTROL_QUEUE = "torchyard.control"
-# A lost worker is requeued within worker_timeout_s (10 s) + this + a task's delivery: under
-# the 15 s the platform promises. An idle reconcile is two indexed selects (active jobs and
-# their live gang nodes, joined to the workers' rows; queued jobs past redispatch), ~1 ms.
-RECONCILE_INTERVAL_S = 3.0
+# A lost worker is requeued within worker_timeout_s (10 s) + this + a task's delivery (~1 s
+# on a loaded host): 13 s at worst, under the 15 s the platform promises. An idle reconcile
+# is two indexed selects (active jobs and their live gang nodes joined to the workers' rows;
+# queued jobs past the redispatch age), a few ms.
+RECONCILE_INTERVAL_S = 2.0
 
 
 def create_app(settings: Settings | None = None) -> Celery:
