@@ -123,6 +123,10 @@ class WorkerHeartbeat:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def mark_stopping(self) -> None:
         """The worker's warm shutdown began: the next beat says so."""
         self._stopping = True
