@@ -152,7 +152,11 @@ def reap(
     with session_factory() as session:
         lost = sorted({row.job_id for row in session.execute(_lost(settings, scope))})
     for job_id in lost:
-        reaped = _reap(session_factory, settings, scope, job_id)
+        try:
+            reaped = _reap(session_factory, settings, scope, job_id)
+        except Exception:  # one job that cannot be applied (a spec that no longer validates)
+            log.exception("job %s: lost, but its end could not be recorded", job_id)
+            continue  # must not keep the others from being reaped; tried again next period
         if reaped is None:
             continue
         outcome, pool = reaped
