@@ -39,6 +39,7 @@ from sqlalchemy import (
     Integer,
     Select,
     and_,
+    exists,
     false,
     literal,
     or_,
@@ -221,6 +222,8 @@ def _lost(settings: Settings, scope: Scope, job_id: int | None = None) -> Select
         )
         .select_from(Job)
         .outerjoin(row, row.name == Job.worker)
+        # The claimant is node 0: once its node ended, the other nodes answer for the attempt.
+        .where(~exists().where(*_node(0), JobNode.ended_at.is_not(None)))
     )
     by_node = (
         lost_select(
@@ -233,11 +236,17 @@ def _lost(settings: Settings, scope: Scope, job_id: int | None = None) -> Select
             JobNode.joined_at,
         )
         .select_from(JobNode)
-        .join(Job, and_(Job.id == JobNode.job_id, Job.attempt == JobNode.attempt))
+        .join(Job, and_(*_node()))
         .outerjoin(row, row.name == JobNode.worker)
         .where(JobNode.worker.is_not(None), JobNode.ended_at.is_(None))
     )
     return union_all(by_job, by_node).subquery().select()
+
+
+def _node(node_rank: int | None = None) -> list[ColumnElement[bool]]:
+    """A node row of the job's current attempt (node `node_rank` when given)."""
+    match = [JobNode.job_id == Job.id, JobNode.attempt == Job.attempt]
+    return match if node_rank is None else [*match, JobNode.node_rank == node_rank]
 
 
 def _failure(found: Any, now: datetime) -> Failure:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from core import gang, jobs
 from core.db import session_factory
-from core.models import Job, JobState, utcnow
+from core.models import Job, JobNode, JobState, utcnow
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
@@ -268,10 +268,19 @@ def test_a_gang_whose_one_node_s_worker_went_silent_is_requeued_as_a_whole(
         assert gang.join(
             session=s, job_id=job_id, attempt=job.attempt, worker="n1@gangrow", host="10.0.0.2"
         )
-    long_ago = utcnow() - timedelta(seconds=600)
-    _worker_row(engine, "n0@gangrow", started_at=long_ago, seen_s_ago=0)
-    _worker_row(engine, "n1@gangrow", started_at=long_ago, seen_s_ago=settings.worker_timeout_s + 2)
+    long_ago, silent_s = utcnow() - timedelta(seconds=600), settings.worker_timeout_s + 2
+    with Session(engine) as s:  # node 0 ended its part, then its worker (the claimant) left
+        s.execute(
+            update(JobNode)
+            .where(JobNode.job_id == job_id, JobNode.node_rank == 0)
+            .values(ended_at=utcnow(), exit_code=0)
+        )
+        s.commit()
+    _worker_row(engine, "n0@gangrow", started_at=long_ago, seen_s_ago=silent_s)
+    _worker_row(engine, "n1@gangrow", started_at=long_ago, seen_s_ago=0)
+    assert run_reconcile(pool) == Report()  # node 1 answers for the attempt now
 
+    _worker_row(engine, "n1@gangrow", started_at=long_ago, seen_s_ago=silent_s)
     assert run_reconcile(pool) == Report(requeued=[job_id])
     failure = job_row(engine, job_id).failure
     assert failure is not None
