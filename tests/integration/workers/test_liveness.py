@@ -52,7 +52,11 @@ def test_the_heartbeat_rides_out_a_database_outage_and_registers_once_it_is_back
         return Session(unreachable if down.is_set() else engine, expire_on_commit=False)
 
     registered: list[float] = []
-    name = f"w-{secrets.token_hex(3)}@liveness"
+    name, long_gone = (f"w-{secrets.token_hex(3)}@liveness" for _ in range(2))
+    with Session(engine) as s:  # a host that left more than FORGET_AFTER ago
+        last_seen = utcnow() - liveness.FORGET_AFTER - timedelta(hours=1)
+        liveness.beat(session=s, name=long_gone, pool="old", started_at=last_seen, now=last_seen)
+        s.commit()
     heartbeat = liveness.WorkerHeartbeat(
         name=name,
         pool="liveness",
@@ -71,6 +75,7 @@ def test_the_heartbeat_rides_out_a_database_outage_and_registers_once_it_is_back
         wait_for("the previous incarnation's jobs reconciled", lambda: registered, 5)
         wait_for("steady beats", lambda: heartbeat.steady_s() >= 0.5, 10)
         assert len(registered) == 1  # once, not at every beat
+        assert _row(engine, long_gone) is None  # forgotten when a worker registers
         failures = [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
         assert len(failures) == 1  # once per outage, not once per beat
         assert "heartbeat back after" in caplog.text
@@ -91,3 +96,10 @@ def test_a_later_incarnation_keeps_the_name_from_an_earlier_one(engine: Engine) 
         s.commit()
     row = _row(engine, name)
     assert row is not None and (row.pool, row.started_at) == ("b", later)
+
+
+def test_a_worker_timeout_under_two_heartbeat_intervals_is_refused() -> None:
+    """Live workers would count as gone between two beats."""
+    with pytest.raises(ValueError, match="at least twice"):
+        Settings(worker_heartbeat_interval_s=6.0, worker_timeout_s=10.0)
+    assert Settings(worker_heartbeat_interval_s=5.0, worker_timeout_s=10.0).worker_timeout_s == 10
