@@ -79,7 +79,8 @@ def apply(
             to=JobState.SUCCEEDED,
             message=decision.message,
             data=completed,
-            values={**values, "error": None, "failure": None},
+            # `failure` stays: the last failed attempt of a job that recovered from it.
+            values={**values, "error": None},
         )
     elif outcome in (Outcome.CANCELLED, Outcome.PAUSED):
         to = JobState.CANCELLED if outcome is Outcome.CANCELLED else JobState.PAUSED
