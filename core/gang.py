@@ -121,6 +121,37 @@ def join(*, session: Session, job_id: int, attempt: int, worker: str, host: str)
     return int(free)
 
 
+def record_devices(
+    *, session: Session, job: Job, node_rank: int, worker: str, devices: Sequence[int]
+) -> None:
+    """Record the device indices node `node_rank` of the job's current attempt was given.
+
+    A gang node's slot row gets them; a single-node attempt has no slot row and gets one here
+    (no heartbeat on it: the reaper watches the job row's). Does not commit."""
+    values = {"devices": list(devices)}
+    found = session.execute(
+        update(JobNode)
+        .where(
+            JobNode.job_id == job.id,
+            JobNode.attempt == job.attempt,
+            JobNode.node_rank == node_rank,
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if found.rowcount == 0:  # type: ignore[attr-defined]
+        session.add(
+            JobNode(
+                job_id=job.id,
+                attempt=job.attempt,
+                node_rank=node_rank,
+                worker=worker,
+                joined_at=utcnow(),
+                **values,
+            )
+        )
+
+
 def members(*, session: Session, job_id: int, attempt: int) -> list[JobNode]:
     """The node slots of one attempt, by node rank."""
     query = (

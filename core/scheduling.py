@@ -10,6 +10,20 @@ Postgres: `SELECT ... FOR UPDATE SKIP LOCKED` picks a candidate no other claiman
 at; the claim is still the fencing UPDATE of `core.jobs.claim` (queued -> starting), so exactly
 one claimant wins each job. SQLite has no row locks: a plain ordered select, and a lost fencing
 UPDATE moves on to the next candidate.
+
+Devices: a worker runs several jobs at once (`workers.devices`) and claims only a job whose node
+fits its free devices (`max_slots`: `Job.slots`, the job's `resources.procs_per_node`, at most
+that). A job that does not fit keeps its place at the head of the queue, and the best job
+behind it that fits runs meanwhile (backfill). The price is that a large job can starve behind a
+steady stream of small ones on a busy pool: nothing reserves devices for it while it waits.
+Give it a higher `priority` (it is then claimed first by the first worker with room), or run
+large jobs on a pool of their own.
+
+A delivery that fits nothing claims nothing; the job its message stood for is still queued.
+When an attempt ends and frees devices, its worker sends one message for its pool if a job is
+queued there (`head_of_queue`), so a waiting job is reached at once; a message that reached a
+full worker of a pool with several workers is made up for by the reconciler's re-send of jobs
+queued for longer than `heartbeat_timeout_s`.
 """
 
 from __future__ import annotations
@@ -31,14 +45,20 @@ def scheduling_order() -> tuple[UnaryExpression[Any], UnaryExpression[Any]]:
     return (Job.priority.desc(), Job.id.asc())
 
 
-def claim_next(*, session: Session, pool: str, worker: str) -> Job | None:
+def claim_next(
+    *, session: Session, pool: str, worker: str, max_slots: int | None = None
+) -> Job | None:
     """Claim the best queued job of `pool` for `worker` (queued -> starting, attempt + 1).
 
-    Returns None when the pool has no queued job left for this claimant. Does not commit.
+    `max_slots`: the most devices (`Job.slots`) the claimant has free; None for no limit.
+    Returns None when the pool has no queued job left for this claimant that fits. Does not
+    commit.
     """
     skipped: list[int] = []
     for _ in range(MAX_CANDIDATES):
         query = select(Job.id).where(Job.pool == pool, Job.state == JobState.QUEUED)
+        if max_slots is not None:
+            query = query.where(Job.slots <= max_slots)
         if skipped:
             query = query.where(Job.id.not_in(skipped))
         candidate = session.execute(
@@ -51,6 +71,13 @@ def claim_next(*, session: Session, pool: str, worker: str) -> Job | None:
             return job
         skipped.append(candidate)  # another claimant won it (SQLite: no row lock held)
     return None
+
+
+def head_of_queue(*, session: Session, pool: str) -> int | None:
+    """The id of the queued job of `pool` a free worker with room takes first; None when none
+    is queued."""
+    query = select(Job.id).where(Job.pool == pool, Job.state == JobState.QUEUED)
+    return session.execute(query.order_by(*scheduling_order()).limit(1)).scalar_one_or_none()
 
 
 def queue_positions(*, session: Session, queued: Sequence[Job]) -> dict[int, int]:
@@ -87,6 +114,8 @@ def waiting_for(job: Job) -> str | None:
         nodes = job.spec.resources.nodes
         if nodes > 1:
             return f"{nodes} free workers at once on pool {job.pool!r} (a gang of {nodes} nodes)"
+        if job.slots > 1:
+            return f"{job.slots} free devices on one worker of pool {job.pool!r}"
         return f"a free worker on pool {job.pool!r}"
     if job.state == JobState.PAUSED:
         return "a resume request (POST /v1/jobs/{id}/resume)".replace("{id}", str(job.id))

@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         default=0.5, gt=0, description="How often the worker flushes trainer output to the DB."
     )
     worker_hostname: str = Field(default="", description="Name a worker records on claimed jobs.")
+    worker_slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Devices a worker hands out to jobs at once: CPU slots on a host without "
+        "GPUs (default 1), or the first that many GPUs (default all NVML finds). A job's node "
+        "takes `resources.procs_per_node` of them (workers.devices).",
+    )
     advertise_host: str = Field(
         default="127.0.0.1",
         description="Address other nodes of a multi-node job reach this worker's host at: node 0 "

@@ -33,7 +33,7 @@ from core.jobs import ACTIVE_STATES
 from core.models import Job, JobState, utcnow
 from core.settings import Settings
 from trainer.spec import JobSpec
-from workers import launcher
+from workers import devices, launcher
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -65,9 +65,10 @@ def lead(
     dispatch: Dispatch,
     send_join: JoinDispatch,
     shutdown: threading.Event,
+    lease: devices.Lease,
 ) -> str:
     """Node 0 of the claimed attempt `job`: publish the rendezvous, call the other nodes, wait
-    for them, then run this node. Returns the outcome."""
+    for them, then run this node on the leased devices. Returns the outcome."""
     try:
         spec = job.spec
         paths = prepare(settings, factory, job, spec, node_rank=0)
@@ -86,7 +87,7 @@ def lead(
     waited = _assemble(settings, factory, dispatch, job, node_rank=0, shutdown=shutdown)
     if waited is not None:
         return waited
-    return _run_node(settings, factory, dispatch, job, spec, paths, worker, shutdown, 0)
+    return _run_node(settings, factory, dispatch, job, spec, paths, worker, shutdown, 0, lease)
 
 
 def join(
@@ -99,8 +100,11 @@ def join(
     dispatch: Dispatch,
     send_join: JoinDispatch,
     shutdown: threading.Event,
+    allocator: devices.Allocator | None = None,
 ) -> str:
-    """Take a free node slot of attempt `attempt` of job `job_id` and run that node."""
+    """Take a free node slot of attempt `attempt` of job `job_id` and run that node, if this
+    worker has `procs_per_node` free devices (`allocator`, default the host's); without them
+    the message is dropped and a gang that cannot assemble is released (`_assemble`)."""
     with factory() as session:
         job = session.get(Job, job_id)
         pool = job.pool if job is not None else None
@@ -109,6 +113,30 @@ def join(
     if shutdown.is_set():  # let another worker take this node
         dispatch_safely(lambda j, q: send_join(j, attempt, q), job_id, pool)
         return "worker shutting down"
+    allocator = allocator or devices.host_allocator()
+    lease = allocator.acquire(job.slots)
+    if lease is None:
+        log.info("job %s attempt %s: no %s free devices to join", job_id, attempt, job.slots)
+        return "not joined"
+    try:
+        return _join(
+            job_id, attempt, lease, settings, factory, worker, dispatch, send_join, shutdown
+        )
+    finally:
+        devices.give_back(allocator, lease, factory=factory, pool=pool, dispatch=dispatch)
+
+
+def _join(
+    job_id: int,
+    attempt: int,
+    lease: devices.Lease,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    send_join: JoinDispatch,
+    shutdown: threading.Event,
+) -> str:
     node_rank = with_db_retry(
         factory,
         lambda s: gang.join(
@@ -134,7 +162,9 @@ def join(
         error = exc
         outcome, _ = with_db_retry(factory, lambda s: fail_unlaunched(s, job, error))
         return outcome
-    return _run_node(settings, factory, dispatch, job, spec, paths, worker, shutdown, node_rank)
+    return _run_node(
+        settings, factory, dispatch, job, spec, paths, worker, shutdown, node_rank, lease
+    )
 
 
 def _assemble(
@@ -220,8 +250,10 @@ def _run_node(
     worker: str,
     shutdown: threading.Event,
     node_rank: int,
+    lease: devices.Lease,
 ) -> str:
-    """Launch and supervise this node's torchrun of the assembled gang; record its end."""
+    """Launch and supervise this node's torchrun of the assembled gang on the leased devices;
+    record its end."""
     with factory() as session:
         slots = gang.members(session=session, job_id=job.id, attempt=job.attempt)
     head = slots[0]
@@ -249,9 +281,11 @@ def _run_node(
         nproc_per_node=nproc,
         device=spec.resources.device,
         cpu_count=os.cpu_count(),
+        devices=lease.devices,
+        host_devices=lease.host_devices,
     )
     proc = launcher.spawn(argv, env, paths)
-    record_launch(factory, job, proc.pid, argv, worker, node_rank=node_rank)
+    record_launch(factory, job, proc.pid, argv, worker, node_rank=node_rank, devices=lease.devices)
     ingest = RunIngest(
         paths=paths, job_id=job.id, attempt=job.attempt, node_rank=node_rank, nproc=nproc
     )

@@ -22,8 +22,8 @@ from core import gang, jobs, scheduling
 from core.errors import DomainError, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
+from workers import devices, launcher
 from workers import gang as gang_node
-from workers import launcher
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -53,18 +53,44 @@ def run_job(
     dispatch: Dispatch,
     shutdown: threading.Event,
     send_join: JoinDispatch | None = None,
+    allocator: devices.Allocator | None = None,
 ) -> str:
     """Run one attempt of job `job_id` if this delivery wins the claim; returns the outcome.
 
     `factory` makes the short-lived sessions of every DB write; `shutdown` is set when the
     worker is stopping (the trainer is then stopped and the job handed back). `send_join`
     sends the join messages of a multi-node job's other nodes (required for such jobs).
+    `allocator`: the worker's devices (default `devices.host_allocator()`); the claim takes
+    only a job that fits the free ones, and its lease is held until the attempt ends.
     """
     if shutdown.is_set():
         return _leave_to_another_worker(factory, job_id, dispatch)
-    job = _claim(factory, job_id, worker)
-    if job is None:
+    allocator = allocator or devices.host_allocator()
+    claimed = allocator.claim(lambda fit: _claim(factory, job_id, worker, fit), _slots)
+    if claimed is None:
         return "not claimed"
+    job, lease = claimed
+    try:
+        return _run_claimed(job, lease, settings, factory, worker, dispatch, shutdown, send_join)
+    finally:
+        devices.give_back(allocator, lease, factory=factory, pool=job.pool, dispatch=dispatch)
+
+
+def _slots(job: Job) -> int:
+    return job.slots
+
+
+def _run_claimed(
+    job: Job,
+    lease: devices.Lease,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    shutdown: threading.Event,
+    send_join: JoinDispatch | None,
+) -> str:
+    """The claimed attempt `job`, on the leased devices, from launch to its recorded end."""
     job_id = job.id  # the best queued job of the pool, not necessarily the one named
     budget = runtime_budget(job)
     if budget is not None and budget <= 0:
@@ -80,15 +106,16 @@ def run_job(
             dispatch=dispatch,
             send_join=send_join,
             shutdown=shutdown,
+            lease=lease,
         )
     try:
-        paths, proc, argv = _launch(settings, factory, job)
+        paths, proc, argv = _launch(settings, factory, job, lease)
     except (ValidationError, DomainError, OSError) as exc:
         log.error("job %s: cannot launch: %s", job_id, exc)
         error = exc
         outcome, _ = with_db_retry(factory, lambda s: fail_unlaunched(s, job, error))
         return outcome
-    record_launch(factory, job, proc.pid, argv, worker)
+    record_launch(factory, job, proc.pid, argv, worker, devices=lease.devices)
     ingest = RunIngest(paths=paths, job_id=job.id, attempt=job.attempt)
     supervisor = Supervisor(
         settings=settings,
@@ -129,7 +156,7 @@ def _leave_to_another_worker(
 
 
 def _launch(
-    settings: Settings, factory: Callable[[], Session], job: Job
+    settings: Settings, factory: Callable[[], Session], job: Job, lease: devices.Lease
 ) -> tuple[RunPaths, subprocess.Popen[bytes], list[str]]:
     """Start torchrun for the claimed attempt. Raises ValidationError, DomainError, OSError."""
     spec = job.spec
@@ -154,6 +181,8 @@ def _launch(
         nproc_per_node=nproc,
         device=spec.resources.device,
         cpu_count=os.cpu_count(),
+        devices=lease.devices,
+        host_devices=lease.host_devices,
     )
     return paths, launcher.spawn(argv, env, paths), argv
 
@@ -177,19 +206,27 @@ def _end_and_dispatch(
     return outcome
 
 
-def _claim(factory: Callable[[], Session], job_id: int, worker: str) -> Job | None:
-    """Claim the best queued job of the pool of job `job_id` (the message is a token)."""
+def _claim(
+    factory: Callable[[], Session], job_id: int, worker: str, max_slots: int | None
+) -> Job | None:
+    """Claim the best queued job of the pool of job `job_id` (the message is a token) that
+    needs at most `max_slots` devices (None: any)."""
     with factory() as session:
         named = jobs.get(session=session, job_id=job_id)
         job = None
         if named is not None:
-            job = scheduling.claim_next(session=session, pool=named.pool, worker=worker)
+            job = scheduling.claim_next(
+                session=session, pool=named.pool, worker=worker, max_slots=max_slots
+            )
         if job is None:
             log.info(
-                "job %s: not claimed (state %s): another delivery has it or it ended, and no "
-                "other job of its pool is queued",
+                "job %s: not claimed (state %s, %s devices; %s free here): another delivery "
+                "has it or it ended, or it does not fit, and no other queued job of its pool "
+                "fits",
                 job_id,
                 named.state if named else "gone",
+                named.slots if named else "?",
+                "any" if max_slots is None else max_slots,
             )
             return None
         session.commit()
