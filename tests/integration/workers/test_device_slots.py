@@ -87,6 +87,12 @@ def cancel(engine: Engine, job_id: int) -> None:
         s.commit()
 
 
+def not_claimed(host: Worker, job_id: int) -> None:
+    """Wait for the worker to log that a delivery for `job_id` found no job that fits."""
+    line = f"job {job_id}: not claimed"
+    wait_for(f"a delivery for job {job_id} to claim nothing", lambda: line in host.log, 30)
+
+
 def all_running(engine: Engine, job_ids: list[int]) -> bool:
     return all(job_row(engine, j).state == "running" for j in job_ids)
 
@@ -116,11 +122,11 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
         assert launch.data["devices"] == devices[j]
     # The job of 4 found no room: its delivery claimed nothing and it keeps its place.
     assert job_row(engine, big).state == "queued"
-    wait_for(f"job {big}'s delivery not to claim", lambda: f"job {big}: not claimed" in host.log, 30)
+    not_claimed(host, big)
 
     # A job of 1 queued behind the job of 4 waits, then takes the slot a cancelled job frees.
     behind = submit(*args, 1, UNTIL_CANCELLED)
-    wait_for(f"job {behind} not claimed", lambda: f"job {behind}: not claimed" in host.log, 30)
+    not_claimed(host, behind)
     assert job_row(engine, behind).state == "queued"
     cancel(engine, first)
     wait_state(engine, first, ("cancelled",), 30, host)
