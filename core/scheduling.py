@@ -14,10 +14,11 @@ UPDATE moves on to the next candidate.
 Devices: a worker runs several jobs at once (`workers.devices`) and claims only a job whose node
 fits its free devices (`max_slots`: `Job.slots`, the job's `resources.procs_per_node`, at most
 that). A job that does not fit keeps its place at the head of the queue, and the best job
-behind it that fits runs meanwhile (backfill). The price is that a large job can starve behind a
-steady stream of small ones on a busy pool: nothing reserves devices for it while it waits.
-Give it a higher `priority` (it is then claimed first by the first worker with room), or run
-large jobs on a pool of their own.
+behind it that fits runs meanwhile (backfill). Backfill alone would let a large job starve
+behind a steady stream of small ones on a busy pool, so once the head of the queue has waited
+longer than `reserve_after_s` (setting `TORCHYARD_RESERVE_AFTER_S`, default 600 s) a worker
+that could ever fit it (`Reserve.largest_job`) stops claiming smaller jobs: its devices drain
+until the head fits. A head no worker of the pool could ever fit reserves nothing on it.
 
 A delivery that fits nothing claims nothing; the job its message stood for is still queued.
 When an attempt ends and frees devices, its worker sends one message for its pool if a job is
@@ -29,13 +30,15 @@ queued for longer than `heartbeat_timeout_s`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from sqlalchemy import UnaryExpression, and_, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from core import jobs
-from core.models import Job, JobState
+from core.models import Job, JobEvent, JobState, utcnow
 
 MAX_CANDIDATES = 8  # SQLite: fencing UPDATEs lost to other claimants before giving up
 
@@ -45,15 +48,37 @@ def scheduling_order() -> tuple[UnaryExpression[Any], UnaryExpression[Any]]:
     return (Job.priority.desc(), Job.id.asc())
 
 
+@dataclass(frozen=True)
+class Reserve:
+    """When the head of the queue holds back smaller jobs on a claimant with too few free
+    devices: it has been queued for at least `after_s` seconds (None: never) and needs at most
+    `largest_job` devices (what the claimant's host could ever give; None: any number)."""
+
+    after_s: float | None
+    largest_job: int | None
+
+
 def claim_next(
-    *, session: Session, pool: str, worker: str, max_slots: int | None = None
+    *,
+    session: Session,
+    pool: str,
+    worker: str,
+    max_slots: int | None = None,
+    reserve: Reserve | None = None,
 ) -> Job | None:
     """Claim the best queued job of `pool` for `worker` (queued -> starting, attempt + 1).
 
     `max_slots`: the most devices (`Job.slots`) the claimant has free; None for no limit.
-    Returns None when the pool has no queued job left for this claimant that fits. Does not
-    commit.
+    `reserve`: when a long-waiting head that does not fit keeps the devices for itself.
+    Returns None when the pool has no queued job left for this claimant that fits, or the head
+    reserves. Does not commit.
     """
+    if (
+        max_slots is not None
+        and reserve is not None
+        and _head_reserves(session, pool, max_slots, reserve)
+    ):
+        return None
     skipped: list[int] = []
     for _ in range(MAX_CANDIDATES):
         query = select(Job.id).where(Job.pool == pool, Job.state == JobState.QUEUED)
@@ -71,6 +96,32 @@ def claim_next(
             return job
         skipped.append(candidate)  # another claimant won it (SQLite: no row lock held)
     return None
+
+
+def _head_reserves(session: Session, pool: str, max_slots: int, reserve: Reserve) -> bool:
+    if reserve.after_s is None:
+        return False
+    head = session.execute(
+        select(Job.id, Job.slots)
+        .where(Job.pool == pool, Job.state == JobState.QUEUED)
+        .order_by(*scheduling_order())
+        .limit(1)
+    ).one_or_none()
+    if head is None or head.slots <= max_slots:
+        return False
+    if reserve.largest_job is not None and head.slots > reserve.largest_job:
+        return False
+    queued_at = session.execute(
+        select(JobEvent.created_at)
+        .where(JobEvent.job_id == head.id, JobEvent.state_to == JobState.QUEUED)
+        .order_by(JobEvent.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    if queued_at is None:
+        return False
+    if queued_at.tzinfo is None:  # SQLite hands back naive UTC
+        queued_at = queued_at.replace(tzinfo=UTC)
+    return (utcnow() - queued_at).total_seconds() >= reserve.after_s
 
 
 def head_of_queue(*, session: Session, pool: str) -> int | None:

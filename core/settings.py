@@ -59,6 +59,13 @@ class Settings(BaseSettings):
         "GPUs (default 1), or the first that many GPUs (default all NVML finds). A job's node "
         "takes `resources.procs_per_node` of them (workers.devices).",
     )
+    reserve_after_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="A queued job at the head of its pool that has not fitted any worker's free "
+        "devices for this many seconds stops workers that could fit it from claiming smaller "
+        "jobs, so it is not starved by them (core.scheduling); None: never.",
+    )
     advertise_host: str = Field(
         default="127.0.0.1",
         description="Address other nodes of a multi-node job reach this worker's host at: node 0 "

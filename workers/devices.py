@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core import scheduling
+from core.models import Job
 from core.settings import Settings, get_settings
 from workers.attempt import Dispatch, dispatch_safely
 
@@ -114,6 +115,10 @@ class Allocator:
                 return None
             return len(self._free)
 
+    def largest_job(self) -> int | None:
+        """The most devices a job may ask for and ever fit this host; None: any number (CPU)."""
+        return None if self.inventory.kind == "cpu" else self.capacity
+
     def acquire(self, n: int) -> Lease | None:
         """A lease on the `n` lowest free devices, or None when fewer are free. Raises
         ValueError for n < 1."""
@@ -181,6 +186,36 @@ def host_allocator() -> Allocator:
         return _host
 
 
+@contextlib.contextmanager
+def claimed(
+    allocator: Allocator,
+    claim: Callable[[int | None, scheduling.Reserve], Job | None],
+    *,
+    settings: Settings,
+    factory: Callable[[], Session],
+    dispatch: Dispatch,
+) -> Iterator[tuple[Job, Lease] | None]:
+    """Claim a job that fits the free devices and hold a lease on them for the block.
+
+    `claim(max_slots, reserve)` claims the best queued job needing at most `max_slots` devices
+    (None: any), unless the head of the queue reserves them (`scheduling.Reserve`, from
+    `settings.reserve_after_s`); it runs under the allocator's lock. Yields (job, lease), or
+    None when nothing was claimed. A claim that leaves devices free wakes the pool (another job
+    may fit); the end of the block releases the lease and wakes the pool again."""
+    reserve = scheduling.Reserve(settings.reserve_after_s, allocator.largest_job())
+    got = allocator.claim(lambda fit: claim(fit, reserve), lambda job: job.slots)
+    if got is None:
+        yield None
+        return
+    job, lease = got
+    try:
+        if allocator.free:
+            wake(factory=factory, pool=job.pool, dispatch=dispatch)
+        yield got
+    finally:
+        give_back(allocator, lease, factory=factory, pool=job.pool, dispatch=dispatch)
+
+
 def give_back(
     allocator: Allocator,
     lease: Lease,
@@ -189,16 +224,25 @@ def give_back(
     pool: str,
     dispatch: Dispatch,
 ) -> None:
-    """Release `lease`, then send one `workers.run_job` message for `pool` when a job is queued
-    there: a delivery that found no job fitting the devices free at the time claimed nothing,
-    and the devices just freed may fit it now (`core.scheduling`). A DB error only logs: the
-    reconciler re-sends jobs that stay queued."""
+    """Release `lease`, then `wake` the pool: the devices just freed may fit a job that a
+    delivery found too large before."""
     allocator.release(lease)
+    wake(factory=factory, pool=pool, dispatch=dispatch)
+
+
+def wake(*, factory: Callable[[], Session], pool: str, dispatch: Dispatch) -> None:
+    """Send one `workers.run_job` message for `pool` when a job is queued there.
+
+    A message is a token ("a job of this pool is runnable"); a delivery that found no job
+    fitting the free devices claimed nothing and its token is gone (`core.scheduling`). So a
+    worker wakes its pool when devices free up, and after a claim that left devices free (the
+    next delivery claims another job or nothing: a chain as long as the free devices last).
+    A DB error only logs: the reconciler re-sends jobs that stay queued."""
     try:
         with factory() as session:
             head = scheduling.head_of_queue(session=session, pool=pool)
     except SQLAlchemyError:
-        log.exception("pool %r: could not look for queued jobs after freeing devices", pool)
+        log.exception("pool %r: could not look for queued jobs", pool)
         return
     if head is not None:
         dispatch_safely(dispatch, head, pool)

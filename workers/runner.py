@@ -66,18 +66,17 @@ def run_job(
     if shutdown.is_set():
         return _leave_to_another_worker(factory, job_id, dispatch)
     allocator = allocator or devices.host_allocator()
-    claimed = allocator.claim(lambda fit: _claim(factory, job_id, worker, fit), _slots)
-    if claimed is None:
-        return "not claimed"
-    job, lease = claimed
-    try:
+    with devices.claimed(
+        allocator,
+        lambda fit, reserve: _claim(factory, job_id, worker, fit, reserve),
+        settings=settings,
+        factory=factory,
+        dispatch=dispatch,
+    ) as claimed:
+        if claimed is None:
+            return "not claimed"
+        job, lease = claimed
         return _run_claimed(job, lease, settings, factory, worker, dispatch, shutdown, send_join)
-    finally:
-        devices.give_back(allocator, lease, factory=factory, pool=job.pool, dispatch=dispatch)
-
-
-def _slots(job: Job) -> int:
-    return job.slots
 
 
 def _run_claimed(
@@ -207,16 +206,24 @@ def _end_and_dispatch(
 
 
 def _claim(
-    factory: Callable[[], Session], job_id: int, worker: str, max_slots: int | None
+    factory: Callable[[], Session],
+    job_id: int,
+    worker: str,
+    max_slots: int | None,
+    reserve: scheduling.Reserve,
 ) -> Job | None:
     """Claim the best queued job of the pool of job `job_id` (the message is a token) that
-    needs at most `max_slots` devices (None: any)."""
+    needs at most `max_slots` devices (None: any), unless a waiting larger job reserves them."""
     with factory() as session:
         named = jobs.get(session=session, job_id=job_id)
         job = None
         if named is not None:
             job = scheduling.claim_next(
-                session=session, pool=named.pool, worker=worker, max_slots=max_slots
+                session=session,
+                pool=named.pool,
+                worker=worker,
+                max_slots=max_slots,
+                reserve=reserve,
             )
         if job is None:
             log.info(

@@ -147,14 +147,26 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     # The job of 4 runs once every other job has ended, on all four devices.
     for j in (pair, third, behind):
         cancel(engine, j)
+    wait_state(engine, big, ("starting", "running"), 60, host)
+    # Two jobs of 1 sent while it holds every device find no room; when it ends, both run:
+    # its end wakes the pool once, and the claim that leaves devices free wakes it again.
+    seen = deliveries_that_claimed_nothing(host)
+    after = [submit(*args, 1, SHORT) for _ in range(2)]
+    wait_unclaimed(host, seen + 1)
     done = wait_state(engine, big, ("succeeded", "failed"), 120, host)
     assert done.state == "succeeded", done.error
     assert node_devices(engine, big) == [0, 1, 2, 3]
     last_end = max(job_row(engine, j).finished_at for j in (pair, third, behind))  # type: ignore[type-var]
     assert seconds(done.started_at, last_end) >= 0
+    ends = [wait_state(engine, j, ("succeeded", "failed"), 60, host) for j in after]
+    assert [e.state for e in ends] == ["succeeded", "succeeded"]
+    assert all(seconds(e.started_at, done.finished_at) >= 0 for e in ends)
+    # Together, not one after the other: the second did not wait for the first to end.
+    assert max(e.started_at for e in ends) < min(e.finished_at for e in ends)  # type: ignore[type-var]
     print(
         f"\n[slots] 3 jobs training at once after {overlap_s:.1f} s; slot of a cancelled job "
         f"reused after {slot_reuse_s:.2f} s; job of 4 claimed "
-        f"{seconds(done.started_at, last_end):.2f} s after the last end; "
-        f"test {time.monotonic() - started:.1f} s"
+        f"{seconds(done.started_at, last_end):.2f} s after the last end; the two jobs after it "
+        f"{[round(seconds(job_row(engine, j).started_at, done.finished_at), 2) for j in after]} s "
+        f"after its end; test {time.monotonic() - started:.1f} s"
     )

@@ -54,14 +54,22 @@ def _only_what_fits_is_claimed(engine: Engine, project_id: str) -> None:
     big = _submit(engine, project_id, pool, 5, procs=4)
     pair = _submit(engine, project_id, pool, 0, procs=2)
     single = _submit(engine, project_id, pool, 0, procs=1)
+    other_single = _submit(engine, project_id, pool, 0, procs=1)
 
-    def claim(free: int | None) -> int | None:
+    def claim(free: int | None, reserve: scheduling.Reserve | None = None) -> int | None:
         with session_scope(engine) as s:
-            job = scheduling.claim_next(session=s, pool=pool, worker="w", max_slots=free)
+            job = scheduling.claim_next(
+                session=s, pool=pool, worker="w", max_slots=free, reserve=reserve
+            )
             return None if job is None else job.id
 
-    assert claim(1) == single  # the 4- and 2-device jobs ahead of it do not fit
-    assert claim(1) is None
+    # The 4-device head has waited long enough: a claimant that could ever fit it takes
+    # nothing smaller; one that never could (2 devices in all) is not held back.
+    assert claim(1, scheduling.Reserve(after_s=0.0, largest_job=4)) is None
+    assert claim(1, scheduling.Reserve(after_s=0.0, largest_job=None)) is None
+    assert claim(1, scheduling.Reserve(after_s=3600.0, largest_job=4)) == single
+    assert claim(1, scheduling.Reserve(after_s=0.0, largest_job=2)) == other_single
+    assert claim(1) is None  # the 4- and 2-device jobs ahead do not fit
     with Session(engine) as s:  # the big job keeps its place at the head
         assert scheduling.head_of_queue(session=s, pool=pool) == big
         waiting = s.get(Job, big)
