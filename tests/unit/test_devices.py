@@ -128,3 +128,22 @@ def test_inventory_is_the_gpus_else_the_configured_cpu_slots() -> None:
     assert inventory(Settings(worker_slots=4), gpus=()) == Inventory("cpu", (0, 1, 2, 3))
     assert inventory(Settings(), gpus=(0, 1, 2)) == Inventory("cuda", (0, 1, 2))
     assert inventory(Settings(worker_slots=2), gpus=(0, 1, 2)) == Inventory("cuda", (0, 1))
+
+
+def test_a_worker_runs_one_pool_thread_per_device_and_the_reconciler_one_thread() -> None:
+    from types import SimpleNamespace
+
+    from workers.__main__ import celery_argv
+    from workers.app import _size_pool
+    from workers.devices import host_allocator
+
+    worker = celery_argv("worker", "gpu-a100", [])
+    assert worker[worker.index("--pool") + 1] == "threads" and "--concurrency" not in worker
+    control = celery_argv("control", "default", [])
+    assert control[control.index("--pool") :][:4] == ["--pool", "solo", "--concurrency", "1"]
+    conf = SimpleNamespace(worker_concurrency=0)
+    _size_pool(conf=conf, options={"concurrency": None})
+    assert conf.worker_concurrency == host_allocator().capacity
+    conf = SimpleNamespace(worker_concurrency=3)  # an explicit --concurrency 3 wins
+    _size_pool(conf=conf, options={"concurrency": 3})
+    assert conf.worker_concurrency == 3
