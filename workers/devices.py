@@ -88,13 +88,42 @@ def inventory(settings: Settings, gpus: Sequence[int] | None = None) -> Inventor
     return Inventory("cpu", tuple(range(settings.worker_slots or 1)))
 
 
-class Allocator:
-    """Hands out disjoint leases on a fixed set of devices; thread-safe."""
+def busy_gpus() -> set[int]:
+    """Indices of the GPUs with a compute process on them now, whoever started it (NVML);
+    empty without a driver. A worker restarted while the trainers of its previous life still
+    stop (they get SIGTERM when it dies, and checkpoint first) must not hand their GPUs out."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return set()
+    try:
+        busy = set()
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            if pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                busy.add(index)
+        return busy
+    except pynvml.NVMLError:
+        log.exception("NVML: could not list the GPUs' processes; counting none busy")
+        return set()
+    finally:
+        pynvml.nvmlShutdown()
 
-    def __init__(self, devices: Inventory) -> None:
+
+class Allocator:
+    """Hands out disjoint leases on a fixed set of devices; thread-safe.
+
+    `busy()`: devices in use by processes no lease accounts for (`busy_gpus` on a GPU host);
+    they are not handed out until they are free again."""
+
+    def __init__(self, devices: Inventory, busy: Callable[[], set[int]] | None = None) -> None:
         self.inventory = devices
         self._free = set(devices.indices)
+        self._busy = busy or set
         self._lock = threading.RLock()
+
+    def _available(self) -> list[int]:
+        return sorted(self._free - self._busy())
 
     @property
     def capacity(self) -> int:
@@ -111,9 +140,7 @@ class Allocator:
         """The most devices a job may ask for and still get a lease now; None: any number (an
         idle CPU host takes a job of any size, alone)."""
         with self._lock:
-            if self.inventory.kind == "cpu" and len(self._free) == self.capacity:
-                return None
-            return len(self._free)
+            return self._fit(self._available())
 
     def largest_job(self) -> int | None:
         """The most devices a job may ask for and ever fit this host; None: any number (CPU)."""
@@ -122,16 +149,24 @@ class Allocator:
     def acquire(self, n: int) -> Lease | None:
         """A lease on the `n` lowest free devices, or None when fewer are free. Raises
         ValueError for n < 1."""
+        with self._lock:
+            return self._take(self._available(), n)
+
+    def _fit(self, available: list[int]) -> int | None:
+        if self.inventory.kind == "cpu" and len(available) == self.capacity:
+            return None
+        return len(available)
+
+    def _take(self, available: list[int], n: int) -> Lease | None:
         if n < 1:
             raise ValueError(f"a lease needs at least 1 device, not {n}")
-        with self._lock:
-            if self.inventory.kind == "cpu" and n > self.capacity:
-                n = self.capacity  # larger than the host: all of it, alone
-            if n > len(self._free):
-                return None
-            taken = tuple(sorted(self._free)[:n])
-            self._free.difference_update(taken)
-            return Lease(taken, self.capacity)
+        if self.inventory.kind == "cpu" and n > self.capacity:
+            n = self.capacity  # larger than the host: all of it, alone
+        if n > len(available):
+            return None
+        taken = tuple(available[:n])
+        self._free.difference_update(taken)
+        return Lease(taken, self.capacity)
 
     def release(self, lease: Lease) -> None:
         """Give the lease's devices back. Raises ValueError when one of them is not held
@@ -161,12 +196,15 @@ class Allocator:
         Returns None when `take` returns None. Raises RuntimeError when `take` returns something
         larger than it was offered (a claim query that ignored `max_slots`)."""
         with self._lock:
-            taken = take(self.largest_fit())
+            available = self._available()  # one look at the busy devices for both steps
+            taken = take(self._fit(available))
             if taken is None:
                 return None
-            lease = self.acquire(size(taken))
+            lease = self._take(available, size(taken))
             if lease is None:
-                raise RuntimeError(f"claimed {size(taken)} devices but only {self.free} are free")
+                raise RuntimeError(
+                    f"claimed {size(taken)} devices but only {len(available)} are free"
+                )
             return taken, lease
 
 
@@ -182,7 +220,7 @@ def host_allocator() -> Allocator:
         if _host is None:
             found = inventory(get_settings())
             log.info("worker devices: %d %s %s", len(found.indices), found.kind, found.indices)
-            _host = Allocator(found)
+            _host = Allocator(found, busy=busy_gpus if found.kind == "cuda" else None)
         return _host
 
 

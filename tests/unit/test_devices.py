@@ -147,3 +147,16 @@ def test_a_worker_runs_one_pool_thread_per_device_and_the_reconciler_one_thread(
     conf = SimpleNamespace(worker_concurrency=3)  # an explicit --concurrency 3 wins
     _size_pool(conf=conf, options={"concurrency": 3})
     assert conf.worker_concurrency == 3
+
+
+def test_devices_busy_with_processes_no_lease_holds_are_not_handed_out() -> None:
+    busy = {0, 2}  # e.g. trainers of a restarted worker's previous life, still stopping
+    host = Allocator(Inventory("cuda", (0, 1, 2, 3)), busy=lambda: set(busy))
+    assert host.largest_fit() == 2
+    lease = host.acquire(2)
+    assert lease is not None and lease.devices == (1, 3)
+    assert host.acquire(1) is None
+    busy.clear()  # they exited
+    assert host.largest_fit() == 2
+    again = host.acquire(2)
+    assert again is not None and again.devices == (0, 2)
