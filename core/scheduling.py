@@ -21,10 +21,12 @@ that could ever fit it (`Reserve.largest_job`) stops claiming smaller jobs: its 
 until the head fits. A head no worker of the pool could ever fit reserves nothing on it.
 
 A delivery that fits nothing claims nothing; the job its message stood for is still queued.
-When an attempt ends and frees devices, its worker sends one message for its pool if a job is
-queued there (`head_of_queue`), so a waiting job is reached at once; a message that reached a
-full worker of a pool with several workers is made up for by the reconciler's re-send of jobs
-queued for longer than `heartbeat_timeout_s`.
+When an attempt ends and frees devices, and after a claim that leaves devices free, the
+worker sends one message for its pool if a job is queued there (`head_of_queue`;
+`workers.devices.wake`), so waiting jobs are reached at once (measured: 0.01-0.2 s from a
+job's end to the next claim). A message that reached a full worker of a pool with several
+workers is made up for only by the reconciler's re-send of jobs queued for longer than
+`heartbeat_timeout_s` (every 20 s beat: 60-80 s by default).
 """
 
 from __future__ import annotations
