@@ -137,6 +137,7 @@ def _join(
     send_join: JoinDispatch,
     shutdown: threading.Event,
 ) -> str:
+    """`join` once this worker holds the node's devices (`lease`): take a slot, assemble, run."""
     node_rank = with_db_retry(
         factory,
         lambda s: gang.join(
