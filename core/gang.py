@@ -127,6 +127,21 @@ def join(*, session: Session, job_id: int, attempt: int, worker: str, host: str)
     return int(free)
 
 
+def record_devices(*, session: Session, job: Job, node_rank: int, devices: Sequence[int]) -> None:
+    """Record the device indices node `node_rank` of the job's current attempt was given, on
+    its slot (every attempt has one slot per node, `publish`). Does not commit."""
+    session.execute(
+        update(JobNode)
+        .where(
+            JobNode.job_id == job.id,
+            JobNode.attempt == job.attempt,
+            JobNode.node_rank == node_rank,
+        )
+        .values(devices=list(devices))
+        .execution_options(synchronize_session=False)
+    )
+
+
 def members(*, session: Session, job_id: int, attempt: int) -> list[JobNode]:
     """The node slots of one attempt, by node rank."""
     query = (

@@ -73,6 +73,20 @@ class Settings(BaseSettings):
         "`sys/*` series and Prometheus gauges (seconds).",
     )
     worker_hostname: str = Field(default="", description="Name a worker records on claimed jobs.")
+    worker_slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Devices a worker hands out to jobs at once: CPU slots on a host without "
+        "GPUs (default 1), or the first that many GPUs (default all NVML finds). A job's node "
+        "takes `resources.procs_per_node` of them (workers.devices).",
+    )
+    reserve_after_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="A queued job at the head of its pool that has not fitted any worker's free "
+        "devices for this many seconds stops workers that could fit it from claiming smaller "
+        "jobs, so it is not starved by them (core.scheduling); None: never.",
+    )
     advertise_host: str = Field(
         default="127.0.0.1",
         description="Address other nodes of a multi-node job reach this worker's host at: node 0 "

@@ -449,7 +449,7 @@ def worker(
     ),
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
 ) -> None:
-    """Run one worker slot (Celery, solo pool, one job at a time)."""
+    """Run the host's worker (Celery, threads pool): as many jobs at once as fit its devices."""
     launch.exec_argv(launch.worker_argv(pool, hostname))
 
 

@@ -30,15 +30,16 @@ def api_argv(host: str = "127.0.0.1", port: int = 8000) -> list[str]:
 def worker_argv(
     pool: str = "default", hostname: str | None = None, loglevel: str = "INFO"
 ) -> list[str]:
-    """One Celery worker slot on queue `pool`: solo pool, one job at a time, no prefetch.
+    """One Celery worker for its host on queue `pool`: threads pool, no prefetch.
 
-    One slot per GPU group: a worker runs one torchrun at a time and takes the next job only
-    when it is done (prefetch 1 with the solo pool), so a queued job is never held by a busy
-    worker. Gossip and mingle are off: they only add start-up time and broker traffic.
+    The worker owns the host's devices (GPUs, or `TORCHYARD_WORKER_SLOTS` CPU slots) and runs
+    as many jobs at once as fit them, one pool thread per device (the worker sizes its pool;
+    `workers.app`); prefetch 1, so a queued job is never held by a worker with no thread for
+    it. Gossip and mingle are off: they only add start-up time and broker traffic.
     """
     argv = [
         sys.executable, "-m", "celery", "-A", WORKER_APP, "worker",
-        "-Q", pool, "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
+        "-Q", pool, "--pool", "threads", "--prefetch-multiplier", "1",
         "--without-gossip", "--without-mingle", "--loglevel", loglevel,
     ]  # fmt: skip
     if hostname:

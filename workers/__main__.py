@@ -1,6 +1,7 @@
 """`python -m workers worker --pool POOL` | `python -m workers control`.
 
-`worker`: one job slot consuming the pool's queue (solo pool, prefetch 1).
+`worker`: consumes the pool's queue, as many jobs at once as fit the host's devices (threads
+pool, one thread per device, prefetch 1; `workers.app`).
 `control`: the reconciler: a worker on the control queue with Celery beat embedded.
 Extra arguments go to `celery worker` (e.g. `-l DEBUG`, `-n name@%h`).
 """
@@ -14,7 +15,10 @@ from workers.app import CONTROL_QUEUE, app
 
 def celery_argv(command: str, pool: str, extra: list[str]) -> list[str]:
     queue = CONTROL_QUEUE if command == "control" else pool
-    argv = ["worker", "-Q", queue, "--pool", "solo", "--concurrency", "1"]
+    pool_args = ["--pool", "solo", "--concurrency", "1"]  # the reconciler: one thing at a time
+    if command == "worker":
+        pool_args = ["--pool", "threads"]  # --concurrency: the device count (workers.app)
+    argv = ["worker", "-Q", queue, *pool_args]
     argv += ["--prefetch-multiplier", "1", "--loglevel", "INFO"]
     if command == "control":
         argv.append("--beat")

@@ -1,8 +1,11 @@
 """The Celery app of the workers.
 
-A GPU worker consumes its pool's queue, one job at a time, and holds no second message:
+A worker owns its host's devices (`workers.devices`: its GPUs, or `TORCHYARD_WORKER_SLOTS` CPU
+slots) and runs as many jobs at once as fit them, each on its own devices, in one process:
+Celery's `threads` pool with one thread per device (`--concurrency` defaults to the device
+count, `_size_pool`), prefetch 1 so it holds no message it has no thread for:
 
-    celery -A workers.app:app worker -Q <pool> --pool solo --concurrency 1 --prefetch-multiplier 1
+    celery -A workers.app:app worker -Q <pool> --pool threads --prefetch-multiplier 1
 
 Celery beat (`celery -A workers.app:app beat`) sends `workers.reconcile` every
 `RECONCILE_INTERVAL_S` (2 s) to the control queue, which every worker also consumes: an idle
@@ -24,6 +27,7 @@ from celery import Celery, signals
 from core.logs import configure_json_logging
 from core.queue import RECONCILE_TASK, celery_config
 from core.settings import Settings, get_settings
+from workers import devices
 
 CONTROL_QUEUE = "torchyard.control"
 # A lost worker is requeued within worker_timeout_s (10 s) + this + a task's delivery (~1 s
@@ -56,6 +60,14 @@ def _log_to_stderr(**_: Any) -> None:
     writing JSON lines that carry the job id of the task in progress (`core.logs`)."""
     if not logging.getLogger().handlers:
         configure_json_logging("")
+
+
+@signals.celeryd_init.connect
+def _size_pool(conf: Any, options: dict[str, Any], **_: Any) -> None:
+    """One pool thread per device of the host unless `--concurrency` says otherwise: each job
+    takes at least one device, so a thread is free for every job that can fit."""
+    if not options.get("concurrency"):
+        conf.worker_concurrency = devices.host_allocator().capacity
 
 
 @signals.worker_ready.connect

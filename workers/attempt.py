@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import datasets, init_from, jobs
+from core import datasets, gang, init_from, jobs
 from core.errors import InvalidInput
 from core.jobs import ACTIVE_STATES
 from core.lifecycle import Failure, FailureClass, Outcome
@@ -114,18 +114,22 @@ def record_launch(
     argv: list[str],
     worker: str,
     node_rank: int | None = None,
+    devices: Sequence[int] = (),
 ) -> None:
+    """The `launched torchrun` event, and the node's leased `devices` on its `job_nodes` row."""
     node = "" if node_rank is None else f" as node {node_rank}"
-    data: dict[str, Any] = {"pgid": pgid, "worker": worker, "argv": argv}
+    data: dict[str, Any] = {"pgid": pgid, "worker": worker, "argv": argv, "devices": list(devices)}
     if node_rank is not None:
         data["node_rank"] = node_rank
+    on = f" on devices {','.join(map(str, devices))}" if devices else ""
     try:
         with factory() as session:
+            gang.record_devices(session=session, job=job, node_rank=node_rank or 0, devices=devices)
             jobs.add_event(
                 session=session,
                 job=job,
                 kind="info",
-                message=f"launched torchrun (pgid {pgid}) on {worker}{node}",
+                message=f"launched torchrun (pgid {pgid}) on {worker}{node}{on}",
                 data=data,
             )
             session.commit()

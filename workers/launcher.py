@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,13 +170,19 @@ def trainer_env(
     nproc_per_node: int,
     device: str,
     cpu_count: int | None,
+    devices: Sequence[int] | None = None,
+    host_devices: int | None = None,
 ) -> dict[str, str]:
     """The child environment: `base` without the worker's secrets, plus the trainer's knobs.
 
-    On CPU every rank gets `cpu_count // nproc_per_node` OpenMP threads (at least 1): torchrun
-    leaves one process unthrottled and oversubscribes several (TORCH_NOTES.md). An
-    `OMP_NUM_THREADS` in the worker's own environment caps that (a host shared by several
-    worker slots gives each its part).
+    `devices`: the indices this node leased (`workers.devices.Lease`) of the worker's
+    `host_devices`. On CUDA they become `CUDA_VISIBLE_DEVICES` (in `CUDA_DEVICE_ORDER=PCI_BUS_ID`,
+    NVML's order, so index i is the GPU the allocator counted as i); each job sees only its own.
+    On CPU they are a share of the host's cores: the job gets `cpu_count * len(devices) //
+    host_devices` cores, split over its ranks as `OMP_NUM_THREADS` (at least 1 each): torchrun
+    leaves one process unthrottled and oversubscribes several (TORCH_NOTES.md). Without
+    `devices` the job has all `cpu_count` cores. An `OMP_NUM_THREADS` in the worker's own
+    environment caps the threads per rank.
     `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every rendezvous a fresh store (pytorch#135712):
     without it, workers restarted in place by `--max-restarts` hung in 3 of 6 trials
     (TORCH_NOTES.md).
@@ -186,11 +192,17 @@ def trainer_env(
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
-        threads = max(1, (cpu_count or 1) // nproc_per_node)
+        cores = cpu_count or 1
+        if devices and host_devices:
+            cores = cores * len(devices) // host_devices
+        threads = max(1, cores // nproc_per_node)
         cap = base.get("OMP_NUM_THREADS", "")
         if cap.isdigit() and int(cap) > 0:
             threads = min(threads, int(cap))
         env["OMP_NUM_THREADS"] = str(threads)
+    elif devices is not None:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in devices)
     return env
 
 
@@ -215,6 +227,11 @@ def spawn(argv: list[str], env: Mapping[str, str], paths: RunPaths) -> subproces
 
     On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
     and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
+    `PR_SET_PDEATHSIG` follows the *thread* that forked, not the process: the calling thread
+    must outlive the trainer (the worker's pool thread does: it supervises the trainer until
+    it exits; measured: a child of a thread that exited got SIGTERM at once). Safe from
+    several threads at once: 320 spawns from 8 threads beside 3 logging threads, none hung
+    (the `preexec_fn` only calls prctl, no lock another thread could hold).
     """
     paths.log_dir.mkdir(parents=True, exist_ok=True)
     with (

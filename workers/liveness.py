@@ -104,11 +104,11 @@ class WorkerHeartbeat:
         factory: Callable[[], Session],
         settings: Settings,
         on_registered: Callable[[], object] | None = None,
-        slots_total: int = 1,
+        slots: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
+        """`slots()`: the worker's (total, free) devices at each beat (`workers.devices`)."""
         self.name, self.pool, self.started_at = name, pool, started_at
-        self.slots_total = slots_total
-        self.slots_free: int | None = None  # set by whoever hands out the slots
+        self._slots = slots
         self._factory = factory
         self._interval_s = settings.worker_heartbeat_interval_s
         self._on_registered = on_registered
@@ -151,6 +151,7 @@ class WorkerHeartbeat:
 
     def _tick(self) -> None:
         try:
+            total, free = self._slots() if self._slots is not None else (1, None)
             with self._factory() as session:
                 if not self._registered:
                     forget_gone(session=session, before=utcnow() - FORGET_AFTER)
@@ -160,8 +161,8 @@ class WorkerHeartbeat:
                     pool=self.pool,
                     started_at=self.started_at,
                     stopping=self._stopping,
-                    slots_total=self.slots_total,
-                    slots_free=self.slots_free,
+                    slots_total=total,
+                    slots_free=free,
                 )
                 session.commit()
         except Exception as exc:  # never let the thread die: the next beat tries again

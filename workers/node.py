@@ -36,7 +36,7 @@ from core.jobs import ACTIVE_STATES
 from core.lifecycle import Outcome, Stop, decide
 from core.models import Job, JobState
 from core.settings import Settings
-from workers import exits, launcher, sysmetrics
+from workers import devices, exits, launcher, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -78,9 +78,31 @@ def run_job(
     """
     if shutdown.is_set():
         return _leave_to_another_worker(factory, job_id, dispatch)
-    job = _claim(settings, factory, job_id, worker)
-    if job is None:
-        return "not claimed"
+    with devices.claimed(
+        devices.host_allocator(),
+        lambda fit, reserve: _claim(settings, factory, job_id, worker, fit, reserve),
+        settings=settings,
+        factory=factory,
+        dispatch=dispatch,
+    ) as claimed:
+        if claimed is None:
+            return "not claimed"
+        job, lease = claimed
+        return _lead(job, lease, settings, factory, worker, dispatch, shutdown, send_join)
+
+
+def _lead(
+    job: Job,
+    lease: devices.Lease,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    shutdown: threading.Event,
+    send_join: JoinDispatch | None,
+) -> str:
+    """Node 0 of the claimed attempt `job` on the leased devices: prepare, call the other
+    nodes and wait for them (N > 1), run this node."""
     nodes = gang.num_nodes(job)
     budget = runtime_budget(job)
     refused: Exception | None = None
@@ -104,7 +126,7 @@ def run_job(
         waited = _assemble(settings, factory, dispatch, job, node_rank=0, shutdown=shutdown)
         if waited is not None:
             return waited
-    return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank=0)
+    return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, 0, lease)
 
 
 def join_gang(
@@ -127,6 +149,28 @@ def join_gang(
     if shutdown.is_set():  # let another worker take this node
         dispatch_safely(lambda j, q: send_join(j, attempt, q), job_id, pool)
         return "worker shutting down"
+    allocator = devices.host_allocator()
+    lease = allocator.acquire(job.slots)
+    if lease is None:  # the gang is released if it cannot assemble (`_assemble`)
+        log.info("job %s attempt %s: no %s free devices to join", job_id, attempt, job.slots)
+        return "not joined"
+    try:
+        return _join(job_id, attempt, lease, settings, factory, worker, dispatch, shutdown)
+    finally:
+        devices.give_back(allocator, lease, factory=factory, pool=pool, dispatch=dispatch)
+
+
+def _join(
+    job_id: int,
+    attempt: int,
+    lease: devices.Lease,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    shutdown: threading.Event,
+) -> str:
+    """`join_gang` once this worker holds the node's devices: take a slot, assemble, run."""
     node_rank = with_db_retry(
         factory,
         lambda s: gang.join(
@@ -148,7 +192,7 @@ def join_gang(
         paths = prepare(settings, factory, job, job.spec, node_rank=_node_dir(job, node_rank))
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
-    return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank)
+    return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank, lease)
 
 
 def _node_dir(job: Job, node_rank: int) -> int | None:
@@ -157,21 +201,36 @@ def _node_dir(job: Job, node_rank: int) -> int | None:
 
 
 def _claim(
-    settings: Settings, factory: Callable[[], Session], job_id: int, worker: str
+    settings: Settings,
+    factory: Callable[[], Session],
+    job_id: int,
+    worker: str,
+    max_slots: int | None,
+    reserve: scheduling.Reserve,
 ) -> Job | None:
-    """Claim the best queued job of the pool of job `job_id` (the message is a token) and
-    create its node slots, node 0 this worker's, in the same transaction."""
+    """Claim the best queued job of the pool of job `job_id` (the message is a token) that
+    needs at most `max_slots` devices (None: any), unless a waiting larger job reserves them,
+    and create its node slots, node 0 this worker's, in the same transaction."""
     with factory() as session:
         named = jobs.get(session=session, job_id=job_id)
         job = None
         if named is not None:
-            job = scheduling.claim_next(session=session, pool=named.pool, worker=worker)
+            job = scheduling.claim_next(
+                session=session,
+                pool=named.pool,
+                worker=worker,
+                max_slots=max_slots,
+                reserve=reserve,
+            )
         if job is None:
             log.info(
-                "job %s: not claimed (state %s): another delivery has it or it ended, and no "
-                "other job of its pool is queued",
+                "job %s: not claimed (state %s, %s devices; %s free here): another delivery "
+                "has it or it ended, or it does not fit, and no other queued job of its pool "
+                "fits",
                 job_id,
                 named.state if named else "gone",
+                named.slots if named else "?",
+                "any" if max_slots is None else max_slots,
             )
             return None
         # One node rendezvouses locally; a gang at node 0's advertised endpoint.
@@ -282,8 +341,10 @@ def _run_node(
     worker: str,
     shutdown: threading.Event,
     node_rank: int,
+    lease: devices.Lease,
 ) -> str:
-    """Launch and supervise this node's torchrun of the assembled attempt; record its end."""
+    """Launch and supervise this node's torchrun of the assembled attempt on the leased
+    devices; record its end."""
     spec = job.spec
     nproc = spec.resources.procs_per_node
     with factory() as session:
@@ -315,6 +376,8 @@ def _run_node(
         nproc_per_node=nproc,
         device=spec.resources.device,
         cpu_count=os.cpu_count(),
+        devices=lease.devices,
+        host_devices=lease.host_devices,
     )
     oom_kills = exits.oom_kills()
     try:
@@ -322,7 +385,7 @@ def _run_node(
     except OSError as exc:
         return _fail_unlaunched(factory, job, exc)
     gang_rank = None if node is None else node_rank
-    record_launch(factory, job, proc.pid, argv, worker, node_rank=gang_rank)
+    record_launch(factory, job, proc.pid, argv, worker, node_rank=gang_rank, devices=lease.devices)
     ingest = RunIngest(
         paths=paths, job_id=job.id, attempt=job.attempt, node_rank=node_rank, nproc=nproc
     )

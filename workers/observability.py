@@ -2,7 +2,7 @@
 
 Exported over HTTP by `prometheus_client.start_http_server` when
 `TORCHYARD_WORKER_METRICS_PORT` is set (on `TORCHYARD_WORKER_METRICS_ADDR`, default all
-interfaces, for the scraper; a worker runs `--pool solo`, one process, so one port
+interfaces, for the scraper; a worker is one process (`--pool threads`), so one port
 per worker; 0 or unset: no exporter). The series (rates come from PromQL `rate()`):
 
 - `torchyard_worker_ingested_points_total`, `torchyard_worker_ingested_log_lines_total`,

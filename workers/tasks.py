@@ -16,7 +16,7 @@ from core.logs import job_id_var
 from core.models import utcnow
 from core.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.settings import get_settings
-from workers import exports, liveness, node
+from workers import devices, exports, liveness, node
 from workers import reconcile as reconciler
 from workers.app import CONTROL_QUEUE, app
 
@@ -52,6 +52,7 @@ def _start_heartbeat(sender: Any, **_: Any) -> None:
         factory=factory,
         settings=settings,
         on_registered=reap_previous_incarnation,
+        slots=lambda: (devices.host_allocator().capacity, devices.host_allocator().free),
     )
     heartbeat.start()
 

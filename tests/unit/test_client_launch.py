@@ -19,10 +19,10 @@ def test_api_argv_runs_the_app_factory_with_uvicorn() -> None:
     ]  # fmt: skip
 
 
-def test_worker_argv_is_one_solo_slot_on_its_pool() -> None:
+def test_worker_argv_is_a_threads_pool_sized_by_the_worker_on_its_pool() -> None:
     assert launch.worker_argv("gpu-a100", hostname="w1@%h") == [
         sys.executable, "-m", "celery", "-A", "workers.app:app", "worker",
-        "-Q", "gpu-a100", "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
+        "-Q", "gpu-a100", "--pool", "threads", "--prefetch-multiplier", "1",
         "--without-gossip", "--without-mingle", "--loglevel", "INFO", "--hostname", "w1@%h",
     ]  # fmt: skip
     assert "--hostname" not in launch.worker_argv()

@@ -158,3 +158,26 @@ def test_gang_node_argv_joins_node_0_s_c10d_rendezvous() -> None:
     )
     assert lead_argv[lead_argv.index("--rdzv-conf") + 1] == "is_host=1,join_timeout=120"
     assert argv[21:] == lead_argv[21:]  # the same trainer command on every node
+
+
+def test_cuda_env_shows_each_job_only_its_leased_gpus_in_nvml_order() -> None:
+    env = trainer_env(
+        base=BASE_ENV, attempt=1, nproc_per_node=2, device="cuda", cpu_count=64,
+        devices=[2, 3], host_devices=4,
+    )  # fmt: skip
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_cpu_env_gives_a_lease_its_share_of_the_cores_and_no_gpus() -> None:
+    env = trainer_env(
+        base={}, attempt=1, nproc_per_node=2, device="cpu", cpu_count=16,
+        devices=[0, 1], host_devices=4,
+    )  # fmt: skip
+    assert env["OMP_NUM_THREADS"] == "4"  # 2 of 4 slots: 8 of 16 cores, over 2 ranks
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    env = trainer_env(
+        base={}, attempt=1, nproc_per_node=1, device="cpu", cpu_count=2,
+        devices=[3], host_devices=4,
+    )  # fmt: skip
+    assert env["OMP_NUM_THREADS"] == "1"

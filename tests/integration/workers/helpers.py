@@ -85,18 +85,21 @@ def start_worker(
     extra_env: dict[str, str] | None = None,
     beat: bool = False,
     name: str | None = None,
+    slots: int | None = None,
 ) -> Worker:
-    """Start a solo worker on `queue` and wait until it answers a ping.
+    """Start a worker on `queue` and wait until it answers a ping.
 
     `beat`: embed Celery beat (it sends `workers.reconcile` every `RECONCILE_INTERVAL_S`), as
     `python -m workers control` does. `name`: Celery's node name (default: a new one); the
-    same name again is a restart of that worker."""
+    same name again is a restart of that worker. `slots`: a worker with that many CPU slots
+    (`TORCHYARD_WORKER_SLOTS`) on the threads pool it sizes itself, as `python -m workers
+    worker` runs, instead of the solo pool."""
     name = name or f"w-{secrets.token_hex(3)}@tests"
     log_path = log_dir / f"{name.split('@')[0]}.log"
+    pool = ["--pool", "solo", "--concurrency", "1"] if slots is None else ["--pool", "threads"]
     command = [
         sys.executable, "-m", "celery", "-A", "workers.app:app", "worker",
-        "-Q", queue, "-n", name,
-        "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
+        "-Q", queue, "-n", name, *pool, "--prefetch-multiplier", "1",
         "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO",
     ]  # fmt: skip
     if beat:
@@ -104,6 +107,8 @@ def start_worker(
     # One OpenMP thread per rank: several trainers share these 2 cores during the tests, and
     # spinning OpenMP threads of oversubscribed processes slow a step down 20-fold.
     env = {**settings_env(settings), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    if slots is not None:
+        env["TORCHYARD_WORKER_SLOTS"] = str(slots)
     with log_path.open("ab") as out:  # a restarted worker's log follows its predecessor's
         proc = subprocess.Popen(
             command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT

@@ -37,8 +37,12 @@ def test_warm_shutdown_stops_the_trainer_and_hands_the_job_back(
     dataset_id: str,
     tmp_path: Path,
 ) -> None:
-    worker = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("stop"), log_dir=tmp_path
+    worker = start_worker(  # the threads pool a worker runs in production
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("stop"),
+        log_dir=tmp_path,
+        slots=2,
     )
     try:
         spec = tiny_spec(
@@ -81,8 +85,12 @@ def test_a_killed_worker_takes_its_trainer_down_with_it(
     dataset_id: str,
     tmp_path: Path,
 ) -> None:
-    worker = start_worker(
-        settings=settings, client=celery_client, queue=unique_queue("kill"), log_dir=tmp_path
+    worker = start_worker(  # the threads pool a worker runs in production
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("kill"),
+        log_dir=tmp_path,
+        slots=2,
     )
     try:
         spec = tiny_spec(
