@@ -288,7 +288,8 @@ def train_loop(run: Run) -> None:
         local_loss, grad_norm, lr = train_step(run)
         loss, stopped = agree(run, local_loss)
         step_time = time.perf_counter() - started
-        compute = run.compute_timer.since(started) if run.compute_timer else None
+        timer = run.compute_timer
+        compute = timer.since(started) if timer is not None else None
         state.step += 1
         state.last_loss = loss
         if not math.isfinite(loss):

@@ -1,8 +1,9 @@
 """A slow rank under synchronous DDP shows in its compute time: real `torchrun` processes.
 
 Rank 1 of a 2-process CPU DDP run is slowed from outside: the test stops and continues its
-process on a duty cycle (SIGSTOP for 35 ms of every 50 ms). Its wall step time
-then equals rank 0's (rank 0 waits for it in the gradient all-reduce), but its compute time
+process on a duty cycle (SIGSTOP for 40 ms of every 50 ms; 30 ms of 50 left some reports
+just over 1.5x on this loaded 2-core machine). Its wall step time then equals rank 0's
+(rank 0 waits for it in the gradient all-reduce), but its compute time
 (`trainer.parallel.compute_timer`) does not, and the worker's detector
 (`workers.progress.StragglerDetector`, fed the trainer's `rank_step_times` events) names it.
 """
@@ -32,7 +33,7 @@ from workers.progress import STRAGGLER_RATIO, StragglerDetector
 
 MAX_STEPS = 60
 LOG_INTERVAL = 5  # steps per rank_step_times report
-PERIOD_S, STOPPED_S = 0.05, 0.035  # rank 1 runs 30% of the time: ~3x slower compute
+PERIOD_S, STOPPED_S = 0.05, 0.04  # rank 1 runs 20% of the time: up to 5x slower compute
 
 
 def straggler_spec(corpus_dir: Path) -> JobSpec:
@@ -136,7 +137,7 @@ def run_ddp(spec: JobSpec, workdir: Path, *, slow_rank: int | None) -> list[dict
     return [e for e in reports_in(run_dir) if e["step"] >= first_slowed_step]
 
 
-def test_a_rank_stopped_70_percent_of_the_time_is_a_straggler_by_compute_time_not_wall_time(
+def test_a_rank_stopped_80_percent_of_the_time_is_a_straggler_by_compute_time_not_wall_time(
     corpus_dir: Path, tmp_path: Path
 ) -> None:
     reports = run_ddp(straggler_spec(corpus_dir), tmp_path, slow_rank=1)
