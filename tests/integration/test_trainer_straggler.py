@@ -120,7 +120,8 @@ def run_ddp(spec: JobSpec, workdir: Path, *, slow_rank: int | None) -> list[dict
             while not reports_in(run_dir) and proc.poll() is None:
                 assert time.monotonic() < deadline, "no rank_step_times report"
                 time.sleep(0.05)  # polling the events file with a deadline
-            first_slowed_step = reports_in(run_dir)[-1]["step"] + LOG_INTERVAL
+            before = reports_in(run_dir)  # none: the trainer failed (asserted below)
+            first_slowed_step = before[-1]["step"] + LOG_INTERVAL if before else 0
             thread = threading.Thread(target=duty_cycle, args=(target,), daemon=True)
             thread.start()
         output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
