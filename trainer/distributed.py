@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,15 +82,15 @@ def all_reduce_sum(tensor: Tensor, info: DistInfo) -> Tensor:
     return tensor
 
 
-def all_gather_float(value: float, info: DistInfo) -> list[float]:
-    """Every rank's `value`, in rank order (one all-gather of a 1-element tensor over the
-    default process group); `[value]` when not distributed."""
+def all_gather_floats(values: Sequence[float], info: DistInfo) -> list[list[float]]:
+    """Every rank's `values` (the same length on all ranks), in rank order: one all-gather of
+    a float64 tensor over the default process group; `[list(values)]` when not distributed."""
     if not info.is_distributed:
-        return [value]
-    mine = torch.tensor([value], dtype=torch.float64, device=info.device)
+        return [list(values)]
+    mine = torch.tensor(list(values), dtype=torch.float64, device=info.device)
     gathered = [torch.empty_like(mine) for _ in range(info.world_size)]
     dist.all_gather(gathered, mine)
-    return [float(t.item()) for t in gathered]
+    return [t.tolist() for t in gathered]
 
 
 def broadcast_from_rank0(obj: Any, info: DistInfo) -> Any:

@@ -46,10 +46,21 @@ class Reporter:
         if finite:
             self.emit("metric", step=step, values=finite)
 
-    def rank_step_times(self, step: int, seconds: list[float]) -> None:
-        """Every rank's mean step time (seconds) over the log interval ending at optimizer
-        step `step`, in global rank order (the worker looks for stragglers in them)."""
-        self.emit("rank_step_times", step=step, seconds=seconds)
+    def rank_step_times(
+        self,
+        step: int,
+        seconds: list[float],
+        wall_seconds: list[float],
+        measure: Literal["compute", "wall"],
+    ) -> None:
+        """Every rank's mean seconds per step over the log interval ending at optimizer step
+        `step`, in global rank order: `seconds` what the worker compares to find stragglers,
+        of kind `measure` (`compute`: up to the rank's last gradient, without waiting for the
+        others; `wall`: the whole step), and `wall_seconds` the whole steps'."""
+        self.emit(
+            "rank_step_times", step=step, seconds=seconds, wall_seconds=wall_seconds,
+            measure=measure,
+        )  # fmt: skip
 
     def checkpoint(self, step: int, uri: str, size_bytes: int) -> None:
         self.emit("checkpoint", step=step, uri=uri, size_bytes=size_bytes)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from trainer.batches import forward, lm_loss, next_step_batches
 from trainer.checkpoint import Checkpointer
 from trainer.data import decode, encode
-from trainer.distributed import DistInfo, all_gather_float, all_reduce_sum, no_sync
+from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum, no_sync
 from trainer.dpo_train import DPOMethod, pair_batches
 from trainer.errors import NonFiniteError
 from trainer.events import Reporter, current_attempt, restart_count
@@ -45,6 +45,7 @@ from trainer.finetune import Network
 from trainer.model import VOCAB_SIZE, generate, shape_of
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
+from trainer.parallel.compute_timer import ComputeTimer
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler
 from trainer.spec import JobSpec
@@ -98,6 +99,8 @@ class Run:
     # (which then hold the chosen answers): (train, eval)
     dpo: DPOMethod | None = None
     rejected_rows: tuple[Rows, Rows] | None = None
+    # DDP on CPU: times each step's compute up to this rank's last gradient (stragglers)
+    compute_timer: ComputeTimer | None = None
 
     @property
     def loss_share(self) -> float:
@@ -275,7 +278,7 @@ def train_loop(run: Run) -> None:
     # so a restarted attempt or worker group can get past it.
     first_run = current_attempt() <= 1 and restart_count() == 0
     fail_at = int(os.environ.get(FAIL_AT_STEP_ENV) or 0) if first_run else 0
-    interval_time, interval_steps = 0.0, 0
+    interval_time, interval_compute, interval_steps = 0.0, 0.0, 0
     total_time, total_steps = 0.0, 0
     eval_loss: float | None = None
     eval_step = -1
@@ -285,15 +288,19 @@ def train_loop(run: Run) -> None:
         local_loss, grad_norm, lr = train_step(run)
         loss, stopped = agree(run, local_loss)
         step_time = time.perf_counter() - started
+        timer = run.compute_timer
+        compute = timer.since(started) if timer is not None else None
         state.step += 1
         state.last_loss = loss
         if not math.isfinite(loss):
             raise NonFiniteError(f"loss is {loss} at step {state.step}")
         interval_time, interval_steps = interval_time + step_time, interval_steps + 1
+        interval_compute += step_time if compute is None else compute
         total_time, total_steps = total_time + step_time, total_steps + 1
         if state.step % spec.train.log_interval_steps == 0:
-            _report_train(run, loss, lr, grad_norm, interval_time / interval_steps)
-            interval_time, interval_steps = 0.0, 0
+            times = (interval_time / interval_steps, interval_compute / interval_steps)
+            _report_train(run, loss, lr, grad_norm, *times)
+            interval_time, interval_compute, interval_steps = 0.0, 0.0, 0
         if state.step % spec.eval.interval_steps == 0:
             eval_loss, eval_step = report_eval(run), state.step
         run.checkpointer.save(state.step, force=stopped)
@@ -349,11 +356,17 @@ def _finish(run: Run, eval_loss: float | None, tokens_per_second: float) -> None
     )
 
 
-def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time: float) -> None:
-    """The train metrics of the log interval ending now (`step_time`: this rank's mean seconds
-    per step over it). Every rank calls it at the same steps: with world_size > 1 one
-    all-gather of the ranks' step times feeds `step_time_s/max`, `step_time_s/median` and the
-    `rank_step_times` event, in which the worker looks for stragglers."""
+def _report_train(
+    run: Run, loss: float, lr: float, grad_norm: float, step_time: float, compute_time: float
+) -> None:
+    """The train metrics of the log interval ending now (`step_time`: this rank's mean wall
+    seconds per step over it; `compute_time`: its mean compute seconds per step, up to its
+    last gradient bucket (`run.compute_timer`), or `step_time` without a timer). Every rank
+    calls it at the same steps: with world_size > 1 one all-gather of the ranks' (wall,
+    compute) times feeds `step_time_s/max`, `step_time_s/median` (wall) and the
+    `rank_step_times` event, in which the worker looks for stragglers: compute times when
+    timed (DDP on CPU: a slow rank's wall time equals everyone's, as all wait for it in the
+    gradient all-reduce), else wall times (FSDP, tensor, pipeline parallel; CUDA)."""
     values = {
         "loss": loss,
         "lr": lr,
@@ -366,10 +379,13 @@ def _report_train(run: Run, loss: float, lr: float, grad_norm: float, step_time:
         values.update(run.dpo.train_metrics(run.dist))
     values.update(cuda_metrics(run, values["tokens_per_second"]))
     if run.dist.is_distributed:  # a collective: every rank reports at the same steps
-        seconds = all_gather_float(step_time, run.dist)
-        values["step_time_s/max"] = max(seconds)
-        values["step_time_s/median"] = statistics.median(seconds)
-        run.reporter.rank_step_times(run.state.step, seconds)
+        wall, compute = zip(*all_gather_floats([step_time, compute_time], run.dist), strict=True)
+        values["step_time_s/max"] = max(wall)
+        values["step_time_s/median"] = statistics.median(wall)
+        if run.compute_timer is not None:
+            run.reporter.rank_step_times(run.state.step, list(compute), list(wall), "compute")
+        else:
+            run.reporter.rank_step_times(run.state.step, list(wall), list(wall), "wall")
     run.reporter.metric(run.state.step, values)
     if run.dist.rank == run.dims.reporting_rank:
         log.info(

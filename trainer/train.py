@@ -389,6 +389,7 @@ def build_run(
         dist=dist_info,
         model=parts.model,
         parallel_model=parts.train_model,
+        compute_timer=parts.compute_timer,
         dims=dims,
         pipeline=parts.pipeline,
         num_params=num_params,

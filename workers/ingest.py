@@ -248,7 +248,7 @@ class RunIngest:
         host = node.host if node is not None else None
         message = (
             f"straggler: rank {found.rank} on {host or worker} took {found.seconds:.3g} s per "
-            f"step, {found.ratio:.1f}x the median {found.median_s:.3g} s of all ranks, "
+            f"step, {found.ratio:.1f}x the median {found.median_s:.3g} s of the other ranks, "
             f"{found.reports} reports in a row (step {found.step})"
         )
         data = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 GAP_SAMPLES = 64  # the median time between step reports is taken over this many, the latest
 MIN_GAP_SAMPLES = 3  # fewer than this: no median yet (the floor applies)
-STRAGGLER_RATIO = 1.5  # a rank slower than this x the median step time of all ranks ...
+STRAGGLER_RATIO = 1.5  # a rank slower than this x the median step time of the others ...
 STRAGGLER_REPORTS = 3  # ... in this many consecutive reports is a straggler
 
 
@@ -57,8 +57,8 @@ class StepProgress:
 
 @dataclass(frozen=True)
 class Straggler:
-    """Rank `rank` took `seconds` per step, over `ratio` x the median `median_s` of all ranks,
-    in `reports` consecutive reports up to optimizer step `step`."""
+    """Rank `rank` took `seconds` per step, over `ratio` x the median `median_s` of the other
+    ranks, in `reports` consecutive reports up to optimizer step `step`."""
 
     rank: int
     step: int
@@ -72,9 +72,12 @@ class Straggler:
 
 
 class StragglerDetector:
-    """Flags a rank whose mean step time exceeds `ratio` x the median of all ranks in
+    """Flags a rank whose mean step time exceeds `ratio` x the median of the other ranks in
     `reports` consecutive `rank_step_times` reports; once per rank until it recovers (a report
-    at or under the threshold), after which it may be flagged again."""
+    at or under the threshold), after which it may be flagged again.
+
+    The median is of the other ranks, not of all: with all, a rank's own time pulls the
+    median up, and of two ranks one had to be 3x the other to be over 1.5x their median."""
 
     def __init__(self, ratio: float = STRAGGLER_RATIO, reports: int = STRAGGLER_REPORTS) -> None:
         """Raises ValueError when `ratio` <= 1 or `reports` < 1."""
@@ -94,9 +97,9 @@ class StragglerDetector:
         if (self._last_step is not None and step <= self._last_step) or len(seconds) < 2:
             return []
         self._last_step = step
-        median = statistics.median(seconds)
         found = []
         for rank, t in enumerate(seconds):
+            median = statistics.median([*seconds[:rank], *seconds[rank + 1 :]])
             if t <= self.ratio * median:
                 self._streak.pop(rank, None)
                 self._flagged.discard(rank)

@@ -65,12 +65,14 @@ def _run(detector: StragglerDetector, reports: list[list[float]]) -> list[list[i
             [[1, 1, 2, 1], [1, 1, 2, 1], [1, 1, 1, 1], [1, 1, 2, 1], [1, 1, 2, 1], [1, 1, 2, 1]],
             [[], [], [], [], [], [2]],
         ),
-        # flagged, recovered, slow again: flagged again
-        ([[1, 3]] * 3 + [[1, 1]] + [[1, 3]] * 3, [[], [], [], [], [], [], []]),
+        # flagged, recovered, slow again: flagged again; of two ranks, over 1.5x the other
+        ([[1, 3]] * 3 + [[1, 1]] + [[1, 3]] * 3, [[], [], [1], [], [], [], [1]]),
+        ([[1, 1.6]] * 3, [[], [], [1]]),
         ([[1, 1, 3]] * 3 + [[1, 1, 1]] + [[1, 1, 3]] * 3, [[], [], [2], [], [], [], [2]]),
         # two stragglers of four ranks
-        ([[1, 3, 1, 3.1]] * 3, [[], [], [3]]),  # median 2: only 3.1 is over 1.5x
+        ([[1, 3, 1, 3.1]] * 3, [[], [], [1, 3]]),  # each one's others: median 1
         ([[1, 4, 1, 1, 4.1]] * 3, [[], [], [1, 4]]),
+        ([[1, 1, 1.4, 2]] * 3, [[], [], [3]]),  # 1.4 <= 1.5 x median(1, 1, 2): not flagged
         # one rank: nothing to compare with
         ([[5]] * 4, [[], [], [], []]),
     ],

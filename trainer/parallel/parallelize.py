@@ -13,6 +13,8 @@ over the parameters this returns (DTensors under TP/FSDP).
   Megatron-LM); the embeddings, LayerNorms and head stay replicated.
 - 2-D: TP on `mesh["tp"]`, then `fully_shard` over `mesh["dp"]`.
 - `pipeline`: see `trainer.parallel.pipeline`.
+- DDP on CPU reduces through `trainer.parallel.compute_timer`'s communication hook, which
+  times each rank's own compute for straggler detection (same gradients as DDP's default).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.model import GPT
+from trainer.parallel.compute_timer import ComputeTimer
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.pipeline import PipelineRunner, prune_to_rank, stage_bounds
 from trainer.spec import FSDPSpec, JobSpec
@@ -68,6 +71,8 @@ class Parallelized:
     train_model: nn.Module  # what a training forward calls: DDP(model) or model
     mesh: DeviceMesh | None
     pipeline: PipelineRunner | None  # pipeline only: drives forward/backward
+    # DDP on CPU only: when this rank's last gradient bucket of a step was ready
+    compute_timer: ComputeTimer | None = None
 
 
 def parallelize(
@@ -106,13 +111,20 @@ def parallelize(
         apply_tensor_parallel(model, mesh["tp"])
     _apply_block_options(model, spec)
     train_model: nn.Module = model
+    timer: ComputeTimer | None = None
     if mesh is not None and dims.strategy == "fsdp":
         dp_mesh = mesh["dp"] if dims.tp > 1 else mesh
         apply_fsdp(model, dp_mesh, spec.parallelism.fsdp)
     elif dims.strategy == "ddp" and dims.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
-        train_model = DistributedDataParallel(model, device_ids=ids)
-    return Parallelized(model=model, train_model=train_model, mesh=mesh, pipeline=None)
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        if device.type == "cpu":
+            timer = ComputeTimer()
+            ddp.register_comm_hook(timer, ComputeTimer.allreduce_hook)
+        train_model = ddp
+    return Parallelized(
+        model=model, train_model=train_model, mesh=mesh, pipeline=None, compute_timer=timer
+    )
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
