@@ -163,7 +163,8 @@ def test_ranks_running_alike_have_close_compute_times_and_no_straggler(
     assert len(reports) == MAX_STEPS // LOG_INTERVAL
     assert all(e["measure"] == "compute" for e in reports)
     compute = [max(e["seconds"]) / min(e["seconds"]) for e in reports]
-    assert statistics.median(compute) < 1.25, (compute, reports)
+    # Alike: typically within 10 % (a loaded host adds noise), never straggler-like.
+    assert statistics.median(compute) < STRAGGLER_RATIO, (compute, reports)
     for e in reports:  # compute is the part of the step before the gradients are synced
         assert all(0 < c <= w for c, w in zip(e["seconds"], e["wall_seconds"], strict=True))
     detector = StragglerDetector()
