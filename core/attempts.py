@@ -87,13 +87,16 @@ def apply(
             session=session, job_id=job.id, to=to, message=decision.message, values=values
         )
     elif outcome is Outcome.FAILED:
+        message = decision.message
         if failure is None:  # a limit (max_runtime), not a failure of the code
-            values["error"] = decision.message
+            message = f"{message} ({int(float(job.runtime_s or 0.0) + runtime_s)} s)"
+            values["error"] = message
+            data["limit"] = "max_runtime_s"
         jobs.transition(
             session=session,
             job_id=job.id,
             to=JobState.FAILED,
-            message=decision.message,
+            message=message,
             data=data,
             values=values,
         )

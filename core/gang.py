@@ -1,12 +1,13 @@
-"""Gang scheduling of multi-node jobs (`resources.nodes > 1`): node slots, assembly, the end.
+"""Every attempt is a gang of N >= 1 nodes (`resources.nodes`): node slots, assembly, the end.
 
-A gang attempt has one `job_nodes` row per node. The worker that claims the job (the fencing
-`queued -> starting` UPDATE of `core.jobs.claim`) is node 0: it creates the rows, takes slot 0
-and publishes the c10d rendezvous endpoint (its advertised host and a free port) on it, then
-sends one join message per other node to the pool's queue. A joining worker takes the lowest
-free slot with a fencing UPDATE (`worker IS NULL`), so a duplicated join message finds no slot
-and does nothing. Once every slot is taken the gang is *assembled*: each node launches its own
-torchrun (`--nnodes N`, c10d rendezvous at node 0's endpoint).
+An attempt has one `job_nodes` row per node (one for a single-node job). The worker that
+claims the job (the fencing `queued -> starting` UPDATE of `core.jobs.claim`) is node 0: it
+creates the rows, takes slot 0 and publishes the rendezvous endpoint (its advertised host and
+a free port) on it, then sends one join message per other node to the pool's queue (none when
+N = 1). A joining worker takes the lowest free slot with a fencing UPDATE (`worker IS NULL`),
+so a duplicated join message finds no slot and does nothing. Once every slot is taken the gang
+is *assembled*: each node launches its own torchrun (`--nnodes N`, c10d rendezvous at node
+0's endpoint).
 
 A gang that does not assemble within `gang_assemble_timeout_s` is released (`release`):
 starting -> queued without using the restart budget, so a pool with fewer free workers than
@@ -26,6 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from core import jobs
+from core.lifecycle import Failure, NodeEnd, Stop
 from core.models import Job, JobNode, JobState, utcnow
 
 
@@ -34,7 +36,8 @@ def num_nodes(job: Job) -> int:
     return job.spec.resources.nodes
 
 
-def _lock_job(session: Session, job_id: int) -> Job | None:
+def lock_job(session: Session, job_id: int) -> Job | None:
+    """The job row, locked (`SELECT ... FOR UPDATE`) until the transaction ends."""
     return session.execute(
         select(Job)
         .where(Job.id == job_id)
@@ -66,6 +69,9 @@ def publish(*, session: Session, job: Job, worker: str, host: str, port: int) ->
                 heartbeat_at=now if leader else None,
             )
         )
+    if nodes == 1:  # nothing to wait for
+        session.commit()
+        return
     jobs.add_event(
         session=session,
         job=job,
@@ -81,7 +87,7 @@ def join(*, session: Session, job_id: int, attempt: int, worker: str, host: str)
     """Take the lowest free node slot of attempt `attempt`; returns its node rank, or None when
     the attempt is over, released or already full (a duplicate or late join message). Commits.
     """
-    job = _lock_job(session, job_id)
+    job = lock_job(session, job_id)
     if not _is_current(job, attempt, [JobState.STARTING]):
         session.rollback()
         return None
@@ -142,7 +148,7 @@ def release(*, session: Session, job_id: int, attempt: int, reason: str) -> bool
     False, changing nothing, when the gang assembled meanwhile or the attempt is no longer
     starting (cancelled, reaped, ...).
     """
-    job = _lock_job(session, job_id)
+    job = lock_job(session, job_id)
     if not _is_current(job, attempt, [JobState.STARTING]):
         session.rollback()
         return False
@@ -163,12 +169,21 @@ def release(*, session: Session, job_id: int, attempt: int, reason: str) -> bool
     return True
 
 
+@dataclass(frozen=True)
+class Beat:
+    """What a node's heartbeat learned: the job's `state` (None when the attempt is no
+    longer active: reaped, re-claimed, ended) and `peer_stop`, another node's stop reason."""
+
+    state: str | None
+    peer_stop: str | None
+
+
 def heartbeat(
     *, session: Session, job_id: int, attempt: int, node_rank: int, stop: str | None = None
-) -> str | None:
-    """Record that node `node_rank` is alive, and `stop` (why its worker is stopping its
-    trainer: shutdown, max_runtime) if any; returns another node's stop reason, if one has
-    one, so every node of the gang stops. Does not commit."""
+) -> Beat:
+    """Record that node `node_rank` of attempt `attempt` is alive: its slot, and for node 0
+    also the job row (the reconciler watches both). `stop`: why this node's worker is stopping
+    its trainer (shutdown, max_runtime), for the other nodes to follow. Does not commit."""
     values: dict[str, Any] = {"heartbeat_at": utcnow()}
     if stop is not None:
         values["stop"] = stop
@@ -183,7 +198,18 @@ def heartbeat(
         .values(**values)
         .execution_options(synchronize_session=False)
     )
-    return session.execute(
+    current = (Job.id == job_id) & (Job.attempt == attempt) & Job.state.in_(jobs.ACTIVE_STATES)
+    if node_rank == 0:
+        state = session.execute(
+            update(Job)
+            .where(current)
+            .values(heartbeat_at=utcnow())
+            .returning(Job.state)
+            .execution_options(synchronize_session=False)
+        ).scalar_one_or_none()
+    else:
+        state = session.execute(select(Job.state).where(current)).scalar_one_or_none()
+    peer_stop = session.execute(
         select(JobNode.stop)
         .where(
             JobNode.job_id == job_id,
@@ -193,15 +219,7 @@ def heartbeat(
         )
         .limit(1)
     ).scalar_one_or_none()
-
-
-@dataclass(frozen=True)
-class GangEnd:
-    """What the ended nodes of an attempt reported, once one more node has ended."""
-
-    all_ended: bool
-    completed: dict[str, Any] | None  # the reporting rank's `completed` data, from any node
-    stop: str | None  # a stop reason of another node (shutdown, max_runtime, ...), if any
+    return Beat(state=state, peer_stop=peer_stop)
 
 
 def record_node_end(
@@ -209,27 +227,52 @@ def record_node_end(
     session: Session,
     job_id: int,
     attempt: int,
-    node_rank: int,
-    exit_code: int,
-    stop: str | None,
-    completed: dict[str, Any] | None,
-) -> GangEnd:
-    """Record that node `node_rank`'s trainer exited; lock the job row so exactly one node sees
-    `all_ended`. Does not commit: the caller records the job's end in the same transaction."""
-    _lock_job(session, job_id)
+    end: NodeEnd,
+    completed: dict[str, Any] | None = None,
+) -> list[NodeEnd]:
+    """Record how node `end.node_rank` of attempt `attempt` ended on its slot (`completed`: the
+    trainer's `completed` report, when this node's rank made it); returns the ends of every
+    node of the attempt that has ended, this one included, by node rank.
+
+    The caller locks the job row first (`lock_job`), so exactly one node sees them all, and
+    decides and applies the attempt's end in the same transaction. Does not commit.
+    """
     session.execute(
         update(JobNode)
-        .where(JobNode.job_id == job_id, JobNode.attempt == attempt, JobNode.node_rank == node_rank)
-        .values(ended_at=utcnow(), exit_code=exit_code, stop=stop, completed=completed)
+        .where(
+            JobNode.job_id == job_id,
+            JobNode.attempt == attempt,
+            JobNode.node_rank == end.node_rank,
+        )
+        .values(
+            ended_at=utcnow(),
+            exit_code=end.exit_code,
+            stop=None if end.stop is None else str(end.stop),
+            completed=completed,
+            failure=None if end.failure is None else end.failure.to_json(),
+        )
         .execution_options(synchronize_session=False)
     )
     slots = members(session=session, job_id=job_id, attempt=attempt)
-    others = [n for n in slots if n.node_rank != node_rank]
-    return GangEnd(
-        all_ended=all(n.ended_at is not None for n in slots),
-        completed=completed or next((n.completed for n in slots if n.completed), None),
-        stop=next((n.stop for n in others if n.stop), None),
+    return [node_end(n) for n in slots if n.ended_at is not None]
+
+
+def node_end(slot: JobNode) -> NodeEnd:
+    """A `NodeEnd` from an ended node's slot (`completed` says whether it reported completion;
+    the report itself stays on the slot)."""
+    return NodeEnd(
+        node_rank=slot.node_rank,
+        exit_code=slot.exit_code or 0,
+        stop=None if slot.stop is None else Stop(slot.stop),
+        completed=slot.completed is not None,
+        failure=None if slot.failure is None else Failure.from_json(slot.failure),
     )
+
+
+def completed_report(*, session: Session, job_id: int, attempt: int) -> dict[str, Any] | None:
+    """The trainer's `completed` report of the attempt, from whichever node's rank made it."""
+    slots = members(session=session, job_id=job_id, attempt=attempt)
+    return next((n.completed for n in slots if n.completed is not None), None)
 
 
 def stale_nodes(*, session: Session, cutoff: Any) -> list[tuple[int, Any]]:

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer.data import is_uri
 from trainer.distributed import DistInfo, broadcast_from_rank0
-from trainer.errors import InvalidJobError
+from trainer.errors import CheckpointWriteError, InvalidJobError
 from trainer.events import Reporter
 from trainer.spec import CheckpointSpec
 
@@ -153,7 +153,12 @@ class Checkpointer:
         if step == self.last_saved_step:
             return
         if force or step % self.spec.interval_steps == 0:
-            self._save(step)
+            try:
+                self._save(step)
+            except CheckpointWriteError:
+                raise
+            except Exception as exc:
+                raise CheckpointWriteError(f"checkpoint at step {step}: {exc}") from exc
 
     def _save(self, step: int) -> None:
         self.wait()
@@ -190,13 +195,16 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until the pending async save (if any) is complete, then report it.
 
-        Raises whatever the save raised.
+        Raises `CheckpointWriteError` from whatever the save raised.
         """
         if self._pending is None:
             return
         step, uri, future, started = self._pending
         self._pending = None
-        future.result()
+        try:
+            future.result()
+        except Exception as exc:
+            raise CheckpointWriteError(f"checkpoint at step {step} to {uri}: {exc}") from exc
         self._completed(step, uri, started)
 
     def close(self) -> None:

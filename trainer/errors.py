@@ -13,3 +13,8 @@ class InvalidJobError(Exception):
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradient norm became NaN/inf: the run stops instead of training on."""
+
+
+class CheckpointWriteError(Exception):
+    """Writing a checkpoint failed: the storage is full, read-only or unreachable (an `infra`
+    failure, `trainer.failures`); the original error is its `__cause__`."""

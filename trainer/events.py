@@ -70,10 +70,23 @@ class Reporter:
         """How the data became rows (`trainer.dataprep`): counts, masks, packing, cache."""
         self.emit("data", **fields)
 
-    def error(self, message: str, traceback: str, exit_code: int) -> None:
-        """`exit_code` is an addition to the contract: the code this rank exits with (2 = do
-        not retry), since torchrun itself exits 1 whatever its workers' codes were."""
-        self.emit("error", message=message, traceback=traceback, exit_code=exit_code)
+    def error(
+        self, message: str, traceback: str, exit_code: int, failure_class: str, rank: int
+    ) -> None:
+        """The exception this run fails with. `exit_code`: the code the rank exits with (2 =
+        do not retry; torchrun itself exits 1 whatever its workers' codes were);
+        `failure_class`: what the exception means (`trainer.failures.FailureClass`); `rank`:
+        the global rank that raised it; `restart` (added here): torchrun's in-place restart
+        count of the run that failed."""
+        self.emit(
+            "error",
+            message=message,
+            traceback=traceback,
+            exit_code=exit_code,
+            failure_class=failure_class,
+            rank=rank,
+            restart=restart_count(),
+        )
 
     def close(self) -> None:
         """Release the file, if any."""

@@ -37,6 +37,7 @@ from trainer.dpo_train import build_dpo, check_pairs
 from trainer.errors import InvalidJobError
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
 from trainer.export import export_at_end
+from trainer.failures import FailureClass, classify_exception
 from trainer.finetune import build_network, lora_settings, model_state
 from trainer.hf import data_vocab_size, load_tokenizer
 from trainer.loop import Run, report_eval, train_loop
@@ -410,11 +411,20 @@ def build_run(
 
 
 def _fail(exc: BaseException, exit_code: int, reporter: Reporter, info: DistInfo | None) -> None:
-    """Report `exc` (error event + log), free the frames it holds, leave the process group."""
+    """Report `exc` (error event with its failure class + log), free the frames it holds, leave
+    the process group. `exit_code` 2 (invalid spec or data) is a `user_error`; otherwise the
+    class comes from the exception (`trainer.failures.classify_exception`: an allocator error
+    is `oom`; a distributed, connection or checkpoint-write error, a full or read-only disk is
+    `infra`; anything else `user_error`)."""
     message = f"{type(exc).__name__}: {exc}"
-    log.error("%s", message)
+    failure_class = FailureClass.USER_ERROR if exit_code == 2 else classify_exception(exc)
+    log.error("%s (%s)", message, failure_class)
     reporter.error(
-        message=message, traceback="".join(traceback.format_exception(exc)), exit_code=exit_code
+        message=message,
+        traceback="".join(traceback.format_exception(exc)),
+        exit_code=exit_code,
+        failure_class=str(failure_class),
+        rank=env_rank(),
     )
     if exit_code == 2:  # no traceback reaches stderr for SystemExit(2): say why there
         print(f"trainer: invalid job, not retrying: {message}", file=sys.stderr, flush=True)

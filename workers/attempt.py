@@ -1,5 +1,5 @@
-"""What every attempt's runner shares, single-node (`workers.runner`) or a gang node
-(`workers.gang`): preparing the run dir, recording the launch and the end, retried DB writes.
+"""The steps of a node's attempt around its torchrun (`workers.node`): preparing the run dir,
+recording the launch, failing an attempt that cannot launch, retried DB writes.
 """
 
 from __future__ import annotations
@@ -16,23 +16,13 @@ from sqlalchemy.orm import Session
 from core import datasets, init_from, jobs
 from core.errors import InvalidInput
 from core.jobs import ACTIVE_STATES
+from core.lifecycle import Failure, FailureClass, Outcome
 from core.models import Job, JobState
 from core.settings import Settings
 from core.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
 from trainer.spec import JobSpec
 from workers.checkpoints import set_aside_unrecorded
-from workers.ingest import rank_exit_code, stderr_tail
 from workers.launcher import RunPaths
-from workers.outcome import (
-    Cause,
-    ExitCause,
-    Verdict,
-    classify,
-    requeue,
-    restarts_left,
-    verdict,
-)
-from workers.supervisor import Exit, Stop
 
 log = logging.getLogger(__name__)
 
@@ -143,136 +133,42 @@ def record_launch(
         log.exception("job %s: could not record the launch", job.id)
 
 
-def fail_unlaunched(session: Session, job: Job, exc: Exception) -> tuple[str, None]:
+def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
+    """End an attempt whose trainer never started: cancelled or paused when that was asked
+    for, else failed with `exc` as a `user_error` (an unknown dataset, an invalid spec) or
+    `infra` (an OSError preparing the run dir); `MaxRuntime` is a limit, not a failure class.
+    Commits; returns the outcome."""
     current = session.get(Job, job.id, populate_existing=True)
     if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
-        return "lost", None
+        return "lost"
     if current.state == JobState.CANCELLING:
         jobs.transition(session=session, job_id=job.id, to=JobState.CANCELLED, message="cancelled")
         session.commit()
-        return Verdict.CANCELLED, None
+        return Outcome.CANCELLED
     if current.state == JobState.PAUSING:
         jobs.transition(session=session, job_id=job.id, to=JobState.PAUSED, message="paused")
         session.commit()
-        return Verdict.PAUSED, None
+        return Outcome.PAUSED
     error = str(getattr(exc, "message", None) or exc)
+    data: dict[str, Any] = {"attempt": job.attempt}
+    values: dict[str, Any] = {"error": error}
+    if isinstance(exc, MaxRuntime):  # a limit, not a failure of the code
+        data["limit"] = "max_runtime_s"
+    else:
+        cls = FailureClass.INFRA if isinstance(exc, OSError) else FailureClass.USER_ERROR
+        failure = Failure(cls, f"cannot launch: {error}")
+        data |= {"failure_class": str(cls), "reason": failure.reason}
+        values["failure"] = failure.to_json()
     jobs.transition(
         session=session,
         job_id=job.id,
         to=JobState.FAILED,
         message=f"cannot launch: {error}",
-        values={"error": error},
+        data=data,
+        values=values,
     )
     session.commit()
-    return Verdict.FAILED, None
-
-
-def record_end(
-    session: Session, job: Job, end: Exit, paths: RunPaths, worker: str
-) -> tuple[str, str | None]:
-    """Move the job to where this attempt's end leads; returns (outcome, queue to dispatch)."""
-    current = session.get(Job, job.id, populate_existing=True)
-    if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
-        return "lost", None
-    rc, attempt = exit_code(end, paths), job.attempt
-    runtime_s = float(current.runtime_s or 0.0) + end.runtime_s
-    error = describe_failure(rc, end, paths) if rc != 0 or end.stop is not None else None
-    if end.stop is Stop.MAX_RUNTIME:
-        cause, error = ExitCause.MAX_RUNTIME, f"max_runtime_s exceeded ({int(runtime_s)} s)"
-    else:
-        cause = classify(rc, error or "")
-    retry_oom = current.spec.retries.retry_oom
-    result = verdict(
-        returncode=rc,
-        completed=end.reported.completed is not None,
-        state=current.state,
-        shutdown=end.stop is Stop.SHUTDOWN,
-        restarts_left=restarts_left(session, current),
-        cause=cause,
-        retry_oom=retry_oom,
-    )
-    values = {"runtime_s": Job.runtime_s + end.runtime_s, "exit_code": rc}
-    if result is Verdict.SUCCEEDED:
-        if current.state == JobState.STARTING:
-            jobs.transition(session=session, job_id=job.id, to=JobState.RUNNING)
-        jobs.transition(
-            session=session,
-            job_id=job.id,
-            to=JobState.SUCCEEDED,
-            message="training completed",
-            data=end.reported.completed,
-            values={**values, "error": None},
-        )
-    elif result is Verdict.CANCELLED:
-        message = f"cancelled; trainer exited with code {rc}"
-        jobs.transition(
-            session=session, job_id=job.id, to=JobState.CANCELLED, message=message, values=values
-        )
-    elif result is Verdict.PAUSED:
-        message = f"paused after a checkpoint; trainer exited with code {rc}"
-        jobs.transition(
-            session=session, job_id=job.id, to=JobState.PAUSED, message=message, values=values
-        )
-    elif result is Verdict.HAND_BACK:
-        requeue(
-            session=session,
-            job_id=job.id,
-            cause=Cause.SHUTDOWN,
-            message=f"worker {worker} shutting down; attempt {attempt} handed back",
-            data={"attempt": attempt, "exit_code": rc},
-            values=values,
-        )
-    else:
-        message = f"attempt {attempt} failed ({cause}) with exit code {rc}"
-        if cause is ExitCause.MAX_RUNTIME:
-            message = f"attempt {attempt} stopped: {error}"
-        data = {"attempt": attempt, "exit_code": rc, "exit_cause": str(cause)}
-        if cause is not ExitCause.MAX_RUNTIME:
-            error = f"[{cause}] {error}"
-        if result is Verdict.RESTART:
-            requeue(
-                session=session,
-                job_id=job.id,
-                cause=Cause.FAILURE,
-                message=f"{message}; restarting from the latest checkpoint",
-                data=data,
-                values={**values, "error": error},
-            )
-        else:
-            jobs.transition(
-                session=session,
-                job_id=job.id,
-                to=JobState.FAILED,
-                message=message,
-                data=data,
-                values={**values, "error": error},
-            )
-    session.commit()
-    requeued = result in (Verdict.HAND_BACK, Verdict.RESTART)
-    return result, (current.pool if requeued else None)
-
-
-def exit_code(end: Exit, paths: RunPaths) -> int:
-    """The trainer's exit code: torchrun's own is 1 for any failed rank."""
-    if end.returncode == 0:
-        return 0
-    code = rank_exit_code(paths)
-    return end.returncode if code is None else code
-
-
-def describe_failure(returncode: int, end: Exit, paths: RunPaths, num_lines: int = 20) -> str:
-    """The `error` of a failed attempt: exit code, the trainer's error event, last stderr lines."""
-    parts = [f"trainer exited with code {returncode}"]
-    if end.stop is not None:
-        parts[0] += f" after the worker stopped it ({end.stop})"
-    if end.reported.errors:
-        parts.append(end.reported.errors[-1])
-    tail = stderr_tail(paths, num_lines)
-    if tail is not None:
-        rank, lines = tail
-        parts.append(f"--- last stderr lines of rank {rank} ---")
-        parts += lines
-    return "\n".join(parts)
+    return Outcome.FAILED
 
 
 def dispatch_safely(dispatch: Dispatch, job_id: int, queue: str) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -209,7 +208,7 @@ class RunIngest:
             for found in self.stragglers.observe(*report):
                 self._straggler(session, job, found)
         elif kind == "error":
-            data = {"traceback": event.get("traceback")}
+            data = {k: event.get(k) for k in ("traceback", "exit_code", "failure_class")}
             self._add(session, job, "error", str(event.get("message", "")), data)
         elif kind == "status":
             return self._write_status(session, job, state, event)
@@ -362,8 +361,8 @@ def stderr_tail(paths: RunPaths, num_lines: int = 20) -> tuple[int, list[str]] |
     candidates: list[tuple[int, list[str]]] = []
     for (restart, rank, stream), path in logs.items():
         if stream == "stderr" and restart == last:
-            candidates.append((rank, _last_lines(path, num_lines)))
-    launcher = (LAUNCHER_RANK, _last_lines(paths.launcher_log("stderr"), num_lines))
+            candidates.append((rank, last_lines(path, num_lines)))
+    launcher = (LAUNCHER_RANK, last_lines(paths.launcher_log("stderr"), num_lines))
     for rank, lines in candidates:
         if any("Traceback" in line or "Error" in line for line in lines):
             return rank, lines
@@ -373,7 +372,9 @@ def stderr_tail(paths: RunPaths, num_lines: int = 20) -> tuple[int, list[str]] |
     return None
 
 
-def _last_lines(path: Any, num_lines: int, max_bytes: int = 64 * 1024) -> list[str]:
+def last_lines(path: Any, num_lines: int, max_bytes: int = 64 * 1024) -> list[str]:
+    """The last `num_lines` non-blank lines within the last `max_bytes` bytes of `path`
+    ([] when it does not exist)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -384,27 +385,6 @@ def _last_lines(path: Any, num_lines: int, max_bytes: int = 64 * 1024) -> list[s
         return []
     lines = [_text(x) for x in data.splitlines() if x.strip()]
     return lines[-num_lines:]
-
-
-_ROOT_CAUSE_EXIT = re.compile(
-    rb"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", re.S
-)
-
-
-def rank_exit_code(paths: RunPaths) -> int | None:
-    """The exit code of the rank that failed first, from torchrun's failure report.
-
-    torchrun itself exits 1 whatever its ranks did; the trainer's own code (2: invalid input,
-    never retried) is in the "Root Cause" block it prints to its stderr.
-    """
-    try:
-        with open(paths.launcher_log("stderr"), "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            match = _ROOT_CAUSE_EXIT.search(f.read())
-    except FileNotFoundError:
-        return None
-    return int(match[1]) if match else None
 
 
 def _data_message(data: dict[str, Any]) -> str:

@@ -17,12 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from core.jobs import ACTIVE_STATES
+from core.gang import Beat
 from core.lifecycle import Stop
-from core.models import Job, JobState, utcnow
+from core.models import JobState
 from core.settings import Settings
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
@@ -31,6 +30,9 @@ from workers.launcher import kill_tree, signal_group
 log = logging.getLogger(__name__)
 
 FINAL_DRAIN_RETRIES = 10
+# The stops one node's worker decides for itself that every node of its gang follows; cancel
+# and pause reach every node through the job's state anyway.
+PEER_STOPS = frozenset({Stop.SHUTDOWN, Stop.MAX_RUNTIME})
 MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shutdown
 
 
@@ -71,16 +73,17 @@ class Supervisor:
         proc: subprocess.Popen[bytes],
         ingest: RunIngest,
         shutdown: threading.Event,
+        heartbeat: Callable[[Session, Stop | None], Beat],
         runtime_budget_s: float | None = None,
-        on_heartbeat: Callable[[Session, Stop | None], str | None] | None = None,
         watchers: Sequence[Watcher] = (),
     ) -> None:
-        """`runtime_budget_s`: seconds this attempt may train (from the trainer's `running`
-        report) before `limits.max_runtime_s` is reached (the limit minus what earlier attempts
-        trained); None for no limit. `on_heartbeat(session, stop)`: more to write in each
-        heartbeat's transaction (a gang node's own heartbeat and stop); what it returns, a
-        `Stop` value of another node, stops this trainer too. `watchers`: see `Watcher`."""
-        self.on_heartbeat = on_heartbeat
+        """`heartbeat(session, stop)`: writes this node's heartbeat (and its own stop, if any)
+        in the session, without committing, and returns what it learned (`core.gang.Beat`):
+        the job's state (None: the attempt is no longer ours) and another node's stop, which
+        stops this trainer too. `runtime_budget_s`: seconds this attempt may train (from the
+        trainer's `running` report) before `limits.max_runtime_s` is reached (the limit minus
+        what earlier attempts trained); None for no limit. `watchers`: see `Watcher`."""
+        self.write_heartbeat = heartbeat
         self.watchers = list(watchers)
         self._watch_at = [time.monotonic()] * len(self.watchers)
         self.settings = settings
@@ -189,26 +192,18 @@ class Supervisor:
         job_id, attempt = self.ingest.job_id, self.ingest.attempt
         try:
             with self.session_factory() as session:
-                state = session.execute(
-                    update(Job)
-                    .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
-                    .values(heartbeat_at=utcnow())
-                    .returning(Job.state)
-                    .execution_options(synchronize_session=False)
-                ).scalar_one_or_none()
-                peer_stop = None
-                if state is not None and self.on_heartbeat is not None:
-                    peer_stop = self.on_heartbeat(session, self.stop)
+                beat = self.write_heartbeat(session, self.stop)
                 session.commit()
         except Exception:
             log.exception("job %s: heartbeat failed; retrying next tick", job_id)
             observability.heartbeat(ok=False)
             return None
+        state, peer_stop = beat.state, beat.peer_stop
         observability.heartbeat(ok=state is not None)
         if state is None:
             log.error("job %s attempt %s is no longer ours: stopping the trainer", job_id, attempt)
             self._begin_stop(Stop.LOST)
-        elif peer_stop is not None and self.stop is None:
+        elif peer_stop in PEER_STOPS and self.stop is None:
             log.info("job %s: another node of the gang stopped (%s)", job_id, peer_stop)
             self._begin_stop(Stop(peer_stop))
         return state

@@ -1,4 +1,4 @@
-"""The worker's tasks: thin, named, taking ids. The work lives in `runner` and `reconcile`."""
+"""The worker's tasks: thin, named, taking ids. The work lives in `node` and `reconcile`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from core.db import get_engine, session_factory
 from core.logs import job_id_var
 from core.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.settings import get_settings
-from workers import exports, gang, runner
+from workers import exports, node
 from workers import reconcile as reconciler
 from workers.app import app
 
@@ -69,7 +69,7 @@ def run_job(self: Any, job_id: int) -> str:
     """Run the job if it is still queued (assert the world: the claim re-reads the row)."""
     settings = get_settings()
     with _job_logs(job_id):
-        return runner.run_job(
+        return node.run_job(
             job_id,
             settings=settings,
             factory=session_factory(get_engine(settings)),
@@ -93,7 +93,7 @@ def join_gang(self: Any, job_id: int, attempt: int) -> str:
     """Become a further node of attempt `attempt` of multi-node job `job_id`, if a slot is free."""
     settings = get_settings()
     with _job_logs(job_id):
-        return gang.join(
+        return node.join_gang(
             job_id,
             attempt,
             settings=settings,

@@ -56,6 +56,7 @@ def test_invalid_spec_or_data_exits_2_with_an_error_event(
     assert error["type"] == "error" and error["attempt"] == 0
     assert message in error["message"]
     assert error["exit_code"] == 2
+    assert (error["failure_class"], error["rank"], error["restart"]) == ("user_error", 0, 0)
     assert "Traceback" in error["traceback"]
 
 
@@ -85,6 +86,6 @@ def test_null_reporter_writes_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(tmp_path)
     reporter = NullReporter()
     reporter.status("completed", "done", {})
-    reporter.error("boom", "tb", 1)
+    reporter.error("boom", "tb", 1, "user_error", 0)
     reporter.close()
     assert list(tmp_path.iterdir()) == []

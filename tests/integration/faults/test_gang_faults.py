@@ -248,7 +248,7 @@ def test_a_node_s_trainer_crash_restarts_the_whole_gang_at_once(
     (restarting,) = [e for e in events if e.state_to == "restarting"]
     # The failing node ended the attempt itself, without waiting for the reaper.
     assert restarting.data["cause"] == "failure" and restarting.data["exit_code"] != 0
-    assert restarting.data["exit_cause"] != "worker_lost"
+    assert restarting.data["failure_class"] == "infra"  # a crash, not a lost node
     assert sorted((e.attempt, e.data["node_rank"]) for e in launches(events)) == [
         (1, 0), (1, 1), (2, 0), (2, 1),
     ]  # fmt: skip

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core import jobs
-from core.models import Job, JobEvent, LogLine, MetricPoint
+from core.models import Job, JobEvent, JobNode, LogLine, MetricPoint
 from core.queue import RUN_JOB_TASK
 from core.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
@@ -164,6 +164,17 @@ def job_row(engine: Engine, job_id: int) -> Job:
 def job_events(engine: Engine, job_id: int) -> list[JobEvent]:
     with Session(engine, expire_on_commit=False) as s:
         query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        return list(s.execute(query).scalars())
+
+
+def job_nodes(engine: Engine, job_id: int) -> list[JobNode]:
+    """The node slots of every attempt of the job, by attempt and node rank."""
+    with Session(engine, expire_on_commit=False) as s:
+        query = (
+            select(JobNode)
+            .where(JobNode.job_id == job_id)
+            .order_by(JobNode.attempt, JobNode.node_rank)
+        )
         return list(s.execute(query).scalars())
 
 

@@ -21,7 +21,7 @@ from tests.integration.workers.helpers import (
     tiny_spec,
     unique_queue,
 )
-from workers import runner
+from workers import node
 
 FAILED_SESSIONS = 8  # ~1.5 s of flushes and heartbeats at the test settings' intervals
 
@@ -52,7 +52,7 @@ def test_supervision_rides_out_a_database_outage_mid_run(
         return Session(engine, expire_on_commit=False)
 
     sent: list[tuple[int, str]] = []
-    outcome = runner.run_job(
+    outcome = node.run_job(
         job_id,
         settings=settings,
         factory=sessions,

@@ -9,12 +9,12 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
 from core import gang, jobs
+from core.lifecycle import NodeEnd, Stop
 from core.models import Job, JobNode, utcnow
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import create_job, job_events, job_row, tiny_spec
 from workers import reconcile
-from workers.outcome import restarts_left
 
 
 def claimed_gang(engine: Engine, project: ProjectKey, dataset_id: str, nodes: int) -> Job:
@@ -70,8 +70,7 @@ def test_release_requeues_without_using_the_restart_budget_and_fences_late_joins
     assert (current.state, current.attempt) == ("queued", 1)
     (released,) = [e for e in job_events(engine, job.id) if e.data.get("cause") == "gang_release"]
     assert released.state_from == "starting" and released.data["joined"] == 1
-    with Session(engine) as s:
-        assert restarts_left(s, current) == 0  # max_restarts 0, nothing used
+    assert current.restarts_used == 0 and current.restarts_by_class == {}  # no budget used
 
 
 def test_exactly_one_node_sees_the_whole_gang_ended(
@@ -82,21 +81,28 @@ def test_exactly_one_node_sees_the_whole_gang_ended(
     ends = []
     for rank, completed in ((1, {"final_loss": 1.5}), (0, None)):
         with Session(engine) as s:
+            gang.lock_job(s, job.id)
+            end = NodeEnd(
+                node_rank=rank,
+                exit_code=0,
+                stop=Stop.SHUTDOWN if rank == 1 else None,
+                completed=completed is not None,
+            )
             ends.append(
                 gang.record_node_end(
-                    session=s,
-                    job_id=job.id,
-                    attempt=job.attempt,
-                    node_rank=rank,
-                    exit_code=0,
-                    stop="shutdown" if rank == 1 else None,
-                    completed=completed,
+                    session=s, job_id=job.id, attempt=job.attempt, end=end, completed=completed
                 )
             )
             s.commit()
-    assert [e.all_ended for e in ends] == [False, True]
+    assert [len(e) for e in ends] == [1, 2]  # only the last node sees the whole gang ended
     # The last node learns what the other reported: the trainer's completion and its stop.
-    assert ends[1].completed == {"final_loss": 1.5} and ends[1].stop == "shutdown"
+    assert ends[1] == [
+        NodeEnd(node_rank=0, exit_code=0),
+        NodeEnd(node_rank=1, exit_code=0, stop=Stop.SHUTDOWN, completed=True),
+    ]
+    with Session(engine) as s:
+        report = gang.completed_report(session=s, job_id=job.id, attempt=job.attempt)
+    assert report == {"final_loss": 1.5}
 
 
 def test_reaper_requeues_a_gang_whose_one_node_went_silent(

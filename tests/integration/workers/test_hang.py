@@ -145,7 +145,8 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
             stopped.send_signal(signal.SIGKILL)  # whatever happened, leave nothing behind
     left_running_after = time.monotonic() - stopped_at
     assert job.state == "failed", job.error
-    assert "(hang)" in (job.error or "")  # "... after the worker stopped it (hang)"
+    assert job.failure is not None and job.failure["class"] == "hang", job.failure
+    assert (job.error or "").startswith("[hang] no step progress for "), job.error
     assert left_running_after < HANG_TIMEOUT_S + MARGIN_S  # the idle time is checked below
 
     events = job_events(engine, job_id)
@@ -154,6 +155,7 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
     assert last_step >= 3
     assert hang.message.startswith("no step progress for ")
     assert hang.message.endswith(f" s (last step {last_step})")
+    assert job.failure["reason"] == hang.message  # the watchdog's reason, on the job
     idle_s = int(hang.message.split()[4])
     assert HANG_TIMEOUT_S <= idle_s < HANG_TIMEOUT_S + MARGIN_S
     assert sorted(s["rank"] for s in hang.data["stacks"]) == [0, 1]

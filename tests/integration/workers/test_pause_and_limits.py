@@ -88,4 +88,5 @@ def test_max_runtime_stops_the_run_with_a_checkpoint_and_fails_it_with_the_reaso
     events = job_events(engine, job_id)
     assert [e.kind for e in events].count("checkpoint") == 1  # the stop saved one
     failed = events[-1]
-    assert failed.state_to == "failed" and failed.data["exit_cause"] == "max_runtime"
+    assert failed.state_to == "failed" and failed.data["limit"] == "max_runtime_s"
+    assert job.failure is None and job.restarts_used == 0  # a limit: no failure class

@@ -17,6 +17,7 @@ from tests.integration.workers.helpers import (
     Worker,
     create_job,
     job_events,
+    job_nodes,
     launches,
     log_lines,
     metric_series,
@@ -93,13 +94,22 @@ def test_crashed_attempt_restarts_from_checkpoint_and_matches_an_uninterrupted_r
         (2, "running", "succeeded"),
     ]
     restarting = next(e for e in events if e.state_to == "restarting")
+    # The rank exits 1 without an exception (no error event, no error file): `infra`,
+    # retried while max_restarts lasts.
     assert restarting.data == {
         "cause": "failure",
         "attempt": 1,
         "exit_code": 1,
-        "exit_cause": "error",  # a plain crash: retried while max_restarts lasts
+        "failure_class": "infra",
+        "reason": "a rank exited without recording an exception (a signal or a hard exit); "
+        "torchrun exited 1",
     }
-    assert restarting.message.startswith("attempt 1 failed (error) with exit code 1")
+    assert restarting.message.startswith("attempt 1 failed (infra): a rank exited without")
+    assert (job.restarts_used, job.restarts_by_class) == (1, {"infra": 1})
+    first, second = job_nodes(engine, crashing)  # one node slot per attempt
+    assert (first.attempt, first.exit_code, second.attempt, second.exit_code) == (1, 1, 2, 0)
+    assert first.failure is not None and first.failure["class"] == "infra"
+    assert second.failure is None and job.failure is None  # success clears the job's failure
     assert len(launches(events)) == 2
     resumed = [e for e in events if e.state_to == "running"][-1]
     assert resumed.data["start_step"] == 10

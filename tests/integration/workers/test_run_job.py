@@ -12,12 +12,15 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core import jobs
+from core.settings import Settings
+from core.storage import job_checkpoint_uri
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
     group_gone,
     job_events,
+    job_nodes,
     launches,
     log_lines,
     metric_series,
@@ -45,6 +48,11 @@ def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a
     assert job.state == "succeeded", job.error
     assert (job.attempt, job.exit_code, job.current_step) == (1, 0, 30)
     assert job.worker == worker.name and job.heartbeat_at is not None
+    # A single-node job is a gang of one: one node slot, holding the node's exit facts.
+    (node,) = job_nodes(engine, job_id)
+    assert (node.attempt, node.node_rank, node.worker) == (1, 0, worker.name)
+    assert (node.exit_code, node.stop, node.failure) == (0, None, None)
+    assert node.ended_at is not None and node.completed and node.completed["steps"] == 30
 
     losses = metric_series(engine, job_id, "loss")
     assert [p.step for p in losses] == list(range(1, 31))
@@ -134,6 +142,17 @@ def test_invalid_data_fails_the_job_at_once_and_is_never_retried(
     events = job_events(engine, job_id)
     assert not any(e.state_to == "restarting" for e in events)
     assert any(e.kind == "error" and "does not exist" in e.message for e in events)
+    # The trainer's own error event says what failed: a user error, never retried.
+    assert job.failure is not None and job.restarts_used == 0
+    assert (job.failure["class"], job.failure["exit_code"], job.failure["rank"]) == (
+        "user_error",
+        2,
+        0,
+    )
+    assert "does not exist" in job.failure["reason"] and job.failure["log_tail"]
+    assert events[-1].state_to == "failed" and events[-1].data["failure_class"] == "user_error"
+    (node,) = job_nodes(engine, job_id)
+    assert (node.exit_code, node.stop, node.failure) == (2, None, job.failure)
 
 
 def test_unknown_dataset_fails_before_any_trainer_starts(
@@ -151,3 +170,33 @@ def test_unknown_dataset_fails_before_any_trainer_starts(
     records = [json.loads(x) for x in worker.log.splitlines() if x.startswith("{")]
     mine = [r for r in records if r.get("job_id") == job_id]
     assert any("claimed attempt 1" in r["message"] for r in mine), worker.log[-3000:]
+
+
+def test_an_exception_in_the_trainer_fails_the_job_with_the_class_from_its_error_file(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    project: ProjectKey,
+    dataset_id: str,
+    worker: Worker,
+) -> None:
+    """Storage refuses the step-10 checkpoint (a file is in the way): the trainer raises, its
+    `@record`ed error file and error event say `infra`, and the worker fails the job so."""
+    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, retries={"max_restarts": 0})
+    job_id = create_job(engine, project, spec)
+    checkpoints = Path(job_checkpoint_uri(settings, job_id).removeprefix("file://"))
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_00000010").write_text("not a directory")
+    send(celery_client, job_id, worker.queue)
+
+    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 90, worker)
+    assert (job.state, job.attempt, job.exit_code) == ("failed", 1, 1)
+    assert job.failure is not None
+    assert (job.failure["class"], job.failure["rank"], job.failure["node_rank"]) == ("infra", 0, 0)
+    assert job.failure["reason"].startswith("CheckpointWriteError: checkpoint at step 10")
+    assert any("CheckpointWriteError" in line for line in job.failure["log_tail"])
+    assert (job.error or "").startswith("[infra] CheckpointWriteError: checkpoint at step 10")
+    (node,) = job_nodes(engine, job_id)
+    assert node.failure == job.failure
+    (error,) = [e for e in job_events(engine, job_id) if e.kind == "error"]
+    assert (error.data["failure_class"], error.data["exit_code"]) == ("infra", 1)

@@ -1,0 +1,413 @@
+"""One node of an attempt, from claim to end. Every job is a gang of N >= 1 nodes.
+
+Node 0 is the worker whose `workers.run_job` delivery claims the job (`run_job`): in the
+claim's transaction it creates the attempt's N node slots (`core.gang.publish`), takes slot 0
+and publishes the rendezvous endpoint, then sends N - 1 `workers.join_gang` messages; every
+other node is a worker that took one (`join_gang`). A delivery that loses the claim (a
+duplicate, a redelivery after a worker crash) returns at once: one trainer per attempt.
+
+Once every slot is taken (at once for N = 1: no join messages, no waiting) each node runs
+`_run_node`: it launches its torchrun (`workers.launcher`: `--nnodes 1` with a local
+rendezvous for N = 1, the c10d gang arguments for N > 1), supervises it
+(`workers.supervisor`), heartbeating its slot and, node 0, the job row (`_heartbeat`), and
+records its end (`_end_node`): under the job row's lock it writes the node's exit facts to its
+slot, builds the `NodeEnd` of every ended node and lets `core.lifecycle.decide` say what the
+attempt's end means (`Outcome.WAIT`: other nodes still run), applied by
+`core.attempts.apply` in the same transaction. How the node's ranks ended comes from their
+recorded exceptions (`workers.exits`), never from torchrun's printed report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from core import attempts, gang, jobs, scheduling
+from core.errors import DomainError, InvalidInput
+from core.gang import Beat
+from core.jobs import ACTIVE_STATES
+from core.lifecycle import Outcome, Stop, decide
+from core.models import Job, JobState
+from core.settings import Settings
+from workers import exits, launcher, sysmetrics
+from workers.attempt import (
+    DB_RETRIES,
+    Dispatch,
+    MaxRuntime,
+    dispatch_safely,
+    fail_unlaunched,
+    prepare,
+    record_launch,
+    runtime_budget,
+    with_db_retry,
+)
+from workers.ingest import RunIngest
+from workers.launcher import RunPaths
+from workers.supervisor import PEER_STOPS, Exit, Supervisor
+from workers.watchdog import hang_watchdog
+
+log = logging.getLogger(__name__)
+
+JoinDispatch = Callable[[int, int, str], None]  # (job_id, attempt, queue) -> workers.join_gang
+POLL_S = 0.25  # how often a node waiting for its gang looks at the slots
+LAUNCH_ERRORS = (ValidationError, DomainError, OSError)
+
+
+def run_job(
+    job_id: int,
+    *,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    shutdown: threading.Event,
+    send_join: JoinDispatch | None = None,
+) -> str:
+    """Claim the best queued job of job `job_id`'s pool and run its node 0; returns the outcome.
+
+    `factory` makes the short-lived sessions of every DB write; `shutdown` is set when the
+    worker is stopping (the trainer is then stopped and the job handed back); `send_join`
+    sends the join messages of a multi-node job's other nodes (required for such jobs).
+    """
+    if shutdown.is_set():
+        return _leave_to_another_worker(factory, job_id, dispatch)
+    job = _claim(settings, factory, job_id, worker)
+    if job is None:
+        return "not claimed"
+    nodes = gang.num_nodes(job)
+    budget = runtime_budget(job)
+    refused: Exception | None = None
+    if budget is not None and budget <= 0:
+        refused = MaxRuntime(job.runtime_s)
+    elif nodes > 1 and send_join is None:
+        refused = InvalidInput(
+            f"resources.nodes: {nodes} nodes requested, but this delivery cannot send the "
+            "other nodes' join messages"
+        )
+    if refused is not None:
+        return _fail_unlaunched(factory, job, refused)
+    try:
+        paths = prepare(settings, factory, job, job.spec, node_rank=_node_dir(job, 0))
+    except LAUNCH_ERRORS as exc:
+        return _fail_unlaunched(factory, job, exc)
+    if nodes > 1:
+        assert send_join is not None
+        for _ in range(nodes - 1):
+            dispatch_safely(lambda j, q: send_join(j, job.attempt, q), job.id, job.pool)
+        waited = _assemble(settings, factory, dispatch, job, node_rank=0, shutdown=shutdown)
+        if waited is not None:
+            return waited
+    return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank=0)
+
+
+def join_gang(
+    job_id: int,
+    attempt: int,
+    *,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    send_join: JoinDispatch,
+    shutdown: threading.Event,
+) -> str:
+    """Take a free node slot of attempt `attempt` of job `job_id` and run that node."""
+    with factory() as session:
+        job = session.get(Job, job_id)
+        pool = job.pool if job is not None else None
+    if job is None or pool is None:
+        return "not joined"
+    if shutdown.is_set():  # let another worker take this node
+        dispatch_safely(lambda j, q: send_join(j, attempt, q), job_id, pool)
+        return "worker shutting down"
+    node_rank = with_db_retry(
+        factory,
+        lambda s: gang.join(
+            session=s, job_id=job_id, attempt=attempt, worker=worker, host=settings.advertise_host
+        ),
+    )
+    if node_rank is None:
+        log.info("job %s attempt %s: no free node slot (over, released or full)", job_id, attempt)
+        return "not joined"
+    with factory() as session:
+        job = session.get(Job, job_id)
+    if job is None or job.attempt != attempt:
+        return "lost"
+    log.info("job %s attempt %s: joined as node %s", job_id, attempt, node_rank)
+    waited = _assemble(settings, factory, dispatch, job, node_rank=node_rank, shutdown=shutdown)
+    if waited is not None:
+        return waited
+    try:
+        paths = prepare(settings, factory, job, job.spec, node_rank=_node_dir(job, node_rank))
+    except LAUNCH_ERRORS as exc:
+        return _fail_unlaunched(factory, job, exc)
+    return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank)
+
+
+def _node_dir(job: Job, node_rank: int) -> int | None:
+    """The run dir's node part: none for a single node (`RUN_DIR` is the attempt's dir)."""
+    return None if gang.num_nodes(job) == 1 else node_rank
+
+
+def _claim(
+    settings: Settings, factory: Callable[[], Session], job_id: int, worker: str
+) -> Job | None:
+    """Claim the best queued job of the pool of job `job_id` (the message is a token) and
+    create its node slots, node 0 this worker's, in the same transaction."""
+    with factory() as session:
+        named = jobs.get(session=session, job_id=job_id)
+        job = None
+        if named is not None:
+            job = scheduling.claim_next(session=session, pool=named.pool, worker=worker)
+        if job is None:
+            log.info(
+                "job %s: not claimed (state %s): another delivery has it or it ended, and no "
+                "other job of its pool is queued",
+                job_id,
+                named.state if named else "gone",
+            )
+            return None
+        # One node rendezvouses locally; a gang at node 0's advertised endpoint.
+        host = settings.advertise_host if gang.num_nodes(job) > 1 else "127.0.0.1"
+        gang.publish(
+            session=session, job=job, worker=worker, host=host, port=launcher.free_port(host)
+        )  # commits the claim with the slots
+        via = "" if job.id == job_id else f" (first in pool {job.pool!r}; message named {job_id})"
+        log.info("job %s: claimed attempt %s by %s%s", job.id, job.attempt, worker, via)
+        return job
+
+
+def _leave_to_another_worker(
+    factory: Callable[[], Session], job_id: int, dispatch: Dispatch
+) -> str:
+    """A delivery that reached a stopping worker: re-send it rather than start a trainer."""
+    with factory() as session:
+        job = jobs.get(session=session, job_id=job_id)
+    if job is not None and job.state == JobState.QUEUED:
+        dispatch_safely(dispatch, job_id, job.pool)
+    return "worker shutting down"
+
+
+def _fail_unlaunched(factory: Callable[[], Session], job: Job, exc: Exception) -> str:
+    log.error("job %s: cannot launch: %s", job.id, exc)
+    return with_db_retry(factory, lambda s: fail_unlaunched(s, job, exc))
+
+
+def _assemble(
+    settings: Settings,
+    factory: Callable[[], Session],
+    dispatch: Dispatch,
+    job: Job,
+    *,
+    node_rank: int,
+    shutdown: threading.Event,
+) -> str | None:
+    """Wait until every node slot is taken (None) or the attempt is over (its outcome).
+
+    Node 0 releases the gang (back to the queue, re-dispatched) when it has not assembled
+    within `gang_assemble_timeout_s`, or when its worker is shutting down. While waiting,
+    every node heartbeats (`_heartbeat`: its slot, node 0 also the job row).
+    """
+    leader = node_rank == 0
+    timeout = settings.gang_assemble_timeout_s
+    give_up = time.monotonic() + (timeout if leader else 2 * timeout + settings.heartbeat_timeout_s)
+    while True:
+        try:
+            with factory() as session:
+                current = session.get(Job, job.id, populate_existing=True)
+                if current is None or current.attempt != job.attempt:
+                    return "lost"
+                if current.state in (JobState.CANCELLING, JobState.PAUSING) and leader:
+                    return fail_unlaunched(session, job, RuntimeError("stopped"))
+                if current.state != JobState.STARTING:
+                    return f"gang {current.state}"
+                if gang.assembled(
+                    gang.members(session=session, job_id=job.id, attempt=job.attempt)
+                ):
+                    log.info("job %s attempt %s: gang assembled", job.id, job.attempt)
+                    return None
+                _heartbeat(session, job, node_rank, None)
+                session.commit()
+        except SQLAlchemyError:
+            log.exception("job %s: gang poll failed; retrying", job.id)
+        now = time.monotonic()
+        if leader and (now >= give_up or shutdown.is_set()):
+            nodes = gang.num_nodes(job)
+            why = (
+                f"node 0's worker is shutting down while {nodes} nodes assemble"
+                if shutdown.is_set()
+                else f"gang of {nodes} nodes did not assemble within {timeout:g} s"
+            )
+            if _release(factory, job, why):
+                log.info("job %s attempt %s: %s; released", job.id, job.attempt, why)
+                dispatch_safely(dispatch, job.id, job.pool)
+                return "gang released"
+        elif not leader and now >= give_up:
+            return "gang did not assemble"
+        time.sleep(POLL_S)
+
+
+def _release(factory: Callable[[], Session], job: Job, reason: str) -> bool:
+    return with_db_retry(
+        factory,
+        lambda s: gang.release(session=s, job_id=job.id, attempt=job.attempt, reason=reason),
+    )
+
+
+def _heartbeat(session: Session, job: Job, node_rank: int, stop: Stop | None) -> Beat:
+    """The one heartbeat of a node: its slot (with its own stop, when the other nodes must
+    follow it), and for node 0 the job row. Does not commit."""
+    return gang.heartbeat(
+        session=session,
+        job_id=job.id,
+        attempt=job.attempt,
+        node_rank=node_rank,
+        stop=str(stop) if stop in PEER_STOPS else None,
+    )
+
+
+def _run_node(
+    settings: Settings,
+    factory: Callable[[], Session],
+    dispatch: Dispatch,
+    job: Job,
+    paths: RunPaths,
+    worker: str,
+    shutdown: threading.Event,
+    node_rank: int,
+) -> str:
+    """Launch and supervise this node's torchrun of the assembled attempt; record its end."""
+    spec = job.spec
+    nproc = spec.resources.procs_per_node
+    with factory() as session:
+        slots = gang.members(session=session, job_id=job.id, attempt=job.attempt)
+    head = slots[0]
+    assert head.host is not None and head.port is not None
+    node = None
+    if len(slots) > 1:
+        node = launcher.GangNode(
+            nnodes=len(slots),
+            node_rank=node_rank,
+            host=head.host,
+            port=head.port,
+            local_addr=settings.advertise_host,
+            join_timeout_s=max(60, int(settings.gang_assemble_timeout_s)),
+        )
+    argv = launcher.torchrun_argv(
+        job_id=job.id,
+        attempt=job.attempt,
+        nproc_per_node=nproc,
+        rdzv_port=head.port,
+        paths=paths,
+        gang=node,
+        max_restarts=spec.retries.max_inplace_restarts,
+    )
+    env = launcher.trainer_env(
+        base=os.environ,
+        attempt=job.attempt,
+        nproc_per_node=nproc,
+        device=spec.resources.device,
+        cpu_count=os.cpu_count(),
+    )
+    oom_kills = exits.oom_kills()
+    try:
+        proc = launcher.spawn(argv, env, paths)
+    except OSError as exc:
+        return _fail_unlaunched(factory, job, exc)
+    gang_rank = None if node is None else node_rank
+    record_launch(factory, job, proc.pid, argv, worker, node_rank=gang_rank)
+    ingest = RunIngest(
+        paths=paths, job_id=job.id, attempt=job.attempt, node_rank=node_rank, nproc=nproc
+    )
+    supervisor = Supervisor(
+        settings=settings,
+        session_factory=factory,
+        proc=proc,
+        ingest=ingest,
+        shutdown=shutdown,
+        heartbeat=lambda s, stop: _heartbeat(s, job, node_rank, stop),
+        runtime_budget_s=runtime_budget(job),
+        watchers=[
+            *sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
+            hang_watchdog(settings, spec.limits, ingest, proc.pid, factory),
+        ],
+    )
+    facts = exits.NodeRun(paths=paths, node_rank=node_rank, nproc=nproc, oom_kills=oom_kills)
+    try:
+        end = supervisor.run()
+    except BaseException:  # hard shutdown or a bug: the trainer is stopped; hand the job back
+        crashed = Exit(proc.wait(), Stop.SHUTDOWN, ingest.reported, drained=False)
+        try:
+            _end_node(factory, dispatch, job, crashed, facts, retries=1)
+        except Exception:
+            log.exception("job %s node %s: could not record the end", job.id, node_rank)
+        raise
+    log.info(
+        "job %s attempt %s node %s: torchrun exited %s (%s)",
+        job.id,
+        job.attempt,
+        node_rank,
+        end.returncode,
+        end.stop or "by itself",
+    )
+    if end.stop is Stop.LOST:
+        return "lost"
+    return _end_node(factory, dispatch, job, end, facts)
+
+
+def _end_node(
+    factory: Callable[[], Session],
+    dispatch: Dispatch,
+    job: Job,
+    end: Exit,
+    facts: exits.NodeRun,
+    *,
+    retries: int = DB_RETRIES,
+) -> str:
+    """Record this node's end; decide and apply the attempt's end when it is known (a failed
+    node, or the last node to end); dispatch the job when it went back to the queue."""
+    mine = exits.node_end(end, facts)
+
+    def write(session: Session) -> tuple[str, str | None]:
+        current = gang.lock_job(session, job.id)
+        if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
+            session.rollback()
+            return "lost", None
+        ended = gang.record_node_end(
+            session=session,
+            job_id=job.id,
+            attempt=job.attempt,
+            end=mine,
+            completed=end.reported.completed,
+        )
+        decision = decide(attempts.facts_for(current, ended=ended))
+        if decision.outcome is Outcome.WAIT:
+            session.commit()
+            return f"node {mine.node_rank} ended; {decision.message}", None
+        failure = decision.failure
+        exit_code = next((n.exit_code for n in ended if n.exit_code != 0), 0)
+        if failure is not None and failure.exit_code is not None:
+            exit_code = failure.exit_code
+        pool = attempts.apply(
+            session=session,
+            job=current,
+            decision=decision,
+            runtime_s=mine.runtime_s,
+            exit_code=exit_code,
+            completed=gang.completed_report(session=session, job_id=job.id, attempt=job.attempt),
+        )
+        session.commit()
+        log.info("job %s attempt %s: %s", job.id, job.attempt, decision.message)
+        return str(decision.outcome), pool
+
+    outcome, pool = with_db_retry(factory, write, retries=retries)
+    if pool is not None:
+        dispatch_safely(dispatch, job.id, pool)
+    return outcome
