@@ -274,33 +274,3 @@ def completed_report(*, session: Session, job_id: int, attempt: int) -> dict[str
     slots = members(session=session, job_id=job_id, attempt=attempt)
     return next((n.completed for n in slots if n.completed is not None), None)
 
-
-def stale_nodes(*, session: Session, cutoff: Any) -> list[tuple[int, Any]]:
-    """(job id, oldest heartbeat) of active gang attempts with a live node silent since before
-    `cutoff`: its worker is gone even if the other nodes still heartbeat the job row."""
-    rows = session.execute(
-        select(JobNode.job_id, JobNode.heartbeat_at)
-        .join(Job, (Job.id == JobNode.job_id) & (Job.attempt == JobNode.attempt))
-        .where(
-            Job.state.in_(jobs.ACTIVE_STATES),
-            JobNode.worker.is_not(None),
-            JobNode.ended_at.is_(None),
-            JobNode.heartbeat_at < cutoff,
-        )
-        .order_by(JobNode.job_id)
-    ).all()
-    oldest: dict[int, Any] = {}
-    for job_id, seen in rows:
-        if job_id not in oldest or seen < oldest[job_id]:
-            oldest[job_id] = seen
-    return list(oldest.items())
-
-
-def oldest_heartbeat(*, session: Session, job: Job) -> Any:
-    """The oldest heartbeat of a live node of the job's current attempt, or None."""
-    seen = [
-        n.heartbeat_at
-        for n in members(session=session, job_id=job.id, attempt=job.attempt)
-        if n.worker is not None and n.ended_at is None and n.heartbeat_at is not None
-    ]
-    return min(seen) if seen else None

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import false as sa_false
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -331,3 +333,28 @@ class JobNode(Base):
     devices: Mapped[list[int] | None] = mapped_column(JsonType, default=None)
     # How this node failed: core.lifecycle.Failure.to_json(), None when it did not.
     failure: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)
+
+
+class Worker(Base):
+    """A worker process, as its own heartbeat thread last wrote it (`workers.liveness`).
+
+    `started_at` is the incarnation: a restart under the same `name` writes a later one, so a
+    job claimed before it (`jobs.started_at`) or a gang node joined before it
+    (`job_nodes.joined_at`) belonged to a process that is gone. `heartbeat_at` is written every
+    `worker_heartbeat_interval_s`; older than `worker_timeout_s` means the process is gone
+    (the reconciler, `workers.reconcile`). Both come from the worker's own clock (0009).
+    """
+
+    __tablename__ = "workers"
+
+    # The name a worker records on what it claims (`jobs.worker`, `job_nodes.worker`).
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(200))  # the queues it serves, comma-separated
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column()
+    heartbeat_at: Mapped[datetime] = mapped_column()
+    slots_total: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    slots_free: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Set once its warm shutdown began: it takes no new work and hands its jobs back.
+    stopping: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())

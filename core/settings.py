@@ -43,7 +43,22 @@ class Settings(BaseSettings):
     )
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Worker heartbeat period.")
     heartbeat_timeout_s: float = Field(
-        default=60.0, gt=0, description="A running job whose heartbeat is older is reaped."
+        default=60.0,
+        gt=0,
+        description="A running job whose own heartbeat (the supervise loop's) is older is "
+        "reaped even if its worker process still beats: the fallback for a wedged loop.",
+    )
+    worker_heartbeat_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often each worker process writes its row in `workers` (a thread of its "
+        "own, apart from any job).",
+    )
+    worker_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A worker whose row is older than this is gone: the reconciler requeues its "
+        "jobs as `node_lost`. At least twice `worker_heartbeat_interval_s`.",
     )
     cancel_grace_s: float = Field(
         default=8.0, ge=0, description="SIGTERM-to-SIGKILL grace when cancelling a run."
@@ -83,6 +98,11 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{(self.home / 'torchyard.db').resolve()}"
         if not self.storage_url:
             self.storage_url = str((self.home / "storage").resolve())
+        if self.worker_timeout_s < 2 * self.worker_heartbeat_interval_s:
+            raise ValueError(
+                "TORCHYARD_WORKER_TIMEOUT_S must be at least twice "
+                "TORCHYARD_WORKER_HEARTBEAT_INTERVAL_S, or live workers count as gone"
+            )
         if self.env == "production":
             if self.database_url.startswith("sqlite"):
                 raise ValueError("TORCHYARD_DATABASE_URL: production needs Postgres, not SQLite")

@@ -1,13 +1,28 @@
 """The reconciler: Postgres is the truth, the broker only a hint.
 
+- Lost attempts. A job in starting/running/cancelling/pausing, or a live node of a gang's
+  current attempt, is lost when
+  * its worker restarted: the worker's row (`workers`, `workers.liveness`) has a later
+    `started_at` than the job's claim (`jobs.started_at`) or the node's `joined_at`; the
+    trainers died with the old process (`launcher.spawn` sets the parent-death signal);
+  * its worker is silent: the row is older than `worker_timeout_s` (10 s);
+  * or its own heartbeat (the supervise loop's, `jobs.heartbeat_at` / the node's) is older
+    than `heartbeat_timeout_s` (60 s): a wedged loop in a live worker, or a worker without a
+    row.
+  What that means is `core.lifecycle.decide`'s answer to a `node_lost` failure (requeue while
+  the budget lasts, else failed; cancelling -> cancelled, pausing -> paused), applied by
+  `core.attempts.apply` in the transaction that holds the job's row lock and re-checked the
+  loss. No policy here.
 - A job `queued` for longer than `redispatch_after_s` may have lost its message (broker
   restart, a send that failed after the commit): send `workers.run_job` again. A duplicate is
   harmless, the claim fences it.
-- A job in starting/running/cancelling whose heartbeat is older than
-  `settings.heartbeat_timeout_s` lost its worker: cancelling -> cancelled, otherwise requeued
-  (restarting -> queued) while `retries.max_restarts` allows, else failed. A multi-node
-  job is reaped as a whole when any of its nodes went silent (its own slot heartbeat), even if
-  the other nodes still heartbeat the job row.
+
+Silence is judged only by a reconciler that has been in touch with the database itself for
+the whole `worker_timeout_s` (`steady_s`): after a database outage every row is old, and no
+worker is gone for that. A restart needs no such care.
+
+Times compare values written by different hosts' clocks (the worker's beats, the reconciler's
+now): keep them in sync (NTP); a skew of a few seconds shortens or lengthens the timeouts.
 """
 
 from __future__ import annotations
@@ -17,15 +32,28 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    and_,
+    exists,
+    false,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.orm import Session, aliased
 
-from core import gang, jobs
+from core.attempts import apply, facts_for
 from core.jobs import ACTIVE_STATES
-from core.models import Job, JobState, utcnow
+from core.lifecycle import Failure, FailureClass, Outcome, decide
+from core.models import Job, JobNode, JobState, Worker, utcnow
 from core.settings import Settings
-from workers.outcome import Cause, ExitCause, requeue, restarts_left
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +69,29 @@ class Report:
     paused: list[int] = field(default_factory=list)
 
 
+_REPORTED = {
+    Outcome.RESTART: "requeued",
+    Outcome.HAND_BACK: "requeued",
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.PAUSED: "paused",
+}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which attempts one reconcile looks at, and by which clock.
+
+    `now`: the reconciler's time; `silence`: judge silent workers and heartbeats (False: only
+    restarts); `pools`, `worker`: only jobs of those pools / attempts (nodes) of that worker.
+    """
+
+    now: datetime
+    silence: bool = True
+    pools: Sequence[str] | None = None
+    worker: str | None = None
+
+
 def reconcile(
     *,
     settings: Settings,
@@ -49,14 +100,22 @@ def reconcile(
     redispatch_after_s: float,
     pools: Sequence[str] | None = None,
     now: datetime | None = None,
+    steady_s: float | None = None,
 ) -> Report:
-    """Reap jobs of dead workers, then re-send stale queued jobs. Only `pools` when given."""
+    """End or requeue lost attempts, then re-send stale queued jobs. Only `pools` when given.
+
+    `steady_s`: seconds this process's own worker heartbeat has gone through without a gap
+    (`WorkerHeartbeat.steady_s`); silence is judged only from `worker_timeout_s` on. None: no
+    such process (a direct call), judge it.
+    """
     now = now or utcnow()
-    report = Report()
-    for job_id in _stale_active(session_factory, settings, now, pools):
-        pool = _reap(session_factory, settings, job_id, now, report)
-        if pool is not None:
-            _send(dispatch, job_id, pool)
+    silence = steady_s is None or steady_s >= settings.worker_timeout_s
+    report = reap(
+        settings=settings,
+        session_factory=session_factory,
+        dispatch=dispatch,
+        scope=Scope(now=now, silence=silence, pools=pools),
+    )
     cutoff = now - timedelta(seconds=redispatch_after_s)
     with session_factory() as session:
         query = select(Job.id, Job.pool, Job.updated_at).where(
@@ -82,35 +141,138 @@ def reconcile(
     return report
 
 
-def _stale_active(
-    factory: Callable[[], Session], settings: Settings, now: datetime, pools: Sequence[str] | None
-) -> list[int]:
-    cutoff = now - timedelta(seconds=settings.heartbeat_timeout_s)
-    query = select(Job.id).where(
-        Job.state.in_(ACTIVE_STATES),
-        or_(
-            Job.heartbeat_at < cutoff,
-            and_(Job.heartbeat_at.is_(None), Job.updated_at < cutoff),
-        ),
+def reap(
+    *,
+    settings: Settings,
+    session_factory: Callable[[], Session],
+    dispatch: Dispatch,
+    scope: Scope,
+) -> Report:
+    """Apply the lifecycle's answer to every lost attempt in `scope`; dispatch the requeued."""
+    report = Report()
+    with session_factory() as session:
+        lost = sorted({row.job_id for row in session.execute(_lost(settings, scope))})
+    for job_id in lost:
+        try:
+            reaped = _reap(session_factory, settings, scope, job_id)
+        except Exception:  # one job that cannot be applied (a spec that no longer validates)
+            log.exception("job %s: lost, but its end could not be recorded", job_id)
+            continue  # must not keep the others from being reaped; tried again next period
+        if reaped is None:
+            continue
+        outcome, pool = reaped
+        getattr(report, _REPORTED[outcome]).append(job_id)
+        if pool is not None:
+            _send(dispatch, job_id, pool)
+    return report
+
+
+def _lost(settings: Settings, scope: Scope, job_id: int | None = None) -> Select[Any]:
+    """The lost attempts in `scope` (of job `job_id` only, when given): one row per lost job
+    (node 0, by its job row) or gang node, with the flags that say how it was lost.
+
+    Two cheap selects: the active jobs (index on state) and their live nodes, each joined to
+    its worker's row by name.
+    """
+    row = aliased(Worker)
+    worker_cut = scope.now - timedelta(seconds=settings.worker_timeout_s)
+    beat_cut = scope.now - timedelta(seconds=settings.heartbeat_timeout_s)
+
+    def flags(since: Any, seen: Any, updated: Any) -> list[ColumnElement[bool]]:
+        restarted = row.started_at > since
+        if not scope.silence:
+            return [restarted, false(), false()]
+        worker_silent = row.heartbeat_at < worker_cut
+        beat_silent = or_(seen < beat_cut, and_(seen.is_(None), updated < beat_cut))
+        return [restarted, worker_silent, beat_silent]
+
+    def lost_select(
+        job_id_col: Any, node_rank: Any, name: Any, host: Any, since: Any, seen: Any, updated: Any
+    ) -> Select[Any]:
+        restarted, worker_silent, beat_silent = flags(since, seen, updated)
+        query = select(
+            job_id_col.label("job_id"),
+            node_rank.label("node_rank"),
+            name.label("worker"),
+            host.label("host"),
+            seen.label("seen"),
+            row.heartbeat_at.label("worker_seen"),
+            row.started_at.label("incarnation"),
+            restarted.label("restarted"),
+            worker_silent.label("worker_silent"),
+            beat_silent.label("beat_silent"),
+        ).where(Job.state.in_(ACTIVE_STATES), or_(restarted, worker_silent, beat_silent))
+        if scope.pools is not None:
+            query = query.where(Job.pool.in_(list(scope.pools)))
+        if scope.worker is not None:
+            query = query.where(name == scope.worker)
+        if job_id is not None:
+            query = query.where(Job.id == job_id)
+        return query
+
+    by_job = (
+        lost_select(
+            Job.id,
+            literal(0, Integer),
+            Job.worker,
+            row.host,
+            Job.started_at,
+            Job.heartbeat_at,
+            Job.updated_at,
+        )
+        .select_from(Job)
+        .outerjoin(row, row.name == Job.worker)
+        # The claimant is node 0: once its node ended, the other nodes answer for the attempt.
+        .where(~exists().where(*_node(0), JobNode.ended_at.is_not(None)))
     )
-    if pools is not None:
-        query = query.where(Job.pool.in_(list(pools)))
-    with factory() as session:
-        found = set(session.execute(query).scalars())
-        for job_id, _ in gang.stale_nodes(session=session, cutoff=cutoff):
-            found.add(job_id)
-        if pools is not None and found:
-            rows = select(Job.id).where(Job.id.in_(found), Job.pool.in_(list(pools)))
-            found = set(session.execute(rows).scalars())
-    return sorted(found)
+    by_node = (
+        lost_select(
+            JobNode.job_id,
+            JobNode.node_rank,
+            JobNode.worker,
+            JobNode.host,
+            JobNode.joined_at,
+            JobNode.heartbeat_at,
+            JobNode.joined_at,
+        )
+        .select_from(JobNode)
+        .join(Job, and_(*_node()))
+        .outerjoin(row, row.name == JobNode.worker)
+        .where(JobNode.worker.is_not(None), JobNode.ended_at.is_(None))
+    )
+    return union_all(by_job, by_node).subquery().select()
+
+
+def _node(node_rank: int | None = None) -> list[ColumnElement[bool]]:
+    """A node row of the job's current attempt (node `node_rank` when given)."""
+    match = [JobNode.job_id == Job.id, JobNode.attempt == Job.attempt]
+    return match if node_rank is None else [*match, JobNode.node_rank == node_rank]
+
+
+def _failure(found: Any, now: datetime) -> Failure:
+    """The `node_lost` failure of one row of `_lost`: the most telling of its flags."""
+    who = f"worker {found.worker or '?'}"
+    if found.restarted:
+        reason = f"{who} restarted at {_aware(found.incarnation):%H:%M:%S} UTC; its trainers died"
+    elif found.worker_silent:
+        silence = (now - _aware(found.worker_seen)).total_seconds()
+        reason = f"{who} gone: no worker heartbeat for {int(silence)} s"
+    else:
+        seen = found.seen if found.seen is not None else now
+        silence = (now - _aware(seen)).total_seconds()
+        reason = f"{who}: no heartbeat of the attempt for {int(silence)} s"
+    return Failure(
+        FailureClass.NODE_LOST, reason, node_rank=found.node_rank, host=found.host or None
+    )
 
 
 def _reap(
-    factory: Callable[[], Session], settings: Settings, job_id: int, now: datetime, report: Report
-) -> str | None:
-    """End or requeue one job whose worker is gone; returns the queue to dispatch to, if any."""
+    factory: Callable[[], Session], settings: Settings, scope: Scope, job_id: int
+) -> tuple[Outcome, str | None] | None:
+    """Apply the lifecycle to one lost job if it still is; (outcome, pool to dispatch to)."""
     with factory() as session:
-        # Row lock: a worker's heartbeat waits, then finds the job no longer its own.
+        # Row lock: a worker's heartbeat waits, then finds the job no longer its own. A row
+        # locked right now (its worker is writing: alive) is left to the next period.
         job = session.execute(
             select(Job)
             .where(Job.id == job_id)
@@ -119,50 +281,30 @@ def _reap(
         ).scalar_one_or_none()
         if job is None or job.state not in ACTIVE_STATES:
             return None
-        last_seen = _aware(job.heartbeat_at or job.updated_at)
-        node_seen = gang.oldest_heartbeat(session=session, job=job)
-        if node_seen is not None:  # a gang is as alive as its most silent node
-            last_seen = min(last_seen, _aware(node_seen))
-        silence = (now - last_seen).total_seconds()
-        if silence <= settings.heartbeat_timeout_s:
+        # Re-check under the lock: the worker may have beaten or ended the attempt meanwhile.
+        found = session.execute(_lost(settings, scope, job_id)).first()
+        if found is None:
             return None
-        reason = f"worker lost (no heartbeat for {int(silence)} s)"
-        log.warning("job %s (%s, worker %s): %s", job_id, job.state, job.worker, reason)
-        pool = None
+        failure = _failure(found, scope.now)
+        decision = decide(facts_for(job, lost=failure))
+        log.warning(
+            "job %s (%s, attempt %s): %s -> %s",
+            job_id,
+            job.state,
+            job.attempt,
+            failure.reason,
+            decision.outcome,
+        )
         # The attempt ran until its last heartbeat, as far as anyone can tell.
-        ran = {"runtime_s": Job.runtime_s + _seconds_between(job.started_at, last_seen)}
-        if job.state == JobState.CANCELLING:
-            jobs.transition(session=session, job_id=job_id, to=JobState.CANCELLED, message=reason)
-            report.cancelled.append(job_id)
-        elif job.state == JobState.PAUSING:  # resume continues from the latest checkpoint
-            jobs.transition(session=session, job_id=job_id, to=JobState.PAUSED, message=reason)
-            report.paused.append(job_id)
-        elif restarts_left(session, job) > 0:
-            requeue(
-                session=session,
-                job_id=job_id,
-                cause=Cause.FAILURE,
-                message=f"{reason}; restarting from the latest checkpoint",
-                data={
-                    "attempt": job.attempt,
-                    "worker": job.worker,
-                    "exit_cause": str(ExitCause.WORKER_LOST),
-                },
-                values={"error": reason, **ran},
-            )
-            report.requeued.append(job_id)
-            pool = job.pool
-        else:
-            jobs.transition(
-                session=session,
-                job_id=job_id,
-                to=JobState.FAILED,
-                message=reason,
-                values={"error": reason, **ran},
-            )
-            report.failed.append(job_id)
+        last_seen = job.heartbeat_at or job.updated_at
+        pool = apply(
+            session=session,
+            job=job,
+            decision=decision,
+            runtime_s=_seconds_between(job.started_at, _aware(last_seen)),
+        )
         session.commit()
-        return pool
+        return decision.outcome, pool
 
 
 def _aware(when: datetime) -> datetime:
@@ -173,9 +315,7 @@ def _aware(when: datetime) -> datetime:
 def _seconds_between(start: datetime | None, end: datetime) -> float:
     if start is None:
         return 0.0
-    if start.tzinfo is None:  # SQLite hands back naive UTC
-        start = start.replace(tzinfo=UTC)
-    return max(0.0, (end - start).total_seconds())
+    return max(0.0, (end - _aware(start)).total_seconds())
 
 
 def _send(dispatch: Dispatch, job_id: int, pool: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,25 +13,65 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import get_engine, session_factory
 from core.logs import job_id_var
+from core.models import utcnow
 from core.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.settings import get_settings
-from workers import exports, node
+from workers import exports, liveness, node
 from workers import reconcile as reconciler
-from workers.app import app
+from workers.app import CONTROL_QUEUE, app
 
 # Set when this worker starts a warm or cold shutdown: a running job is stopped (the trainer
 # checkpoints) and handed back to the queue instead of being orphaned or waited for.
 shutting_down = threading.Event()
 
 
+# This process's row in `workers`, kept fresh by a thread from `worker_ready` to shutdown.
+heartbeat: liveness.WorkerHeartbeat | None = None
+
+
+@signals.worker_ready.connect
+def _start_heartbeat(sender: Any, **_: Any) -> None:
+    """Beat from now on; once registered, requeue what the previous incarnation of this
+    worker (same name) was running: its trainers died with it, and it is never adopted."""
+    global heartbeat
+    settings = get_settings()
+    name = liveness.worker_name(sender.hostname)
+    factory = session_factory(get_engine(settings))
+    queues = sorted(q for q in sender.app.amqp.queues.consume_from if q != CONTROL_QUEUE)
+    # Celery's start time: before this process consumed anything, so before any claim of its.
+    started_at = getattr(sender.controller, "startup_time", None) or utcnow()
+
+    def reap_previous_incarnation() -> None:
+        scope = reconciler.Scope(now=utcnow(), silence=False, worker=name)
+        reconciler.reap(settings=settings, session_factory=factory, dispatch=dispatch, scope=scope)
+
+    heartbeat = liveness.WorkerHeartbeat(
+        name=name,
+        pool=",".join(queues) or CONTROL_QUEUE,
+        started_at=started_at,
+        factory=factory,
+        settings=settings,
+        on_registered=reap_previous_incarnation,
+    )
+    heartbeat.start()
+
+
 @signals.worker_shutting_down.connect
 def _on_worker_shutting_down(**_: Any) -> None:
     shutting_down.set()
+    if heartbeat is not None:
+        heartbeat.mark_stopping()
+
+
+@signals.worker_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    if heartbeat is not None:
+        heartbeat.stop()
 
 
 def _worker_name(task: Any) -> str:
-    """The name this worker records on what it claims: the setting, else Celery's node name."""
-    return get_settings().worker_hostname or task.request.hostname or socket.gethostname()
+    """The name this worker records on what it claims (and on its row in `workers`)."""
+    return liveness.worker_name(task.request.hostname)
 
 
 @contextlib.contextmanager
@@ -123,12 +162,13 @@ def export_checkpoint(self: Any, export_id: int) -> str:
 
 @app.task(name=RECONCILE_TASK)
 def reconcile() -> dict[str, list[int]]:
-    """Reap jobs whose worker is gone and re-send queued jobs nobody claimed."""
+    """Requeue or end jobs whose worker is gone and re-send queued jobs nobody claimed."""
     settings = get_settings()
     report = reconciler.reconcile(
         settings=settings,
         session_factory=session_factory(get_engine(settings)),
         dispatch=dispatch,
         redispatch_after_s=settings.heartbeat_timeout_s,
+        steady_s=heartbeat.steady_s() if heartbeat is not None else 0.0,
     )
     return dataclasses.asdict(report)

@@ -86,12 +86,14 @@ def start_worker(
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
     beat: bool = False,
+    name: str | None = None,
 ) -> Worker:
     """Start a solo worker on `queue` and wait until it answers a ping.
 
-    `beat`: embed Celery beat (it sends `workers.reconcile` every 20 s), as
-    `python -m workers control` does."""
-    name = f"w-{secrets.token_hex(3)}@tests"
+    `beat`: embed Celery beat (it sends `workers.reconcile` every `RECONCILE_INTERVAL_S`), as
+    `python -m workers control` does. `name`: Celery's node name (default: a new one); the
+    same name again is a restart of that worker."""
+    name = name or f"w-{secrets.token_hex(3)}@tests"
     log_path = log_dir / f"{name.split('@')[0]}.log"
     command = [
         sys.executable, "-m", "celery", "-A", "workers.app:app", "worker",
@@ -104,7 +106,7 @@ def start_worker(
     # One OpenMP thread per rank: several trainers share these 2 cores during the tests, and
     # spinning OpenMP threads of oversubscribed processes slow a step down 20-fold.
     env = {**settings_env(settings), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    with log_path.open("wb") as out:
+    with log_path.open("ab") as out:  # a restarted worker's log follows its predecessor's
         proc = subprocess.Popen(
             command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )

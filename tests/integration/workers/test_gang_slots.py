@@ -140,5 +140,5 @@ def test_reaper_requeues_a_gang_whose_one_node_went_silent(
     )
     assert report.requeued == [job_id] and sent == [(job_id, "gang-reap")]
     restarting = [e for e in job_events(engine, job_id) if e.state_to == "restarting"]
-    assert restarting[0].data["exit_cause"] == "worker_lost"
+    assert restarting[0].data["failure_class"] == "node_lost"
     assert job_row(engine, job_id).state == "queued"
