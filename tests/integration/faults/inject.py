@@ -25,6 +25,9 @@ import pytest
 ALWAYS_MAPPED_BYTES = 32 << 20
 POLL_S = 0.01
 CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+# Page cache left to a capped cgroup's processes (their code pages): less than one step's
+# transient blocks (several of `ALWAYS_MAPPED_BYTES`), so a step cannot fit by evicting it.
+FILE_HEADROOM_BYTES = 16 << 20
 
 
 def lowest_over_a_step(sample: Callable[[], int], step: Callable[[], int], timeout_s: float) -> int:
@@ -79,9 +82,13 @@ class MemoryCgroup:
         (self.path / "cgroup.procs").write_text(str(pid))
 
     @property
-    def usage(self) -> int:
-        """Bytes charged to the group now (anonymous memory and page cache)."""
-        return int((self.path / "memory.usage_in_bytes").read_text())
+    def anonymous(self) -> int:
+        """Bytes of anonymous memory charged to the group now (`rss` of memory.stat: what the
+        kernel cannot reclaim without swap, which these hosts have none of)."""
+        for line in (self.path / "memory.stat").read_text().splitlines():
+            if line.startswith("rss "):
+                return int(line.split()[1])
+        raise AssertionError(f"no rss in {self.path}/memory.stat")
 
     @property
     def oom_kills(self) -> int:
@@ -92,17 +99,19 @@ class MemoryCgroup:
         raise AssertionError(f"no oom_kill in {self.path}/memory.oom_control")
 
     def limit(self, step: Callable[[], int], timeout_s: float) -> int:
-        """Cap the group at the least it used while the job trained one more step
-        (`lowest_over_a_step`): the next step's transient blocks then exceed it and the
-        kernel's OOM killer ends the group's largest process. The kernel refuses (EBUSY) a cap
-        below what it cannot reclaim: the write is retried until the group is near its low
-        point again. Returns the cap in bytes."""
-        lowest = lowest_over_a_step(lambda: self.usage, step, timeout_s)
+        """Cap the group at the least anonymous memory it held while the job trained one more
+        step (`lowest_over_a_step`) plus `FILE_HEADROOM_BYTES`: page cache (the libraries'
+        text, the logs) is reclaimed first, so the cap is on what cannot be; the next step's
+        transient blocks (more than the headroom) then exceed it and the kernel's OOM killer
+        ends the group's largest process. The kernel refuses (EBUSY) a cap below what it
+        cannot reclaim: the write is retried until the group is near its low point again.
+        Returns the cap in bytes."""
+        cap = lowest_over_a_step(lambda: self.anonymous, step, timeout_s) + FILE_HEADROOM_BYTES
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                (self.path / "memory.limit_in_bytes").write_text(str(lowest))
-                return lowest
+                (self.path / "memory.limit_in_bytes").write_text(str(cap))
+                return cap
             except OSError as exc:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                     raise
