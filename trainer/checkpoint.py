@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -85,6 +86,17 @@ def directory_size(uri: str) -> int:
     """Total bytes of the files under `uri`."""
     fs, path = fsspec.core.url_to_fs(uri)
     return int(fs.du(path, total=True))
+
+
+def dcp_cause(exc: BaseException) -> BaseException:
+    """The error behind `exc`: DCP reports a failed write as a `CheckpointException` (a
+    BaseException, which `except Exception` and torchrun's `@record` let through) holding each
+    failed rank's own exception (`failures`: rank -> (exception, traceback)); the lowest
+    rank's is returned. Any other exception is its own cause."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        failure = exc.failures[min(exc.failures)]
+        return failure[0] if isinstance(failure, tuple) else failure
+    return exc
 
 
 class Checkpointer:
@@ -157,8 +169,9 @@ class Checkpointer:
                 self._save(step)
             except CheckpointWriteError:
                 raise
-            except Exception as exc:
-                raise CheckpointWriteError(f"checkpoint at step {step}: {exc}") from exc
+            except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+                cause = dcp_cause(exc)
+                raise CheckpointWriteError(f"checkpoint at step {step}: {cause}") from cause
 
     def _save(self, step: int) -> None:
         self.wait()
@@ -203,8 +216,9 @@ class Checkpointer:
         self._pending = None
         try:
             future.result()
-        except Exception as exc:
-            raise CheckpointWriteError(f"checkpoint at step {step} to {uri}: {exc}") from exc
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+            cause = dcp_cause(exc)
+            raise CheckpointWriteError(f"checkpoint at step {step} to {uri}: {cause}") from cause
         self._completed(step, uri, started)
 
     def close(self) -> None:

@@ -62,7 +62,15 @@ USER_TYPES = frozenset({"InvalidJobError"})  # the spec or the data: exit 2
 INFRA_ERRNOS = frozenset({errnos.ENOSPC, errnos.EROFS, errnos.EDQUOT, errnos.EIO})
 # RuntimeErrors whose message is the only sign: the CPU allocator's OOM, collective timeouts.
 OOM_MESSAGES = ("can't allocate memory", "CUDA out of memory")
-INFRA_MESSAGES = ("collective operation timeout", "Timed out waiting", "timed out after")
+# What a surviving rank raises when a peer rank died (gloo on CPU: a plain RuntimeError), e.g.
+# SIGKILLed by the OOM killer: an echo of the peer's end, not this rank's own failure.
+PEER_LOST_MESSAGES = ("Connection closed by peer", "Connection reset by peer")
+INFRA_MESSAGES = (
+    "collective operation timeout",
+    "Timed out waiting",
+    "timed out after",
+    *PEER_LOST_MESSAGES,
+)
 
 
 def classify(type_names: Sequence[str], message: str, errno: int | None = None) -> FailureClass:

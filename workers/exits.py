@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from core.lifecycle import Failure, NodeEnd, Stop
-from trainer.failures import FailureClass, classify, error_type_names
+from trainer.failures import PEER_LOST_MESSAGES, FailureClass, classify, error_type_names
 from workers.ingest import last_lines, stderr_tail
 from workers.launcher import RunPaths
 from workers.supervisor import Exit
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
 MAX_REASON_CHARS = 300
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+OOM_KILLED = "a rank was killed by the kernel's OOM killer (oom_kill rose in the worker's cgroup)"
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,11 @@ def node_failure(
     errors = rank_errors(paths, restart)
     event = trainer_error(paths, restart)
     base = node_rank * nproc
+    oom = (
+        oom_kills_before is not None
+        and oom_kills_after is not None
+        and oom_kills_after > oom_kills_before
+    )
     if errors:
         first = errors[0]
         rank = base + first.local_rank
@@ -181,6 +187,17 @@ def node_failure(
             cls, code = event.failure_class, event.exit_code
         else:
             cls, code = _class_of(first), returncode
+        if oom and any(m in first.message for m in PEER_LOST_MESSAGES):
+            # A surviving rank's echo of a lost peer; the peer left no exception because the
+            # kernel's OOM killer SIGKILLed it (which rank that was, nothing recorded).
+            return Failure(
+                failure_class=FailureClass.OOM,
+                reason=f"{OOM_KILLED}; rank {rank}: {_one_line(first.message)}",
+                node_rank=node_rank,
+                host=host,
+                exit_code=returncode,
+                log_tail=_tail(paths, restart, None),
+            )
         return Failure(
             failure_class=cls,
             reason=_one_line(first.message),
@@ -202,13 +219,8 @@ def node_failure(
             exit_code=event.exit_code,
             log_tail=_tail(paths, restart, local),
         )
-    oom = (
-        oom_kills_before is not None
-        and oom_kills_after is not None
-        and oom_kills_after > oom_kills_before
-    )
     reason = (
-        "a rank was killed by the kernel's OOM killer (oom_kill rose in the worker's cgroup)"
+        OOM_KILLED
         if oom
         else f"a rank exited without recording an exception (a signal or a hard exit); "
         f"torchrun exited {returncode}"

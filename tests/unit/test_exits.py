@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed
 
-from core.lifecycle import NodeEnd, Stop
+from core.lifecycle import Failure, NodeEnd, Stop
 from trainer.errors import CheckpointWriteError, InvalidJobError
 from trainer.failures import FailureClass, classify_exception, error_type_names
 from workers import exits
@@ -46,6 +46,8 @@ def _raised(exc: BaseException, cause: BaseException | None = None) -> BaseExcep
         (torch.distributed.DistBackendError("gloo: connection closed"), C.INFRA),
         (torch.distributed.DistStoreError("wait timeout"), C.INFRA),
         (RuntimeError("[Rank 0] Watchdog caught collective operation timeout"), C.INFRA),
+        # what gloo on CPU raises in the survivor when its peer rank died (torch 2.13)
+        (RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"), C.INFRA),
         (ConnectionResetError("peer gone"), C.INFRA),
         (OSError(errno.ENOSPC, "No space left on device"), C.INFRA),
         (OSError(errno.EROFS, "Read-only file system"), C.INFRA),
@@ -92,6 +94,8 @@ def main():
         raise MemoryError("could not allocate the activations")
     if sys.argv[1] == "exit":
         os._exit(1)
+    if sys.argv[1] == "peer" and rank == 0:  # as if rank 1 had been SIGKILLed: no error file
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
     time.sleep(30)  # torchrun stops this rank when its peer fails
 
 if __name__ == "__main__":
@@ -160,6 +164,35 @@ def test_a_rank_gone_without_an_exception_is_infra_unless_the_oom_killer_struck(
         oom_kills_after=4,
     )
     assert killed.failure_class is C.OOM and "OOM killer" in killed.reason
+
+
+def test_a_survivor_s_echo_of_a_killed_peer_is_infra_or_oom_by_the_cgroup(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILLed rank 1 leaves no error file; rank 0's lost connection is the only one. It is
+    not the survivor's own error (`user_error`, never retried) but the platform's: `infra`,
+    and `oom` when the cgroup says the OOM killer struck."""
+    paths, returncode = _torchrun(tmp_path, "peer")
+    assert returncode == 1
+    (echo,) = exits.rank_errors(paths, 0)
+    assert echo.local_rank == 0 and "Connection closed by peer" in echo.message
+
+    def failure(kills_after: int) -> Failure:
+        return exits.node_failure(
+            paths=paths,
+            returncode=returncode,
+            node_rank=0,
+            nproc=2,
+            host="h",
+            oom_kills_before=3,
+            oom_kills_after=kills_after,
+        )
+
+    lost = failure(3)
+    assert (lost.failure_class, lost.rank) == (C.INFRA, 0)
+    killed = failure(4)
+    assert (killed.failure_class, killed.rank) == (C.OOM, None)  # the killed rank is unknown
+    assert "OOM killer" in killed.reason and "rank 0: RuntimeError" in killed.reason
 
 
 def _event(run_dir: Path, **fields: object) -> None:

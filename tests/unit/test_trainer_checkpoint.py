@@ -18,6 +18,7 @@ from tests.conftest_trainer import (
     uneven_rows,
 )
 from trainer.checkpoint import Checkpointer, latest_complete, list_checkpoints
+from trainer.errors import CheckpointWriteError
 from trainer.events import EventWriter, NullReporter
 from trainer.loop import Run, train_loop, train_step
 from trainer.spec import CheckpointSpec
@@ -157,3 +158,28 @@ def test_a_run_by_epochs_resumes_mid_epoch_with_the_same_row_order(
     assert order == expected_order
     assert losses == expected_losses
     assert order[0] == resumed.sampler.permutation(1)[2:6].tolist()  # epoch 1's shuffle
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_write_the_storage_refuses_inside_dcp_is_a_checkpoint_write_error(
+    async_save: bool, tmp_path: Path
+) -> None:
+    """DCP reports a failed write (a full, read-only or failing disk) as CheckpointException,
+    a BaseException: `except Exception` in the trainer and in torchrun's `@record` would let
+    it through, leaving no error event and no error file to classify the failure by."""
+    (tmp_path / "step_00000001" / "__0_0.distcp").mkdir(parents=True)  # no file can go there
+    checkpointer = Checkpointer(
+        root=str(tmp_path),
+        spec=CheckpointSpec(interval_steps=1, async_save=async_save),
+        states={"model": torch.nn.Linear(2, 2)},
+        rank_states={},
+        job_spec_json="{}",
+        dist_info=cpu_world_of_one(),
+        reporter=NullReporter(),
+    )
+    with pytest.raises(CheckpointWriteError) as raised:
+        checkpointer.save(1)
+        checkpointer.wait()
+    assert "checkpoint at step 1" in str(raised.value)
+    assert "Is a directory" in str(raised.value)
+    assert isinstance(raised.value.__cause__, IsADirectoryError)  # classified by its errno

@@ -110,11 +110,14 @@ def _since(killed_at: float, when: datetime) -> float:
     return when.timestamp() - killed_at
 
 
-def _check_node_lost(job: Job, requeue: JobEvent) -> None:
+def _check_node_lost(requeue: JobEvent, done: Job) -> None:
+    """The requeue was a `node_lost` failure, counted against that class; `done`: the job once
+    the next attempt succeeded, which keeps the failure it recovered from (core.attempts)."""
     assert requeue.data["failure_class"] == "node_lost", requeue.data
     assert requeue.data["cause"] == "failure"
-    assert job.failure is not None and job.failure["class"] == "node_lost"
-    assert job.failure["reason"] == requeue.data["reason"]
+    assert (done.restarts_used, done.restarts_by_class) == (1, {"node_lost": 1})
+    assert done.failure is not None and done.failure["class"] == "node_lost", done.failure
+    assert done.failure["reason"] == requeue.data["reason"]
 
 
 def _check_every_step_once(engine: Engine, job_id: int, steps: int) -> None:
@@ -168,7 +171,7 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
     job = wait_state(engine, job_id, TERMINAL, 120, rescuer)
     assert job.state == "succeeded", job.error
     assert job.attempt == 2 and job.worker == rescuer.name
-    _check_node_lost(job, requeue)
+    _check_node_lost(requeue, job)
     assert requeue.data["reason"].startswith(f"worker {victim.name} gone: no worker heartbeat")
 
     events = job_events(engine, job_id)
@@ -265,7 +268,7 @@ def test_a_worker_killed_with_its_trainers_is_requeued_within_15_s_and_trains_ag
     job = wait_state(engine, job_id, TERMINAL, 120, rescuer)
     assert job.state == "succeeded", job.error
     assert (job.attempt, job.worker) == (2, rescuer.name)
-    _check_node_lost(job, requeue)
+    _check_node_lost(requeue, job)
     assert requeue.data["reason"].startswith(f"worker {victim.name} gone: no worker heartbeat")
     assert len(launches(job_events(engine, job_id))) == 2
     _check_every_step_once(engine, job_id, steps)
@@ -326,7 +329,7 @@ def test_a_restarted_worker_requeues_its_predecessor_s_job_at_once_and_it_runs_o
     job = wait_state(engine, job_id, TERMINAL, 120, again)
     assert job.state == "succeeded", job.error
     assert (job.attempt, job.worker) == (2, first.name)
-    _check_node_lost(job, requeue)
+    _check_node_lost(requeue, job)
     events = job_events(engine, job_id)
     assert len([e for e in events if e.state_to == "restarting"]) == 1
     assert [e.attempt for e in launches(events)] == [1, 2]  # one new attempt, one trainer

@@ -7,6 +7,7 @@ remote-control ping, the job row) against a deadline, never by fixed sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import pytest
 from celery import Celery
 from sqlalchemy import Engine, select
@@ -230,3 +232,22 @@ def group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def rank_process(pgid: int, rank: int) -> psutil.Process | None:
+    """The process of global rank `rank` among the children of torchrun `pgid` (its pid)."""
+    for child in psutil.Process(pgid).children():
+        with contextlib.suppress(psutil.Error, KeyError):
+            if child.environ()["RANK"] == str(rank):
+                return child
+    return None
+
+
+def left_running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `procs` still alive (a zombie has ended: only its exit status is left)."""
+    alive = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+    return alive

@@ -28,7 +28,9 @@ from tests.integration.workers.helpers import (
     job_events,
     job_row,
     launches,
+    left_running,
     log_lines,
+    rank_process,
     send,
     tiny_spec,
     wait_for,
@@ -115,14 +117,6 @@ def test_without_a_configured_timeout_it_is_ten_median_report_gaps_at_least_the_
     assert dog.tick(seen + 29) is None and dog.tick(seen + 31) is Stop.HANG
 
 
-def _rank(pgid: int, rank: int) -> psutil.Process | None:
-    for child in psutil.Process(pgid).children():
-        with contextlib.suppress(psutil.Error, KeyError):
-            if child.environ()["RANK"] == str(rank):
-                return child
-    return None
-
-
 def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_left(
     engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
 ) -> None:
@@ -140,8 +134,8 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
     wait_for("step 3", lambda: (job_row(engine, job_id).current_step or 0) >= 3, 120)
     (launch,) = launches(job_events(engine, job_id))
     pgid = launch.data["pgid"]
-    stopped = wait_for("rank 1's process", lambda: _rank(pgid, 1), 10)
-    ranks = [stopped, _rank(pgid, 0)]
+    stopped = wait_for("rank 1's process", lambda: rank_process(pgid, 1), 10)
+    ranks = [stopped, rank_process(pgid, 0)]
     stopped.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -163,6 +157,7 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
     assert last_step >= 3
     assert hang.message.startswith("no step progress for ")
     assert hang.message.endswith(f" s (last step {last_step})")
+    assert job.failure["reason"] == hang.message  # the watchdog's reason, on the job
     idle_s = int(hang.message.split()[4])
     assert HANG_TIMEOUT_S <= idle_s < HANG_TIMEOUT_S + MARGIN_S
     assert sorted(s["rank"] for s in hang.data["stacks"]) == [0, 1]
@@ -176,5 +171,4 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
     assert "train_loop" in text and "trainer/loop.py" in text
 
     wait_for("the trainer's process group to be gone", lambda: group_gone(pgid), 10)
-    alive = [p for p in ranks if p is not None and p.is_running() and p.status() != "zombie"]
-    assert alive == []
+    assert left_running([p for p in ranks if p is not None]) == []
