@@ -61,7 +61,9 @@ USER_TYPES = frozenset({"InvalidJobError"})  # the spec or the data: exit 2
 # read-only file system, quota exceeded, I/O error.
 INFRA_ERRNOS = frozenset({errnos.ENOSPC, errnos.EROFS, errnos.EDQUOT, errnos.EIO})
 # RuntimeErrors whose message is the only sign: the CPU allocator's OOM, collective timeouts.
-OOM_MESSAGES = ("can't allocate memory", "CUDA out of memory")
+# torch re-raises a MemoryError from a future's callback as a RuntimeError naming it ("Got the
+# following error when running the callback: MemoryError: ...").
+OOM_MESSAGES = ("can't allocate memory", "CUDA out of memory", "MemoryError")
 # What a surviving rank raises when a peer rank died (gloo on CPU: a plain RuntimeError), e.g.
 # SIGKILLed by the OOM killer: an echo of the peer's end, not this rank's own failure.
 PEER_LOST_MESSAGES = ("Connection closed by peer", "Connection reset by peer")

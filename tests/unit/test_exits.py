@@ -42,6 +42,7 @@ def _raised(exc: BaseException, cause: BaseException | None = None) -> BaseExcep
         (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), C.OOM),
         (MemoryError(), C.OOM),
         (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 GB"), C.OOM),
+        (RuntimeError("Got the following error when running the callback: MemoryError: "), C.OOM),
         (torch.distributed.DistNetworkError("Connection reset by peer"), C.INFRA),
         (torch.distributed.DistBackendError("gloo: connection closed"), C.INFRA),
         (torch.distributed.DistStoreError("wait timeout"), C.INFRA),

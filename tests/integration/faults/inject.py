@@ -104,8 +104,9 @@ class MemoryCgroup:
         text, the logs) is reclaimed first, so the cap is on what cannot be; the next step's
         transient blocks (more than the headroom) then exceed it and the kernel's OOM killer
         ends the group's largest process. The kernel refuses (EBUSY) a cap below what it
-        cannot reclaim: the write is retried until the group is near its low point again.
-        Returns the cap in bytes."""
+        cannot reclaim: the write is retried, the cap raised by a quarter of the headroom each
+        time (a CI host's reclaim was once too slow for the first cap within the timeout), so it
+        settles just above what the group holds. Returns the cap in bytes."""
         cap = lowest_over_a_step(lambda: self.anonymous, step, timeout_s) + FILE_HEADROOM_BYTES
         deadline = time.monotonic() + timeout_s
         while True:
@@ -115,6 +116,7 @@ class MemoryCgroup:
             except OSError as exc:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                     raise
+            cap += FILE_HEADROOM_BYTES // 4
             time.sleep(POLL_S)
 
 
