@@ -20,9 +20,8 @@ from core import models
 from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
-from trainer.failures import FailureClass
 from trainer.records import Format
-from trainer.spec import DataSpec, JobSpec, ModelSpec
+from trainer.spec import DataSpec, FailureClass, JobSpec, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"

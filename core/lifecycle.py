@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.models import JobState
-from trainer.failures import FailureClass
-from trainer.spec import RetrySpec
+from trainer.spec import FailureClass, RetrySpec
 
 __all__ = [
     "AttemptFacts",

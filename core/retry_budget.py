@@ -14,8 +14,7 @@ from pydantic import BaseModel, Field
 
 from core.lifecycle import Policy
 from core.models import JobState
-from trainer.failures import FailureClass
-from trainer.spec import RetrySpec
+from trainer.spec import FailureClass, RetrySpec
 
 __all__ = ["BUDGETED", "ClassBudget", "RetryPolicy", "retry_policy"]
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from trainer.failures import FailureClass
+from trainer.failures import FailureClass as FailureClass
 from trainer.spec_base import StrictSpec
 from trainer.spec_checks import cross_field_errors, get_path
 from trainer.spec_data import DataSpec as DataSpec
