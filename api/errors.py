@@ -15,11 +15,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core import errors as domain
+from trainer.spec import SPEC_KINDS
 
 log = logging.getLogger("torchyard.api")
 
@@ -47,24 +48,42 @@ CODE_OF_STATUS: dict[int, str] = {
 
 
 class ErrorDetail(BaseModel):
+    """One problem with the request, at one place in it."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     loc: list[str | int]
+    """Where: `body`, `query`, `path` or `header`, then field names and list indexes."""
     msg: str
+    """What is wrong, in words."""
     type: str
+    """A stable name for the kind of problem, such as `missing` or `greater_than_equal`."""
     line: int | None = None
     """1-based line of the field in a YAML/JSON text checked by `POST /v1/spec/validate`."""
     column: int | None = None
+    """1-based column of the field on that line, where known."""
 
 
 class ErrorInfo(BaseModel):
+    """The error: a code, a message and, for bad input, each problem."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     code: str
+    """A stable name per HTTP status, such as `not_found`, `conflict` or `validation_error`."""
     message: str
+    """What went wrong, in one line."""
     details: list[ErrorDetail] = []
+    """Each problem with the request (bad input); else empty."""
 
 
 class ErrorBody(BaseModel):
     """The body of every non-2xx answer."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     error: ErrorInfo
+    """What went wrong."""
 
 
 def error_response(
@@ -117,13 +136,21 @@ async def _domain_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = list(exc.errors())
+    errors = [{**e, "loc": _without_kind(tuple(e.get("loc", ())))} for e in exc.errors()]
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ()))
     message = f"invalid request: {where}: {first.get('msg', '')}" if errors else "invalid request"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
     return error_response(422, message, details=errors)
+
+
+def _without_kind(loc: tuple[Any, ...]) -> list[Any]:
+    """A body's `loc` without the job-spec union's tag (`["body", "script", "entrypoint"]` ->
+    `["body", "entrypoint"]`): clients see the JSON path of the field they sent."""
+    if len(loc) > 1 and loc[0] == "body" and loc[1] in SPEC_KINDS:
+        return [loc[0], *loc[2:]]
+    return list(loc)
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

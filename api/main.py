@@ -11,10 +11,22 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from api import dashboard, errors, observability
+from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
-from api.routes import datasets, exports, health, job_data, jobs, me, spec, streams
+from api.routes import (
+    code,
+    datasets,
+    exports,
+    health,
+    job_data,
+    jobs,
+    me,
+    openai_files,
+    openai_jobs,
+    spec,
+    streams,
+)
 from api.streams import StreamHub
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
 from core.settings import Settings, get_settings
@@ -67,6 +79,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         'Every error has the body `{"error": {"code", "message", "details": '
         '[{"loc", "msg", "type"}]}}`.',
         lifespan=_lifespan,
+        generate_unique_id_function=openapi_ids.operation_id,
+        docs_url=None,  # served offline by api.docs_ui
+        redoc_url=None,
     )
     engine = make_engine(settings.database_url)
     app.state.settings = settings
@@ -76,10 +91,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.streams = StreamHub(app.state.sessionmaker)
 
     errors.install(app)
-    app.add_middleware(BodyLimit, max_bytes=MAX_JSON_BYTES, exempt={UPLOAD_PATH})
+    openai_errors.install(app)  # OpenAI's error shape under /openai/
+    # Uploads stream under limits of their own (api.uploads).
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=MAX_JSON_BYTES,
+        exempt={UPLOAD_PATH, code.PATH, openai_files.FILES_PATH},
+    )
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    for module in (health, me, jobs, job_data, exports, streams, datasets, spec):
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    for module in (*routers, openai_files, openai_jobs):
         app.include_router(module.router)
 
+    docs_ui.mount(app)
     dashboard.mount(app)
     return app

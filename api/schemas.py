@@ -21,15 +21,16 @@ from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
 from trainer.records import Format
-from trainer.spec import DataSpec, FailureClass, JobSpec, ModelSpec
+from trainer.spec import DataSpec, FailureClass, JobSpec, ModelSpec, ScriptJobSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 
 
 def _spec_json(value: Any) -> Any:
-    """`Job.spec` is a typed `JobSpec` in the ORM; the API shows it as its JSON document."""
-    return value.model_dump(mode="json") if isinstance(value, JobSpec) else value
+    """`Job.spec` is a typed `JobSpec` or `ScriptJobSpec` in the ORM; the API shows it as its
+    JSON document."""
+    return value.model_dump(mode="json") if isinstance(value, JobSpec | ScriptJobSpec) else value
 
 
 def _utc(value: datetime) -> datetime:
@@ -68,28 +69,49 @@ class Failure(BaseModel):
 
 
 class Job(_Out):
-    """A training job. `spec` is the submitted JobSpec; `latest_metrics` the last value of each
-    series; `current_step` the last optimizer step reported."""
+    """A training job. `spec` is the submitted JobSpec (or ScriptJobSpec, with `entrypoint`);
+    `latest_metrics` the last value of each series; `current_step` the last step reported;
+    `max_steps` the trainer's `train.max_steps` (0 for a script job: unknown)."""
 
-    id: int
-    project_id: str
-    name: str
-    state: JobState
-    attempt: int
-    labels: dict[str, str]
-    pool: str
-    spec: Annotated[dict[str, Any], BeforeValidator(_spec_json)]
-    created_at: Timestamp
-    updated_at: Timestamp
-    started_at: Timestamp | None
-    finished_at: Timestamp | None
-    current_step: int | None
-    max_steps: int
-    latest_metrics: dict[str, float]
-    exit_code: int | None
-    error: str | None
-    worker: str | None
-    heartbeat_at: Timestamp | None
+    id: int = Field(description="The job's id.")
+    project_id: str = Field(description="The project that owns the job.")
+    name: str = Field(description="The spec's `name`.")
+    state: JobState = Field(description="Lifecycle state (docs/CONTRACTS.md section 2).")
+    attempt: int = Field(
+        description="Attempt number: 1 for the first run, +1 per restart or retry."
+    )
+    labels: dict[str, str] = Field(description="The spec's `labels`: free-form key/value tags.")
+    pool: str = Field(description="The worker pool (queue) the job runs in.")
+    spec: Annotated[dict[str, Any], BeforeValidator(_spec_json)] = Field(
+        description="The submitted JobSpec or ScriptJobSpec as JSON."
+    )
+    created_at: Timestamp = Field(description="When it was submitted; UTC, ISO 8601.")
+    updated_at: Timestamp = Field(description="When its row last changed; UTC, ISO 8601.")
+    started_at: Timestamp | None = Field(
+        description="When its current attempt started running; null before."
+    )
+    finished_at: Timestamp | None = Field(
+        description="When it reached a terminal state; null before."
+    )
+    current_step: int | None = Field(
+        description="The last training step reported; null before the first."
+    )
+    max_steps: int = Field(
+        description="`train.max_steps` of the spec; 0 for a script job (unknown)."
+    )
+    latest_metrics: dict[str, float] = Field(
+        description="The last value of each metric series, by name."
+    )
+    exit_code: int | None = Field(
+        description="The launcher's exit code once the attempt ended; else null."
+    )
+    error: str | None = Field(
+        description="Why the job failed or was cancelled, in one line; else null."
+    )
+    worker: str | None = Field(description="The worker running (or that last ran) the job.")
+    heartbeat_at: Timestamp | None = Field(
+        description="The worker's last heartbeat for this job; UTC, ISO 8601."
+    )
     owner: str | None = Field(
         default=None, description="The name of the API key that submitted the job."
     )
@@ -139,28 +161,28 @@ class Job(_Out):
 
 
 class JobPage(BaseModel):
-    items: list[Job]
+    items: list[Job] = Field(description="Jobs, in the order the `sort` query parameter asks.")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: last.")
 
 
 class Event(_Out):
     """Something that happened to a job: a state change, a checkpoint, the sample, info, error."""
 
-    id: int
-    job_id: int
-    attempt: int
+    id: int = Field(description="The event's id (ascending in time).")
+    job_id: int = Field(description="The job it belongs to.")
+    attempt: int = Field(description="The attempt it happened in.")
     kind: str = Field(
         description="`state` | `checkpoint` | `sample` | `info` | `error` | `hang` | `straggler`"
     )
-    state_from: str | None
-    state_to: str | None
-    message: str
-    data: dict[str, Any]
-    created_at: Timestamp
+    state_from: str | None = Field(description="`state` events: the state left; else null.")
+    state_to: str | None = Field(description="`state` events: the state entered; else null.")
+    message: str = Field(description="What happened, in words.")
+    data: dict[str, Any] = Field(description="Structured details; keys depend on `kind`.")
+    created_at: Timestamp = Field(description="When it happened; UTC, ISO 8601.")
 
 
 class EventPage(BaseModel):
-    items: list[Event]
+    items: list[Event] = Field(description="Events, oldest first.")
     next_cursor: str | None = Field(
         description="Pass as `after` for the next page; null when this page was the last."
     )
@@ -169,16 +191,16 @@ class EventPage(BaseModel):
 class LogLine(_Out):
     """A line one rank of the job printed; rank -1 is the launcher (worker)."""
 
-    id: int
-    attempt: int
-    rank: int
+    id: int = Field(description="The line's id (ascending in time).")
+    attempt: int = Field(description="The attempt that printed it.")
+    rank: int = Field(description="The global rank that printed it; -1 is the launcher.")
     stream: str = Field(description="`stdout` | `stderr` | `stacks` (the hang watchdog's dumps)")
-    line: str
-    created_at: Timestamp
+    line: str = Field(description="The text, without its newline.")
+    created_at: Timestamp = Field(description="When it was stored; UTC, ISO 8601.")
 
 
 class LogPage(BaseModel):
-    items: list[LogLine]
+    items: list[LogLine] = Field(description="Log lines, oldest first.")
     next_cursor: str | None = Field(
         description="Pass as `after` for the next page; null when this page was the last."
     )
@@ -190,78 +212,86 @@ class _Floats(BaseModel):
 
 
 class MetricLast(_Floats):
-    step: int
-    value: float
+    step: int = Field(description="The step of the series' last point.")
+    value: float = Field(description="Its value (NaN and infinities are sent as strings).")
 
 
 class MetricSeries(_Floats):
     """One metric: `steps[i]` pairs with `values[i]`, ascending by step."""
 
-    name: str
-    steps: list[int]
-    values: list[float]
-    last: MetricLast | None
+    name: str = Field(description="The metric's name, such as `loss` or `lr`.")
+    steps: list[int] = Field(description="Training steps, ascending.")
+    values: list[float] = Field(description="The value at each step; NaN/inf are sent as strings.")
+    last: MetricLast | None = Field(description="The last point; null for an empty series.")
 
 
 class Metrics(BaseModel):
-    series: list[MetricSeries]
+    series: list[MetricSeries] = Field(description="One entry per metric, by name.")
 
 
 class CheckpointExport(_Out):
     """A consolidated safetensors export of one checkpoint: `pending -> running -> ready |
     failed`. Once ready, `GET .../export/download` serves its `model.safetensors`."""
 
-    id: int
-    job_id: int
-    checkpoint_id: int
-    step: int
-    state: Literal["pending", "running", "ready", "failed"]
+    id: int = Field(description="The export's id.")
+    job_id: int = Field(description="The job whose checkpoint it exports.")
+    checkpoint_id: int = Field(description="The checkpoint it exports.")
+    step: int = Field(description="The checkpoint's training step.")
+    state: Literal["pending", "running", "ready", "failed"] = Field(
+        description="`pending` -> `running` -> `ready` or `failed`."
+    )
     uri: str = Field(description="Directory holding `model.safetensors` and `config.json`.")
     size_bytes: int | None = Field(description="Size of `model.safetensors` in bytes (ready).")
     sha256: str | None = Field(description="Hex sha256 of `model.safetensors` (ready).")
     error: str | None = Field(description="Why it failed (the end of the exporter's stderr).")
-    created_at: Timestamp
-    started_at: Timestamp | None
-    finished_at: Timestamp | None
+    created_at: Timestamp = Field(description="When it was requested; UTC, ISO 8601.")
+    started_at: Timestamp | None = Field(description="When the exporter started; null before.")
+    finished_at: Timestamp | None = Field(
+        description="When it became ready or failed; null before."
+    )
 
 
 class Checkpoint(_Out):
     """A complete checkpoint; `uri` is its `step_XXXXXXXX` directory."""
 
-    id: int
-    job_id: int
-    attempt: int
-    step: int
-    uri: str
-    size_bytes: int
-    created_at: Timestamp
+    id: int = Field(description="The checkpoint's id.")
+    job_id: int = Field(description="The job that wrote it.")
+    attempt: int = Field(description="The attempt that wrote it.")
+    step: int = Field(description="The training step it holds.")
+    uri: str = Field(description="Its `step_XXXXXXXX` directory.")
+    size_bytes: int = Field(description="Its files' sizes added up, in bytes.")
+    created_at: Timestamp = Field(description="When it was complete; UTC, ISO 8601.")
     export: CheckpointExport | None = Field(
         default=None, description="Its safetensors export, once one was requested."
     )
 
 
 class CheckpointList(BaseModel):
-    items: list[Checkpoint]
+    items: list[Checkpoint] = Field(description="Complete checkpoints, by ascending step.")
 
 
 class Dataset(_Out):
     """Training data in a project: a registered server-side path or an uploaded file, its
     `format` (declared or detected) and, for record and token formats, its `stats`."""
 
-    id: str
-    project_id: str
-    name: str
-    uri: str
-    size_bytes: int
-    sha256: str
-    num_files: int
-    format: Format
-    stats: DatasetStats | None
-    created_at: Timestamp
+    id: str = Field(description="The dataset's id.")
+    project_id: str = Field(description="The project that owns it.")
+    name: str = Field(description="Unique in the project.")
+    uri: str = Field(
+        description="Where its bytes are (a path under a data root or the upload store)."
+    )
+    size_bytes: int = Field(description="Its size in bytes (all files of a directory).")
+    sha256: str = Field(description="Hex sha256 of its bytes.")
+    num_files: int = Field(description="1 for a file; the file count of a directory.")
+    format: Format = Field(description="How it is read: declared at registration or detected.")
+    stats: DatasetStats | None = Field(
+        description="What validation learned (record and token formats); else null."
+    )
+    created_at: Timestamp = Field(description="When it was registered or uploaded; UTC, ISO 8601.")
 
 
 class DatasetList(BaseModel):
-    items: list[Dataset]
+    items: list[Dataset] = Field(description="The project's datasets, oldest first.")
 
 
 DatasetName = Annotated[
@@ -299,28 +329,34 @@ class SpecCheck(BaseModel):
     """A spec text that `POST /v1/jobs` would accept: the document as written (send it as the
     JSON body) and the 1-based line of each field, by JSON Pointer (RFC 6901, "" = root)."""
 
-    spec: dict[str, Any]
-    lines: dict[str, int]
+    spec: dict[str, Any] = Field(
+        description="The document as written; send it as the JSON body of `POST /v1/jobs`."
+    )
+    lines: dict[str, int] = Field(
+        description='The 1-based line of each field, by JSON Pointer ("" = root).'
+    )
 
 
 class ProjectRef(BaseModel):
-    id: str
-    name: str
+    id: str = Field(description="The project's id.")
+    name: str = Field(description="The project's name.")
 
 
 class KeyRef(BaseModel):
-    id: str
-    name: str
-    prefix: str
+    id: str = Field(description="The API key's id.")
+    name: str = Field(description="The key's name.")
+    prefix: str = Field(
+        description="The key's first characters, to tell keys apart (not a secret)."
+    )
 
 
 class Me(BaseModel):
-    project: ProjectRef
-    key: KeyRef
+    project: ProjectRef = Field(description="The project the key belongs to.")
+    key: KeyRef = Field(description="The key used.")
 
 
 class Status(BaseModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok"] = Field(default="ok", description="Always `ok` when the answer is 200.")
 
 
 def _data_field(name: str) -> Any:
@@ -368,30 +404,38 @@ class PreviewExample(BaseModel):
 class PreviewReport(BaseModel):
     """The mask verifier's counts over the previewed examples (after truncation)."""
 
-    examples: int
-    dropped: int
-    truncated: int
+    examples: int = Field(description="Examples previewed.")
+    dropped: int = Field(description="Examples `truncation` drops (longer than `seq_len`).")
+    truncated: int = Field(description="Examples cut to `seq_len`.")
     lost_all_supervision: int = Field(description="Examples truncation left no target.")
-    tokens: int
-    supervised_tokens: int
+    tokens: int = Field(description="Tokens over the kept examples.")
+    supervised_tokens: int = Field(description="Of those, tokens that are loss targets.")
     supervised_share_by_role: dict[str, float] = Field(
         description="Each role's share of all supervised tokens (fractions summing to 1)."
     )
-    tokens_by_role: dict[str, int]
-    supervised_by_role: dict[str, int]
+    tokens_by_role: dict[str, int] = Field(
+        description="`tokens` per message role (or record part)."
+    )
+    supervised_by_role: dict[str, int] = Field(description="`supervised_tokens` per role.")
 
 
 class DatasetPreview(BaseModel):
     """What a job would learn from the dataset's first records, and the verifier's verdict."""
 
-    dataset_id: str
-    format: Format
+    dataset_id: str = Field(description="The dataset previewed.")
+    format: Format = Field(description="The dataset's format.")
     tokenizer: str = Field(description="`bytes`, or the tokenizer's class and path.")
-    seq_len: int
-    loss_on: Literal["assistant", "completion", "all"]
-    verdict: Literal["ok", "refused"]
+    seq_len: int = Field(description="Context length in tokens used for the preview.")
+    loss_on: Literal["assistant", "completion", "all"] = Field(
+        description="Which tokens are loss targets."
+    )
+    verdict: Literal["ok", "refused"] = Field(
+        description="`ok`, or `refused`: a job's mask verifier would refuse it."
+    )
     refused: str | None = Field(
         description="The reason a job's mask verifier would refuse this sample, word for word."
     )
-    examples: list[PreviewExample]
-    report: PreviewReport
+    examples: list[PreviewExample] = Field(
+        description="The first records, as the job tokenizes them."
+    )
+    report: PreviewReport = Field(description="The verifier's counts over these examples.")

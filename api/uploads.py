@@ -1,9 +1,10 @@
-"""Streaming multipart upload of a dataset file, straight to storage, with a size limit.
+"""Streaming multipart upload of one file, straight to a directory, with a size limit.
 
 Starlette's form parser spools a whole upload to a temporary file before the route sees it; this
-parser (python-multipart, as Starlette uses) writes each chunk to
-`<storage>/datasets/<dataset id>/<sanitised filename>` as it arrives, hashes it on the way,
-and stops with 413 (removing what it wrote) as soon as the file passes the limit.
+parser (python-multipart, as Starlette uses) writes each chunk to `<root>/<sanitised filename>`
+as it arrives (a dataset: `<storage>/datasets/<dataset id>/`; a code archive: a local temporary
+directory), hashes it on the way, and stops with 413 (removing what it wrote) as soon as the
+file passes the limit. The form's text fields are the caller's to name and validate.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from trainer.records import FORMATS
 # Room for the multipart framing and the `name` field on top of the file itself.
 MULTIPART_OVERHEAD = 64 * 1024
 _MAX_NAME_BYTES = 1024
-TEXT_FIELDS = ("name", "format", "token_dtype")
+DATASET_FIELDS = ("name", "format", "token_dtype")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # The form, as documented in the OpenAPI schema (the route parses the body itself).
@@ -76,11 +77,11 @@ def _invalid(loc: list[str | int], msg: str, type_: str = "value_error") -> Inva
 
 @dataclass
 class Upload:
-    """A dataset file written to storage; `name` is the raw form field and `fields` the other
-    text fields given (`format`, `token_dtype`), all validated by the caller."""
+    """A file written under the upload's root: its URI, size in bytes, sha256, the client's
+    raw `filename`, and the text fields given (raw bytes, validated by the caller)."""
 
-    name: bytes
     uri: str
+    filename: str
     size_bytes: int
     sha256: str
     fields: dict[str, bytes] = field(default_factory=dict)
@@ -146,13 +147,15 @@ class _Events:
 
 
 class _Receiver:
-    """State of one upload: the open file, its digest, and the text fields (`TEXT_FIELDS`)."""
+    """State of one upload: the open file, its digest, and the text fields (`text_fields`)."""
 
-    def __init__(self, *, root_uri: str, max_bytes: int) -> None:
+    def __init__(self, *, root_uri: str, max_bytes: int, text_fields: tuple[str, ...]) -> None:
         self.root_uri = root_uri
         self.max_bytes = max_bytes
+        self.text_fields = text_fields
+        self.filename = ""
         self.fs, self.root_path = fsspec.core.url_to_fs(root_uri)
-        self.current: str | None = None  # "file" | one of TEXT_FIELDS
+        self.current: str | None = None  # "file" | one of text_fields
         self.out: IO[bytes] | None = None
         self.uri: str | None = None
         self.size = 0
@@ -176,12 +179,12 @@ class _Receiver:
                 raise _invalid(["body", "file"], "expected a file, got a text field")
             if self.uri is not None:
                 raise _invalid(["body", "file"], "only one file per upload")
-            self.current = "file"
+            self.current, self.filename = "file", part.filename
             filename = safe_filename(part.filename)
             self.uri = storage.join(self.root_uri, filename)
             path = storage.join(self.root_path, filename)
             await to_thread.run_sync(self._open, path)
-        elif part.field_name in TEXT_FIELDS:
+        elif part.field_name in self.text_fields:
             name = part.field_name
             if part.filename is not None:
                 raise _invalid(["body", name], "expected a text field, got a file")
@@ -196,7 +199,7 @@ class _Receiver:
         self.out = self.fs.open(path, "wb")
 
     async def _data(self, data: bytes) -> None:
-        if self.current in TEXT_FIELDS:
+        if self.current in self.text_fields:
             value = self.fields[self.current] + data
             if len(value) > _MAX_NAME_BYTES:
                 raise _invalid(["body", self.current], "too long", "string_too_long")
@@ -220,17 +223,27 @@ class _Receiver:
             self.fs.rm(self.root_path, recursive=True)
 
 
-async def receive(request: Request, *, root_uri: str, max_bytes: int) -> Upload:
-    """Stream the multipart body of `request` into `root_uri`. Removes the directory on error.
+async def receive(
+    request: Request,
+    *,
+    root_uri: str,
+    max_bytes: int,
+    text_fields: tuple[str, ...] = DATASET_FIELDS,
+    required: tuple[str, ...] = ("name",),
+) -> Upload:
+    """Stream the multipart body of `request` (one `file` part and the text fields named in
+    `text_fields`, each at most 1 KiB) into the directory `root_uri`. Removes the directory on
+    error.
 
-    Raises InvalidInput (not multipart, malformed, missing/unexpected/duplicate fields, empty
-    file) and TooLarge (file over `max_bytes`, or body over it plus `MULTIPART_OVERHEAD`).
+    Raises InvalidInput (not multipart, malformed, a field of `required` missing,
+    unexpected/duplicate fields, empty file) and TooLarge (file over `max_bytes`, or body over
+    it plus `MULTIPART_OVERHEAD`).
     """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or not params.get(b"boundary"):
         raise _invalid(["header", "Content-Type"], "expected multipart/form-data with a boundary")
     events = _Events()
-    receiver = _Receiver(root_uri=root_uri, max_bytes=max_bytes)
+    receiver = _Receiver(root_uri=root_uri, max_bytes=max_bytes, text_fields=text_fields)
     received = 0
     try:
         parser = MultipartParser(params[b"boundary"], events.callbacks())  # type: ignore[arg-type]
@@ -247,8 +260,9 @@ async def receive(request: Request, *, root_uri: str, max_bytes: int) -> Upload:
             events.queue.clear()
         if not events.ended:
             raise _invalid(["body"], "multipart body ended before its closing boundary")
-        if "name" not in receiver.fields:
-            raise _invalid(["body", "name"], "field required", "missing")
+        for name in required:
+            if name not in receiver.fields:
+                raise _invalid(["body", name], "field required", "missing")
         if receiver.uri is None:
             raise _invalid(["body", "file"], "field required", "missing")
         if receiver.size == 0:
@@ -256,18 +270,17 @@ async def receive(request: Request, *, root_uri: str, max_bytes: int) -> Upload:
     except BaseException:
         await to_thread.run_sync(receiver.remove)
         raise
-    fields = dict(receiver.fields)
     return Upload(
-        name=fields.pop("name"),
         uri=receiver.uri,
+        filename=receiver.filename,
         size_bytes=receiver.size,
         sha256=receiver.hash.hexdigest(),
-        fields=fields,
+        fields=dict(receiver.fields),
     )
 
 
 async def remove(root_uri: str) -> None:
-    """Delete an upload's directory (when its dataset row could not be created)."""
+    """Delete an upload's directory (when its row could not be created)."""
 
     def _rm() -> None:
         fs, path = fsspec.core.url_to_fs(root_uri)

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trainer.records import (
     Conversation,
@@ -45,24 +45,37 @@ _SEED = 0  # a fixed seed: the same file gives the same stats
 class Lengths(BaseModel):
     """Length percentiles (characters, or tokens for `tokens` datasets)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     p50: int
+    """Median length."""
     p90: int
+    """90th percentile."""
     p99: int
+    """99th percentile."""
     max: int
+    """Longest."""
 
 
 class StatsWarning(BaseModel):
     """Something that did not refuse the dataset but deserves a look."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     type: str
+    """A stable name for the kind of warning."""
     message: str
+    """What was found, in words."""
     count: int
+    """Records it concerns."""
     first: str
     """Where it first occurs: `line 3` (JSONL) or `row 3` (Parquet)."""
 
 
 class DatasetStats(BaseModel):
     """What validation learned about a dataset's records."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     records: int
     """Records (JSONL lines / Parquet rows); a flat `.bin`/`.npy` token array is one record."""
@@ -76,13 +89,17 @@ class DatasetStats(BaseModel):
     tokens: Lengths | None = None
     """Per-record token counts (`tokens` in Parquet); a flat array has one record."""
     num_tokens: int | None = None
+    """Tokens in all records (token formats); else None."""
     supervised_tokens: int | None = None
     """`tokens` with `labels` (!= -100) or `loss_mask` (== 1); else None (all are)."""
     max_token_id: int | None = None
+    """The largest token id (token formats): must be below the model's vocabulary size."""
     token_dtype: str | None = None
+    """The token array's dtype, `uint16` or `uint32` (token formats)."""
     duplicates: int = 0
     """Records identical (canonical JSON) to an earlier one."""
     warnings: list[StatsWarning] = []
+    """What deserves a look, by kind."""
 
 
 @dataclass

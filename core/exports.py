@@ -20,6 +20,7 @@ from core import jobs, storage
 from core.errors import Conflict, NotFound
 from core.models import Checkpoint, CheckpointExport, ExportState, Job, JobEvent, utcnow
 from core.settings import Settings
+from trainer.spec import ScriptJobSpec
 
 WEIGHTS_FILE = "model.safetensors"  # what `python -m trainer.export` writes (CONTRACTS.md, 1)
 CONFIG_FILE = "config.json"
@@ -56,6 +57,11 @@ def _require_full_gpt(job: Job) -> None:
     their adapter and merged model at the end of the run instead, and Hugging Face models are
     saved by `transformers`. Raises `Conflict` (409) for those jobs."""
     spec = job.spec
+    if isinstance(spec, ScriptJobSpec):
+        raise Conflict(
+            f"job {job.id} runs its own code: its checkpoints are the script's own files "
+            "(download them from the checkpoint's `uri`), not a built-in model to export"
+        )
     if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
         raise Conflict(
             f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import Conflict, NotFound
 from core.models import TERMINAL_STATES, Job, JobEvent, JobState, utcnow
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, ScriptJobSpec
 
 S = JobState
 # to-state -> the states it may be entered from
@@ -261,7 +261,7 @@ def retry(*, session: Session, job_id: int, project_id: str | None = None) -> Jo
     )
 
 
-def request_hash(spec: JobSpec) -> str:
+def request_hash(spec: JobSpec | ScriptJobSpec) -> str:
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -276,10 +276,10 @@ def create(
     *,
     session: Session,
     project_id: str,
-    spec: JobSpec,
+    spec: JobSpec | ScriptJobSpec,
     idempotency_key: str | None = None,
     owner: str | None = None,
-    submitted: JobSpec | None = None,
+    submitted: JobSpec | ScriptJobSpec | None = None,
 ) -> Created:
     """Insert a queued job with its `state` event; `owner` names who submitted it (the API
     key's name). Commits.
@@ -303,7 +303,8 @@ def create(
         labels=dict(spec.labels),
         pool=spec.resources.pool,
         priority=spec.priority,
-        max_steps=spec.train.max_steps or 0,  # 0: set by epochs, known once data is read
+        # 0: known once the run reports it (epochs over data not read yet; a script's own)
+        max_steps=(spec.train.max_steps or 0) if isinstance(spec, JobSpec) else 0,
         idempotency_key=idempotency_key,
         request_hash=digest,
         owner=owner,

@@ -29,14 +29,15 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, ScriptJobSpec, parse_job_spec
 
 # Postgres gets JSONB, SQLite plain JSON text.
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
 
-class SpecType(TypeDecorator[JobSpec]):
-    """A `JobSpec` stored as JSON: validated once when the row is read, dumped when written.
+class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
+    """A job spec (`JobSpec`, or `ScriptJobSpec` for a job with `entrypoint`) stored as JSON:
+    validated once when the row is read (as the kind it is), dumped when written.
 
     Code that reads `Job.spec` gets the typed spec with its defaults (no `.get("x", default)`
     on dicts). A stored spec that no longer validates raises `pydantic.ValidationError` on read:
@@ -49,11 +50,10 @@ class SpecType(TypeDecorator[JobSpec]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
         if value is None:
             return None
-        spec = value if isinstance(value, JobSpec) else JobSpec.model_validate(value)
-        return spec.model_dump(mode="json")
+        return parse_job_spec(value).model_dump(mode="json")
 
-    def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | None:
-        return None if value is None else JobSpec.model_validate(value)
+    def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | ScriptJobSpec | None:
+        return None if value is None else parse_job_spec(value)
 
 
 # SQLite autoincrements only INTEGER PRIMARY KEY columns.
@@ -132,6 +132,29 @@ class Dataset(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class CodeArchive(Base):
+    """An uploaded code archive (`POST /v1/code`) that `entrypoint.code` names: stored once per
+    content (`sha256` of the archive's bytes) in the project's storage, unpacked by the worker
+    for each attempt (docs/CONTRACTS.md section 5)."""
+
+    __tablename__ = "code_archives"
+    __table_args__ = (UniqueConstraint("project_id", "sha256"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(200))
+    uri: Mapped[str] = mapped_column(Text)  # the archive file in storage (fsspec URI)
+    format: Mapped[str] = mapped_column(String(10))  # `tar.gz` | `zip`
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)  # the archive's
+    unpacked_bytes: Mapped[int] = mapped_column(BigInteger)
+    # The regular files' paths, relative and normalised ("src/train.py"), sorted.
+    files: Mapped[list[str]] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -149,7 +172,7 @@ class Job(Base):
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(100))
     state: Mapped[str] = mapped_column(String(20), default=JobState.QUEUED)
-    spec: Mapped[JobSpec] = mapped_column(SpecType())
+    spec: Mapped[JobSpec | ScriptJobSpec] = mapped_column(SpecType())
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     pool: Mapped[str] = mapped_column(String(100), default="default")
     priority: Mapped[int] = mapped_column(Integer, default=0)

@@ -4,10 +4,36 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BaseModelEntry(BaseModel):
+    """A base model the OpenAI-compatible view offers (`TORCHYARD_BASE_MODELS`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="A local Hugging Face directory under an allowed data root.")
+    lora: dict[str, Any] = Field(
+        default_factory=lambda: {"r": 8, "alpha": 16},
+        description="The `lora` section of the jobs fine-tuning it.",
+    )
+    seq_len: int = Field(default=512, ge=8, description="`model.seq_len` of its jobs (tokens).")
+    learning_rate: float = Field(
+        default=1e-3, gt=0, description="Peak lr that `learning_rate_multiplier` 1.0 gives."
+    )
+    n_epochs: int = Field(default=3, ge=1, description="What `n_epochs: auto` resolves to.")
+    batch_size: int = Field(default=4, ge=1, description="What `batch_size: auto` resolves to.")
+    pool: str = Field(default="default", description="The worker pool its jobs run on.")
+    resources: dict[str, Any] = Field(
+        default_factory=dict, description="The `resources` section (besides `pool`)."
+    )
+    spec: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further JobSpec sections merged into its jobs (`eval`, `checkpoint`, ...).",
+    )
 
 
 class Settings(BaseSettings):
@@ -35,11 +61,26 @@ class Settings(BaseSettings):
         "Python standard library and the storage root.",
     )
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1, description="Upload size limit.")
+    code_max_bytes: int = Field(
+        default=100 * 1024**2,
+        ge=1,
+        description="A code archive (`POST /v1/code`) over this many bytes is refused (413).",
+    )
+    code_max_unpacked_bytes: int = Field(
+        default=1024**3,
+        ge=1,
+        description="A code archive whose files add up to more than this many bytes unpacked "
+        "is refused (413), at upload and again when a worker unpacks it.",
+    )
     max_record_bytes: int = Field(
         default=4 * 1024**2,
         ge=1,
         description="A dataset record (JSONL line, Parquet row as JSON) over this many bytes "
         "refuses the dataset.",
+    )
+    base_models: dict[str, BaseModelEntry] = Field(
+        default_factory=dict,
+        description="JSON: name -> base model the OpenAI-compatible API (`/openai/v1`) fine-tunes.",
     )
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Worker heartbeat period.")
     heartbeat_timeout_s: float = Field(
@@ -104,6 +145,13 @@ class Settings(BaseSettings):
         gt=0,
         description="How long node 0 of a multi-node job waits for the other nodes to join "
         "before it releases the gang and the job goes back to the queue.",
+    )
+
+    venv_dir: Path | None = Field(
+        default=None,
+        description="Where a worker keeps the virtual environments of entrypoint jobs' "
+        "`requirements` (workers/venvs.py), one per requirement set, reused; default "
+        "`TORCHYARD_HOME/venvs`.",
     )
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, ScriptJobSpec
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- spec-reference -->", "<!-- /spec-reference -->"
@@ -41,8 +41,24 @@ def _default(prop: dict[str, Any], required: bool) -> str:
 
 
 def render() -> str:
-    schema = JobSpec.model_json_schema()
-    defs = schema.get("$defs", {})
+    """The built-in trainer's `JobSpec`, then `entrypoint`, what a `ScriptJobSpec` has instead
+    of the trainer's sections."""
+    lines = _render(JobSpec.model_json_schema())
+    script = ScriptJobSpec.model_json_schema()
+    entry = script["$defs"]["EntrypointSpec"]
+    lines += [
+        "",
+        "**Your own code: `entrypoint`** — " + " ".join((ScriptJobSpec.__doc__ or "").split()),
+    ]
+    lines += ["", " ".join((entry.get("description") or "").split()), ""]
+    lines += _render({**entry, "description": ""}, "entrypoint.", script["$defs"])
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _render(
+    schema: dict[str, Any], prefix: str = "", defs: dict[str, Any] | None = None
+) -> list[str]:
+    defs = schema.get("$defs", {}) if defs is None else defs
     lines: list[str] = []
 
     def table(prefix: str, body: dict[str, Any]) -> None:
@@ -65,8 +81,8 @@ def render() -> str:
             lines.append("")
             table(f"{path}.", sub)
 
-    table("", schema)
-    return "\n".join(lines)
+    table(prefix, schema)
+    return lines
 
 
 def main() -> int:

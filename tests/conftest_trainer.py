@@ -92,17 +92,40 @@ def trainer_env(**extra: str) -> dict[str, str]:
 
 
 def trainer_command(
-    spec_path: Path, run_dir: Path, checkpoint_dir: Path, *, nproc: int | None
+    spec_path: Path,
+    run_dir: Path,
+    checkpoint_dir: Path,
+    *,
+    nproc: int | None,
+    crash_after_step: int | None = None,
 ) -> list[str]:
-    """`torchrun ... -m trainer ...` for `nproc` processes, or `python -m trainer` if None."""
+    """`torchrun ... -m trainer ...` for `nproc` processes, or `python -m trainer` if None.
+    With `crash_after_step` N the module is `tests.crashing_trainer`: every rank exits 1
+    right after step N (and its checkpoint, if one is due) is complete."""
     args = ["--spec", str(spec_path), "--run-dir", str(run_dir)]
     args += ["--checkpoint-dir", str(checkpoint_dir)]
+    module = ["-m", "trainer"]
+    if crash_after_step is not None:
+        module = ["-m", "tests.crashing_trainer", "--crash-after-step", str(crash_after_step)]
     if nproc is None:
-        return [sys.executable, "-m", "trainer", *args]
+        return [sys.executable, *module, *args]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
     launcher += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
     launcher += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    return [*launcher, "-m", "trainer", *args]
+    return [*launcher, *module, *args]
+
+
+def start_trainer(cmd: list[str]) -> subprocess.Popen[str]:
+    """Start a trainer command (`trainer_command`) in the repository with `trainer_env()`; its
+    stdout and stderr are one text pipe, for the caller to read and to wait on."""
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def run_trainer(
@@ -112,15 +135,18 @@ def run_trainer(
     nproc: int | None,
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
+    crash_after_step: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Write `spec` to `workdir/spec.json` and run the trainer on it to the end.
+    """Write `spec` to `workdir/spec.json` and run the trainer on it to the end, or with
+    `crash_after_step` N until every rank exits 1 after step N (`tests.crashing_trainer`).
 
     Run dir `workdir/run`, checkpoints `workdir/ckpt`; `args` are appended to the trainer's
     command line (e.g. `--init-from URI`); stdout and stderr are captured.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec.dump(workdir / "spec.json")
-    cmd = trainer_command(workdir / "spec.json", workdir / "run", workdir / "ckpt", nproc=nproc)
+    paths = (workdir / "spec.json", workdir / "run", workdir / "ckpt")
+    cmd = trainer_command(*paths, nproc=nproc, crash_after_step=crash_after_step)
     cmd += args
     return subprocess.run(
         cmd,

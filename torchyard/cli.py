@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 
 from torchyard import launch
 from torchyard.client import Client
+from torchyard.code import code_app
 from torchyard.config import save_config
 from torchyard.errors import TorchyardError
 from torchyard.exports import export_command
@@ -40,7 +41,7 @@ from torchyard.render import (
     preview_tokens,
     preview_verdict,
 )
-from torchyard.specs import SpecFileError, apply_overrides, load_spec
+from torchyard.specs import SpecFileError, apply_overrides, load_spec, set_path
 from torchyard.summary import render_summary
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Training text of the proj
 admin_app = typer.Typer(no_args_is_help=True, help="Database administration (server side).")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(admin_app, name="admin")
+app.add_typer(code_app, name="code")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 
@@ -134,12 +136,28 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Resubmitting returns the same job.")
     ] = None,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            exists=True,
+            file_okay=False,
+            help="Upload this directory (minus what .gitignore ignores) and run the spec's "
+            "entrypoint from it.",
+            metavar="DIR",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     poll: PollOpt = 1.0,
 ) -> None:
     """Submit a job from a spec file."""
     spec = apply_overrides(load_spec(spec_path), overrides or [])
     client = _client(ctx)
+    if code is not None:
+        archive = client.code.upload(code)
+        if not json_out:
+            out.print(Text(f"uploaded {code} as {archive.id} ({archive.num_files} files)"))
+        set_path(spec, ["entrypoint", "code"], archive.id)
     job = client.jobs.create(spec, idempotency_key=idempotency_key)
     if json_out:
         if follow:

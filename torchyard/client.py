@@ -4,6 +4,7 @@
 
     with Client() as client:                      # TORCHYARD_URL / TORCHYARD_API_KEY / login
         job = client.jobs.create(spec)            # dict or trainer.spec.JobSpec
+        archive = client.code.upload("src/")      # training code for `entrypoint` jobs
         for item in client.jobs.follow(job.id):   # Job | Event | MetricPoint | LogLine
             ...
 
@@ -23,6 +24,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from torchyard.code import Code
 from torchyard.config import load_config
 from torchyard.errors import ConnectionFailed, ServerError, error_from_response
 from torchyard.exports import Exports
@@ -74,6 +76,7 @@ class Client:
         self.jobs = Jobs(self)
         self.datasets = Datasets(self)
         self.exports = Exports(self)
+        self.code = Code(self)
 
     def __enter__(self) -> Client:
         return self

@@ -79,6 +79,7 @@ class StepRate:
 
 #: Seconds without a heartbeat after which the view warns that the worker may be gone.
 STALE_HEARTBEAT_S = 60.0
+SCRIPT_METRICS = 3  # a script job's metrics shown beside its loss while it is followed
 
 
 def heartbeat_silence_s(job: Job, now: datetime) -> float | None:
@@ -120,11 +121,13 @@ class _View:
         self.max_steps: int | None = None
         self.step = 0
         self.warned_stale = False
+        self.script = False  # a script job reports metrics of its own choosing
         self.task: TaskID = progress.add_task(
-            f"job {job_id}", total=None, loss="-", tps="-", eta="-"
+            f"job {job_id}", total=None, loss="-", extra="- tok/s", eta="-"
         )
 
     def on_job(self, job: Job) -> None:
+        self.script = job.kind == "script"
         self.max_steps = job.max_steps or self.max_steps
         self.progress.update(
             self.task, description=f"{job.name} ({job.state})", total=self.max_steps
@@ -172,9 +175,17 @@ class _View:
             self.task,
             completed=self.step,
             loss=format_value(self.latest.get("loss")),
-            tps=format_rate(self.latest.get("tokens_per_second")),
+            extra=self._extra(),
             eta=format_duration(eta),
         )
+
+    def _extra(self) -> str:
+        """The trainer's throughput; for a script job, the other metrics it reported (the
+        first few by name, system series left out)."""
+        if not self.script:
+            return f"{format_rate(self.latest.get('tokens_per_second'))} tok/s"
+        names = sorted(n for n in self.latest if n != "loss" and not n.startswith("sys/"))
+        return "  ".join(f"{n} {format_value(self.latest[n])}" for n in names[:SCRIPT_METRICS])
 
 
 def follow_job(
@@ -197,7 +208,7 @@ def follow_job(
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("{task.fields[extra]}", markup=False),
         TextColumn("ETA {task.fields[eta]}"),
         TimeElapsedColumn(),
         console=console,

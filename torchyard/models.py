@@ -51,9 +51,23 @@ class RetryPolicy(_Model):
     summary: str = ""
 
 
+class Entrypoint(_Model):
+    """A script job's `entrypoint` (docs/CONTRACTS.md section 5): the code archive's id, the
+    argv every rank runs, extra environment variables, packages installed for the job, and how
+    many complete checkpoints to keep (None: all)."""
+
+    code: str
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    requirements: list[str] = Field(default_factory=list)
+    keep_last_checkpoints: int | None = None
+
+
 class Job(_Model):
-    """A training job as the API reports it. `spec` is the submitted `JobSpec` as a dict;
-    `failure` the latest failed attempt (None when none failed)."""
+    """A training job as the API reports it. `spec` is the submitted spec as a dict: the
+    built-in trainer's `JobSpec`, or a `ScriptJobSpec` with `entrypoint` (see `kind`); `failure`
+    the latest failed attempt (None when none failed). `max_steps` is 0 or None when unknown
+    (a script job's)."""
 
     id: int
     project_id: int | str | None = None
@@ -84,6 +98,18 @@ class Job(_Model):
     def is_terminal(self) -> bool:
         """True once the job is succeeded, failed or cancelled."""
         return self.state in TERMINAL_STATES
+
+    @property
+    def kind(self) -> str:
+        """``script`` for a job that runs the user's own code (`entrypoint`), else ``trainer``
+        (the built-in trainer)."""
+        return "script" if "entrypoint" in self.spec else "trainer"
+
+    @property
+    def entrypoint(self) -> Entrypoint | None:
+        """A script job's `entrypoint` section, typed; None for a trainer job."""
+        section = self.spec.get("entrypoint")
+        return None if section is None else Entrypoint.model_validate(section)
 
 
 class Event(_Model):
@@ -304,3 +330,19 @@ class Page(_Model, Generic[T]):
 
     items: list[T] = Field(default_factory=list)
     next_cursor: str | int | None = None
+
+
+class CodeArchive(_Model):
+    """Training code uploaded for `entrypoint` jobs (``client.code.upload``); `id` looks like
+    ``code_...`` and is what a spec's ``entrypoint.code`` names. `format`: ``tar.gz`` or
+    ``zip``; `files` (relative paths, sorted) is absent from a list."""
+
+    id: str
+    name: str
+    format: str
+    sha256: str
+    size_bytes: int
+    unpacked_bytes: int
+    num_files: int
+    files: list[str] | None = None
+    created_at: datetime | None = None

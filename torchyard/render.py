@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
@@ -22,6 +23,7 @@ from torchyard.models import (
     Dataset,
     DatasetPreview,
     DatasetStats,
+    Entrypoint,
     Job,
     Lengths,
     LogLine,
@@ -104,18 +106,31 @@ def state_text(state: str) -> Text:
 
 
 def step_text(job: Job) -> str:
-    """``120/600``, ``120`` or ``-``."""
+    """``120/600``, ``120`` (no known end: a script job's) or ``-`` (none reported, no end)."""
     if job.current_step is None:
-        return "-" if job.max_steps is None else f"0/{job.max_steps}"
+        return f"0/{job.max_steps}" if job.max_steps else "-"
     return f"{job.current_step}/{job.max_steps}" if job.max_steps else str(job.current_step)
 
 
+def command_line(entrypoint: Entrypoint) -> str:
+    """A script job's `command` as one shell line (``python train.py --lr 3e-4``), quoted
+    where an argument needs it."""
+    return shlex.join(entrypoint.command)
+
+
 def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
-    """One row per job: id, name, state (with the latest failure's class), step, loss, pool,
-    age."""
+    """One row per job: id, name, state (with the latest failure's class), step, loss, kind
+    (``trainer`` or ``script``), pool, age."""
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "POOL", "CREATED"):
-        table.add_column(column, justify="right" if column in ("ID", "STEP", "LOSS") else "left")
+    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED"):
+        # On a narrow terminal the pool (and then the name) is cut short, not the state.
+        table.add_column(
+            column,
+            justify="right" if column in ("ID", "STEP", "LOSS") else "left",
+            no_wrap=column not in ("NAME", "POOL"),
+            overflow="ellipsis",
+            min_width=8 if column in ("NAME", "POOL") else None,
+        )
     for job in jobs:
         table.add_row(
             str(job.id),
@@ -123,14 +138,32 @@ def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
             state_with_class(job, STATE_STYLES.get(job.state, "")),
             step_text(job),
             format_value(job.latest_metrics.get("loss")),
+            job.kind,
             Text(job.pool or "-"),
             format_age(job.created_at, now),
         )
     return table
 
 
+def entrypoint_rows(entrypoint: Entrypoint) -> list[tuple[str, Text | str]]:
+    """A script job's code archive, command (one shell line), env (``NAME=value``, one per
+    line), requirements and checkpoint retention, as key/value rows."""
+    rows: list[tuple[str, Text | str]] = [
+        ("code", Text(entrypoint.code)),
+        ("command", Text(command_line(entrypoint))),
+    ]
+    if entrypoint.env:
+        env = "\n".join(f"{k}={shlex.quote(v)}" for k, v in sorted(entrypoint.env.items()))
+        rows.append(("env", Text(env)))
+    if entrypoint.requirements:
+        rows.append(("requirements", Text(", ".join(entrypoint.requirements))))
+    if entrypoint.keep_last_checkpoints is not None:
+        rows.append(("keep checkpoints", f"last {entrypoint.keep_last_checkpoints}"))
+    return rows
+
+
 def job_details(job: Job) -> Table:
-    """Two-column key/value view of one job."""
+    """Two-column key/value view of one job; a script job's shows its command and code."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -141,6 +174,7 @@ def job_details(job: Job) -> Table:
     rows: list[tuple[str, Text | str]] = [
         ("id", str(job.id)),
         ("name", Text(job.name)),
+        ("kind", job.kind),
         ("state", state_text(job.state)),
         ("attempt", str(job.attempt)),
         ("step", step_text(job)),
@@ -151,6 +185,8 @@ def job_details(job: Job) -> Table:
         ("finished", str(job.finished_at or "-")),
         ("duration", format_duration(duration)),
     ]
+    if (entrypoint := job.entrypoint) is not None:
+        rows += entrypoint_rows(entrypoint)
     if job.labels:
         rows.append(("labels", Text(", ".join(f"{k}={v}" for k, v in job.labels.items()))))
     for name, metric in sorted(job.latest_metrics.items()):

@@ -2,14 +2,15 @@
 
 `summarize` is pure (models in, dataclass out) so it is tested without a server. It prefers
 the trainer's own final report (the ``completed`` status data, see docs/CONTRACTS.md section 2,
-as carried in an event's `data`) and falls back to the metric series.
+as carried in an event's `data`) and falls back to the metric series. A script job (section 5)
+reports metrics of its own choosing: its summary lists those instead of the trainer's figures.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -18,7 +19,13 @@ from rich.table import Table
 from rich.text import Text
 
 from torchyard.models import Checkpoint, Event, Job, MetricSeries
-from torchyard.render import format_duration, format_rate, format_value, state_text
+from torchyard.render import (
+    command_line,
+    format_duration,
+    format_rate,
+    format_value,
+    state_text,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class JobSummary:
     sample_text: str | None
     duration_s: float | None
     error: str | None
+    kind: str = "trainer"  # or "script": the user's own code (`entrypoint`)
+    command: str | None = None  # a script job's command, one shell line
+    # The last value of each metric the job reported (None: not finite), for a script job's
+    # summary, whose metric names are its own.
+    metrics: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:
@@ -99,7 +111,32 @@ def summarize(
         sample_text=samples[-1].data.get("text") if samples else None,
         duration_s=duration,
         error=job.error or (errors[-1].message if errors else None),
+        kind=job.kind,
+        command=command_line(job.entrypoint) if job.entrypoint is not None else None,
+        metrics={
+            **{name: s.values[-1] for name, s in by_name.items() if s.values},
+            **job.latest_metrics,
+        },
     )
+
+
+Row = tuple[str | Text, Text | str]
+
+
+def _figures(summary: JobSummary) -> list[Row]:
+    """The trainer's losses, baseline and throughput; a script job's own last metrics."""
+    if summary.kind == "script":
+        rows: list[Row] = [("command", Text(summary.command or "-"))]
+        rows += [(Text(k), format_value(v)) for k, v in sorted(summary.metrics.items())]
+        return rows
+    rows = [
+        ("train loss", format_value(summary.final_loss)),
+        ("eval loss", format_value(summary.final_eval_loss)),
+    ]
+    if summary.unigram_eval_loss is not None:
+        rows.append(("unigram baseline", f"{format_value(summary.unigram_eval_loss)} (eval)"))
+    rows.append(("tokens/s", format_rate(summary.tokens_per_second)))
+    return rows
 
 
 def render_summary(summary: JobSummary) -> RenderableType:
@@ -110,17 +147,11 @@ def render_summary(summary: JobSummary) -> RenderableType:
     steps = "-" if summary.step is None else str(summary.step)
     if summary.max_steps:
         steps += f"/{summary.max_steps}"
-    rows: list[tuple[str, Text | str]] = [
+    rows: list[Row] = [
         ("job", Text(f"{summary.job_id} ({summary.name})")),
         ("state", state_text(summary.state)),
         ("steps", steps),
-        ("train loss", format_value(summary.final_loss)),
-        ("eval loss", format_value(summary.final_eval_loss)),
-    ]
-    if summary.unigram_eval_loss is not None:
-        rows.append(("unigram baseline", f"{format_value(summary.unigram_eval_loss)} (eval)"))
-    rows += [
-        ("tokens/s", format_rate(summary.tokens_per_second)),
+        *_figures(summary),
         ("duration", format_duration(summary.duration_s)),
         ("checkpoint", Text(summary.checkpoint_uri or "-")),
     ]

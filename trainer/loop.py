@@ -19,11 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import resource
 import signal
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,7 +38,7 @@ from trainer.data import decode, encode
 from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum, no_sync
 from trainer.dpo_train import DPOMethod, pair_batches
 from trainer.errors import NonFiniteError
-from trainer.events import Reporter, current_attempt, restart_count
+from trainer.events import Reporter
 from trainer.finetune import Network
 from trainer.model import VOCAB_SIZE, generate, shape_of
 from trainer.optim import clip_gradients
@@ -52,7 +50,6 @@ from trainer.spec import JobSpec
 from trainer.state import TrainState
 
 log = logging.getLogger(__name__)
-FAIL_AT_STEP_ENV = "TORCHYARD_FAIL_AT_STEP"
 
 
 class StopSignal:
@@ -274,10 +271,6 @@ def sample_text(run: Run) -> str:
 def train_loop(run: Run) -> None:
     """Train from `run.state.step` to `run.max_steps` or until stopped, then finish."""
     spec, state = run.spec, run.state
-    # Fault injection hits the first run only (attempt 0 or 1, before any in-place restart),
-    # so a restarted attempt or worker group can get past it.
-    first_run = current_attempt() <= 1 and restart_count() == 0
-    fail_at = int(os.environ.get(FAIL_AT_STEP_ENV) or 0) if first_run else 0
     interval_time, interval_compute, interval_steps = 0.0, 0.0, 0
     total_time, total_steps = 0.0, 0
     eval_loss: float | None = None
@@ -305,8 +298,6 @@ def train_loop(run: Run) -> None:
             eval_loss, eval_step = report_eval(run), state.step
         run.checkpointer.save(state.step, force=stopped)
         run.checkpointer.poll()
-        if state.step == fail_at:
-            _inject_failure(run)
         if stopped:
             break
     tokens_per_second = run.tokens_per_step * total_steps / total_time if total_time else 0.0
@@ -431,14 +422,3 @@ def report_eval(run: Run) -> float:
     if run.dist.rank == run.dims.reporting_rank:
         log.info("step %d eval_loss %.4f", run.state.step, eval_loss)
     return eval_loss
-
-
-def _inject_failure(run: Run) -> None:
-    """`TORCHYARD_FAIL_AT_STEP`: die like a crash (exit 1, no cleanup) after this step and
-    after its checkpoint, if any, is complete. Every rank runs this, so the whole worker group
-    fails (torchrun then restarts it in place while `--max-restarts` allows)."""
-    run.checkpointer.wait()
-    log.error("%s=%d: exiting with code 1", FAIL_AT_STEP_ENV, run.state.step)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)

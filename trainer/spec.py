@@ -15,13 +15,14 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trainer.failures import FailureClass as FailureClass
 from trainer.spec_base import StrictSpec
 from trainer.spec_checks import cross_field_errors, get_path
 from trainer.spec_data import DataSpec as DataSpec
+from trainer.spec_entrypoint import EntrypointSpec as EntrypointSpec
 from trainer.spec_method import DPOSpec as DPOSpec
 from trainer.spec_method import MethodSpec as MethodSpec
 
@@ -470,8 +471,9 @@ class LimitsSpec(StrictSpec):
     )
 
 
-class JobSpec(StrictSpec):
-    """A training job, version 1."""
+class JobBase(StrictSpec):
+    """What every job has, whichever program it runs: name, labels, seed, placement, retry
+    policy, limits, priority."""
 
     spec_version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
     name: Name = Field(description="Human-readable job name (not unique).")
@@ -479,6 +481,24 @@ class JobSpec(StrictSpec):
         default={}, max_length=64, description="Free-form key/value labels."
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for init, data and RNG.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Placement.")
+    retries: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
+    limits: LimitsSpec = Field(default_factory=LimitsSpec, description="Hard limits.")
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="Scheduling priority within the pool: higher runs first, ties by age.",
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.world_size
+
+
+class JobSpec(JobBase):
+    """A training job of the built-in trainer, version 1."""
+
     model: ModelSpec = Field(default_factory=ModelSpec, description="The network.")
     lora: LoRASpec | None = Field(
         default=None, description="Train LoRA adapters instead of the whole model."
@@ -500,17 +520,8 @@ class JobSpec(StrictSpec):
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Evaluation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     sample: SampleSpec = Field(default_factory=SampleSpec, description="Final text sample.")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Placement.")
-    retries: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
-    limits: LimitsSpec = Field(default_factory=LimitsSpec, description="Hard limits.")
     qat: QATSpec | None = Field(
         default=None, description="Quantization-aware training (torchao); null for none."
-    )
-    priority: int = Field(
-        default=0,
-        ge=-100,
-        le=100,
-        description="Scheduling priority within the pool: higher runs first, ties by age.",
     )
 
     @model_validator(mode="after")
@@ -532,10 +543,6 @@ class JobSpec(StrictSpec):
         return self
 
     @property
-    def world_size(self) -> int:
-        return self.resources.world_size
-
-    @property
     def data_parallel_size(self) -> int:
         """Ranks that take distinct shares of each global batch (tensor-parallel groups and
         pipelines see one share together)."""
@@ -555,6 +562,75 @@ class JobSpec(StrictSpec):
         Path(path).write_text(self.model_dump_json(indent=2))
 
 
+# The built-in trainer's sections: a job with `entrypoint` has none of them.
+TRAINER_FIELDS: Final = tuple(
+    name for name in JobSpec.model_fields if name not in JobBase.model_fields
+)
+
+
+class ScriptJobSpec(JobBase):
+    """A job that runs the team's own training code (`entrypoint`) under torchrun, with the
+    same queueing, gangs, retries, pause/resume, cancel, metrics, logs and checkpoints as the
+    built-in trainer (docs/CONTRACTS.md section 5)."""
+
+    entrypoint: EntrypointSpec = Field(description="The code, its argv, env and requirements.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_trainer_fields(cls, data: Any) -> Any:
+        """A field of the built-in trainer next to `entrypoint` is a 422 naming that field."""
+        if isinstance(data, dict):
+            found = [name for name in TRAINER_FIELDS if name in data]
+            if found:
+                raise ValidationError.from_exception_data(
+                    cls.__name__,
+                    [
+                        InitErrorDetails(
+                            type=PydanticCustomError(
+                                "spec_conflict",
+                                "`{field}` is a field of the built-in trainer; a job with "
+                                "`entrypoint` runs your own code: remove one of them",
+                                {"field": name},
+                            ),
+                            loc=(name,),
+                            input=data[name],
+                        )
+                        for name in found
+                    ],
+                )
+        return data
+
+
+def spec_kind(value: Any) -> str:
+    """`script` for a job with `entrypoint` (dict or model), else `trainer`."""
+    if isinstance(value, dict):
+        return "script" if "entrypoint" in value else "trainer"
+    return "script" if isinstance(value, ScriptJobSpec) else "trainer"
+
+
+SPEC_KINDS: Final = ("trainer", "script")
+AnyJobSpec = Annotated[
+    Annotated[JobSpec, Tag("trainer")] | Annotated[ScriptJobSpec, Tag("script")],
+    Discriminator(spec_kind),
+]
+"""Either kind of job. Validation errors of this union carry the kind (`trainer` or `script`)
+as the first element of their `loc`; `parse_job_spec` and the API leave it out."""
+
+
+def parse_job_spec(data: Any) -> JobSpec | ScriptJobSpec:
+    """Validate `data` (a dict or a spec) as the kind of job it is: `ScriptJobSpec` when it
+    has `entrypoint`, else `JobSpec`. Raises `pydantic.ValidationError` with the JSON paths of
+    the bad fields."""
+    if isinstance(data, JobSpec | ScriptJobSpec):
+        return data
+    return (
+        ScriptJobSpec.model_validate(data)
+        if spec_kind(data) == "script"
+        else JobSpec.model_validate(data)
+    )
+
+
 def json_schema() -> dict[str, Any]:
-    """The public JSON Schema of `JobSpec`."""
-    return JobSpec.model_json_schema()
+    """The public JSON Schema of a job spec: `JobSpec` (built-in trainer) or `ScriptJobSpec`
+    (`entrypoint`), one of them."""
+    return TypeAdapter(AnyJobSpec).json_schema()

@@ -38,6 +38,18 @@ class MaxRuntime(Exception):
         super().__init__(f"max_runtime_s exceeded ({int(runtime_s)} s)")
 
 
+class Unlaunched(Exception):
+    """An attempt that cannot launch, with its own failure class and the log lines that say
+    why (a failed `requirements` install: `workers.script`)."""
+
+    def __init__(
+        self, message: str, failure_class: FailureClass, *, log_tail: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.log_tail = log_tail
+
+
 def runtime_budget(job: Job) -> float | None:
     """Seconds this attempt may run under `limits.max_runtime_s`; None without a limit."""
     limit = job.spec.limits.max_runtime_s
@@ -51,7 +63,8 @@ def prepare(
     spec: JobSpec,
     node_rank: int | None = None,
 ) -> RunPaths:
-    """Resolve the data, create the run dir and write the spec the trainer reads.
+    """Resolve the data, create the run dir and write the spec the trainer reads (an
+    entrypoint job's attempt is prepared by `workers.script.prepare`).
 
     `node_rank`: the node of a multi-node attempt (its own run dir; only node 0 sets aside the
     checkpoints no earlier attempt recorded)."""
@@ -140,8 +153,9 @@ def record_launch(
 def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     """End an attempt whose trainer never started: cancelled or paused when that was asked
     for, else failed with `exc` as a `user_error` (an unknown dataset, an invalid spec) or
-    `infra` (an OSError preparing the run dir); `MaxRuntime` is a limit, not a failure class.
-    Commits; returns the outcome."""
+    `infra` (an OSError preparing the run dir), or with `Unlaunched`'s own class, reason and
+    log tail; `MaxRuntime` is a limit, not a failure class. Not retried. Commits; returns the
+    outcome."""
     current = session.get(Job, job.id, populate_existing=True)
     if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
         return "lost"
@@ -156,12 +170,16 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     error = str(getattr(exc, "message", None) or exc)
     data: dict[str, Any] = {"attempt": job.attempt}
     values: dict[str, Any] = {"error": error}
+    failure: Failure | None = None
     if isinstance(exc, MaxRuntime):  # a limit, not a failure of the code
         data["limit"] = "max_runtime_s"
+    elif isinstance(exc, Unlaunched):
+        failure = Failure(exc.failure_class, error, log_tail=exc.log_tail)
     else:
         cls = FailureClass.INFRA if isinstance(exc, OSError) else FailureClass.USER_ERROR
         failure = Failure(cls, f"cannot launch: {error}")
-        data |= {"failure_class": str(cls), "reason": failure.reason}
+    if failure is not None:
+        data |= {"failure_class": str(failure.failure_class), "reason": failure.reason}
         values["failure"] = failure.to_json()
     jobs.transition(
         session=session,

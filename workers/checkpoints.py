@@ -22,13 +22,15 @@ from core.models import Checkpoint
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+# The trainer's `step_XXXXXXXX` and, for `transformers.Trainer` scripts (`torchyard.train`
+# resumes from those too), the Trainer's own `checkpoint-N`.
+_STEP_DIR = re.compile(r"^(?:step_(\d{8})|checkpoint-(\d+))$")
 ASIDE = "unrecorded"
 
 
 def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: str) -> list[int]:
-    """Move the `step_*` dirs under `root` that the job has no checkpoint row for to
-    `root/unrecorded/step_XXXXXXXX.a{attempt}`; returns their steps."""
+    """Move the checkpoint dirs (`step_XXXXXXXX`, `checkpoint-N`) under `root` that the job has
+    no checkpoint row for to `root/unrecorded/<name>.a{attempt}`; returns their steps."""
     fs, path = fsspec.core.url_to_fs(root)
     if not fs.isdir(path):
         return []
@@ -39,11 +41,12 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         match = _STEP_DIR.match(name)
-        if match is None or int(match[1]) in recorded:
+        step = None if match is None else int(match[1] or match[2])
+        if step is None or step in recorded:
             continue
         fs.makedirs(f"{path}/{ASIDE}", exist_ok=True)
         fs.mv(entry, f"{path}/{ASIDE}/{name}.a{attempt}", recursive=True)
-        moved.append(int(match[1]))
+        moved.append(step)
     if moved:
         log.warning(
             "job %s attempt %s: checkpoints at steps %s were never recorded (their worker was "

@@ -164,12 +164,18 @@ def node_failure(
     host: str | None,
     oom_kills_before: int | None = None,
     oom_kills_after: int | None = None,
+    plain_command: bool = False,
 ) -> Failure:
     """How this node failed, its torchrun having exited `returncode` (non-zero) by itself.
 
     `nproc`: ranks on this node; a rank is numbered `node_rank * nproc + local_rank`, as its
     stored log lines are. `oom_kills_*`: `oom_kills()` at launch and now (evidence for `oom`
-    when a rank died without an exception).
+    when a rank died without an exception). `plain_command`: an entrypoint job's command that
+    the runner does not wrap (`bash run.sh`, `python -c ...`), which records no exception: a
+    rank that exits non-zero leaving nothing behind gave its own answer (`user_error`, unless
+    the OOM killer struck). A rank the trainer or the runner (`torchyard.train`) ran would have
+    recorded its exception or non-zero exit: leaving nothing means a signal or a hard exit
+    (`infra`).
     """
     restart = last_restart(paths)
     errors = rank_errors(paths, restart)
@@ -219,14 +225,21 @@ def node_failure(
             exit_code=event.exit_code,
             log_tail=_tail(paths, restart, local),
         )
-    reason = (
-        OOM_KILLED
-        if oom
-        else f"a rank exited without recording an exception (a signal or a hard exit); "
-        f"torchrun exited {returncode}"
-    )
+    if oom:
+        cls, reason = FailureClass.OOM, OOM_KILLED
+    elif plain_command:
+        cls = FailureClass.USER_ERROR
+        reason = (
+            f"a rank exited non-zero without recording an exception; torchrun exited {returncode}"
+        )
+    else:
+        cls = FailureClass.INFRA
+        reason = (
+            "a rank exited without recording an exception (a signal or a hard exit); "
+            f"torchrun exited {returncode}"
+        )
     return Failure(
-        failure_class=FailureClass.OOM if oom else FailureClass.INFRA,
+        failure_class=cls,
         reason=reason,
         node_rank=node_rank,
         host=host,
@@ -266,6 +279,7 @@ class NodeRun:
     node_rank: int
     nproc: int
     oom_kills: int | None
+    plain_command: bool = False  # an entrypoint command the runner does not wrap (node_failure)
 
 
 def node_end(end: Exit, facts: NodeRun) -> NodeEnd:
@@ -294,6 +308,7 @@ def node_end(end: Exit, facts: NodeRun) -> NodeEnd:
             host=host,
             oom_kills_before=facts.oom_kills,
             oom_kills_after=oom_kills(),
+            plain_command=facts.plain_command,
         )
         code = end.returncode if failure.exit_code is None else failure.exit_code
     return NodeEnd(

@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import exports, storage
-from workers.launcher import PASSTHROUGH_VARS
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,7 @@ def export_argv(source_uri: str, out_uri: str, python: str = sys.executable) -> 
 
 def export_env(base: Mapping[str, str]) -> dict[str, str]:
     """`base` without the worker's `TORCHYARD_*` settings (its database URL among them)."""
-    keep = PASSTHROUGH_VARS
-    return {k: v for k, v in base.items() if not k.startswith("TORCHYARD_") or k in keep}
+    return {k: v for k, v in base.items() if not k.startswith("TORCHYARD_")}
 
 
 def run_export(

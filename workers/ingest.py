@@ -201,6 +201,10 @@ class RunIngest:
         elif kind == "data":
             data = {k: v for k, v in event.items() if k not in ("type", "time", "attempt")}
             self._add(session, job, "info", _data_message(data), data)
+        elif kind == "info":  # a user script's `torchyard.train.log_event`
+            note = event.get("data")
+            note = dict(note) if isinstance(note, dict) else {}
+            self._add(session, job, "info", str(event.get("message", ""))[:2000], note)
         elif kind == "sample":
             data = {k: event.get(k) for k in ("step", "prompt", "text")}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,9 +29,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRAINER_MODULE = "trainer"
-# The worker's own TORCHYARD_* variables (database and broker URLs with their passwords, ...)
-# never reach user code; only these are passed through (fault injection for tests).
-PASSTHROUGH_VARS = frozenset({"TORCHYARD_FAIL_AT_STEP"})
+RUNNER_MODULE = "torchyard.train"  # runs an entrypoint job's python target (section 5)
+OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python's options that take the next arg
+# What of the worker's environment an entrypoint job sees (section 5), besides `*_PREFIXES`.
+# `PYTHONPATH` keeps the platform's own packages importable when the worker runs from a
+# checkout (the runner `torchyard.train`, `trainer.events`); the spec may not set it.
+ALLOWED_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TERM",
+        "LD_LIBRARY_PATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "XDG_CACHE_HOME",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "PYTHONPATH",
+    }
+)
+ALLOWED_PREFIXES = ("LC_", "NCCL_", "GLOO_", "TORCH_")
+CREDENTIAL_WORDS = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 LOG_REDIRECTS = "3"  # stdout and stderr of every local rank into files under --log-dir
 LAUNCHER_RANK = -1
 
@@ -41,10 +68,16 @@ class RunPaths:
 
     run_dir: Path
     checkpoint_dir: str
-    data: str
+    data: str = ""  # the trainer's `--data` (not set for an entrypoint job)
     init_from: str | None = None  # checkpoint URI of `model.init_from`, resolved by the worker
     eval_data: str | None = None  # `data.eval_dataset`, resolved by the worker
     cache_dir: Path | None = None  # the host's row cache (local: rows are memory-mapped)
+    python: str | None = None  # an entrypoint job's interpreter (`workers.venvs`)
+
+    @property
+    def code_dir(self) -> Path:
+        """An entrypoint job's unpacked code archive: the working directory of every rank."""
+        return self.run_dir / "code"
 
     @property
     def spec(self) -> Path:
@@ -107,25 +140,18 @@ def gang_rdzv_args(gang: GangNode) -> list[str]:
     ]
 
 
-def torchrun_argv(
+def _torchrun_head(
     *,
     job_id: int,
     attempt: int,
     nproc_per_node: int,
     rdzv_port: int,
     paths: RunPaths,
-    python: str = sys.executable,
-    gang: GangNode | None = None,
-    max_restarts: int = 0,
+    python: str,
+    gang: GangNode | None,
+    max_restarts: int,
 ) -> list[str]:
-    """The exact command that runs the trainer for one attempt on one node.
-
-    `gang`: this node's part of a multi-node attempt (`--nnodes N`, rendezvous at node 0's
-    endpoint; `rdzv_port` is then ignored). `max_restarts`: torchrun's in-place restarts of the
-    worker group after a rank fails (`retries.max_inplace_restarts`; the ranks resume from the
-    latest complete checkpoint); the platform's own restarts (a new attempt through the queue)
-    come after them.
-    """
+    """torchrun and its own arguments, shared by the trainer's and a script's command."""
     endpoint = f"127.0.0.1:{rdzv_port}" if gang is None else f"{gang.host}:{gang.port}"
     nodes = ["--nnodes", "1"] if gang is None else gang_rdzv_args(gang)
     return [
@@ -147,6 +173,40 @@ def torchrun_argv(
         str(paths.log_dir),
         "--redirects",
         LOG_REDIRECTS,
+    ]
+
+
+def torchrun_argv(
+    *,
+    job_id: int,
+    attempt: int,
+    nproc_per_node: int,
+    rdzv_port: int,
+    paths: RunPaths,
+    python: str = sys.executable,
+    gang: GangNode | None = None,
+    max_restarts: int = 0,
+) -> list[str]:
+    """The exact command that runs the trainer for one attempt on one node.
+
+    `gang`: this node's part of a multi-node attempt (`--nnodes N`, rendezvous at node 0's
+    endpoint; `rdzv_port` is then ignored). `max_restarts`: torchrun's in-place restarts of the
+    worker group after a rank fails (`retries.max_inplace_restarts`; the ranks resume from the
+    latest complete checkpoint); the platform's own restarts (a new attempt through the queue)
+    come after them.
+    """
+    head = _torchrun_head(
+        job_id=job_id,
+        attempt=attempt,
+        nproc_per_node=nproc_per_node,
+        rdzv_port=rdzv_port,
+        paths=paths,
+        python=python,
+        gang=gang,
+        max_restarts=max_restarts,
+    )
+    return [
+        *head,
         "-m",
         TRAINER_MODULE,
         "--spec",
@@ -161,6 +221,59 @@ def torchrun_argv(
         *(["--eval-data", paths.eval_data] if paths.eval_data else []),
         *(["--cache-dir", str(paths.cache_dir)] if paths.cache_dir else []),
     ]
+
+
+def script_argv(
+    *,
+    job_id: int,
+    attempt: int,
+    nproc_per_node: int,
+    rdzv_port: int,
+    paths: RunPaths,
+    command: Sequence[str],
+    python: str,
+    torchrun_python: str = sys.executable,
+    gang: GangNode | None = None,
+    max_restarts: int = 0,
+) -> list[str]:
+    """The exact command that runs an `entrypoint` job's `command` (docs/CONTRACTS.md section
+    5): torchrun's arguments as for the trainer, then `--no-python` and `script_command`.
+    `python`: the job's interpreter (`workers.venvs`); `torchrun_python` runs torchrun itself."""
+    head = _torchrun_head(
+        job_id=job_id,
+        attempt=attempt,
+        nproc_per_node=nproc_per_node,
+        rdzv_port=rdzv_port,
+        paths=paths,
+        python=torchrun_python,
+        gang=gang,
+        max_restarts=max_restarts,
+    )
+    return [*head, "--no-python", *script_command(command, python)]
+
+
+def script_command(command: Sequence[str], python: str) -> list[str]:
+    """`[python|python3, *interpreter options, target, *args]` as
+    `[python, *options, -m, torchyard.train, target, *args]` (`target`: a script or `-m
+    module`; the runner runs it); any other command (`bash run.sh`, `python -c ...`) as it is
+    (`python`'s `bin/` is first on `PATH`, `script_env`)."""
+    if command[0] not in ("python", "python3"):
+        return list(command)
+    i = 1
+    while i < len(command):
+        arg = command[i]
+        if arg == "-m" and i + 1 < len(command):
+            opts, target, rest = command[1:i], command[i : i + 2], command[i + 2 :]
+            break
+        if arg in ("-c", "-", "--") or arg.startswith("-c"):
+            return list(command)
+        if not arg.startswith("-"):
+            opts, target, rest = command[1:i], command[i : i + 1], command[i + 1 :]
+            break
+        i += 2 if arg in OPTIONS_WITH_VALUE else 1
+    else:
+        return list(command)  # `python` alone, or options only: nothing for the runner
+    return [python, *opts, "-m", RUNNER_MODULE, *target, *rest]
 
 
 def trainer_env(
@@ -187,10 +300,26 @@ def trainer_env(
     without it, workers restarted in place by `--max-restarts` hung in 3 of 6 trials
     (TORCH_NOTES.md).
     """
-    env = {k: v for k, v in base.items() if not k.startswith("TORCHYARD_") or k in PASSTHROUGH_VARS}
+    # The worker's own TORCHYARD_* variables (database and broker URLs with their passwords)
+    # never reach the trainer.
+    env = {k: v for k, v in base.items() if not k.startswith("TORCHYARD_")}
     env["TORCHYARD_ATTEMPT"] = str(attempt)
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    env |= _device_env(base, nproc_per_node, device, cpu_count, devices, host_devices)
+    return env
+
+
+def _device_env(
+    base: Mapping[str, str],
+    nproc_per_node: int,
+    device: str,
+    cpu_count: int | None,
+    devices: Sequence[int] | None,
+    host_devices: int | None,
+) -> dict[str, str]:
+    """`OMP_NUM_THREADS` (CPU) or `CUDA_VISIBLE_DEVICES` (CUDA) of the lease (`trainer_env`)."""
+    env: dict[str, str] = {}
     if device == "cpu":
         cores = cpu_count or 1
         if devices and host_devices:
@@ -203,6 +332,62 @@ def trainer_env(
     elif devices is not None:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in devices)
+    return env
+
+
+def allowed_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The part of the worker's environment `base` that user code may see (`ALLOWED_ENV`,
+    `ALLOWED_PREFIXES`; a `TORCH_*` name that looks like a credential is left out)."""
+    return {
+        k: v
+        for k, v in base.items()
+        if k in ALLOWED_ENV or (k.startswith(ALLOWED_PREFIXES) and not CREDENTIAL_WORDS.search(k))
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptJob:
+    """What the platform tells an entrypoint job's ranks (`TORCHYARD_*`, section 5)."""
+
+    job_id: int
+    job_name: str
+    attempt: int
+    env: Mapping[str, str]  # the spec's `entrypoint.env`
+    keep_last_checkpoints: int | None = None
+
+
+def script_env(
+    *,
+    base: Mapping[str, str],
+    job: ScriptJob,
+    paths: RunPaths,
+    python: str,
+    nproc_per_node: int,
+    device: str,
+    cpu_count: int | None,
+    devices: Sequence[int] | None = None,
+    host_devices: int | None = None,
+) -> dict[str, str]:
+    """An entrypoint job's environment (docs/CONTRACTS.md section 5): the allow-list of the
+    worker's `base`, with `python`'s `bin/` first on `PATH`; the lease's devices and threads as
+    for the trainer (`trainer_env`); the spec's `env`; then the platform's variables. No
+    database, broker or storage URL, credential or API key of the worker's gets through."""
+    env = allowed_env(base)
+    env |= _device_env(base, nproc_per_node, device, cpu_count, devices, host_devices)
+    bin_dir = os.path.dirname(python)
+    env["PATH"] = os.pathsep.join(p for p in (bin_dir, base.get("PATH", "")) if p)
+    env |= job.env
+    env |= {
+        "TORCHYARD_JOB_ID": str(job.job_id),
+        "TORCHYARD_JOB_NAME": job.job_name,
+        "TORCHYARD_ATTEMPT": str(job.attempt),
+        "TORCHYARD_RUN_DIR": str(paths.run_dir),
+        "TORCHYARD_CHECKPOINT_DIR": paths.checkpoint_dir,
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    if job.keep_last_checkpoints is not None:
+        env["TORCHYARD_KEEP_LAST_CHECKPOINTS"] = str(job.keep_last_checkpoints)
     return env
 
 
@@ -222,8 +407,11 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def spawn(argv: list[str], env: Mapping[str, str], paths: RunPaths) -> subprocess.Popen[bytes]:
-    """Start `argv` in a new session (own process group) with its output in the run dir.
+def spawn(
+    argv: list[str], env: Mapping[str, str], paths: RunPaths, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session (own process group) with its output in the run dir, in
+    the directory `cwd` (None: the worker's).
 
     On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
     and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
@@ -241,6 +429,7 @@ def spawn(argv: list[str], env: Mapping[str, str], paths: RunPaths) -> subproces
         return subprocess.Popen(
             argv,
             env=dict(env),
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,

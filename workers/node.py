@@ -20,7 +20,6 @@ recorded exceptions (`workers.exits`), never from torchrun's printed report.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -36,14 +35,14 @@ from core.jobs import ACTIVE_STATES
 from core.lifecycle import Outcome, Stop, decide
 from core.models import Job, JobState
 from core.settings import Settings
-from workers import devices, exits, launcher, sysmetrics
+from workers import devices, exits, launcher, plan, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
     MaxRuntime,
+    Unlaunched,
     dispatch_safely,
     fail_unlaunched,
-    prepare,
     record_launch,
     runtime_budget,
     with_db_retry,
@@ -57,7 +56,7 @@ log = logging.getLogger(__name__)
 
 JoinDispatch = Callable[[int, int, str], None]  # (job_id, attempt, queue) -> workers.join_gang
 POLL_S = 0.25  # how often a node waiting for its gang looks at the slots
-LAUNCH_ERRORS = (ValidationError, DomainError, OSError)
+LAUNCH_ERRORS = (ValidationError, DomainError, OSError, Unlaunched)
 
 
 def run_job(
@@ -116,7 +115,7 @@ def _lead(
     if refused is not None:
         return _fail_unlaunched(factory, job, refused)
     try:
-        paths = prepare(settings, factory, job, job.spec, node_rank=_node_dir(job, 0))
+        paths = _prepare(settings, factory, job, 0)
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
     if nodes > 1:
@@ -189,10 +188,32 @@ def _join(
     if waited is not None:
         return waited
     try:
-        paths = prepare(settings, factory, job, job.spec, node_rank=_node_dir(job, node_rank))
+        paths = _prepare(settings, factory, job, node_rank)
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
     return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank, lease)
+
+
+def _prepare(
+    settings: Settings, factory: Callable[[], Session], job: Job, node_rank: int
+) -> RunPaths:
+    """This node's run dir (`workers.plan.prepare`), heartbeating while it takes long (an
+    entrypoint job's requirements install)."""
+
+    def beat() -> bool:
+        """False once the attempt is being cancelled or paused, or is no longer this one."""
+        try:
+            with factory() as session:
+                state = _heartbeat(session, job, node_rank, None).state
+                session.commit()
+        except SQLAlchemyError:
+            log.exception("job %s: heartbeat while preparing failed", job.id)
+            return True
+        return state not in (None, JobState.CANCELLING, JobState.PAUSING)
+
+    return plan.prepare(
+        settings, factory, job, node_rank=_node_dir(job, node_rank), node_index=node_rank, beat=beat
+    )
 
 
 def _node_dir(job: Job, node_rank: int) -> int | None:
@@ -361,27 +382,11 @@ def _run_node(
             local_addr=settings.advertise_host,
             join_timeout_s=max(60, int(settings.gang_assemble_timeout_s)),
         )
-    argv = launcher.torchrun_argv(
-        job_id=job.id,
-        attempt=job.attempt,
-        nproc_per_node=nproc,
-        rdzv_port=head.port,
-        paths=paths,
-        gang=node,
-        max_restarts=spec.retries.max_inplace_restarts,
-    )
-    env = launcher.trainer_env(
-        base=os.environ,
-        attempt=job.attempt,
-        nproc_per_node=nproc,
-        device=spec.resources.device,
-        cpu_count=os.cpu_count(),
-        devices=lease.devices,
-        host_devices=lease.host_devices,
-    )
+    launch = plan.command(job, paths, head.port, node, lease)
+    argv = launch.argv
     oom_kills = exits.oom_kills()
     try:
-        proc = launcher.spawn(argv, env, paths)
+        proc = launcher.spawn(argv, launch.env, paths, cwd=launch.cwd)
     except OSError as exc:
         return _fail_unlaunched(factory, job, exc)
     gang_rank = None if node is None else node_rank
@@ -402,7 +407,13 @@ def _run_node(
             hang_watchdog(settings, job.spec.limits, ingest, proc.pid, factory),
         ],
     )
-    facts = exits.NodeRun(paths=paths, node_rank=node_rank, nproc=nproc, oom_kills=oom_kills)
+    facts = exits.NodeRun(
+        paths=paths,
+        node_rank=node_rank,
+        nproc=nproc,
+        oom_kills=oom_kills,
+        plain_command=launch.plain_command,
+    )
     try:
         end = supervisor.run()
     except BaseException:  # hard shutdown or a bug: the trainer is stopped; hand the job back

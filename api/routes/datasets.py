@@ -98,8 +98,9 @@ async def upload_dataset(
     root_uri = storage.join(settings.storage_url, "datasets", dataset_id)
     upload = await uploads.receive(request, root_uri=root_uri, max_bytes=limit)
     try:
-        name = _NAME.validate_python(upload.name.decode("utf-8"))
-        options = {key: _form_field(key, raw) for key, raw in upload.fields.items()}
+        fields = dict(upload.fields)
+        name = _NAME.validate_python(fields.pop("name").decode("utf-8"))
+        options = {key: _form_field(key, raw) for key, raw in fields.items()}
         checked = await run_in_threadpool(
             datasets.check,
             settings=settings,

@@ -16,7 +16,7 @@ router = APIRouter(tags=["health"])
 log = logging.getLogger("torchyard.api")
 
 
-@router.get("/healthz", response_model=schemas.Status)
+@router.get("/healthz", response_model=schemas.Status, operation_id="health_live")
 def healthz() -> schemas.Status:
     """The process is up (touches nothing else)."""
     return schemas.Status()
@@ -25,6 +25,7 @@ def healthz() -> schemas.Status:
 @router.get(
     "/readyz",
     response_model=schemas.Status,
+    operation_id="health_ready",
     responses={503: {"model": ErrorBody, "description": "Database unreachable or not migrated"}},
 )
 def readyz(request: Request) -> schemas.Status | JSONResponse:

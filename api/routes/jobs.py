@@ -7,18 +7,18 @@ import binascii
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import datasets, init_from, job_list, jobs, scheduling, storage
+from core import code_archives, datasets, init_from, job_list, jobs, scheduling, storage
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
-from trainer.spec import JobSpec
+from trainer.spec import AnyJobSpec, JobSpec, ScriptJobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
@@ -35,6 +35,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     "",
     status_code=201,
     response_model=schemas.Job,
+    operation_id="jobs_create",
     responses={
         200: {"model": schemas.Job, "description": "Replay: the job first made with this key"},
         403: {"model": ErrorBody, "description": "`data.uri` is outside the allowed data roots"},
@@ -47,7 +48,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     },
 )
 def submit_job(
-    spec: JobSpec,
+    spec: Annotated[AnyJobSpec, Body()],
     principal: CurrentPrincipal,
     session: SessionDep,
     settings: SettingsDep,
@@ -64,7 +65,8 @@ def submit_job(
         ),
     ] = None,
 ) -> schemas.Job:
-    """Submit a training job (a JobSpec); it is queued and dispatched to its pool."""
+    """Submit a training job (a JobSpec, or a ScriptJobSpec with `entrypoint`); it is queued
+    and dispatched to its pool."""
     pinned = check_submittable(
         session=session, settings=settings, project_id=principal.project_id, spec=spec
     )
@@ -102,8 +104,8 @@ def _out(session: Session, items: list[Job], log_tail: bool = True) -> list[sche
 
 
 def check_submittable(
-    *, session: Session, settings: Settings, project_id: str, spec: JobSpec
-) -> JobSpec:
+    *, session: Session, settings: Settings, project_id: str, spec: JobSpec | ScriptJobSpec
+) -> JobSpec | ScriptJobSpec:
     """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
     `POST /v1/spec/validate`): storable strings, data the project may use, and a
     `model.init_from` of the project. Returns the spec with `init_from` pinned to a checkpoint.
@@ -112,6 +114,9 @@ def check_submittable(
     field's `["body", ...]` path.
     """
     require_storable(spec.model_dump(), ("body",))
+    if isinstance(spec, ScriptJobSpec):
+        code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
+        return spec
     spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
     return init_from.pin(session=session, project_id=project_id, spec=spec)
 

@@ -13,7 +13,7 @@ from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
 from core import spec_yaml
 from core.errors import DomainError, InvalidInput
-from trainer.spec import JobSpec, json_schema
+from trainer.spec import json_schema, parse_job_spec
 
 router = APIRouter(prefix="/v1/spec", tags=["spec"])
 
@@ -21,14 +21,14 @@ _TEXT_BODY = {
     "required": True,
     "content": {
         "application/yaml": {"schema": {"type": "string"}},
-        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+        "application/json": {"schema": {"type": "object"}},
     },
 }
 
 
 @router.get("/schema")
 def spec_schema() -> dict[str, Any]:
-    """The JSON Schema of JobSpec, the body of `POST /v1/jobs`."""
+    """The JSON Schema of a job spec (JobSpec or ScriptJobSpec), the body of `POST /v1/jobs`."""
     return json_schema()
 
 
@@ -67,7 +67,7 @@ def validate_spec(
     it; each error's `details` item also gives the `line` and `column` of its field."""
     doc = spec_yaml.parse(text)
     try:
-        spec = JobSpec.model_validate(doc.data)
+        spec = parse_job_spec(doc.data)
         check_submittable(
             session=session, settings=settings, project_id=principal.project_id, spec=spec
         )

@@ -1,6 +1,7 @@
 """Fixtures for tests against a running API: a real uvicorn server on a free port.
 
-`live_api` (session-scoped) is the server's base URL; `api_key` a fresh project's API key.
+`live_api` (session-scoped) is the server's base URL; `api_key` a fresh project's API key;
+`celery_client` a Celery client on the test broker, for tests that start real workers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from celery import Celery
 
+from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 
@@ -83,3 +86,12 @@ def live_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> It
 def api_key(project: ProjectKey) -> str:
     """The API key of a fresh project (the `project` fixture)."""
     return project.api_key
+
+
+@pytest.fixture(scope="session")
+def celery_client(settings: Settings) -> Iterator[Celery]:
+    """A Celery client on the test broker, as the API has one."""
+    app = Celery("torchyard-tests")
+    app.conf.update(celery_config(settings))
+    yield app
+    app.close()

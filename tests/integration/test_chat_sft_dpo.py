@@ -19,7 +19,6 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
@@ -44,16 +43,19 @@ def queue() -> str:
 
 @pytest.fixture(scope="module")
 def chat_worker(
-    settings: Settings, queue: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    celery_client: Celery,
+    queue: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Worker]:
-    client = Celery("torchyard-chat")
-    client.conf.update(celery_config(settings))
     worker = start_worker(
-        settings=settings, client=client, queue=queue, log_dir=tmp_path_factory.mktemp("chat")
+        settings=settings,
+        client=celery_client,
+        queue=queue,
+        log_dir=tmp_path_factory.mktemp("chat"),
     )
     yield worker
     worker.stop()
-    client.close()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import Worker, start_worker, tiny_spec, unique_queue
@@ -25,19 +24,19 @@ def e2e_queue() -> str:
 
 @pytest.fixture(scope="module")
 def e2e_worker(
-    settings: Settings, e2e_queue: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    celery_client: Celery,
+    e2e_queue: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Worker]:
-    client = Celery("torchyard-e2e")
-    client.conf.update(celery_config(settings))
     worker = start_worker(
         settings=settings,
-        client=client,
+        client=celery_client,
         queue=e2e_queue,
         log_dir=tmp_path_factory.mktemp("e2e_worker"),
     )
     yield worker
     worker.stop()
-    client.close()
 
 
 def test_ddp_job_submitted_over_rest_succeeds_and_its_history_is_served(

@@ -2,7 +2,7 @@
 
 - LoRA on the built-in GPT under `ddp` and `fsdp` (2 ranks; fsdp also accumulates) against
   one uninterrupted single-process LoRA run with the same seed and global batch (16
-  sequences): each crashes after step 4 (`TORCHYARD_FAIL_AT_STEP`, checkpoint at step 3) and
+  sequences): each crashes after step 4 (`tests.crashing_trainer`, checkpoint at step 3) and
   resumes from the adapter-only checkpoint; both attempts' losses must match the reference.
 - The reference run's exports: the merged safetensors and the PEFT adapter reloaded on the
   seeded base give the run's final eval loss, and the same logits.
@@ -101,7 +101,7 @@ def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list
 
 def _crash_and_resume(spec: JobSpec, workdir: Path, nproc: int) -> None:
     """Run `spec` in `workdir`, crashing after step FAIL_AT, then resume it to the end."""
-    crashed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)})
+    crashed = run_trainer(spec, workdir, nproc=nproc, crash_after_step=FAIL_AT)
     assert crashed.returncode == 1, explain(crashed)
     resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
     assert resumed.returncode == 0, explain(resumed)
@@ -356,8 +356,7 @@ def test_lora_fine_tune_of_an_earlier_run_starts_from_its_weights_and_resumes(
     assert _final_eval_loss(events) < want  # the adapters learned on top of it
 
     workdir = tmp_path / "crashed"
-    env = {"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)}
-    crashed = run_trainer(spec, workdir, nproc=None, env=env, args=init)
+    crashed = run_trainer(spec, workdir, nproc=None, args=init, crash_after_step=FAIL_AT)
     assert crashed.returncode == 1, explain(crashed)
     resumed = run_trainer(spec, workdir, nproc=None, env={"TORCHYARD_ATTEMPT": "1"}, args=init)
     assert resumed.returncode == 0, explain(resumed)

@@ -1,7 +1,7 @@
 """fsdp, tensor, pipeline and 2-D training under real `torchrun` (gloo, CPU) against one
 single-process reference: same seed, same global batch of 16 sequences per step.
 
-Each method runs once with `TORCHYARD_FAIL_AT_STEP` (a checkpoint at step 3, a crash after
+Each method runs once under `tests.crashing_trainer` (a checkpoint at step 3, a crash after
 step 4) and once more resumed from that checkpoint: the first attempt's losses prove
 equivalence, the second's prove resume. A 2-rank fsdp checkpoint then loads under `single`
 and under `tensor` (DCP resharding by parameter name) and gives the same eval loss.
@@ -101,8 +101,7 @@ def resumed_run(
             workdir = tmp_path_factory.mktemp(method)
             nproc, parallelism, mbs, accum = METHODS[method]
             spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
-            crash = {"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)}
-            crashed = run_trainer(spec, workdir, nproc=nproc, env=crash)
+            crashed = run_trainer(spec, workdir, nproc=nproc, crash_after_step=FAIL_AT)
             assert crashed.returncode == 1, explain(crashed)
             resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
             assert resumed.returncode == 0, explain(resumed)
@@ -219,9 +218,7 @@ def test_a_resumed_fine_tune_continues_from_its_own_checkpoint(
     source = str(fsdp_checkpoint / "ckpt" / f"step_{MAX_STEPS:08d}")
     spec = _fine_tune(method_spec(corpus_dir, 1, {"strategy": "single"}, 16))
     args = ("--init-from", source)  # the worker passes it on every attempt
-    crashed = run_trainer(
-        spec, tmp_path, nproc=None, env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT)}, args=args
-    )
+    crashed = run_trainer(spec, tmp_path, nproc=None, args=args, crash_after_step=FAIL_AT)
     assert crashed.returncode == 1, explain(crashed)
     resumed = run_trainer(spec, tmp_path, nproc=None, env={"TORCHYARD_ATTEMPT": "1"}, args=args)
     assert resumed.returncode == 0, explain(resumed)

@@ -10,23 +10,21 @@ from __future__ import annotations
 
 import math
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest_trainer import (
-    REPO_ROOT,
     RUN_TIMEOUT_S,
     explain,
     read_events,
     run_trainer,
+    start_trainer,
     statuses,
     tiny_spec,
     train_losses,
     trainer_command,
-    trainer_env,
 )
 from tests.tolerances import reordered_sum_rel, tokens_per_step
 from trainer.spec import JobSpec
@@ -131,7 +129,7 @@ def test_run_resumed_after_a_crash_follows_the_uninterrupted_loss_curve(
 ) -> None:
     _, reference = ddp_run
     spec = ddp_spec(corpus_dir)
-    crashed = run_trainer(spec, tmp_path, nproc=2, env={"TORCHYARD_FAIL_AT_STEP": "13"})
+    crashed = run_trainer(spec, tmp_path, nproc=2, crash_after_step=13)
     assert crashed.returncode == 1, explain(crashed)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000010"]
     resumed = run_trainer(spec, tmp_path, nproc=2, env={"TORCHYARD_ATTEMPT": "1"})
@@ -188,14 +186,7 @@ def grad_norms(events: list[dict[str, Any]]) -> dict[int, float]:
 
 def _run_until_training_then_sigterm(cmd: list[str]) -> tuple[int, str]:
     """Start `cmd`, wait (by reading its log) for the 3rd training step, SIGTERM it."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        env=trainer_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_trainer(cmd)
     seen = []
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.conftest_trainer import (
+    TINY_LLAMA,
     cpu_world_of_one,
     explain,
     read_events,
@@ -35,17 +36,7 @@ from trainer.finetune import build_network, trainable_names
 from trainer.spec import JobSpec
 from trainer.warm_start import load_starting_weights, merged_source
 
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
-}
-MODEL = {"kind": "hf", "hf": {"from_config": LLAMA}}
+MODEL = {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}
 REL_TOLERANCE = 1e-5
 
 

@@ -48,8 +48,10 @@ def _job(**kw: object) -> Job:
 def test_jobs_table_has_one_row_per_job_with_step_and_loss() -> None:
     text = _text(jobs_table([_job(), _job(id=8, state="queued", current_step=None)], now=NOW))
     lines = [line.split() for line in text.splitlines() if line.strip()]
-    assert lines[0] == ["ID", "NAME", "STATE", "STEP", "LOSS", "POOL", "CREATED"]
-    assert lines[1] == ["7", "gpt-small", "running", "120/600", "2.346", "default", "5m00s", "ago"]
+    assert lines[0] == ["ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED"]
+    assert lines[1] == [
+        "7", "gpt-small", "running", "120/600", "2.346", "trainer", "default", "5m00s", "ago",
+    ]  # fmt: skip
     assert lines[2][:4] == ["8", "gpt-small", "queued", "0/600"]
 
 

@@ -291,3 +291,27 @@ def test_node_end_says_failed_only_for_an_unasked_non_zero_exit_or_a_hang(tmp_pa
     assert hung.failure.reason == "no step progress for 61 s"
     crashed = exits.node_end(_exit(1), run)
     assert crashed.failure is not None and crashed.failure.failure_class is C.INFRA
+
+
+def test_a_plain_command_rank_that_exits_non_zero_without_an_exception_is_user_error(
+    tmp_path: Path,
+) -> None:
+    paths, returncode = _torchrun(tmp_path, "exit")
+    assert returncode == 1 and exits.rank_errors(paths, 0) == []
+
+    def failure(oom_kills_after: int) -> Failure:
+        return exits.node_failure(
+            paths=paths,
+            returncode=returncode,
+            node_rank=0,
+            nproc=2,
+            host="h",
+            oom_kills_before=3,
+            oom_kills_after=oom_kills_after,
+            plain_command=True,
+        )
+
+    exited = failure(3)
+    assert exited.failure_class is C.USER_ERROR and "without recording" in exited.reason
+    assert exited.log_tail
+    assert failure(4).failure_class is C.OOM

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.launcher import GangNode, RunPaths, torchrun_argv, trainer_env
+from workers.launcher import (
+    GangNode,
+    RunPaths,
+    ScriptJob,
+    script_argv,
+    script_command,
+    script_env,
+    torchrun_argv,
+    trainer_env,
+)
 
 PATHS = RunPaths(
     run_dir=Path("/srv/ty/jobs/7/runs/attempt_2"),
@@ -75,7 +84,6 @@ BASE_ENV = {
     "TORCHYARD_DATABASE_URL": "postgresql://u:secret@db/ty",
     "TORCHYARD_BROKER_URL": "redis://:secret@redis/0",
     "TORCHYARD_STORAGE_URL": "s3://bucket",
-    "TORCHYARD_FAIL_AT_STEP": "5",
     "OMP_NUM_THREADS": "16",
 }
 
@@ -86,7 +94,6 @@ def test_cpu_env_splits_threads_strips_secrets_and_sets_trainer_knobs() -> None:
         "PATH": "/usr/bin",
         "HOME": "/home/w",
         "AWS_ACCESS_KEY_ID": "storage-key",
-        "TORCHYARD_FAIL_AT_STEP": "5",
         "TORCHYARD_ATTEMPT": "3",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -181,3 +188,153 @@ def test_cpu_env_gives_a_lease_its_share_of_the_cores_and_no_gpus() -> None:
         devices=[3], host_devices=4,
     )  # fmt: skip
     assert env["OMP_NUM_THREADS"] == "1"
+
+
+# --- entrypoint jobs (docs/CONTRACTS.md section 5) ---
+
+SCRIPT_PATHS = RunPaths(
+    run_dir=Path("/srv/ty/jobs/7/runs/attempt_2"),
+    checkpoint_dir="/srv/ty/jobs/7/checkpoints",
+)
+VENV_PY = "/venvs/abc/bin/python"
+
+
+def _script_argv(command: list[str], **kw: object) -> list[str]:
+    return script_argv(
+        job_id=7,
+        attempt=2,
+        nproc_per_node=4,
+        rdzv_port=29555,
+        paths=SCRIPT_PATHS,
+        command=command,
+        python=VENV_PY,
+        torchrun_python="/py",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_script_argv_is_torchruns_head_then_no_python_and_the_runner() -> None:
+    argv = _script_argv(["python", "-u", "train.py", "--lr", "3e-4"])
+    assert argv == [
+        "/py", "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc-per-node", "4",
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "127.0.0.1:29555",
+        "--rdzv-id", "job7-a2",
+        "--max-restarts", "0",
+        "--log-dir", "/srv/ty/jobs/7/runs/attempt_2/logs",
+        "--redirects", "3",
+        "--no-python",
+        VENV_PY, "-u", "-m", "torchyard.train", "train.py", "--lr", "3e-4",
+    ]  # fmt: skip
+
+
+def test_script_argv_shares_the_trainers_head_including_gang_and_restarts() -> None:
+    gang = GangNode(nnodes=2, node_rank=1, host="10.0.0.1", port=29400, local_addr="10.0.0.2")
+    trainer = torchrun_argv(
+        job_id=7,
+        attempt=2,
+        nproc_per_node=4,
+        rdzv_port=29555,
+        paths=SCRIPT_PATHS,
+        python="/py",
+        gang=gang,
+        max_restarts=0,
+    )
+    script = _script_argv(["bash", "run.sh"], gang=gang)
+    head = trainer[: trainer.index("-m", 3)]
+    assert script == [*head, "--no-python", "bash", "run.sh"]
+
+
+def test_python_targets_go_through_the_runner_and_other_commands_run_as_they_are() -> None:
+    runner = [VENV_PY, "-m", "torchyard.train"]
+    cases = {
+        ("python", "train.py"): [*runner, "train.py"],
+        ("python3", "-W", "ignore", "-X", "dev", "t.py", "-x"): [
+            VENV_PY, "-W", "ignore", "-X", "dev", "-m", "torchyard.train", "t.py", "-x",
+        ],
+        ("python", "-m", "pkg.train", "--epochs", "2"): [*runner, "-m", "pkg.train", "--epochs",
+                                                         "2"],
+        ("python", "-O", "-m", "pkg"): [VENV_PY, "-O", "-m", "torchyard.train", "-m", "pkg"],
+        ("python", "-c", "print(1)"): ["python", "-c", "print(1)"],
+        ("python",): ["python"],
+        ("bash", "-c", "python x.py"): ["bash", "-c", "python x.py"],
+        ("./run.sh", "a"): ["./run.sh", "a"],
+    }  # fmt: skip
+    for command, expected in cases.items():
+        assert script_command(list(command), VENV_PY) == expected, command
+
+
+WORKER_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/home/w",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONPATH": "/src/torchyard",
+    "NCCL_DEBUG": "INFO",
+    "TORCH_HOME": "/cache/torch",
+    "TORCH_HUB_TOKEN": "hub-secret",
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    "TORCHYARD_DATABASE_URL": "postgresql://u:pw@db/ty",
+    "TORCHYARD_BROKER_URL": "redis://:pw@redis/0",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "OPENAI_API_KEY": "sk-secret",
+    "HF_TOKEN": "hf-secret",
+    "OMP_NUM_THREADS": "64",
+}
+
+
+def test_script_env_is_the_allow_list_then_spec_env_then_the_platforms() -> None:
+    job = ScriptJob(
+        job_id=7, job_name="sweep", attempt=2, env={"LR": "3e-4"}, keep_last_checkpoints=3
+    )
+    env = script_env(
+        base=WORKER_ENV,
+        job=job,
+        paths=SCRIPT_PATHS,
+        python=VENV_PY,
+        nproc_per_node=2,
+        device="cpu",
+        cpu_count=8,
+    )
+    assert env == {
+        "PATH": "/venvs/abc/bin:/usr/bin:/bin",
+        "HOME": "/home/w",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": "/src/torchyard",
+        "NCCL_DEBUG": "INFO",
+        "TORCH_HOME": "/cache/torch",
+        "OMP_NUM_THREADS": "4",
+        "LR": "3e-4",
+        "TORCHYARD_JOB_ID": "7",
+        "TORCHYARD_JOB_NAME": "sweep",
+        "TORCHYARD_ATTEMPT": "2",
+        "TORCHYARD_RUN_DIR": "/srv/ty/jobs/7/runs/attempt_2",
+        "TORCHYARD_CHECKPOINT_DIR": "/srv/ty/jobs/7/checkpoints",
+        "TORCHYARD_KEEP_LAST_CHECKPOINTS": "3",
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+
+
+def test_script_env_on_cuda_sees_only_the_leased_devices() -> None:
+    job = ScriptJob(job_id=7, job_name="j", attempt=1, env={})
+    env = script_env(
+        base=WORKER_ENV,
+        job=job,
+        paths=SCRIPT_PATHS,
+        python=VENV_PY,
+        nproc_per_node=2,
+        device="cuda",
+        cpu_count=8,
+        devices=[2, 3],
+        host_devices=4,
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "OMP_NUM_THREADS" not in env
+    assert "TORCHYARD_KEEP_LAST_CHECKPOINTS" not in env
+    secrets = ("pw", "secret", "sk-")
+    assert not [k for k, v in env.items() if any(s in v for s in secrets)]

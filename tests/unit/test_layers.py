@@ -40,6 +40,9 @@ PURE_TRAINER = (
     "trainer.masks",
     "trainer.readers",
 )
+# What a user's training script imports (`torchyard.train`, section 5 of CONTRACTS.md) writes
+# the events file with the trainer's own torch-free writer rather than a copy of it.
+TRAIN_API_TRAINER = ("trainer.events", "trainer.failures")
 
 
 def _imports(path: Path) -> list[str]:
@@ -62,9 +65,10 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
             top = name.split(".")[0]
             crosses = top in FORBIDDEN[package]
             # outside the trainer, only its pure pydantic modules may be imported
-            trainer_internals = (
-                package != "trainer" and top == "trainer" and name not in PURE_TRAINER
-            )
+            allowed = PURE_TRAINER
+            if path.is_relative_to(ROOT / "torchyard" / "train"):
+                allowed = (*PURE_TRAINER, *TRAIN_API_TRAINER)
+            trainer_internals = package != "trainer" and top == "trainer" and name not in allowed
             if crosses or trainer_internals:
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, "imports crossing the layers of DESIGN.md:\n" + "\n".join(bad)
@@ -119,3 +123,25 @@ def test_pure_trainer_modules_import_no_tensor_library(module: str) -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+_TRAIN_API_IMPORTS = """
+import sys
+import torchyard.train, torchyard.train.__main__
+top = {m.split(".")[0] for m in sys.modules}  # less site's hooks (`_distutils_hack`, ...)
+print(sorted(m for m in top - {"torchyard", "trainer"} - sys.stdlib_module_names
+             if not m.startswith("_")))
+print(sorted(m for m in sys.modules if m.startswith("trainer")))
+"""
+
+
+def test_the_train_api_imports_only_the_standard_library_and_the_events_writer() -> None:
+    """A user's script imports `torchyard.train` wherever it runs: no third-party package (not
+    even the SDK's httpx or pydantic) and of the trainer only its torch-free modules."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TRAIN_API_IMPORTS], cwd=ROOT, capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    third_party, trainer = out.stdout.strip().splitlines()
+    assert third_party == "[]"
+    assert set(eval(trainer)) <= {"trainer", *TRAIN_API_TRAINER}

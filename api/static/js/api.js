@@ -94,9 +94,16 @@ export async function pageAfter(path, { after, query = {}, limit = 1000 } = {}) 
 
 let openapi = null;
 
-/** What this API offers, from its public OpenAPI document: job states and control actions. */
+/**
+ * What this API offers, from its public OpenAPI document: job states, control actions, the
+ * event stream, whether it lists code archives (`codeList`) and `codePath`, the path template
+ * of one code archive (or null).
+ */
 export function capabilities() {
   openapi ??= fetch("/openapi.json").then((r) => r.json()).then((doc) => ({
+    codeList: Boolean(doc.paths?.["/v1/code"]?.get),
+    codePath: Object.keys(doc.paths ?? {})
+      .find((p) => /^\/v1\/code\/\{[^}]+\}$/.test(p) && doc.paths[p].get) ?? null,
     states: doc.components?.schemas?.JobState?.enum ?? null,
     actions: ["cancel", "pause", "resume", "retry"]
       .filter((a) => doc.paths?.[`/v1/jobs/{job_id}/${a}`]?.post),

@@ -2,6 +2,7 @@
 
 import { api } from "./api.js";
 import { lineChart, purge } from "./charts.js";
+import { entrypointOf } from "./code.js";
 import { h, poll, stateBadge } from "./util.js";
 
 const REFRESH_MS = 2000;
@@ -45,7 +46,7 @@ export function comparePage(root, query) {
     metricSel.value = metric;
     const traces = results.map(({ job, series }) => {
       const s = series.find((x) => x.name === metric) ?? { steps: [], values: [] };
-      const strategy = job.spec?.parallelism?.strategy ?? "";
+      const strategy = entrypointOf(job) ? "script" : (job.spec?.parallelism?.strategy ?? "");
       return { name: `#${job.id} ${job.name}${strategy ? ` (${strategy})` : ""}`, x: s.steps, y: s.values };
     });
     await lineChart(chart, traces, { title: metric });

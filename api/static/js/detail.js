@@ -2,6 +2,7 @@
 
 import { api, capabilities, download, pageAfter } from "./api.js";
 import { lineChart, onZoom, purge } from "./charts.js";
+import { codeCard, entrypointOf, scriptBadge } from "./code.js";
 import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import {
@@ -56,6 +57,24 @@ function systemChartsFor(names) {
   }));
 }
 
+/**
+ * Why the API refuses to export this job's checkpoints (409: only the built-in GPT's full
+ * weights convert to safetensors), or null when it can.
+ */
+function notExportable(job) {
+  if (entrypointOf(job)) return "a script's checkpoints are its own files: download them from their uri";
+  const spec = job.spec ?? {};
+  if (spec.lora || spec.qlora || spec.model?.kind === "hf") return "LoRA/QLoRA and Hugging Face runs write their own exports at the end";
+  return null;
+}
+
+/** "120 / 600 · ETA 3m"; a script job's end is its own: "step 120" ("–" before the first). */
+function progressText(job) {
+  if (!job.max_steps) return job.current_step === null || job.current_step === undefined ? "–" : `step ${job.current_step}`;
+  const eta = etaSeconds(job);
+  return `${job.current_step ?? 0} / ${job.max_steps}${eta !== null ? ` · ETA ${fmtDuration(eta)}` : ""}`;
+}
+
 function eventText(e) {
   if (e.kind === "state") return `${e.state_from ?? "–"} → ${e.state_to}${e.message ? `: ${e.message}` : ""}`;
   if (e.kind === "checkpoint") return `checkpoint at step ${e.data?.step ?? "?"}`;
@@ -86,6 +105,8 @@ export function detailPage(root, jobId) {
   const failureSlot = h("div", { id: "failure-slot" });
   let failureShown = "";
   const summary = h("dl", { class: "kv", id: "job-summary" });
+  const codeSlot = h("div", { id: "code-slot" }); // a script job's "Code" card
+  const kindSlot = h("span", { id: "job-kind" });
   const charts = h("div", { class: "grid2", id: "charts" });
   const systemHeading = h("h2", { id: "system-heading", hidden: true }, "System");
   const systemCharts = h("div", { class: "grid2", id: "system-charts" });
@@ -140,11 +161,15 @@ export function detailPage(root, jobId) {
       action.button.disabled = false;
     }
     const res = job.spec?.resources ?? {};
-    const eta = etaSeconds(job);
+    const script = Boolean(entrypointOf(job));
+    if (!codeSlot.childElementCount && script) {
+      codeSlot.replaceChildren(codeCard(job));
+      kindSlot.replaceChildren(scriptBadge());
+    }
     const rows = [
       ["state", job.state], ["attempt", job.attempt],
-      ["progress", `${job.current_step ?? 0} / ${job.max_steps}${eta !== null ? ` · ETA ${fmtDuration(eta)}` : ""}`],
-      ["strategy", job.spec?.parallelism?.strategy ?? "–"],
+      ["progress", progressText(job)],
+      ...(script ? [["kind", "script"]] : [["strategy", job.spec?.parallelism?.strategy ?? "–"]]),
       ["nodes × procs", `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`],
       ["pool", job.pool], ["created", fmtTime(job.created_at)],
       ["started", fmtTime(job.started_at)], ["duration", fmtDuration(runSeconds(job))],
@@ -280,6 +305,8 @@ export function detailPage(root, jobId) {
   function exportCell(c) {
     const e = c.export;
     const cell = h("td", { class: "export", dataset: { state: e?.state ?? "none" } });
+    const why = job && !e ? notExportable(job) : null;
+    if (why) return h("td", { class: "export muted", title: why, dataset: { state: "none" } }, "–");
     if (e) cell.append(h("span", { class: `state state-${e.state}`, title: e.error ?? "" }, e.state), " ");
     if (!e || e.state === "failed") {
       cell.append(h("button", {
@@ -371,10 +398,11 @@ export function detailPage(root, jobId) {
   stop = poll(tick, interval);
 
   root.append(
-    h("h1", {}, title, badge, h("span", { class: "spacer" }), compareLink, clone,
+    h("h1", {}, title, kindSlot, badge, h("span", { class: "spacer" }), compareLink, clone,
       ...Object.values(actions).map((a) => a.button), cancel),
     failureSlot,
     h("div", { class: "panel" }, summary),
+    codeSlot,
     h("h2", {}, "Metrics"), charts,
     systemHeading, systemCharts,
     h("div", { class: "grid2" },

@@ -1,6 +1,7 @@
 // Jobs: a filtered, paginated table (the API's cursor) that refreshes while it is shown.
 
 import { api, capabilities } from "./api.js";
+import { entrypointOf, scriptBadge } from "./code.js";
 import { failureClassBadge } from "./failure.js";
 import {
   STATES, etaSeconds, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds, stateBadge,
@@ -10,6 +11,10 @@ const PAGE_SIZE = 25;
 const REFRESH_MS = 2000;
 
 function progressCell(job) {
+  if (!job.max_steps) { // a script job: its end is its own, only the step is known
+    return h("td", { class: "num" }, job.current_step === null || job.current_step === undefined
+      ? "–" : `step ${job.current_step}`);
+  }
   const step = job.current_step ?? 0;
   const pct = job.max_steps ? Math.min(100, (100 * step) / job.max_steps) : 0;
   const eta = etaSeconds(job);
@@ -23,7 +28,8 @@ function progressCell(job) {
 
 function jobRow(job, onLabel) {
   const res = job.spec?.resources ?? {};
-  const strategy = job.spec?.parallelism?.strategy ?? "ddp";
+  const script = Boolean(entrypointOf(job));
+  const strategy = script ? scriptBadge() : (job.spec?.parallelism?.strategy ?? "ddp");
   const loss = job.latest_metrics?.loss;
   return h("tr", { dataset: { jobId: job.id } },
     h("td", { class: "num" }, h("a", { href: `#/jobs/${job.id}` }, `#${job.id}`)),

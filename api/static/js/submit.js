@@ -1,8 +1,9 @@
-// Submit: a YAML editor for a JobSpec. While you type, the API checks the text
+// Submit: a YAML editor for a job spec (the built-in trainer's, or a script job's with
+// `entrypoint`: a template of each to start from). While you type, the API checks the text
 // (POST /v1/spec/validate, the same checks as POST /v1/jobs) and its 422 field paths are shown
 // next to the lines they concern; GET /v1/spec/schema describes the field under the cursor.
 
-import { ApiError, api } from "./api.js";
+import { ApiError, api, capabilities } from "./api.js";
 import { describe, fieldSchema, pathAtLine } from "./schema.js";
 import { h, showError, toYaml } from "./util.js";
 
@@ -14,7 +15,26 @@ const TEMPLATE = {
   eval: { interval_steps: 25, num_batches: 2 },
   resources: { procs_per_node: 1 },
 };
+// A script job: the team's own code from an uploaded archive (`torchyard code upload DIR`).
+const SCRIPT_TEMPLATE = {
+  name: "my-script",
+  entrypoint: { code: "code_...", command: ["python", "train.py"] },
+  resources: { procs_per_node: 1 },
+};
 const CHECK_DELAY_MS = 250;
+
+/** The trainer template with the project's newest dataset, or the script one with its newest
+ * code archive (when the API lists archives). */
+async function template(kind) {
+  if (kind === "script") {
+    if (!(await capabilities()).codeList) return SCRIPT_TEMPLATE;
+    const { items } = await api("/v1/code");
+    if (!items.length) return SCRIPT_TEMPLATE;
+    return { ...SCRIPT_TEMPLATE, entrypoint: { ...SCRIPT_TEMPLATE.entrypoint, code: items[0].id } };
+  }
+  const sets = await api("/v1/datasets");
+  return sets.items.length ? { ...TEMPLATE, data: { dataset: sets.items[0].id } } : TEMPLATE;
+}
 
 /** The 1-based line of the deepest part of `loc` in `lines` (JSON Pointer -> line), or null. */
 export function lineOf(lines, loc) {
@@ -93,6 +113,18 @@ export function submitPage(root, query) {
   const status = h("p", { class: "muted", id: "submit-status" });
   const help = h("p", { class: "muted help", id: "field-help" });
   const button = h("button", { class: "primary", type: "submit", id: "submit-job" }, "Submit");
+  const kind = query.get("template") === "script" ? "script" : "trainer";
+  const templateSel = h("select", {
+    id: "spec-template", "aria-label": "template", hidden: Boolean(query.get("from")),
+  }, h("option", { value: "trainer", selected: kind === "trainer" }, "Built-in trainer"),
+  h("option", { value: "script", selected: kind === "script" }, "Your own code (entrypoint)"));
+  templateSel.addEventListener("change", () => {
+    template(templateSel.value).then(async (spec) => {
+      editor.textarea.value = `${toYaml(spec).trimStart()}\n`;
+      editor.paint();
+      await check();
+    }).catch(showError);
+  });
   let schema = null;
   let typing = null;
   let checking = null; // the AbortController of the check in flight
@@ -181,21 +213,24 @@ export function submitPage(root, query) {
   } },
   h("div", {}, editor.node, help),
   h("div", {},
-    h("div", { class: "toolbar" }, button, h("a", { href: "/docs", target: "_blank" }, "API docs")),
+    h("div", { class: "toolbar" }, button, templateSel,
+      h("a", { href: "/docs", target: "_blank" }, "API docs")),
     status,
     h("h2", {}, "Problems"), problems,
     h("p", { class: "muted" }, "YAML (or JSON). Checked by the API as you type; the fields are "
-      + "those of GET /v1/spec/schema.")));
+      + "those of GET /v1/spec/schema."),
+    h("p", { class: "muted", id: "script-hint" }, "Your own code: upload its directory first ",
+      h("code", {}, "torchyard code upload DIR"), " and put the archive's id in ",
+      h("code", {}, "entrypoint.code"), ".")));
 
   (async () => {
     const from = query.get("from");
-    let spec = TEMPLATE;
+    let spec;
     if (from) {
       const job = await api(`/v1/jobs/${from}`);
       spec = { ...job.spec, name: `${job.spec.name}-copy` };
     } else {
-      const sets = await api("/v1/datasets");
-      if (sets.items.length) spec = { ...TEMPLATE, data: { dataset: sets.items[0].id } };
+      spec = await template(kind);
     }
     if (!editor.textarea.value) editor.textarea.value = `${toYaml(spec).trimStart()}\n`;
     editor.paint();

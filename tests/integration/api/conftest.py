@@ -17,10 +17,26 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 from api.main import create_app
-from core.models import Dataset, Job, JobEvent
+from core import jobs
+from core.db import session_scope
+from core.models import Dataset, Job, JobEvent, JobState
 from core.queue import RUN_JOB_TASK
 from core.settings import Settings
 from tests.conftest import ProjectKey
+
+# Endpoints under /v1/jobs/{id} as (method, suffix), for the tests that each is 404 for a job
+# that is not the caller's (another project's, or none).
+JOB_ENDPOINTS = [
+    ("get", ""),
+    ("post", "/cancel"),
+    ("get", "/events"),
+    ("get", "/metrics"),
+    ("get", "/logs"),
+    ("get", "/checkpoints"),
+    ("post", "/checkpoints/1/export"),
+    ("get", "/checkpoints/1/export"),
+    ("get", "/checkpoints/1/export/download"),
+]
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +79,13 @@ def submit(
     answer = client.post("/v1/jobs", json=spec, headers={**project.headers, **headers})
     assert answer.status_code == 201, answer.text
     return dict(answer.json())
+
+
+def set_running(engine: Engine, job_id: int, worker: str = "w1") -> None:
+    """Move a queued job to `running` as if `worker` had claimed it and started its trainer."""
+    with session_scope(engine) as s:
+        assert jobs.claim(session=s, job_id=job_id, worker=worker) is not None
+        jobs.transition(session=s, job_id=job_id, to=JobState.RUNNING)
 
 
 def assert_error(

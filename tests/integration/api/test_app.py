@@ -34,6 +34,9 @@ ROUTES = {
     ("get", "/v1/datasets"),
     ("get", "/v1/datasets/{dataset_id}"),
     ("post", "/v1/datasets/{dataset_id}/preview"),
+    ("post", "/v1/code"),
+    ("get", "/v1/code"),
+    ("get", "/v1/code/{code_id}"),
     ("get", "/v1/spec/schema"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -102,15 +105,22 @@ def test_openapi_lists_every_route_with_its_docstring_and_error_body(client: Tes
     }
     upload = doc["paths"]["/v1/datasets/upload"]["post"]
     assert "multipart/form-data" in upload["requestBody"]["content"]
+    code = doc["paths"]["/v1/code"]["post"]
+    assert "multipart/form-data" in code["requestBody"]["content"]
+    assert {"200", "201", "413", "422"} <= set(code["responses"])
     assert client.get("/docs").status_code == 200
 
 
-def test_spec_schema_is_the_jobspec_json_schema(client: TestClient) -> None:
+def test_spec_schema_offers_the_trainer_and_the_script_kinds(client: TestClient) -> None:
     answer = client.get("/v1/spec/schema")
     assert answer.status_code == 200
     schema = answer.json()
-    assert schema["title"] == "JobSpec"
-    assert {"name", "data", "model"} <= set(schema["properties"])
+    kinds = {item["$ref"].rsplit("/", 1)[-1] for item in schema["oneOf"]}
+    assert kinds == {"JobSpec", "ScriptJobSpec"}
+    assert {"name", "data", "model"} <= set(schema["$defs"]["JobSpec"]["properties"])
+    assert {"name", "entrypoint", "resources"} <= set(
+        schema["$defs"]["ScriptJobSpec"]["properties"]
+    )
 
 
 def test_root_is_the_dashboard_and_the_docs_stay(client: TestClient) -> None:

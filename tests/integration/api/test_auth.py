@@ -29,6 +29,9 @@ PROTECTED = [
     ("post", "/v1/datasets/upload"),
     ("get", "/v1/datasets/ds_1"),
     ("post", "/v1/datasets/ds_1/preview"),
+    ("get", "/v1/code"),
+    ("post", "/v1/code"),
+    ("get", "/v1/code/code_0000000000000000"),
 ]
 
 

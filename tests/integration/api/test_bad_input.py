@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, counts, job_spec, submit
+from tests.integration.api.conftest import JOB_ENDPOINTS, assert_error, counts, job_spec, submit
 
 JSON = {"content-type": "application/json"}
 
@@ -278,14 +278,7 @@ def test_unknown_job_is_404_on_every_job_endpoint(
     client: TestClient, project: ProjectKey, job_id: int
 ) -> None:
     # Job 1 exists in some project of this session (or no project): either way not in this one.
-    for method, suffix in [
-        ("get", ""),
-        ("post", "/cancel"),
-        ("get", "/events"),
-        ("get", "/metrics"),
-        ("get", "/logs"),
-        ("get", "/checkpoints"),
-    ]:
+    for method, suffix in JOB_ENDPOINTS:
         answer = client.request(method, f"/v1/jobs/{job_id}{suffix}", headers=project.headers)
         assert_error(answer, 404, "not_found")
 

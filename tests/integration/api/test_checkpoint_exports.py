@@ -7,9 +7,11 @@ export, downloaded and read back) is tests/integration/workers/test_export.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete, select, update
 
@@ -47,17 +49,37 @@ def _job(client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool:
     return int(submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))["id"])
 
 
+@dataclass(frozen=True)
+class Exportable:
+    job_id: int
+    checkpoint_id: int  # a complete checkpoint of the job, at step 10
+    path: str  # its export's
+
+
+@pytest.fixture
+def exportable(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> Exportable:
+    """A job of `project` in `pool` with a complete checkpoint at step 10."""
+    job_id = _job(client, project, dataset, pool)
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+    return Exportable(job_id, checkpoint_id, _path(job_id, checkpoint_id))
+
+
 def test_an_export_is_queued_once_to_the_jobs_pool_and_asking_again_returns_it(
     client: TestClient,
     engine: Engine,
     settings: Settings,
     project: ProjectKey,
-    dataset: dict[str, Any],
     pool: str,
-    tmp_path: Path,
+    exportable: Exportable,
 ) -> None:
-    job_id = _job(client, project, dataset, pool)
-    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+    job_id, checkpoint_id = exportable.job_id, exportable.checkpoint_id
 
     first = client.post(_path(job_id, checkpoint_id), headers=project.headers)
     assert first.status_code == 202, first.text
@@ -99,13 +121,9 @@ def test_another_projects_key_gets_404_for_the_export_and_stores_nothing(
     engine: Engine,
     project: ProjectKey,
     other_project: ProjectKey,
-    dataset: dict[str, Any],
-    pool: str,
-    tmp_path: Path,
+    exportable: Exportable,
 ) -> None:
-    job_id = _job(client, project, dataset, pool)
-    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
-    path = _path(job_id, checkpoint_id)
+    job_id, path = exportable.job_id, exportable.path
 
     assert_error(client.post(path, headers=other_project.headers), 404, "not_found")
     with session_scope(engine) as s:
@@ -155,16 +173,9 @@ def test_a_checkpoint_whose_files_are_gone_is_409(
 
 
 def test_a_failed_export_is_queued_again_unless_retention_deleted_its_checkpoint(
-    client: TestClient,
-    engine: Engine,
-    project: ProjectKey,
-    dataset: dict[str, Any],
-    pool: str,
-    tmp_path: Path,
+    client: TestClient, engine: Engine, project: ProjectKey, exportable: Exportable
 ) -> None:
-    job_id = _job(client, project, dataset, pool)
-    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
-    path = _path(job_id, checkpoint_id)
+    checkpoint_id, path = exportable.checkpoint_id, exportable.path
     export_id = client.post(path, headers=project.headers).json()["id"]
 
     def fail_it() -> None:

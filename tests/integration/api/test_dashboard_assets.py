@@ -22,7 +22,7 @@ def test_plotly_is_served_from_the_installed_package_gzipped_and_cacheable(
 
 
 def test_dashboard_modules_are_served_as_javascript(client: TestClient) -> None:
-    for name in ("app", "api", "jobs", "detail", "compare", "submit", "charts", "util"):
+    for name in ("app", "api", "jobs", "detail", "code", "compare", "submit", "charts", "util"):
         answer = client.get(f"/ui/js/{name}.js")
         assert answer.status_code == 200, name
         assert "javascript" in answer.headers["content-type"]

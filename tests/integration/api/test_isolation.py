@@ -9,19 +9,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, counts, job_spec, submit
-
-JOB_ENDPOINTS = [
-    ("get", ""),
-    ("post", "/cancel"),
-    ("get", "/events"),
-    ("get", "/metrics"),
-    ("get", "/logs"),
-    ("get", "/checkpoints"),
-    ("post", "/checkpoints/1/export"),
-    ("get", "/checkpoints/1/export"),
-    ("get", "/checkpoints/1/export/download"),
-]
+from tests.integration.api.code_archives import code_files, tar_gz, upload
+from tests.integration.api.conftest import JOB_ENDPOINTS, assert_error, counts, job_spec, submit
 
 
 @pytest.mark.parametrize(("method", "suffix"), JOB_ENDPOINTS)
@@ -103,3 +92,17 @@ def test_a_dataset_name_may_repeat_across_projects(
     )
     assert answer.status_code == 201
     assert answer.json()["id"] != dataset["id"]
+
+
+def test_another_projects_archive_is_404_like_an_unknown_one(
+    client: TestClient, project: ProjectKey, other_project: ProjectKey
+) -> None:
+    archive = upload(client, project, tar_gz(code_files())).json()
+    theirs = client.get(f"/v1/code/{archive['id']}", headers=other_project.headers)
+    error = assert_error(theirs, 404, "not_found")
+    unknown = client.get("/v1/code/code_0000000000000000", headers=other_project.headers)
+    assert error["message"].replace(archive["id"], "X") == assert_error(unknown, 404, "not_found")[
+        "message"
+    ].replace("code_0000000000000000", "X")
+    assert client.get("/v1/code", headers=other_project.headers).json() == {"items": []}
+    assert_error(client.get("/v1/code/%00", headers=project.headers), 404, "not_found")

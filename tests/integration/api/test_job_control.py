@@ -7,11 +7,14 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core import jobs
-from core.db import session_scope
-from core.models import JobState
 from tests.conftest import ProjectKey
-from tests.integration.api.conftest import assert_error, job_spec, queued_job_ids, submit
+from tests.integration.api.conftest import (
+    assert_error,
+    job_spec,
+    queued_job_ids,
+    set_running,
+    submit,
+)
 
 
 def _post(client: TestClient, project: ProjectKey, job_id: int, action: str) -> Any:
@@ -70,9 +73,7 @@ def test_pausing_a_running_job_asks_its_worker_and_cancel_still_works(
     client: TestClient, project: ProjectKey, dataset: dict[str, Any], engine: Engine
 ) -> None:
     job = submit(client, project, job_spec(dataset["id"]))
-    with session_scope(engine) as s:
-        assert jobs.claim(session=s, job_id=job["id"], worker="w1") is not None
-        jobs.transition(session=s, job_id=job["id"], to=JobState.RUNNING)
+    set_running(engine, job["id"])
     for _ in range(2):
         answer = _post(client, project, job["id"], "pause")
         assert answer.status_code == 202 and answer.json()["state"] == "pausing"

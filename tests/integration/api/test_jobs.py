@@ -9,9 +9,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core import jobs
-from core.db import session_scope
-from core.models import JobState
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import (
@@ -19,6 +16,7 @@ from tests.integration.api.conftest import (
     counts,
     job_spec,
     queued_job_ids,
+    set_running,
     submit,
 )
 
@@ -128,9 +126,7 @@ def test_cancel_a_running_job_asks_it_to_stop_and_repeating_is_harmless(
     client: TestClient, project: ProjectKey, dataset: dict[str, Any], engine: Engine
 ) -> None:
     job = submit(client, project, job_spec(dataset["id"]))
-    with session_scope(engine) as s:
-        assert jobs.claim(session=s, job_id=job["id"], worker="w1") is not None
-        jobs.transition(session=s, job_id=job["id"], to=JobState.RUNNING)
+    set_running(engine, job["id"])
     for _ in range(2):
         answer = client.post(f"/v1/jobs/{job['id']}/cancel", headers=project.headers)
         assert answer.status_code == 202

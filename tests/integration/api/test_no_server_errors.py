@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import ProjectKey
+from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.api.conftest import job_spec, submit
 
 BODIES: list[tuple[bytes, str]] = [
@@ -47,6 +48,7 @@ def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> l
         files={"file": ("chat.jsonl", chat + b"\n", "application/octet-stream")},
         headers=project.headers,
     ).json()["id"]
+    code = upload(client, project, tar_gz(code_files())).json()["id"]
     jid = job["id"]
     return [
         "/",
@@ -72,6 +74,9 @@ def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> l
         f"/v1/datasets/{chat_dataset}/preview",
         "/v1/datasets/%ff%00/preview",
         "/v1/datasets/%ff%00",
+        "/v1/code",
+        f"/v1/code/{code}",
+        "/v1/code/%ff%00",
         "/v1/../../etc/passwd",
     ]
 

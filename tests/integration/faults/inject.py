@@ -1,6 +1,7 @@
 """Faults injected from outside the product: a memory limit on a running rank, a read-only
-storage directory, a corrupt dataset. Nothing here reaches into the worker or the trainer;
-each acts on a process, a mount or a file, as the machine or the user would.
+storage directory, a corrupt dataset, ranks killed at a known checkpoint. Nothing here reaches
+into the worker or the trainer; each acts on a process, a mount or a file, as the machine or
+the user would.
 """
 
 from __future__ import annotations
@@ -69,6 +70,43 @@ def paused(proc: psutil.Process) -> Iterator[None]:
         yield
     finally:
         proc.resume()
+
+
+def newest_complete_step(checkpoint_root: Path) -> int:
+    """The highest step of a `step_XXXXXXXX` directory under `checkpoint_root` that holds
+    `.metadata` (DCP writes it last: the checkpoint is complete), as docs/CONTRACTS.md lays
+    them out; 0 when there is none. Where a run resumed from `checkpoint_root` starts."""
+    steps = [
+        int(d.name.removeprefix("step_"))
+        for d in checkpoint_root.glob("step_*")
+        if (d / ".metadata").exists()
+    ]
+    return max(steps, default=0)
+
+
+def crash_ranks(
+    victims: list[psutil.Process],
+    checkpoint_root: Path,
+    bystanders: list[psutil.Process] | None = None,
+) -> int:
+    """SIGKILL the rank processes `victims`, as a crash would, at a checkpoint known to the
+    test: first every victim and bystander (the job's other ranks) is stopped (SIGSTOP), so
+    none finishes another checkpoint meanwhile; then the newest complete checkpoint under
+    `checkpoint_root` is read, the victims are killed and the bystanders continued (SIGCONT).
+    Returns that checkpoint's step: where the job must resume. A SIGKILLed rank records no
+    exception, so the worker classes the attempt's failure `infra`."""
+    everyone = [*victims, *(bystanders or [])]
+    for proc in everyone:
+        proc.suspend()
+    try:
+        step = newest_complete_step(checkpoint_root)
+        for proc in victims:
+            proc.kill()
+    finally:
+        for proc in everyone:
+            with suppress(psutil.Error):  # a killed victim may be gone already
+                proc.resume()
+    return step
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
-    create_job,
     group_gone,
     job_events,
     job_row,
     launches,
     log_lines,
     metric_series,
-    send,
+    run_to_success,
     start_worker,
+    submit,
     tiny_spec,
     unique_queue,
     wait_for,
@@ -89,8 +89,7 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
         workers.append(
             start_worker(settings=settings, client=celery_client, queue=queue, log_dir=worker_logs)
         )
-    job_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=2, procs=1))
-    send(celery_client, job_id, queue)
+    job_id = submit(engine, celery_client, project, gang_spec(queue, dataset_id, nodes=2, procs=1))
     job = wait_state(engine, job_id, TERMINAL, 180, workers[0])
     assert job.state == "succeeded", f"{job.error}\n{workers[1].log[-4000:]}"
     assert (job.attempt, job.exit_code, job.current_step) == (1, 0, STEPS)
@@ -126,13 +125,11 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
         rss = metric_series(engine, job_id, f"sys/rss_bytes/{who}")
         assert rss and all(p.value > 0 for p in rss), who
 
-    reference_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=1, procs=2))
-    send(celery_client, reference_id, queue)
-    reference = wait_state(engine, reference_id, TERMINAL, 180, workers[0])
-    assert reference.state == "succeeded", reference.error
+    reference_spec = gang_spec(queue, dataset_id, nodes=1, procs=2)
+    reference = run_to_success(engine, celery_client, project, reference_spec, workers[0], 180)
     for name in ("loss", "eval_loss"):
         points = metric_series(engine, job_id, name)
-        expected = metric_series(engine, reference_id, name)
+        expected = metric_series(engine, reference.id, name)
         assert [p.step for p in points] == [p.step for p in expected]
         assert [p.value for p in points] == pytest.approx([p.value for p in expected], rel=1e-5)
     assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, STEPS + 1))
@@ -152,8 +149,7 @@ def test_a_gang_of_two_with_one_free_worker_does_not_deadlock_and_runs_when_a_se
     queue = unique_queue("gang1")
     fast = {"TORCHYARD_GANG_ASSEMBLE_TIMEOUT_S": str(ASSEMBLE_TIMEOUT_S)}
     workers.append(start(settings, celery_client, queue, worker_logs, fast))
-    job_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=2, procs=1))
-    send(celery_client, job_id, queue)
+    job_id = submit(engine, celery_client, project, gang_spec(queue, dataset_id, nodes=2, procs=1))
 
     def releases() -> int:
         return sum(

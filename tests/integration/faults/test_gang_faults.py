@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -19,17 +20,19 @@ from tests.integration.faults.test_gang import STEPS, gang_spec, nodes_of, start
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
-    create_job,
     group_gone,
     job_events,
     job_row,
+    kill_ranks_after_checkpoint,
     launches,
     metric_series,
-    send,
+    run_to_success,
     start_worker,
+    submit,
     unique_queue,
     wait_for,
     wait_state,
+    wait_step,
 )
 
 __all__ = ["workers"]  # a fixture
@@ -38,6 +41,11 @@ pytestmark = pytest.mark.long  # 2-4 min each on a busy 2-core host
 CONTROL_QUEUE = "torchyard.control"  # workers/app.py's (importing it builds an app)
 HEARTBEAT_TIMEOUT_S = 3.0  # the reaper's silence threshold once a node is lost
 GONE_WITHIN_S = 10.0  # a cancel ends the job and every node's processes within this
+# A gang that checkpoints every 4 steps (all kept) and may restart once.
+RESTARTABLE: dict[str, Any] = {
+    "checkpoint": {"interval_steps": 4, "keep_last": 10},
+    "retries": {"max_restarts": 1},
+}
 
 
 def test_losing_a_node_restarts_the_whole_gang_from_its_checkpoint_with_every_step_once(
@@ -52,19 +60,9 @@ def test_losing_a_node_restarts_the_whole_gang_from_its_checkpoint_with_every_st
     queue = unique_queue("gangkill")
     for _ in range(2):
         workers.append(start(settings, celery_client, queue, worker_logs, {}))
-    spec = gang_spec(
-        queue,
-        dataset_id,
-        nodes=2,
-        procs=1,
-        checkpoint={"interval_steps": 4, "keep_last": 10},
-        retries={"max_restarts": 1},
-    )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, queue)
-    wait_for(
-        "the gang to pass step 6", lambda: (job_row(engine, job_id).current_step or 0) >= 6, 180
-    )
+    spec = gang_spec(queue, dataset_id, nodes=2, procs=1, **RESTARTABLE)
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 6, 180, "the gang")
     node1 = nodes_of(engine, job_id, 1)[1]
     (victim,) = [w for w in workers if w.name == node1.worker]
     victim.proc.send_signal(signal.SIGKILL)
@@ -103,13 +101,11 @@ def test_losing_a_node_restarts_the_whole_gang_from_its_checkpoint_with_every_st
     resumed = next(e for e in events if e.state_to == "running" and e.attempt == job.attempt)
     assert resumed.data["start_step"] == max(recorded)
 
-    reference_id = create_job(engine, project, gang_spec(queue, dataset_id, nodes=1, procs=2))
-    send(celery_client, reference_id, queue)
-    reference = wait_state(engine, reference_id, TERMINAL, 180, workers[-2])
-    assert reference.state == "succeeded", reference.error
+    reference_spec = gang_spec(queue, dataset_id, nodes=1, procs=2)
+    reference = run_to_success(engine, celery_client, project, reference_spec, workers[-2], 180)
     points = metric_series(engine, job_id, "loss")
     assert [p.step for p in points] == list(range(1, STEPS + 1))  # every step exactly once
-    expected = metric_series(engine, reference_id, "loss")
+    expected = metric_series(engine, reference.id, "loss")
     assert [p.value for p in points] == pytest.approx([p.value for p in expected], rel=1e-5)
     print(f"restart cause: {restarting.message}; resumed at step {max(recorded)}")
 
@@ -136,11 +132,8 @@ def test_a_node_s_worker_shutdown_hands_the_whole_gang_back_and_it_resumes(
         eval={"interval_steps": 100},
         checkpoint={"interval_steps": 50, "keep_last": 10},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, queue)
-    wait_for(
-        "the gang to pass step 10", lambda: (job_row(engine, job_id).current_step or 0) >= 10, 180
-    )
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 10, 180, "the gang")
     node1 = nodes_of(engine, job_id, 1)[1]
     (leaving,) = [w for w in workers if w.name == node1.worker]
     leaving.stop()  # warm shutdown, as a deploy does: the node's trainer checkpoints
@@ -199,17 +192,14 @@ def test_cancel_ends_an_assembling_gang_and_a_running_one_with_every_node_s_proc
                      lambda pgid=launch.data["pgid"]: group_gone(pgid), left)  # fmt: skip
         return time.monotonic() - started
 
-    assembling = create_job(engine, project, spec)  # one worker: node 0 waits for node 1
-    send(celery_client, assembling, queue)
+    assembling = submit(engine, celery_client, project, spec)  # one worker: node 0 waits for node 1
     wait_for("node 0 to publish the rendezvous", lambda: published(assembling), 60)
     took_assembling = cancel_and_wait(assembling)
     assert not launches(job_events(engine, assembling))
 
     workers.append(start(settings, celery_client, queue, worker_logs, {}))
-    running = create_job(engine, project, spec)
-    send(celery_client, running, queue)
-    wait_for("the gang to pass step 5", lambda: (job_row(engine, running).current_step or 0) >= 5,
-             180)  # fmt: skip
+    running = submit(engine, celery_client, project, spec)
+    wait_step(engine, running, 5, 180, "the gang")
     took_running = cancel_and_wait(running)
     assert len(launches(job_events(engine, running))) == 2
     assert job_row(engine, running).state == "cancelled"
@@ -226,21 +216,16 @@ def test_a_node_s_trainer_crash_restarts_the_whole_gang_at_once(
     workers: list[Worker],
 ) -> None:
     queue = unique_queue("gangcrash")
-    # Only one worker's trainers crash (after step 6, on attempt 1): one node of the gang.
-    workers.append(
-        start(settings, celery_client, queue, worker_logs, {"TORCHYARD_FAIL_AT_STEP": "6"})
+    for _ in range(2):
+        workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    spec = gang_spec(queue, dataset_id, nodes=2, procs=1, **RESTARTABLE)
+    job_id = submit(engine, celery_client, project, spec)
+    # One node's trainer crashes (its rank SIGKILLed) after the checkpoint at step 4, while
+    # its worker lives on; the other node's rank is only paused for the kill.
+    resume_step = kill_ranks_after_checkpoint(
+        engine, settings, job_id, step=4, nodes=(1,), timeout_s=180
     )
-    workers.append(start(settings, celery_client, queue, worker_logs, {}))
-    spec = gang_spec(
-        queue,
-        dataset_id,
-        nodes=2,
-        procs=1,
-        checkpoint={"interval_steps": 4, "keep_last": 10},
-        retries={"max_restarts": 1},
-    )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, queue)
+    assert 4 <= resume_step < STEPS, resume_step
     job = wait_state(engine, job_id, TERMINAL, 240, workers[0])
     assert job.state == "succeeded", f"{job.error}\n{workers[1].log[-3000:]}"
     assert job.attempt == 2
@@ -254,6 +239,6 @@ def test_a_node_s_trainer_crash_restarts_the_whole_gang_at_once(
     ]  # fmt: skip
     assert all(group_gone(e.data["pgid"]) for e in launches(events))
     resumed = next(e for e in events if e.state_to == "running" and e.attempt == 2)
-    assert resumed.data["start_step"] == 4
+    assert resumed.data["start_step"] == resume_step
     assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, STEPS + 1))
-    print(f"restart: {restarting.message}")
+    print(f"restart at step {resume_step}: {restarting.message}")

@@ -26,17 +26,17 @@ from tests.integration.faults.tcp_proxy import TcpProxy
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
-    create_job,
     job_events,
     job_row,
     log_lines,
     metric_series,
-    send,
     start_worker,
+    submit,
     tiny_spec,
     unique_queue,
     wait_for,
     wait_state,
+    wait_step,
 )
 
 STEPS = 600
@@ -92,11 +92,8 @@ def test_postgres_down_10_s_mid_run_loses_and_duplicates_nothing(
         eval={"interval_steps": 200},
         checkpoint={"interval_steps": 200, "keep_last": 5},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
-    wait_for(
-        "the run to pass step 20", lambda: (job_row(engine, job_id).current_step or 0) >= 20, 120
-    )
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 20, 120)
 
     events_file = job_run_dir(settings, job_id, 1) / "events.jsonl"
     proxy.cut()

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from core import jobs
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    UNTIL_STOPPED,
     Worker,
     create_job,
     group_gone,
@@ -19,12 +20,12 @@ from tests.integration.workers.helpers import (
     job_row,
     launches,
     send,
+    submit,
     tiny_spec,
     wait_for,
     wait_state,
 )
 
-LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_000}}
 GONE_WITHIN_S = 10.0
 
 
@@ -49,11 +50,11 @@ def _cancelled_and_gone(engine: Engine, job_id: int, worker: Worker) -> None:
 def test_a_higher_priority_job_queued_later_runs_first(
     engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
 ) -> None:
-    busy = create_job(engine, project, tiny_spec(pool=worker.queue, dataset_id=dataset_id, **LONG))
-    send(celery_client, busy, worker.queue)
+    busy_spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **UNTIL_STOPPED)
+    busy = submit(engine, celery_client, project, busy_spec)
     wait_state(engine, busy, ("running",), 60, worker)
 
-    def submit(priority: int) -> int:
+    def submit_at(priority: int) -> int:
         spec = tiny_spec(
             pool=worker.queue,
             dataset_id=dataset_id,
@@ -62,13 +63,11 @@ def test_a_higher_priority_job_queued_later_runs_first(
             eval={"interval_steps": 2},
             checkpoint={"interval_steps": 2},
         )
-        job_id = create_job(engine, project, spec)
-        send(celery_client, job_id, worker.queue)
-        return job_id
+        return submit(engine, celery_client, project, spec)
 
     try:
-        low = submit(-1)
-        high = submit(10)  # its message is behind the low one's in the broker
+        low = submit_at(-1)
+        high = submit_at(10)  # its message is behind the low one's in the broker
     finally:
         _cancel(engine, busy)
     first = wait_state(engine, high, ("succeeded",), 90, worker)
@@ -82,28 +81,25 @@ def test_a_higher_priority_job_queued_later_runs_first(
 def test_cancel_in_every_non_terminal_state_ends_it_and_its_processes(
     engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
 ) -> None:
-    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **LONG)
+    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **UNTIL_STOPPED)
 
     queued = create_job(engine, project, spec)  # never sent: stays queued
     assert _cancel(engine, queued) == "cancelled"
     send(celery_client, queued, worker.queue)  # a late message starts nothing
 
-    starting = create_job(engine, project, spec)
-    send(celery_client, starting, worker.queue)
+    starting = submit(engine, celery_client, project, spec)
     wait_for("the claim", lambda: job_row(engine, starting).state != "queued", 30, poll_s=0.02)
     assert _cancel(engine, starting) == "cancelling"  # still starting: torchrun just launched
     assert any(e.state_from == "starting" for e in job_events(engine, starting)
                if e.state_to == "cancelling")  # fmt: skip
     _cancelled_and_gone(engine, starting, worker)
 
-    running = create_job(engine, project, spec)
-    send(celery_client, running, worker.queue)
+    running = submit(engine, celery_client, project, spec)
     wait_state(engine, running, ("running",), 60, worker)
     assert _cancel(engine, running) == "cancelling"
     _cancelled_and_gone(engine, running, worker)
 
-    paused = create_job(engine, project, spec)
-    send(celery_client, paused, worker.queue)
+    paused = submit(engine, celery_client, project, spec)
     wait_state(engine, paused, ("running",), 60, worker)
     with Session(engine) as s:
         jobs.pause(session=s, job_id=paused)
@@ -112,8 +108,7 @@ def test_cancel_in_every_non_terminal_state_ends_it_and_its_processes(
     assert _cancel(engine, paused) == "cancelled"
     _cancelled_and_gone(engine, paused, worker)
 
-    pausing = create_job(engine, project, spec)
-    send(celery_client, pausing, worker.queue)
+    pausing = submit(engine, celery_client, project, spec)
     wait_state(engine, pausing, ("running",), 60, worker)
     with Session(engine) as s:
         assert jobs.pause(session=s, job_id=pausing).state == "pausing"

@@ -27,19 +27,21 @@ from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
-    create_job,
     group_gone,
     job_events,
     job_row,
     launches,
     metric_series,
-    send,
+    run_to_success,
     start_worker,
+    submit,
     tiny_spec,
     unique_queue,
     wait_for,
     wait_state,
+    wait_step,
 )
+from trainer.spec import JobSpec
 from workers.checkpoints import ASIDE
 
 pytestmark = pytest.mark.long
@@ -80,6 +82,17 @@ def _start(
     )
     fleet.append(w)
     return w
+
+
+def _spec(queue: str, dataset_id: str, steps: int) -> JobSpec:
+    """`steps` steps, a checkpoint every 5 (10 kept), one restart allowed."""
+    return tiny_spec(
+        pool=queue,
+        dataset_id=dataset_id,
+        train={"max_steps": steps},
+        checkpoint={"interval_steps": 5, "keep_last": 10},
+        retries={"max_restarts": 1},
+    )
 
 
 def _kill_tree(worker: Worker) -> float:
@@ -138,19 +151,10 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
     """Only the worker is killed: its trainer gets the parent-death SIGTERM and writes a stop
     checkpoint the database never hears of, which the next attempt sets aside."""
     steps = 24
-    spec = tiny_spec(
-        pool=queue,
-        dataset_id=dataset_id,
-        train={"max_steps": steps},
-        checkpoint={"interval_steps": 5, "keep_last": 10},
-        retries={"max_restarts": 1},
-    )
+    spec = _spec(queue, dataset_id, steps)
     victim = _start(fleet, settings, celery_client, queue, worker_logs)
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, queue)
-    wait_for(
-        "the run to pass step 7", lambda: (job_row(engine, job_id).current_step or 0) >= 7, 120
-    )
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 7, 120)
     (first_launch,) = launches(job_events(engine, job_id))
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait()
@@ -190,15 +194,12 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
     assert all(step > max(recorded_before) for step in set_aside)
     print(f"recorded before the kill: {recorded_before}; set aside: {set_aside}")
 
-    reference_id = create_job(engine, project, spec)
-    send(celery_client, reference_id, queue)
-    reference = wait_state(engine, reference_id, TERMINAL, 120, rescuer)
-    assert reference.state == "succeeded", reference.error
+    reference = run_to_success(engine, celery_client, project, spec, rescuer, 120)
 
     _check_every_step_once(engine, job_id, steps)
     for name in ("loss", "lr"):
         points = metric_series(engine, job_id, name)
-        expected = metric_series(engine, reference_id, name)
+        expected = metric_series(engine, reference.id, name)
         assert [p.value for p in points] == pytest.approx([p.value for p in expected], rel=1e-5)
     assert job.latest_metrics["loss"] == pytest.approx(reference.latest_metrics["loss"], rel=1e-5)
 
@@ -229,13 +230,8 @@ def test_a_worker_killed_with_its_trainers_is_requeued_within_15_s_and_trains_ag
     for _ in range(2):
         _start(fleet, settings, celery_client, queue, worker_logs)
     _start(fleet, settings, celery_client, CONTROL_QUEUE, worker_logs, beat=True)
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, queue)
-    wait_for(
-        f"the run to pass step {kill_at}",
-        lambda: (job_row(engine, job_id).current_step or 0) >= kill_at,
-        120,
-    )
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, kill_at, 120)
     (victim,) = [w for w in fleet if w.name == job_row(engine, job_id).worker]
     killed_at = _kill_tree(victim)
     step_at_kill = job_row(engine, job_id).current_step
@@ -287,19 +283,10 @@ def test_a_restarted_worker_requeues_its_predecessor_s_job_at_once_and_it_runs_o
     """No reconciler runs here: only the restarted worker itself can requeue the job, and it
     does not wait for the worker timeout, nor adopt the job (a fresh claim, attempt 2)."""
     steps = 30
-    spec = tiny_spec(
-        pool=queue,
-        dataset_id=dataset_id,
-        train={"max_steps": steps},
-        checkpoint={"interval_steps": 5, "keep_last": 10},
-        retries={"max_restarts": 1},
-    )
+    spec = _spec(queue, dataset_id, steps)
     first = _start(fleet, settings, celery_client, queue, worker_logs)
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, queue)
-    wait_for(
-        "the run to pass step 7", lambda: (job_row(engine, job_id).current_step or 0) >= 7, 120
-    )
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 7, 120)
     (first_launch,) = launches(job_events(engine, job_id))
     killed_at = _kill_tree(first)
     assert group_gone(first_launch.data["pgid"])

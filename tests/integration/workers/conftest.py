@@ -1,4 +1,5 @@
-"""Fixtures for worker tests: a Celery client on the test broker, a registered corpus.
+"""Fixtures for worker tests: a worker per module, a registered corpus (the Celery client on
+the test broker, `celery_client`, is tests/integration/conftest.py's).
 
 Real Celery workers (subprocesses, `helpers.start_worker`) on the session's Postgres and Redis
 run real torchrun and the real trainer.
@@ -15,7 +16,6 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core import datasets, jobs
-from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
@@ -25,15 +25,6 @@ from tests.integration.workers.helpers import (
     tiny_spec,
     unique_queue,
 )
-
-
-@pytest.fixture(scope="session")
-def celery_client(settings: Settings) -> Iterator[Celery]:
-    """A Celery client on the test broker, as the API has one."""
-    app = Celery("torchyard-tests")
-    app.conf.update(celery_config(settings))
-    yield app
-    app.close()
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,19 @@ from core import jobs
 from core.models import Job, JobEvent, JobNode, LogLine, MetricPoint
 from core.queue import RUN_JOB_TASK
 from core.settings import Settings
+from core.storage import job_checkpoint_uri
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from tests.integration.faults.inject import crash_ranks
 from trainer.spec import JobSpec
 
 T = TypeVar("T")
 WORKER_READY_TIMEOUT_S = 60.0
 TERMINAL = ("succeeded", "failed", "cancelled")
+# Spec sections of a job that trains (and never checkpoints) until it is stopped.
+UNTIL_STOPPED: dict[str, Any] = {
+    "train": {"max_steps": 100_000},
+    "checkpoint": {"interval_steps": 100_000},
+}
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.1) -> T:
@@ -161,6 +168,27 @@ def send(client: Celery, job_id: int, queue: str) -> None:
     client.send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
 
 
+def submit(engine: Engine, client: Celery, project: ProjectKey, spec: JobSpec) -> int:
+    """Create the job and send its message to the queue of its pool; the job's id."""
+    job_id = create_job(engine, project, spec)
+    send(client, job_id, spec.resources.pool)
+    return job_id
+
+
+def run_to_success(
+    engine: Engine,
+    client: Celery,
+    project: ProjectKey,
+    spec: JobSpec,
+    worker: Worker,
+    timeout_s: float,
+) -> Job:
+    """Submit the job and wait (up to `timeout_s`) until it ends; fail unless it succeeded."""
+    job = wait_state(engine, submit(engine, client, project, spec), TERMINAL, timeout_s, worker)
+    assert job.state == "succeeded", job.error
+    return job
+
+
 def job_row(engine: Engine, job_id: int) -> Job:
     with Session(engine, expire_on_commit=False) as s:
         job = s.get(Job, job_id)
@@ -226,6 +254,30 @@ def launches(events: list[JobEvent]) -> list[JobEvent]:
     return [e for e in events if e.kind == "info" and "pgid" in (e.data or {})]
 
 
+def wait_step(
+    engine: Engine, job_id: int, step: int, timeout_s: float, what: str = "the run"
+) -> Job:
+    """The job once it has passed `step` (its `current_step`); fail at `timeout_s` naming `what`."""
+
+    def passed() -> Job | None:
+        job = job_row(engine, job_id)
+        return job if (job.current_step or 0) >= step else None
+
+    return wait_for(f"{what} to pass step {step}", passed, timeout_s)
+
+
+def running_launch(
+    engine: Engine, job_id: int, worker: Worker, *, first_metric: bool = True
+) -> JobEvent:
+    """The job's one launch event once it is `running` (within 60 s) and, with `first_metric`,
+    has written a first loss (within 30 s more): its trainer is under way."""
+    wait_state(engine, job_id, ("running",), 60, worker)
+    if first_metric:
+        wait_for("a first metric", lambda: metric_series(engine, job_id, "loss"), 30)
+    (launch,) = launches(job_events(engine, job_id))
+    return launch
+
+
 def group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -241,6 +293,42 @@ def rank_process(pgid: int, rank: int) -> psutil.Process | None:
             if child.environ()["RANK"] == str(rank):
                 return child
     return None
+
+
+def kill_ranks_after_checkpoint(
+    engine: Engine,
+    settings: Settings,
+    job_id: int,
+    *,
+    step: int,
+    nodes: tuple[int, ...] = (0,),
+    timeout_s: float,
+) -> int:
+    """Once the job has reported a checkpoint at `step` (or later), SIGKILL every rank process
+    of the nodes `nodes` (node ranks) in the attempt that saved it, the ranks of its other
+    nodes paused meanwhile (`crash_ranks`). Returns the step of the newest complete checkpoint
+    at the kill: where the job must resume. (A node's global ranks are not known in advance:
+    torchrun's c10d rendezvous numbers the nodes in the order they join.)"""
+
+    def checkpoint() -> JobEvent | None:
+        events = job_events(engine, job_id)
+        return next((e for e in events if e.kind == "checkpoint" and e.data["step"] >= step), None)
+
+    attempt = wait_for(f"a checkpoint at step {step}", checkpoint, timeout_s).attempt
+    pgids = {
+        e.data.get("node_rank", 0): e.data["pgid"]
+        for e in launches(job_events(engine, job_id))
+        if e.attempt == attempt
+    }
+    assert set(nodes) <= set(pgids), (nodes, pgids)
+    kill: list[psutil.Process] = []
+    spare: list[psutil.Process] = []
+    for node_rank, pgid in pgids.items():
+        ranks = [c for c in psutil.Process(pgid).children() if "RANK" in c.environ()]
+        (kill if node_rank in nodes else spare).extend(ranks)
+    assert kill, f"no rank processes of nodes {nodes} under torchrun {pgids}"
+    root = Path(job_checkpoint_uri(settings, job_id))
+    return crash_ranks(kill, root, spare)
 
 
 def left_running(procs: list[psutil.Process]) -> list[psutil.Process]:

@@ -28,15 +28,12 @@ from tests.integration.workers.helpers import (
     Worker,
     create_job,
     job_events,
-    send,
+    run_to_success,
     tiny_spec,
     wait_for,
-    wait_state,
 )
 from torchyard.cli import app as cli_app
 from trainer.export import MODEL_PREFIX, load_model_weights
-
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +92,7 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
         eval={"interval_steps": 4},
         checkpoint={"interval_steps": 4},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
-    job = wait_state(engine, job_id, ENDED, 120, worker)
-    assert job.state == "succeeded", job.error
+    job_id = run_to_success(engine, celery_client, project, spec, worker, 120).id
     listed = api.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()
     (checkpoint,) = listed["items"]
     assert checkpoint["step"] == 4 and checkpoint["export"] is None

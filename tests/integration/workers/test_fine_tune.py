@@ -14,17 +14,16 @@ from core import init_from, jobs
 from core.models import Checkpoint
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    TERMINAL,
     Worker,
-    create_job,
     job_events,
     launches,
     metric_series,
+    run_to_success,
     send,
     tiny_spec,
     wait_state,
 )
-
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(
@@ -36,10 +35,7 @@ def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(
         train={"max_steps": 10},
         eval={"interval_steps": 10},
     )
-    source_id = create_job(engine, project, base)
-    send(celery_client, source_id, worker.queue)
-    source = wait_state(engine, source_id, ENDED, 120, worker)
-    assert source.state == "succeeded", source.error
+    source_id = run_to_success(engine, celery_client, project, base, worker, 120).id
 
     fine_tune = tiny_spec(
         pool=worker.queue,
@@ -59,7 +55,7 @@ def test_a_qat_fine_tune_starts_from_the_pinned_checkpoint_of_an_earlier_job(
     assert pinned.model.init_from is not None
     assert pinned.model.init_from.checkpoint == checkpoint.id
     send(celery_client, job_id, worker.queue)
-    job = wait_state(engine, job_id, ENDED, 120, worker)
+    job = wait_state(engine, job_id, TERMINAL, 120, worker)
     assert job.state == "succeeded", job.error
 
     (launch,) = launches(job_events(engine, job_id))

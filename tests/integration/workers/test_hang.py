@@ -22,19 +22,19 @@ from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,
+    UNTIL_STOPPED,
     Worker,
-    create_job,
     group_gone,
     job_events,
-    job_row,
     launches,
     left_running,
     log_lines,
     rank_process,
-    send,
+    submit,
     tiny_spec,
     wait_for,
     wait_state,
+    wait_step,
 )
 from trainer.spec import LimitsSpec
 from workers.ingest import RunIngest
@@ -123,15 +123,13 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
     spec = tiny_spec(
         pool=worker.queue,
         dataset_id=dataset_id,
-        train={"max_steps": 100_000},
-        checkpoint={"interval_steps": 100_000},
+        **UNTIL_STOPPED,
         resources={"procs_per_node": 2},
         limits={"hang_timeout_s": HANG_TIMEOUT_S},
         retries={"max_restarts": 0},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
-    wait_for("step 3", lambda: (job_row(engine, job_id).current_step or 0) >= 3, 120)
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 3, 120)
     (launch,) = launches(job_events(engine, job_id))
     pgid = launch.data["pgid"]
     stopped = wait_for("rank 1's process", lambda: rank_process(pgid, 1), 10)

@@ -12,21 +12,22 @@ from sqlalchemy.orm import Session
 from core import jobs
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    TERMINAL,
+    UNTIL_STOPPED,
     Worker,
-    create_job,
     group_gone,
     job_events,
-    job_row,
     launches,
     metric_series,
     send,
+    submit,
     tiny_spec,
     wait_for,
     wait_state,
+    wait_step,
 )
 
 STEPS = 20
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(
@@ -38,9 +39,8 @@ def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(
         train={"max_steps": STEPS},
         checkpoint={"interval_steps": 100},  # the pause's own checkpoint is the only one
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
-    wait_for("step 5", lambda: (job_row(engine, job_id).current_step or 0) >= 5, 120)
+    job_id = submit(engine, celery_client, project, spec)
+    wait_step(engine, job_id, 5, 120)
     with Session(engine) as s:
         assert jobs.pause(session=s, job_id=job_id).state == "pausing"
         s.commit()
@@ -73,13 +73,11 @@ def test_max_runtime_stops_the_run_with_a_checkpoint_and_fails_it_with_the_reaso
     spec = tiny_spec(
         pool=worker.queue,
         dataset_id=dataset_id,
-        train={"max_steps": 100_000},
-        checkpoint={"interval_steps": 100_000},
+        **UNTIL_STOPPED,
         limits={"max_runtime_s": 6},
         retries={"max_restarts": 3},  # a limit is not retried
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
+    job_id = submit(engine, celery_client, project, spec)
     job = wait_state(engine, job_id, TERMINAL, 90, worker)
     assert job.state == "failed" and job.attempt == 1
     match = re.fullmatch(r"max_runtime_s exceeded \((\d+) s\)", job.error or "")

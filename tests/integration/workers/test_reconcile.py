@@ -20,13 +20,16 @@ from core.models import Job, JobNode, JobState, utcnow
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    UNTIL_STOPPED,
     Worker,
     create_job,
     group_gone,
     job_events,
     job_row,
     launches,
+    running_launch,
     send,
+    submit,
     tiny_spec,
     unique_queue,
     wait_for,
@@ -34,8 +37,6 @@ from tests.integration.workers.helpers import (
 )
 from workers import liveness
 from workers.reconcile import Report, Scope, reap, reconcile
-
-LONG = {"train": {"max_steps": 100_000}, "checkpoint": {"interval_steps": 100_000}}
 
 
 @pytest.fixture
@@ -132,7 +133,7 @@ def test_a_queued_job_without_a_message_is_sent_again_and_runs(
     run_reconcile: Callable[..., Report],
 ) -> None:
     job_id = create_job(
-        engine, project, tiny_spec(pool=worker.queue, dataset_id=dataset_id, **LONG)
+        engine, project, tiny_spec(pool=worker.queue, dataset_id=dataset_id, **UNTIL_STOPPED)
     )
     # Never sent: as if the broker lost the message.
     assert run_reconcile(worker.queue, redispatch_after_s=60).redispatched == []
@@ -296,7 +297,9 @@ def test_reaper_requeues_a_lost_job_that_may_restart_and_a_worker_resumes_it(
     worker: Worker,
     run_reconcile: Callable[..., Report],
 ) -> None:
-    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, retries={"max_restarts": 1}, **LONG)
+    spec = tiny_spec(
+        pool=worker.queue, dataset_id=dataset_id, retries={"max_restarts": 1}, **UNTIL_STOPPED
+    )
     job_id = create_job(engine, project, spec)
     _as_if_running_on_a_dead_worker(engine, job_id, 2 * settings.heartbeat_timeout_s)
 
@@ -322,11 +325,9 @@ def test_a_live_worker_whose_job_was_reaped_stops_its_trainer(
 ) -> None:
     """Fencing: after a reap (e.g. a network partition outlasting the heartbeat timeout) the
     attempt is no longer the worker's, and the worker must not train on beside a successor."""
-    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **LONG)
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
-    wait_state(engine, job_id, ("running",), 60, worker)
-    (launch,) = launches(job_events(engine, job_id))
+    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **UNTIL_STOPPED)
+    job_id = submit(engine, celery_client, project, spec)
+    launch = running_launch(engine, job_id, worker, first_metric=False)
 
     later = utcnow() + timedelta(seconds=2 * settings.heartbeat_timeout_s)
     # The reaper skips a row the worker holds locked at that instant (its next period takes

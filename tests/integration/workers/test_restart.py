@@ -1,5 +1,10 @@
 """A trainer that dies mid-run is restarted and resumes from its checkpoint, as if never stopped:
-by the platform (a new attempt through the queue) or by torchrun in place (same attempt)."""
+by the platform (a new attempt through the queue) or by torchrun in place (same attempt).
+
+The crash comes from outside: once the first attempt has reported its checkpoint at step 10,
+the test SIGKILLs the trainer's ranks (`kill_ranks_after_checkpoint`; every rank paused first,
+so the newest complete checkpoint at the kill is known). The steps after it run, and are
+reported, twice: the stored series must still hold each step once."""
 
 from __future__ import annotations
 
@@ -10,19 +15,21 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
+from core.models import JobEvent
 from core.settings import Settings
 from core.storage import job_run_dir
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    TERMINAL,
     Worker,
-    create_job,
     job_events,
     job_nodes,
+    kill_ranks_after_checkpoint,
     launches,
     log_lines,
     metric_series,
-    send,
     start_worker,
+    submit,
     tiny_spec,
     unique_queue,
     wait_state,
@@ -30,21 +37,18 @@ from tests.integration.workers.helpers import (
 from workers.ingest import RESTART_OFFSET_STRIDE
 from workers.launcher import RunPaths
 
-# The first attempt dies right after step 15; the last checkpoint is at step 10, so steps
-# 11-15 run, and are reported, twice: the stored series must still hold each step once.
-FAIL_AT_STEP = 15
-TERMINAL = ("succeeded", "failed", "cancelled")
+# tiny_spec: 24 steps, checkpoints at 10, 20 and the end. The ranks die after the first.
+MAX_STEPS = 24
+CHECKPOINTS = (10, 20, MAX_STEPS)
+KILL_AFTER_CHECKPOINT = 10
+KILL_WITHIN_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def faulty_worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    """A worker whose trainers crash (exit 1) after step FAIL_AT_STEP of their first attempt."""
+    """A worker like any other; the test kills the ranks of the jobs it runs."""
     w = start_worker(
-        settings=settings,
-        client=celery_client,
-        queue=unique_queue("faulty"),
-        log_dir=worker_logs,
-        extra_env={"TORCHYARD_FAIL_AT_STEP": str(FAIL_AT_STEP)},
+        settings=settings, client=celery_client, queue=unique_queue("faulty"), log_dir=worker_logs
     )
     yield w
     w.stop()
@@ -61,21 +65,35 @@ def healthy_worker(
     w.stop()
 
 
+def _kill_ranks(engine: Engine, settings: Settings, job_id: int) -> int:
+    """SIGKILL all the job's ranks after its checkpoint at step 10; returns the step it must
+    resume from (10, or 20 when the trainer got that far before the kill)."""
+    step = kill_ranks_after_checkpoint(
+        engine, settings, job_id, step=KILL_AFTER_CHECKPOINT, timeout_s=KILL_WITHIN_S
+    )
+    assert step in CHECKPOINTS[:-1], step  # killed mid-run, after a checkpoint
+    return step
+
+
+def _checkpoint_steps(events: list[JobEvent], attempt: int) -> list[int]:
+    return [e.data["step"] for e in events if e.kind == "checkpoint" and e.attempt == attempt]
+
+
 def test_crashed_attempt_restarts_from_checkpoint_and_matches_an_uninterrupted_run(
     engine: Engine,
+    settings: Settings,
     celery_client: Celery,
     project: ProjectKey,
     dataset_id: str,
     faulty_worker: Worker,
     healthy_worker: Worker,
 ) -> None:
-    def submit(worker: Worker) -> int:
+    def submit_to(worker: Worker) -> int:
         spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, retries={"max_restarts": 1})
-        job_id = create_job(engine, project, spec)
-        send(celery_client, job_id, worker.queue)
-        return job_id
+        return submit(engine, celery_client, project, spec)
 
-    crashing, reference = submit(faulty_worker), submit(healthy_worker)
+    crashing, reference = submit_to(faulty_worker), submit_to(healthy_worker)
+    resume_step = _kill_ranks(engine, settings, crashing)
     ref = wait_state(engine, reference, TERMINAL, 120, healthy_worker)
     job = wait_state(engine, crashing, TERMINAL, 120, faulty_worker)
     assert ref.state == "succeeded", ref.error
@@ -94,8 +112,8 @@ def test_crashed_attempt_restarts_from_checkpoint_and_matches_an_uninterrupted_r
         (2, "running", "succeeded"),
     ]
     restarting = next(e for e in events if e.state_to == "restarting")
-    # The rank exits 1 without an exception (no error event, no error file): `infra`,
-    # retried while max_restarts lasts.
+    # The rank died by SIGKILL without an exception (no error event, no error file); torchrun
+    # exits 1: `infra`, retried while max_restarts lasts.
     assert restarting.data == {
         "cause": "failure",
         "attempt": 1,
@@ -113,15 +131,17 @@ def test_crashed_attempt_restarts_from_checkpoint_and_matches_an_uninterrupted_r
     assert second.failure is None and job.failure == first.failure
     assert len(launches(events)) == 2
     resumed = [e for e in events if e.state_to == "running"][-1]
-    assert resumed.data["start_step"] == 10
-    assert [e.data["step"] for e in events if e.kind == "checkpoint"] == [10, 20, 24]
+    assert resumed.data["start_step"] == resume_step
+    assert _checkpoint_steps(events, 1)[0] == KILL_AFTER_CHECKPOINT
+    assert max(_checkpoint_steps(events, 1)) <= resume_step
+    assert _checkpoint_steps(events, 2) == [s for s in CHECKPOINTS if s > resume_step]
 
     losses = metric_series(engine, crashing, "loss")
     reference_losses = metric_series(engine, reference, "loss")
-    assert [p.step for p in losses] == list(range(1, 25))
+    assert [p.step for p in losses] == list(range(1, MAX_STEPS + 1))
     assert [p.value for p in losses] == pytest.approx([p.value for p in reference_losses], rel=1e-5)
-    assert {p.attempt for p in losses if p.step <= 10} == {1}
-    assert {p.attempt for p in losses if p.step > 10} == {2}
+    assert {p.attempt for p in losses if p.step <= resume_step} == {1}
+    assert {p.attempt for p in losses if p.step > resume_step} == {2}
 
 
 def test_ranks_restarted_in_place_resume_from_checkpoint_within_the_same_attempt(
@@ -133,21 +153,21 @@ def test_ranks_restarted_in_place_resume_from_checkpoint_within_the_same_attempt
     faulty_worker: Worker,
     healthy_worker: Worker,
 ) -> None:
-    """Both ranks exit 1 after step 15 of torchrun's first run of the worker group; with
-    `max_inplace_restarts: 1` torchrun restarts them (restart 1), they resume from step 10."""
+    """Both ranks of torchrun's first run of the worker group are SIGKILLed after the
+    checkpoint at step 10; with `max_inplace_restarts: 1` torchrun restarts them (restart 1),
+    they resume from the newest complete checkpoint."""
 
-    def submit(worker: Worker) -> int:
+    def submit_to(worker: Worker) -> int:
         spec = tiny_spec(
             pool=worker.queue,
             dataset_id=dataset_id,
             resources={"procs_per_node": 2},
             retries={"max_restarts": 0, "max_inplace_restarts": 1},
         )
-        job_id = create_job(engine, project, spec)
-        send(celery_client, job_id, worker.queue)
-        return job_id
+        return submit(engine, celery_client, project, spec)
 
-    crashing, reference = submit(faulty_worker), submit(healthy_worker)
+    crashing, reference = submit_to(faulty_worker), submit_to(healthy_worker)
+    resume_step = _kill_ranks(engine, settings, crashing)
     ref = wait_state(engine, reference, TERMINAL, 180, healthy_worker)
     job = wait_state(engine, crashing, TERMINAL, 180, faulty_worker)
     assert ref.state == "succeeded", ref.error
@@ -167,12 +187,15 @@ def test_ranks_restarted_in_place_resume_from_checkpoint_within_the_same_attempt
     (restarted,) = [e for e in events if (e.message or "").startswith("ranks restarted in place")]
     assert restarted.message.startswith("ranks restarted in place (restart 1); ")
     assert (restarted.attempt, restarted.data["restart"]) == (1, 1)
-    assert restarted.data["start_step"] == 10
-    assert [e.data["step"] for e in events if e.kind == "checkpoint"] == [10, 20, 24]
+    assert restarted.data["start_step"] == resume_step
+    checkpoints = _checkpoint_steps(events, 1)  # both runs of the group: one attempt
+    assert checkpoints[0] == KILL_AFTER_CHECKPOINT
+    after = [s for s in CHECKPOINTS if s > resume_step]
+    assert [s for s in checkpoints if s > resume_step] == after  # the restarted run's
 
     losses = metric_series(engine, crashing, "loss")
     reference_losses = metric_series(engine, reference, "loss")
-    assert [p.step for p in losses] == list(range(1, 25))
+    assert [p.step for p in losses] == list(range(1, MAX_STEPS + 1))
     assert [p.value for p in losses] == pytest.approx([p.value for p in reference_losses], rel=1e-5)
     assert {p.attempt for p in losses} == {1}
 
@@ -194,4 +217,6 @@ def test_ranks_restarted_in_place_resume_from_checkpoint_within_the_same_attempt
     first_run = "\n".join(
         x.line for x in stored if x.rank == 0 and x.offset < RESTART_OFFSET_STRIDE
     )
-    assert f"TORCHYARD_FAIL_AT_STEP={FAIL_AT_STEP}: exiting with code 1" in first_run
+    # The first run trained past its checkpoint and died before the end of the run.
+    assert f"step {resume_step} loss" in first_run
+    assert f"step {MAX_STEPS} loss" not in first_run

@@ -16,6 +16,8 @@ from core.settings import Settings
 from core.storage import job_checkpoint_uri
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    TERMINAL,
+    UNTIL_STOPPED,
     Worker,
     create_job,
     group_gone,
@@ -24,7 +26,9 @@ from tests.integration.workers.helpers import (
     launches,
     log_lines,
     metric_series,
+    running_launch,
     send,
+    submit,
     tiny_spec,
     wait_for,
     wait_state,
@@ -41,10 +45,9 @@ def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a
         eval={"interval_steps": 10},
         resources={"procs_per_node": 2},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
+    job_id = submit(engine, celery_client, project, spec)
 
-    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 120, worker)
+    job = wait_state(engine, job_id, TERMINAL, 120, worker)
     assert job.state == "succeeded", job.error
     assert (job.attempt, job.exit_code, job.current_step) == (1, 0, 30)
     assert job.worker == worker.name and job.heartbeat_at is not None
@@ -94,15 +97,11 @@ def test_cancel_of_a_running_job_ends_its_process_group_within_10_s(
     spec = tiny_spec(
         pool=worker.queue,
         dataset_id=dataset_id,
-        train={"max_steps": 100_000},
-        checkpoint={"interval_steps": 100_000},
+        **UNTIL_STOPPED,
         resources={"procs_per_node": 2},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
-    wait_state(engine, job_id, ("running",), 60, worker)
-    wait_for("a first metric", lambda: metric_series(engine, job_id, "loss"), 30)
-    (launch,) = launches(job_events(engine, job_id))
+    job_id = submit(engine, celery_client, project, spec)
+    launch = running_launch(engine, job_id, worker)
     pgid = launch.data["pgid"]
     assert not group_gone(pgid)
 
@@ -133,10 +132,9 @@ def test_invalid_data_fails_the_job_at_once_and_is_never_retried(
         data={"dataset": None, "uri": str(missing)},
         retries={"max_restarts": 3},
     )
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
+    job_id = submit(engine, celery_client, project, spec)
 
-    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 60, worker)
+    job = wait_state(engine, job_id, TERMINAL, 60, worker)
     assert (job.state, job.attempt, job.exit_code) == ("failed", 1, 2)
     assert "does not exist" in (job.error or "")
     events = job_events(engine, job_id)
@@ -159,10 +157,9 @@ def test_unknown_dataset_fails_before_any_trainer_starts(
     engine: Engine, celery_client: Celery, project: ProjectKey, worker: Worker
 ) -> None:
     spec = tiny_spec(pool=worker.queue, dataset_id="ds_missing", retries={"max_restarts": 3})
-    job_id = create_job(engine, project, spec)
-    send(celery_client, job_id, worker.queue)
+    job_id = submit(engine, celery_client, project, spec)
 
-    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 30, worker)
+    job = wait_state(engine, job_id, TERMINAL, 30, worker)
     assert (job.state, job.attempt) == ("failed", 1)
     assert "ds_missing" in (job.error or "")
     assert launches(job_events(engine, job_id)) == []
@@ -189,7 +186,7 @@ def test_an_exception_in_the_trainer_fails_the_job_with_the_class_from_its_error
     (checkpoints / "step_00000010").write_text("not a directory")
     send(celery_client, job_id, worker.queue)
 
-    job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 90, worker)
+    job = wait_state(engine, job_id, TERMINAL, 90, worker)
     assert (job.state, job.attempt, job.exit_code) == ("failed", 1, 1)
     assert job.failure is not None
     assert (job.failure["class"], job.failure["rank"], job.failure["node_rank"]) == ("infra", 0, 0)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -14,19 +16,32 @@ from core.models import JobState
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
-    create_job,
+    UNTIL_STOPPED,
+    Worker,
     group_gone,
     job_events,
     job_row,
-    launches,
-    metric_series,
-    send,
+    running_launch,
     start_worker,
+    submit,
     tiny_spec,
     unique_queue,
     wait_for,
-    wait_state,
 )
+
+
+@pytest.fixture
+def worker(settings: Settings, celery_client: Celery, tmp_path: Path) -> Iterator[Worker]:
+    """A worker with 2 CPU slots on the threads pool, as a worker runs in production."""
+    w = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("shutdown"),
+        log_dir=tmp_path,
+        slots=2,
+    )
+    yield w
+    w.stop(timeout_s=5)
 
 
 def test_warm_shutdown_stops_the_trainer_and_hands_the_job_back(
@@ -35,34 +50,20 @@ def test_warm_shutdown_stops_the_trainer_and_hands_the_job_back(
     celery_client: Celery,
     project: ProjectKey,
     dataset_id: str,
-    tmp_path: Path,
+    worker: Worker,
 ) -> None:
-    worker = start_worker(  # the threads pool a worker runs in production
-        settings=settings,
-        client=celery_client,
-        queue=unique_queue("stop"),
-        log_dir=tmp_path,
-        slots=2,
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        **UNTIL_STOPPED,
     )
-    try:
-        spec = tiny_spec(
-            pool=worker.queue,
-            dataset_id=dataset_id,
-            train={"max_steps": 100_000},
-            checkpoint={"interval_steps": 100_000},
-        )
-        job_id = create_job(engine, project, spec)
-        send(celery_client, job_id, worker.queue)
-        wait_state(engine, job_id, ("running",), 60, worker)
-        wait_for("a first metric", lambda: metric_series(engine, job_id, "loss"), 30)
-        (launch,) = launches(job_events(engine, job_id))
+    job_id = submit(engine, celery_client, project, spec)
+    launch = running_launch(engine, job_id, worker)
 
-        stopped_at = time.monotonic()
-        assert worker.stop(timeout_s=30) == 0, worker.log
-        assert time.monotonic() - stopped_at < settings.cancel_grace_s + 10
-        assert group_gone(launch.data["pgid"])
-    finally:
-        worker.stop(timeout_s=5)
+    stopped_at = time.monotonic()
+    assert worker.stop(timeout_s=30) == 0, worker.log
+    assert time.monotonic() - stopped_at < settings.cancel_grace_s + 10
+    assert group_gone(launch.data["pgid"])
 
     job = job_row(engine, job_id)
     assert (job.state, job.attempt) == ("queued", 1)
@@ -79,38 +80,24 @@ def test_warm_shutdown_stops_the_trainer_and_hands_the_job_back(
 
 def test_a_killed_worker_takes_its_trainer_down_with_it(
     engine: Engine,
-    settings: Settings,
     celery_client: Celery,
     project: ProjectKey,
     dataset_id: str,
-    tmp_path: Path,
+    worker: Worker,
 ) -> None:
-    worker = start_worker(  # the threads pool a worker runs in production
-        settings=settings,
-        client=celery_client,
-        queue=unique_queue("kill"),
-        log_dir=tmp_path,
-        slots=2,
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=dataset_id,
+        **UNTIL_STOPPED,
+        resources={"procs_per_node": 2},
     )
-    try:
-        spec = tiny_spec(
-            pool=worker.queue,
-            dataset_id=dataset_id,
-            train={"max_steps": 100_000},
-            checkpoint={"interval_steps": 100_000},
-            resources={"procs_per_node": 2},
-        )
-        job_id = create_job(engine, project, spec)
-        send(celery_client, job_id, worker.queue)
-        wait_state(engine, job_id, ("running",), 60, worker)
-        (launch,) = launches(job_events(engine, job_id))
+    job_id = submit(engine, celery_client, project, spec)
+    launch = running_launch(engine, job_id, worker, first_metric=False)
 
-        worker.proc.kill()  # SIGKILL: no handler runs in the worker
-        worker.proc.wait()
-        # torchrun gets SIGTERM from the kernel (parent-death signal) and stops the ranks.
-        wait_for("the orphaned trainer to stop", lambda: group_gone(launch.data["pgid"]), 30)
-    finally:
-        worker.stop(timeout_s=5)
+    worker.proc.kill()  # SIGKILL: no handler runs in the worker
+    worker.proc.wait()
+    # torchrun gets SIGTERM from the kernel (parent-death signal) and stops the ranks.
+    wait_for("the orphaned trainer to stop", lambda: group_gone(launch.data["pgid"]), 30)
 
     with Session(engine) as s:  # the reaper's business after heartbeat_timeout_s; end it here
         jobs.cancel(session=s, job_id=job_id)

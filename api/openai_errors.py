@@ -1,0 +1,73 @@
+"""Errors under `/openai/` in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+The app's handlers (api.errors) answer as usual; for a request under the prefix their body is
+rewritten, so both views report the same statuses for the same faults.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.responses import Response
+
+PREFIX = "/openai/"
+
+TYPE_OF_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+def openai_body(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """Torchyard's error body as OpenAI's: `param` is the first detail's field path (without
+    `body`/`query`/`path`), `code` Torchyard's error code."""
+    error = body.get("error", {})
+    details = error.get("details") or []
+    param = None
+    if details:
+        loc = [str(p) for p in details[0].get("loc", [])]
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        param = ".".join(loc) or None
+    kind = TYPE_OF_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {
+        "error": {
+            "message": error.get("message", ""),
+            "type": kind,
+            "param": param,
+            "code": error.get("code"),
+        }
+    }
+
+
+def _wrap(handler: Handler) -> Handler:
+    async def handle(request: Request, exc: Exception) -> Response:
+        response = await handler(request, exc)
+        if not request.url.path.startswith(PREFIX) or not isinstance(response, JSONResponse):
+            return response
+        body = json.loads(bytes(response.body))
+        headers = {k: v for k, v in response.headers.items() if k.lower() == "www-authenticate"}
+        return JSONResponse(
+            openai_body(response.status_code, body),
+            status_code=response.status_code,
+            headers=headers or None,
+        )
+
+    return handle
+
+
+def install(app: FastAPI) -> None:
+    """Wrap every exception handler installed so far (call after `api.errors.install`)."""
+    for key, handler in list(app.exception_handlers.items()):
+        app.exception_handlers[key] = _wrap(handler)  # type: ignore[arg-type]

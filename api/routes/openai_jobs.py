@@ -1,0 +1,139 @@
+"""OpenAI-compatible fine-tuning jobs (`/openai/v1/fine_tuning/jobs`): each is a normal
+Torchyard job (submitted as `POST /v1/jobs` submits), shown in OpenAI's shapes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.routes.jobs import check_submittable
+from core import jobs, openai_view
+from core.openai_spec import FineTuneCreate, build
+
+router = APIRouter(prefix="/openai/v1/fine_tuning/jobs", tags=["openai"])
+
+FtJobId = Annotated[str, Path(max_length=40, description="`ftjob-<Torchyard job id>`.")]
+After = Annotated[
+    str | None, Query(max_length=40, description="Id of the previous page's last item.")
+]
+Limit = Annotated[int, Query(ge=1, le=100)]
+
+
+@router.post("")
+def create_job(
+    body: FineTuneCreate,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
+) -> dict[str, Any]:
+    """Fine-tune a registered base model (LoRA; `method.type` supervised or dpo) on an uploaded
+    file. 422 (`param` names the field) for an unknown model or a file of the wrong format."""
+    spec, _ = build(session=session, settings=settings, project_id=principal.project_id, body=body)
+    pinned = check_submittable(
+        session=session, settings=settings, project_id=principal.project_id, spec=spec
+    )
+    result = jobs.create(
+        session=session, project_id=principal.project_id, spec=pinned, owner=principal.key_name
+    )
+    request.app.state.dispatcher.dispatch(result.job)
+    return openai_view.job_object(result.job)
+
+
+@router.get("")
+def list_jobs(
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    request: Request,
+    after: After = None,
+    limit: Limit = 20,
+) -> dict[str, Any]:
+    """The project's fine-tuning jobs, newest first, `limit` at a time after `after`; with
+    `metadata[<key>]=<value>` (any number) only those whose metadata has every such pair."""
+    metadata = {
+        k[len("metadata[") : -1]: v[:500]
+        for k, v in request.query_params.items()
+        if k.startswith("metadata[") and k.endswith("]") and len(k) <= 110
+    }
+    items, more = openai_view.jobs_page(session, principal.project_id, after, limit, metadata)
+    return {
+        "object": "list",
+        "data": openai_view.job_objects(session, items),
+        "has_more": more,
+    }
+
+
+@router.get("/{job_id}")
+def get_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+    """One fine-tuning job; 404 for another project's."""
+    job = openai_view.get_job(session, job_id, principal.project_id)
+    return openai_view.job_objects(session, [job])[0]
+
+
+@router.post("/{job_id}/cancel")
+def cancel_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+    """Cancel (409 once it has ended); the status reads `cancelled` when it has stopped."""
+    job = openai_view.get_job(session, job_id, principal.project_id)
+    job = jobs.cancel(session=session, job_id=job.id, project_id=principal.project_id)
+    session.commit()
+    return openai_view.job_object(job)
+
+
+@router.post("/{job_id}/pause")
+def pause_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+    """Pause: a running job checkpoints and stops, a queued one leaves the queue; 409 else."""
+    job = openai_view.get_job(session, job_id, principal.project_id)
+    job = jobs.pause(session=session, job_id=job.id, project_id=principal.project_id)
+    session.commit()
+    return openai_view.job_object(job)
+
+
+@router.post("/{job_id}/resume")
+def resume_job(
+    job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+) -> dict[str, Any]:
+    """Resume a paused job from its latest checkpoint; 409 in other states."""
+    job = openai_view.get_job(session, job_id, principal.project_id)
+    job = jobs.resume(session=session, job_id=job.id, project_id=principal.project_id)
+    session.commit()
+    request.app.state.dispatcher.dispatch(job)
+    return openai_view.job_object(job)
+
+
+@router.get("/{job_id}/events")
+def list_events(
+    job_id: FtJobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    after: After = None,
+    limit: Limit = 20,
+) -> dict[str, Any]:
+    """The job's events (state changes, checkpoints, samples), newest first."""
+    job = openai_view.get_job(session, job_id, principal.project_id)
+    data, more = openai_view.events_page(session, job, after, limit)
+    return {"object": "list", "data": data, "has_more": more}
+
+
+@router.get("/{job_id}/checkpoints")
+def list_checkpoints(
+    job_id: FtJobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    after: After = None,
+    limit: Limit = 10,
+) -> dict[str, Any]:
+    """The job's complete checkpoints, newest first, with the metrics at their step."""
+    job = openai_view.get_job(session, job_id, principal.project_id)
+    items = openai_view.checkpoint_objects(session, job)
+    if after is not None:
+        ids = [c["id"] for c in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    return {
+        "object": "list",
+        "data": items[:limit],
+        "has_more": len(items) > limit,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[:limit][-1]["id"] if items else None,
+    }

@@ -1,0 +1,160 @@
+"""A `POST /openai/v1/fine_tuning/jobs` body as a Torchyard JobSpec (LoRA SFT or DPO over a
+registered base model), with OpenAI's `"auto"` hyperparameters resolved."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.orm import Session
+
+from core import datasets
+from core.errors import InvalidInput
+from core.openai_view import BASE_LABEL, LR_LABEL, META_PREFIX, SUFFIX_LABEL, base_model
+from core.settings import BaseModelEntry, Settings
+from trainer.spec import JobSpec
+
+Auto = Literal["auto"]
+_ID = Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hyperparameters(_Open):
+    """OpenAI's hyperparameters; each `"auto"` (or absent) takes the base model's default."""
+
+    n_epochs: Annotated[int, Field(ge=1, le=50)] | Auto | None = None
+    batch_size: Annotated[int, Field(ge=1, le=256)] | Auto | None = None
+    learning_rate_multiplier: Annotated[float, Field(gt=0, le=100)] | Auto | None = None
+    beta: Annotated[float, Field(gt=0, le=100)] | Auto | None = None
+
+
+class _Wrapped(_Open):
+    hyperparameters: Hyperparameters | None = None
+
+
+class Method(_Open):
+    type: Literal["supervised", "dpo"]
+    supervised: _Wrapped | None = None
+    dpo: _Wrapped | None = None
+
+
+class FineTuneCreate(_Open):
+    """The body of `POST /openai/v1/fine_tuning/jobs` (OpenAI's fields; `integrations` are
+    accepted and ignored)."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    training_file: _ID
+    validation_file: _ID | None = None
+    suffix: (
+        Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None
+    ) = None
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    method: Method | None = None
+    hyperparameters: Hyperparameters | None = None
+    integrations: list[Any] | None = None
+
+
+def build(
+    *, session: Session, settings: Settings, project_id: str, body: FineTuneCreate
+) -> tuple[JobSpec, dict[str, Any]]:
+    """(the JobSpec, the resolved hyperparameters) for `body`. Raises InvalidInput naming the
+    OpenAI field (`model`, `training_file`, `validation_file`, `method`)."""
+    entry = base_model(settings, body.model)
+    kind = body.method.type if body.method is not None else "supervised"
+    _check_file(session, project_id, body.training_file, "training_file", kind)
+    if body.validation_file is not None:
+        _check_file(session, project_id, body.validation_file, "validation_file", kind)
+    hyper = _resolve(entry, _given(body, kind), kind)
+    labels = {BASE_LABEL: body.model, LR_LABEL: repr(hyper["learning_rate_multiplier"])}
+    if body.suffix:
+        labels[SUFFIX_LABEL] = body.suffix
+    labels.update({META_PREFIX + k: v for k, v in (body.metadata or {}).items()})
+    ours: dict[str, Any] = {
+        "name": _name(body.model, body.suffix),
+        "labels": labels,
+        "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
+        "model": {"kind": "hf", "hf": {"path_or_id": entry.path}, "seq_len": entry.seq_len},
+        "lora": entry.lora,
+        "method": {"kind": "dpo", "dpo": {"beta": hyper["beta"]}}
+        if kind == "dpo"
+        else {"kind": "sft"},
+        "data": {"dataset": body.training_file, "eval_dataset": body.validation_file},
+        "optim": {"lr": entry.learning_rate * hyper["learning_rate_multiplier"]},
+        "train": {"micro_batch_size": hyper["batch_size"], "epochs": hyper["n_epochs"]},
+        "resources": {**entry.resources, "pool": entry.pool},
+    }
+    merged = _merge(entry.spec, ours)
+    try:
+        return JobSpec.model_validate(merged), hyper
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise InvalidInput(
+            f"the job for base model {body.model!r} is not valid: {where}: {err['msg']}",
+            details=[{"loc": ["body", "model"], "msg": err["msg"], "type": err["type"]}],
+        ) from None
+
+
+def _given(body: FineTuneCreate, kind: str) -> Hyperparameters:
+    if body.method is not None:
+        wrapped = body.method.dpo if kind == "dpo" else body.method.supervised
+        if wrapped is not None and wrapped.hyperparameters is not None:
+            return wrapped.hyperparameters
+    return body.hyperparameters or Hyperparameters()
+
+
+def _resolve(entry: BaseModelEntry, given: Hyperparameters, kind: str) -> dict[str, Any]:
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None or value == "auto" else value
+
+    out = {
+        "n_epochs": pick(given.n_epochs, entry.n_epochs),
+        "batch_size": pick(given.batch_size, entry.batch_size),
+        "learning_rate_multiplier": float(pick(given.learning_rate_multiplier, 1.0)),
+    }
+    if kind == "dpo":
+        out["beta"] = float(pick(given.beta, 0.1))
+    return out
+
+
+def _check_file(session: Session, project_id: str, file_id: str, param: str, kind: str) -> None:
+    found = datasets.get(session=session, dataset_id=file_id, project_id=project_id)
+    if found is None:
+        msg = f"no file {file_id!r} in this project"
+    elif kind == "dpo" and found.format != "preference":
+        msg = f"method dpo needs a preference file (this one is {found.format!r})"
+    elif kind == "supervised" and found.format not in ("messages", "prompt_completion"):
+        msg = f"method supervised needs a messages or prompt_completion file, not {found.format!r}"
+    else:
+        return
+    raise InvalidInput(
+        f"{param}: {msg}", details=[{"loc": ["body", param], "msg": msg, "type": "invalid_file"}]
+    )
+
+
+def _name(model: str, suffix: str | None) -> str:
+    raw = re.sub(r"[^A-Za-z0-9._-]+", "-", f"ft-{model}" + (f"-{suffix}" if suffix else ""))
+    return raw[:100]
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, section by section (dicts merged, other values replaced)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out

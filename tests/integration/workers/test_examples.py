@@ -1,0 +1,179 @@
+"""The three examples under `examples/` as a user runs them, through REST against a real API
+server and a real worker (issue 13): the directory uploaded with the SDK, its `spec.yaml`
+submitted (2 CPU processes; fewer steps through the command's own flags), then paused at a
+checkpoint, resumed, the worker SIGKILLed with its whole process tree and started again. The
+job succeeds; every step's metrics are stored once; each attempt after an interruption starts
+right after the checkpoint it resumed from, and the steps run again after the kill report the
+values they reported before it (the examples resume model, optimizer and data order)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from celery import Celery
+from sqlalchemy import Engine
+
+from core.settings import Settings
+from tests.conftest import REPO_ROOT, ProjectKey
+from tests.integration.workers.helpers import (
+    Worker,
+    job_events,
+    metric_series,
+    start_worker,
+    unique_queue,
+    wait_for,
+)
+from torchyard import Client
+from torchyard.models import Job
+
+EXAMPLES = REPO_ROOT / "examples"
+TIMEOUT_S = 120.0
+# Each example's command, shortened: checkpoints often, and enough steps after a resume that
+# the test can kill the worker between the resumed attempt's first checkpoint and the end.
+COMMANDS = {
+    "ddp": ["python", "train.py", "--max-steps", "800", "--checkpoint-every", "100"],
+    "fsdp2": ["python", "train.py", "--max-steps", "400", "--checkpoint-every", "60"],
+    "hf_trainer": ["python", "train.py", "--max-steps", "400", "--save-steps", "60"],
+}
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[Worker]]:
+    """The workers a test starts; each is stopped (or already dead) at the end."""
+    holder: list[Worker] = []
+    yield holder
+    for w in holder:
+        w.stop()
+
+
+def example_spec(name: str, pool: str) -> dict[str, Any]:
+    """`examples/NAME/spec.yaml` with the shortened command, on `pool`."""
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / name / "spec.yaml").read_text())
+    assert spec["resources"]["procs_per_node"] == 2 and spec["resources"]["device"] == "cpu"
+    spec["entrypoint"]["command"] = COMMANDS[name]
+    spec["resources"]["pool"] = pool
+    return spec
+
+
+def wait_job(client: Client, job_id: int, states: tuple[str, ...], worker: Worker) -> Job:
+    def probe() -> Job | None:
+        job = client.jobs.get(job_id)
+        if job.state in ("failed", "cancelled") and job.state not in states:
+            pytest.fail(f"job {job_id} {job.state}: {job.failure}\n{worker.log[-4000:]}")
+        return job if job.state in states else None
+
+    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, TIMEOUT_S, 0.2)
+
+
+def checkpoint_after(client: Client, job_id: int, step: int) -> int:
+    """The step of the job's first recorded checkpoint past `step` (polled)."""
+
+    def probe() -> int | None:
+        later = [c.step for c in client.jobs.checkpoints(job_id) if c.step > step]
+        return min(later) if later else None
+
+    return wait_for(f"a checkpoint past step {step}", probe, TIMEOUT_S, 0.1)
+
+
+def step_passed(client: Client, job_id: int, step: int) -> Job:
+    """The job once its run has reported step `step` (polled)."""
+
+    def probe() -> Job | None:
+        job = client.jobs.get(job_id)
+        return job if (job.current_step or 0) >= step else None
+
+    return wait_for(f"the run to pass step {step}", probe, TIMEOUT_S, 0.05)
+
+
+def kill_tree(worker: Worker) -> None:
+    """SIGKILL the worker and every process under it (torchrun, its ranks) at once."""
+    root = psutil.Process(worker.proc.pid)
+    tree = [root, *root.children(recursive=True)]
+    assert len(tree) >= 4, f"no trainer under the worker: {tree}"  # worker, torchrun, 2 ranks
+    for proc in tree:
+        proc.send_signal(signal.SIGKILL)
+    worker.proc.wait()
+    psutil.wait_procs(tree, timeout=10)
+
+
+def first_step(points: list[Any], attempt: int) -> int:
+    return min(p.step for p in points if p.attempt == attempt)
+
+
+@pytest.mark.parametrize("example", sorted(COMMANDS))
+def test_an_example_is_paused_resumed_and_survives_a_killed_worker_from_its_own_checkpoint(
+    example: str,
+    live_api: str,
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    fleet: list[Worker],
+) -> None:
+    queue = unique_queue(f"example-{example}")
+    # Two CPU slots on the threads pool, so that the restarted worker answers its start-up ping
+    # while it already runs the requeued job (a solo pool would not until the job ended).
+    fleet.append(
+        start_worker(
+            settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2
+        )
+    )
+    max_steps = int(COMMANDS[example][3])
+    with Client(live_api, project.api_key) as client:
+        archive = client.code.upload(EXAMPLES / example)
+        spec = example_spec(example, queue)
+        spec["entrypoint"]["code"] = archive.id
+        job_id = client.jobs.create(spec).id
+
+        # Pause once a first checkpoint is recorded: the script saves where it stops.
+        checkpoint_after(client, job_id, 0)
+        assert client.jobs.pause(job_id).state in ("pausing", "paused")
+        paused = wait_job(client, job_id, ("paused",), fleet[0])
+        paused_at = max(c.step for c in client.jobs.checkpoints(job_id))
+        assert paused_at == paused.current_step, "the stop saved the step it stopped at"
+        assert client.jobs.resume(job_id).state == "queued"
+
+        # Kill the worker once the resumed run has checkpointed past the pause.
+        # Mid-way to the next checkpoint, so that some steps are lost and run again.
+        every = int(COMMANDS[example][5])
+        past = checkpoint_after(client, job_id, paused_at) + every // 3
+        resumed = step_passed(client, job_id, past)
+        kill_tree(fleet[0])
+        before_kill = {p.step: p.value for p in metric_series(engine, job_id, "loss")}
+        recorded = max(c.step for c in client.jobs.checkpoints(job_id))
+        assert recorded < max_steps, "the run ended before the kill: give it more steps"
+        # The same worker started again requeues its predecessor's job at once.
+        fleet.append(
+            start_worker(
+                settings=settings,
+                client=celery_client,
+                queue=queue,
+                log_dir=worker_logs,
+                name=fleet[0].name,
+                slots=2,
+            )
+        )
+        done = wait_job(client, job_id, ("succeeded",), fleet[1])
+        checkpoints = sorted(c.step for c in client.jobs.checkpoints(job_id))
+
+    killed = done.attempt
+    assert killed == resumed.attempt + 1 and done.restarts_used == 1
+    assert done.failure is not None and done.failure.failure_class == "node_lost", done.failure
+    loss = metric_series(engine, job_id, "loss")
+    assert [p.step for p in loss] == list(range(1, max_steps + 1)), "every step stored once"
+    assert first_step(loss, resumed.attempt) == paused_at + 1
+    assert first_step(loss, killed) == recorded + 1, "resumed from the latest recorded checkpoint"
+    again = {p.step: p.value for p in loss if p.attempt == killed and p.step in before_kill}
+    assert again, "the kill landed right at a checkpoint: nothing ran twice"
+    assert again == pytest.approx({s: before_kill[s] for s in again}, rel=1e-4, abs=1e-6)
+    started = [e for e in job_events(engine, job_id) if e.state_to == "running"]
+    assert [e.data.get("start_step") for e in started][-2:] == [paused_at, recorded]
+    assert checkpoints[-1] == max_steps and len(checkpoints) <= 2  # keep_last_checkpoints
+    print(f"{example}: paused at {paused_at}, killed after checkpoint {recorded}")

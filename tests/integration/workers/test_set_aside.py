@@ -1,0 +1,34 @@
+"""A new attempt sets aside the checkpoints no attempt recorded (a worker lost between writing
+one and its `checkpoint` event), the trainer's `step_XXXXXXXX` and a `transformers.Trainer`
+script's `checkpoint-N` alike, so the run resumes from the latest recorded one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from core import ingest, jobs
+from tests.conftest import ProjectKey
+from trainer.spec import parse_job_spec
+from workers.checkpoints import ASIDE, set_aside_unrecorded
+
+
+def test_unrecorded_step_and_trainer_checkpoints_are_set_aside(
+    session: Session, project: ProjectKey, tmp_path: Path
+) -> None:
+    spec = parse_job_spec({"name": "aside", "data": {"uri": str(tmp_path)}})
+    job = jobs.create(session=session, project_id=project.project_id, spec=spec).job
+    for step in (10, 30):
+        ingest.checkpoint(
+            session=session, job_id=job.id, attempt=1, step=step, uri="x", size_bytes=0
+        )
+    names = ["step_00000010", "step_00000020", "checkpoint-30", "checkpoint-40", "notes"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    moved = set_aside_unrecorded(session=session, job_id=job.id, attempt=2, root=str(tmp_path))
+    assert moved == [20, 40]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([ASIDE, "step_00000010", "checkpoint-30", "notes"])
+    aside = sorted(p.name for p in (tmp_path / ASIDE).iterdir())
+    assert aside == ["checkpoint-40.a2", "step_00000020.a2"]

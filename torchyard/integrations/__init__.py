@@ -1,0 +1,1 @@
+"""Adapters between training libraries and `torchyard.train` (each imports its library)."""

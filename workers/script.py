@@ -1,0 +1,138 @@
+"""Preparing one node's attempt of an `entrypoint` job (docs/CONTRACTS.md section 5).
+
+The job's code archive is fetched from storage (fsspec) and unpacked into `RUN_DIR/code/`
+(`core.code_archives.unpack`, which checks it again) for each attempt on each node; the job's
+Python is the worker's, or with `requirements` a cached virtual environment
+(`workers.venvs`), whose installer writes into the job's logs as torchrun's own output does
+(rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
+
+Checkpoints: with local storage the job's checkpoint directory is handed to the program as a
+local path. Remote storage (a local staging directory uploaded on each `checkpoint` event) is
+not done yet: such a job is refused at launch with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import fsspec
+from sqlalchemy.orm import Session
+
+from core import code_archives
+from core.errors import InvalidInput
+from core.lifecycle import FailureClass
+from core.models import Job
+from core.settings import Settings
+from core.storage import job_checkpoint_uri, job_run_dir
+from trainer.spec import ScriptJobSpec
+from workers.attempt import Unlaunched, with_db_retry
+from workers.checkpoints import set_aside_unrecorded
+from workers.ingest import RunIngest
+from workers.launcher import RunPaths
+from workers.venvs import InstallFailed, InstallStopped, ensure_venv
+
+log = logging.getLogger(__name__)
+
+
+def venv_root(settings: Settings) -> Path:
+    """`TORCHYARD_VENV_DIR`, default `TORCHYARD_HOME/venvs`: the host's job environments."""
+    return (settings.venv_dir or settings.home / "venvs").resolve()
+
+
+def prepare(
+    settings: Settings,
+    factory: Callable[[], Session],
+    job: Job,
+    spec: ScriptJobSpec,
+    *,
+    node_rank: int | None,
+    node_index: int,
+    nproc: int,
+    beat: Callable[[], bool] | None = None,
+) -> RunPaths:
+    """Create the run dir of this node's attempt, unpack the code, resolve the Python.
+
+    `node_rank`: the run dir's node part (None: a single node); `node_index`: the node's rank
+    in the gang (0 for a single node: its logs' ranks); `nproc`: its ranks; `beat`: the job's
+    heartbeat, called while requirements install (False: the attempt is over; stop). Raises
+    InvalidInput (the archive is gone, remote storage), Unlaunched (the install failed: its
+    output is stored as the job's rank -1 log first; or it was stopped), OSError.
+    """
+    if not settings.is_local_storage:
+        raise InvalidInput(
+            "entrypoint: this worker's storage is remote "
+            f"({settings.storage_url.split('://')[0]}://), and entrypoint jobs need a local "
+            "checkpoint directory (staging and upload are not supported yet)"
+        )
+    archive = with_db_retry(
+        factory,
+        lambda s: code_archives.get(
+            session=s, archive_id=spec.entrypoint.code, project_id=job.project_id
+        ),
+    )
+    if archive is None:
+        raise InvalidInput(f"entrypoint.code: code archive {spec.entrypoint.code!r} not found")
+    checkpoint_dir = job_checkpoint_uri(settings, job.id).removeprefix("file://")
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    if job.attempt > 1 and not node_rank:
+        with_db_retry(
+            factory,
+            lambda s: set_aside_unrecorded(
+                session=s, job_id=job.id, attempt=job.attempt, root=checkpoint_dir
+            ),
+        )
+    paths = RunPaths(
+        run_dir=job_run_dir(settings, job.id, job.attempt, node_rank), checkpoint_dir=checkpoint_dir
+    )
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    paths.spec.write_text(spec.model_dump_json(indent=2))
+    _unpack(archive.uri, archive.format, archive.unpacked_bytes, paths)
+    python = _python(settings, factory, job, spec, paths, node_index, nproc, beat)
+    return RunPaths(run_dir=paths.run_dir, checkpoint_dir=checkpoint_dir, python=python)
+
+
+def _unpack(uri: str, fmt: str, unpacked_bytes: int, paths: RunPaths) -> None:
+    """Copy the archive at `uri` next to the run dir and unpack it into `paths.code_dir`
+    (emptied first: a redelivered attempt starts from the archive as uploaded)."""
+    local = paths.run_dir / f"code.{fmt}"
+    with fsspec.open(uri, "rb") as src, local.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    shutil.rmtree(paths.code_dir, ignore_errors=True)
+    code_archives.unpack(local, paths.code_dir, max_unpacked_bytes=unpacked_bytes)
+    local.unlink()
+
+
+def _python(
+    settings: Settings,
+    factory: Callable[[], Session],
+    job: Job,
+    spec: ScriptJobSpec,
+    paths: RunPaths,
+    node_rank: int,
+    nproc: int,
+    beat: Callable[[], bool] | None,
+) -> str:
+    """The job's interpreter; the installer's output goes to torchrun's own stdout file, which
+    the node's ingest stores as rank -1 (and, on failure, stored here before raising)."""
+    requirements = spec.entrypoint.requirements
+    with paths.launcher_log("stdout").open("ab") as out:
+        try:
+            return ensure_venv(
+                requirements, root=venv_root(settings), log=out, base_env=os.environ, beat=beat
+            )
+        except InstallFailed as exc:
+            failed = exc
+        except InstallStopped as exc:  # fail_unlaunched: cancelled, paused or lost
+            raise Unlaunched(str(exc), FailureClass.INFRA) from None
+    ingest = RunIngest(
+        paths=paths, job_id=job.id, attempt=job.attempt, node_rank=node_rank, nproc=nproc
+    )
+    try:
+        ingest.flush(factory, final=True)
+    except Exception:  # the failure still stands without its stored log
+        log.exception("job %s: could not store the installer's output", job.id)
+    raise Unlaunched(str(failed), FailureClass.USER_ERROR, log_tail=failed.log_tail)
