@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -21,12 +20,11 @@ from typing import Any
 import psutil
 
 from tests.conftest_trainer import (
-    REPO_ROOT,
     RUN_TIMEOUT_S,
     read_events,
+    start_trainer,
     tiny_spec,
     trainer_command,
-    trainer_env,
 )
 from trainer.spec import JobSpec
 from workers.progress import STRAGGLER_RATIO, StragglerDetector
@@ -91,14 +89,7 @@ def run_ddp(spec: JobSpec, workdir: Path, *, slow_rank: int | None) -> list[dict
     spec.dump(workdir / "spec.json")
     run_dir = workdir / "run"
     cmd = trainer_command(workdir / "spec.json", run_dir, workdir / "ckpt", nproc=2)
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        env=trainer_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_trainer(cmd)
     done = threading.Event()
     first_slowed_step = 0
 
@@ -152,7 +143,9 @@ def test_a_rank_stopped_80_percent_of_the_time_is_a_straggler_by_compute_time_no
     assert statistics.median(wall) < 1.2, seen  # the wait hides it from wall time
     detector = StragglerDetector()
     found = [s for e in reports for s in detector.observe(e["step"], e["seconds"])]
-    assert [s.rank for s in found] == [1], seen
+    # Rank 1 and only it; it may be flagged more than once, since the detector flags a rank
+    # again after a report at or under the threshold (a slowed step that missed a SIGSTOP).
+    assert found and {s.rank for s in found} == {1}, seen
 
 
 def test_ranks_running_alike_have_close_compute_times_and_no_straggler(
