@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -31,12 +31,36 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_principal(
+    request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> auth.Principal:
-    """The caller's project. Raises Unauthorized (401) for a missing, unknown or revoked key."""
+    """The caller's project. Raises Unauthorized (401) for a missing, unknown or revoked key.
+
+    Kept on `request.state.principal` for what runs after the route (the audit log)."""
     secret = credentials.credentials if credentials is not None else None
-    return auth.authenticate(session=session, secret=secret)
+    principal = auth.authenticate(session=session, secret=secret)
+    request.state.principal = principal
+    return principal
 
 
 CurrentPrincipal = Annotated[auth.Principal, Depends(get_principal)]
+
+
+def require(permission: auth.Permission) -> Callable[[auth.Principal], auth.Principal]:
+    """A dependency: the caller, when its role and scopes allow `permission`; else 403."""
+
+    def dependency(principal: CurrentPrincipal) -> auth.Principal:
+        auth.check(principal, permission)
+        return principal
+
+    dependency.__name__ = f"require_{permission.name.lower()}"
+    return dependency
+
+
+# What each route asks for: read anything in the project; submit/control jobs; write datasets;
+# administer the project (members, keys, quotas, webhooks, audit).
+ReadPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.READ))]
+JobsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.JOBS_WRITE))]
+DatasetsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.DATASETS_WRITE))]
+AdminPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.ADMIN))]
