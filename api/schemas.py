@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from core import models
+from core import models, progress
 from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
@@ -115,6 +115,16 @@ class Job(_Out):
     owner: str | None = Field(
         default=None, description="The name of the API key that submitted the job."
     )
+    running_s: float | None = Field(
+        default=None,
+        description="Seconds the job has trained, every attempt together (pauses and restarts "
+        "do not reset it; to now while an attempt runs); null before its first attempt.",
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description="Seconds left for a running or paused job with a known `max_steps`, from the "
+        "trainer's recent step time (else the run's average over all attempts); else null.",
+    )
     queue_position: int | None = Field(
         default=None,
         description="Queued jobs only: 1-based place in its pool's queue (priority, then age); "
@@ -150,6 +160,8 @@ class Job(_Out):
             return data
         row = {name: getattr(data, name) for name in cls.model_fields if hasattr(data, name)}
         failure = data.failure or {}
+        row["running_s"] = progress.running_seconds(data)
+        row["eta_s"] = progress.eta_seconds(data)
         row["retry_policy"] = retry_policy(
             retries=data.spec.retries,
             restarts_used=data.restarts_used,

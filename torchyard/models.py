@@ -89,6 +89,10 @@ class Job(_Model):
     worker: str | None = None
     heartbeat_at: datetime | None = None
     owner: str | None = None  # the name of the API key that submitted it
+    running_s: float | None = None  # trained seconds, all attempts (pauses do not reset it)
+    eta_s: float | None = None  # seconds left at the recent step rate; None when unknown
+    queue_position: int | None = None
+    waiting_for: str | None = None
     failure: Failure | None = None
     restarts_used: int = 0
     restarts_by_class: dict[str, int] = Field(default_factory=dict)

@@ -167,10 +167,6 @@ def job_details(job: Job) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    duration = None
-    if job.started_at is not None:
-        end = job.finished_at or datetime.now(UTC)
-        duration = (end - job.started_at).total_seconds()
     rows: list[tuple[str, Text | str]] = [
         ("id", str(job.id)),
         ("name", Text(job.name)),
@@ -183,8 +179,10 @@ def job_details(job: Job) -> Table:
         ("created", str(job.created_at or "-")),
         ("started", str(job.started_at or "-")),
         ("finished", str(job.finished_at or "-")),
-        ("duration", format_duration(duration)),
+        ("trained", format_duration(job.running_s)),
     ]
+    if job.eta_s is not None:
+        rows.append(("eta", format_duration(job.eta_s)))
     if (entrypoint := job.entrypoint) is not None:
         rows += entrypoint_rows(entrypoint)
     if job.labels:

@@ -79,6 +79,15 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def _trained_seconds(job: Job) -> float | None:
+    """The server's `running_s` (every attempt); from an older server, the wall time."""
+    if job.running_s is not None:
+        return job.running_s
+    if job.started_at and job.finished_at:
+        return (job.finished_at - job.started_at).total_seconds()
+    return None
+
+
 def summarize(
     job: Job,
     events: Sequence[Event],
@@ -93,9 +102,6 @@ def summarize(
     final_loss = _float(_latest_data(events, "final_loss"))
     final_eval = _float(_latest_data(events, "final_eval_loss"))
     tokens = _float(_latest_data(events, "tokens_per_second"))
-    duration = None
-    if job.started_at and job.finished_at:
-        duration = (job.finished_at - job.started_at).total_seconds()
     return JobSummary(
         job_id=job.id,
         name=job.name,
@@ -109,7 +115,7 @@ def summarize(
         checkpoint_uri=latest_cp.uri if latest_cp else _latest_data(events, "checkpoint_uri"),
         sample_prompt=samples[-1].data.get("prompt") if samples else None,
         sample_text=samples[-1].data.get("text") if samples else None,
-        duration_s=duration,
+        duration_s=_trained_seconds(job),
         error=job.error or (errors[-1].message if errors else None),
         kind=job.kind,
         command=command_line(job.entrypoint) if job.entrypoint is not None else None,

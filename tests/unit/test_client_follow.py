@@ -124,7 +124,10 @@ def test_summary_prefers_the_trainers_final_report() -> None:
     assert s.tokens_per_second == 9000.0
     assert s.checkpoint_uri == "/c/step_00000600"
     assert (s.sample_prompt, s.sample_text) == ("def ", "foo(x):")
-    assert s.duration_s == 90.0
+    assert s.duration_s == 90.0  # no `running_s` (an older server): the wall time
+    assert (
+        summarize(job.model_copy(update={"running_s": 75.0}), events, series, []).duration_s == 75.0
+    )
     assert s.succeeded
 
 

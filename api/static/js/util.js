@@ -59,19 +59,17 @@ export function fmtBytes(n) {
   return `${v.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
 }
 
-/** Seconds the job has run (to now while it runs), or null before it starts. */
-export function runSeconds(job, now = Date.now()) {
-  if (!job.started_at) return null;
-  const end = job.finished_at ? Date.parse(job.finished_at) : now;
-  return (end - Date.parse(job.started_at)) / 1000;
+/**
+ * Seconds the job has trained, every attempt together (the API's `running_s`: pauses and
+ * restarts do not reset it), or null before it first ran.
+ */
+export function runSeconds(job) {
+  return job.running_s ?? null;
 }
 
-/** Seconds left, from the average step rate so far; null when it cannot be derived. */
-export function etaSeconds(job, now = Date.now()) {
-  if (TERMINAL.has(job.state) || !job.current_step || !job.max_steps) return null;
-  const ran = runSeconds(job, now);
-  if (!ran || job.current_step >= job.max_steps) return null;
-  return (ran / job.current_step) * (job.max_steps - job.current_step);
+/** Seconds left at the recent step rate (the API's `eta_s`), or null when unknown. */
+export function etaSeconds(job) {
+  return TERMINAL.has(job.state) ? null : job.eta_s ?? null;
 }
 
 /**

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
+from core.db import session_scope
+from core.models import Job
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import (
     assert_error,
@@ -95,3 +99,25 @@ def test_retry_requeues_a_cancelled_job_and_refuses_a_queued_one(
     events = client.get(f"/v1/jobs/{job['id']}/events", headers=project.headers).json()["items"]
     assert [(e["state_from"], e["state_to"]) for e in events][-1] == ("cancelled", "queued")
     assert events[-1]["data"] == {"cause": "retry"}
+
+
+def test_a_resumed_job_reports_its_trained_time_and_eta_over_every_attempt(
+    client: TestClient, project: ProjectKey, dataset: dict[str, Any], engine: Engine
+) -> None:
+    """`running_s`/`eta_s` count the whole run: the latest attempt started a minute ago, but the
+    job had trained 500 s before its pause (issue 15)."""
+    job = submit(client, project, job_spec(dataset["id"], train={"max_steps": 100}))
+    set_running(engine, job["id"])
+    with session_scope(engine) as s:
+        s.execute(
+            update(Job)
+            .where(Job.id == job["id"])
+            .values(
+                runtime_s=500.0,
+                current_step=50,
+                started_at=datetime.now(UTC) - timedelta(seconds=60),
+            )
+        )
+    got = client.get(f"/v1/jobs/{job['id']}", headers=project.headers).json()
+    assert 560.0 <= got["running_s"] < 600.0
+    assert got["eta_s"] == pytest.approx(50 * got["running_s"] / 50, rel=0.05)
