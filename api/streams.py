@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,6 +38,9 @@ log = logging.getLogger("torchyard.api.streams")
 PAGE = 1000  # rows per kind per read
 QUEUE_SIZE = 10_000  # messages a slow watcher may lag behind before it is dropped
 KEEPALIVE_S = 15.0
+# A `job` message is also sent this often while nothing changes state, so a follower sees the
+# worker's heartbeat and the job's progress fields (`eta_s`, `running_s`) stay fresh.
+JOB_REFRESH_S = 5.0
 
 
 class _MetricLine(BaseModel):
@@ -126,8 +130,10 @@ def read_after(session: Session, job_id: int, cursor: Cursor) -> Batch:
     return Batch(job, out, c, more=more)
 
 
-def job_message(job: Job, cursor: Cursor) -> Message:
-    return Message("job", schemas.Job.model_validate(job).model_dump_json(), cursor)
+def job_message(job: Job, cursor: Cursor, *, refresh: bool = False) -> Message:
+    """The job as the API shows it; `refresh`: sent on a timer, not for a state change."""
+    data = schemas.Job.model_validate(job).model_dump_json()
+    return Message("job", data, cursor, "refresh" if refresh else None)
 
 
 def end_message(job: Job | None, cursor: Cursor) -> Message:
@@ -219,14 +225,16 @@ class StreamHub:
             finally:
                 feed.ready.set()
             state = None
+            sent_at = time.monotonic()
             while feed.watchers:
                 batch = await run_in_threadpool(self._read, feed.job_id, cursor)
                 self.polls += 1
                 cursor = batch.cursor
                 out = list(batch.messages)
-                if batch.job is not None and batch.job.state != state:
-                    state = batch.job.state
-                    out.append(job_message(batch.job, cursor))
+                due = time.monotonic() - sent_at >= JOB_REFRESH_S
+                if batch.job is not None and (batch.job.state != state or due):
+                    out.append(job_message(batch.job, cursor, refresh=batch.job.state == state))
+                    state, sent_at = batch.job.state, time.monotonic()
                 ended = batch.job is None or batch.job.state in TERMINAL_STATES
                 if ended and not batch.more:
                     out.append(end_message(batch.job, cursor))
@@ -301,7 +309,7 @@ async def watch(hub: StreamHub, job_id: int, last_event_id: str | None) -> Async
             if message is None:  # feed gone or this watcher too slow: the client resumes
                 return
             if message.kind == "job":
-                if _state_of(message) == state:
+                if _state_of(message) == state and message.key != "refresh":
                     continue
                 state = _state_of(message)
                 yield Message("job", message.data, sent).encode()

@@ -26,6 +26,7 @@ from torchyard.errors import TorchyardError
 from torchyard.exports import export_command
 from torchyard.failures import failure_block
 from torchyard.follow import follow_job
+from torchyard.logfilter import compile_grep, parse_since, select
 from torchyard.models import DATASET_FORMATS, Dataset, LogLine
 from torchyard.quickstart import quickstart_command
 from torchyard.render import (
@@ -85,7 +86,14 @@ app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-PollOpt = Annotated[float, typer.Option("--poll", help="Seconds between polls.", min=0.1)]
+PollOpt = Annotated[
+    float,
+    typer.Option(
+        "--poll",
+        help="Seconds between status polls, or before re-opening a dropped live stream.",
+        min=0.1,
+    ),
+]
 JobId = Annotated[int, typer.Argument(help="Job id.", metavar="ID")]
 
 
@@ -259,17 +267,44 @@ def logs(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank (-1: launcher).")] = (
         None
     ),
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
+    grep: Annotated[
+        str | None,
+        typer.Option(
+            "--grep",
+            help="Only lines matching this regular expression (Python re).",
+            metavar="REGEX",
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Only lines from this long ago (90s, 10m, 2h, 1d) or after "
+            "this time (ISO 8601, UTC).",
+            metavar="WHEN",
+        ),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines as they arrive.")
+    ] = False,
     poll: PollOpt = 1.0,
 ) -> None:
-    """Print a job's log lines."""
+    """Print a job's log lines, one `[rank N]` prefix each.
+
+    Example: `torchyard logs 42 --rank 0 --grep 'loss|Error' --since 10m --follow`
+    """
+    try:
+        pattern = compile_grep(grep) if grep is not None else None
+        start = parse_since(since) if since is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     jobs = _client(ctx).jobs
     if follow:
         items = jobs.follow(job_id, poll_s=poll, events=False, metrics=False, logs=True, rank=rank)
         lines: Iterator[LogLine] = (item for item in items if isinstance(item, LogLine))
     else:
         lines = jobs.iter_logs(job_id, rank=rank)
-    for line in lines:
+    for line in select(lines, grep=pattern, since=start):
         typer.echo(log_line(line))
 
 

@@ -15,13 +15,13 @@ when the API answers with an error, and `ConnectionFailed` when it cannot be rea
 from __future__ import annotations
 
 import builtins
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import connect_sse
 from pydantic import BaseModel
 
 from torchyard.code import Code
@@ -253,9 +253,14 @@ class Jobs:
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         timeout = httpx.Timeout(self._client.timeout, read=60.0)
         try:
-            with self._client._http.stream(
-                "GET", f"/v1/jobs/{job_id}/stream", headers=headers, timeout=timeout
-            ) as response:
+            with connect_sse(
+                self._client._http,
+                "GET",
+                f"/v1/jobs/{job_id}/stream",
+                headers=headers,
+                timeout=timeout,
+            ) as source:
+                response = source.response
                 if not response.is_success:
                     response.read()
                     try:
@@ -263,7 +268,9 @@ class Jobs:
                     except ValueError:
                         body = None
                     raise error_from_response(response.status_code, body, response.text)
-                yield from _sse(response.iter_lines())
+                for message in source.iter_sse():
+                    if message.data:  # a `retry:`-only block carries no message
+                        yield message.id, message.event, message.json()
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"stream of job {job_id} broke: {exc}") from exc
 
@@ -316,107 +323,81 @@ class Jobs:
         max_failures: int = 10,
         on_poll: Callable[[Job], None] | None = None,
     ) -> Iterator[FollowItem]:
-        """Yield what is new about a job until it is terminal, by polling every `poll_s` s.
+        """Yield what is new about a job until it is terminal, from its server-sent events
+        (`stream`): only new items cross the network, never the history again.
 
-        Yields the `Job` whenever its state, attempt or step changes, then new `MetricPoint`s
-        (step order), new `Event`s and, with `logs`, new `LogLine`s (of `rank` only, if
-        given). Each poll reads the job first and its events, metrics and logs after, so
-        when it sees a terminal state it has also fetched everything recorded before it.
-        Up to `max_failures` consecutive connection or 5xx errors are waited out.
-        `on_poll(job)` runs after every poll, even one with nothing new (a place to refresh a
-        display or to raise when something the caller watches has died).
+        Yields the `Job` whenever its state, attempt or step changes, new `MetricPoint`s (step
+        order), new `Event`s and, with `logs`, new `LogLine`s (of `rank` only, if given). The
+        server sends everything recorded before the terminal state before it ends the stream.
+        A dropped connection resumes after the last message seen (`Last-Event-ID`: no gaps, no
+        duplicates); up to `max_failures` consecutive connection or 5xx errors are waited out,
+        `poll_s` seconds apart. `on_poll(job)` runs at every `job` message (a state change, and
+        the server's refresh every few seconds: a place to refresh a display or to raise when
+        something the caller watches has died).
         """
         cursor = _FollowCursor()
+        last_id: str | None = None
         failures = 0
         while True:
             try:
-                job = self.get(job_id)
-                yield from cursor.job_changes(job)
-                # Metrics before events: the final eval precedes the terminal state change.
-                if metrics and cursor.metrics_due(job):
-                    yield from cursor.new_points(self.metrics(job_id))
-                if events:
-                    yield from cursor.advance_events(self.iter_events(job_id, after=cursor.event))
-                if logs:
-                    lines = self.iter_logs(job_id, rank=rank, after=cursor.log)
-                    yield from cursor.advance_logs(lines)
-                failures = 0
-                if on_poll is not None:
-                    on_poll(job)
+                for msg_id, kind, data in self.stream(job_id, last_event_id=last_id):
+                    last_id = msg_id or last_id
+                    failures = 0
+                    if kind == "end":
+                        return
+                    yield from cursor.on_message(kind, data, events, metrics, logs, rank)
+                    if kind == "job" and on_poll is not None and cursor.job is not None:
+                        on_poll(cursor.job)
             except (ConnectionFailed, ServerError):
                 failures += 1
                 if failures > max_failures:
                     raise
-                time.sleep(poll_s)
-                continue
-            if job.is_terminal:
-                return
+            # The stream ended without `end` (an API restart, a watcher too slow): resume.
             time.sleep(poll_s)
 
 
 class _FollowCursor:
-    """What `Jobs.follow` has already yielded, so each poll yields only what is new."""
+    """Turns a job's stream messages into `Jobs.follow` items, yielding each change once."""
 
     def __init__(self) -> None:
-        self.event: int | None = None
-        self.log: int | None = None
+        self.job: Job | None = None
         self.last_job: tuple[Any, ...] | None = None
-        self.metrics_step: int | None = -1
-        self.seen_steps: dict[str, int] = {}
+        self.seen_steps: dict[str, int] = {}  # per metric: a restart replays lower steps
 
-    def job_changes(self, job: Job) -> Iterator[Job]:
+    def on_message(
+        self,
+        kind: str,
+        data: dict[str, Any],
+        events: bool,
+        metrics: bool,
+        logs: bool,
+        rank: int | None,
+    ) -> Iterator[FollowItem]:
+        if kind == "job":
+            self.job = Job.model_validate(data)
+            yield from self._job_change(self.job)
+        elif kind == "metric":
+            step = int(data["step"])
+            if self.job is not None and step > (self.job.current_step or -1):
+                self.job = self.job.model_copy(update={"current_step": step})
+                yield from self._job_change(self.job)
+            for name, value in sorted(data["values"].items()) if metrics else ():
+                if step > self.seen_steps.get(name, -1):
+                    self.seen_steps[name] = step
+                    # NaN and infinities arrive as strings ("NaN", "Infinity").
+                    yield MetricPoint(name=name, step=step, value=float(value))
+        elif kind == "event" and events:
+            yield Event.model_validate(data)
+        elif kind == "log" and logs:
+            line = LogLine.model_validate(data)
+            if rank is None or line.rank == rank:
+                yield line
+
+    def _job_change(self, job: Job) -> Iterator[Job]:
         key = (job.state, job.attempt, job.current_step, job.max_steps)
         if key != self.last_job:
             self.last_job = key
             yield job
-
-    def advance_events(self, items: Iterator[Event]) -> Iterator[Event]:
-        for event in items:
-            self.event = event.id
-            yield event
-
-    def advance_logs(self, items: Iterator[LogLine]) -> Iterator[LogLine]:
-        for line in items:
-            self.log = line.id
-            yield line
-
-    def metrics_due(self, job: Job) -> bool:
-        """Fetch series only when the step moved (or is unknown, or the job ended)."""
-        if job.current_step is None or job.is_terminal or job.current_step != self.metrics_step:
-            self.metrics_step = job.current_step
-            return True
-        return False
-
-    def new_points(self, series: list[MetricSeries]) -> Iterator[MetricPoint]:
-        fresh = [
-            point
-            for s in series
-            for point in s.points()
-            if point.step > self.seen_steps.get(s.name, -1)
-        ]
-        for point in sorted(fresh, key=lambda p: (p.step, p.name)):
-            self.seen_steps[point.name] = max(point.step, self.seen_steps.get(point.name, -1))
-            yield point
-
-
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """(id, event, data) of each server-sent event message (WHATWG HTML SSE format)."""
-    msg_id, kind = "", "message"
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield msg_id, kind, json.loads("\n".join(data))
-            kind, data = "message", []
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "id":
-            msg_id = value
-        elif field == "event":
-            kind = value
-        elif field == "data":
-            data.append(value)
 
 
 def _drain(fetch: Any, after: int | None) -> Iterator[Any]:

@@ -348,9 +348,13 @@ def _percentiles(lengths: Lengths) -> str:
 
 
 def log_line(line: LogLine) -> str:
-    """``[rank 0] text`` (``[launcher]`` for rank -1), plain text for the terminal."""
-    who = "launcher" if line.rank < 0 else f"rank {line.rank}"
-    return f"[{who}] {line.line}"
+    """``[rank 0] text`` (``[launcher]`` for rank -1), plain text for the terminal. The rank
+    prefix a process wrote itself (``[rank0]``, torchrun's ``[rank0]:``) is dropped, so each
+    line shows one."""
+    if line.rank < 0:
+        return f"[launcher] {line.line}"
+    own = re.match(rf"\[rank ?{line.rank}\]:? ?", line.line)
+    return f"[rank {line.rank}] {line.line[own.end() if own else 0 :]}"
 
 
 _PLACED = re.compile(r"(line|row) \d+: ")

@@ -6,20 +6,24 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from celery import Celery
+from typer.testing import CliRunner, Result
 
 from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from torchyard.cli import app
 
 _START_TIMEOUT_S = 60.0
 
@@ -86,6 +90,48 @@ def live_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> It
 def api_key(project: ProjectKey) -> str:
     """The API key of a fresh project (the `project` fixture)."""
     return project.api_key
+
+
+UNSERVED_POOL = "cli-test-unserved"
+
+
+@pytest.fixture
+def cli(live_api: str, api_key: str, tmp_path: Path) -> Any:
+    """`cli(*args, key=None) -> Result`: the `torchyard` CLI in this process against `live_api`
+    with the project's key (or `key`), and no saved login."""
+    runner = CliRunner()
+
+    def invoke(*args: str, key: str | None = None) -> Result:
+        env = {
+            "TORCHYARD_URL": live_api,
+            "TORCHYARD_API_KEY": key or api_key,
+            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
+        }
+        return runner.invoke(app, list(args), env=env)
+
+    return invoke
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path, cli: Any, corpus_dir: Path) -> Path:
+    """A YAML spec of a tiny job on a pool no worker serves (`UNSERVED_POOL`: it stays queued
+    until the test ends it), whose data is a corpus file uploaded through the CLI."""
+    corpus_file = sorted(corpus_dir.glob("*.py"))[0]
+    uploaded = cli("datasets", "upload", "corpus", str(corpus_file), "--json")
+    assert uploaded.exit_code == 0, uploaded.output
+    dataset = json.loads(uploaded.stdout)
+    assert dataset["size_bytes"] == corpus_file.stat().st_size
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "name: cli-test\n"
+        "model: {n_layers: 1, d_model: 32, n_heads: 2, seq_len: 16}\n"
+        f"data: {{dataset: {dataset['id']}}}\n"
+        "train: {max_steps: 10}\n"
+        "eval: {interval_steps: 5}\n"
+        f"resources: {{pool: {UNSERVED_POOL}, procs_per_node: 1}}\n"
+        "parallelism: {strategy: single}\n"
+    )
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -10,25 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner, Result
 
 from torchyard import Client, ValidationFailed
-from torchyard.cli import app
-
-
-@pytest.fixture
-def cli(live_api: str, api_key: str, tmp_path: Path) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Result:
-        env = {
-            "TORCHYARD_URL": live_api,
-            "TORCHYARD_API_KEY": api_key,
-            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
-        }
-        return runner.invoke(app, list(args), env=env)
-
-    return invoke
 
 
 @pytest.fixture

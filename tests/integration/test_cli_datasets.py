@@ -10,10 +10,8 @@ from typing import Any
 import orjson
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner, Result
 
 from torchyard import Client, ValidationFailed
-from torchyard.cli import app
 from torchyard.models import DATASET_FORMATS
 from torchyard.render import SUPERVISED_STYLE, preview_tokens
 from trainer.records import FORMATS
@@ -22,21 +20,6 @@ CHAT = [
     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
     {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
 ]
-
-
-@pytest.fixture
-def cli(live_api: str, api_key: str, tmp_path: Path) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Result:
-        env = {
-            "TORCHYARD_URL": live_api,
-            "TORCHYARD_API_KEY": api_key,
-            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
-        }
-        return runner.invoke(app, list(args), env=env)
-
-    return invoke
 
 
 def _jsonl(path: Path, records: list[Any]) -> Path:

@@ -10,51 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
+from tests.integration.conftest import UNSERVED_POOL
 from torchyard import Client
 from torchyard.cli import app
-
-UNSERVED_POOL = "cli-test-unserved"
-
-
-@pytest.fixture
-def cli(
-    live_api: str, api_key: str, tmp_path: Path
-) -> Any:  # a function: cli(*args, key=...) -> Result
-    runner = CliRunner()
-
-    def invoke(*args: str, key: str | None = None) -> Result:
-        env = {
-            "TORCHYARD_URL": live_api,
-            "TORCHYARD_API_KEY": key or api_key,
-            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
-        }
-        return runner.invoke(app, list(args), env=env)
-
-    return invoke
-
-
-@pytest.fixture
-def spec_file(tmp_path: Path, cli: Any, corpus_dir: Path) -> Path:
-    """A YAML spec whose data is a corpus file uploaded through the CLI."""
-    corpus_file = sorted(corpus_dir.glob("*.py"))[0]
-    uploaded = cli("datasets", "upload", "corpus", str(corpus_file), "--json")
-    assert uploaded.exit_code == 0, uploaded.output
-    dataset = json.loads(uploaded.stdout)
-    assert dataset["size_bytes"] == corpus_file.stat().st_size
-    path = tmp_path / "spec.yaml"
-    path.write_text(
-        "name: cli-test\n"
-        "model: {n_layers: 1, d_model: 32, n_heads: 2, seq_len: 16}\n"
-        f"data: {{dataset: {dataset['id']}}}\n"
-        "train: {max_steps: 10}\n"
-        "eval: {interval_steps: 5}\n"
-        f"resources: {{pool: {UNSERVED_POOL}, procs_per_node: 1}}\n"
-        "parallelism: {strategy: single}\n"
-    )
-    return path
 
 
 def test_submit_list_show_cancel_follow_round_trip(cli: Any, spec_file: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -56,33 +58,65 @@ def test_eta_ignores_steps_that_do_not_advance() -> None:
     assert list(rate.samples) == [(0.0, 10)]
 
 
-def test_follow_yields_each_metric_point_once_in_step_order() -> None:
+def _feed(
+    cursor: _FollowCursor,
+    *messages: tuple[str, dict[str, Any]],
+    logs: bool = False,
+    rank: int | None = None,
+) -> list[Any]:
+    out: list[Any] = []
+    for kind, data in messages:
+        out += cursor.on_message(kind, data, True, True, logs, rank)
+    return out
+
+
+def test_follow_yields_each_metric_point_once_per_name_even_when_a_restart_replays() -> None:
     cursor = _FollowCursor()
+    line = lambda step, **values: ("metric", {"step": step, "time": 0.0, "values": values})  # noqa: E731
+    got = _feed(
+        cursor,
+        line(10, loss=3.0),
+        line(20, loss=2.5),
+        line(20, eval_loss=2.7),  # the eval of step 20 is a line of its own
+        line(10, loss=3.1),  # a restart from the step-10 checkpoint replays step 10
+        line(30, loss="NaN"),
+    )
+    assert [(p.step, p.name) for p in got] == [
+        (10, "loss"),
+        (20, "loss"),
+        (20, "eval_loss"),
+        (30, "loss"),
+    ]
+    assert math.isnan(got[-1].value)
 
-    def series(n: int) -> list[MetricSeries]:
-        steps = list(range(10, 10 * n + 1, 10))
-        return [
-            MetricSeries(name="loss", steps=steps, values=[float(s) for s in steps]),
-            MetricSeries(
-                name="eval_loss",
-                steps=[s for s in steps if s % 20 == 0],
-                values=[1.0 for s in steps if s % 20 == 0],
-            ),
-        ]
 
-    first = [(p.step, p.name) for p in cursor.new_points(series(2))]
-    second = [(p.step, p.name) for p in cursor.new_points(series(4))]
-    assert first == [(10, "loss"), (20, "eval_loss"), (20, "loss")]
-    assert second == [(30, "loss"), (40, "eval_loss"), (40, "loss")]
-
-
-def test_follow_yields_the_job_only_when_it_changed() -> None:
+def test_follow_yields_the_job_when_it_changed_and_advances_its_step_from_metrics() -> None:
     cursor = _FollowCursor()
     job = Job(id=1, name="a", state="running", current_step=10, max_steps=100)
-    assert list(cursor.job_changes(job)) == [job]
-    assert list(cursor.job_changes(job.model_copy())) == []
-    moved = job.model_copy(update={"current_step": 20})
-    assert list(cursor.job_changes(moved)) == [moved]
+    data = job.model_dump(mode="json")
+    assert _feed(cursor, ("job", data)) == [job]
+    assert _feed(cursor, ("job", data)) == []  # the server's timed refresh: nothing new
+    moved = _feed(cursor, ("metric", {"step": 20, "time": 1.0, "values": {"loss": 1.0}}))
+    assert [j.current_step for j in moved if isinstance(j, Job)] == [20]
+
+
+def test_follow_yields_logs_only_when_asked_and_of_the_rank_asked() -> None:
+    lines = [
+        (
+            "log",
+            {
+                "id": i,
+                "attempt": 1,
+                "rank": i % 2,
+                "stream": "stdout",
+                "line": f"l{i}",
+                "created_at": T0.isoformat(),
+            },
+        )
+        for i in range(1, 5)
+    ]
+    assert _feed(_FollowCursor(), *lines) == []
+    assert [x.line for x in _feed(_FollowCursor(), *lines, logs=True, rank=1)] == ["l1", "l3"]
 
 
 def _event(i: int, kind: str, data: dict[str, object], **kw: object) -> Event:

@@ -365,8 +365,10 @@ export function detailPage(root, jobId) {
       lastEventId,
       onMessage: (message) => {
         if (message.event === "job") {
+          const before = job.state;
           job = JSON.parse(message.data);
           renderJob();
+          if (job.state === before) return; // the server's timed refresh: nothing else is new
         }
         clearTimeout(nudge);
         nudge = setTimeout(() => stop.now(), NUDGE_MS);
