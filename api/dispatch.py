@@ -44,11 +44,13 @@ class Dispatcher:
         """Send the job's message; False (logged) when the broker refused or is unreachable."""
         return self._send(RUN_JOB_TASK, job.id, job.pool, f"job {job.id} stays queued")
 
-    def dispatch_export(self, export: CheckpointExport, pool: str) -> bool:
-        """Send `workers.export_checkpoint(export.id)` to the job's pool; False (logged) when
-        the broker is unreachable (the export stays pending; asking again re-sends it)."""
+    def dispatch_export(self, export: CheckpointExport) -> bool:
+        """Send `workers.export_checkpoint(export.id)` to the export queue (`settings.
+        export_queue`, served by `torchyard exporter`); False (logged) when the broker is
+        unreachable (the export stays pending; asking again re-sends it)."""
+        queue = self._settings.export_queue
         return self._send(
-            EXPORT_CHECKPOINT_TASK, export.id, pool, f"export {export.id} stays pending"
+            EXPORT_CHECKPOINT_TASK, export.id, queue, f"export {export.id} stays pending"
         )
 
     def _send(self, task: str, item_id: int, queue: str, outcome: str) -> bool:

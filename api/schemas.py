@@ -256,6 +256,11 @@ class CheckpointExport(_Out):
     size_bytes: int | None = Field(description="Size of `model.safetensors` in bytes (ready).")
     sha256: str | None = Field(description="Hex sha256 of `model.safetensors` (ready).")
     error: str | None = Field(description="Why it failed (the end of the exporter's stderr).")
+    queue_position: int | None = Field(
+        default=None,
+        description="A pending export's 1-based place in the export queue (served by "
+        "`torchyard exporter`, oldest first); null once an exporter took it, and in lists.",
+    )
     created_at: Timestamp = Field(description="When it was requested; UTC, ISO 8601.")
     started_at: Timestamp | None = Field(description="When the exporter started; null before.")
     finished_at: Timestamp | None = Field(

@@ -1,10 +1,12 @@
 """Consolidated safetensors exports of checkpoints, made on request (`POST .../export`).
 
 The API records the request (`request`), commits, and sends `workers.export_checkpoint(id)` to
-the job's pool; a worker claims the export (`claim`: a fencing UPDATE `pending -> running`,
-`attempt + 1`), runs `python -m trainer.export` as a subprocess and records the outcome
-(`finish` / `fail`, fenced by the attempt it claimed, so a worker whose claim was taken over
-cannot overwrite the newer outcome). There is one export per checkpoint: asking again returns it.
+the export queue (`settings.export_queue`: exports need no GPU, so they never wait behind
+training on the job's pool); an exporter (`torchyard exporter`) claims the export (`claim`: a
+fencing UPDATE `pending -> running`, `attempt + 1`), runs `python -m trainer.export` as a
+subprocess and records the outcome (`finish` / `fail`, fenced by the attempt it claimed, so
+an exporter whose claim was taken over cannot overwrite the newer outcome). There is one export
+per checkpoint: asking again returns it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -192,6 +194,19 @@ def fail(*, session: Session, claimed: Claimed, error: str) -> bool:
     if done:
         _event(session, claimed, f"export of checkpoint at step {claimed.step} failed", {})
     return done
+
+
+def queue_position(*, session: Session, export: CheckpointExport) -> int | None:
+    """A pending export's 1-based place in the export queue (every project's pending exports,
+    oldest first: the order exporters take them); None unless pending."""
+    if export.state != ExportState.PENDING:
+        return None
+    ahead = session.scalar(
+        select(func.count())
+        .select_from(CheckpointExport)
+        .where(CheckpointExport.state == ExportState.PENDING, CheckpointExport.id < export.id)
+    )
+    return int(ahead or 0) + 1
 
 
 def _find(

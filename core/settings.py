@@ -121,6 +121,16 @@ class Settings(BaseSettings):
         "GPUs (default 1), or the first that many GPUs (default all NVML finds). A job's node "
         "takes `resources.procs_per_node` of them (workers.devices).",
     )
+    export_queue: str = Field(
+        default="exports",
+        min_length=1,
+        max_length=100,
+        description="The queue checkpoint exports are sent to, served by `torchyard exporter` "
+        "(they need no GPU, so they never wait behind training on a job's pool).",
+    )
+    export_concurrency: int = Field(
+        default=2, ge=1, description="Exports one `torchyard exporter` process runs at once."
+    )
     reserve_after_s: float | None = Field(
         default=600.0,
         gt=0,

@@ -8,6 +8,7 @@ with 1 unless it succeeded.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -504,6 +505,22 @@ def worker(
 ) -> None:
     """Run the host's worker (Celery, threads pool): as many jobs at once as fit its devices."""
     launch.exec_argv(launch.worker_argv(pool, hostname))
+
+
+@app.command()
+def exporter(
+    queue: Annotated[
+        str, typer.Option(help="The export queue (the API's TORCHYARD_EXPORT_QUEUE).")
+    ] = os.environ.get("TORCHYARD_EXPORT_QUEUE", "exports"),
+    concurrency: Annotated[int, typer.Option(help="Exports at once.", min=1)] = 2,
+    hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
+) -> None:
+    """Run a checkpoint exporter (no GPU needed): it makes the safetensors exports that
+    `torchyard export` asks for.
+
+    Example: `torchyard exporter --concurrency 4`
+    """
+    launch.exec_argv(launch.exporter_argv(queue, concurrency, hostname))
 
 
 @app.command()

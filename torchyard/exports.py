@@ -133,8 +133,10 @@ def export_command(
     exports = ctx.with_resource(Client(root.get("url"), root.get("api_key"))).exports
     console = Console(stderr=True, soft_wrap=True)
     export = exports.request(job_id, checkpoint_id)
+    place = f", #{export.queue_position} in the export queue" if export.queue_position else ""
     console.print(
-        f"export {export.id} of checkpoint {checkpoint_id} (step {export.step}): {export.state}"
+        f"export {export.id} of checkpoint {checkpoint_id} (step {export.step}): "
+        f"{export.state}{place}"
     )
     export = exports.wait(job_id, checkpoint_id, poll_s=poll_s, timeout_s=timeout_s)
     saved = exports.download(job_id, checkpoint_id, out)

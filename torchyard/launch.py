@@ -47,6 +47,21 @@ def worker_argv(
     return argv
 
 
+def exporter_argv(
+    queue: str = "exports", concurrency: int = 2, hostname: str | None = None
+) -> list[str]:
+    """A Celery worker on the export queue (the API's `TORCHYARD_EXPORT_QUEUE`): it runs
+    `python -m trainer.export` for `concurrency` checkpoint exports at once. Exports need no
+    GPU, so they have a worker kind of their own and never queue behind training."""
+    argv = [
+        sys.executable, "-m", "workers", "exporter", "--queue", queue,
+        "--concurrency", str(concurrency), "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+    if hostname:
+        argv += ["--hostname", hostname]
+    return argv
+
+
 def beat_argv(loglevel: str = "INFO") -> list[str]:
     """Celery beat (periodic reaper and reconciler)."""
     return [sys.executable, "-m", "celery", "-A", WORKER_APP, "beat", "--loglevel", loglevel]

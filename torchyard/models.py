@@ -156,6 +156,7 @@ class CheckpointExport(_Model):
     size_bytes: int | None = None
     sha256: str | None = None
     error: str | None = None
+    queue_position: int | None = None  # a pending export's place in the export queue
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None

@@ -1,8 +1,11 @@
-"""`python -m workers worker --pool POOL` | `python -m workers control`.
+"""`python -m workers worker --pool POOL` | `python -m workers control` |
+`python -m workers exporter [--queue exports] [--concurrency 2]`.
 
 `worker`: consumes the pool's queue, as many jobs at once as fit the host's devices (threads
 pool, one thread per device, prefetch 1; `workers.app`).
 `control`: the reconciler: a worker on the control queue with Celery beat embedded.
+`exporter`: checkpoint exports (`workers.export_checkpoint`), `--concurrency` at once: no
+devices, so training never holds them up.
 Extra arguments go to `celery worker` (e.g. `-l DEBUG`, `-n name@%h`).
 """
 
@@ -10,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 
+from core.settings import get_settings
 from workers.app import CONTROL_QUEUE, app
 
 
-def celery_argv(command: str, pool: str, extra: list[str]) -> list[str]:
+def celery_argv(command: str, pool: str, extra: list[str], concurrency: int = 2) -> list[str]:
     queue = CONTROL_QUEUE if command == "control" else pool
     pool_args = ["--pool", "solo", "--concurrency", "1"]  # the reconciler: one thing at a time
     if command == "worker":
         pool_args = ["--pool", "threads"]  # --concurrency: the device count (workers.app)
+    elif command == "exporter":
+        pool_args = ["--pool", "threads", "--concurrency", str(concurrency)]
     argv = ["worker", "-Q", queue, *pool_args]
     argv += ["--prefetch-multiplier", "1", "--loglevel", "INFO"]
     if command == "control":
@@ -27,9 +33,17 @@ def celery_argv(command: str, pool: str, extra: list[str]) -> list[str]:
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__)
-    parser.add_argument("command", choices=["worker", "control"])
+    parser.add_argument("command", choices=["worker", "control", "exporter"])
     parser.add_argument("--pool", default="default", help="pool (queue) a worker serves")
+    parser.add_argument("--queue", default=None, help="the exporter's queue (settings)")
+    parser.add_argument("--concurrency", type=int, default=None, help="exports at once")
     known, extra = parser.parse_known_args(args)
+    if known.command == "exporter":
+        settings = get_settings()
+        queue = known.queue or settings.export_queue
+        concurrency = known.concurrency or settings.export_concurrency
+        app.worker_main(celery_argv("exporter", queue, extra, concurrency))
+        return
     app.worker_main(celery_argv(known.command, known.pool, extra))
 
 

@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
 
 from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import JobId
 from api.validation import MAX_ID
-from core import exports, jobs, storage
+from core import exports, models, storage
 from core.errors import Conflict
 from core.models import ExportState
 
@@ -46,8 +47,9 @@ def request_export(
     request: Request,
     response: Response,
 ) -> schemas.CheckpointExport:
-    """Ask for a consolidated `model.safetensors` (+ `config.json`) of a checkpoint, made by a
-    worker of the job's pool: 202 when queued, 200 with the export already asked for."""
+    """Ask for a consolidated `model.safetensors` (+ `config.json`) of a checkpoint, made by an
+    exporter (`torchyard exporter`: the export queue, so it never waits behind training): 202
+    when queued, 200 with the export already asked for."""
     asked = exports.request(
         session=session,
         settings=settings,
@@ -57,22 +59,28 @@ def request_export(
     )
     session.commit()
     if asked.dispatch:
-        job = jobs.get_or_raise(session=session, job_id=job_id)
-        request.app.state.dispatcher.dispatch_export(asked.export, job.pool)
+        request.app.state.dispatcher.dispatch_export(asked.export)
     if not asked.created:
         response.status_code = 200
-    return schemas.CheckpointExport.model_validate(asked.export)
+    return _out(session, asked.export)
 
 
 @router.get(_PATH, response_model=schemas.CheckpointExport)
 def get_export(
     job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
 ) -> schemas.CheckpointExport:
-    """The export of a checkpoint: its state, and once ready its size and sha256."""
+    """The export of a checkpoint: its state (a pending one's place in the export queue), and
+    once ready its size and sha256."""
     export = exports.get_or_raise(
         session=session, project_id=principal.project_id, job_id=job_id, checkpoint_id=checkpoint_id
     )
-    return schemas.CheckpointExport.model_validate(export)
+    return _out(session, export)
+
+
+def _out(session: Session, export: models.CheckpointExport) -> schemas.CheckpointExport:
+    out = schemas.CheckpointExport.model_validate(export)
+    out.queue_position = exports.queue_position(session=session, export=export)
+    return out
 
 
 @router.get(

@@ -17,8 +17,9 @@ def _compose() -> dict[str, Any]:
 
 def test_the_production_services_are_all_there_and_share_one_configuration() -> None:
     services = _compose()["services"]
-    assert {"postgres", "redis", "minio", "migrate", "api", "worker", "beat"} <= set(services)
-    ours = [services[name] for name in ("migrate", "api", "worker", "beat")]
+    ours_names = ("migrate", "api", "worker", "exporter", "beat")
+    assert {"postgres", "redis", "minio", *ours_names} <= set(services)
+    ours = [services[name] for name in ours_names]
     assert all(s["environment"] == ours[0]["environment"] for s in ours)
     env = ours[0]["environment"]
     assert env["TORCHYARD_ENV"] == "production"

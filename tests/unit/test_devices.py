@@ -139,6 +139,9 @@ def test_a_worker_runs_one_pool_thread_per_device_and_the_reconciler_one_thread(
 
     worker = celery_argv("worker", "gpu-a100", [])
     assert worker[worker.index("--pool") + 1] == "threads" and "--concurrency" not in worker
+    exporter = celery_argv("exporter", "exports", [], concurrency=3)
+    assert exporter[:6] == ["worker", "-Q", "exports", "--pool", "threads", "--concurrency"]
+    assert exporter[6] == "3"  # exports take no device: their own count, not the host's
     control = celery_argv("control", "default", [])
     assert control[control.index("--pool") :][:4] == ["--pool", "solo", "--concurrency", "1"]
     conf = SimpleNamespace(worker_concurrency=0)

@@ -71,7 +71,7 @@ def exportable(
     return Exportable(job_id, checkpoint_id, _path(job_id, checkpoint_id))
 
 
-def test_an_export_is_queued_once_to_the_jobs_pool_and_asking_again_returns_it(
+def test_an_export_is_queued_once_to_the_export_queue_and_asking_again_returns_it(
     client: TestClient,
     engine: Engine,
     settings: Settings,
@@ -84,7 +84,7 @@ def test_an_export_is_queued_once_to_the_jobs_pool_and_asking_again_returns_it(
     first = client.post(_path(job_id, checkpoint_id), headers=project.headers)
     assert first.status_code == 202, first.text
     export = first.json()
-    assert export["state"] == "pending"
+    assert export["state"] == "pending" and export["queue_position"] >= 1
     assert (export["job_id"], export["checkpoint_id"], export["step"]) == (
         job_id,
         checkpoint_id,
@@ -101,16 +101,20 @@ def test_an_export_is_queued_once_to_the_jobs_pool_and_asking_again_returns_it(
             select(CheckpointExport.id).where(CheckpointExport.checkpoint_id == checkpoint_id)
         ).all()
     assert rows == [export["id"]]
-    # The export message goes to the job's pool, after the job's own; a pending export is sent
-    # again when asked again (the worker's claim makes the duplicate harmless).
-    queued = queued_messages(settings.broker_url, pool)
-    exports_sent = [m for m in queued if m[0] != "workers.run_job"]
-    assert exports_sent == [(EXPORT_CHECKPOINT_TASK, export["id"])] * 2
+    # The export message goes to the export queue, never the job's pool (where it would wait
+    # behind training); a pending export is sent again when asked again (the exporter's claim
+    # makes the duplicate harmless).
+    assert queued_messages(settings.broker_url, pool) == [("workers.run_job", job_id)]
+    exports_sent = queued_messages(settings.broker_url, settings.export_queue)
+    assert [m for m in exports_sent if m[1] == export["id"]] == [
+        (EXPORT_CHECKPOINT_TASK, export["id"])
+    ] * 2
 
     status = client.get(_path(job_id, checkpoint_id), headers=project.headers)
     assert status.status_code == 200 and status.json() == export
+    listed_export = {**export, "queue_position": None}  # a list leaves positions out
     listed = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()
-    assert [c["export"] for c in listed["items"]] == [export]
+    assert [c["export"] for c in listed["items"]] == [listed_export]
     download = client.get(f"{_path(job_id, checkpoint_id)}/download", headers=project.headers)
     assert_error(download, 409, "conflict")
     assert "pending" in download.json()["error"]["message"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import safetensors.torch
 import torch
 from celery import Celery
@@ -29,11 +30,29 @@ from tests.integration.workers.helpers import (
     create_job,
     job_events,
     run_to_success,
+    start_worker,
     tiny_spec,
     wait_for,
 )
 from torchyard.cli import app as cli_app
 from trainer.export import MODEL_PREFIX, load_model_weights
+
+
+@pytest.fixture(scope="module")
+def exporter(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
+    """A real Celery worker on the export queue, as `torchyard exporter` runs one. The queue
+    is emptied first: exports other modules of this test process asked for (nobody serves them
+    there) must not run ahead of this module's."""
+    broker = redis.Redis.from_url(settings.broker_url)
+    try:
+        broker.delete(settings.export_queue)
+    finally:
+        broker.close()
+    w = start_worker(
+        settings=settings, client=celery_client, queue=settings.export_queue, log_dir=worker_logs
+    )
+    yield w
+    w.stop()
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +102,7 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     other_project: ProjectKey,
     dataset_id: str,
     worker: Worker,
+    exporter: Worker,
     tmp_path: Path,
 ) -> None:
     spec = tiny_spec(
@@ -103,7 +123,7 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     out = tmp_path / "model.safetensors"
     cli = _cli(live_api, project.api_key, tmp_path)
     done = cli("export", str(job_id), str(checkpoint["id"]), "--out", str(out), "--timeout", "120")
-    assert done.exit_code == 0, done.output + worker.log[-6000:]
+    assert done.exit_code == 0, done.output + exporter.log[-6000:]
     export = api.get(path, headers=project.headers).json()
     assert export["state"] == "ready" and export["error"] is None
     body = out.read_bytes()
@@ -137,20 +157,21 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     assert f"export of checkpoint at step 4 ready ({export['size_bytes']} bytes)" in events
 
 
-def test_an_unreadable_checkpoint_fails_its_export_with_the_exporters_error(
+def test_an_export_needs_no_worker_of_the_jobs_pool_and_reports_the_exporters_error(
     api: TestClient,
     engine: Engine,
     project: ProjectKey,
     dataset_id: str,
-    worker: Worker,
+    exporter: Worker,
     tmp_path: Path,
 ) -> None:
-    # A job that never runs, only to own the checkpoint; its export goes to the job's pool, the
-    # module worker's. It is cancelled at the end: left queued, it would be the first job of
-    # that pool, and the worker would claim it for the next test's message.
-    job_id = create_job(engine, project, tiny_spec(pool=worker.queue, dataset_id=dataset_id))
+    """The job's pool has no worker at all (as when its GPUs are all busy training): the export
+    still runs, on the exporter. Its checkpoint is unreadable, so it fails with the exporter's
+    error. The job, which never runs, is cancelled at the end."""
+    pool = f"no-workers-{tmp_path.name}"
+    job_id = create_job(engine, project, tiny_spec(pool=pool, dataset_id=dataset_id))
     try:
-        _export_an_unreadable_checkpoint(api, engine, project, worker, job_id, tmp_path)
+        _export_an_unreadable_checkpoint(api, engine, project, exporter, job_id, tmp_path)
     finally:
         cancelled = api.post(f"/v1/jobs/{job_id}/cancel", headers=project.headers)
         assert cancelled.status_code == 202, cancelled.text
@@ -176,8 +197,10 @@ def _export_an_unreadable_checkpoint(
     ]
     path = f"/v1/jobs/{job_id}/checkpoints/{checkpoint['id']}/export"
 
-    assert api.post(path, headers=project.headers).status_code == 202
+    asked = api.post(path, headers=project.headers)
+    assert asked.status_code == 202 and asked.json()["queue_position"] >= 1
     export = _wait_export(api, path, project, worker)
+    assert export["queue_position"] is None
 
     assert export["state"] == "failed"
     assert export["error"].startswith("exporter exited with ")
