@@ -28,6 +28,7 @@ from api.routes import (
     streams,
 )
 from api.streams import StreamHub
+from core import oidc
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
 from core.settings import Settings, get_settings
 
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = session_factory(engine)
     app.state.dispatcher = Dispatcher(settings)
     app.state.streams = StreamHub(app.state.sessionmaker)
+    app.state.oidc = oidc.Verifier(settings) if settings.oidc_issuer else None  # SSO (core.oidc)
 
     errors.install(app)
     openai_errors.install(app)  # OpenAI's error shape under /openai/
