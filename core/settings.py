@@ -220,6 +220,13 @@ class Settings(BaseSettings):
     oidc_http_timeout_s: float = Field(
         default=5.0, gt=0, description="Timeout of discovery and JWKS requests (seconds)."
     )
+    trusted_proxies: int = Field(
+        default=0,
+        ge=0,
+        description="How many reverse proxies in front of the API append to `X-Forwarded-For`: "
+        "the audit log's source address is the entry that many from its right end (the address "
+        "the outermost trusted proxy saw); 0: the header is ignored and the socket peer is used.",
+    )
 
     @model_validator(mode="after")
     def _defaults_and_production_checks(self) -> Settings:

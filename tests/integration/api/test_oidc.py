@@ -258,3 +258,18 @@ def test_settings_refuse_symmetric_or_no_algorithms(algorithms: list[str]) -> No
 def test_settings_refuse_an_issuer_without_audience() -> None:
     with pytest.raises(ValueError, match="TORCHYARD_OIDC_AUDIENCE"):
         Settings(oidc_issuer="https://login.example.com")
+
+
+@pytest.mark.parametrize(
+    ("group", "status"), [("a-viewers", 403), ("a-members", 403), ("a-admins", 200)]
+)
+def test_each_role_gets_the_documented_outcome_on_an_admin_route(
+    sso: Sso, group: str, status: int
+) -> None:
+    token = sso.provider.token(groups=[group], sub=f"user-{group}")
+    assert sso.client.get("/v1/jobs", headers=sso.headers(token)).status_code == 200  # reads
+    answer = sso.client.get("/v1/audit", headers=sso.headers(token))
+    if status == 403:
+        assert "'admin' is needed" in assert_error(answer, 403, "forbidden")["message"]
+    else:
+        assert answer.status_code == 200, answer.text
