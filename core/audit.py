@@ -61,8 +61,8 @@ class Event:
         row["actor_kind"] = self.actor_kind.value
         row["outcome"] = outcome_of(self.status_code).value
         for name, width in _WIDTHS.items():
-            if isinstance(row[name], str):
-                row[name] = row[name][:width]
+            if isinstance(row[name], str):  # Postgres text refuses NUL (a path's `%00`)
+                row[name] = row[name][:width].replace("\x00", "\N{REPLACEMENT CHARACTER}")
         return row
 
 

@@ -16,6 +16,7 @@ from api.schemas_audit import AuditEvent, AuditPage
 from core import audit
 from core.errors import InvalidInput
 
+_NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL
 router = APIRouter(prefix="/v1", tags=["audit"], responses=ERROR_RESPONSES)
 
 _EXAMPLE = {
@@ -53,16 +54,22 @@ def list_audit(
     principal: AdminPrincipal,
     session: SessionDep,
     actor: Annotated[
-        str | None, Query(max_length=255, description="Only this actor (exact).")
+        str | None, Query(max_length=255, pattern=_NO_NUL, description="Only this actor (exact).")
     ] = None,
     operation: Annotated[
-        str | None, Query(max_length=100, description="Only this operationId, e.g. `jobs_create`.")
+        str | None,
+        Query(
+            max_length=100,
+            pattern=_NO_NUL,
+            description="Only this operationId, e.g. `jobs_create`.",
+        ),
     ] = None,
     outcome: Annotated[
         audit.Outcome | None, Query(description="Only `ok`, `denied` or `failed` events.")
     ] = None,
     target: Annotated[
-        str | None, Query(max_length=200, description="Only events on this target (exact).")
+        str | None,
+        Query(max_length=200, pattern=_NO_NUL, description="Only events on this target (exact)."),
     ] = None,
     since: Annotated[
         datetime | None, Query(description="Only events at or after this time (ISO 8601).")

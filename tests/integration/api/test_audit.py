@@ -154,6 +154,17 @@ def test_filters_and_cursor_pages_walk_the_log_newest_first(
     assert _list(client, project, until=start.isoformat())["items"] == []
 
 
+def test_a_nul_in_the_path_is_still_audited(
+    client: TestClient, project: ProjectKey, engine: Engine
+) -> None:
+    rid = _rid()
+    answer = client.post("/v1/jobs/%00/cancel", headers={**project.headers, **rid})
+    assert answer.status_code in (404, 422)
+    [row] = _rows(engine, rid["X-Request-ID"])
+    assert row.path == "/v1/jobs/\N{REPLACEMENT CHARACTER}/cancel"
+    assert (row.project_id, row.outcome) == (project.project_id, "failed")
+
+
 def test_a_target_filter_finds_a_jobs_history(
     client: TestClient, project: ProjectKey, dataset: dict[str, Any]
 ) -> None:
@@ -169,6 +180,7 @@ def test_bad_filters_and_cursors_are_422(client: TestClient, project: ProjectKey
         ({"outcome": "maybe"}, ["query", "outcome"]),
         ({"since": "yesterday"}, ["query", "since"]),
         ({"limit": 0}, ["query", "limit"]),
+        ({"actor": "a\x00b"}, ["query", "actor"]),
     ]:
         answer = client.get("/v1/audit", params=params, headers=project.headers)
         assert_error(answer, 422, "validation_error", loc)
