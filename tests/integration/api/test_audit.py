@@ -5,10 +5,12 @@ paged; an audit outage never fails a request."""
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, text
@@ -260,3 +262,24 @@ def test_a_viewers_refusal_is_audited_with_its_oidc_identity(
     listed = client.get("/v1/audit", params={"actor": "vic"}, headers=admin)
     assert listed.status_code == 200, listed.text
     assert [e["request_id"] for e in listed.json()["items"]] == [rid["X-Request-ID"]]
+
+
+def test_a_real_uvicorn_server_audits_after_answering(
+    live_api: str, project: ProjectKey, engine: Engine
+) -> None:
+    """Under uvicorn the row is written after the answer: poll for it with a deadline."""
+    rid = _rid()
+    answer = httpx.post(
+        f"{live_api}/v1/spec/validate", json={}, headers={**project.headers, **rid}, timeout=30
+    )
+    assert answer.headers["x-request-id"] == rid["X-Request-ID"]
+    deadline = time.monotonic() + 30
+    while not (rows := _rows(engine, rid["X-Request-ID"])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [row] = rows
+    assert (row.project_id, row.actor_kind, row.operation) == (
+        project.project_id,
+        "key",
+        "spec_validate",
+    )
+    assert row.source == "127.0.0.1"
