@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from core import auth
+from core import auth, oidc
 from core.settings import Settings
 
 
@@ -37,9 +37,15 @@ def get_principal(
 ) -> auth.Principal:
     """The caller's project. Raises Unauthorized (401) for a missing, unknown or revoked key.
 
+    With SSO on (`app.state.oidc`), a bearer JWT is an OIDC token instead (core.oidc).
     Kept on `request.state.principal` for what runs after the route (the audit log)."""
     secret = credentials.credentials if credentials is not None else None
-    principal = auth.authenticate(session=session, secret=secret)
+    verifier: oidc.Verifier | None = getattr(request.app.state, "oidc", None)
+    if verifier is not None and secret and oidc.looks_like_jwt(secret):
+        project = request.headers.get(oidc.PROJECT_HEADER)
+        principal = verifier.authenticate(session=session, token=secret, project=project)
+    else:
+        principal = auth.authenticate(session=session, secret=secret)
     request.state.principal = principal
     return principal
 

@@ -31,6 +31,7 @@ STATUS_OF: dict[type[domain.DomainError], int] = {
     domain.Conflict: 409,
     domain.TooLarge: 413,
     domain.InvalidInput: 422,
+    domain.Unavailable: 503,
 }
 CODE_OF_STATUS: dict[int, str] = {
     400: "bad_request",

@@ -11,10 +11,12 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
+from api import audit as audit_log
 from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
 from api.routes import (
+    audit,
     code,
     datasets,
     exports,
@@ -28,6 +30,7 @@ from api.routes import (
     streams,
 )
 from api.streams import StreamHub
+from core import oidc
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
 from core.settings import Settings, get_settings
 
@@ -89,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = session_factory(engine)
     app.state.dispatcher = Dispatcher(settings)
     app.state.streams = StreamHub(app.state.sessionmaker)
+    app.state.oidc = oidc.Verifier(settings) if settings.oidc_issuer else None  # SSO (core.oidc)
 
     errors.install(app)
     openai_errors.install(app)  # OpenAI's error shape under /openai/
@@ -98,9 +102,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=MAX_JSON_BYTES,
         exempt={UPLOAD_PATH, code.PATH, openai_files.FILES_PATH},
     )
+    # Inside the request context (its request id), outside everything that may refuse.
+    app.add_middleware(audit_log.AuditLog, engine=engine, trusted_proxies=settings.trusted_proxies)
     observability.install(app)  # outermost: request ids and metrics cover every answer
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
-    for module in (*routers, openai_files, openai_jobs):
+    for module in (*routers, audit, openai_files, openai_jobs):
         app.include_router(module.router)
 
     docs_ui.mount(app)

@@ -40,3 +40,9 @@ class Unauthorized(DomainError):
 
 class Forbidden(DomainError):
     code = "forbidden"
+
+
+class Unavailable(DomainError):
+    """A service the request depends on (such as the SSO issuer's JWKS) cannot be reached: 503."""
+
+    code = "unavailable"

@@ -381,3 +381,32 @@ class Worker(Base):
     slots_free: Mapped[int | None] = mapped_column(Integer, default=None)
     # Set once its warm shutdown began: it takes no new work and hands its jobs back.
     stopping: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+
+
+class AuditEvent(Base):
+    """One audited request (api.audit): every mutating request and every 401/403 (0011).
+
+    `project_id` is the caller's project, None when the request had none (a bad key).
+    `outcome` is `ok` (status < 400), `denied` (401, 403) or `failed` (any other error).
+    """
+
+    __tablename__ = "audit_events"
+    # A project's events newest first, keyset-paged by id (core.audit.list_page).
+    __table_args__ = (Index("ix_audit_events_project_id_id", "project_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    project_id: Mapped[str | None] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), default=None
+    )
+    actor: Mapped[str | None] = mapped_column(String(255), default=None)
+    actor_kind: Mapped[str] = mapped_column(String(10))  # key | oidc | anonymous
+    key_id: Mapped[str | None] = mapped_column(String(300), default=None)
+    method: Mapped[str] = mapped_column(String(10))
+    path: Mapped[str] = mapped_column(String(2000))
+    operation: Mapped[str | None] = mapped_column(String(100), default=None)  # operationId
+    target: Mapped[str | None] = mapped_column(String(200), default=None)
+    status_code: Mapped[int] = mapped_column(SmallInteger)
+    outcome: Mapped[str] = mapped_column(String(10))
+    source: Mapped[str | None] = mapped_column(String(100), default=None)
+    request_id: Mapped[str | None] = mapped_column(String(128), default=None)

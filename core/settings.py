@@ -36,6 +36,24 @@ class BaseModelEntry(BaseModel):
     )
 
 
+class OidcGrant(BaseModel):
+    """What members of one identity-provider group get (`TORCHYARD_OIDC_GROUP_ROLES`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(description="The name of the project the group's members act in.")
+    role: Literal["viewer", "member", "admin"] = Field(
+        description="Their role in it (core.auth.Role); the highest of a caller's groups wins."
+    )
+
+
+# Asymmetric JWS algorithms an OIDC token may be signed with; `none` and the HMAC family (whose
+# "secret" would be the public key anyone can fetch) never verify a token.
+OIDC_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+
+
 class Settings(BaseSettings):
     """Process-wide configuration. Build engines and apps from it in factories, not at import."""
 
@@ -164,6 +182,62 @@ class Settings(BaseSettings):
         "`TORCHYARD_HOME/venvs`.",
     )
 
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="SSO: the OIDC issuer (`iss`) whose access tokens (JWT) the API accepts as "
+        "bearer tokens, such as `https://login.example.com/realms/ml`; None: API keys only.",
+    )
+    oidc_audience: str | None = Field(
+        default=None,
+        description="The `aud` an OIDC token must carry (the API's client id at the issuer); "
+        "required with `oidc_issuer`.",
+    )
+    oidc_jwks_url: str | None = Field(
+        default=None,
+        description="Where the issuer's signing keys (JWKS) are; None: the `jwks_uri` of its "
+        "`/.well-known/openid-configuration`, fetched once and cached.",
+    )
+    oidc_groups_claim: str = Field(
+        default="groups", description="The token claim that lists the caller's groups."
+    )
+    oidc_actor_claim: str = Field(
+        default="sub",
+        description="The claim that names the caller in audit rows and job owners (`sub`, or "
+        "`email`, ...); `sub` when the token lacks it.",
+    )
+    oidc_group_roles: dict[str, OidcGrant] = Field(
+        default_factory=dict,
+        description='JSON: group -> {"project": name, "role": viewer|member|admin}. A token '
+        "whose groups map to none of these is refused (401).",
+    )
+    oidc_algorithms: list[str] = Field(
+        default_factory=lambda: ["RS256", "ES256"],
+        description="JWS algorithms accepted on OIDC tokens; only asymmetric ones "
+        "(RS*, PS*, ES*, EdDSA) are allowed.",
+    )
+    oidc_leeway_s: float = Field(
+        default=30.0, ge=0, description="Clock skew tolerated on `exp` and `nbf` (seconds)."
+    )
+    oidc_jwks_cache_s: float = Field(
+        default=300.0, gt=0, description="How long fetched signing keys are reused (seconds)."
+    )
+    oidc_jwks_cooldown_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="A token with an unknown `kid` refetches the JWKS (key rotation) at most "
+        "once per this many seconds, so forged kids cannot flood the issuer.",
+    )
+    oidc_http_timeout_s: float = Field(
+        default=5.0, gt=0, description="Timeout of discovery and JWKS requests (seconds)."
+    )
+    trusted_proxies: int = Field(
+        default=0,
+        ge=0,
+        description="How many reverse proxies in front of the API append to `X-Forwarded-For`: "
+        "the audit log's source address is the entry that many from its right end (the address "
+        "the outermost trusted proxy saw); 0: the header is ignored and the socket peer is used.",
+    )
+
     @model_validator(mode="after")
     def _defaults_and_production_checks(self) -> Settings:
         if not self.database_url:
@@ -174,6 +248,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 "TORCHYARD_WORKER_TIMEOUT_S must be at least twice "
                 "TORCHYARD_WORKER_HEARTBEAT_INTERVAL_S, or live workers count as gone"
+            )
+        if self.oidc_issuer is not None and not self.oidc_audience:
+            raise ValueError("TORCHYARD_OIDC_AUDIENCE is required with TORCHYARD_OIDC_ISSUER")
+        unsafe = sorted(set(self.oidc_algorithms) - OIDC_ALGORITHMS)
+        if unsafe or not self.oidc_algorithms:
+            raise ValueError(
+                f"TORCHYARD_OIDC_ALGORITHMS: {unsafe or 'empty'} refused; allowed: "
+                f"{sorted(OIDC_ALGORITHMS)}"
             )
         if self.env == "production":
             if self.database_url.startswith("sqlite"):
