@@ -11,7 +11,15 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids
+from api import (
+    dashboard,
+    docs_ui,
+    errors,
+    observability,
+    openai_errors,
+    openapi_ids,
+    webhook_loop,
+)
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
 from api.routes import (
@@ -26,6 +34,7 @@ from api.routes import (
     openai_jobs,
     spec,
     streams,
+    webhooks,
 )
 from api.streams import StreamHub
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
@@ -60,9 +69,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = engine.url.render_as_string(hide_password=True)
         log.error("refusing to start: cannot reach database %s: %s", url, exc)
         raise DatabaseUnavailable(f"cannot reach database {url}: {exc}") from exc
+    deliveries = webhook_loop.start(app)
     try:
         yield
     finally:
+        await webhook_loop.stop(deliveries)
         await app.state.streams.close()
         app.state.dispatcher.close()
         engine.dispose()
@@ -99,7 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exempt={UPLOAD_PATH, code.PATH, openai_files.FILES_PATH},
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, webhooks)
     for module in (*routers, openai_files, openai_jobs):
         app.include_router(module.router)
 
