@@ -14,15 +14,19 @@ import logging
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from core import webhook_delivery
+from core import alerts, webhook_delivery
 from core.settings import Settings
 
 log = logging.getLogger("torchyard.webhooks")
 
 
 def tick(app: FastAPI) -> int:
-    """One round: send the due deliveries; returns how many were tried."""
+    """One round: evaluate the periodic alerts, send the due deliveries; returns how many
+    deliveries were tried."""
     settings: Settings = app.state.settings
+    with app.state.sessionmaker() as session:
+        alerts.check_periodic(session=session)
+        session.commit()
     return webhook_delivery.deliver_due(
         session_factory=app.state.sessionmaker,
         allow=settings.webhook_allow,
