@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
 
@@ -140,12 +141,17 @@ class Message:
     data: str
 
 
-def _message(session: Session, delivery_id: int) -> Message:
-    delivery = session.get(WebhookDelivery, delivery_id)
-    assert delivery is not None
-    subscription = session.get(WebhookSubscription, delivery.subscription_id)
-    event = session.get(WebhookEvent, delivery.event_id)
-    assert subscription is not None and event is not None
+def _message(session: Session, delivery_id: int) -> Message | None:
+    """What to send for a claimed delivery; None when its webhook was deleted meanwhile."""
+    row = session.execute(
+        select(WebhookSubscription, WebhookEvent)
+        .join(WebhookDelivery, WebhookDelivery.subscription_id == WebhookSubscription.id)
+        .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
+        .where(WebhookDelivery.id == delivery_id)
+    ).first()
+    if row is None:
+        return None
+    subscription, event = row
     return Message(subscription.url, list(subscription.secrets), event.event_id, body(event))
 
 
@@ -237,9 +243,14 @@ def deliver_due(
         for c in claimed:
             with session_factory() as session:
                 message = _message(session, c.delivery_id)
+            if message is None:
+                continue
             outcome = send(client=http, message=message, allow=allow)
             with session_factory() as session:
-                record(session=session, claimed=c, outcome=outcome, now=now)
+                try:
+                    record(session=session, claimed=c, outcome=outcome, now=now)
+                except IntegrityError:  # the webhook was deleted during the send
+                    session.rollback()
     finally:
         if own:
             http.close()

@@ -8,9 +8,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core import jobs, webhook_delivery
+from core import exports, jobs, webhook_delivery
 from core.db import session_scope
-from core.models import JobState, WebhookDelivery, WebhookEvent
+from core.models import CheckpointExport, JobState, WebhookDelivery, WebhookEvent
 from tests.conftest import ProjectKey
 from tests.integration.webhooks.conftest import Clock, new_job, subscribe
 from tests.integration.webhooks.receiver import Receiver
@@ -239,3 +239,26 @@ def test_a_destination_that_turned_private_is_refused_at_delivery(
     assert delivery["status"] == "pending" and delivery["last_status_code"] is None
     assert "refused" in delivery["last_error"] and "127.0.0.1" in delivery["last_error"]
     assert receiver.received == []
+
+
+def test_a_finished_export_is_announced(
+    wh_client: TestClient, project: ProjectKey, engine: Engine, receiver: Receiver, clock: Clock
+) -> None:
+    hook = subscribe(wh_client, project, receiver.url, ["export.ready"])
+    job_id = new_job(engine, project)
+    with session_scope(engine) as s:
+        export = CheckpointExport(
+            job_id=job_id, checkpoint_id=job_id, step=10, source_uri="/srv/ckpt", uri="/srv/out"
+        )
+        s.add(export)
+        s.flush()
+        claimed = exports.claim(session=s, export_id=export.id, worker="w1")
+        assert claimed is not None
+        assert exports.finish(session=s, claimed=claimed, size_bytes=123, sha256="ab" * 32)
+
+    clock.deliver_until(lambda: len(receiver.received) == 1)
+    body = receiver.received[0].verify(hook["secret"]["secret"])
+    assert body["type"] == "export.ready"
+    assert body["data"]["job"]["id"] == job_id
+    assert (body["data"]["step"], body["data"]["size_bytes"]) == (10, 123)
+    assert "/srv" not in receiver.received[0].body.decode()
