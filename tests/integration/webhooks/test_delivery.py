@@ -3,6 +3,8 @@ Standard Webhooks library, a receiver that is down for a while, retries driven b
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
@@ -262,3 +264,16 @@ def test_a_finished_export_is_announced(
     assert body["data"]["job"]["id"] == job_id
     assert (body["data"]["step"], body["data"]["size_bytes"]) == (10, 123)
     assert "/srv" not in receiver.received[0].body.decode()
+
+
+def test_concurrent_senders_claim_each_delivery_once(
+    wh_client: TestClient, project: ProjectKey, engine: Engine, receiver: Receiver, clock: Clock
+) -> None:
+    subscribe(wh_client, project, receiver.url, ["job.*"])
+    for i in range(12):
+        new_job(engine, project, f"j{i}")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: clock.deliver(), range(4)))
+
+    ids = [r.webhook_id for r in receiver.received]
+    assert len(ids) == 12 and len(set(ids)) == 12  # SKIP LOCKED: no delivery sent twice
