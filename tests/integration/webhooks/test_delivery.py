@@ -277,3 +277,38 @@ def test_concurrent_senders_claim_each_delivery_once(
 
     ids = [r.webhook_id for r in receiver.received]
     assert len(ids) == 12 and len(set(ids)) == 12  # SKIP LOCKED: no delivery sent twice
+
+
+def test_pause_resume_failure_retry_and_cancel_each_arrive(
+    wh_client: TestClient, project: ProjectKey, engine: Engine, receiver: Receiver, clock: Clock
+) -> None:
+    hook = subscribe(wh_client, project, receiver.url, ["job.*"])
+    job_id = new_job(engine, project)
+    steps = [
+        lambda s: jobs.claim(session=s, job_id=job_id, worker="w1"),
+        lambda s: jobs.transition(session=s, job_id=job_id, to=S.RUNNING),
+        lambda s: jobs.pause(session=s, job_id=job_id),
+        lambda s: jobs.transition(session=s, job_id=job_id, to=S.PAUSED),
+        lambda s: jobs.resume(session=s, job_id=job_id),
+        lambda s: jobs.claim(session=s, job_id=job_id, worker="w2"),
+        lambda s: jobs.transition(session=s, job_id=job_id, to=S.RUNNING),
+        lambda s: jobs.transition(session=s, job_id=job_id, to=S.FAILED),
+        lambda s: jobs.retry(session=s, job_id=job_id),
+        lambda s: jobs.cancel(session=s, job_id=job_id),
+    ]
+    for step in steps:
+        with session_scope(engine) as s:
+            assert step(s) is not None
+
+    clock.deliver_until(lambda: len(receiver.unique()) == 11)
+    bodies = sorted(
+        (r.verify(hook["secret"]["secret"]) for r in receiver.received),
+        key=lambda b: b["sequence"],
+    )
+    assert [b["type"].removeprefix("job.") for b in bodies] == [
+        "queued", "starting", "running", "pausing", "paused", "queued",
+        "starting", "running", "failed", "queued", "cancelled",
+    ]  # fmt: skip
+    assert [b["data"]["state_from"] for b in bodies[1:]] == [
+        b["data"]["state_to"] for b in bodies[:-1]
+    ]
