@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -118,7 +118,7 @@ class Webhook(BaseModel):
     url: str = Field(description="The receiver URL.")
     event_types: list[str] = Field(description="Event types it receives.")
     description: str = Field(description="A note for humans.")
-    alert_rules: dict[str, Any] = Field(description="Its metric alert rules (AlertRules).")
+    alert_rules: AlertRules = Field(description="Its metric alert rules.")
     secrets: list[SecretInfo] = Field(description="Its signing secrets; every one signs.")
     created_at: Timestamp = Field(description="When it was created; UTC, ISO 8601.")
     disabled_at: Timestamp | None = Field(description="When it was disabled; null if enabled.")

@@ -25,7 +25,7 @@ def _out(subscription: WebhookSubscription) -> schemas.Webhook:
         url=subscription.url,
         event_types=subscription.event_types,
         description=subscription.description,
-        alert_rules=subscription.alert_rules,
+        alert_rules=schemas.AlertRules.model_validate(subscription.alert_rules),
         secrets=[schemas.SecretInfo(**s) for s in subscription.secrets],
         created_at=subscription.created_at,
         disabled_at=subscription.disabled_at,
