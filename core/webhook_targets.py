@@ -71,16 +71,17 @@ def check(url: str, *, allow: Sequence[str]) -> Target:
     Raises RefusedDestination for a URL that is not `http(s)://host[:port]/...`, a host that
     does not resolve, or one with an address that is not public and not in `allow`.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # "http://[::1", "http://h:99999"
+        raise RefusedDestination(f"not a valid URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host:
         raise RefusedDestination("the URL must be http:// or https:// with a host")
     if parts.username or parts.password:
         raise RefusedDestination("the URL must not carry credentials")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as exc:
-        raise RefusedDestination(f"bad port: {exc}") from exc
-    host = parts.hostname.lower()
+    port = port or (443 if parts.scheme == "https" else 80)
+    host = host.lower()
     addresses = _resolve(host, port)
     if not addresses:
         raise RefusedDestination(f"{host!r} resolves to no address")

@@ -31,6 +31,9 @@ from core.webhook_targets import RefusedDestination, check
         "gopher://example.com/",
         "http://user:pw@8.8.8.8/",
         "http:///nohost",
+        "http://[::1",
+        "http://example.com:99999/",
+        "http://exa mple.invalid/",
     ],
 )
 def test_non_public_or_malformed_destinations_are_refused(url: str) -> None:
