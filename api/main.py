@@ -12,7 +12,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from api import audit as audit_log
-from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids
+from api import (
+    dashboard,
+    docs_ui,
+    errors,
+    observability,
+    openai_errors,
+    openapi_ids,
+    webhook_loop,
+)
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
 from api.routes import (
@@ -28,6 +36,7 @@ from api.routes import (
     openai_jobs,
     spec,
     streams,
+    webhooks,
 )
 from api.streams import StreamHub
 from core import oidc
@@ -63,9 +72,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = engine.url.render_as_string(hide_password=True)
         log.error("refusing to start: cannot reach database %s: %s", url, exc)
         raise DatabaseUnavailable(f"cannot reach database {url}: {exc}") from exc
+    deliveries = webhook_loop.start(app)
     try:
         yield
     finally:
+        await webhook_loop.stop(deliveries)
         await app.state.streams.close()
         app.state.dispatcher.close()
         engine.dispose()
@@ -105,7 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Inside the request context (its request id), outside everything that may refuse.
     app.add_middleware(audit_log.AuditLog, engine=engine, trusted_proxies=settings.trusted_proxies)
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, webhooks)
     for module in (*routers, audit, openai_files, openai_jobs):
         app.include_router(module.router)
 

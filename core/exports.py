@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from core import jobs, storage
+from core import jobs, storage, webhooks
 from core.errors import Conflict, NotFound
 from core.models import Checkpoint, CheckpointExport, ExportState, Job, JobEvent, utcnow
 from core.settings import Settings
@@ -182,6 +182,18 @@ def finish(*, session: Session, claimed: Claimed, size_bytes: int, sha256: str) 
             claimed,
             f"export of checkpoint at step {claimed.step} ready ({size_bytes} bytes)",
             {"sha256": sha256, "size_bytes": size_bytes},
+        )
+        job = session.get(Job, claimed.job_id)
+        assert job is not None
+        payload = {
+            "job": {"id": job.id, "name": job.name, "state": job.state, "pool": job.pool},
+            "export_id": claimed.id,
+            "step": claimed.step,
+            "size_bytes": size_bytes,
+            "sha256": sha256,
+        }
+        webhooks.emit(
+            session=session, project_id=job.project_id, type="export.ready", payload=payload
         )
     return done
 

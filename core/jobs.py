@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from core import webhooks
 from core.errors import Conflict, NotFound
 from core.models import TERMINAL_STATES, Job, JobEvent, JobState, utcnow
 from trainer.spec import JobSpec, ScriptJobSpec
@@ -79,7 +80,31 @@ def add_event(
         created_at=utcnow(),
     )
     session.add(event)
+    _emit_webhook(session, job, event)
     return event
+
+
+def _emit_webhook(session: Session, job: Job, event: JobEvent) -> None:
+    """The webhook event (core.webhooks) of a job event, in the same transaction: `job.<state>`
+    for a state change, `job.preempted`, `checkpoint.saved`; other kinds emit none."""
+    if event.kind == "state" and event.state_to:
+        type = f"job.{event.state_to}"
+    elif event.kind == "preempted":
+        type = "job.preempted"
+    elif event.kind == "checkpoint":
+        type = "checkpoint.saved"
+    else:
+        return
+    payload = {
+        "job": {"id": job.id, "name": job.name, "state": job.state, "pool": job.pool},
+        "attempt": event.attempt,
+        "state_from": event.state_from,
+        "state_to": event.state_to,
+        "message": event.message,
+        # no server-side paths (a checkpoint's `uri`) leave the server
+        "data": {k: v for k, v in (event.data or {}).items() if k != "uri"},
+    }
+    webhooks.emit(session=session, project_id=job.project_id, type=type, payload=payload)
 
 
 def transition(

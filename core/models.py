@@ -410,3 +410,110 @@ class AuditEvent(Base):
     outcome: Mapped[str] = mapped_column(String(10))
     source: Mapped[str | None] = mapped_column(String(100), default=None)
     request_id: Mapped[str | None] = mapped_column(String(128), default=None)
+
+
+class WebhookSubscription(Base):
+    """A project's webhook endpoint (core/webhooks.py, docs/CONTRACTS.md section 6).
+
+    `secrets` is a list so a secret can rotate: every listed secret signs each delivery (one
+    `v1,` signature each) until it is removed, so a receiver can switch keys without a gap. The
+    secrets are kept as is: HMAC signing needs them. `event_types` are exact types
+    (`job.failed`) or prefixes ending in `*` (`job.*`, `*`). `alert_rules`: core.alerts
+    rules whose `alert.*` events go to this subscription only (0011).
+    """
+
+    __tablename__ = "webhook_subscriptions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    url: Mapped[str] = mapped_column(Text)
+    event_types: Mapped[list[str]] = mapped_column(JsonType)
+    # [{"id": "whs_...", "secret": "whsec_...", "created_at": iso}], newest last.
+    secrets: Mapped[list[dict[str, Any]]] = mapped_column(JsonType)
+    alert_rules: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class WebhookEvent(Base):
+    """The outbox: one row per event, written in the transaction of the change it reports.
+
+    `event_id` is the `webhook-id` header of every delivery of the event (receivers dedupe on
+    it); `id` orders a project's events as they happened."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (Index("ix_webhook_events_project_id_id", "project_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(40), unique=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(100))
+    payload: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeliveryStatus(enum.StrEnum):
+    """A delivery's states: `pending -> delivered | dead`; redeliver makes it `pending` again."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+
+
+class WebhookDelivery(Base):
+    """One event to one subscription: sent by `core.webhooks.deliver_due` until a 2xx answer,
+    or `dead` after the last retry of the backoff schedule."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("subscription_id", "event_id"),
+        Index("ix_webhook_deliveries_status_next", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    subscription_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_subscriptions.id", ondelete="CASCADE"), index=True
+    )
+    event_id: Mapped[int] = mapped_column(ForeignKey("webhook_events.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(20), default=DeliveryStatus.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(default=utcnow)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    last_response_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class WebhookAttempt(Base):
+    """The delivery log: one row per HTTP attempt (status code, response time, error)."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (Index("ix_webhook_attempts_delivery_id_id", "delivery_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE")
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    response_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AlertState(Base):
+    """An alert that fired for a job (core/alerts.py): one row per (subscription, job, kind)
+    while its condition holds, so it fires once per condition, not at every step."""
+
+    __tablename__ = "alert_states"
+
+    subscription_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_subscriptions.id", ondelete="CASCADE"), primary_key=True
+    )
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40), primary_key=True)
+    fired_at: Mapped[datetime] = mapped_column(default=utcnow)

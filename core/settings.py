@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class BaseModelEntry(BaseModel):
@@ -237,6 +238,34 @@ class Settings(BaseSettings):
         "the audit log's source address is the entry that many from its right end (the address "
         "the outermost trusted proxy saw); 0: the header is ignored and the socket peer is used.",
     )
+
+    webhook_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Webhook destinations allowed although private, loopback or link-local "
+        "(core/webhooks.py refuses those otherwise): CIDRs (`10.0.0.0/8`) or host names, "
+        "comma-separated or a JSON list.",
+    )
+    webhook_deliver_in_api: bool = Field(
+        default=True,
+        description="Run the webhook delivery loop in each API process (api.main's lifespan). "
+        "Several processes may: they claim deliveries with `FOR UPDATE SKIP LOCKED`.",
+    )
+    webhook_deliver_interval_s: float = Field(
+        default=2.0, gt=0, description="How often the delivery loop looks for due deliveries."
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds a webhook receiver has to answer one delivery."
+    )
+
+    @field_validator("webhook_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
 
     @model_validator(mode="after")
     def _defaults_and_production_checks(self) -> Settings:

@@ -128,6 +128,8 @@ def settings(
         sys_metrics_interval_s=1.0,
         cancel_grace_s=5.0,
         data_roots=[str(corpus_dir), str(models_root)],
+        # tests drive core.webhook_delivery.deliver_due themselves (tests/integration/webhooks)
+        webhook_deliver_in_api=False,
     )
 
 
@@ -145,6 +147,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TORCHYARD_SYS_METRICS_INTERVAL_S": str(settings.sys_metrics_interval_s),
         "TORCHYARD_CANCEL_GRACE_S": str(settings.cancel_grace_s),
         "TORCHYARD_DATA_ROOTS": json.dumps(settings.data_roots),
+        "TORCHYARD_WEBHOOK_DELIVER_IN_API": str(settings.webhook_deliver_in_api).lower(),
         "PYTHONPATH": str(REPO_ROOT),
     }
 

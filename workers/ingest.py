@@ -25,7 +25,7 @@ import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core import gang, jobs
+from core import alerts, gang, jobs
 from core import ingest as store
 from core.errors import Conflict
 from core.jobs import ACTIVE_STATES
@@ -62,6 +62,8 @@ class Reported:
 @dataclass
 class _Batch:
     metrics: list[store.Metric] = field(default_factory=list)
+    # (name, step) of the NaN/Inf values skipped, for the `nan_loss` alert (core.alerts)
+    nonfinite: list[tuple[str, int]] = field(default_factory=list)
     logs: list[store.Log] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -150,7 +152,7 @@ class RunIngest:
             event = _loads(raw)
             kind = event["type"]
             if kind == "metric":
-                _parse_metric(event, batch.metrics)
+                _parse_metric(event, batch.metrics, batch.nonfinite)
             else:
                 batch.events.append(_clean(event))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
@@ -168,6 +170,7 @@ class RunIngest:
         store.metrics(
             session=session, job_id=self.job_id, attempt=self.attempt, points=batch.metrics
         )
+        alerts.on_metrics(session=session, job=job, points=batch.metrics, nonfinite=batch.nonfinite)
         store.logs(session=session, job_id=self.job_id, attempt=self.attempt, lines=batch.logs)
         state = job.state
         for event in batch.events:
@@ -295,7 +298,9 @@ def _loads(raw: bytes) -> Any:
         return json.loads(raw)
 
 
-def _parse_metric(event: dict[str, Any], out: list[store.Metric]) -> None:
+def _parse_metric(
+    event: dict[str, Any], out: list[store.Metric], nonfinite: list[tuple[str, int]]
+) -> None:
     """Append the points of one metric line: finite numbers under names of at most
     `MAX_METRIC_NAME_CHARS` (NUL replaced); other values are skipped. The hot path of ingest:
     no per-value recursion (`_clean`) here."""
@@ -313,6 +318,8 @@ def _parse_metric(event: dict[str, Any], out: list[store.Metric]) -> None:
             value = float(value)
         if math.isfinite(value) and len(name) <= MAX_METRIC_NAME_CHARS:
             out.append(make((name.replace("\x00", "\ufffd"), step, value, when)))
+        elif not math.isfinite(value):
+            nonfinite.append((name[:MAX_METRIC_NAME_CHARS], step))
 
 
 def _step_times(event: dict[str, Any]) -> tuple[int, list[float]] | None:

@@ -1,0 +1,50 @@
+"""The embedded default (SQLite) emits, claims and delivers as Postgres does."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from core import alerts, auth, jobs, webhook_delivery, webhooks
+from core.db import make_engine, session_factory, session_scope, upgrade
+from core.models import utcnow
+from tests.integration.webhooks.conftest import LOOPBACK
+from tests.integration.webhooks.receiver import Receiver
+from trainer.spec import parse_job_spec
+
+
+def test_outbox_delivery_and_alerts_work_on_sqlite(tmp_path: Path, receiver: Receiver) -> None:
+    url = f"sqlite:///{tmp_path / 'torchyard.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with session_scope(engine) as s:
+            project = auth.create_project(session=s, name="embedded")
+            hook = webhooks.create(
+                session=s,
+                project_id=project.id,
+                url=receiver.url,
+                event_types=["job.*", "alert.*"],
+                allow=LOOPBACK,
+                alert_rules={"queued_minutes": 1},
+            )
+            secret = hook.secrets[0]["secret"]
+        spec = parse_job_spec({"name": "t", "data": {"dataset": "d"}, "train": {"max_steps": 200}})
+        with session_factory(engine)() as s:
+            job_id = jobs.create(session=s, project_id=project.id, spec=spec).job.id
+        for _ in range(2):  # fires once
+            with session_scope(engine) as s:
+                alerts.check_periodic(session=s, now=utcnow() + timedelta(minutes=2))
+
+        sent = webhook_delivery.deliver_due(session_factory=session_factory(engine), allow=LOOPBACK)
+
+        assert sent == 2
+        bodies = [r.verify(secret) for r in receiver.received]
+        assert sorted(b["type"] for b in bodies) == ["alert.queued_too_long", "job.queued"]
+        assert {b["data"]["job"]["id"] for b in bodies} == {job_id}
+        assert (
+            webhook_delivery.deliver_due(session_factory=session_factory(engine), allow=LOOPBACK)
+            == 0
+        )
+    finally:
+        engine.dispose()
