@@ -26,6 +26,7 @@ from api.routes import (
     openai_jobs,
     spec,
     streams,
+    usage,
 )
 from api.streams import StreamHub
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
@@ -99,7 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exempt={UPLOAD_PATH, code.PATH, openai_files.FILES_PATH},
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, usage)
     for module in (*routers, openai_files, openai_jobs):
         app.include_router(module.router)
 
