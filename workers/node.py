@@ -50,6 +50,7 @@ from workers.attempt import (
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import PEER_STOPS, Exit, Supervisor
+from workers.usage_watch import UsageWatch
 from workers.watchdog import hang_watchdog
 
 log = logging.getLogger(__name__)
@@ -405,6 +406,14 @@ def _run_node(
         watchers=[
             *sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
             hang_watchdog(settings, job.spec.limits, ingest, proc.pid, factory),
+            UsageWatch(
+                settings=settings,
+                session_factory=factory,
+                root_pid=proc.pid,
+                ingest=ingest,
+                node_rank=node_rank,
+                max_cost=spec.limits.max_cost,
+            ),
         ],
     )
     facts = exits.NodeRun(
