@@ -15,13 +15,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core.db import session_scope
-from core.models import Job, JobNode, JobState
 from core.settings import Settings
 from core.usage import month_start
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec
-from trainer.spec import parse_job_spec
+from tests.integration.usage_rows import make_job
 
 PRICES = {"gpu-a": 2.0, "gpu-b": 3.0}
 MARCH = {"since": "2026-03-01T00:00:00Z", "until": "2026-04-01T00:00:00Z"}
@@ -37,45 +35,6 @@ def priced(settings: Settings) -> Iterator[TestClient]:
 
 def _at(day: int, hour: int, minute: int = 0) -> datetime:
     return datetime(2026, 3, day, hour, minute, tzinfo=UTC)
-
-
-Node = tuple[int, datetime, datetime | None, int, float]  # attempt, joined, ended, slots, cpu
-
-
-def make_job(engine: Engine, project: ProjectKey, pool: str, nodes: list[Node]) -> int:
-    """A job of `project` on `pool` whose attempts' nodes held `slots` devices from `joined`
-    to `ended` (None: still running) and used `cpu` CPU-seconds."""
-    spec = parse_job_spec(
-        {"name": f"job-{pool}", "data": {"uri": "/tmp"}, "resources": {"pool": pool}}
-    )
-    with session_scope(engine) as s:
-        job = Job(
-            project_id=project.project_id,
-            name=spec.name,
-            spec=spec,
-            pool=pool,
-            max_steps=10,
-            state=JobState.SUCCEEDED,
-            attempt=max(n[0] for n in nodes),
-        )
-        s.add(job)
-        s.flush()
-        ranks: dict[int, int] = {}
-        for attempt, joined, ended, slots, cpu in nodes:
-            rank = ranks[attempt] = ranks.get(attempt, -1) + 1
-            s.add(
-                JobNode(
-                    job_id=job.id,
-                    attempt=attempt,
-                    node_rank=rank,
-                    worker="w",
-                    joined_at=joined,
-                    ended_at=ended,
-                    devices=list(range(slots)),
-                    cpu_seconds=cpu,
-                )
-            )
-        return job.id
 
 
 @pytest.fixture
