@@ -1,7 +1,8 @@
 """What jobs used: slot-seconds (GPU-seconds on GPU pools) and CPU-seconds per node and attempt.
 
 A node of an attempt holds `len(devices)` slots (`job_nodes.devices`; `jobs.slots` for rows
-from before 0008) from `joined_at` until `ended_at` (now, while it runs). Its slot-seconds are
+from before 0008) from `joined_at` until `ended_at` (now, while it runs; its last heartbeat
+when its attempt is over but no end was recorded). Its slot-seconds are
 the product. Its CPU-seconds (`job_nodes.cpu_seconds`) are what its worker measured over the
 node's torchrun process tree; a part of the node's interval gets the same share of them as of
 its wall time (a day of a node that ran over midnight). Cost is slot-hours times the pool's
@@ -18,6 +19,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from core.jobs import ACTIVE_STATES
 from core.models import Job, JobNode, utcnow
 
 
@@ -146,7 +148,7 @@ def node_usage(
     """The nodes that held slots at some time in [since, until), optionally of one project,
     pool and/or some jobs, oldest first."""
     query = (
-        select(JobNode, Job.project_id, Job.pool, Job.slots)
+        select(JobNode, Job.project_id, Job.pool, Job.slots, Job.attempt, Job.state)
         .join(Job, Job.id == JobNode.job_id)
         .where(JobNode.joined_at.is_not(None))
     )
@@ -162,8 +164,13 @@ def node_usage(
         query = query.where(JobNode.joined_at < until)
     rows = session.execute(query.order_by(JobNode.joined_at, JobNode.job_id)).all()
     out = []
-    for node, row_project, row_pool, job_slots in rows:
+    for node, row_project, row_pool, job_slots, job_attempt, job_state in rows:
         assert node.joined_at is not None
+        ended_at = node.ended_at
+        if ended_at is None and (job_attempt != node.attempt or job_state not in ACTIVE_STATES):
+            # Its attempt ended without recording this node's end (it never launched, its gang
+            # was released, its worker was lost): it held its slots until its last heartbeat.
+            ended_at = node.heartbeat_at or node.joined_at
         out.append(
             NodeUsage(
                 job_id=node.job_id,
@@ -173,7 +180,7 @@ def node_usage(
                 node_rank=node.node_rank,
                 slots=len(node.devices) if node.devices else job_slots,
                 started_at=_aware(node.joined_at),
-                ended_at=_aware(node.ended_at) if node.ended_at is not None else None,
+                ended_at=_aware(ended_at) if ended_at is not None else None,
                 cpu_seconds=float(node.cpu_seconds or 0.0),
             )
         )

@@ -41,6 +41,7 @@ from workers.attempt import (
     Dispatch,
     MaxRuntime,
     Unlaunched,
+    budget_spent,
     dispatch_safely,
     fail_unlaunched,
     record_launch,
@@ -108,6 +109,8 @@ def _lead(
     refused: Exception | None = None
     if budget is not None and budget <= 0:
         refused = MaxRuntime(job.runtime_s)
+    elif (spent := budget_spent(settings, factory, job)) is not None:
+        refused = spent
     elif nodes > 1 and send_join is None:
         refused = InvalidInput(
             f"resources.nodes: {nodes} nodes requested, but this delivery cannot send the "

@@ -88,8 +88,8 @@ def get_usage(
 ) -> Any:
     """The project's slot-seconds (GPU-seconds on GPU pools), CPU-seconds and cost in
     [since, until), per UTC day, pool or job; a running job counts up to now."""
-    start = usage.as_utc(since) if since is not None else usage.month_start()
-    end = usage.as_utc(until) if until is not None else _next_month(usage.month_start())
+    start = _utc("since", since) if since is not None else usage.month_start()
+    end = _utc("until", until) if until is not None else _next_month(usage.month_start())
     if end - start > MAX_WINDOW:
         msg = f"the window is at most {MAX_WINDOW.days} days"
         raise InvalidInput(
@@ -116,6 +116,19 @@ def get_usage(
     if wants_csv:
         return Response(_csv(body), media_type="text/csv; charset=utf-8")
     return body
+
+
+def _utc(param: str, value: datetime) -> datetime:
+    """`value` in UTC; InvalidInput (422 at `["query", param]`) when that leaves the calendar
+    (0001-01-01T00:00+01:00)."""
+    try:
+        return usage.as_utc(value)
+    except OverflowError:
+        msg = "out of range once converted to UTC"
+        raise InvalidInput(
+            f"{param}: {msg}",
+            details=[{"loc": ["query", param], "msg": msg, "type": "value_error"}],
+        ) from None
 
 
 def _next_month(start: datetime) -> datetime:

@@ -14,9 +14,21 @@ from trainer.spec import parse_job_spec
 Node = tuple[int, datetime, datetime | None, int, float]  # attempt, joined, ended, slots, cpu
 
 
-def make_job(engine: Engine, project: ProjectKey, pool: str, nodes: list[Node]) -> int:
+def make_job(
+    engine: Engine,
+    project: ProjectKey,
+    pool: str,
+    nodes: list[Node],
+    *,
+    state: JobState | None = None,
+    heartbeat_at: datetime | None = None,
+) -> int:
     """A job of `project` on `pool` whose attempts' nodes held `slots` devices from `joined`
-    to `ended` (None: still running) and used `cpu` CPU-seconds."""
+    to `ended` (None: no end recorded) and used `cpu` CPU-seconds; every node last beat at
+    `heartbeat_at`. `state`: default `running` when a node has no end, else `succeeded`."""
+    if state is None:
+        running = any(ended is None for _, _, ended, _, _ in nodes)
+        state = JobState.RUNNING if running else JobState.SUCCEEDED
     spec = parse_job_spec(
         {"name": f"job-{pool}", "data": {"uri": "/tmp"}, "resources": {"pool": pool}}
     )
@@ -27,7 +39,7 @@ def make_job(engine: Engine, project: ProjectKey, pool: str, nodes: list[Node]) 
             spec=spec,
             pool=pool,
             max_steps=10,
-            state=JobState.SUCCEEDED,
+            state=state,
             attempt=max(n[0] for n in nodes),
         )
         s.add(job)
@@ -43,6 +55,7 @@ def make_job(engine: Engine, project: ProjectKey, pool: str, nodes: list[Node]) 
                     worker="w",
                     joined_at=joined,
                     ended_at=ended,
+                    heartbeat_at=heartbeat_at,
                     devices=list(range(slots)),
                     cpu_seconds=cpu,
                 )

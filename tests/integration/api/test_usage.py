@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
+from core.models import JobState
 from core.settings import Settings
 from core.usage import month_start
 from tests.conftest import ProjectKey
@@ -168,6 +169,33 @@ def test_the_default_window_is_this_calendar_month_and_a_running_node_counts_to_
     assert shown["cpu_seconds"] == 5.0
 
 
+def test_a_node_whose_attempt_ended_without_its_end_counts_until_its_last_heartbeat(
+    priced: TestClient, engine: Engine, project: ProjectKey
+) -> None:
+    """A node that never recorded its end (its attempt failed before launch, its worker was
+    lost) is not running: it held its slots from joining to its last heartbeat."""
+    failed = make_job(
+        engine,
+        project,
+        "gpu-a",
+        [(1, _at(12, 8), None, 2, 0.0)],
+        state=JobState.FAILED,
+        heartbeat_at=_at(12, 8, 30),
+    )
+    superseded = make_job(
+        engine,
+        project,
+        "gpu-a",
+        [(1, _at(12, 9), None, 1, 0.0), (2, _at(12, 10), _at(12, 11), 1, 0.0)],
+        state=JobState.SUCCEEDED,
+    )  # attempt 1 never beat: it counts nothing
+    rows = usage(priced, project, **MARCH, group_by="job")["rows"]
+    assert [(r["job_id"], r["slot_seconds"]) for r in rows] == [
+        (failed, 2 * 1800.0),
+        (superseded, 3600.0),
+    ]
+
+
 @pytest.mark.parametrize(
     ("params", "loc"),
     [
@@ -177,6 +205,11 @@ def test_the_default_window_is_this_calendar_month_and_a_running_node_counts_to_
         ({"since": "2026-03-02T00:00:00Z", "until": "2026-03-01T00:00:00Z"}, ["query", "until"]),
         ({"since": "2026-03-01T00:00:00Z", "until": "2026-03-01T00:00:00Z"}, ["query", "until"]),
         ({"since": "2024-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, ["query", "until"]),
+        ({"since": "0001-01-01T00:00:00+01:00"}, ["query", "since"]),
+        (
+            {"since": "9999-12-31T00:00:00Z", "until": "9999-12-31T23:00:00-01:00"},
+            ["query", "until"],
+        ),
     ],
 )
 def test_bad_parameters_are_a_422_naming_the_parameter(

@@ -12,8 +12,10 @@ import pytest
 from celery import Celery
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from api.main import create_app
+from core import jobs
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
@@ -22,6 +24,8 @@ from tests.integration.workers.helpers import (
     Worker,
     job_events,
     job_nodes,
+    launches,
+    send,
     start_worker,
     submit,
     tiny_spec,
@@ -70,7 +74,20 @@ def test_max_cost_checkpoints_and_stops_the_run_with_reason_budget(
     assert failed.state_to == "failed"
     assert failed.data["limit"] == "max_cost" and failed.data["reason"] == "budget"
     (node,) = job_nodes(engine, job_id)
+    assert len(launches(events)) == 1
     assert node.stop == "budget" and node.cpu_seconds > 0
+
+    # A retry of a job whose budget is spent fails at once, without a trainer.
+    with Session(engine) as s:
+        jobs.retry(session=s, job_id=job_id, project_id=project.project_id)
+        s.commit()
+    send(celery_client, job_id, priced_worker.queue)
+    again = wait_state(engine, job_id, TERMINAL, 30, priced_worker)
+    assert again.state == "failed" and again.attempt == 2
+    assert again.error is not None and again.error.startswith("budget: limits.max_cost reached")
+    retried = job_events(engine, job_id)
+    assert len(launches(retried)) == 1  # attempt 1's only
+    assert retried[-1].data["limit"] == "max_cost" and retried[-1].data["reason"] == "budget"
 
     app = create_app(settings.model_copy(update={"slot_prices": {priced_worker.queue: PRICE}}))
     with TestClient(app) as client:
