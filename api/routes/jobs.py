@@ -101,9 +101,8 @@ def _out(
     """Jobs as the API shows them: queued ones with their place in the queue, each with its
     `usage` (one query each). `log_tail=False` (the list) leaves each failure's log lines out."""
     positions = scheduling.queue_positions(session=session, queued=items)
-    used = usage_report.job_usage(
-        session=session, job_ids=[j.id for j in items], prices=settings.slot_prices
-    )
+    ran = [j.id for j in items if j.attempt > 0]  # a job never claimed has used nothing
+    used = usage_report.job_usage(session=session, job_ids=ran, prices=settings.slot_prices)
     out = []
     for job in items:
         shown = schemas.Job.model_validate(job)
@@ -111,7 +110,7 @@ def _out(
             "queue_position": positions.get(job.id),
             "waiting_for": scheduling.waiting_for(job),
         }
-        update["usage"] = schemas.JobUsage.model_validate(used[job.id])
+        update["usage"] = schemas.JobUsage.model_validate(used.get(job.id, usage_report.Totals()))
         if shown.failure is not None and not log_tail:
             update["failure"] = shown.failure.model_copy(update={"log_tail": None})
         out.append(shown.model_copy(update=update))
