@@ -75,6 +75,7 @@ class UsageWatch:
         self.node_rank = node_rank
         self.max_cost = max_cost
         self.cpu_seconds = 0.0
+        self._stored: float | None = None  # what the row holds
 
     def tick(self, now: float) -> Stop | None:
         """Measure and store the CPU-seconds; `Stop.BUDGET` once the cost reached the limit.
@@ -86,12 +87,16 @@ class UsageWatch:
             with self.session_factory() as session:
                 self._store(session)
                 session.commit()
+                self._stored = self.cpu_seconds
                 return self._over_budget(session)
         except SQLAlchemyError as exc:
             log.warning("job %s: usage not stored: %s", self.ingest.job_id, exc)
         return None
 
     def _store(self, session: Session) -> None:
+        """Write the figure to the node's row unless the row has it already."""
+        if self._stored == self.cpu_seconds:
+            return
         session.execute(
             update(JobNode)
             .where(
@@ -123,5 +128,6 @@ class UsageWatch:
             with self.session_factory() as session:
                 self._store(session)
                 session.commit()
+                self._stored = self.cpu_seconds
         except SQLAlchemyError as exc:
             log.warning("job %s: final usage not stored: %s", self.ingest.job_id, exc)
