@@ -36,6 +36,7 @@ from api.routes import (
     openai_jobs,
     spec,
     streams,
+    usage,
     webhooks,
 )
 from api.streams import StreamHub
@@ -116,8 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Inside the request context (its request id), outside everything that may refuse.
     app.add_middleware(audit_log.AuditLog, engine=engine, trusted_proxies=settings.trusted_proxies)
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, webhooks)
-    for module in (*routers, audit, openai_files, openai_jobs):
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    for module in (*routers, usage, webhooks, audit, openai_files, openai_jobs):
         app.include_router(module.router)
 
     docs_ui.mount(app)

@@ -68,6 +68,23 @@ class Failure(BaseModel):
     )
 
 
+class JobUsage(_Out):
+    """What a job used so far, every attempt together; a running node counts up to now."""
+
+    slot_seconds: float = Field(
+        description="Slots (GPUs, or CPU slots) x seconds held, summed over every node of "
+        "every attempt."
+    )
+    cpu_seconds: float = Field(
+        description="CPU time (user + system) of the job's trainer processes, as its workers "
+        "measured it, in seconds."
+    )
+    cost: float = Field(
+        description="slot-hours x the pool's price (`TORCHYARD_SLOT_PRICES`), in the server's "
+        "currency (`GET /v1/usage` names it); 0 on a pool without a price."
+    )
+
+
 class Job(_Out):
     """A training job. `spec` is the submitted JobSpec (or ScriptJobSpec, with `entrypoint`);
     `latest_metrics` the last value of each series; `current_step` the last step reported;
@@ -150,6 +167,10 @@ class Job(_Out):
         default=None,
         description="The spec's `retries` as budgets: per class allowed / used / left, the cap, "
         "and a summary of what the policy did.",
+    )
+    usage: JobUsage | None = Field(
+        default=None,
+        description="Slot-seconds, CPU-seconds and cost so far, every attempt together.",
     )
 
     @model_validator(mode="before")

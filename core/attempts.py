@@ -89,10 +89,13 @@ def apply(
         )
     elif outcome is Outcome.FAILED:
         message = decision.message
-        if failure is None:  # a limit (max_runtime), not a failure of the code
-            message = f"{message} ({int(float(job.runtime_s or 0.0) + runtime_s)} s)"
+        if failure is None:  # a limit (max_runtime_s, max_cost), not a failure of the code
+            data["limit"] = decision.limit or "max_runtime_s"
+            if data["limit"] == "max_runtime_s":
+                message = f"{message} ({int(float(job.runtime_s or 0.0) + runtime_s)} s)"
+            else:
+                data["reason"] = "budget"
             values["error"] = message
-            data["limit"] = "max_runtime_s"
         jobs.transition(
             session=session,
             job_id=job.id,

@@ -8,7 +8,7 @@ No I/O here; `tests/unit/test_lifecycle.py` is the table of cases.
 An attempt is a gang of N >= 1 nodes. A node that *failed* (its trainer exited non-zero
 without the worker asking, or its worker ended it for a hang) ends the whole attempt at once:
 the other nodes find the attempt no longer theirs and kill their trainers. Any other end
-(success, a stop for cancel / pause / shutdown / max_runtime) waits until every node ended.
+(success, a stop for cancel / pause / shutdown / max_runtime / budget) waits until every node ended.
 
 Restarts (after Determined's and Kubeflow's per-cause restart policies): a failure of class C
 restarts from the latest checkpoint while C's budget (`retries.on[C]`, else `max_restarts`;
@@ -48,6 +48,7 @@ class Stop(enum.StrEnum):
     SHUTDOWN = "shutdown"
     LOST = "lost"  # fenced out: the attempt is no longer this worker's (never recorded)
     HANG = "hang"  # no step progress for the hang timeout (a watcher decided)
+    BUDGET = "budget"  # the job's cost reached `limits.max_cost` (a watcher decided)
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,7 @@ class Decision:
     outcome: Outcome
     message: str
     failure: Failure | None = None
+    limit: str | None = None  # the spec limit a FAILED without failure hit (`max_cost`, ...)
 
     @property
     def requeues(self) -> bool:
@@ -208,7 +210,9 @@ def decide(facts: AttemptFacts) -> Decision:
             Outcome.HAND_BACK, f"worker shutting down; attempt {facts.attempt} handed back"
         )
     if Stop.MAX_RUNTIME in stops:
-        return Decision(Outcome.FAILED, "max_runtime_s exceeded")
+        return Decision(Outcome.FAILED, "max_runtime_s exceeded", limit="max_runtime_s")
+    if Stop.BUDGET in stops:
+        return Decision(Outcome.FAILED, "budget: limits.max_cost reached", limit="max_cost")
     # Every node exited without a failure, a stop or a completion report: the code returned
     # early (a user script that exits 0 without finishing, a stop nobody asked for).
     code = next((n.exit_code for n in facts.ended if n.exit_code != 0), 0)

@@ -356,6 +356,9 @@ class JobNode(Base):
     devices: Mapped[list[int] | None] = mapped_column(JsonType, default=None)
     # How this node failed: core.lifecycle.Failure.to_json(), None when it did not.
     failure: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)
+    # CPU-seconds (user + system) of this node's torchrun process tree, measured by its worker
+    # while it runs and at its end (0011).
+    cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class Worker(Base):

@@ -176,6 +176,22 @@ class Settings(BaseSettings):
         "before it releases the gang and the job goes back to the queue.",
     )
 
+    slot_prices: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="JSON: pool -> price of one slot-hour (one GPU, or one CPU slot, for an "
+        "hour) in `currency`; usage of a pool without a price costs 0, and a job on it cannot "
+        "set `limits.max_cost`.",
+    )
+    currency: str = Field(
+        default="USD", min_length=1, max_length=10, description="The unit of `slot_prices`."
+    )
+    usage_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often a worker measures a running node's CPU-seconds into "
+        "`job_nodes.cpu_seconds` and checks the job's cost against `limits.max_cost` (seconds).",
+    )
+
     venv_dir: Path | None = Field(
         default=None,
         description="Where a worker keeps the virtual environments of entrypoint jobs' "

@@ -45,6 +45,7 @@ from torchyard.render import (
 )
 from torchyard.specs import SpecFileError, apply_overrides, load_spec, set_path
 from torchyard.summary import render_summary
+from torchyard.usage import usage_command
 
 if TYPE_CHECKING:
     # typer >= 0.2x vendors click; its groups get this Context, not `click.Context` (click is
@@ -85,6 +86,7 @@ app.add_typer(admin_app, name="admin")
 app.add_typer(code_app, name="code")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
+app.command("usage")(usage_command)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 PollOpt = Annotated[

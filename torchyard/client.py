@@ -40,6 +40,7 @@ from torchyard.models import (
     MetricSeries,
     Page,
 )
+from torchyard.usage import Usage
 
 FollowItem = Job | Event | MetricPoint | LogLine
 
@@ -77,6 +78,7 @@ class Client:
         self.datasets = Datasets(self)
         self.exports = Exports(self)
         self.code = Code(self)
+        self.usage = Usage(self)
 
     def __enter__(self) -> Client:
         return self

@@ -63,6 +63,14 @@ class Entrypoint(_Model):
     keep_last_checkpoints: int | None = None
 
 
+class JobUsage(_Model):
+    """What a job used so far: slot-seconds, CPU-seconds and cost (the server's currency)."""
+
+    slot_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    cost: float = 0.0
+
+
 class Job(_Model):
     """A training job as the API reports it. `spec` is the submitted spec as a dict: the
     built-in trainer's `JobSpec`, or a `ScriptJobSpec` with `entrypoint` (see `kind`); `failure`
@@ -97,6 +105,7 @@ class Job(_Model):
     restarts_used: int = 0
     restarts_by_class: dict[str, int] = Field(default_factory=dict)
     retry_policy: RetryPolicy | None = None
+    usage: JobUsage | None = None
 
     @property
     def is_terminal(self) -> bool:

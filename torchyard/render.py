@@ -195,6 +195,14 @@ def job_details(job: Job) -> Table:
         rows.append(("error", Text(job.error, style="red")))
     if job.failure is None and job.restarts_used and job.retry_policy is not None:
         rows.append(("restarts", Text(job.retry_policy.summary)))
+    if (used := job.usage) is not None and used.slot_seconds:
+        rows.append(
+            (
+                "usage",
+                f"{used.slot_seconds / 3600:.2f} slot-hours, "
+                f"{used.cpu_seconds / 3600:.2f} CPU-hours, cost {used.cost:.2f}",
+            )
+        )
     for key, value in rows:
         table.add_row(key, value)
     return table

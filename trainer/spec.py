@@ -461,6 +461,14 @@ class LimitsSpec(StrictSpec):
         description="Wall-clock seconds of training (all attempts together) after which the "
         "run checkpoints and stops with reason `max_runtime`; null for no limit.",
     )
+    max_cost: float | None = Field(
+        default=None,
+        gt=0,
+        description="Cost (slot-hours x the pool's price, in the server's currency; all "
+        "attempts together) at which the run checkpoints and stops with reason `budget`; "
+        "checked while the trainer runs (about every second). The pool must have a price "
+        "(`TORCHYARD_SLOT_PRICES`). Null for no limit.",
+    )
     hang_timeout_s: float | None = Field(
         default=None,
         gt=0,

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import datasets, gang, init_from, jobs
+from core import datasets, gang, init_from, jobs, usage_report
 from core.errors import InvalidInput
 from core.jobs import ACTIVE_STATES
 from core.lifecycle import Failure, FailureClass, Outcome
@@ -38,6 +38,13 @@ class MaxRuntime(Exception):
         super().__init__(f"max_runtime_s exceeded ({int(runtime_s)} s)")
 
 
+class BudgetSpent(Exception):
+    """`limits.max_cost` is used up (earlier attempts' cost reached it)."""
+
+    def __init__(self, cost: float, max_cost: float) -> None:
+        super().__init__(f"budget: limits.max_cost reached (cost {cost:.6g} of {max_cost:g})")
+
+
 class Unlaunched(Exception):
     """An attempt that cannot launch, with its own failure class and the log lines that say
     why (a failed `requirements` install: `workers.script`)."""
@@ -54,6 +61,20 @@ def runtime_budget(job: Job) -> float | None:
     """Seconds this attempt may run under `limits.max_runtime_s`; None without a limit."""
     limit = job.spec.limits.max_runtime_s
     return None if limit is None else limit - float(job.runtime_s or 0.0)
+
+
+def budget_spent(
+    settings: Settings, factory: Callable[[], Session], job: Job
+) -> BudgetSpent | None:
+    """`BudgetSpent` when the job's cost so far (every attempt) reached `limits.max_cost`."""
+    limit = job.spec.limits.max_cost
+    if limit is None:
+        return None
+    spent = with_db_retry(
+        factory,
+        lambda s: usage_report.job_cost(session=s, job_id=job.id, prices=settings.slot_prices),
+    )
+    return BudgetSpent(spent, limit) if spent >= limit else None
 
 
 def prepare(
@@ -154,8 +175,8 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     """End an attempt whose trainer never started: cancelled or paused when that was asked
     for, else failed with `exc` as a `user_error` (an unknown dataset, an invalid spec) or
     `infra` (an OSError preparing the run dir), or with `Unlaunched`'s own class, reason and
-    log tail; `MaxRuntime` is a limit, not a failure class. Not retried. Commits; returns the
-    outcome."""
+    log tail; `MaxRuntime` and `BudgetSpent` are limits, not failure classes. Not retried.
+    Commits; returns the outcome."""
     current = session.get(Job, job.id, populate_existing=True)
     if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
         return "lost"
@@ -173,6 +194,8 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     failure: Failure | None = None
     if isinstance(exc, MaxRuntime):  # a limit, not a failure of the code
         data["limit"] = "max_runtime_s"
+    elif isinstance(exc, BudgetSpent):
+        data |= {"limit": "max_cost", "reason": "budget"}
     elif isinstance(exc, Unlaunched):
         failure = Failure(exc.failure_class, error, log_tail=exc.log_tail)
     else:

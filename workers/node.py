@@ -41,6 +41,7 @@ from workers.attempt import (
     Dispatch,
     MaxRuntime,
     Unlaunched,
+    budget_spent,
     dispatch_safely,
     fail_unlaunched,
     record_launch,
@@ -50,6 +51,7 @@ from workers.attempt import (
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import PEER_STOPS, Exit, Supervisor
+from workers.usage_watch import UsageWatch
 from workers.watchdog import hang_watchdog
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,8 @@ def _lead(
     refused: Exception | None = None
     if budget is not None and budget <= 0:
         refused = MaxRuntime(job.runtime_s)
+    elif (spent := budget_spent(settings, factory, job)) is not None:
+        refused = spent
     elif nodes > 1 and send_join is None:
         refused = InvalidInput(
             f"resources.nodes: {nodes} nodes requested, but this delivery cannot send the "
@@ -405,6 +409,14 @@ def _run_node(
         watchers=[
             *sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
             hang_watchdog(settings, job.spec.limits, ingest, proc.pid, factory),
+            UsageWatch(
+                settings=settings,
+                session_factory=factory,
+                root_pid=proc.pid,
+                ingest=ingest,
+                node_rank=node_rank,
+                max_cost=spec.limits.max_cost,
+            ),
         ],
     )
     facts = exits.NodeRun(

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 FINAL_DRAIN_RETRIES = 10
 # The stops one node's worker decides for itself that every node of its gang follows; cancel
 # and pause reach every node through the job's state anyway.
-PEER_STOPS = frozenset({Stop.SHUTDOWN, Stop.MAX_RUNTIME})
+PEER_STOPS = frozenset({Stop.SHUTDOWN, Stop.MAX_RUNTIME, Stop.BUDGET})
 MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shutdown
 
 

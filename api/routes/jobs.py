@@ -14,7 +14,16 @@ from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import code_archives, datasets, init_from, job_list, jobs, scheduling, storage
+from core import (
+    code_archives,
+    datasets,
+    init_from,
+    job_list,
+    jobs,
+    scheduling,
+    storage,
+    usage_report,
+)
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
@@ -83,13 +92,17 @@ def submit_job(
     else:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{result.job.id}"
-    return _out(session, [result.job])[0]
+    return _out(session, settings, [result.job])[0]
 
 
-def _out(session: Session, items: list[Job], log_tail: bool = True) -> list[schemas.Job]:
-    """Jobs as the API shows them: queued ones with their place in the queue (one query).
-    `log_tail=False` (the list) leaves each failure's log lines out."""
+def _out(
+    session: Session, settings: Settings, items: list[Job], log_tail: bool = True
+) -> list[schemas.Job]:
+    """Jobs as the API shows them: queued ones with their place in the queue, each with its
+    `usage` (one query each). `log_tail=False` (the list) leaves each failure's log lines out."""
     positions = scheduling.queue_positions(session=session, queued=items)
+    ran = [j.id for j in items if j.attempt > 0]  # a job never claimed has used nothing
+    used = usage_report.job_usage(session=session, job_ids=ran, prices=settings.slot_prices)
     out = []
     for job in items:
         shown = schemas.Job.model_validate(job)
@@ -97,6 +110,7 @@ def _out(session: Session, items: list[Job], log_tail: bool = True) -> list[sche
             "queue_position": positions.get(job.id),
             "waiting_for": scheduling.waiting_for(job),
         }
+        update["usage"] = schemas.JobUsage.model_validate(used.get(job.id, usage_report.Totals()))
         if shown.failure is not None and not log_tail:
             update["failure"] = shown.failure.model_copy(update={"log_tail": None})
         out.append(shown.model_copy(update=update))
@@ -107,13 +121,15 @@ def check_submittable(
     *, session: Session, settings: Settings, project_id: str, spec: JobSpec | ScriptJobSpec
 ) -> JobSpec | ScriptJobSpec:
     """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
-    `POST /v1/spec/validate`): storable strings, data the project may use, and a
-    `model.init_from` of the project. Returns the spec with `init_from` pinned to a checkpoint.
+    `POST /v1/spec/validate`): storable strings, a priced pool for `limits.max_cost`, data the
+    project may use, and a `model.init_from` of the project. Returns the spec with `init_from`
+    pinned to a checkpoint.
 
     Raises InvalidInput (422), Forbidden (403), NotFound (404) or Conflict (409) with the
     field's `["body", ...]` path.
     """
     require_storable(spec.model_dump(), ("body",))
+    usage_report.check_max_cost(spec, settings.slot_prices)
     if isinstance(spec, ScriptJobSpec):
         code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
         return spec
@@ -209,6 +225,7 @@ def _data_error(field: str, msg: str) -> InvalidInput:
 def list_jobs(
     principal: CurrentPrincipal,
     session: SessionDep,
+    settings: SettingsDep,
     state: Annotated[
         list[JobState] | None, Query(description="Only jobs in these states (repeatable).")
     ] = None,
@@ -244,7 +261,7 @@ def list_jobs(
         after=_decode_cursor(cursor, sort) if cursor is not None else None,
     )
     return schemas.JobPage(
-        items=_out(session, items, log_tail=False),
+        items=_out(session, settings, items, log_tail=False),
         next_cursor=_encode_cursor(after) if after is not None else None,
     )
 
@@ -305,47 +322,61 @@ def _decode_cursor(cursor: str, sort: str) -> job_list.After:
 
 
 @router.get("/{job_id}", response_model=schemas.Job)
-def get_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
-    """Read one job."""
+def get_job(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+) -> schemas.Job:
+    """Read one job, with its usage so far (slot-seconds, CPU-seconds, cost)."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
-    return _out(session, [job])[0]
+    return _out(session, settings, [job])[0]
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
-def cancel_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+def cancel_job(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+) -> schemas.Job:
     """Cancel a job: at once when idle, via `cancelling` when running; 409 once it has ended."""
     job = jobs.cancel(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
-    return _out(session, [job])[0]
+    return _out(session, settings, [job])[0]
 
 
 @router.post("/{job_id}/pause", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
-def pause_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+def pause_job(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+) -> schemas.Job:
     """Pause a job: a running one checkpoints and stops (`pausing`, then `paused`); a queued
     one leaves the queue. 409 in other states."""
     job = jobs.pause(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
-    return _out(session, [job])[0]
+    return _out(session, settings, [job])[0]
 
 
 @router.post("/{job_id}/resume", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def resume_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+    job_id: JobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
 ) -> schemas.Job:
     """Resume a paused job: it is queued again and continues from its latest checkpoint."""
     job = jobs.resume(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
     request.app.state.dispatcher.dispatch(job)
-    return _out(session, [job])[0]
+    return _out(session, settings, [job])[0]
 
 
 @router.post("/{job_id}/retry", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def retry_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+    job_id: JobId,
+    principal: CurrentPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
 ) -> schemas.Job:
     """Run a failed or cancelled job again from its latest checkpoint, with a fresh restart
     budget. 409 in other states."""
     job = jobs.retry(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
     request.app.state.dispatcher.dispatch(job)
-    return _out(session, [job])[0]
+    return _out(session, settings, [job])[0]

@@ -72,6 +72,13 @@ TABLE: list[tuple[str, AttemptFacts, Outcome]] = [
     ("shutdown hands back", facts(stopped(Stop.SHUTDOWN)), Outcome.HAND_BACK),
     ("shutdown ignores a spent budget", facts(stopped(Stop.SHUTDOWN), used=2), Outcome.HAND_BACK),
     ("max_runtime fails without a class", facts(stopped(Stop.MAX_RUNTIME)), Outcome.FAILED),
+    ("max_cost fails without a class", facts(stopped(Stop.BUDGET)), Outcome.FAILED),
+    ("a budget stop ignores restarts left", facts(stopped(Stop.BUDGET), used=0), Outcome.FAILED),
+    (
+        "gang: a budget stop waits for the other nodes",
+        facts(stopped(Stop.BUDGET), nodes=2),
+        Outcome.WAIT,
+    ),
     ("infra restarts", facts(failed(C.INFRA)), Outcome.RESTART),
     ("hang restarts", facts(failed(C.HANG)), Outcome.RESTART),
     ("user_error is not retried by default", facts(failed(C.USER_ERROR)), Outcome.FAILED),
@@ -180,3 +187,10 @@ def test_failure_json_round_trips() -> None:
         C.OOM, "CUDA out of memory", rank=3, node_rank=1, host="h", exit_code=1, log_tail=("a", "b")
     )
     assert Failure.from_json(failure.to_json()) == failure
+
+
+def test_limit_stops_name_their_limit_and_carry_no_failure() -> None:
+    budget = decide(facts(stopped(Stop.BUDGET)))
+    assert (budget.limit, budget.failure) == ("max_cost", None)
+    assert budget.message == "budget: limits.max_cost reached"
+    assert decide(facts(stopped(Stop.MAX_RUNTIME))).limit == "max_runtime_s"

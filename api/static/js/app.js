@@ -7,6 +7,7 @@ import { detailPage } from "./detail.js";
 import { comparePage } from "./compare.js";
 import { submitPage } from "./submit.js";
 import { datasetPage, datasetsPage } from "./datasets.js";
+import { usagePage } from "./usage.js";
 
 const view = document.getElementById("view");
 let stopPage = null;
@@ -71,6 +72,7 @@ function route() {
   else if (parts[0] === "submit") stopPage = submitPage(view, query);
   else if (parts[0] === "datasets" && parts[1]) stopPage = datasetPage(view, parts[1]);
   else if (parts[0] === "datasets") stopPage = datasetsPage(view);
+  else if (parts[0] === "usage") stopPage = usagePage(view);
   else stopPage = jobsPage(view, query);
 }
 

@@ -62,3 +62,22 @@ export function onZoom(node, handler) {
     else if (Array.isArray(change["xaxis.range"])) handler(change["xaxis.range"]);
   });
 }
+
+/** Draw a bar chart in `node`: one bar per `x` (e.g. days) of height `y`. */
+export async function barChart(node, x, y, { title, yTitle } = {}) {
+  const Plotly = await plotlyReady();
+  const { fg, grid } = themeColors();
+  const layout = {
+    title: { text: title, font: { size: 13 }, x: 0.02, xanchor: "left" },
+    margin: { l: 52, r: 12, t: 32, b: 36 },
+    height: 240,
+    paper_bgcolor: "rgba(0,0,0,0)",
+    plot_bgcolor: "rgba(0,0,0,0)",
+    font: { color: fg, size: 11 },
+    xaxis: { type: "category", gridcolor: grid },
+    yaxis: { title: { text: yTitle ?? "" }, gridcolor: grid, zerolinecolor: grid, rangemode: "tozero" },
+    showlegend: false,
+  };
+  const data = [{ type: "bar", x, y, hovertemplate: "%{x}: %{y:.2f}<extra></extra>" }];
+  await Plotly.react(node, data, layout, { displaylogo: false, responsive: true });
+}

@@ -181,6 +181,13 @@ export function detailPage(root, jobId) {
     // The failure card shows a failure's error (with its log tail); other errors stay here.
     if (job.error && !job.failure && job.state !== "failed") rows.push(["error", job.error]);
     if (job.restarts_used && !job.failure) rows.push(["restarts", job.retry_policy?.summary ?? job.restarts_used]);
+    const used = job.usage;
+    if (used?.slot_seconds) {
+      const limit = job.spec?.limits?.max_cost;
+      rows.push(["usage", `${(used.slot_seconds / 3600).toFixed(2)} slot-h · `
+        + `${(used.cpu_seconds / 3600).toFixed(2)} CPU-h · cost ${used.cost.toFixed(2)}`
+        + (limit ? ` of ${limit}` : "")]);
+    }
     const datasetId = job.spec?.data?.dataset;
     if (datasetId) rows.push(["dataset", h("a", { href: `#/datasets/${datasetId}` }, datasetId)]);
     const shown = JSON.stringify([job.state, job.failure, job.error, job.retry_policy?.summary]);

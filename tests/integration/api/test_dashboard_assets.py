@@ -22,8 +22,14 @@ def test_plotly_is_served_from_the_installed_package_gzipped_and_cacheable(
 
 
 def test_dashboard_modules_are_served_as_javascript(client: TestClient) -> None:
-    for name in ("app", "api", "jobs", "detail", "code", "compare", "submit", "charts", "util"):
+    names = ("app", "api", "jobs", "detail", "code", "compare", "submit", "charts", "util", "usage")
+    for name in names:
         answer = client.get(f"/ui/js/{name}.js")
         assert answer.status_code == 200, name
         assert "javascript" in answer.headers["content-type"]
     assert client.get("/ui/js/nope.js").status_code == 404
+
+
+def test_the_nav_leads_to_the_usage_page(client: TestClient) -> None:
+    assert '<a href="#/usage" data-nav="usage">Usage</a>' in client.get("/ui/").text
+    assert 'parts[0] === "usage"' in client.get("/ui/js/app.js").text
