@@ -26,7 +26,7 @@ from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.conftest import live_api  # noqa: F401  (the real uvicorn server)
-from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.integration.workers.helpers import Worker, start_exporter, start_worker, unique_queue
 
 CHROMIUM = os.environ.get("TORCHYARD_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -185,6 +185,19 @@ def worker(
     client.conf.update(celery_config(settings))
     started = start_worker(
         settings=settings, client=client, queue=pool, log_dir=tmp_path_factory.mktemp("dash")
+    )
+    yield started
+    started.stop()
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def exporter(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """`torchyard exporter`'s worker, for the checkpoint exports a page asks for."""
+    client = Celery("torchyard-dash-exports")
+    client.conf.update(celery_config(settings))
+    started = start_exporter(
+        settings=settings, client=client, log_dir=tmp_path_factory.mktemp("exports")
     )
     yield started
     started.stop()

@@ -189,7 +189,7 @@ def test_a_bad_spec_shows_the_apis_field_paths_beside_the_yaml_lines_as_you_type
 
 
 def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
-    dash: Dash, api: httpx.Client, dataset_id: str, pool: str, worker: Worker
+    dash: Dash, api: httpx.Client, dataset_id: str, pool: str, worker: Worker, exporter: Worker
 ) -> None:
     page = dash.page
     dash.open("/submit")
@@ -238,7 +238,7 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     expect(page.locator("#events")).to_contain_text("running → succeeded")
     expect(page.locator("#checkpoints tr")).to_have_count(2)  # half way and at the end
 
-    # Export the last checkpoint from its row: a worker makes it, the button turns into a
+    # Export the last checkpoint from its row: the exporter makes it, the button turns into a
     # Download link, and the link downloads the safetensors with the API key (fetch + blob).
     row = page.locator(f"#checkpoints tr[data-step='{RUN_STEPS}']")
     row.locator("button.export-checkpoint").click()

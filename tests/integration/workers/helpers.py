@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
+import redis
 from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
@@ -135,6 +136,20 @@ def start_worker(
         worker.stop(5)
         raise
     return worker
+
+
+def start_exporter(*, settings: Settings, client: Celery, log_dir: Path) -> Worker:
+    """A worker on the export queue, as `torchyard exporter` runs one. The queue is emptied
+    first: exports that earlier modules of this test process asked for (nobody served them)
+    must not run ahead of the caller's."""
+    broker = redis.Redis.from_url(settings.broker_url)
+    try:
+        broker.delete(settings.export_queue)
+    finally:
+        broker.close()
+    return start_worker(
+        settings=settings, client=client, queue=settings.export_queue, log_dir=log_dir
+    )
 
 
 def tiny_spec(*, pool: str, dataset_id: str, **overrides: Any) -> JobSpec:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import safetensors.torch
 import torch
 from celery import Celery
@@ -30,7 +29,7 @@ from tests.integration.workers.helpers import (
     create_job,
     job_events,
     run_to_success,
-    start_worker,
+    start_exporter,
     tiny_spec,
     wait_for,
 )
@@ -40,17 +39,7 @@ from trainer.export import MODEL_PREFIX, load_model_weights
 
 @pytest.fixture(scope="module")
 def exporter(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterator[Worker]:
-    """A real Celery worker on the export queue, as `torchyard exporter` runs one. The queue
-    is emptied first: exports other modules of this test process asked for (nobody serves them
-    there) must not run ahead of this module's."""
-    broker = redis.Redis.from_url(settings.broker_url)
-    try:
-        broker.delete(settings.export_queue)
-    finally:
-        broker.close()
-    w = start_worker(
-        settings=settings, client=celery_client, queue=settings.export_queue, log_dir=worker_logs
-    )
+    w = start_exporter(settings=settings, client=celery_client, log_dir=worker_logs)
     yield w
     w.stop()
 
