@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids
+from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids, ratelimit
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
 from api.routes import (
@@ -24,6 +24,7 @@ from api.routes import (
     me,
     openai_files,
     openai_jobs,
+    quotas,
     spec,
     streams,
 )
@@ -71,6 +72,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API for `settings` (default: from the `TORCHYARD_*` environment)."""
     settings = settings or get_settings()
+    limited = settings.rate_limit_per_minute is not None or settings.rate_limit_burst is not None
     app = FastAPI(
         title="Torchyard",
         version=_version(),
@@ -82,7 +84,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=openapi_ids.operation_id,
         docs_url=None,  # served offline by api.docs_ui
         redoc_url=None,
+        # Per-key request rates (settings.rate_limit_*): 429 with Retry-After; none unless set.
+        dependencies=[Depends(ratelimit.limit_request)] if limited else None,
     )
+    app.state.rate_limiter = ratelimit.RateLimiter(settings) if limited else None
     engine = make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
@@ -99,7 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exempt={UPLOAD_PATH, code.PATH, openai_files.FILES_PATH},
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas)
     for module in (*routers, openai_files, openai_jobs):
         app.include_router(module.router)
 

@@ -18,7 +18,8 @@ queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -141,42 +142,62 @@ def _order_key(plan: dict[str, quotas.Standing], job: _Queued) -> tuple[float, i
     return (plan[job.project_id].share, -job.priority, job.id)
 
 
+def _claimable(jobs: list[_Queued], standing: quotas.Standing) -> Iterator[_Queued]:
+    return (j for j in jobs if standing.blocked(j.size) is None)
+
+
+def _claim_order(
+    by_project: dict[str, list[_Queued]], plan: dict[str, quotas.Standing]
+) -> Iterator[_Queued]:
+    """The pending jobs within their quotas in claim order, lazily: each project's jobs by
+    priority and age, merged by (the project's share, priority, age)."""
+    streams = [
+        _claimable(jobs, plan[p]) for p, jobs in by_project.items() if plan[p].blocked() is None
+    ]
+    return heapq.merge(*streams, key=lambda j: _order_key(plan, j))
+
+
 def _replay(
     queued: list[_Queued],
     plan: dict[str, quotas.Standing],
     free: dict[str, int],
     releases: list[_Release],
     now: datetime,
+    wanted: set[int],
 ) -> tuple[list[int], dict[int, datetime]]:
-    """Claim order of the queued jobs and the start times of those the replay places. Once
-    no release with a known time is left, the order goes on as if devices were unlimited
-    (no start times); jobs over a quota then come last."""
-    pending = list(queued)
+    """Claim order of the queued jobs, up to the last of `wanted`, and the start times of
+    those the replay places. Once no release with a known time is left, the order goes on as
+    if devices were unlimited (no start times); jobs over a quota then come last."""
+    by_project: dict[str, list[_Queued]] = {}
+    for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
+        by_project.setdefault(job.project_id, []).append(job)
     order: list[int] = []
     starts: dict[int, datetime] = {}
     events = list(releases)
     t: datetime | None = now
-    while pending:
-        ready = sorted(
-            (j for j in pending if plan[j.project_id].blocked(j.size) is None),
-            key=lambda j: _order_key(plan, j),
-        )
+    missing = set(wanted)
+    while missing:
+        candidates = _claim_order(by_project, plan)
         placed: tuple[_Queued, list[str]] | None
         if t is None:  # unbounded: order only
-            placed = (ready[0], []) if ready else None
+            placed = next(((j, []) for j in candidates), None)
         else:
-            placed = next(((j, w) for j in ready if (w := _place(free, j.slots, j.nodes))), None)
+            placed = next(
+                ((j, w) for j in candidates if (w := _place(free, j.slots, j.nodes))), None
+            )
         if placed is not None:
             job, workers = placed
             for name in workers:
                 free[name] -= job.slots
             plan[job.project_id].start(job.size)
             order.append(job.id)
+            missing.discard(job.id)
             if t is not None:
                 starts[job.id] = t
-            pending.remove(job)
+            by_project[job.project_id].remove(job)
         elif t is None:
-            order += [j.id for j in sorted(pending, key=lambda j: _order_key(plan, j))]
+            rest = [j for jobs in by_project.values() for j in jobs]
+            order += [j.id for j in sorted(rest, key=lambda j: _order_key(plan, j))]
             break
         elif not events:
             t = None
@@ -192,9 +213,16 @@ def _replay(
 
 
 def pool_queue(
-    *, session: Session, pool: str, worker_timeout_s: float, now: datetime | None = None
+    *,
+    session: Session,
+    pool: str,
+    worker_timeout_s: float,
+    now: datetime | None = None,
+    wanted: set[int] | None = None,
 ) -> dict[int, QueueInfo]:
-    """{job id: QueueInfo} for every queued job of `pool` (module docstring)."""
+    """{job id: QueueInfo} for the queued jobs of `pool` (`wanted`: at least these; None:
+    all) (module docstring). Reads every queued job of the pool; replays up to the last
+    wanted one."""
     now = now or utcnow()
     rows = session.execute(
         select(Job.id, Job.project_id, Job.priority, Job.slots, quotas.job_size()).where(
@@ -214,6 +242,7 @@ def pool_queue(
         _live_workers(session, pool, now, worker_timeout_s),
         _releases(session, pool, now),
         now,
+        {j.id for j in queued} if wanted is None else wanted & {j.id for j in queued},
     )
     by_id = {j.id: j for j in queued}
     out: dict[int, QueueInfo] = {}
@@ -240,7 +269,9 @@ def queue_infos(
     now = utcnow()
     wanted = {j.id for j in jobs}
     for pool in sorted({j.pool for j in jobs if j.state == JobState.QUEUED}):
-        view = pool_queue(session=session, pool=pool, worker_timeout_s=worker_timeout_s, now=now)
+        view = pool_queue(
+            session=session, pool=pool, worker_timeout_s=worker_timeout_s, now=now, wanted=wanted
+        )
         out.update({k: v for k, v in view.items() if k in wanted})
     gangs = [j for j in jobs if j.state == JobState.STARTING and j.spec.resources.nodes > 1]
     for job, joined in _joined(session, gangs).items():

@@ -199,14 +199,24 @@ def queued_count(*, session: Session, project_id: str, pool: str) -> int:
     return int(session.execute(query).scalar_one())
 
 
-def check_submit(*, session: Session, project_id: str, pool: str, retry_after_s: int) -> None:
-    """Refuse one more queued job on `pool` past a `max_queued_jobs`.
+def check_submit(
+    *,
+    session: Session,
+    project_id: str,
+    pool: str,
+    retry_after_s: int,
+    idempotency_key: str | None = None,
+) -> None:
+    """Refuse one more queued job on `pool` past a `max_queued_jobs`; a retry with the
+    `idempotency_key` of a job already made passes (it makes nothing).
 
     Raises QuotaExceeded (429, `Retry-After: retry_after_s`). One small query when the project
     has no quota (the submit path)."""
     for row in rows_for(session=session, pool=pool, project_ids=[project_id]):
         if row.max_queued_jobs is None:
             continue
+        if idempotency_key is not None and _made(session, project_id, idempotency_key):
+            return
         queued = queued_count(session=session, project_id=project_id, pool=row.pool)
         if queued >= row.max_queued_jobs:
             raise QuotaExceeded(
@@ -221,6 +231,13 @@ def check_submit(*, session: Session, project_id: str, pool: str, retry_after_s:
                     }
                 ],
             )
+
+
+def _made(session: Session, project_id: str, idempotency_key: str) -> bool:
+    query = select(Job.id).where(
+        Job.project_id == project_id, Job.idempotency_key == idempotency_key
+    )
+    return session.execute(query).first() is not None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,17 @@ from api import schemas
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import code_archives, datasets, init_from, job_list, jobs, scheduling, storage
+from core import (
+    code_archives,
+    datasets,
+    init_from,
+    job_list,
+    jobs,
+    queue_view,
+    quotas,
+    scheduling,
+    storage,
+)
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
@@ -26,6 +36,7 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="The job's id.")]
 After = Annotated[
     int | None, Query(ge=0, le=MAX_ID, description="Return only items with a larger id.")
 ]
+_DEFAULTS = Settings.model_construct()  # worker_timeout_s where a route has no settings
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "Conflicts with the job's state"}
 }
@@ -70,6 +81,13 @@ def submit_job(
     pinned = check_submittable(
         session=session, settings=settings, project_id=principal.project_id, spec=spec
     )
+    quotas.check_submit(
+        session=session,
+        project_id=principal.project_id,
+        pool=spec.resources.pool,
+        retry_after_s=settings.quota_retry_after_s,
+        idempotency_key=idempotency_key,
+    )
     result = jobs.create(
         session=session,
         project_id=principal.project_id,
@@ -83,18 +101,36 @@ def submit_job(
     else:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{result.job.id}"
-    return _out(session, [result.job])[0]
+    return _out(session, [result.job], queue=False)[0]
 
 
-def _out(session: Session, items: list[Job], log_tail: bool = True) -> list[schemas.Job]:
-    """Jobs as the API shows them: queued ones with their place in the queue (one query).
-    `log_tail=False` (the list) leaves each failure's log lines out."""
-    positions = scheduling.queue_positions(session=session, queued=items)
+def _out(
+    session: Session,
+    items: list[Job],
+    log_tail: bool = True,
+    settings: Settings | None = None,
+    queue: bool = True,
+) -> list[schemas.Job]:
+    """Jobs as the API shows them: waiting ones with their place in the queue, reason and
+    estimated start (`core.queue_view`: a replay per pool of the page's queued jobs; workers
+    count as live for `settings.worker_timeout_s`). `log_tail=False` (the list) leaves each
+    failure's log lines out; `queue=False` (the submit path, kept cheap) leaves `queue` null
+    and gives `queue_position` by priority and age only."""
+    timeout_s = (settings or _DEFAULTS).worker_timeout_s
+    waits = (
+        queue_view.queue_infos(session=session, jobs=items, worker_timeout_s=timeout_s)
+        if queue
+        else {}
+    )
+    # Without the replay: the place by priority and age (one index range count per job).
+    positions = {} if queue else scheduling.queue_positions(session=session, queued=items)
     out = []
     for job in items:
         shown = schemas.Job.model_validate(job)
+        wait = waits.get(job.id)
         update: dict[str, Any] = {
-            "queue_position": positions.get(job.id),
+            "queue_position": wait.position if wait is not None else positions.get(job.id),
+            "queue": schemas.JobQueue(**vars(wait)) if wait is not None else None,
             "waiting_for": scheduling.waiting_for(job),
         }
         if shown.failure is not None and not log_tail:
@@ -209,6 +245,7 @@ def _data_error(field: str, msg: str) -> InvalidInput:
 def list_jobs(
     principal: CurrentPrincipal,
     session: SessionDep,
+    settings: SettingsDep,
     state: Annotated[
         list[JobState] | None, Query(description="Only jobs in these states (repeatable).")
     ] = None,
@@ -244,7 +281,7 @@ def list_jobs(
         after=_decode_cursor(cursor, sort) if cursor is not None else None,
     )
     return schemas.JobPage(
-        items=_out(session, items, log_tail=False),
+        items=_out(session, items, log_tail=False, settings=settings),
         next_cursor=_encode_cursor(after) if after is not None else None,
     )
 
@@ -305,10 +342,12 @@ def _decode_cursor(cursor: str, sort: str) -> job_list.After:
 
 
 @router.get("/{job_id}", response_model=schemas.Job)
-def get_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
-    """Read one job."""
+def get_job(
+    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+) -> schemas.Job:
+    """Read one job; a waiting one with `queue` (position, reason, estimated start)."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
-    return _out(session, [job])[0]
+    return _out(session, [job], settings=settings)[0]
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
