@@ -98,18 +98,25 @@ def _live_workers(
 
 def _releases(session: Session, pool: str, now: datetime) -> list[_Release]:
     """When each active job of the pool frees its devices, for those with a known ETA."""
+    holding = (Job.pool == pool, Job.state.in_(quotas.HOLDING))
     active = session.execute(
         select(
             Job.id,
             Job.project_id,
-            Job.attempt,
             Job.slots,
             Job.started_at,
             Job.current_step,
             Job.max_steps,
             quotas.job_size(),
-        ).where(Job.pool == pool, Job.state.in_(quotas.HOLDING))
+        ).where(*holding)
     ).all()
+    nodes: dict[int, list[tuple[str, int]]] = {}
+    for job_id, worker, devices, slots in session.execute(
+        select(JobNode.job_id, JobNode.worker, JobNode.devices, Job.slots)
+        .join(Job, (Job.id == JobNode.job_id) & (Job.attempt == JobNode.attempt))
+        .where(*holding, JobNode.worker.is_not(None), JobNode.ended_at.is_(None))
+    ):
+        nodes.setdefault(job_id, []).append((str(worker), len(devices) if devices else slots))
     out = []
     for row in active:
         eta = running_eta_s(
@@ -118,17 +125,9 @@ def _releases(session: Session, pool: str, now: datetime) -> list[_Release]:
             max_steps=row.max_steps,
             now=now,
         )
-        if eta is None:
-            continue
-        nodes = session.execute(
-            select(JobNode.worker, JobNode.devices).where(
-                JobNode.job_id == row.id,
-                JobNode.attempt == row.attempt,
-                JobNode.worker.is_not(None),
-            )
-        ).all()
-        devices = tuple((str(w), len(d) if d else int(row.slots)) for w, d in nodes)
-        out.append(_Release(now + timedelta(seconds=eta), row.project_id, row[-1], devices))
+        if eta is not None:
+            at = now + timedelta(seconds=eta)
+            out.append(_Release(at, row.project_id, row[-1], tuple(nodes.get(row.id, ()))))
     return sorted(out, key=lambda r: r.at)
 
 

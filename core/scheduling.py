@@ -1,10 +1,13 @@
 """Which queued job a free worker takes, and why a queued job waits.
 
 A `workers.run_job` message is a token ("a job of pool P is runnable"), not an order: the worker
-that receives it claims the best queued job of P, highest `priority` first, then the oldest (by
-id). The decision is Postgres's, so priorities hold whatever order the broker delivers in
-(kombu's filesystem transport keeps none). There is one message per queued job, so every queued
-job is reached; the reconciler re-sends for jobs whose message was lost.
+that receives it claims the best queued job of P. Best: of the projects within their quotas
+(`core.quotas`: slots, running jobs, monthly slot-hours), the one with the fewest active slots
+on P per fair-share weight, then the highest `priority`, then the oldest (by id). The decision
+is Postgres's, so quotas, fair share and priorities hold whatever order the broker delivers in
+(kombu's filesystem transport keeps none). `core.queue_view` replays the same order to tell
+a waiting job its place, reason and estimated start. There is one message per queued job, so
+every queued job is reached; the reconciler re-sends for jobs whose message was lost.
 
 Postgres: `SELECT ... FOR UPDATE SKIP LOCKED` picks a candidate no other claimant is looking
 at; the claim is still the fencing UPDATE of `core.jobs.claim` (queued -> starting), so exactly

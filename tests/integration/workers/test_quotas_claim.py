@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, text, update
 from sqlalchemy.orm import Session
 
 from core import gang, jobs, queue_view, quotas, scheduling
@@ -169,3 +171,43 @@ def test_a_gang_waiting_for_its_nodes_says_so(engine: Engine, project: ProjectKe
         assert job is not None
         gang.publish(session=s, job=job, worker="w0", host="127.0.0.1", port=29500)
     assert _queue(engine, job_id)[job_id] == queue_view.QueueInfo(None, "gang assembling 1/2", None)
+
+
+def _lock_waiters(engine: Engine) -> int:
+    with engine.connect() as conn:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int(conn.execute(text(query)).scalar_one())
+
+
+def test_concurrent_claimants_never_overrun_a_quota(engine: Engine, project: ProjectKey) -> None:
+    """One slot on every pool together; two workers of two pools claim at the same time."""
+    pool, other_pool = unique_queue("race"), unique_queue("race-too")
+    _quota(engine, project.project_id, "*", max_slots=1)
+    first_job = _submit(engine, project.project_id, pool)
+    second_job = _submit(engine, project.project_id, other_pool)
+    got: dict[str, int | None] = {}
+
+    def second_claimant() -> None:
+        got["second"] = _claim(engine, other_pool)
+
+    with Session(engine) as first:
+        claimed = scheduling.claim_next(session=first, pool=pool, worker="w1")
+        assert claimed is not None and claimed.id == first_job  # not committed yet
+        thread = threading.Thread(target=second_claimant)
+        thread.start()
+        # The second claimant sees no job of the project running yet, picks its job and
+        # waits for the project's quota row, which the first holds until it commits.
+        deadline = time.monotonic() + 20
+        while _lock_waiters(engine) == 0:
+            assert time.monotonic() < deadline, "the second claimant never waited for the lock"
+            assert thread.is_alive(), got
+            time.sleep(0.01)
+        first.commit()
+    thread.join(timeout=20)
+    assert got == {"second": None}  # re-read under the lock: the quota is full
+    with Session(engine) as s:
+        waiting = s.get(Job, second_job)
+        assert waiting is not None and waiting.wait_reason == "quota gpus 1/1"
