@@ -240,6 +240,18 @@ def _made(session: Session, project_id: str, idempotency_key: str) -> bool:
     return session.execute(query).first() is not None
 
 
+def waiting_heads(*, session: Session, project_id: str, pool: str) -> list[Job]:
+    """The oldest queued job of the project on each pool `pool` covers (`*`: every pool): what
+    to wake the pools with once its quota changed (a claim message is a token for a pool)."""
+    query = select(func.min(Job.id)).where(
+        Job.project_id == project_id, Job.state == JobState.QUEUED
+    )
+    if pool != ALL_POOLS:
+        query = query.where(Job.pool == pool)
+    ids = list(session.execute(query.group_by(Job.pool)).scalars())
+    return list(session.execute(select(Job).where(Job.id.in_(ids))).scalars()) if ids else []
+
+
 @dataclass(frozen=True)
 class QuotaUsage:
     """A quota row and what the project uses against it now."""

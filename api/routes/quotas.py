@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path
+from fastapi import APIRouter, Body, Path, Request
 
 from api.deps import AdminPrincipal, ReadPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
@@ -43,6 +43,7 @@ def set_quota(
     body: Annotated[QuotaIn, Body(openapi_examples={"two GPUs": {"value": _EXAMPLE}})],
     principal: AdminPrincipal,
     session: SessionDep,
+    request: Request,
 ) -> Quota:
     """Set the project's quota on one pool (`*`: every pool together), replacing it: limits
     left out are no limit. Enforced from the next claim on; queued jobs over it wait with the
@@ -50,4 +51,7 @@ def set_quota(
     usage = quotas.put_quota(
         session=session, project_id=principal.project_id, pool=pool, values=body.model_dump()
     )
+    # A raised limit may free waiting jobs now, not at the reconciler's next re-send.
+    for job in quotas.waiting_heads(session=session, project_id=principal.project_id, pool=pool):
+        request.app.state.dispatcher.dispatch(job)
     return Quota.of(usage)

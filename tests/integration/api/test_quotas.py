@@ -16,7 +16,7 @@ from core.db import session_scope
 from core.models import Job, JobNode, JobState, Worker, utcnow
 from core.settings import Settings
 from tests.conftest import ProjectKey, make_project
-from tests.integration.api.conftest import assert_error, job_spec, submit
+from tests.integration.api.conftest import assert_error, job_spec, queued_job_ids, submit
 
 
 def _put(client: TestClient, project: ProjectKey, pool: str, body: dict[str, Any]) -> Any:
@@ -42,7 +42,12 @@ def _claim_and_run(engine: Engine, pool: str, *, ran_s: float, step: int) -> int
 
 
 def test_the_third_job_of_a_project_capped_at_two_gpus_waits_with_reason_and_estimate(
-    client: TestClient, engine: Engine, project: ProjectKey, dataset: dict[str, Any], pool: str
+    client: TestClient,
+    engine: Engine,
+    settings: Settings,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
 ) -> None:
     quota = _put(client, project, pool, {"max_slots": 2})
     assert quota.status_code == 200, quota.text
@@ -77,6 +82,15 @@ def test_the_third_job_of_a_project_capped_at_two_gpus_waits_with_reason_and_est
     assert [
         (q["pool"], q["slots_in_use"], q["running_jobs"], q["queued_jobs"]) for q in quotas
     ] == [(pool, 2, 2, 1)]
+
+    # Raising the quota wakes the pool for the waiting job (a claim message for it).
+    before = queued_job_ids(settings.broker_url, pool)
+    assert _put(client, project, pool, {"max_slots": 3}).json()["max_slots"] == 3
+    assert queued_job_ids(settings.broker_url, pool) == [*before, third]
+    assert client.get(f"/v1/jobs/{third}", headers=project.headers).json()["queue"]["reason"] in (
+        "no free worker",
+        "claimable now",
+    )
 
 
 def test_the_queued_limit_answers_429_with_retry_after(
