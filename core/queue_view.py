@@ -42,7 +42,9 @@ class QueueInfo:
 
 
 @dataclass(frozen=True)
-class _Queued:
+class Queued:
+    """A queued job as the replay sees it: `slots` per node, `size` = slots x nodes."""
+
     id: int
     project_id: str
     priority: int
@@ -55,7 +57,9 @@ class _Queued:
 
 
 @dataclass(frozen=True)
-class _Release:
+class Release:
+    """A running job of `project_id` ending `at` (its ETA), freeing `size` devices."""
+
     at: datetime
     project_id: str
     size: int
@@ -96,7 +100,7 @@ def _live_workers(
     }
 
 
-def _releases(session: Session, pool: str, now: datetime) -> list[_Release]:
+def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
     """When each active job of the pool frees its devices, for those with a known ETA."""
     holding = (Job.pool == pool, Job.state.in_(quotas.HOLDING))
     active = session.execute(
@@ -127,7 +131,7 @@ def _releases(session: Session, pool: str, now: datetime) -> list[_Release]:
         )
         if eta is not None:
             at = now + timedelta(seconds=eta)
-            out.append(_Release(at, row.project_id, row[-1], tuple(nodes.get(row.id, ()))))
+            out.append(Release(at, row.project_id, row[-1], tuple(nodes.get(row.id, ()))))
     return sorted(out, key=lambda r: r.at)
 
 
@@ -137,17 +141,17 @@ def _place(free: dict[str, int], slots: int, nodes: int) -> list[str] | None:
     return fitting[:nodes] if len(fitting) >= nodes else None
 
 
-def _order_key(plan: dict[str, quotas.Standing], job: _Queued) -> tuple[float, int, int]:
+def _order_key(plan: dict[str, quotas.Standing], job: Queued) -> tuple[float, int, int]:
     return (plan[job.project_id].share, -job.priority, job.id)
 
 
-def _claimable(jobs: list[_Queued], standing: quotas.Standing) -> Iterator[_Queued]:
+def _claimable(jobs: list[Queued], standing: quotas.Standing) -> Iterator[Queued]:
     return (j for j in jobs if standing.blocked(j.size) is None)
 
 
 def _claim_order(
-    by_project: dict[str, list[_Queued]], plan: dict[str, quotas.Standing]
-) -> Iterator[_Queued]:
+    by_project: dict[str, list[Queued]], plan: dict[str, quotas.Standing]
+) -> Iterator[Queued]:
     """The pending jobs within their quotas in claim order, lazily: each project's jobs by
     priority and age, merged by (the project's share, priority, age)."""
     streams = [
@@ -156,18 +160,18 @@ def _claim_order(
     return heapq.merge(*streams, key=lambda j: _order_key(plan, j))
 
 
-def _replay(
-    queued: list[_Queued],
+def replay(
+    queued: list[Queued],
     plan: dict[str, quotas.Standing],
     free: dict[str, int],
-    releases: list[_Release],
+    releases: list[Release],
     now: datetime,
     wanted: set[int],
 ) -> tuple[list[int], dict[int, datetime]]:
     """Claim order of the queued jobs, up to the last of `wanted`, and the start times of
     those the replay places. Once no release with a known time is left, the order goes on as
     if devices were unlimited (no start times); jobs over a quota then come last."""
-    by_project: dict[str, list[_Queued]] = {}
+    by_project: dict[str, list[Queued]] = {}
     for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
         by_project.setdefault(job.project_id, []).append(job)
     order: list[int] = []
@@ -177,7 +181,7 @@ def _replay(
     missing = set(wanted)
     while missing:
         candidates = _claim_order(by_project, plan)
-        placed: tuple[_Queued, list[str]] | None
+        placed: tuple[Queued, list[str]] | None
         if t is None:  # unbounded: order only
             placed = next(((j, []) for j in candidates), None)
         else:
@@ -230,12 +234,12 @@ def pool_queue(
     ).all()
     if not rows:
         return {}
-    queued = [_Queued(*row) for row in rows]
+    queued = [Queued(*row) for row in rows]
     plan = quotas.standings(
         session=session, pool=pool, project_ids=sorted({j.project_id for j in queued})
     )
     now_plan = {p: s.clone() for p, s in plan.items()}
-    order, starts = _replay(
+    order, starts = replay(
         queued,
         plan,
         _live_workers(session, pool, now, worker_timeout_s),
