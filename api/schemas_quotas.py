@@ -49,7 +49,26 @@ class QuotaIn(BaseModel):
 class Quota(QuotaIn):
     """A quota and what the project uses against it now."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {
+                    "pool": "a100",
+                    "max_slots": 2,
+                    "max_running_jobs": None,
+                    "max_queued_jobs": 100,
+                    "monthly_slot_hours": 500.0,
+                    "weight": 1.0,
+                    "slots_in_use": 2,
+                    "running_jobs": 2,
+                    "queued_jobs": 1,
+                    "slot_hours_this_month": 131.5,
+                    "updated_at": "2026-11-25T12:00:00Z",
+                }
+            ]
+        },
+    )
 
     pool: str = Field(description="The pool it limits; `*` limits every pool together.")
     slots_in_use: int = Field(description="Devices the project's active jobs hold there now.")

@@ -56,6 +56,17 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
             "description": "`Idempotency-Key` reused for another spec, or the "
             "`model.init_from` job has no complete checkpoint",
         },
+        429: {
+            "model": ErrorBody,
+            "description": "The project's `max_queued_jobs` quota on the pool is reached "
+            "(`quota_exceeded`), or the key's rate limit; retry after `Retry-After` seconds",
+            "headers": {
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying.",
+                    "schema": {"type": "integer"},
+                }
+            },
+        },
     },
 )
 def submit_job(
