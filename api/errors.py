@@ -32,6 +32,7 @@ STATUS_OF: dict[type[domain.DomainError], int] = {
     domain.TooLarge: 413,
     domain.InvalidInput: 422,
     domain.Unavailable: 503,
+    domain.TooManyRequests: 429,
 }
 CODE_OF_STATUS: dict[int, str] = {
     400: "bad_request",
@@ -43,6 +44,7 @@ CODE_OF_STATUS: dict[int, str] = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "validation_error",
+    429: "too_many_requests",
     500: "internal_error",
     503: "unavailable",
 }
@@ -132,6 +134,8 @@ async def _domain_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, domain.DomainError)
     status = status_of(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if isinstance(exc, domain.TooManyRequests):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return error_response(status, exc.message, code=exc.code, details=exc.details, headers=headers)
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
@@ -19,6 +19,7 @@ from api import (
     observability,
     openai_errors,
     openapi_ids,
+    ratelimit,
     webhook_loop,
 )
 from api.dispatch import Dispatcher
@@ -34,6 +35,7 @@ from api.routes import (
     me,
     openai_files,
     openai_jobs,
+    quotas,
     spec,
     streams,
     usage,
@@ -86,6 +88,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API for `settings` (default: from the `TORCHYARD_*` environment)."""
     settings = settings or get_settings()
+    limited = settings.rate_limit_per_minute is not None or settings.rate_limit_burst is not None
     app = FastAPI(
         title="Torchyard",
         version=_version(),
@@ -97,7 +100,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=openapi_ids.operation_id,
         docs_url=None,  # served offline by api.docs_ui
         redoc_url=None,
+        # Per-key request rates (settings.rate_limit_*): 429 with Retry-After; none unless set.
+        dependencies=[Depends(ratelimit.limit_request)] if limited else None,
     )
+    app.state.rate_limiter = ratelimit.RateLimiter(settings) if limited else None
     engine = make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
@@ -117,7 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Inside the request context (its request id), outside everything that may refuse.
     app.add_middleware(audit_log.AuditLog, engine=engine, trusted_proxies=settings.trusted_proxies)
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas)
     for module in (*routers, usage, webhooks, audit, openai_files, openai_jobs):
         app.include_router(module.router)
 

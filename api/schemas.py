@@ -85,6 +85,29 @@ class JobUsage(_Out):
     )
 
 
+class JobQueue(BaseModel):
+    """Why a job waits and when it may start (core/queue_view.py)."""
+
+    position: int | None = Field(
+        description="1-based place in its pool's queue in claim order (quotas, then fair share "
+        "between projects by active slots per weight, then priority, then age); null when the "
+        "job is not queued (a gang assembling, paused).",
+        examples=[3],
+    )
+    reason: str = Field(
+        description="Why it waits: `no free worker`, `claimable now`, `quota gpus 2/2` (slots "
+        "held/limit), `quota running jobs 3/3`, `budget exhausted`, `behind priority 50` (the "
+        "highest priority ahead of it), `gang assembling 1/2` (nodes joined/needed), `paused`.",
+        examples=["quota gpus 2/2"],
+    )
+    estimated_start_at: Timestamp | None = Field(
+        description="When it may start, replaying the claim order over the pool's live workers "
+        "and the running jobs' ETAs (average step time x steps left); null when that depends on "
+        "something unknown (a running job's ETA, a monthly budget, no worker). UTC, ISO 8601.",
+        examples=["2026-11-25T12:30:00Z"],
+    )
+
+
 class Job(_Out):
     """A training job. `spec` is the submitted JobSpec (or ScriptJobSpec, with `entrypoint`);
     `latest_metrics` the last value of each series; `current_step` the last step reported;
@@ -144,8 +167,14 @@ class Job(_Out):
     )
     queue_position: int | None = Field(
         default=None,
-        description="Queued jobs only: 1-based place in its pool's queue (priority, then age); "
-        "1 runs on the next free worker.",
+        description="Queued jobs only: 1-based place in its pool's queue, in claim order "
+        "(`queue.position`); 1 runs on the next free worker. In the submit response (kept "
+        "cheap): by priority and age only.",
+    )
+    queue: JobQueue | None = Field(
+        default=None,
+        description="Where a waiting job stands: queued jobs, a gang still assembling, paused "
+        "jobs; null for the others, and in the submit response (read the job for it).",
     )
     waiting_for: str | None = Field(
         default=None, description="What a queued or paused job waits for, in words."

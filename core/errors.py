@@ -46,3 +46,21 @@ class Unavailable(DomainError):
     """A service the request depends on (such as the SSO issuer's JWKS) cannot be reached: 503."""
 
     code = "unavailable"
+
+
+class TooManyRequests(DomainError):
+    """Come back later: `retry_after_s` becomes the `Retry-After` header (seconds)."""
+
+    code = "too_many_requests"
+
+    def __init__(
+        self, message: str, *, retry_after_s: int, details: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message, details=details)
+        self.retry_after_s = max(1, int(retry_after_s))
+
+
+class QuotaExceeded(TooManyRequests):
+    """A project quota refuses more (`max_queued_jobs` at submission)."""
+
+    code = "quota_exceeded"

@@ -205,6 +205,9 @@ class Job(Base):
     # Devices one node of the job needs (resources.procs_per_node): what a worker's claim
     # compares with its free devices.
     slots: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Why the scheduler last passed this queued job over (`quota gpus 2/2`, ...); None once
+    # claimed or never passed over (core.scheduling, 0014_quotas).
+    wait_reason: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class JobEvent(Base):
@@ -520,3 +523,27 @@ class AlertState(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     kind: Mapped[str] = mapped_column(String(40), primary_key=True)
     fired_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Quota(Base):
+    """Limits of one project on one pool (`pool` "*": on every pool together), and its
+    fair-share weight there (core.quotas; 0014_quotas). A None limit is no limit.
+
+    `max_slots`: devices (GPUs, CPU slots) its active jobs hold at once; `max_running_jobs`:
+    active jobs; `max_queued_jobs`: queued jobs (checked at submission, 429);
+    `monthly_slot_hours`: slot-hours (GPU-hours) per calendar month (UTC), counted by
+    `core.usage.slot_seconds`; `weight`: its share of the pool against other projects'.
+    """
+
+    __tablename__ = "quotas"
+
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True
+    )
+    pool: Mapped[str] = mapped_column(String(100), primary_key=True)
+    max_slots: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    monthly_slot_hours: Mapped[float | None] = mapped_column(Float, default=None)
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,10 +1,13 @@
 """Which queued job a free worker takes, and why a queued job waits.
 
 A `workers.run_job` message is a token ("a job of pool P is runnable"), not an order: the worker
-that receives it claims the best queued job of P, highest `priority` first, then the oldest (by
-id). The decision is Postgres's, so priorities hold whatever order the broker delivers in
-(kombu's filesystem transport keeps none). There is one message per queued job, so every queued
-job is reached; the reconciler re-sends for jobs whose message was lost.
+that receives it claims the best queued job of P. Best: of the projects within their quotas
+(`core.quotas`: slots, running jobs, monthly slot-hours), the one with the fewest active slots
+on P per fair-share weight, then the highest `priority`, then the oldest (by id). The decision
+is Postgres's, so quotas, fair share and priorities hold whatever order the broker delivers in
+(kombu's filesystem transport keeps none). `core.queue_view` replays the same order to tell
+a waiting job its place, reason and estimated start. There is one message per queued job, so
+every queued job is reached; the reconciler re-sends for jobs whose message was lost.
 
 Postgres: `SELECT ... FOR UPDATE SKIP LOCKED` picks a candidate no other claimant is looking
 at; the claim is still the fencing UPDATE of `core.jobs.claim` (queued -> starting), so exactly
@@ -36,10 +39,10 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from sqlalchemy import UnaryExpression, and_, func, or_, select
+from sqlalchemy import Select, UnaryExpression, and_, case, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from core import jobs
+from core import jobs, quotas
 from core.models import Job, JobEvent, JobState, utcnow
 
 MAX_CANDIDATES = 8  # SQLite: fencing UPDATEs lost to other claimants before giving up
@@ -70,45 +73,117 @@ def claim_next(
 ) -> Job | None:
     """Claim the best queued job of `pool` for `worker` (queued -> starting, attempt + 1).
 
-    `max_slots`: the most devices (`Job.slots`) the claimant has free; None for no limit.
-    `reserve`: when a long-waiting head that does not fit keeps the devices for itself.
-    Returns None when the pool has no queued job left for this claimant that fits, or the head
-    reserves. Does not commit.
+    Best: of the projects within their quotas (`core.quotas`), the one with the fewest active
+    slots per weight on the pool, then the highest priority, then the oldest. `max_slots`: the
+    most devices (`Job.slots`) the claimant has free; None for no limit. `reserve`: when a
+    long-waiting head that does not fit keeps the devices for itself. A limited project's
+    quota rows are locked (`FOR UPDATE`) and its standing re-read before its job is claimed,
+    so concurrent claimants never overrun a quota. Queued jobs of projects over a quota get
+    the reason on `wait_reason`. Returns None when the pool has no queued job left for this
+    claimant that fits, or the head reserves. Does not commit.
     """
+    projects = list(
+        session.execute(
+            select(Job.project_id).where(Job.pool == pool, Job.state == JobState.QUEUED).distinct()
+        ).scalars()
+    )
+    if not projects:
+        return None
+    plan = quotas.standings(session=session, pool=pool, project_ids=projects)
     if (
         max_slots is not None
         and reserve is not None
-        and _head_reserves(session, pool, max_slots, reserve)
+        and _head_reserves(session, _queue(plan, pool), max_slots, reserve)
     ):
+        _note_waits(session, pool, plan)
         return None
     skipped: list[int] = []
     for _ in range(MAX_CANDIDATES):
-        query = select(Job.id).where(Job.pool == pool, Job.state == JobState.QUEUED)
+        query = _queue(plan, pool)
         if max_slots is not None:
             query = query.where(Job.slots <= max_slots)
         if skipped:
             query = query.where(Job.id.not_in(skipped))
-        candidate = session.execute(
-            query.order_by(*scheduling_order()).limit(1).with_for_update(skip_locked=True)
-        ).scalar_one_or_none()
-        if candidate is None:
-            return None
-        job = jobs.claim(session=session, job_id=candidate, worker=worker)
+        row = session.execute(query.limit(1).with_for_update(skip_locked=True)).one_or_none()
+        if row is None:
+            break
+        if plan[row.project_id].rows:  # limited: serialise its claims, then re-check
+            plan[row.project_id] = quotas.standings(
+                session=session, pool=pool, project_ids=[row.project_id], lock=True
+            )[row.project_id]
+            if plan[row.project_id].blocked(row.size) is not None:
+                continue  # the refreshed plan leaves it out
+        job = jobs.claim(session=session, job_id=row.id, worker=worker)
         if job is not None:
+            job.wait_reason = None
+            plan[row.project_id].start(row.size)
+            _note_waits(session, pool, plan)
             return job
-        skipped.append(candidate)  # another claimant won it (SQLite: no row lock held)
+        skipped.append(row.id)  # another claimant won it (SQLite: no row lock held)
+    _note_waits(session, pool, plan)
     return None
 
 
-def _head_reserves(session: Session, pool: str, max_slots: int, reserve: Reserve) -> bool:
+def claim_order(plan: dict[str, quotas.Standing]) -> list[Any]:
+    """ORDER BY of a pool's claimable jobs: fewest active slots per weight of their project,
+    then priority, then age."""
+    shares = {p: s.share for p, s in plan.items()}
+    if len(set(shares.values())) <= 1:
+        return list(scheduling_order())
+    return [case(shares, value=Job.project_id, else_=0.0).asc(), *scheduling_order()]
+
+
+def _queue(plan: dict[str, quotas.Standing], pool: str) -> Select[int, str, int, int]:
+    """The pool's claimable queued jobs (id, project_id, slots, size) in claim order: none of
+    a project over a quota, none larger than its project's room."""
+    size = quotas.job_size().label("size")
+    query = select(Job.id, Job.project_id, Job.slots, size).where(
+        Job.pool == pool, Job.state == JobState.QUEUED
+    )
+    blocked = [p for p, s in plan.items() if s.blocked() is not None]
+    if blocked:
+        query = query.where(Job.project_id.not_in(blocked))
+    rooms = {p: s.room() for p, s in plan.items() if p not in blocked}
+    limited = {p: r for p, r in rooms.items() if r is not None}
+    if limited:
+        query = query.where(
+            or_(
+                Job.project_id.not_in(list(limited)),
+                *(and_(Job.project_id == p, quotas.job_size() <= r) for p, r in limited.items()),
+            )
+        )
+    return query.order_by(*claim_order(plan))
+
+
+def _note_waits(session: Session, pool: str, plan: dict[str, quotas.Standing]) -> None:
+    """Write why the queued jobs of projects over a quota wait (`wait_reason`), skipping rows
+    other claimants hold, and only where the reason changed."""
+    for project_id, standing in plan.items():
+        reason = standing.blocked()
+        where = [Job.pool == pool, Job.state == JobState.QUEUED, Job.project_id == project_id]
+        if reason is None:
+            room = standing.room()
+            if room is None:
+                continue
+            reason = standing.blocked(room + 1)
+            where.append(quotas.job_size() > room)
+        assert reason is not None
+        where.append(or_(Job.wait_reason.is_(None), Job.wait_reason != reason))
+        ids = select(Job.id).where(*where).with_for_update(skip_locked=True)
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(ids.scalar_subquery()))
+            .values(wait_reason=reason)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def _head_reserves(
+    session: Session, queue: Select[int, str, int, int], max_slots: int, reserve: Reserve
+) -> bool:
     if reserve.after_s is None:
         return False
-    head = session.execute(
-        select(Job.id, Job.slots)
-        .where(Job.pool == pool, Job.state == JobState.QUEUED)
-        .order_by(*scheduling_order())
-        .limit(1)
-    ).one_or_none()
+    head = session.execute(queue.limit(1)).one_or_none()
     if head is None or head.slots <= max_slots:
         return False
     if reserve.largest_job is not None and head.slots > reserve.largest_job:

@@ -198,6 +198,27 @@ class Settings(BaseSettings):
         "`requirements` (workers/venvs.py), one per requirement set, reused; default "
         "`TORCHYARD_HOME/venvs`.",
     )
+    # Quotas and request rates (issue 14): core/quotas.py, api/ratelimit.py.
+    quota_retry_after_s: int = Field(
+        default=60,
+        ge=1,
+        le=86400,
+        description="`Retry-After` (seconds) of a submission refused by a project's "
+        "`max_queued_jobs` (429 `quota_exceeded`).",
+    )
+    rate_limit_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests per minute one API key may make (a moving window; the `limits` "
+        "library, in Redis when the broker is Redis, else in the process); None: no limit. "
+        "Over it: 429 `too_many_requests` with `Retry-After`.",
+    )
+    rate_limit_burst: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests one API key may make within any one second (with "
+        "`rate_limit_per_minute`); None: only the per-minute limit.",
+    )
 
     oidc_issuer: str | None = Field(
         default=None,

@@ -71,6 +71,16 @@ class JobUsage(_Model):
     cost: float = 0.0
 
 
+class JobQueue(_Model):
+    """Where a waiting job stands: `position` in its pool's queue (1-based, claim order; None
+    when not queued), `reason` it waits (``quota gpus 2/2``, ``no free worker``, ...), and
+    `estimated_start_at` (None: unknown)."""
+
+    position: int | None = None
+    reason: str
+    estimated_start_at: datetime | None = None
+
+
 class Job(_Model):
     """A training job as the API reports it. `spec` is the submitted spec as a dict: the
     built-in trainer's `JobSpec`, or a `ScriptJobSpec` with `entrypoint` (see `kind`); `failure`
@@ -106,6 +116,7 @@ class Job(_Model):
     restarts_by_class: dict[str, int] = Field(default_factory=dict)
     retry_policy: RetryPolicy | None = None
     usage: JobUsage | None = None
+    queue: JobQueue | None = None  # a waiting job's place, reason and estimated start
 
     @property
     def is_terminal(self) -> bool:

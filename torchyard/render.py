@@ -112,6 +112,22 @@ def step_text(job: Job) -> str:
     return f"{job.current_step}/{job.max_steps}" if job.max_steps else str(job.current_step)
 
 
+def queue_text(job: Job, now: datetime | None = None) -> str:
+    """A waiting job's place, reason and estimated start: ``#3 quota gpus 2/2, starts in
+    ~5m00s``; ``-`` when it does not wait."""
+    queue = job.queue
+    if queue is None:
+        return "-"
+    text = f"#{queue.position} {queue.reason}" if queue.position else queue.reason
+    start = queue.estimated_start_at
+    if start is not None:
+        now = now or datetime.now(UTC)
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=UTC)
+        text += f", starts in ~{format_duration(max(0.0, (start - now).total_seconds()))}"
+    return text
+
+
 def command_line(entrypoint: Entrypoint) -> str:
     """A script job's `command` as one shell line (``python train.py --lr 3e-4``), quoted
     where an argument needs it."""
@@ -120,14 +136,16 @@ def command_line(entrypoint: Entrypoint) -> str:
 
 def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
     """One row per job: id, name, state (with the latest failure's class), step, loss, kind
-    (``trainer`` or ``script``), pool, age."""
+    (``trainer`` or ``script``), pool, age, and for a waiting job its place, reason and
+    estimated start (`queue_text`)."""
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED"):
+    columns = ("ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED", "QUEUE")
+    for column in columns:
         # On a narrow terminal the pool (and then the name) is cut short, not the state.
         table.add_column(
             column,
             justify="right" if column in ("ID", "STEP", "LOSS") else "left",
-            no_wrap=column not in ("NAME", "POOL"),
+            no_wrap=column not in ("NAME", "POOL", "QUEUE"),
             overflow="ellipsis",
             min_width=8 if column in ("NAME", "POOL") else None,
         )
@@ -141,6 +159,7 @@ def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
             job.kind,
             Text(job.pool or "-"),
             format_age(job.created_at, now),
+            Text(queue_text(job, now)),
         )
     return table
 
@@ -175,6 +194,7 @@ def job_details(job: Job) -> Table:
         ("attempt", str(job.attempt)),
         ("step", step_text(job)),
         ("pool", Text(job.pool or "-")),
+        *([("queue", Text(queue_text(job)))] if job.queue is not None else []),
         ("worker", Text(job.worker or "-")),
         ("created", str(job.created_at or "-")),
         ("started", str(job.started_at or "-")),

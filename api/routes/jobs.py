@@ -20,6 +20,8 @@ from core import (
     init_from,
     job_list,
     jobs,
+    queue_view,
+    quotas,
     scheduling,
     storage,
     usage_report,
@@ -54,6 +56,17 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
             "description": "`Idempotency-Key` reused for another spec, or the "
             "`model.init_from` job has no complete checkpoint",
         },
+        429: {
+            "model": ErrorBody,
+            "description": "The project's `max_queued_jobs` quota on the pool is reached "
+            "(`quota_exceeded`), or the key's rate limit; retry after `Retry-After` seconds",
+            "headers": {
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying.",
+                    "schema": {"type": "integer"},
+                }
+            },
+        },
     },
 )
 def submit_job(
@@ -79,6 +92,13 @@ def submit_job(
     pinned = check_submittable(
         session=session, settings=settings, project_id=principal.project_id, spec=spec
     )
+    quotas.check_submit(
+        session=session,
+        project_id=principal.project_id,
+        pool=spec.resources.pool,
+        retry_after_s=settings.quota_retry_after_s,
+        idempotency_key=idempotency_key,
+    )
     result = jobs.create(
         session=session,
         project_id=principal.project_id,
@@ -92,22 +112,39 @@ def submit_job(
     else:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{result.job.id}"
-    return _out(session, settings, [result.job])[0]
+    return _out(session, settings, [result.job], queue=False)[0]
 
 
 def _out(
-    session: Session, settings: Settings, items: list[Job], log_tail: bool = True
+    session: Session,
+    settings: Settings,
+    items: list[Job],
+    log_tail: bool = True,
+    queue: bool = True,
 ) -> list[schemas.Job]:
-    """Jobs as the API shows them: queued ones with their place in the queue, each with its
-    `usage` (one query each). `log_tail=False` (the list) leaves each failure's log lines out."""
-    positions = scheduling.queue_positions(session=session, queued=items)
+    """Jobs as the API shows them: waiting ones with their place in the queue, reason and
+    estimated start (`core.queue_view`: a replay per pool of the page's queued jobs; workers
+    count as live for `settings.worker_timeout_s`), each with its `usage` (one query for the
+    page). `log_tail=False` (the list) leaves each failure's log lines out; `queue=False` (the
+    submit path, kept cheap) leaves `queue` null and gives `queue_position` by priority and age
+    only."""
+    timeout_s = settings.worker_timeout_s
+    waits = (
+        queue_view.queue_infos(session=session, jobs=items, worker_timeout_s=timeout_s)
+        if queue
+        else {}
+    )
+    # Without the replay: the place by priority and age (one index range count per job).
+    positions = {} if queue else scheduling.queue_positions(session=session, queued=items)
     ran = [j.id for j in items if j.attempt > 0]  # a job never claimed has used nothing
     used = usage_report.job_usage(session=session, job_ids=ran, prices=settings.slot_prices)
     out = []
     for job in items:
         shown = schemas.Job.model_validate(job)
+        wait = waits.get(job.id)
         update: dict[str, Any] = {
-            "queue_position": positions.get(job.id),
+            "queue_position": wait.position if wait is not None else positions.get(job.id),
+            "queue": schemas.JobQueue(**vars(wait)) if wait is not None else None,
             "waiting_for": scheduling.waiting_for(job),
         }
         update["usage"] = schemas.JobUsage.model_validate(used.get(job.id, usage_report.Totals()))
@@ -325,7 +362,8 @@ def _decode_cursor(cursor: str, sort: str) -> job_list.After:
 def get_job(
     job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
 ) -> schemas.Job:
-    """Read one job, with its usage so far (slot-seconds, CPU-seconds, cost)."""
+    """Read one job: a waiting one with `queue` (position, reason, estimated start), each
+    with its usage so far (slot-seconds, CPU-seconds, cost)."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     return _out(session, settings, [job])[0]
 

@@ -284,7 +284,9 @@ def test_cancel_on_the_detail_page_changes_the_jobs_state(
     state = dash.page.locator("#job-state .state")
     dash.open(f"/jobs/{job['id']}")
     expect(state).to_have_text("queued")
-    expect(dash.page.locator("#job-summary [data-field='queue position']")).to_have_text("1")
+    expect(dash.page.locator("#job-summary [data-field='queue']")).to_have_text(
+        "#1 · no free worker"
+    )
     dash.page.click("#cancel-job")
     expect(state).to_have_text("cancelled")
     expect(dash.page.locator("#cancel-job")).to_be_disabled()

@@ -19,6 +19,7 @@ from torchyard.render import (
     jobs_table,
     log_line,
     metrics_table,
+    queue_text,
 )
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
@@ -48,9 +49,11 @@ def _job(**kw: object) -> Job:
 def test_jobs_table_has_one_row_per_job_with_step_and_loss() -> None:
     text = _text(jobs_table([_job(), _job(id=8, state="queued", current_step=None)], now=NOW))
     lines = [line.split() for line in text.splitlines() if line.strip()]
-    assert lines[0] == ["ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED"]
+    assert lines[0] == [
+        "ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED", "QUEUE",
+    ]  # fmt: skip
     assert lines[1] == [
-        "7", "gpt-small", "running", "120/600", "2.346", "trainer", "default", "5m00s", "ago",
+        "7", "gpt-small", "running", "120/600", "2.346", "trainer", "default", "5m00s", "ago", "-",
     ]  # fmt: skip
     assert lines[2][:4] == ["8", "gpt-small", "queued", "0/600"]
 
@@ -174,3 +177,28 @@ def test_markup_in_a_failure_reason_or_log_line_is_printed_literally() -> None:
     text = _text(failure_block(_job(state="failed", failure=failure)))
     assert text.splitlines()[0] == "failed: [user_error] bad [red]x[/red]"
     assert "  [b]y" in text
+
+
+def test_waiting_jobs_show_their_place_reason_and_estimated_start() -> None:
+    queued = _job(
+        id=9,
+        state="queued",
+        current_step=None,
+        queue={
+            "position": 3,
+            "reason": "quota gpus 2/2",
+            "estimated_start_at": (NOW + timedelta(seconds=90)).isoformat(),
+        },
+    )
+    gang = _job(id=10, state="starting", queue={"position": None, "reason": "gang assembling 1/2"})
+    unknown = _job(id=11, state="queued", queue={"position": 4, "reason": "budget exhausted"})
+    text = _text(jobs_table([queued, gang, unknown, _job()], now=NOW))
+    rows = {line.split()[0]: line.rstrip() for line in text.splitlines()[1:] if line.strip()}
+    assert rows["9"].endswith("#3 quota gpus 2/2, starts in ~1m30s")
+    assert rows["10"].endswith("  gang assembling 1/2")
+    assert rows["11"].endswith("#4 budget exhausted")
+    assert rows["7"].endswith(" -")
+    assert queue_text(queued, now=NOW) == "#3 quota gpus 2/2, starts in ~1m30s"
+    details = _text(job_details(queued))
+    assert "queue" in details and "#3 quota gpus 2/2, starts in ~" in details
+    assert "queue" not in _text(job_details(_job()))

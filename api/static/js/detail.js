@@ -6,7 +6,7 @@ import { codeCard, entrypointOf, scriptBadge } from "./code.js";
 import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import {
-  TERMINAL, etaSeconds, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds,
+  TERMINAL, etaSeconds, queueText, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds,
   showError, stateBadge, toYaml,
 } from "./util.js";
 
@@ -175,7 +175,7 @@ export function detailPage(root, jobId) {
       ["started", fmtTime(job.started_at)], ["duration", fmtDuration(runSeconds(job))],
       ["worker", job.worker ?? "–"],
     ];
-    if (job.queue_position) rows.push(["queue position", job.queue_position]);
+    if (job.queue) rows.push(["queue", queueText(job)]);
     if (job.waiting_for) rows.push(["waiting for", job.waiting_for]);
     if (job.exit_code !== null && job.exit_code !== undefined) rows.push(["exit code", job.exit_code]);
     // The failure card shows a failure's error (with its log tail); other errors stay here.

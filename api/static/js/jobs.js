@@ -4,7 +4,8 @@ import { api, capabilities } from "./api.js";
 import { entrypointOf, scriptBadge } from "./code.js";
 import { failureClassBadge } from "./failure.js";
 import {
-  STATES, etaSeconds, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds, stateBadge,
+  STATES, etaSeconds, fmtDuration, fmtNumber, fmtTime, h, poll, queueText, runSeconds,
+  stateBadge,
 } from "./util.js";
 
 const PAGE_SIZE = 25;
@@ -22,8 +23,8 @@ function progressCell(job) {
     h("span", { class: "progress" }, h("span", { style: `width:${pct.toFixed(1)}%` })),
     `${step}/${job.max_steps}`,
     eta !== null ? h("span", { class: "muted" }, ` · ETA ${fmtDuration(eta)}`) : "",
-    job.queue_position ? h("span", { class: "muted", title: job.waiting_for ?? "" },
-      ` · #${job.queue_position} in queue`) : "");
+    queueText(job) ? h("span", { class: "muted queue", title: job.waiting_for ?? "" },
+      ` · ${queueText(job)}`) : "");
 }
 
 function jobRow(job, onLabel) {

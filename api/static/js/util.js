@@ -72,6 +72,19 @@ export function etaSeconds(job) {
   return TERMINAL.has(job.state) ? null : job.eta_s ?? null;
 }
 
+/** A waiting job's place, reason and estimated start ("#3 · quota gpus 2/2 · starts in ~5m"),
+ *  or null when it does not wait (`job.queue`). */
+export function queueText(job, now = Date.now()) {
+  const q = job.queue;
+  if (!q) return null;
+  const parts = q.position ? [`#${q.position}`, q.reason] : [q.reason];
+  if (q.estimated_start_at) {
+    const wait = Math.max(0, (Date.parse(q.estimated_start_at) - now) / 1000);
+    parts.push(`starts in ~${fmtDuration(wait)}`);
+  }
+  return parts.join(" · ");
+}
+
 /**
  * Run `fn` now and then every `ms` (a number, or a function giving it) until the returned
  * stop function is called; `stop.now()` runs it early (coalesced with a run in flight).

@@ -1,0 +1,83 @@
+"""A real worker with room for two jobs claims only within the project's quota: with one slot
+allowed, the project's second job waits (`quota gpus 1/1`) while another project's job runs
+beside the first, and starts once the first ends (real Celery threads pool, real torchrun)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from core import datasets, quotas
+from core.models import JobNode
+from core.settings import Settings
+from tests.conftest import ProjectKey, make_project
+from tests.integration.workers.helpers import (
+    create_job,
+    job_row,
+    send,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_state,
+)
+
+SHORT: dict[str, Any] = {
+    "train": {"max_steps": 4},
+    "eval": {"interval_steps": 4, "num_batches": 1},
+    "checkpoint": {"interval_steps": 4},
+}
+
+
+def _held(engine: Engine, job_id: int) -> tuple[Any, Any]:
+    with Session(engine) as s:
+        return s.execute(
+            select(JobNode.joined_at, JobNode.ended_at).where(JobNode.job_id == job_id)
+        ).one()
+
+
+def test_a_worker_claims_only_within_the_projects_slot_quota(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Any,
+    project: ProjectKey,
+    dataset_id: str,
+    corpus_dir: Path,
+) -> None:
+    pool = unique_queue("quota-worker")
+    with Session(engine) as s:
+        quotas.put_quota(
+            session=s, project_id=project.project_id, pool=pool, values={"max_slots": 1}
+        )
+    other = make_project(engine)
+    spec = tiny_spec(pool=pool, dataset_id=dataset_id, **SHORT)
+    first, second = create_job(engine, project, spec), create_job(engine, project, spec)
+    with Session(engine) as s:
+        their_data = datasets.register(
+            session=s, settings=settings, project_id=other.project_id, name="corpus",
+            uri=str(corpus_dir),
+        ).id  # fmt: skip
+    theirs = create_job(engine, other, tiny_spec(pool=pool, dataset_id=their_data, **SHORT))
+    worker = start_worker(
+        settings=settings, client=celery_client, queue=pool, log_dir=worker_logs, slots=2
+    )
+    try:
+        for job_id in (first, second, theirs):
+            send(celery_client, job_id, pool)
+        for job_id in (first, second, theirs):
+            wait_state(engine, job_id, ("succeeded", "failed"), 120, worker)
+        assert [job_row(engine, j).state for j in (first, second, theirs)] == ["succeeded"] * 3
+    finally:
+        worker.stop()
+    # The second job of the project started only after its first ended; the other
+    # project's job was claimed before the second (fair share: its project held nothing).
+    _, first_end = _held(engine, first)
+    second_start, _ = _held(engine, second)
+    theirs_start, _ = _held(engine, theirs)
+    assert second_start >= first_end
+    assert theirs_start < second_start
+    assert job_row(engine, second).wait_reason is None  # cleared by its claim
