@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from core import auth
+from core.errors import Forbidden
 from core.settings import Settings
 
 
@@ -44,6 +45,10 @@ def get_principal(
     return principal
 
 
+# What api.permissions writes into each operation's `x-permission` (any valid key will do).
+get_principal.permission = "authenticated"  # type: ignore[attr-defined]
+
+
 CurrentPrincipal = Annotated[auth.Principal, Depends(get_principal)]
 
 
@@ -55,7 +60,18 @@ def require(permission: auth.Permission) -> Callable[[auth.Principal], auth.Prin
         return principal
 
     dependency.__name__ = f"require_{permission.name.lower()}"
+    dependency.permission = permission.value  # type: ignore[attr-defined]  # api.permissions
     return dependency
+
+
+def require_org_admin(principal: CurrentPrincipal) -> auth.Principal:
+    """A dependency: the caller, when its key is an organisation admin key; else 403."""
+    if not principal.org_admin:
+        raise Forbidden("an organisation admin key is needed (`torchyard admin bootstrap`)")
+    return principal
+
+
+require_org_admin.permission = "org_admin"  # type: ignore[attr-defined]
 
 
 # What each route asks for: read anything in the project; submit/control jobs; write datasets;
@@ -64,3 +80,5 @@ ReadPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.READ))
 JobsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.JOBS_WRITE))]
 DatasetsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.DATASETS_WRITE))]
 AdminPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.ADMIN))]
+# Organisation admins: create and list projects.
+OrgAdminPrincipal = Annotated[auth.Principal, Depends(require_org_admin)]

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids
+from api import dashboard, docs_ui, errors, observability, openai_errors, openapi_ids, permissions
 from api.dispatch import Dispatcher
 from api.limits import MAX_JSON_BYTES, BodyLimit
 from api.routes import (
@@ -21,9 +21,13 @@ from api.routes import (
     health,
     job_data,
     jobs,
+    keys,
     me,
+    members,
     openai_files,
     openai_jobs,
+    projects,
+    service_accounts,
     spec,
     streams,
 )
@@ -100,7 +104,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec)
-    for module in (*routers, openai_files, openai_jobs):
+    access = (projects, members, service_accounts, keys)
+    for module in (*routers, *access, openai_files, openai_jobs):
+        permissions.document(module.router)  # x-permission on each operation
         app.include_router(module.router)
 
     docs_ui.mount(app)

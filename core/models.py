@@ -98,6 +98,11 @@ class Project(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+# Every API-key scope (core.auth.Permission's values), in the order the API lists them.
+ALL_SCOPES = ("jobs:read", "jobs:write", "datasets:write", "admin")
+ALL_SCOPES_JSON = '["jobs:read", "jobs:write", "datasets:write", "admin"]'
+
+
 class ApiKey(Base):
     """An API key. Only the sha256 of the secret is stored; `prefix` finds the row."""
 
@@ -110,6 +115,21 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    # 0011_identity: who owns the key (a member or a service account; neither for keys made
+    # before 0011 and for owner-less keys, which use `role`), what it may do, and when.
+    member_id: Mapped[str | None] = mapped_column(
+        ForeignKey("project_members.id", ondelete="SET NULL"), default=None
+    )
+    service_account_id: Mapped[str | None] = mapped_column(
+        ForeignKey("service_accounts.id", ondelete="SET NULL"), default=None
+    )
+    scopes: Mapped[list[str]] = mapped_column(
+        JsonType, default=lambda: list(ALL_SCOPES), server_default=ALL_SCOPES_JSON
+    )
+    role: Mapped[str | None] = mapped_column(String(20), default="admin")
+    org_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Dataset(Base):
@@ -381,3 +401,40 @@ class Worker(Base):
     slots_free: Mapped[int | None] = mapped_column(Integer, default=None)
     # Set once its warm shutdown began: it takes no new work and hands its jobs back.
     stopping: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+
+
+# --- Identity and access (issue 14, migration 0011_identity) ---------------------------------
+# Who may call a project: members (people, named by a subject such as an email) and service
+# accounts (CI, platforms), each with a role; an API key belongs to one of them and its scopes
+# narrow that role. Keys made before 0011 have no owner: their own `role` (admin) applies.
+
+
+class ProjectMember(Base):
+    """A person in a project with a role (`viewer` | `member` | `admin`)."""
+
+    __tablename__ = "project_members"
+    __table_args__ = (UniqueConstraint("project_id", "subject"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    subject: Mapped[str] = mapped_column(String(200))  # an email or an OIDC `sub`
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ServiceAccount(Base):
+    """A non-person caller (CI, a platform) with a role; disabling it stops all its keys."""
+
+    __tablename__ = "service_accounts"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(100))
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(default=None)

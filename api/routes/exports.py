@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api import schemas
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import JobId
 from api.validation import MAX_ID
@@ -40,7 +40,7 @@ _PATH = "/{job_id}/checkpoints/{checkpoint_id}/export"
 def request_export(
     job_id: JobId,
     checkpoint_id: CheckpointId,
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
@@ -66,7 +66,7 @@ def request_export(
 
 @router.get(_PATH, response_model=schemas.CheckpointExport)
 def get_export(
-    job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
+    job_id: JobId, checkpoint_id: CheckpointId, principal: ReadPrincipal, session: SessionDep
 ) -> schemas.CheckpointExport:
     """The export of a checkpoint: its state, and once ready its size and sha256."""
     export = exports.get_or_raise(
@@ -87,7 +87,7 @@ def get_export(
     },
 )
 def download_export(
-    job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
+    job_id: JobId, checkpoint_id: CheckpointId, principal: ReadPrincipal, session: SessionDep
 ) -> StreamingResponse:
     """Download the export's `model.safetensors` (streamed); 409 until it is ready."""
     export = exports.get_or_raise(

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from api import schemas
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
 from core import code_archives, datasets, init_from, job_list, jobs, scheduling, storage
@@ -49,7 +49,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 )
 def submit_job(
     spec: Annotated[AnyJobSpec, Body()],
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
@@ -207,7 +207,7 @@ def _data_error(field: str, msg: str) -> InvalidInput:
 
 @router.get("", response_model=schemas.JobPage)
 def list_jobs(
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     state: Annotated[
         list[JobState] | None, Query(description="Only jobs in these states (repeatable).")
@@ -305,14 +305,14 @@ def _decode_cursor(cursor: str, sort: str) -> job_list.After:
 
 
 @router.get("/{job_id}", response_model=schemas.Job)
-def get_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+def get_job(job_id: JobId, principal: ReadPrincipal, session: SessionDep) -> schemas.Job:
     """Read one job."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     return _out(session, [job])[0]
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
-def cancel_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+def cancel_job(job_id: JobId, principal: JobsWritePrincipal, session: SessionDep) -> schemas.Job:
     """Cancel a job: at once when idle, via `cancelling` when running; 409 once it has ended."""
     job = jobs.cancel(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
@@ -320,7 +320,7 @@ def cancel_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) 
 
 
 @router.post("/{job_id}/pause", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
-def pause_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -> schemas.Job:
+def pause_job(job_id: JobId, principal: JobsWritePrincipal, session: SessionDep) -> schemas.Job:
     """Pause a job: a running one checkpoints and stops (`pausing`, then `paused`); a queued
     one leaves the queue. 409 in other states."""
     job = jobs.pause(session=session, job_id=job_id, project_id=principal.project_id)
@@ -330,7 +330,7 @@ def pause_job(job_id: JobId, principal: CurrentPrincipal, session: SessionDep) -
 
 @router.post("/{job_id}/resume", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def resume_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+    job_id: JobId, principal: JobsWritePrincipal, session: SessionDep, request: Request
 ) -> schemas.Job:
     """Resume a paused job: it is queued again and continues from its latest checkpoint."""
     job = jobs.resume(session=session, job_id=job_id, project_id=principal.project_id)
@@ -341,7 +341,7 @@ def resume_job(
 
 @router.post("/{job_id}/retry", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def retry_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+    job_id: JobId, principal: JobsWritePrincipal, session: SessionDep, request: Request
 ) -> schemas.Job:
     """Run a failed or cancelled job again from its latest checkpoint, with a fresh restart
     budget. 409 in other states."""

@@ -22,6 +22,7 @@ def _authorize(request: Request, secret: str | None, job_id: int) -> None:
     # A session of its own, closed before the stream starts: a watcher holds no DB connection.
     with request.app.state.sessionmaker() as session:
         principal = auth.authenticate(session=session, secret=secret)
+        auth.check(principal, auth.Permission.READ)
         jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
 
 
@@ -29,6 +30,8 @@ def _authorize(request: Request, secret: str | None, job_id: int) -> None:
     "/{job_id}/stream",
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}}},
+    # It authenticates inside (a watcher holds no DB connection), so it names its permission.
+    openapi_extra={"x-permission": auth.Permission.READ.value},
 )
 async def job_stream(
     job_id: JobId,

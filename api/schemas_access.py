@@ -1,0 +1,178 @@
+"""Bodies of the access routes: projects, members, service accounts and API keys (tag `access`).
+
+A key's secret appears only in the answer that creates it (`KeyCreated.secret`); no body ever
+carries a key's hash.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from api.schemas import PRINTABLE
+from core.auth import Role
+
+Scope = Literal["jobs:read", "jobs:write", "datasets:write", "admin"]
+RoleName = Annotated[
+    Role, Field(description="`viewer` reads; `member` also writes jobs and datasets; `admin` all.")
+]
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=PRINTABLE)]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Project(_Out):
+    id: str = Field(description="The project's id (`prj_...`).")
+    name: str = Field(description="The project's unique name.")
+    created_at: datetime = Field(description="When it was created (UTC).")
+
+
+class ProjectList(BaseModel):
+    items: list[Project] = Field(description="Every project of the organisation, oldest first.")
+
+
+class ProjectCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "nlp"}]})
+
+    name: Name = Field(description="A unique project name.")
+
+
+class Member(_Out):
+    id: str = Field(description="The member's id (`mem_...`).")
+    subject: str = Field(description="Who: an email or an OIDC subject.")
+    role: Role = Field(description="`viewer`, `member` or `admin`.")
+    created_at: datetime = Field(description="When they were added (UTC).")
+
+
+class MemberList(BaseModel):
+    items: list[Member] = Field(description="The project's members, oldest first.")
+
+
+class MemberCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"subject": "ada@example.com", "role": "member"}]},
+    )
+
+    subject: str = Field(
+        min_length=1, max_length=200, pattern=PRINTABLE, description="An email or OIDC subject."
+    )
+    role: RoleName
+
+
+class MemberUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"role": "viewer"}]})
+
+    role: RoleName
+
+
+class ServiceAccount(_Out):
+    id: str = Field(description="The service account's id (`sa_...`).")
+    name: str = Field(description="Its name, unique in the project.")
+    role: Role = Field(description="`viewer`, `member` or `admin`.")
+    created_at: datetime = Field(description="When it was created (UTC).")
+    disabled_at: datetime | None = Field(description="When it was disabled; its keys then 401.")
+
+
+class ServiceAccountList(BaseModel):
+    items: list[ServiceAccount] = Field(description="The project's service accounts.")
+
+
+class ServiceAccountCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "ci", "role": "member"}]}
+    )
+
+    name: Name = Field(description="A name unique in the project, such as `ci`.")
+    role: RoleName
+
+
+class KeyOwner(BaseModel):
+    kind: Literal["member", "service_account"] = Field(description="What owns the key.")
+    id: str = Field(description="The owner's id.")
+    name: str = Field(description="The member's subject or the service account's name.")
+
+
+class Key(BaseModel):
+    """An API key without its secret or hash."""
+
+    id: str = Field(description="The key's id (`key_...`).")
+    name: str = Field(description="The key's name.")
+    prefix: str = Field(description="The secret's first characters, to tell keys apart.")
+    scopes: list[Scope] = Field(description="What the key may do, within its role.")
+    role: Role | None = Field(description="Its effective role now: its owner's, or its own.")
+    owner: KeyOwner | None = Field(description="Its owner; null for an owner-less key.")
+    org_admin: bool = Field(description="True for an organisation admin key.")
+    created_at: datetime = Field(description="When it was created (UTC).")
+    expires_at: datetime | None = Field(description="When it stops working; null: never.")
+    last_used_at: datetime | None = Field(
+        description="When it last authenticated (UTC; written at most once a minute)."
+    )
+    revoked_at: datetime | None = Field(description="When it was revoked; null if active.")
+
+
+class KeyList(BaseModel):
+    items: list[Key] = Field(description="The project's keys, oldest first, revoked too.")
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "ci",
+                    "scopes": ["jobs:write"],
+                    "service_account_id": "sa_0123456789abcdef",
+                    "expires_in": 7776000,
+                }
+            ]
+        },
+    )
+
+    name: Name = Field(description="A name for the key.")
+    scopes: list[Scope] | None = Field(
+        default=None,
+        max_length=4,
+        description="Scopes within the owner's role; default: all that role holds.",
+    )
+    member_id: str | None = Field(default=None, max_length=40, description="Owner: a member.")
+    service_account_id: str | None = Field(
+        default=None, max_length=40, description="Owner: a service account."
+    )
+    role: Role | None = Field(
+        default=None, description="Only for an owner-less key: its role (default `member`)."
+    )
+    expires_in: int | None = Field(
+        default=None, ge=60, le=10 * 365 * 86400, description="Seconds until it expires."
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="When it expires (UTC); give this or `expires_in`."
+    )
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> KeyCreate:
+        if self.expires_in is not None and self.expires_at is not None:
+            raise ValueError("give expires_in or expires_at, not both")
+        return self
+
+    def expiry(self) -> datetime | None:
+        """The absolute expiry this request asks for (UTC), or None."""
+        if self.expires_in is not None:
+            return datetime.now(UTC) + timedelta(seconds=self.expires_in)
+        if self.expires_at is not None and self.expires_at.tzinfo is None:
+            return self.expires_at.replace(tzinfo=UTC)
+        return self.expires_at
+
+
+class KeyCreated(Key):
+    secret: str = Field(description="The key itself (`ty_...`): shown only in this answer.")
+
+
+class ProjectCreated(BaseModel):
+    project: Project = Field(description="The new project.")
+    key: KeyCreated = Field(description="Its first admin key, with its secret (shown once).")
