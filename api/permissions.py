@@ -65,3 +65,21 @@ def document(router: APIRouter) -> None:
         route.openapi_extra = extra
         if "Permission:" not in (route.description or ""):  # once, whatever create_app runs
             route.description = f"{route.description.rstrip()}\n\n{sentence(permission)}".lstrip()
+        if permission != AUTHENTICATED:
+            route.responses = {**route.responses, 403: _forbidden(route, permission)}
+
+
+def _forbidden(route: APIRoute, permission: str) -> dict[str, Any]:
+    """The route's 403 response: the permission it lacks (and any 403 it documented)."""
+    lacking = f"The caller lacks `{permission}`"
+    earlier = route.responses.get(403, {}).get("description", "")
+    if earlier.startswith(lacking):
+        return route.responses[403]
+    response: dict[str, Any] = dict(route.responses.get(403, {}))
+    response["description"] = f"{lacking}" + (f"; or {earlier}" if earlier else "")
+    if route.path.startswith("/v1/") and "model" not in response:
+        response["content"] = {"application/json": {"schema": {"$ref": _ERROR_BODY}}}
+    return response
+
+
+_ERROR_BODY = "#/components/schemas/ErrorBody"

@@ -55,6 +55,7 @@ class Operation:
     permission: str | None
     path_params: tuple[str, ...]
     body_required: bool
+    statuses: frozenset[str]  # the response codes it documents
 
     def __str__(self) -> str:
         return self.operation_id
@@ -70,8 +71,11 @@ def _operations() -> list[Operation]:
                 continue
             params = tuple(p["name"] for p in op.get("parameters", []) if p["in"] == "path")
             body = op.get("requestBody", {}).get("required", False)
+            statuses = frozenset(op["responses"])
             found.append(
-                Operation(method, path, op["operationId"], op.get("x-permission"), params, body)
+                Operation(
+                    method, path, op["operationId"], op.get("x-permission"), params, body, statuses
+                )
             )
     return found
 
@@ -237,6 +241,8 @@ def test_the_generator_sees_every_route_and_each_states_its_permission() -> None
     assert undocumented == []
     known = {"authenticated", "org_admin", *auth.ALL_SCOPES}
     assert {op.permission for op in OPERATIONS if op.permission} <= known
+    restricted = [op for op in OPERATIONS if op.permission not in (None, "authenticated")]
+    assert [str(op) for op in restricted if "403" not in op.statuses] == []
 
 
 @pytest.mark.parametrize("op", WITH_PATH_PARAMS, ids=str)
