@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from torchyard.access import Keys, Members
 from torchyard.code import Code
 from torchyard.config import load_config
 from torchyard.errors import ConnectionFailed, ServerError, error_from_response
@@ -77,6 +78,8 @@ class Client:
         self.datasets = Datasets(self)
         self.exports = Exports(self)
         self.code = Code(self)
+        self.keys = Keys(self)
+        self.members = Members(self)
 
     def __enter__(self) -> Client:
         return self
