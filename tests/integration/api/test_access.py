@@ -291,3 +291,14 @@ def test_every_route_answers_each_role_and_scope_as_documented(
         else:
             assert answer.status_code == 403, (name, answer.text)
             assert answer.json()["error"]["code"] == "forbidden", (name, answer.text)
+
+
+@pytest.mark.parametrize(
+    "op", [op for op in OPERATIONS if (op.method, op.path) not in PUBLIC], ids=str
+)
+def test_every_non_public_route_is_401_without_a_valid_key(
+    client: TestClient, shared_world: World, op: Operation
+) -> None:
+    answer = call(client, shared_world, op, "ty_not-a-key")
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"]["code"] == "unauthorized"

@@ -125,6 +125,8 @@ def test_a_disabled_service_account_s_keys_are_401(client: TestClient, project: 
     assert created["owner"] == {"kind": "service_account", "id": account["id"], "name": "ci"}
     # jobs:write only: it may submit but not read
     assert_error(client.get("/v1/jobs", headers=bearer(created["secret"])), 403, "forbidden")
+    me = client.get("/v1/me", headers=bearer(created["secret"])).json()
+    assert (me["role"], me["scopes"]) == ("member", ["jobs:write"])
     gone = client.delete(f"/v1/service-accounts/{account['id']}", headers=project.headers)
     assert gone.status_code == 200 and gone.json()["disabled_at"] is not None
     answer = client.get("/v1/me", headers=bearer(created["secret"]))
@@ -235,4 +237,17 @@ def test_an_org_admin_creates_a_project_whose_first_key_administers_it(
     listed = client.get("/v1/projects", headers=project.headers).json()["items"]
     assert body["project"]["id"] in [p["id"] for p in listed]
     again = client.post("/v1/projects", json={"name": name}, headers=project.headers)
+    assert_error(again, 409, "conflict")
+
+
+def test_a_subject_or_service_account_name_is_unique_in_a_project(
+    client: TestClient, project: ProjectKey, other_project: ProjectKey
+) -> None:
+    body = {"subject": "same@example.com", "role": "viewer"}
+    post(client, project, "/v1/members", body)
+    assert_error(client.post("/v1/members", json=body, headers=project.headers), 409, "conflict")
+    post(client, other_project, "/v1/members", body)  # another project may have them too
+    account = {"name": "ci", "role": "member"}
+    post(client, project, "/v1/service-accounts", account)
+    again = client.post("/v1/service-accounts", json=account, headers=project.headers)
     assert_error(again, 409, "conflict")
