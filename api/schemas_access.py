@@ -9,16 +9,30 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from api.schemas import PRINTABLE
+from api.validation import unstorable
 from core.auth import Role
 
 Scope = Literal["jobs:read", "jobs:write", "datasets:write", "admin"]
 RoleName = Annotated[
     Role, Field(description="`viewer` reads; `member` also writes jobs and datasets; `admin` all.")
 ]
-Name = Annotated[str, Field(min_length=1, max_length=100, pattern=PRINTABLE)]
+
+
+def _storable(value: str) -> str:
+    if unstorable(value):
+        raise ValueError("contains NUL or invalid unicode")
+    return value
+
+
+Name = Annotated[
+    str, Field(min_length=1, max_length=100, pattern=PRINTABLE), AfterValidator(_storable)
+]
+# Ids are letters, digits, `_` and `-` (`mem_...`, `sa_...`, `key_...`).
+ID_PATTERN = r"^[A-Za-z0-9_-]+$"
+OwnerId = Annotated[str, Field(max_length=40, pattern=ID_PATTERN)]
 
 
 class _Out(BaseModel):
@@ -58,7 +72,7 @@ class MemberCreate(BaseModel):
         json_schema_extra={"examples": [{"subject": "ada@example.com", "role": "member"}]},
     )
 
-    subject: str = Field(
+    subject: Annotated[str, AfterValidator(_storable)] = Field(
         min_length=1, max_length=200, pattern=PRINTABLE, description="An email or OIDC subject."
     )
     role: RoleName
@@ -140,9 +154,9 @@ class KeyCreate(BaseModel):
         max_length=4,
         description="Scopes within the owner's role; default: all that role holds.",
     )
-    member_id: str | None = Field(default=None, max_length=40, description="Owner: a member.")
-    service_account_id: str | None = Field(
-        default=None, max_length=40, description="Owner: a service account."
+    member_id: OwnerId | None = Field(default=None, description="Owner: a member.")
+    service_account_id: OwnerId | None = Field(
+        default=None, description="Owner: a service account."
     )
     role: Role | None = Field(
         default=None, description="Only for an owner-less key: its role (default `member`)."

@@ -8,12 +8,14 @@ from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
-from api.schemas_access import Key, KeyCreate, KeyCreated, KeyList, KeyOwner
+from api.schemas_access import ID_PATTERN, Key, KeyCreate, KeyCreated, KeyList, KeyOwner
 from core import identity
 
 router = APIRouter(prefix="/v1/keys", tags=["access"], responses=ERROR_RESPONSES)
 
-KeyId = Annotated[str, Path(max_length=40, description="The key's id (`key_...`).")]
+KeyId = Annotated[
+    str, Path(max_length=40, pattern=ID_PATTERN, description="The key's id (`key_...`).")
+]
 
 
 def key_out(view: identity.KeyView) -> Key:

@@ -8,12 +8,14 @@ from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
-from api.schemas_access import Member, MemberCreate, MemberList, MemberUpdate
+from api.schemas_access import ID_PATTERN, Member, MemberCreate, MemberList, MemberUpdate
 from core import identity
 
 router = APIRouter(prefix="/v1/members", tags=["access"], responses=ERROR_RESPONSES)
 
-MemberId = Annotated[str, Path(max_length=40, description="The member's id (`mem_...`).")]
+MemberId = Annotated[
+    str, Path(max_length=40, pattern=ID_PATTERN, description="The member's id (`mem_...`).")
+]
 
 
 @router.get("", response_model=MemberList)

@@ -8,12 +8,14 @@ from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
-from api.schemas_access import ServiceAccount, ServiceAccountCreate, ServiceAccountList
+from api.schemas_access import ID_PATTERN, ServiceAccount, ServiceAccountCreate, ServiceAccountList
 from core import identity
 
 router = APIRouter(prefix="/v1/service-accounts", tags=["access"], responses=ERROR_RESPONSES)
 
-AccountId = Annotated[str, Path(max_length=40, description="The service account's id (`sa_...`).")]
+AccountId = Annotated[
+    str, Path(max_length=40, pattern=ID_PATTERN, description="The service account's id (`sa_...`).")
+]
 
 
 @router.get("", response_model=ServiceAccountList)

@@ -251,3 +251,17 @@ def test_a_subject_or_service_account_name_is_unique_in_a_project(
     post(client, project, "/v1/service-accounts", account)
     again = client.post("/v1/service-accounts", json=account, headers=project.headers)
     assert_error(again, 409, "conflict")
+
+
+def test_unstorable_names_and_ids_are_422_not_500(client: TestClient, project: ProjectKey) -> None:
+    headers = {**project.headers, "Content-Type": "application/json"}
+    for subject in (b"\\ud800", b"a\\u0000b"):  # a lone surrogate, NUL: JSON escapes
+        body = b'{"subject": "' + subject + b'", "role": "viewer"}'
+        answer = client.post("/v1/members", content=body, headers=headers)
+        assert_error(answer, 422, "validation_error", ["body", "subject"])
+    owner = client.post(
+        "/v1/keys", json={"name": "k", "member_id": "mem_\x00"}, headers=project.headers
+    )
+    assert_error(owner, 422, "validation_error", ["body", "member_id"])
+    path = client.patch("/v1/members/%ff%00", json={"role": "admin"}, headers=project.headers)
+    assert_error(path, 422, "validation_error", ["path", "member_id"])
