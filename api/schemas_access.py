@@ -7,9 +7,16 @@ carries a key's hash.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from api.schemas import PRINTABLE
 from api.validation import unstorable
@@ -133,30 +140,46 @@ class KeyList(BaseModel):
     items: list[Key] = Field(description="The project's keys, oldest first, revoked too.")
 
 
+# KeyCreate's optional fields may be left out but not sent as null, and these pairs exclude
+# each other; its JSON Schema states both, so a request valid by the schema is accepted.
+_OPTIONAL = ("scopes", "member_id", "service_account_id", "role", "expires_in", "expires_at")
+_EXCLUSIVE = (
+    ("member_id", "service_account_id"),
+    ("role", "member_id"),
+    ("role", "service_account_id"),
+    ("expires_in", "expires_at"),
+)
+_KEY_EXAMPLE = {
+    "name": "ci",
+    "scopes": ["jobs:write"],
+    "service_account_id": "sa_0123456789abcdef",
+    "expires_in": 7776000,
+}
+
+
+def _key_create_schema(schema: dict[str, Any]) -> None:
+    for name in _OPTIONAL:
+        prop = schema["properties"][name]
+        kinds = [k for k in prop.pop("anyOf", []) if k.get("type") != "null"]
+        if kinds:
+            prop.update(kinds[0])
+        prop.pop("default", None)
+    schema["allOf"] = [{"not": {"required": list(pair)}} for pair in _EXCLUSIVE]
+    schema["examples"] = [_KEY_EXAMPLE]
+
+
 class KeyCreate(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "name": "ci",
-                    "scopes": ["jobs:write"],
-                    "service_account_id": "sa_0123456789abcdef",
-                    "expires_in": 7776000,
-                }
-            ]
-        },
-    )
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_key_create_schema)
 
     name: Name = Field(description="A name for the key.")
     scopes: list[Scope] | None = Field(
         default=None,
         max_length=4,
-        description="Scopes within the owner's role; default: all that role holds.",
+        description="Scopes within the owner's role (default: all it holds); more is 403.",
     )
-    member_id: OwnerId | None = Field(default=None, description="Owner: a member.")
+    member_id: OwnerId | None = Field(default=None, description="Owner: a member (or 404).")
     service_account_id: OwnerId | None = Field(
-        default=None, description="Owner: a service account."
+        default=None, description="Owner: an enabled service account (or 404)."
     )
     role: Role | None = Field(
         default=None, description="Only for an owner-less key: its role (default `member`)."
@@ -165,14 +188,25 @@ class KeyCreate(BaseModel):
         default=None, ge=60, le=10 * 365 * 86400, description="Seconds until it expires."
     )
     expires_at: datetime | None = Field(
-        default=None, description="When it expires (UTC); give this or `expires_in`."
+        default=None,
+        description="When it expires (UTC; a past time makes a key that is already expired).",
     )
 
-    @model_validator(mode="after")
-    def _one_expiry(self) -> KeyCreate:
-        if self.expires_in is not None and self.expires_at is not None:
-            raise ValueError("give expires_in or expires_at, not both")
-        return self
+    @field_validator(*_OPTIONAL, mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("leave the field out instead of sending null")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exclusive(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for first, second in _EXCLUSIVE:
+                if first in data and second in data:
+                    raise ValueError(f"give {first} or {second}, not both")
+        return data
 
     def expiry(self) -> datetime | None:
         """The absolute expiry this request asks for (UTC), or None."""

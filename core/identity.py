@@ -25,13 +25,19 @@ from core.auth import (
     new_id,
     new_key_row,
 )
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.models import ApiKey, Project, ProjectMember, ServiceAccount, utcnow
 
 
 def _invalid(field: str, msg: str) -> InvalidInput:
     return InvalidInput(
         f"{field}: {msg}", details=[{"loc": ["body", field], "msg": msg, "type": "value_error"}]
+    )
+
+
+def _escalation(msg: str) -> Forbidden:
+    return Forbidden(
+        f"scopes: {msg}", details=[{"loc": ["body", "scopes"], "msg": msg, "type": "forbidden"}]
     )
 
 
@@ -185,44 +191,39 @@ class KeyRequest:
 
 
 def _owner_role(session: Session, project_id: str, request: KeyRequest) -> Role:
+    """The role the key's owner holds; raises NotFound for an unknown (or another project's)
+    owner and InvalidInput for two owners, a role beside an owner or a disabled account."""
     if request.member_id is not None and request.service_account_id is not None:
         raise _invalid("service_account_id", "a key has one owner: give member_id or this")
     if request.role is not None and (request.member_id or request.service_account_id):
         raise _invalid("role", "an owned key takes its owner's role; leave role out")
     if request.member_id is not None:
-        try:
-            member = get_member(session=session, project_id=project_id, member_id=request.member_id)
-        except NotFound as exc:
-            raise _invalid("member_id", exc.message) from None
+        member = get_member(session=session, project_id=project_id, member_id=request.member_id)
         return Role(member.role)
     if request.service_account_id is not None:
-        try:
-            account = get_service_account(
-                session=session, project_id=project_id, account_id=request.service_account_id
-            )
-        except NotFound as exc:
-            raise _invalid("service_account_id", exc.message) from None
+        account = get_service_account(
+            session=session, project_id=project_id, account_id=request.service_account_id
+        )
         if account.disabled_at is not None:
-            raise _invalid("service_account_id", "the service account is disabled")
+            raise Conflict(f"service account {account.id} is disabled")
         return Role(account.role)
     return request.role or Role.MEMBER
 
 
 def create_key(*, session: Session, caller: Principal, request: KeyRequest) -> tuple[str, KeyView]:
     """Create a key in the caller's project; returns (secret, view). The secret is shown once;
-    only its sha256 is stored. Raises InvalidInput (422, by field) for an unknown owner, scopes
-    beyond the owner's role or the caller's own scopes, or an expiry in the past."""
+    only its sha256 is stored. Raises NotFound for an unknown owner, Conflict for a disabled
+    service account, Forbidden (403, at `scopes`) for scopes beyond the owner's role or the
+    calling key's own scopes: nobody mints a key that can do more than its owner or caller."""
     role = _owner_role(session, caller.project_id, request)
     allowed = {p.value for p in ROLE_PERMISSIONS[role]}
     scopes = request.scopes if request.scopes is not None else sorted(allowed)
     beyond = sorted(set(scopes) - allowed)
     if beyond:
-        raise _invalid("scopes", f"{beyond} exceed the owner's role {role.value!r}")
+        raise _escalation(f"{beyond} exceed the owner's role {role.value!r}")
     beyond_caller = sorted(set(scopes) - caller.scopes)
     if beyond_caller:
-        raise _invalid("scopes", f"{beyond_caller} exceed the calling key's own scopes")
-    if request.expires_at is not None and request.expires_at <= utcnow():
-        raise _invalid("expires_at", "must be in the future")
+        raise _escalation(f"{beyond_caller} exceed the calling key's own scopes")
     secret, key = new_key_row(project_id=caller.project_id, name=request.name)
     key.scopes = [p.value for p in Permission if p.value in scopes]
     key.expires_at = request.expires_at

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
-from api.errors import ERROR_RESPONSES
+from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas_access import ID_PATTERN, Key, KeyCreate, KeyCreated, KeyList, KeyOwner
 from core import identity
 
@@ -43,7 +43,18 @@ def list_keys(principal: AdminPrincipal, session: SessionDep) -> KeyList:
     return KeyList(items=[key_out(view) for view in views])
 
 
-@router.post("", status_code=201, response_model=KeyCreated)
+@router.post(
+    "",
+    status_code=201,
+    response_model=KeyCreated,
+    responses={
+        403: {
+            "model": ErrorBody,
+            "description": "`scopes` beyond the owner's role or the caller's",
+        },
+        409: {"model": ErrorBody, "description": "The service account is disabled"},
+    },
+)
 def create_key(body: KeyCreate, principal: AdminPrincipal, session: SessionDep) -> KeyCreated:
     """Create a key for a member, a service account, or no owner (then with its own `role`).
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
-from api.errors import ERROR_RESPONSES
+from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas_access import ID_PATTERN, Member, MemberCreate, MemberList, MemberUpdate
 from core import identity
 
@@ -25,7 +25,12 @@ def list_members(principal: AdminPrincipal, session: SessionDep) -> MemberList:
     return MemberList(items=[Member.model_validate(m) for m in members])
 
 
-@router.post("", status_code=201, response_model=Member, responses={409: ERROR_RESPONSES[422]})
+@router.post(
+    "",
+    status_code=201,
+    response_model=Member,
+    responses={409: {"model": ErrorBody, "description": "The subject is a member already"}},
+)
 def add_member(body: MemberCreate, principal: AdminPrincipal, session: SessionDep) -> Member:
     """Add a person by subject (an email or OIDC subject) with a role; 409 if already there."""
     member = identity.add_member(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import OrgAdminPrincipal, SessionDep
-from api.errors import ERROR_RESPONSES
+from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.keys import key_out
 from api.schemas_access import KeyCreated, Project, ProjectCreate, ProjectCreated, ProjectList
 from core import identity
@@ -21,7 +21,12 @@ def list_projects(principal: OrgAdminPrincipal, session: SessionDep) -> ProjectL
     )
 
 
-@router.post("", status_code=201, response_model=ProjectCreated)
+@router.post(
+    "",
+    status_code=201,
+    response_model=ProjectCreated,
+    responses={409: {"model": ErrorBody, "description": "A project has that name"}},
+)
 def create_project(
     body: ProjectCreate, principal: OrgAdminPrincipal, session: SessionDep
 ) -> ProjectCreated:

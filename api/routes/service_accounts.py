@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
-from api.errors import ERROR_RESPONSES
+from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas_access import ID_PATTERN, ServiceAccount, ServiceAccountCreate, ServiceAccountList
 from core import identity
 
@@ -25,7 +25,12 @@ def list_service_accounts(principal: AdminPrincipal, session: SessionDep) -> Ser
     return ServiceAccountList(items=[ServiceAccount.model_validate(a) for a in accounts])
 
 
-@router.post("", status_code=201, response_model=ServiceAccount)
+@router.post(
+    "",
+    status_code=201,
+    response_model=ServiceAccount,
+    responses={409: {"model": ErrorBody, "description": "The project has one of that name"}},
+)
 def create_service_account(
     body: ServiceAccountCreate, principal: AdminPrincipal, session: SessionDep
 ) -> ServiceAccount:
