@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from core import auth, oidc
+from core.errors import Forbidden
 from core.settings import Settings
 
 
@@ -40,14 +41,23 @@ def get_principal(
     With SSO on (`app.state.oidc`), a bearer JWT is an OIDC token instead (core.oidc).
     Kept on `request.state.principal` for what runs after the route (the audit log)."""
     secret = credentials.credentials if credentials is not None else None
+    principal = resolve_principal(request, session, secret)
+    request.state.principal = principal
+    return principal
+
+
+def resolve_principal(request: Request, session: Session, secret: str | None) -> auth.Principal:
+    """Who `secret` is: an OIDC token when SSO is on (`app.state.oidc`) and it looks like a JWT,
+    else an API key. Raises Unauthorized (401), or Unavailable (503) when the issuer is down."""
     verifier: oidc.Verifier | None = getattr(request.app.state, "oidc", None)
     if verifier is not None and secret and oidc.looks_like_jwt(secret):
         project = request.headers.get(oidc.PROJECT_HEADER)
-        principal = verifier.authenticate(session=session, token=secret, project=project)
-    else:
-        principal = auth.authenticate(session=session, secret=secret)
-    request.state.principal = principal
-    return principal
+        return verifier.authenticate(session=session, token=secret, project=project)
+    return auth.authenticate(session=session, secret=secret)
+
+
+# What api.permissions writes into each operation's `x-permission` (any valid key will do).
+get_principal.permission = "authenticated"  # type: ignore[attr-defined]
 
 
 CurrentPrincipal = Annotated[auth.Principal, Depends(get_principal)]
@@ -61,7 +71,18 @@ def require(permission: auth.Permission) -> Callable[[auth.Principal], auth.Prin
         return principal
 
     dependency.__name__ = f"require_{permission.name.lower()}"
+    dependency.permission = permission.value  # type: ignore[attr-defined]  # api.permissions
     return dependency
+
+
+def require_org_admin(principal: CurrentPrincipal) -> auth.Principal:
+    """A dependency: the caller, when its key is an organisation admin key; else 403."""
+    if not principal.org_admin:
+        raise Forbidden("an organisation admin key is needed (`torchyard admin bootstrap`)")
+    return principal
+
+
+require_org_admin.permission = "org_admin"  # type: ignore[attr-defined]
 
 
 # What each route asks for: read anything in the project; submit/control jobs; write datasets;
@@ -70,3 +91,5 @@ ReadPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.READ))
 JobsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.JOBS_WRITE))]
 DatasetsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.DATASETS_WRITE))]
 AdminPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.ADMIN))]
+# Organisation admins: create and list projects.
+OrgAdminPrincipal = Annotated[auth.Principal, Depends(require_org_admin)]

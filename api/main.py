@@ -19,6 +19,7 @@ from api import (
     observability,
     openai_errors,
     openapi_ids,
+    permissions,
     ratelimit,
     webhook_loop,
 )
@@ -32,10 +33,14 @@ from api.routes import (
     health,
     job_data,
     jobs,
+    keys,
     me,
+    members,
     openai_files,
     openai_jobs,
+    projects,
     quotas,
+    service_accounts,
     spec,
     streams,
     usage,
@@ -124,7 +129,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(audit_log.AuditLog, engine=engine, trusted_proxies=settings.trusted_proxies)
     observability.install(app)  # outermost: request ids and metrics cover every answer
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas)
-    for module in (*routers, usage, webhooks, audit, openai_files, openai_jobs):
+    access = (projects, members, service_accounts, keys)
+    for module in (*routers, usage, webhooks, audit, *access, openai_files, openai_jobs):
+        permissions.document(module.router)  # x-permission on each operation
         app.include_router(module.router)
 
     docs_ui.mount(app)

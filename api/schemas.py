@@ -420,6 +420,13 @@ class KeyRef(BaseModel):
 class Me(BaseModel):
     project: ProjectRef = Field(description="The project the key belongs to.")
     key: KeyRef = Field(description="The key used.")
+    role: Literal["viewer", "member", "admin"] = Field(
+        default="admin", description="The caller's role in the project now (its key's owner's)."
+    )
+    scopes: list[str] = Field(
+        default_factory=list, description="The key's scopes; a request needs role and scope."
+    )
+    org_admin: bool = Field(default=False, description="True for an organisation admin key.")
 
 
 class Status(BaseModel):

@@ -17,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchyard admin")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
-    boot = sub.add_parser("bootstrap", help="create a project (if absent) and an API key")
+    boot = sub.add_parser(
+        "bootstrap",
+        help="create a project (if absent) and an organisation admin key (may create projects)",
+    )
     boot.add_argument("--project", default="default")
     boot.add_argument("--key-name", default="bootstrap")
     args = parser.parse_args(argv)
@@ -31,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         project = auth.get_project_by_name(session=session, name=args.project)
         if project is None:
             project = auth.create_project(session=session, name=args.project)
-        secret = auth.create_api_key(session=session, project_id=project.id, name=args.key_name)
+        secret = auth.create_api_key(
+            session=session, project_id=project.id, name=args.key_name, org_admin=True
+        )
     print(f"project {project.name} ({project.id})", file=sys.stderr)
     print(f"TORCHYARD_API_KEY={secret}")
     return 0

@@ -98,6 +98,11 @@ class Project(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+# Every API-key scope (core.auth.Permission's values), in the order the API lists them.
+ALL_SCOPES = ("jobs:read", "jobs:write", "datasets:write", "admin")
+ALL_SCOPES_JSON = '["jobs:read", "jobs:write", "datasets:write", "admin"]'
+
+
 class ApiKey(Base):
     """An API key. Only the sha256 of the secret is stored; `prefix` finds the row."""
 
@@ -110,6 +115,21 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    # 0015_identity: who owns the key (a member or a service account; neither for keys made
+    # before 0015 and for owner-less keys, which use `role`), what it may do, and when.
+    member_id: Mapped[str | None] = mapped_column(
+        ForeignKey("project_members.id", ondelete="SET NULL"), default=None
+    )
+    service_account_id: Mapped[str | None] = mapped_column(
+        ForeignKey("service_accounts.id", ondelete="SET NULL"), default=None
+    )
+    scopes: Mapped[list[str]] = mapped_column(
+        JsonType, default=lambda: list(ALL_SCOPES), server_default=ALL_SCOPES_JSON
+    )
+    role: Mapped[str | None] = mapped_column(String(20), default="admin")
+    org_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Dataset(Base):
@@ -360,7 +380,7 @@ class JobNode(Base):
     # How this node failed: core.lifecycle.Failure.to_json(), None when it did not.
     failure: Mapped[dict[str, Any] | None] = mapped_column(JsonType, default=None)
     # CPU-seconds (user + system) of this node's torchrun process tree, measured by its worker
-    # while it runs and at its end (0011).
+    # while it runs and at its end (0013).
     cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
@@ -425,7 +445,7 @@ class WebhookSubscription(Base):
     `v1,` signature each) until it is removed, so a receiver can switch keys without a gap. The
     secrets are kept as is: HMAC signing needs them. `event_types` are exact types
     (`job.failed`) or prefixes ending in `*` (`job.*`, `*`). `alert_rules`: core.alerts
-    rules whose `alert.*` events go to this subscription only (0011).
+    rules whose `alert.*` events go to this subscription only (0012).
     """
 
     __tablename__ = "webhook_subscriptions"
@@ -547,3 +567,40 @@ class Quota(Base):
     monthly_slot_hours: Mapped[float | None] = mapped_column(Float, default=None)
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# --- Identity and access (issue 14, migration 0015_identity) ---------------------------------
+# Who may call a project: members (people, named by a subject such as an email) and service
+# accounts (CI, platforms), each with a role; an API key belongs to one of them and its scopes
+# narrow that role. Keys made before 0015 have no owner: their own `role` (admin) applies.
+
+
+class ProjectMember(Base):
+    """A person in a project with a role (`viewer` | `member` | `admin`)."""
+
+    __tablename__ = "project_members"
+    __table_args__ = (UniqueConstraint("project_id", "subject"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    subject: Mapped[str] = mapped_column(String(200))  # an email or an OIDC `sub`
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ServiceAccount(Base):
+    """A non-person caller (CI, a platform) with a role; disabling it stops all its keys."""
+
+    __tablename__ = "service_accounts"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(100))
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(default=None)

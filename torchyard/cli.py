@@ -20,6 +20,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from torchyard import launch
+from torchyard.access import keys_app, members_app
 from torchyard.client import Client
 from torchyard.code import code_app
 from torchyard.config import save_config
@@ -84,6 +85,8 @@ admin_app = typer.Typer(no_args_is_help=True, help="Database administration (ser
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(admin_app, name="admin")
 app.add_typer(code_app, name="code")
+app.add_typer(keys_app, name="keys")
+app.add_typer(members_app, name="members")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 app.command("usage")(usage_command)

@@ -24,6 +24,7 @@ import httpx
 from httpx_sse import connect_sse
 from pydantic import BaseModel
 
+from torchyard.access import Keys, Members
 from torchyard.code import Code
 from torchyard.config import load_config
 from torchyard.errors import ConnectionFailed, ServerError, error_from_response
@@ -79,6 +80,8 @@ class Client:
         self.exports = Exports(self)
         self.code = Code(self)
         self.usage = Usage(self)
+        self.keys = Keys(self)
+        self.members = Members(self)
 
     def __enter__(self) -> Client:
         return self

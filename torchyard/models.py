@@ -345,6 +345,9 @@ class Me(_Model):
 
     project: ProjectRef
     key: KeyRef
+    role: str = "admin"  # viewer | member | admin: the key owner's role now
+    scopes: list[str] = Field(default_factory=list)  # what the key may do within that role
+    org_admin: bool = False
 
 
 T = TypeVar("T")

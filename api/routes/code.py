@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api import uploads
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.schemas_code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
@@ -75,7 +75,7 @@ _BODY: dict[str, Any] = {
 async def upload_code(
     request: Request,
     response: Response,
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
 ) -> CodeArchive:
@@ -157,14 +157,14 @@ def _full(archive: models.CodeArchive) -> CodeArchive:
 
 
 @router.get("", response_model=CodeArchiveList)
-def list_code(principal: CurrentPrincipal, session: SessionDep) -> CodeArchiveList:
+def list_code(principal: ReadPrincipal, session: SessionDep) -> CodeArchiveList:
     """List the project's code archives, newest first (without their files)."""
     items = code_archives.list_all(session=session, project_id=principal.project_id)
     return CodeArchiveList(items=[CodeArchiveSummary(**_summary_fields(a)) for a in items])
 
 
 @router.get("/{code_id}", response_model=CodeArchive)
-def get_code(code_id: CodeId, principal: CurrentPrincipal, session: SessionDep) -> CodeArchive:
+def get_code(code_id: CodeId, principal: ReadPrincipal, session: SessionDep) -> CodeArchive:
     """Read one code archive, with its files."""
     archive = None
     if not unstorable(code_id):  # cannot be in the database otherwise, so it is not there

@@ -9,7 +9,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api import schemas, uploads
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.validation import require_storable, unstorable
@@ -41,7 +41,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 )
 def register_dataset(
     body: schemas.DatasetRegister,
-    principal: CurrentPrincipal,
+    principal: DatasetsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
 ) -> schemas.Dataset:
@@ -77,7 +77,7 @@ def register_dataset(
 )
 async def upload_dataset(
     request: Request,
-    principal: CurrentPrincipal,
+    principal: DatasetsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
 ) -> schemas.Dataset:
@@ -153,7 +153,7 @@ def _bad_name(msg: str, type_: str) -> InvalidInput:
 
 
 @router.get("", response_model=schemas.DatasetList)
-def list_datasets(principal: CurrentPrincipal, session: SessionDep) -> schemas.DatasetList:
+def list_datasets(principal: ReadPrincipal, session: SessionDep) -> schemas.DatasetList:
     """List the project's datasets, oldest first."""
     items = datasets.list_all(session=session, project_id=principal.project_id)
     return schemas.DatasetList(items=[schemas.Dataset.model_validate(d) for d in items])
@@ -161,7 +161,7 @@ def list_datasets(principal: CurrentPrincipal, session: SessionDep) -> schemas.D
 
 @router.get("/{dataset_id}", response_model=schemas.Dataset)
 def get_dataset(
-    dataset_id: DatasetId, principal: CurrentPrincipal, session: SessionDep
+    dataset_id: DatasetId, principal: ReadPrincipal, session: SessionDep
 ) -> schemas.Dataset:
     """Read one dataset."""
     if unstorable(dataset_id):  # cannot be in the database, so it is not there
@@ -183,7 +183,7 @@ def get_dataset(
 def preview_dataset(
     dataset_id: DatasetId,
     body: schemas.DatasetPreviewRequest,
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from api import schemas
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import JobId
 from api.validation import MAX_ID
@@ -41,7 +41,7 @@ _PATH = "/{job_id}/checkpoints/{checkpoint_id}/export"
 def request_export(
     job_id: JobId,
     checkpoint_id: CheckpointId,
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
@@ -67,7 +67,7 @@ def request_export(
 
 @router.get(_PATH, response_model=schemas.CheckpointExport)
 def get_export(
-    job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
+    job_id: JobId, checkpoint_id: CheckpointId, principal: ReadPrincipal, session: SessionDep
 ) -> schemas.CheckpointExport:
     """The export of a checkpoint: its state (a pending one's place in the export queue), and
     once ready its size and sha256."""
@@ -95,7 +95,7 @@ def _out(session: Session, export: models.CheckpointExport) -> schemas.Checkpoin
     },
 )
 def download_export(
-    job_id: JobId, checkpoint_id: CheckpointId, principal: CurrentPrincipal, session: SessionDep
+    job_id: JobId, checkpoint_id: CheckpointId, principal: ReadPrincipal, session: SessionDep
 ) -> StreamingResponse:
     """Download the export's `model.safetensors` (streamed); 409 until it is ready."""
     export = exports.get_or_raise(

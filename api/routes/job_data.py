@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api import schemas
-from api.deps import CurrentPrincipal, SessionDep
+from api.deps import ReadPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import After, JobId
 from core import exports, jobs, queries
@@ -19,7 +19,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONS
 @router.get("/{job_id}/events", response_model=schemas.EventPage)
 def job_events(
     job_id: JobId,
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -38,7 +38,7 @@ def job_events(
 @router.get("/{job_id}/metrics", response_model=schemas.Metrics)
 def job_metrics(
     job_id: JobId,
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     names: Annotated[
         str | None,
@@ -97,7 +97,7 @@ def job_metrics(
 @router.get("/{job_id}/logs", response_model=schemas.LogPage)
 def job_logs(
     job_id: JobId,
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     rank: Annotated[
         int | None, Query(ge=-1, le=2**31 - 1, description="One rank's lines; -1: launcher.")
@@ -118,7 +118,7 @@ def job_logs(
 
 @router.get("/{job_id}/checkpoints", response_model=schemas.CheckpointList)
 def job_checkpoints(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep
+    job_id: JobId, principal: ReadPrincipal, session: SessionDep
 ) -> schemas.CheckpointList:
     """The job's complete checkpoints, by step, each with its safetensors export if one was
     requested."""

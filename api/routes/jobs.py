@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from api import schemas
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
 from core import (
@@ -71,7 +71,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 )
 def submit_job(
     spec: Annotated[AnyJobSpec, Body()],
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
@@ -260,7 +260,7 @@ def _data_error(field: str, msg: str) -> InvalidInput:
 
 @router.get("", response_model=schemas.JobPage)
 def list_jobs(
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     settings: SettingsDep,
     state: Annotated[
@@ -360,7 +360,7 @@ def _decode_cursor(cursor: str, sort: str) -> job_list.After:
 
 @router.get("/{job_id}", response_model=schemas.Job)
 def get_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+    job_id: JobId, principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
 ) -> schemas.Job:
     """Read one job: a waiting one with `queue` (position, reason, estimated start), each
     with its usage so far (slot-seconds, CPU-seconds, cost)."""
@@ -370,7 +370,7 @@ def get_job(
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def cancel_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+    job_id: JobId, principal: JobsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> schemas.Job:
     """Cancel a job: at once when idle, via `cancelling` when running; 409 once it has ended."""
     job = jobs.cancel(session=session, job_id=job_id, project_id=principal.project_id)
@@ -380,7 +380,7 @@ def cancel_job(
 
 @router.post("/{job_id}/pause", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def pause_job(
-    job_id: JobId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+    job_id: JobId, principal: JobsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> schemas.Job:
     """Pause a job: a running one checkpoints and stops (`pausing`, then `paused`); a queued
     one leaves the queue. 409 in other states."""
@@ -392,7 +392,7 @@ def pause_job(
 @router.post("/{job_id}/resume", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def resume_job(
     job_id: JobId,
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
@@ -407,7 +407,7 @@ def resume_job(
 @router.post("/{job_id}/retry", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def retry_job(
     job_id: JobId,
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,

@@ -12,7 +12,7 @@ from sqlalchemy import select, tuple_
 from starlette.concurrency import run_in_threadpool
 
 from api import uploads
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.limits import content_length
 from core import datasets, jobs, openai_results, openai_view, storage
 from core.auth import new_id
@@ -31,7 +31,7 @@ FileId = Annotated[str, Path(max_length=100, description="The file's id (its dat
 
 @router.get("/models")
 def list_models(
-    principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+    principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """The base models this deployment fine-tunes, then the project's fine-tuned models."""
     data = openai_view.model_objects(session, settings, principal.project_id)
@@ -41,7 +41,7 @@ def list_models(
 @router.get("/models/{model_id:path}")
 def get_model(
     model_id: Annotated[str, Path(max_length=300)],
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def get_model(
 
 @router.post("/files")
 async def create_file(
-    request: Request, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+    request: Request, principal: DatasetsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Upload a JSONL file (multipart `file`, `purpose=fine-tune`) as a dataset of format
     `messages`, `prompt_completion` or `preference` (detected), checked record by record as
@@ -139,7 +139,7 @@ def _files(
 
 @router.get("/files")
 def list_files(
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     after: Annotated[
         str | None, Query(max_length=100, description="Id of the previous page's last file.")
@@ -200,7 +200,7 @@ def _result_object(job: Job, body: bytes) -> dict[str, Any]:
 
 
 @router.get("/files/{file_id}")
-def get_file(file_id: FileId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+def get_file(file_id: FileId, principal: ReadPrincipal, session: SessionDep) -> dict[str, Any]:
     """One file: an uploaded one, or a succeeded job's result file (`file-result-<job id>`,
     purpose `fine-tune-results`). 404 when the project has no such file."""
     job = _result_job(session, principal.project_id, file_id)
@@ -211,7 +211,7 @@ def get_file(file_id: FileId, principal: CurrentPrincipal, session: SessionDep) 
 
 @router.get("/files/{file_id}/content", response_model=None)
 def file_content(
-    file_id: FileId, principal: CurrentPrincipal, session: SessionDep
+    file_id: FileId, principal: ReadPrincipal, session: SessionDep
 ) -> StreamingResponse | Response:
     """The file's bytes as uploaded (streamed); a result file's CSV (`step,train_loss,
     train_accuracy,valid_loss,valid_mean_token_accuracy`), generated from the job's metrics."""
@@ -224,7 +224,7 @@ def file_content(
 
 @router.delete("/files/{file_id}")
 def delete_file(
-    file_id: FileId, principal: CurrentPrincipal, session: SessionDep, settings: SettingsDep
+    file_id: FileId, principal: DatasetsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Delete a file and, for an uploaded one, its stored bytes. 409 while a job that has not
     ended trains on it, and for a result file (a view of its job's metrics)."""

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.routes.jobs import check_submittable
 from core import jobs, openai_view
 from core.openai_spec import FineTuneCreate, build
@@ -24,7 +24,7 @@ Limit = Annotated[int, Query(ge=1, le=100)]
 @router.post("")
 def create_job(
     body: FineTuneCreate,
-    principal: CurrentPrincipal,
+    principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
@@ -44,7 +44,7 @@ def create_job(
 
 @router.get("")
 def list_jobs(
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     request: Request,
     after: After = None,
@@ -66,14 +66,16 @@ def list_jobs(
 
 
 @router.get("/{job_id}")
-def get_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+def get_job(job_id: FtJobId, principal: ReadPrincipal, session: SessionDep) -> dict[str, Any]:
     """One fine-tuning job; 404 for another project's."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     return openai_view.job_objects(session, [job])[0]
 
 
 @router.post("/{job_id}/cancel")
-def cancel_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+def cancel_job(
+    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep
+) -> dict[str, Any]:
     """Cancel (409 once it has ended); the status reads `cancelled` when it has stopped."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     job = jobs.cancel(session=session, job_id=job.id, project_id=principal.project_id)
@@ -82,7 +84,9 @@ def cancel_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep
 
 
 @router.post("/{job_id}/pause")
-def pause_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep) -> dict[str, Any]:
+def pause_job(
+    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep
+) -> dict[str, Any]:
     """Pause: a running job checkpoints and stops, a queued one leaves the queue; 409 else."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     job = jobs.pause(session=session, job_id=job.id, project_id=principal.project_id)
@@ -92,7 +96,7 @@ def pause_job(job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep)
 
 @router.post("/{job_id}/resume")
 def resume_job(
-    job_id: FtJobId, principal: CurrentPrincipal, session: SessionDep, request: Request
+    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, request: Request
 ) -> dict[str, Any]:
     """Resume a paused job from its latest checkpoint; 409 in other states."""
     job = openai_view.get_job(session, job_id, principal.project_id)
@@ -105,7 +109,7 @@ def resume_job(
 @router.get("/{job_id}/events")
 def list_events(
     job_id: FtJobId,
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     after: After = None,
     limit: Limit = 20,
@@ -119,7 +123,7 @@ def list_events(
 @router.get("/{job_id}/checkpoints")
 def list_checkpoints(
     job_id: FtJobId,
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     after: After = None,
     limit: Limit = 10,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
 from api import schemas
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
 from core import spec_yaml
@@ -58,7 +58,7 @@ def _pointer(path: tuple[str | int, ...]) -> str:
     openapi_extra={"requestBody": _TEXT_BODY},
 )
 def validate_spec(
-    principal: CurrentPrincipal,
+    principal: ReadPrincipal,
     session: SessionDep,
     settings: SettingsDep,
     text: Annotated[str, Depends(_text)],

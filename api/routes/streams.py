@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import _bearer
+from api.deps import _bearer, resolve_principal
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import JobId
 from api.streams import StreamHub, watch
@@ -21,7 +21,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONS
 def _authorize(request: Request, secret: str | None, job_id: int) -> None:
     # A session of its own, closed before the stream starts: a watcher holds no DB connection.
     with request.app.state.sessionmaker() as session:
-        principal = auth.authenticate(session=session, secret=secret)
+        principal = resolve_principal(request, session, secret)
+        request.state.principal = principal  # for the audit log of a refused stream
+        auth.check(principal, auth.Permission.READ)
         jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
 
 
@@ -29,6 +31,8 @@ def _authorize(request: Request, secret: str | None, job_id: int) -> None:
     "/{job_id}/stream",
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}}},
+    # It authenticates inside (a watcher holds no DB connection), so it names its permission.
+    openapi_extra={"x-permission": auth.Permission.READ.value},
 )
 async def job_stream(
     job_id: JobId,

@@ -42,6 +42,9 @@ def test_me_names_the_project_and_key(client: TestClient, project: ProjectKey) -
     assert body["project"] == {"id": project.project_id, "name": project.project_name}
     assert body["key"]["prefix"] == project.api_key[:10]
     assert set(body["key"]) == {"id", "name", "prefix"}
+    # A key made by `create_api_key` (as before roles existed): admin, every scope.
+    assert body["role"] == "admin" and body["org_admin"] is False
+    assert body["scopes"] == ["jobs:read", "jobs:write", "datasets:write", "admin"]
 
 
 @pytest.mark.parametrize(("method", "path"), PROTECTED)

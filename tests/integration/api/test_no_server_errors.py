@@ -50,6 +50,10 @@ def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> l
     ).json()["id"]
     code = upload(client, project, tar_gz(code_files())).json()["id"]
     jid = job["id"]
+    person, bot = {"subject": "a@x.org", "role": "viewer"}, {"name": "a", "role": "viewer"}
+    member = client.post("/v1/members", json=person, headers=project.headers).json()["id"]
+    account = client.post("/v1/service-accounts", json=bot, headers=project.headers).json()["id"]
+    key = client.post("/v1/keys", json={"name": "k"}, headers=project.headers).json()["id"]
     return [
         "/",
         "/healthz",
@@ -77,6 +81,16 @@ def paths(client: TestClient, project: ProjectKey, dataset: dict[str, Any]) -> l
         "/v1/code",
         f"/v1/code/{code}",
         "/v1/code/%ff%00",
+        "/v1/projects",
+        "/v1/members",
+        f"/v1/members/{member}",
+        "/v1/members/%ff%00",
+        "/v1/service-accounts",
+        f"/v1/service-accounts/{account}",
+        "/v1/service-accounts/%00",
+        "/v1/keys",
+        f"/v1/keys/{key}",
+        "/v1/keys/%ff%00",
         "/v1/../../etc/passwd",
     ]
 
