@@ -44,7 +44,12 @@ PUBLIC = {("get", "/healthz"), ("get", "/readyz"), ("get", "/v1/spec/schema")}
 BODIES: dict[str, Any] = {
     "datasets_preview": {},
     "access_update_member": {"role": "viewer"},
+    "quotas_set": {"max_slots": 2},
+    "webhooks_update": {"description": "renamed"},
 }
+# Path parameters that name something every project shares (a pool), not a resource of one
+# project: such routes act on the caller's own project and are not part of the 404 test.
+SHARED_PARAMS = {"pool"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,9 @@ def _operations() -> list[Operation]:
 
 
 OPERATIONS = _operations()
-WITH_PATH_PARAMS = [op for op in OPERATIONS if op.path_params]
+WITH_PATH_PARAMS = [
+    op for op in OPERATIONS if op.path_params and not SHARED_PARAMS & set(op.path_params)
+]
 
 
 @dataclass
@@ -99,6 +106,10 @@ class World:
     member_id: str = ""  # a member no principal below belongs to (so deleting it is harmless)
     account_id: str = ""
     key_id: str = ""
+    pool: str = ""
+    webhook_id: str = ""
+    secret_id: str = ""
+    delivery_id: str = ""
     principals: dict[str, tuple[auth.Principal, str]] = field(default_factory=dict)
 
 
@@ -111,6 +122,10 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("v1", "member_id"): lambda w: w.member_id,
     ("v1", "account_id"): lambda w: w.account_id,
     ("v1", "key_id"): lambda w: w.key_id,
+    ("v1", "pool"): lambda w: w.pool,
+    ("v1", "webhook_id"): lambda w: w.webhook_id,
+    ("v1", "secret_id"): lambda w: w.secret_id,
+    ("v1", "delivery_id"): lambda w: w.delivery_id,
     ("openai", "job_id"): lambda w: f"{JOB_PREFIX}{w.job_id}",
     ("openai", "file_id"): lambda w: w.file_id,
     ("openai", "model_id"): lambda w: w.model_id,
@@ -215,6 +230,15 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
         client, owner, "/v1/service-accounts", {"name": "victim", "role": "viewer"}
     )["id"]
     world.key_id = _post(client, owner, "/v1/keys", {"name": "victim"})["id"]
+    world.pool = pool
+    # A public address literal: no DNS lookup, and nothing is sent (no delivery loop in tests).
+    hook = _post(
+        client, owner, "/v1/webhooks", {"url": "https://93.184.216.34/hook", "event_types": ["*"]}
+    )
+    world.webhook_id, world.secret_id = hook["id"], hook["secret"]["id"]
+    ping = client.post(f"/v1/webhooks/{world.webhook_id}/ping", headers=owner.headers)
+    assert ping.status_code == 202, ping.text
+    world.delivery_id = str(ping.json()["id"])
     _principal_keys(client, engine, world)
     return world
 
