@@ -1,4 +1,4 @@
-"""0011_identity keeps keys made before it working exactly as before: owner-less admins with
+"""0015_identity keeps keys made before it working exactly as before: owner-less admins with
 every scope; and downgrading removes what it added."""
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         admin.dispose()
 
 
-def test_keys_made_before_0011_stay_admins_with_every_scope(empty_database: str) -> None:
+def test_keys_made_before_0015_stay_admins_with_every_scope(empty_database: str) -> None:
     url = empty_database
     config = alembic_config(url)
-    command.upgrade(config, "0010")
+    command.upgrade(config, "0014_quotas")
     engine = make_engine(url)
     secret = "ty_made-before-roles"
     try:
@@ -56,12 +56,12 @@ def test_keys_made_before_0011_stay_admins_with_every_scope(empty_database: str)
                 ),
                 {"h": auth.hash_key(secret), "t": utcnow()},
             )
-        command.upgrade(config, "0011_identity")
+        command.upgrade(config, "0015_identity")
         with Session(engine) as session:
             principal = auth.authenticate(session=session, secret=secret)
         assert principal.role == auth.Role.ADMIN and principal.scopes == auth.ALL_SCOPES
         assert not principal.org_admin
-        command.downgrade(config, "0010")
+        command.downgrade(config, "0014_quotas")
         tables = set(inspect(engine).get_table_names())
         assert not {"project_members", "service_accounts"} & tables
         columns = {c["name"] for c in inspect(engine).get_columns("api_keys")}
