@@ -2,9 +2,10 @@
 
 `pool_queue` replays the claim (`core.scheduling.claim_next`) forward in time: the live
 workers of the pool with their free devices, the running jobs that free theirs at their ETA
-(`running_eta_s`: the average step time so far times the steps left; unknown for a job that
-reports no steps or no `max_steps`), and the queued jobs, taken in claim order (quotas, fair
-share, priority, age) whenever one fits. A job's `position` is its place in that order
+(`core.progress.seconds_left`: the recent step time, else the run's average over all its
+attempts, times the steps left; unknown for a job that reports no steps or no `max_steps`),
+and the queued jobs, taken in claim order (quotas, fair share, priority, age) whenever one
+fits. A job's `position` is its place in that order
 (1-based; jobs the replay cannot place follow, in claim order), `estimated_start_at` when the
 replay places it (None when it depends on an unknown ETA, a budget, or a worker that does not
 exist). Jobs it places never end in the replay: their runtime is unknown.
@@ -27,7 +28,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core import quotas
+from core import progress, quotas
 from core.models import Job, JobNode, JobState, Worker, utcnow
 
 
@@ -70,19 +71,6 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def running_eta_s(
-    *, started_at: datetime | None, current_step: int | None, max_steps: int, now: datetime
-) -> float | None:
-    """Seconds a running job has left: its average step time since `started_at` times the
-    steps left; None when it reported no step yet or has no `max_steps` (a script job)."""
-    if started_at is None or not current_step or not max_steps or current_step >= max_steps:
-        return None
-    ran = (now - _aware(started_at)).total_seconds()
-    if ran <= 0:
-        return None
-    return ran / current_step * (max_steps - current_step)
-
-
 def _live_workers(
     session: Session, pool: str, now: datetime, worker_timeout_s: float
 ) -> dict[str, int]:
@@ -108,9 +96,12 @@ def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
             Job.id,
             Job.project_id,
             Job.slots,
+            Job.state,
             Job.started_at,
             Job.current_step,
             Job.max_steps,
+            Job.runtime_s,
+            Job.latest_metrics,
             quotas.job_size(),
         ).where(*holding)
     ).all()
@@ -123,10 +114,13 @@ def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
         nodes.setdefault(job_id, []).append((str(worker), len(devices) if devices else slots))
     out = []
     for row in active:
-        eta = running_eta_s(
-            started_at=row.started_at,
+        eta = progress.seconds_left(
+            state=row.state,
             current_step=row.current_step,
             max_steps=row.max_steps,
+            runtime_s=row.runtime_s,
+            started_at=row.started_at,
+            latest_metrics=row.latest_metrics,
             now=now,
         )
         if eta is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from core.models import Quota
-from core.queue_view import Queued, Release, replay, running_eta_s
+from core.queue_view import Queued, Release, replay
 from core.quotas import Standing, Use
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -49,10 +49,3 @@ def test_a_gang_needs_as_many_workers_as_nodes() -> None:
     assert order == [5] and starts == {}  # one worker with 4 free is not two nodes
     order, starts = replay([gang], _plan("a"), {"w1": 2, "w2": 2}, [], NOW, {5})
     assert starts == {5: NOW}
-
-
-def test_running_eta_is_the_average_step_time_times_the_steps_left() -> None:
-    started = NOW - timedelta(seconds=100)
-    assert running_eta_s(started_at=started, current_step=10, max_steps=30, now=NOW) == 200
-    assert running_eta_s(started_at=started, current_step=None, max_steps=30, now=NOW) is None
-    assert running_eta_s(started_at=started, current_step=10, max_steps=0, now=NOW) is None
