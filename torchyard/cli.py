@@ -17,7 +17,7 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from torchyard import launch
 from torchyard.access import keys_app, members_app
@@ -58,7 +58,12 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 class _Group(TyperGroup):
-    """Turns SDK errors into a red message and exit status 1 for every command."""
+    """Turns SDK errors into a red message and exit status 1 for every command, and names each
+    value in help by what it is (`KEY`, `SPEC`), not by Python type placeholders (`<str>`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _tidy_help(self)
 
     def invoke(self, ctx: ClickContext) -> Any:
         try:
@@ -72,6 +77,31 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             err.print(Text("interrupted", style="yellow"))
             raise typer.Exit(130) from None
+
+
+def _tidy_help(command: Any) -> None:
+    """Help without type placeholders: a flag shows no value, an option its name in capitals
+    (or the metavar it was given), an argument its metavar alone. Walks sub-commands."""
+    for param in command.params:
+        if isinstance(param, TyperOption):
+            if param.is_flag:
+                param.metavar = ""
+            elif param.metavar is None:
+                param.metavar = (param.name or "value").upper()
+        elif isinstance(param, TyperArgument):
+            param.metavar = param.metavar or (param.name or "value").upper()
+            param.display_type_rich = lambda ctx: None  # type: ignore[method-assign] # the metavar says it
+    plain_help = command.get_help_option
+
+    def get_help_option(ctx: ClickContext) -> Any:
+        option = plain_help(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        _tidy_help(sub)
 
 
 app = typer.Typer(
@@ -164,7 +194,10 @@ def submit(
     json_out: JsonOpt = False,
     poll: PollOpt = 1.0,
 ) -> None:
-    """Submit a job from a spec file."""
+    """Submit a job from a spec file.
+
+    Example: `torchyard submit spec.yaml --set train.max_steps=500 --follow`
+    """
     spec = apply_overrides(load_spec(spec_path), overrides or [])
     client = _client(ctx)
     if code is not None:
@@ -193,7 +226,10 @@ def list_jobs(
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 20,
     json_out: JsonOpt = False,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first.
+
+    Example: `torchyard jobs --state running --state queued`
+    """
     jobs = []
     for job in _client(ctx).jobs.iter(state=state, name=name, page_size=min(limit, 200)):
         jobs.append(job)
@@ -209,7 +245,10 @@ def list_jobs(
 
 @app.command()
 def show(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Show one job; a failed or restarted one starts with why it failed."""
+    """Show one job; a failed or restarted one starts with why it failed.
+
+    Example: `torchyard show 42`
+    """
     job = _client(ctx).jobs.get(job_id)
     if json_out:
         _print_json(job)
@@ -222,7 +261,10 @@ def show(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
 
 @app.command()
 def cancel(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Cancel a job (any state but a terminal one)."""
+    """Cancel a job (any state but a terminal one).
+
+    Example: `torchyard cancel 42`
+    """
     job = _client(ctx).jobs.cancel(job_id)
     if json_out:
         _print_json(job)
@@ -232,19 +274,28 @@ def cancel(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None
 
 @app.command()
 def pause(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Pause a job: a running one checkpoints and stops; `torchyard resume` continues it."""
+    """Pause a job: a running one checkpoints and stops; `torchyard resume` continues it.
+
+    Example: `torchyard pause 42`
+    """
     _print_job_state(_client(ctx).jobs.pause(job_id), json_out)
 
 
 @app.command()
 def resume(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Resume a paused job from its latest checkpoint."""
+    """Resume a paused job from its latest checkpoint.
+
+    Example: `torchyard resume 42`
+    """
     _print_job_state(_client(ctx).jobs.resume(job_id), json_out)
 
 
 @app.command()
 def retry(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Run a failed or cancelled job again from its latest checkpoint."""
+    """Run a failed or cancelled job again from its latest checkpoint.
+
+    Example: `torchyard retry 42`
+    """
     _print_job_state(_client(ctx).jobs.retry(job_id), json_out)
 
 
@@ -262,7 +313,10 @@ def follow(
     logs: Annotated[bool, typer.Option("--logs", help="Also print log lines.")] = False,
     poll: PollOpt = 1.0,
 ) -> None:
-    """Follow a job live until it ends; exit 1 unless it succeeded."""
+    """Follow a job live until it ends; exit 1 unless it succeeded.
+
+    Example: `torchyard follow 42 --logs`
+    """
     _follow_and_exit(_client(ctx), job_id, poll, logs=logs)
 
 
@@ -316,7 +370,10 @@ def logs(
 
 @app.command()
 def checkpoints(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """List a job's complete checkpoints with their ids and export state."""
+    """List a job's complete checkpoints with their ids and export state.
+
+    Example: `torchyard checkpoints 42 --json`
+    """
     items = _client(ctx).jobs.checkpoints(job_id)
     if json_out:
         _print_json(items)
@@ -333,7 +390,10 @@ def metrics(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show a job's metrics (last, min, max per metric; --json: every point)."""
+    """Show a job's metrics (last, min, max per metric; --json: every point).
+
+    Example: `torchyard metrics 42 --name loss --name eval_loss`
+    """
     series = _client(ctx).jobs.metrics(job_id, names=names)
     if json_out:
         _print_json(series)
@@ -343,7 +403,10 @@ def metrics(
 
 @datasets_app.command("list")
 def datasets_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """List the project's datasets."""
+    """List the project's datasets.
+
+    Example: `torchyard datasets list --json`
+    """
     items = _client(ctx).datasets.list()
     if json_out:
         _print_json(items)
@@ -374,7 +437,10 @@ def datasets_register(
     token_dtype: TokenDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Register a server-side file or directory as a dataset (a file's records are checked)."""
+    """Register a server-side file or directory as a dataset (a file's records are checked).
+
+    Example: `torchyard datasets register stdlib /usr/lib/python3.11`
+    """
     datasets = _client(ctx).datasets
     _print_dataset(datasets.register(name, uri, format=format, token_dtype=token_dtype), json_out)
 
@@ -389,7 +455,10 @@ def datasets_upload(
     json_out: JsonOpt = False,
 ) -> None:
     """Upload a local file (JSONL, .jsonl.gz/.zst, Parquet, .npy/.bin, text) as a dataset;
-    the server checks every record and refuses the file with each bad line listed."""
+    the server checks every record and refuses the file with each bad line listed.
+
+    Example: `torchyard datasets upload chat ./chat.jsonl --format messages`
+    """
     datasets = _client(ctx).datasets
     _print_dataset(datasets.upload(name, path, format=format, token_dtype=token_dtype), json_out)
 
@@ -400,7 +469,10 @@ def datasets_show(
     dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
     json_out: JsonOpt = False,
 ) -> None:
-    """Show one dataset with its stats (records, lengths, roles, duplicates, warnings)."""
+    """Show one dataset with its stats (records, lengths, roles, duplicates, warnings).
+
+    Example: `torchyard datasets show ds_0123abcd`
+    """
     _print_dataset(_client(ctx).datasets.get(dataset_id), json_out)
 
 
@@ -429,7 +501,10 @@ def datasets_preview(
     json_out: JsonOpt = False,
 ) -> None:
     """Show what a job would learn from the first records: supervised tokens highlighted in
-    green, the share per role, and the mask verifier's verdict (exit 1 when it refuses)."""
+    green, the share per role, and the mask verifier's verdict (exit 1 when it refuses).
+
+    Example: `torchyard datasets preview ds_0123abcd --num-examples 4`
+    """
     shown = _client(ctx).datasets.preview(
         dataset_id,
         model_path=model_path,
@@ -467,7 +542,10 @@ def login(
     ],
     verify: Annotated[bool, typer.Option(help="Check the key against the API first.")] = True,
 ) -> None:
-    """Save the API URL and key to the config file (used when no flag or env var is set)."""
+    """Save the API URL and key to the config file (used when no flag or env var is set).
+
+    Example: `torchyard login --url http://127.0.0.1:8000 --api-key ty_...`
+    """
     if verify:
         with Client(url, api_key) as client:
             me = client.me()
@@ -478,7 +556,10 @@ def login(
 
 @app.command()
 def whoami(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """Show the URL, project and key in use."""
+    """Show the URL, project and key in use.
+
+    Example: `torchyard whoami`
+    """
     client = _client(ctx)
     me = client.me()
     if json_out:
@@ -497,7 +578,10 @@ def api(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
 ) -> None:
-    """Run the HTTP API (uvicorn, api.main:create_app)."""
+    """Run the HTTP API (uvicorn, api.main:create_app).
+
+    Example: `torchyard api --host 0.0.0.0 --port 8000`
+    """
     launch.exec_argv(launch.api_argv(host, port))
 
 
@@ -508,7 +592,10 @@ def worker(
     ),
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
 ) -> None:
-    """Run the host's worker (Celery, threads pool): as many jobs at once as fit its devices."""
+    """Run the host's worker (Celery, threads pool): as many jobs at once as fit its devices.
+
+    Example: `torchyard worker --pool a100`
+    """
     launch.exec_argv(launch.worker_argv(pool, hostname))
 
 
@@ -530,13 +617,19 @@ def exporter(
 
 @app.command()
 def beat() -> None:
-    """Run the periodic scheduler (reaper, reconciler)."""
+    """Run the periodic scheduler (reaper, reconciler).
+
+    Example: `torchyard beat`
+    """
     launch.exec_argv(launch.beat_argv())
 
 
 @admin_app.command("migrate")
 def admin_migrate() -> None:
-    """Apply database migrations (TORCHYARD_DATABASE_URL)."""
+    """Apply database migrations (TORCHYARD_DATABASE_URL).
+
+    Example: `torchyard admin migrate` (with TORCHYARD_DATABASE_URL set)
+    """
     launch.exec_argv(launch.admin_argv("migrate"))
 
 
@@ -544,7 +637,10 @@ def admin_migrate() -> None:
 def admin_bootstrap(
     project: Annotated[str, typer.Option("--project", help="Project to create.")],
 ) -> None:
-    """Create a project and an API key; the last line is TORCHYARD_API_KEY=..."""
+    """Create a project and an API key; the last line is TORCHYARD_API_KEY=...
+
+    Example: `torchyard admin bootstrap --project vision`
+    """
     launch.exec_argv(launch.admin_argv("bootstrap", "--project", project))
 
 

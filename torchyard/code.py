@@ -219,13 +219,19 @@ def code_upload(
     name: Annotated[str | None, typer.Option("--name", help="Default: its name.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Upload training code (a directory is archived, minus what .gitignore ignores)."""
+    """Upload training code (a directory is archived, minus what .gitignore ignores).
+
+    Example: `torchyard code upload ./my_trainer --name trainer-v2`
+    """
     _show(_code(ctx).upload(path, name=name), json_out)
 
 
 @code_app.command("list")
 def code_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """List the project's code archives, newest first."""
+    """List the project's code archives, newest first.
+
+    Example: `torchyard code list`
+    """
     items = _code(ctx).list()
     if json_out:
         typer.echo("[" + ",".join(a.model_dump_json() for a in items) + "]")
@@ -239,5 +245,8 @@ def code_show(
     code_id: Annotated[str, typer.Argument(help="Archive id (code_...).", metavar="ID")],
     json_out: JsonOpt = False,
 ) -> None:
-    """Show one code archive and its files."""
+    """Show one code archive and its files.
+
+    Example: `torchyard code show code_0123abcd`
+    """
     _show(_code(ctx).get(code_id), json_out)

@@ -126,7 +126,10 @@ def export_command(
     ] = 600.0,
     poll_s: Annotated[float, typer.Option("--poll", help="Seconds between polls.", min=0.1)] = 1.0,
 ) -> None:
-    """Export a checkpoint to safetensors on the server, wait for it, and download it."""
+    """Export a checkpoint to safetensors on the server, wait for it, and download it.
+
+    Example: `torchyard export 42 7 --out model.safetensors`
+    """
     from torchyard.client import Client  # torchyard.client imports this module
 
     root = ctx.find_root().obj or {}

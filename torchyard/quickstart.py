@@ -393,7 +393,10 @@ def quickstart_command(
         ),
     ] = quickstart_examples.Example.gpt,
 ) -> None:
-    """Train a small GPT on real text end to end: API, worker and job, all local."""
+    """Train a small GPT on real text end to end: API, worker and job, all local.
+
+    Example: `torchyard quickstart --steps 300`
+    """
     opts = Options(
         home=home,
         data=data,

@@ -1,0 +1,59 @@
+"""Every CLI command's help names values by what they are and shows an example that parses
+(issue 15: no `<bool>`-style placeholders; an example in every command's help)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from torchyard.cli import app
+
+ROOT = typer.main.get_command(app)
+PLACEHOLDER = re.compile(r"<(bool|str|int|float|list|path|dict|tuple|datetime)[^>]*>")
+EXAMPLE = re.compile(r"Examples?: `?(torchyard [^`\n]+)")
+
+
+def _leaves(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    subs = getattr(command, "commands", None)
+    if subs:
+        for name, sub in subs.items():
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield path, command
+
+
+LEAVES = list(_leaves(ROOT))
+
+
+def test_every_command_is_found() -> None:
+    names = {" ".join(path) for path, _ in LEAVES}
+    assert {"submit", "logs", "datasets upload", "keys create", "export"} <= names
+
+
+@pytest.mark.parametrize(
+    ("path", "command"), LEAVES, ids=lambda v: " ".join(v) if isinstance(v, tuple) else ""
+)
+def test_help_has_no_type_placeholders_and_an_example_that_parses(
+    path: tuple[str, ...], command: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert not PLACEHOLDER.search(shown.output), shown.output
+    found = EXAMPLE.search(command.help or "")
+    assert found, f"`torchyard {' '.join(path)} --help` has no `Example: ...`"
+    words = [w for w in shlex.split(found[1]) if not re.match(r"^[A-Z_]+=", w)]
+    assert words[: 1 + len(path)] == ["torchyard", *path], found[1]
+    # Parsing the example's arguments checks every option and argument it uses exists (the
+    # local files it names are made, empty, in a scratch directory).
+    monkeypatch.chdir(tmp_path)
+    for word in words:
+        if word.startswith("./"):
+            Path(word).touch()
+    command.make_context(path[-1], words[1 + len(path) :])
