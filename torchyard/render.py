@@ -90,6 +90,16 @@ def format_rate(value: float | None) -> str:
     return f"{value:.0f}"
 
 
+def format_when(when: datetime | None, now: datetime | None = None) -> str:
+    """``2026-11-25 12:00:03 UTC (5m00s ago)``; ``-`` when unknown."""
+    if when is None:
+        return "-"
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    stamp = when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{stamp} ({format_age(when, now)})"
+
+
 def format_age(when: datetime | None, now: datetime | None = None) -> str:
     """``5m ago`` style; ``-`` when unknown."""
     if when is None:
@@ -196,9 +206,9 @@ def job_details(job: Job) -> Table:
         ("pool", Text(job.pool or "-")),
         *([("queue", Text(queue_text(job)))] if job.queue is not None else []),
         ("worker", Text(job.worker or "-")),
-        ("created", str(job.created_at or "-")),
-        ("started", str(job.started_at or "-")),
-        ("finished", str(job.finished_at or "-")),
+        ("created", format_when(job.created_at)),
+        ("started", format_when(job.started_at)),
+        ("finished", format_when(job.finished_at)),
         ("trained", format_duration(job.running_s)),
     ]
     if job.eta_s is not None:

@@ -15,6 +15,7 @@ from torchyard.render import (
     format_duration,
     format_rate,
     format_value,
+    format_when,
     job_details,
     jobs_table,
     log_line,
@@ -202,3 +203,9 @@ def test_waiting_jobs_show_their_place_reason_and_estimated_start() -> None:
     details = _text(job_details(queued))
     assert "queue" in details and "#3 quota gpus 2/2, starts in ~" in details
     assert "queue" not in _text(job_details(_job()))
+
+
+def test_times_show_the_utc_moment_and_how_long_ago() -> None:
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    assert format_when(now - timedelta(minutes=3), now) == "2026-11-25 11:57:00 UTC (3m00s ago)"
+    assert format_when(None, now) == "-"
