@@ -11,7 +11,8 @@ exist). Jobs it places never end in the replay: their runtime is unknown.
 
 Reasons: `quota gpus 2/2`, `quota running jobs 3/3`, `budget exhausted` (a quota of the
 project), `behind priority 50` (the highest priority ahead of it), `no free worker`,
-`claimable now` (a free worker fits it; a claim is under way), and for jobs that are not
+`claimable now` (a free worker fits it; a claim is under way), `preempting job 12` (jobs of
+lower priority checkpoint and yield their devices to it, `core.preempt`), and for jobs that are not
 queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other nodes),
 `paused`.
 """
@@ -27,7 +28,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core import quotas
+from core import preempt, quotas
 from core.models import Job, JobNode, JobState, Worker, utcnow
 
 
@@ -248,6 +249,7 @@ def pool_queue(
         {j.id for j in queued} if wanted is None else wanted & {j.id for j in queued},
     )
     by_id = {j.id: j for j in queued}
+    yielding = preempt.yielding(session=session, pool=pool)
     out: dict[int, QueueInfo] = {}
     highest = None
     for position, job_id in enumerate(order, start=1):
@@ -256,6 +258,11 @@ def pool_queue(
         reason = now_plan[job.project_id].blocked(job.size)
         if reason is None and highest is not None and highest > job.priority:
             reason = f"behind priority {highest}"
+        if job_id in yielding:
+            victims = yielding[job_id]
+            reason = f"preempting job{'s' if len(victims) > 1 else ''} " + ", ".join(
+                str(v) for v in victims
+            )
         if reason is None:
             reason = "claimable now" if start == now else "no free worker"
         out[job_id] = QueueInfo(position=position, reason=reason, estimated_start_at=start)
