@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from core import attempts, jobs, preempt, queue_view
+from core import attempts, jobs, preempt, queue_view, webhooks
 from core.db import session_scope
 from core.lifecycle import NodeEnd, Stop, decide
-from core.models import Job, JobEvent, JobNode, JobState, Worker, utcnow
+from core.models import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import tiny_spec, unique_queue
@@ -91,6 +91,14 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
     _run(engine, low, worker, ran_s=300)
     high = _submit(engine, project, pool, priority=50)
     enabled = _enabled(settings, pool)
+    with session_scope(engine) as s:
+        webhooks.create(
+            session=s,
+            project_id=project.project_id,
+            url="http://127.0.0.1:9/hook",
+            event_types=["job.preempting", "job.preempted"],
+            allow=["127.0.0.1/32"],
+        )
     with Session(engine) as s:
         assert pool not in preempt.candidate_pools(session=s, settings=settings)  # default off
         assert pool in preempt.candidate_pools(session=s, settings=enabled)
@@ -116,6 +124,17 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
     requeued = [e for e in events if e.state_from == "preempting"]
     assert [e.state_to for e in requeued] == ["queued"]
     assert requeued[0].data["cause"] == "preempted"
+    with Session(engine) as s:
+        sent = s.execute(
+            select(WebhookEvent.type, WebhookEvent.payload)
+            .where(WebhookEvent.project_id == project.project_id)
+            .order_by(WebhookEvent.id)
+        ).all()
+    assert [(t, p["job"]["id"]) for t, p in sent] == [
+        ("job.preempting", low),
+        ("job.preempted", low),
+    ]
+    assert sent[1].payload["data"]["for_job"] == high
 
 
 def test_no_preemption_for_equal_priority_a_young_job_or_a_pool_that_is_not_enabled(
