@@ -32,7 +32,7 @@ from tests.integration.workers.helpers import (
 )
 from workers.reconcile import reconcile
 
-LOW_STEPS = 24
+LOW_STEPS = 12
 
 
 def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpoint(
@@ -65,19 +65,20 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
             dataset_id=dataset_id,
             priority=0,
             train={"max_steps": LOW_STEPS},
-            checkpoint={"interval_steps": 4},
+            eval={"interval_steps": LOW_STEPS, "num_batches": 1},
+            checkpoint={"interval_steps": 3},
         )
         low = submit(engine, celery_client, project, low_spec)
-        wait_step(engine, low, 6, 120, "the low-priority job")
+        wait_step(engine, low, 4, 120, "the low-priority job")
         assert beat() == []  # nothing waits: nobody is preempted
 
         high_spec = tiny_spec(
             pool=pool,
             dataset_id=dataset_id,
             priority=50,
-            train={"max_steps": 4},
-            eval={"interval_steps": 4, "num_batches": 1},
-            checkpoint={"interval_steps": 4},
+            train={"max_steps": 2},
+            eval={"interval_steps": 2, "num_batches": 1},
+            checkpoint={"interval_steps": 2},
         )
         high = submit(engine, celery_client, project, high_spec)
         assert wait_for("the reconciler to preempt", beat, 30) == [low]
@@ -105,7 +106,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     (preempted,) = [e for e in events if e.kind == "preempted"]
     step = preempted.data["checkpoint_step"]
     assert preempted.data["for_job"] == high and preempted.attempt == 1
-    assert step is not None and step >= 6
+    assert step is not None and step >= 4
     saved = [e.data["step"] for e in events if e.kind == "checkpoint" and e.attempt == 1]
     assert saved[-1] == step  # the stop's own checkpoint
     started = next(e for e in events if e.state_to == "running" and e.attempt == 2)
