@@ -3,17 +3,18 @@
 `pool_queue` replays the claim (`core.scheduling.claim_next`) forward in time: the live
 workers of the pool with their free devices, the running jobs that free theirs at their ETA
 (`running_eta_s`: the average step time so far times the steps left; unknown for a job that
-reports no steps or no `max_steps`), and the queued jobs, taken in claim order (quotas, fair
-share, priority, age) whenever one fits. A job's `position` is its place in that order
-(1-based; jobs the replay cannot place follow, in claim order), `estimated_start_at` when the
-replay places it (None when it depends on an unknown ETA, a budget, or a worker that does not
-exist). Jobs it places never end in the replay: their runtime is unknown.
+reports no steps or no `max_steps`; now for a job cancelling, pausing or preempting), and the
+queued jobs, taken in claim order (quotas, fair share, priority, age) whenever one fits. A
+job's `position` is its place in that order (1-based; jobs the replay cannot place follow, in
+claim order), `estimated_start_at` when the replay places it (None when it depends on an
+unknown ETA, a budget, or a worker that does not exist). Jobs it places never end in the
+replay: their runtime is unknown.
 
 Reasons: `quota gpus 2/2`, `quota running jobs 3/3`, `budget exhausted` (a quota of the
 project), `behind priority 50` (the highest priority ahead of it), `no free worker`,
 `claimable now` (a free worker fits it; a claim is under way), `preempting job 12` (jobs of
-lower priority checkpoint and yield their devices to it, `core.preempt`), and for jobs that are not
-queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other nodes),
+lower priority checkpoint and yield their devices to it, `core.preempt`), and for jobs that
+are not queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other nodes),
 `paused`.
 """
 
@@ -102,7 +103,8 @@ def _live_workers(
 
 
 def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
-    """When each active job of the pool frees its devices, for those with a known ETA."""
+    """When each active job of the pool frees its devices, for those with a known ETA (a job
+    that is stopping, cancelling, pausing or preempting: now)."""
     holding = (Job.pool == pool, Job.state.in_(quotas.HOLDING))
     active = session.execute(
         select(
@@ -112,6 +114,7 @@ def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
             Job.started_at,
             Job.current_step,
             Job.max_steps,
+            Job.state,
             quotas.job_size(),
         ).where(*holding)
     ).all()
@@ -130,6 +133,8 @@ def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
             max_steps=row.max_steps,
             now=now,
         )
+        if row.state in preempt.LEAVING:  # checkpointing to stop: its devices free soon
+            eta = 0.0
         if eta is not None:
             at = now + timedelta(seconds=eta)
             out.append(Release(at, row.project_id, row[-1], tuple(nodes.get(row.id, ()))))

@@ -38,8 +38,8 @@ def _worker(engine: Engine, pool: str, total: int = 1) -> str:
     return name
 
 
-def _run(engine: Engine, job_id: int, worker: str, ran_s: float) -> None:
-    """Claim the job on `worker` and make it run for `ran_s` seconds."""
+def _run(engine: Engine, job_id: int, worker: str, ran_s: float, step: int | None = 10) -> None:
+    """Claim the job on `worker` and make it run for `ran_s` seconds, at `step` of 24."""
     with session_scope(engine) as s:
         job = jobs.claim(session=s, job_id=job_id, worker=worker)
         assert job is not None
@@ -47,7 +47,7 @@ def _run(engine: Engine, job_id: int, worker: str, ran_s: float) -> None:
         s.execute(
             update(Job)
             .where(Job.id == job_id)
-            .values(state=JobState.RUNNING, started_at=started, current_step=10, max_steps=24)
+            .values(state=JobState.RUNNING, started_at=started, current_step=step, max_steps=24)
         )
         s.add(
             JobNode(
@@ -88,7 +88,7 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
     pool = unique_queue("preempt-svc")
     worker = _worker(engine, pool)
     low = _submit(engine, project, pool, priority=0)
-    _run(engine, low, worker, ran_s=300)
+    _run(engine, low, worker, ran_s=300, step=None)  # no step yet: no ETA of its own
     high = _submit(engine, project, pool, priority=50)
     enabled = _enabled(settings, pool)
     with session_scope(engine) as s:
@@ -111,6 +111,7 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
         assert waiting is not None
         info = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[high]
     assert info.reason == f"preempting job {low}"
+    assert info.estimated_start_at is not None  # a preempting job frees its devices soon
 
     _end_attempt(engine, low)
     with Session(engine) as s:
