@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core import jobs, preempt
 from core.lifecycle import AttemptFacts, Decision, Failure, NodeEnd, Outcome, Policy
 from core.models import Job, JobState
 
@@ -87,6 +87,9 @@ def apply(
         jobs.transition(
             session=session, job_id=job.id, to=to, message=decision.message, values=values
         )
+    elif outcome is Outcome.PREEMPTED:
+        preempt.requeue(session=session, job=job, attempt=job.attempt, values=values)
+        return job.pool
     elif outcome is Outcome.FAILED:
         message = decision.message
         if failure is None:  # a limit (max_runtime_s, max_cost), not a failure of the code

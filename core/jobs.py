@@ -26,19 +26,22 @@ S = JobState
 # to-state -> the states it may be entered from
 ALLOWED_FROM: dict[JobState, frozenset[JobState]] = {
     # failed | cancelled -> queued only through `retry`
-    S.QUEUED: frozenset({S.STARTING, S.RESTARTING, S.PAUSED, S.FAILED, S.CANCELLED}),
+    S.QUEUED: frozenset({S.STARTING, S.RESTARTING, S.PAUSED, S.FAILED, S.CANCELLED, S.PREEMPTING}),
     S.STARTING: frozenset({S.QUEUED}),
     S.RUNNING: frozenset({S.STARTING}),
-    S.CANCELLING: frozenset({S.STARTING, S.RUNNING, S.PAUSING}),
+    S.CANCELLING: frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PREEMPTING}),
     S.CANCELLED: frozenset({S.QUEUED, S.CANCELLING, S.PAUSED, S.RESTARTING, S.STARTING}),
-    S.PAUSING: frozenset({S.STARTING, S.RUNNING}),
+    S.PAUSING: frozenset({S.STARTING, S.RUNNING, S.PREEMPTING}),
+    S.PREEMPTING: frozenset({S.RUNNING}),
     S.PAUSED: frozenset({S.PAUSING, S.QUEUED}),
     S.RESTARTING: frozenset({S.STARTING, S.RUNNING}),
-    S.SUCCEEDED: frozenset({S.RUNNING, S.CANCELLING, S.PAUSING}),
-    S.FAILED: frozenset({S.QUEUED, S.STARTING, S.RUNNING, S.CANCELLING, S.PAUSING, S.RESTARTING}),
+    S.SUCCEEDED: frozenset({S.RUNNING, S.CANCELLING, S.PAUSING, S.PREEMPTING}),
+    S.FAILED: frozenset(
+        {S.QUEUED, S.STARTING, S.RUNNING, S.CANCELLING, S.PAUSING, S.RESTARTING, S.PREEMPTING}
+    ),
 }
-# A trainer may be alive: the worker heartbeats, ingests, and acts on cancel / pause.
-ACTIVE_STATES = frozenset({S.STARTING, S.RUNNING, S.CANCELLING, S.PAUSING})
+# A trainer may be alive: the worker heartbeats, ingests, and acts on cancel / pause / preempt.
+ACTIVE_STATES = frozenset({S.STARTING, S.RUNNING, S.CANCELLING, S.PAUSING, S.PREEMPTING})
 
 _CAS_RETRIES = 5
 
@@ -210,7 +213,7 @@ def cancel(*, session: Session, job_id: int, project_id: str | None = None) -> J
         )
     if job.state == S.CANCELLING:
         return job
-    if job.state in (S.STARTING, S.RUNNING, S.PAUSING):
+    if job.state in (S.STARTING, S.RUNNING, S.PAUSING, S.PREEMPTING):
         return transition(
             session=session, job_id=job_id, to=S.CANCELLING, message="cancel requested"
         )
@@ -225,15 +228,15 @@ def _illegal(job: Job, action: str) -> Conflict:
 
 
 def pause(*, session: Session, job_id: int, project_id: str | None = None) -> Job:
-    """Pause: a queued job leaves the queue at once; a starting or running one goes to
-    `pausing` (its worker stops the trainer, which checkpoints) and then `paused`.
+    """Pause: a queued job leaves the queue at once; a starting, running or preempting one goes
+    to `pausing` (its worker stops the trainer, which checkpoints) and then `paused`.
 
     Idempotent while pausing or paused; Conflict in any other state. Does not commit.
     """
     job = get_or_raise(session=session, job_id=job_id, project_id=project_id)
     if job.state in (S.PAUSING, S.PAUSED):
         return job
-    if job.state in (S.STARTING, S.RUNNING):
+    if job.state in (S.STARTING, S.RUNNING, S.PREEMPTING):
         return transition(session=session, job_id=job_id, to=S.PAUSING, message="pause requested")
     if job.state == S.QUEUED:
         return transition(session=session, job_id=job_id, to=S.PAUSED, message="paused")

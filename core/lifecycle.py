@@ -8,7 +8,9 @@ No I/O here; `tests/unit/test_lifecycle.py` is the table of cases.
 An attempt is a gang of N >= 1 nodes. A node that *failed* (its trainer exited non-zero
 without the worker asking, or its worker ended it for a hang) ends the whole attempt at once:
 the other nodes find the attempt no longer theirs and kill their trainers. Any other end
-(success, a stop for cancel / pause / shutdown / max_runtime / budget) waits until every node ended.
+(success, a stop for cancel / pause / preempt / shutdown / max_runtime / budget) waits until every
+node ended. A job stopped for preemption (`preempting`) goes back to the queue without using
+any restart, whether its ranks exited cleanly or died of the stop.
 
 Restarts (after Determined's and Kubeflow's per-cause restart policies): a failure of class C
 restarts from the latest checkpoint while C's budget (`retries.on[C]`, else `max_restarts`;
@@ -49,6 +51,7 @@ class Stop(enum.StrEnum):
     LOST = "lost"  # fenced out: the attempt is no longer this worker's (never recorded)
     HANG = "hang"  # no step progress for the hang timeout (a watcher decided)
     BUDGET = "budget"  # the job's cost reached `limits.max_cost` (a watcher decided)
+    PREEMPT = "preempt"  # the job yields its devices to one of higher priority (core.preempt)
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
     PAUSED = "paused"
     HAND_BACK = "hand_back"  # back to the queue, no budget used (worker shutdown, preemption)
+    PREEMPTED = "preempted"  # back to the queue after a checkpoint for a higher priority job
     RESTART = "restart"  # back to the queue from the latest checkpoint; uses the budget
     FAILED = "failed"
 
@@ -186,7 +190,7 @@ class Decision:
 
     @property
     def requeues(self) -> bool:
-        return self.outcome in (Outcome.HAND_BACK, Outcome.RESTART)
+        return self.outcome in (Outcome.HAND_BACK, Outcome.RESTART, Outcome.PREEMPTED)
 
 
 def decide(facts: AttemptFacts) -> Decision:
@@ -205,6 +209,8 @@ def decide(facts: AttemptFacts) -> Decision:
         return Decision(Outcome.CANCELLED, "cancelled")
     if facts.state == JobState.PAUSING:
         return Decision(Outcome.PAUSED, "paused after a checkpoint")
+    if facts.state == JobState.PREEMPTING:
+        return Decision(Outcome.PREEMPTED, "preempted: requeued after a checkpoint")
     if Stop.SHUTDOWN in stops:
         return Decision(
             Outcome.HAND_BACK, f"worker shutting down; attempt {facts.attempt} handed back"
@@ -226,6 +232,8 @@ def _after_failure(facts: AttemptFacts, failure: Failure) -> Decision:
         return Decision(Outcome.CANCELLED, "cancelled")
     if facts.state == JobState.PAUSING:  # resume continues from the latest checkpoint
         return Decision(Outcome.PAUSED, "paused")
+    if facts.state == JobState.PREEMPTING:  # as a pause, but back to the queue
+        return Decision(Outcome.PREEMPTED, "preempted: requeued")
     cls = failure.failure_class
     what = f"attempt {facts.attempt} failed ({cls}): {failure.reason}"
     if cls is FailureClass.PREEMPTED:

@@ -82,6 +82,9 @@ class JobState(enum.StrEnum):
     # The trainer was asked to checkpoint and stop for a pause (as `cancelling` for a cancel).
     PAUSING = "pausing"
     PAUSED = "paused"
+    # The trainer was asked to checkpoint and stop for a job of higher priority (as `pausing`);
+    # the job then goes back to `queued` (core/preempt.py).
+    PREEMPTING = "preempting"
     RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"

@@ -36,6 +36,7 @@ STATUS = {
     JobState.RUNNING: "running",
     JobState.RESTARTING: "running",
     JobState.PAUSING: "running",
+    JobState.PREEMPTING: "running",
     JobState.CANCELLING: "running",
     JobState.PAUSED: "paused",
     JobState.SUCCEEDED: "succeeded",

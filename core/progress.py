@@ -16,7 +16,7 @@ from typing import Any
 from core.models import TERMINAL_STATES, Job, JobState
 
 # States in which an attempt's trainer runs, so its wall time so far counts.
-LIVE = frozenset({JobState.RUNNING, JobState.PAUSING, JobState.CANCELLING})
+LIVE = frozenset({JobState.RUNNING, JobState.PAUSING, JobState.PREEMPTING, JobState.CANCELLING})
 
 
 def _aware(when: datetime) -> datetime:

@@ -3,17 +3,18 @@
 `pool_queue` replays the claim (`core.scheduling.claim_next`) forward in time: the live
 workers of the pool with their free devices, the running jobs that free theirs at their ETA
 (`core.progress.seconds_left`: the recent step time, else the run's average over all its
-attempts, times the steps left; unknown for a job that reports no steps or no `max_steps`),
-and the queued jobs, taken in claim order (quotas, fair share, priority, age) whenever one
-fits. A job's `position` is its place in that order
-(1-based; jobs the replay cannot place follow, in claim order), `estimated_start_at` when the
-replay places it (None when it depends on an unknown ETA, a budget, or a worker that does not
-exist). Jobs it places never end in the replay: their runtime is unknown.
+attempts, times the steps left; unknown for a job that reports no steps or no `max_steps`; now
+for a job cancelling, pausing or preempting), and the queued jobs, taken in claim order
+(quotas, fair share, priority, age) whenever one fits. A job's `position` is its place in that
+order (1-based; jobs the replay cannot place follow, in claim order), `estimated_start_at` when
+the replay places it (None when it depends on an unknown ETA, a budget, or a worker that does
+not exist). Jobs it places never end in the replay: their runtime is unknown.
 
 Reasons: `quota gpus 2/2`, `quota running jobs 3/3`, `budget exhausted` (a quota of the
 project), `behind priority 50` (the highest priority ahead of it), `no free worker`,
-`claimable now` (a free worker fits it; a claim is under way), and for jobs that are not
-queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other nodes),
+`claimable now` (a free worker fits it; a claim is under way), `preempting job 12` (jobs of
+lower priority checkpoint and yield their devices to it, `core.preempt`), and for jobs that
+are not queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other nodes),
 `paused`.
 """
 
@@ -28,7 +29,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core import progress, quotas
+from core import preempt, progress, quotas
 from core.models import Job, JobNode, JobState, Worker, utcnow
 
 
@@ -89,7 +90,8 @@ def _live_workers(
 
 
 def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
-    """When each active job of the pool frees its devices, for those with a known ETA."""
+    """When each active job of the pool frees its devices, for those with a known ETA (a job
+    that is stopping, cancelling, pausing or preempting: now)."""
     holding = (Job.pool == pool, Job.state.in_(quotas.HOLDING))
     active = session.execute(
         select(
@@ -123,6 +125,8 @@ def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
             latest_metrics=row.latest_metrics,
             now=now,
         )
+        if row.state in preempt.LEAVING:  # checkpointing to stop: its devices free soon
+            eta = 0.0
         if eta is not None:
             at = now + timedelta(seconds=eta)
             out.append(Release(at, row.project_id, row[-1], tuple(nodes.get(row.id, ()))))
@@ -242,6 +246,7 @@ def pool_queue(
         {j.id for j in queued} if wanted is None else wanted & {j.id for j in queued},
     )
     by_id = {j.id: j for j in queued}
+    yielding = preempt.yielding(session=session, pool=pool)
     out: dict[int, QueueInfo] = {}
     highest = None
     for position, job_id in enumerate(order, start=1):
@@ -250,6 +255,11 @@ def pool_queue(
         reason = now_plan[job.project_id].blocked(job.size)
         if reason is None and highest is not None and highest > job.priority:
             reason = f"behind priority {highest}"
+        if job_id in yielding:
+            victims = yielding[job_id]
+            reason = f"preempting job{'s' if len(victims) > 1 else ''} " + ", ".join(
+                str(v) for v in victims
+            )
         if reason is None:
             reason = "claimable now" if start == now else "no free worker"
         out[job_id] = QueueInfo(position=position, reason=reason, estimated_start_at=start)

@@ -5,7 +5,7 @@ rows apply to a job of that pool. A None limit is no limit. Limits:
 
 - `max_slots`: devices (GPUs, CPU slots) the project's active jobs hold at once; a job holds
   `slots x nodes` (`resources.procs_per_node x resources.nodes`).
-- `max_running_jobs`: active jobs (starting, running, pausing, cancelling).
+- `max_running_jobs`: active jobs (starting, running, pausing, preempting, cancelling).
 - `max_queued_jobs`: queued jobs, checked at submission (`check_submit`: 429, Retry-After).
 - `monthly_slot_hours`: slot-hours (GPU-hours on GPU pools) in the calendar month (UTC),
   counted by `core.usage.slot_seconds`.
@@ -30,7 +30,13 @@ from core.models import Job, JobState, Quota, utcnow
 
 ALL_POOLS = "*"
 # Active states hold devices (core.jobs.ACTIVE_STATES, repeated to keep this module leaf-like).
-HOLDING = (JobState.STARTING, JobState.RUNNING, JobState.CANCELLING, JobState.PAUSING)
+HOLDING = (
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.CANCELLING,
+    JobState.PAUSING,
+    JobState.PREEMPTING,
+)
 LIMIT_FIELDS = ("max_slots", "max_running_jobs", "max_queued_jobs", "monthly_slot_hours")
 
 

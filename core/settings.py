@@ -198,7 +198,19 @@ class Settings(BaseSettings):
         "`requirements` (workers/venvs.py), one per requirement set, reused; default "
         "`TORCHYARD_HOME/venvs`.",
     )
-    # Quotas and request rates (issue 14): core/quotas.py, api/ratelimit.py.
+    # Quotas, preemption and request rates (issue 14): core/quotas.py, core/preempt.py,
+    # api/ratelimit.py.
+    preemption_pools: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Pools where a queued job of higher priority that does not fit preempts "
+        "running jobs of lower priority (they checkpoint and go back to the queue; "
+        "core/preempt.py): comma-separated or a JSON list, `*` for every pool; default none.",
+    )
+    preemption_min_run_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds a job's attempt runs before it may be preempted (no thrash).",
+    )
     quota_retry_after_s: int = Field(
         default=60,
         ge=1,
@@ -294,7 +306,7 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="Seconds a webhook receiver has to answer one delivery."
     )
 
-    @field_validator("webhook_allow", mode="before")
+    @field_validator("webhook_allow", "preemption_pools", mode="before")
     @classmethod
     def _split_allow(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -38,6 +38,7 @@ EVENT_TYPES = (
     "job.running",
     "job.pausing",
     "job.paused",
+    "job.preempting",
     "job.cancelling",
     "job.cancelled",
     "job.restarting",

@@ -36,6 +36,7 @@ STATE_STYLES = {
     "starting": "cyan",
     "running": "blue",
     "paused": "yellow",
+    "preempting": "yellow",
     "restarting": "yellow",
     "cancelling": "yellow",
     "succeeded": "green",

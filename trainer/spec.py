@@ -496,7 +496,9 @@ class JobBase(StrictSpec):
         default=0,
         ge=-100,
         le=100,
-        description="Scheduling priority within the pool: higher runs first, ties by age.",
+        description="Scheduling priority within the pool: higher runs first, ties by age. On a "
+        "pool with preemption on (`TORCHYARD_PREEMPTION_POOLS`), a queued job that does not fit "
+        "preempts running jobs of lower priority (they checkpoint and requeue).",
     )
 
     @property

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import datasets, gang, init_from, jobs, usage_report
+from core import datasets, gang, init_from, jobs, preempt, usage_report
 from core.errors import InvalidInput
 from core.jobs import ACTIVE_STATES
 from core.lifecycle import Failure, FailureClass, Outcome
@@ -172,11 +172,11 @@ def record_launch(
 
 
 def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
-    """End an attempt whose trainer never started: cancelled or paused when that was asked
-    for, else failed with `exc` as a `user_error` (an unknown dataset, an invalid spec) or
-    `infra` (an OSError preparing the run dir), or with `Unlaunched`'s own class, reason and
-    log tail; `MaxRuntime` and `BudgetSpent` are limits, not failure classes. Not retried.
-    Commits; returns the outcome."""
+    """End an attempt whose trainer never started: cancelled, paused or requeued (preempted)
+    when that was asked for, else failed with `exc` as a `user_error` (an unknown dataset, an
+    invalid spec) or `infra` (an OSError preparing the run dir), or with `Unlaunched`'s own
+    class, reason and log tail; `MaxRuntime` and `BudgetSpent` are limits, not failure classes.
+    Not retried. Commits; returns the outcome."""
     current = session.get(Job, job.id, populate_existing=True)
     if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
         return "lost"
@@ -188,6 +188,10 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
         jobs.transition(session=session, job_id=job.id, to=JobState.PAUSED, message="paused")
         session.commit()
         return Outcome.PAUSED
+    if current.state == JobState.PREEMPTING:  # the pool's next wake or re-send claims it
+        preempt.requeue(session=session, job=current, attempt=job.attempt)
+        session.commit()
+        return Outcome.PREEMPTED
     error = str(getattr(exc, "message", None) or exc)
     data: dict[str, Any] = {"attempt": job.attempt}
     values: dict[str, Any] = {"error": error}

@@ -213,7 +213,7 @@ def _prepare(
         except SQLAlchemyError:
             log.exception("job %s: heartbeat while preparing failed", job.id)
             return True
-        return state not in (None, JobState.CANCELLING, JobState.PAUSING)
+        return state not in (None, JobState.CANCELLING, JobState.PAUSING, JobState.PREEMPTING)
 
     return plan.prepare(
         settings, factory, job, node_rank=_node_dir(job, node_rank), node_index=node_rank, beat=beat
@@ -308,7 +308,8 @@ def _assemble(
                 current = session.get(Job, job.id, populate_existing=True)
                 if current is None or current.attempt != job.attempt:
                     return "lost"
-                if current.state in (JobState.CANCELLING, JobState.PAUSING) and leader:
+                stopping = (JobState.CANCELLING, JobState.PAUSING, JobState.PREEMPTING)
+                if current.state in stopping and leader:
                     return fail_unlaunched(session, job, RuntimeError("stopped"))
                 if current.state != JobState.STARTING:
                     return f"gang {current.state}"

@@ -13,6 +13,8 @@
   the budget lasts, else failed; cancelling -> cancelled, pausing -> paused), applied by
   `core.attempts.apply` in the transaction that holds the job's row lock and re-checked the
   loss. No policy here.
+- Priority preemption (`core.preempt`) on the pools `TORCHYARD_PREEMPTION_POOLS` enables:
+  running jobs of lower priority yield to a queued job that does not fit.
 - A job `queued` for longer than `redispatch_after_s` may have lost its message (broker
   restart, a send that failed after the commit): send `workers.run_job` again. A duplicate is
   harmless, the claim fences it.
@@ -49,6 +51,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
+from core import preempt
 from core.attempts import apply, facts_for
 from core.jobs import ACTIVE_STATES
 from core.lifecycle import Failure, FailureClass, Outcome, decide
@@ -67,11 +70,13 @@ class Report:
     failed: list[int] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
     paused: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
 
 
 _REPORTED = {
     Outcome.RESTART: "requeued",
     Outcome.HAND_BACK: "requeued",
+    Outcome.PREEMPTED: "requeued",
     Outcome.FAILED: "failed",
     Outcome.CANCELLED: "cancelled",
     Outcome.PAUSED: "paused",
@@ -116,6 +121,9 @@ def reconcile(
         dispatch=dispatch,
         scope=Scope(now=now, silence=silence, pools=pools),
     )
+    report.preempted = preempt_pools(
+        settings=settings, session_factory=session_factory, pools=pools
+    )
     cutoff = now - timedelta(seconds=redispatch_after_s)
     with session_factory() as session:
         query = select(Job.id, Job.pool, Job.updated_at).where(
@@ -139,6 +147,30 @@ def reconcile(
     if any(dataclasses.astuple(report)):
         log.info("reconcile: %s", report)
     return report
+
+
+def preempt_pools(
+    *,
+    settings: Settings,
+    session_factory: Callable[[], Session],
+    pools: Sequence[str] | None = None,
+) -> list[int]:
+    """Preempt for higher-priority queued jobs on every enabled pool (only `pools` when given)
+    where one outranks a running job; the jobs moved to `preempting`. One transaction per pool;
+    a pool that fails is logged and tried again next period."""
+    with session_factory() as session:
+        found = preempt.candidate_pools(session=session, settings=settings)
+    victims: list[int] = []
+    for pool in found:
+        if pools is not None and pool not in pools:
+            continue
+        try:
+            with session_factory() as session:
+                victims += preempt.preempt_pool(session=session, pool=pool, settings=settings)
+                session.commit()
+        except Exception:
+            log.exception("pool %r: preemption failed; tried again next period", pool)
+    return sorted(victims)
 
 
 def reap(

@@ -176,6 +176,8 @@ class Supervisor:
             self._begin_stop(Stop.CANCEL)
         elif state == JobState.PAUSING and self.stop is None:
             self._begin_stop(Stop.PAUSE)
+        elif state == JobState.PREEMPTING and self.stop is None:
+            self._begin_stop(Stop.PREEMPT)
 
     def _flush(self) -> str | None:
         try:

@@ -19,6 +19,7 @@ from trainer.spec import RetrySpec
 
 C = FailureClass
 RUNNING, CANCELLING, PAUSING = JobState.RUNNING, JobState.CANCELLING, JobState.PAUSING
+PREEMPTING = JobState.PREEMPTING
 
 
 def ok(node: int = 0, *, completed: bool = True) -> NodeEnd:
@@ -69,6 +70,22 @@ TABLE: list[tuple[str, AttemptFacts, Outcome]] = [
     ("cancel stop", facts(stopped(Stop.CANCEL, code=1), state=CANCELLING), Outcome.CANCELLED),
     ("ranks died of the cancel", facts(failed(C.INFRA), state=CANCELLING), Outcome.CANCELLED),
     ("pause stop", facts(stopped(Stop.PAUSE), state=PAUSING), Outcome.PAUSED),
+    ("preempt stop requeues", facts(stopped(Stop.PREEMPT), state=PREEMPTING), Outcome.PREEMPTED),
+    (
+        "ranks died of the preempt stop: requeued, no budget",
+        facts(failed(C.INFRA), state=PREEMPTING, used=2, by_class={"infra": 2}),
+        Outcome.PREEMPTED,
+    ),
+    (
+        "completed before the preemption arrived",
+        facts(ok(), state=PREEMPTING),
+        Outcome.SUCCEEDED,
+    ),
+    (
+        "gang: a preempted node waits for the others",
+        facts(stopped(Stop.PREEMPT), state=PREEMPTING, nodes=2),
+        Outcome.WAIT,
+    ),
     ("shutdown hands back", facts(stopped(Stop.SHUTDOWN)), Outcome.HAND_BACK),
     ("shutdown ignores a spent budget", facts(stopped(Stop.SHUTDOWN), used=2), Outcome.HAND_BACK),
     ("max_runtime fails without a class", facts(stopped(Stop.MAX_RUNTIME)), Outcome.FAILED),
@@ -134,6 +151,7 @@ TABLE: list[tuple[str, AttemptFacts, Outcome]] = [
     ("lost node restarts", facts(lost=LOST), Outcome.RESTART),
     ("lost node while cancelling", facts(state=CANCELLING, lost=LOST), Outcome.CANCELLED),
     ("lost node while pausing", facts(state=PAUSING, lost=LOST), Outcome.PAUSED),
+    ("lost node while preempting", facts(state=PREEMPTING, lost=LOST), Outcome.PREEMPTED),
     (
         "lost node, budget spent",
         facts(used=2, by_class={"node_lost": 2}, lost=LOST),

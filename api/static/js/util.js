@@ -19,7 +19,7 @@ export function h(tag, attrs = {}, ...children) {
 
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 export const STATES = [
-  "queued", "starting", "running", "pausing", "paused", "restarting", "cancelling",
+  "queued", "starting", "running", "pausing", "paused", "preempting", "restarting", "cancelling",
   "succeeded", "failed", "cancelled",
 ];
 

@@ -1,0 +1,122 @@
+"""Priority preemption with a real worker of one CPU slot and real torchrun: a running job of
+low priority checkpoints and goes back to the queue for a job of higher priority (the
+reconciler decides, as Celery beat runs it), which runs to success; the low one then resumes
+from its checkpoint, with no restart counted and every step trained once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core import queue_view
+from core.db import session_factory
+from core.models import Job
+from core.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.helpers import (
+    TERMINAL,
+    job_events,
+    job_row,
+    metric_series,
+    send,
+    start_worker,
+    submit,
+    tiny_spec,
+    unique_queue,
+    wait_for,
+    wait_state,
+    wait_step,
+)
+from workers.reconcile import reconcile
+
+LOW_STEPS = 12
+
+
+def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpoint(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    dataset_id: str,
+) -> None:
+    pool = unique_queue("preempt")
+    enabled = settings.model_copy(update={"preemption_pools": [pool], "preemption_min_run_s": 0.0})
+
+    def beat() -> list[int]:
+        """One reconcile of this pool, as Celery beat sends it every 2 s."""
+        return reconcile(
+            settings=enabled,
+            session_factory=session_factory(engine),
+            dispatch=lambda job_id, queue: send(celery_client, job_id, queue),
+            redispatch_after_s=600.0,
+            pools=[pool],
+        ).preempted
+
+    worker = start_worker(
+        settings=settings, client=celery_client, queue=pool, log_dir=worker_logs, slots=1
+    )
+    try:
+        low_spec = tiny_spec(
+            pool=pool,
+            dataset_id=dataset_id,
+            priority=0,
+            train={"max_steps": LOW_STEPS},
+            eval={"interval_steps": LOW_STEPS, "num_batches": 1},
+            checkpoint={"interval_steps": 3},
+        )
+        low = submit(engine, celery_client, project, low_spec)
+        wait_step(engine, low, 4, 120, "the low-priority job")
+        assert beat() == []  # nothing waits: nobody is preempted
+
+        high_spec = tiny_spec(
+            pool=pool,
+            dataset_id=dataset_id,
+            priority=50,
+            train={"max_steps": 2},
+            eval={"interval_steps": 2, "num_batches": 1},
+            checkpoint={"interval_steps": 2},
+        )
+        high = submit(engine, celery_client, project, high_spec)
+        assert wait_for("the reconciler to preempt", beat, 30) == [low]
+        with Session(engine) as s:
+            waiting = s.get(Job, high)
+            assert waiting is not None
+            infos = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=10.0)
+        if job_row(engine, low).state == "preempting":  # read before the worker acted on it
+            assert infos[high].reason == f"preempting job {low}"
+
+        done = wait_state(engine, high, TERMINAL, 120, worker)
+        assert done.state == "succeeded", done.error
+        resumed = wait_state(engine, low, TERMINAL, 120, worker)
+        assert resumed.state == "succeeded", resumed.error
+    finally:
+        worker.stop()
+
+    assert resumed.attempt == 2 and resumed.restarts_used == 0
+    events = job_events(engine, low)
+    states = [(e.state_from, e.state_to) for e in events if e.kind == "state"]
+    assert ("running", "preempting") in states and ("preempting", "queued") in states
+    assert not any(to in ("restarting", "paused", "failed") for _, to in states)
+    (preempting,) = [e for e in events if e.state_to == "preempting"]
+    assert preempting.data["for_job"] == high
+    (preempted,) = [e for e in events if e.kind == "preempted"]
+    step = preempted.data["checkpoint_step"]
+    assert preempted.data["for_job"] == high and preempted.attempt == 1
+    assert step is not None and step >= 4
+    saved = [e.data["step"] for e in events if e.kind == "checkpoint" and e.attempt == 1]
+    assert saved[-1] == step  # the stop's own checkpoint
+    started = next(e for e in events if e.state_to == "running" and e.attempt == 2)
+    assert started.data["start_step"] == step
+    # No step lost, none trained twice: the second attempt continues from the checkpoint.
+    assert [p.step for p in metric_series(engine, low, "loss")] == list(range(1, LOW_STEPS + 1))
+
+    # The high-priority job ran between the preemption and the low job's second attempt.
+    high_events = job_events(engine, high)
+    high_claimed = next(e for e in high_events if e.state_to == "starting")
+    high_done = next(e for e in high_events if e.state_to == "succeeded")
+    assert high_claimed.created_at >= preempting.created_at
+    assert started.created_at >= high_done.created_at
