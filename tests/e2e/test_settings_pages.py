@@ -1,12 +1,13 @@
 """The settings pages in a real browser at 1366x768, against the live API (issue 14, "Settings
 pages: members and roles, keys, webhooks, quotas; all through the public REST API").
 
-An admin adds a member and changes their role, creates a scoped key whose secret (shown once)
-works against the API within its scope and answers 401 once revoked from the page, subscribes
-a webhook and pings it (the delivery loop is off in tests: the ping's delivery row stays
-pending, which is what the log shows), and sets a quota. The API's refusals (409, 403, 422
-with its field path) show beside the form that caused them. A viewer sees the same pages
-read-only. Waits are Playwright's, no sleeps."""
+An admin adds a member, changes their role and removes them; creates a scoped key whose secret
+(shown once) works against the API within its scope and answers 401 once revoked from the page;
+gives a CI service account a `jobs:write` key that answers 401 once the account is disabled;
+subscribes a webhook, pings it (the delivery loop is off in tests: the ping's delivery row
+stays pending, which is what the log shows) and rotates its secret; and sets a quota. The
+API's refusals (409, 403, 422 with its field path) show beside the form that caused them. A
+viewer sees the same pages read-only. Waits are Playwright's, no sleeps."""
 
 from __future__ import annotations
 
@@ -104,6 +105,57 @@ def revoke_key(dash: Dash, live_api: str, secret: str) -> None:
         assert key.get("/v1/jobs").status_code == 401
 
 
+def service_account_key(dash: Dash, live_api: str) -> None:
+    """A CI service account gets a `jobs:write` key; disabling the account makes it 401."""
+    page = open_section(dash, "service-accounts")
+    page.fill("#sa-name", "ci")
+    page.select_option("#sa-role", "member")
+    page.click("#sa-form button[type=submit]")
+    expect(page.locator("#sa-table tr[data-name='ci'] td").nth(1)).to_have_text("member")
+    page = open_section(dash, "keys")
+    page.fill("#key-name", "ci-submit")
+    page.select_option("#key-owner", label="service account ci")
+    expect(page.locator("#key-role")).to_be_disabled()  # the owner's role holds
+    page.check("#key-scopes input[value='jobs:write']")
+    page.click("#key-form button[type=submit]")
+    secret = page.locator("#key-secret").inner_text()
+    row = page.locator("#keys-table tr[data-name='ci-submit']")
+    expect(row.locator("td.owner")).to_have_text("service account ci")
+    expect(row.locator("td.scopes")).to_have_text("jobs:write")
+    headers = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=live_api, headers=headers) as key:
+        assert key.get("/v1/jobs").status_code == 403  # jobs:write only, no jobs:read
+        page = open_section(dash, "service-accounts")
+        disable = page.locator("#sa-table tr[data-name='ci'] td.actions button")
+        disable.click()
+        disable.click()
+        expect(page.locator("#sa-table tr[data-name='ci'] td").nth(3)).to_contain_text("disabled")
+        assert key.get("/v1/jobs").status_code == 401
+
+
+def rotate_and_remove(dash: Dash, api: httpx.Client, hook_id: str) -> None:
+    """Rotating adds a secret (shown once); the old one is deleted from its chip."""
+    page = dash.page
+    row = page.locator(f"#webhooks-table tr[data-webhook-id='{hook_id}']")
+    row.locator("button.rotate").click()
+    expect(page.locator("#webhook-secret-value")).to_contain_text("whsec_")
+    expect(row.locator("td.secrets .label")).to_have_count(2)
+    (old, new) = api.get(f"/v1/webhooks/{hook_id}").json()["secrets"]
+    row.locator(f"td.secrets [data-secret-id='{old['id']}'] button").click()
+    expect(row.locator("td.secrets .label")).to_have_count(1)
+    expect(row.locator(f"td.secrets [data-secret-id='{new['id']}']")).to_be_visible()
+
+
+def remove_member(dash: Dash, api: httpx.Client) -> None:
+    page = open_section(dash, "members")
+    remove = page.locator("#members-table tr[data-subject='ada@example.com'] td.actions button")
+    remove.click()
+    remove.click()
+    expect(page.locator("#settings-body .done")).to_have_text("ada@example.com was removed.")
+    expect(page.locator("#members-table tr[data-subject]")).to_have_count(0)
+    assert api.get("/v1/members").json()["items"] == []
+
+
 def subscribe_and_ping(dash: Dash, api: httpx.Client) -> None:
     """A loopback URL is refused (422 at `body.url`, the field marked); a public one subscribes,
     shows its signing secret once, and a ping's pending delivery appears in its log."""
@@ -133,6 +185,7 @@ def subscribe_and_ping(dash: Dash, api: httpx.Client) -> None:
     expect(page.locator(f"#deliveries-{hook['id']} tr[data-event-type='ping']")).to_have_count(1)
     assert dash.fits_width()
     dash.shot("settings-webhooks")
+    rotate_and_remove(dash, api, hook["id"])
 
 
 def set_quota(dash: Dash, api: httpx.Client) -> None:
@@ -159,6 +212,8 @@ def test_an_admin_manages_members_keys_webhooks_and_quotas(
     secret = create_scoped_key(admin, live_api)
     revoke_key(admin, live_api, secret)
     assert admin.fits_width()
+    service_account_key(admin, live_api)
+    remove_member(admin, api)
     subscribe_and_ping(admin, api)
     set_quota(admin, api)
     admin.shot("settings-quotas")
