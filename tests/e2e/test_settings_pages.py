@@ -16,7 +16,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
+from sqlalchemy import Engine
 
+from core import auth
+from core.db import session_scope
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
 
@@ -243,3 +246,33 @@ def test_a_viewer_sees_the_settings_read_only(
             expect(page.locator("#settings-body button")).to_have_count(0)
         assert dash.fits_width()
         dash.shot("settings-viewer-dark")
+
+
+def test_an_org_admin_creates_a_project_whose_first_key_is_shown_once(
+    browser: Browser, live_api: str, engine: Engine, owner: ProjectKey
+) -> None:
+    with session_scope(engine) as s:
+        org_key = auth.create_api_key(session=s, project_id=owner.project_id, org_admin=True)
+    name = f"dash-{owner.project_name}"
+    with new_dash(browser, live_api, org_key, viewport=LAPTOP) as dash:
+        page = dash.page
+        dash.open("/settings/projects")
+        page.wait_for_selector("main[data-loaded]")
+        mine = page.locator(f"#projects-table tr[data-name='{owner.project_name}']")
+        expect(mine).to_contain_text("this key's")
+        page.fill("#project-name", name)
+        page.click("#project-form button[type=submit]")
+        secret = page.locator("#project-key-secret").inner_text()
+        expect(page.locator(f"#projects-table tr[data-name='{name}']")).to_be_visible()
+        dash.console.expect_status(409)
+        page.fill("#project-name", name)
+        page.click("#project-form button[type=submit]")
+        expect(page.locator("#project-form .form-errors")).to_contain_text("Conflict (409)")
+    with httpx.Client(base_url=live_api, headers={"Authorization": f"Bearer {secret}"}) as key:
+        me = key.get("/v1/me").json()
+    assert (me["project"]["name"], me["role"], me["org_admin"]) == (name, "admin", False)
+    with new_dash(browser, live_api, owner.api_key) as dash:
+        dash.open("/settings/projects")  # a project admin: the notice, and no tab for it
+        dash.page.wait_for_selector("main[data-loaded]")
+        expect(dash.page.locator("#admin-only")).to_contain_text("organisation admins only")
+        expect(dash.page.locator("#settings-nav a[data-section='projects']")).to_have_count(0)

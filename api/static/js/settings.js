@@ -9,6 +9,7 @@ import { adminOnly, isAdmin } from "./settings_common.js";
 import { keysSection, membersSection, serviceAccountsSection } from "./settings_access.js";
 import { webhooksSection } from "./settings_webhooks.js";
 import { quotasSection } from "./settings_quotas.js";
+import { projectsSection } from "./settings_projects.js";
 
 const SECTIONS = [
   { id: "members", title: "Members", admin: true, render: membersSection },
@@ -17,6 +18,8 @@ const SECTIONS = [
   { id: "keys", title: "API keys", admin: true, render: keysSection },
   { id: "webhooks", title: "Webhooks", admin: true, render: webhooksSection },
   { id: "quotas", title: "Quotas", admin: false, render: quotasSection },
+  // organisation admins only; the tab is not shown to anyone else
+  { id: "projects", title: "Projects", orgAdmin: true, render: projectsSection },
 ];
 
 export function settingsPage(root, sectionId) {
@@ -29,7 +32,7 @@ export function settingsPage(root, sectionId) {
     const admin = isAdmin(me);
     const section = SECTIONS.find((s) => s.id === sectionId)
       ?? (admin ? SECTIONS[0] : SECTIONS.find((s) => s.id === "quotas"));
-    for (const s of SECTIONS) {
+    for (const s of SECTIONS.filter((x) => !x.orgAdmin || me.org_admin)) {
       const locked = s.admin && !admin ? h("span", { class: "label" }, "admins") : "";
       tabs.append(h("a", { href: `#/settings/${s.id}`, dataset: { section: s.id },
         class: s === section ? "active" : "" }, s.title, locked));
@@ -37,8 +40,8 @@ export function settingsPage(root, sectionId) {
     tabs.append(h("a", { href: "#/usage", dataset: { section: "usage" } }, "Usage ↗"));
     root.dataset.role = me.role;
     root.dataset.section = section.id;
-    if (section.admin && !admin) {
-      body.append(adminOnly(me, section.title));
+    if ((section.admin && !admin) || (section.orgAdmin && !me.org_admin)) {
+      body.append(adminOnly(me, section.title, section.orgAdmin));
     } else {
       try {
         await section.render(body, { me, admin });

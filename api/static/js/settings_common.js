@@ -99,8 +99,8 @@ export function table(id, columns, rows, empty) {
 }
 
 /** The notice in place of a section the caller may not read. */
-export function adminOnly(me, what) {
+export function adminOnly(me, what, org = false) {
   return h("p", { class: "panel notice", id: "admin-only" },
-    `${what} are visible to project admins only; your key's role is `, h("code", {}, me.role),
-    " with scopes ", h("code", {}, me.scopes.join(", ") || "none"), ".");
+    `${what} are visible to ${org ? "organisation" : "project"} admins only; your key's role is `,
+    h("code", {}, me.role), " with scopes ", h("code", {}, me.scopes.join(", ") || "none"), ".");
 }

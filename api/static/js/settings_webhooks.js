@@ -126,8 +126,8 @@ export async function webhooksSection(root) {
       h("button", { type: "button", class: "rotate", onclick: () => act(async () => {
         const secret = await api(`/v1/webhooks/${hook.id}/secrets`, { method: "POST" });
         shown.replaceChildren(secretOnce("webhook-secret-value",
-          `New signing secret of ${hook.url}:`, secret.secret, "Shown only now. Deliveries carry a signature by every secret until "
-          + "you delete the old one (× beside it)."));
+          `New signing secret of ${hook.url}:`, secret.secret, "Shown only now. Deliveries "
+          + "carry a signature by every secret until you delete the old one (× beside it)."));
       }) }, "Rotate secret"),
       h("button", { type: "button", class: "enable", onclick: () => act(() =>
         api(`/v1/webhooks/${hook.id}`, { method: "PATCH",
