@@ -170,6 +170,15 @@ def subscribe_and_ping(dash: Dash, api: httpx.Client) -> None:
     expect(page.locator("#webhook-url")).to_have_attribute("aria-invalid", "true")
     page.fill("#webhook-url", PUBLIC_URL)
     page.check("#webhook-events input[value='checkpoint.saved']")
+    page.click("#webhook-alerts summary")
+    page.fill("#alert-loss-spike-factor", "1")  # the API's bound: > 1
+    page.click("#webhook-form button[type=submit]")
+    spike = errors.locator("li[data-loc='body.alert_rules.loss_spike_factor']")
+    expect(spike).to_contain_text("greater than 1")
+    expect(page.locator("#alert-loss-spike-factor")).to_have_attribute("aria-invalid", "true")
+    page.fill("#alert-loss-spike-factor", "3")
+    page.check("#alert-nan-loss")
+    page.fill("#alert-stalled-minutes", "30")
     page.click("#webhook-form button[type=submit]")
     expect(page.locator("#webhook-secret-value")).to_contain_text("whsec_")
     expect(errors).to_be_hidden()
@@ -178,6 +187,13 @@ def subscribe_and_ping(dash: Dash, api: httpx.Client) -> None:
     expect(row.locator("code.label")).to_have_text(["job.*", "checkpoint.saved"])
     (hook,) = api.get("/v1/webhooks").json()["items"]
     assert hook["event_types"] == ["job.*", "checkpoint.saved"]
+    rules = hook["alert_rules"]
+    assert (rules["nan_loss"], rules["loss_spike_factor"], rules["stalled_minutes"]) == (
+        True,
+        3.0,
+        30.0,
+    )
+    expect(row.locator(".alert-rules")).to_have_text("alerts: NaN loss, spike 3x, stalled 30 min")
     row.locator("button.ping").click()
     delivery = page.locator(f"#deliveries-{hook['id']} tr[data-event-type='ping']")
     expect(delivery).to_have_attribute("data-status", "pending")

@@ -27,7 +27,7 @@ export function formErrors(form) {
       box.append(h("ul", {}, details.map((d) => h("li", { dataset: { loc: d.loc.join(".") } },
         h("code", {}, d.loc.join(".")), ` ${d.msg}`))));
       for (const d of details) {
-        const name = d.loc.find((part, i) => i > 0 && typeof part === "string");
+        const name = d.loc.findLast((part, i) => i > 0 && typeof part === "string");
         const input = name && form.querySelector(`[name="${CSS.escape(name)}"]`);
         if (input) input.setAttribute("aria-invalid", "true");
       }

@@ -12,6 +12,42 @@ const EVENT_CHOICES = [
   ["alert.*", "metric alerts"],
 ];
 
+// Metric alert rules (AlertRules): a number left empty is that rule off.
+const ALERTS = [
+  ["loss_spike_factor", "loss above k x its moving average, k =", "any", 1],
+  ["eval_regression_margin", "eval loss worse than its best by", "any", 0],
+  ["stalled_minutes", "no step progress for (min)", "any", 0],
+  ["queued_minutes", "queued longer than (min)", "any", 0],
+];
+
+function alertFields() {
+  return h("details", { class: "alerts", id: "webhook-alerts" },
+    h("summary", {}, "Metric alerts (sent as alert.* events)"),
+    h("label", {}, h("input", { type: "checkbox", name: "nan_loss", id: "alert-nan-loss" }),
+      " NaN/Inf loss"),
+    ALERTS.map(([name, text, step, min]) => h("label", {}, `${text} `, h("input", { name,
+      id: `alert-${name.replaceAll("_", "-")}`, type: "number", step, min,
+      placeholder: "off" }))));
+}
+
+function alertRules(form) {
+  const rules = { nan_loss: form.elements.nan_loss.checked };
+  for (const [name] of ALERTS) {
+    if (form.elements[name].value !== "") rules[name] = Number(form.elements[name].value);
+  }
+  return rules;
+}
+
+function alertsText(rules) {
+  const on = [];
+  if (rules.nan_loss) on.push("NaN loss");
+  if (rules.loss_spike_factor) on.push(`spike ${rules.loss_spike_factor}x`);
+  if (rules.eval_regression_margin !== null) on.push(`eval +${rules.eval_regression_margin}`);
+  if (rules.stalled_minutes) on.push(`stalled ${rules.stalled_minutes} min`);
+  if (rules.queued_minutes) on.push(`queued ${rules.queued_minutes} min`);
+  return on.length ? h("div", { class: "muted alert-rules" }, `alerts: ${on.join(", ")}`) : "";
+}
+
 function webhookForm() {
   return h("form", { class: "panel webhook-form", id: "webhook-form" },
     h("label", { class: "wide" }, "URL ", h("input", { name: "url", id: "webhook-url",
@@ -25,6 +61,7 @@ function webhookForm() {
           checked: type === "job.*" ? "checked" : null }), " ", h("code", {}, type))),
       h("label", {}, "other ", h("input", { name: "more_types", id: "webhook-more-types",
         placeholder: "alert.stalled, ...", size: 18 }))),
+    alertFields(),
     h("button", { type: "submit", class: "primary" }, "Subscribe"));
 }
 
@@ -32,7 +69,7 @@ function webhookBody(form) {
   const ticked = [...form.querySelectorAll("input[name=event_types]:checked")].map((c) => c.value);
   const more = form.elements.more_types.value.split(",").map((t) => t.trim()).filter(Boolean);
   return { url: form.elements.url.value.trim(), event_types: [...ticked, ...more],
-    description: form.elements.description.value.trim() };
+    description: form.elements.description.value.trim(), alert_rules: alertRules(form) };
 }
 
 function deliveryStatus(d) {
@@ -110,7 +147,8 @@ export async function webhooksSection(root) {
   const webhookRow = (hook) => h("tr", { dataset: { webhookId: hook.id, url: hook.url } },
     h("td", { class: "url" }, hook.url, hook.description
       ? h("div", { class: "muted" }, hook.description) : ""),
-    h("td", {}, hook.event_types.map((t) => h("code", { class: "label" }, t))),
+    h("td", { class: "events" }, hook.event_types.map((t) => h("code", { class: "label" }, t)),
+      alertsText(hook.alert_rules)),
     secretsCell(hook, act),
     h("td", {}, fmtTime(hook.created_at)),
     h("td", {}, hook.disabled_at ? h("span", { class: "badge warn" }, "disabled")
