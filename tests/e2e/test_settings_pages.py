@@ -84,6 +84,7 @@ def create_scoped_key(dash: Dash, live_api: str) -> str:
     row = page.locator("#keys-table tr[data-name='reader']")
     expect(row.locator("td.scopes")).to_have_text("jobs:read")
     expect(row.locator("td.status")).to_have_text("active")
+    expect(row.locator("td").nth(5)).not_to_have_text("never")  # expires in 30 days
     expect(page.locator("#key-role")).to_have_value("member")  # the form is back to its defaults
     assert secret.startswith(row.locator("code").inner_text().rstrip("…"))
     with httpx.Client(base_url=live_api, headers={"Authorization": f"Bearer {secret}"}) as key:
@@ -218,6 +219,12 @@ def set_quota(dash: Dash, api: httpx.Client) -> None:
     expect(row.locator("td").nth(3)).to_have_text("0 / 10")
     (quota,) = api.get("/v1/quotas").json()["items"]
     assert (quota["pool"], quota["max_slots"], quota["max_queued_jobs"]) == ("dash-pool", 2, 10)
+    row.locator("button.edit").click()  # the form takes the row's values, to change one
+    expect(page.locator("#quota-max-queued-jobs")).to_have_value("10")
+    page.fill("#quota-max-slots", "3")
+    page.click("#quota-form button[type=submit]")
+    expect(row.locator("td").nth(1)).to_have_text("0 / 3")
+    expect(row.locator("td").nth(3)).to_have_text("0 / 10")
     page.fill("#quota-pool", "dash-pool")
     page.fill("#quota-weight", "0")  # the API's bound: > 0
     page.click("#quota-form button[type=submit]")
