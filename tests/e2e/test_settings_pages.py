@@ -151,7 +151,17 @@ def rotate_and_remove(dash: Dash, api: httpx.Client, hook_id: str) -> None:
 
 
 def remove_member(dash: Dash, api: httpx.Client) -> None:
+    """Removes ada from her row; a row another admin removed meanwhile shows the API's 404
+    above the list, which then reloads without it."""
+    bob = api.post("/v1/members", json={"subject": "bob@example.com", "role": "viewer"}).json()
     page = open_section(dash, "members")
+    assert api.delete(f"/v1/members/{bob['id']}").status_code == 200  # behind the page's back
+    dash.console.expect_status(404)
+    gone = page.locator("#members-table tr[data-subject='bob@example.com'] td.actions button")
+    gone.click()
+    gone.click()
+    expect(page.locator("#settings-body > .form-errors")).to_contain_text("Not found (404)")
+    expect(page.locator("#members-table tr[data-subject='bob@example.com']")).to_have_count(0)
     remove = page.locator("#members-table tr[data-subject='ada@example.com'] td.actions button")
     remove.click()
     remove.click()

@@ -34,7 +34,10 @@ function section(root, { title, form, list }) {
       await action();
       done.textContent = message ?? "";
       await load();
-    } catch (err) { listErrors.show(err); }
+    } catch (err) {
+      listErrors.show(err);
+      await load().catch(() => {}); // show what holds now (a refused role change reverts)
+    }
   };
   return { load, act, listErrors };
 }

@@ -142,7 +142,13 @@ export async function webhooksSection(root) {
   };
   const act = async (action) => {
     listErrors.clear();
-    try { await action(); await load(); } catch (err) { listErrors.show(err); }
+    try {
+      await action();
+      await load();
+    } catch (err) {
+      listErrors.show(err);
+      await load().catch(() => {}); // show what holds now
+    }
   };
   const webhookRow = (hook) => h("tr", { dataset: { webhookId: hook.id, url: hook.url } },
     h("td", { class: "url" }, hook.url, hook.description
