@@ -8,6 +8,7 @@ import { comparePage } from "./compare.js";
 import { submitPage } from "./submit.js";
 import { datasetPage, datasetsPage } from "./datasets.js";
 import { usagePage } from "./usage.js";
+import { settingsPage } from "./settings.js";
 
 const view = document.getElementById("view");
 let stopPage = null;
@@ -73,6 +74,7 @@ function route() {
   else if (parts[0] === "datasets" && parts[1]) stopPage = datasetPage(view, parts[1]);
   else if (parts[0] === "datasets") stopPage = datasetsPage(view);
   else if (parts[0] === "usage") stopPage = usagePage(view);
+  else if (parts[0] === "settings") stopPage = settingsPage(view, parts[1]);
   else stopPage = jobsPage(view, query);
 }
 
