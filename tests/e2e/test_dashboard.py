@@ -380,10 +380,14 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
     )
 
 
-def test_a_cold_job_page_loads_its_first_chart_within_budget(
+PAGE_BUDGET = 800_000  # bytes a cold job page may transfer (issue 15)
+
+
+def test_a_cold_job_page_transfers_under_800_kb_and_reports_its_first_chart_time(
     browser: Browser, live_api: str, finished: Finished
 ) -> None:
-    """What the detail page costs on a cold cache: bytes over the wire and ms to a chart."""
+    """What the detail page costs on a cold cache: bytes over the wire (asserted: a size) and
+    ms from navigation to its first chart (printed only: a timing depends on the host)."""
     sizes: list[tuple[str, int]] = []
     with new_dash(browser, live_api, finished.owner.api_key) as dash:
         dash.page.on(
@@ -393,15 +397,16 @@ def test_a_cold_job_page_loads_its_first_chart_within_budget(
         dash.open(f"/jobs/{finished.long}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
         first_chart_ms = float(dash.page.evaluate("performance.now()"))
+        # Everything the page asked for until now has been counted (finished requests).
+        dash.page.wait_for_load_state("load")
         total = sum(n for _, n in sizes)
-        plotly = sum(n for url, n in sizes if url.endswith("plotly.min.js"))
+        plotly = sum(n for url, n in sizes if "/vendor/plotly" in url)
         print(  # the numbers the README and the issue quote
             f"\ndashboard job page, cold: {total} bytes in {len(sizes)} requests "
             f"(plotly {plotly}), first chart at {first_chart_ms:.0f} ms"
         )
-        assert plotly < 2_000_000  # gzip: the raw bundle is ~4.8 MB
-        assert total < 2_500_000
-        assert first_chart_ms < 15_000  # ~3 s alone; generous for a busy 2-core CI box
+        assert 0 < plotly < 450_000  # the basic bundle, gzipped (1.19 MB raw)
+        assert total < PAGE_BUDGET, sorted(sizes, key=lambda s: -s[1])[:5]
 
 
 def test_dark_mode_on_a_laptop_screen_is_readable_and_fits(

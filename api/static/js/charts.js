@@ -1,4 +1,4 @@
-// Line charts with Plotly (served from the installed `plotly` Python package).
+// Line and bar charts with Plotly's basic bundle (vendored: api/static/vendor, see api/dashboard.py).
 
 function themeColors() {
   const css = getComputedStyle(document.documentElement);
