@@ -288,7 +288,7 @@ class MetricSeries(_Floats):
     times: list[float] | None = Field(
         default=None,
         description="With `times=true`: the trainer's clock (unix seconds) when it reported "
-        "`steps[i]`; else null.",
+        "`steps[i]`; absent otherwise.",
     )
 
 
