@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import Depends, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
 from api import audit as audit_log
 from api import (
@@ -127,6 +128,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # Inside the request context (its request id), outside everything that may refuse.
     app.add_middleware(audit_log.AuditLog, engine=engine, trusted_proxies=settings.trusted_proxies)
+    # JSON and pages gzipped for clients that accept it (the dashboard's metric series and the
+    # OpenAPI document shrink ~5x); event streams and binary downloads (weights) pass as they are.
+    app.add_middleware(
+        GZipMiddleware,
+        minimum_size=1024,
+        exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream"),
+    )
     observability.install(app)  # outermost: request ids and metrics cover every answer
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas)
     access = (projects, members, service_accounts, keys)

@@ -285,6 +285,11 @@ class MetricSeries(_Floats):
     steps: list[int] = Field(description="Training steps, ascending.")
     values: list[float] = Field(description="The value at each step; NaN/inf are sent as strings.")
     last: MetricLast | None = Field(description="The last point; null for an empty series.")
+    times: list[float] | None = Field(
+        default=None,
+        description="With `times=true`: the trainer's clock (unix seconds) when it reported "
+        "`steps[i]`; absent otherwise.",
+    )
 
 
 class Metrics(BaseModel):

@@ -35,7 +35,7 @@ def job_events(
     )
 
 
-@router.get("/{job_id}/metrics", response_model=schemas.Metrics)
+@router.get("/{job_id}/metrics", response_model=schemas.Metrics, response_model_exclude_unset=True)
 def job_metrics(
     job_id: JobId,
     principal: ReadPrincipal,
@@ -63,6 +63,13 @@ def job_metrics(
             "bucket, first and last point exact); every point when absent.",
         ),
     ] = None,
+    times: Annotated[
+        bool,
+        Query(
+            description="Also return `times`: the trainer's clock (unix seconds) at each point, "
+            "for charts by wall time; absent when false."
+        ),
+    ] = False,
 ) -> schemas.Metrics:
     """The job's metric series by name, each with its last point; optionally a step range and
     downsampled to `max_points` per series."""
@@ -88,6 +95,16 @@ def job_metrics(
                 steps=s.steps,
                 values=s.values,
                 last=schemas.MetricLast(step=s.steps[-1], value=s.values[-1]) if s.steps else None,
+                # Only when asked: unset fields are left out, so the default answer is unchanged.
+                **(
+                    {
+                        "times": queries.point_times(
+                            session=session, job_id=job_id, name=s.name, steps=s.steps
+                        )
+                    }
+                    if times
+                    else {}
+                ),
             )
             for s in series
         ]

@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
+from trainer.spec import JobSpec
 
 RUN_TIMEOUT_MS = 180_000
 # Long enough (a few seconds on an idle host: ~10 ms a step) that its points reach the page in
@@ -342,11 +343,8 @@ def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
     expect(reader.page.locator("#spec-errors")).to_contain_text("would accept")
 
 
-def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
-    reader: Dash, finished: Finished
-) -> None:
-    dash, run, short = reader, finished.long, finished.short
-    # Sort the page by name, both ways; then pick both runs and compare them.
+def test_the_jobs_table_sorts_by_name_both_ways(reader: Dash, finished: Finished) -> None:
+    dash = reader
     dash.open("/jobs")
     names = dash.page.locator("#jobs-body .job-name")
     expect(names).to_have_count(4)
@@ -356,34 +354,140 @@ def test_compare_overlays_the_loss_of_two_runs_on_one_chart(
     dash.page.click("th[data-sort='name']")
     expect(names).to_have_text(["short-run", "parked-beta", "parked-alpha", "long-run"])
     assert dash.fits_width()
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A spec's leaves by dotted path, as the compare view's config table names them."""
+    if isinstance(value, dict) and value:
+        return {
+            k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()
+        }
+    return {prefix.rstrip("."): value}
+
+
+def _ema(values: list[float | None], weight: float) -> list[float | None]:
+    """TensorBoard's debiased EMA, as the dashboard computes it."""
+    last, n, out = 0.0, 0, []
+    for y in values:
+        if y is None:
+            out.append(None)
+            continue
+        last, n = last * weight + (1 - weight) * y, n + 1
+        out.append(last / (1 - weight**n))
+    return out
+
+
+TRACES = (
+    "id => (document.getElementById(id)?.data ?? [])"
+    ".map(t => ({name: t.name, x: t.x, y: t.y, opacity: t.opacity ?? 1, meta: t.meta}))"
+)
+AXES = (
+    "id => { const l = document.getElementById(id).layout;"
+    " return [l.xaxis.title.text, l.yaxis.type]; }"
+)
+
+
+def test_compare_two_runs_smoothed_on_a_log_scale_by_tokens_and_time_and_share_the_view(
+    reader: Dash, browser: Browser, live_api: str, finished: Finished
+) -> None:
+    page, run, short = reader.page, finished.long, finished.short
+    with api_client(live_api, finished.owner) as api:
+        specs = [api.get(f"/v1/jobs/{i}").json()["spec"] for i in (run, short)]
+    # Picked in the jobs table: the losses of both, against the step, unsmoothed.
+    reader.open("/jobs")
     for job_id in (run, short):
-        dash.page.check(f"#jobs-body tr[data-job-id='{job_id}'] input.pick")
-    dash.shot("jobs")
-    dash.page.click("#compare-selected")
-    dash.page.wait_for_function(
-        "document.getElementById('compare-chart')?.data?.length === 2"
-        " && document.getElementById('compare-chart').data.every(t => t.x.length > 0)"
+        page.check(f"#jobs-body tr[data-job-id='{job_id}'] input.pick")
+    page.click("#compare-selected")
+    page.wait_for_function(
+        f"(({TRACES})('compare-chart-loss')).length === 2"
+        f" && (({TRACES})('compare-chart-eval_loss')).length === 2"
     )
-    traces = dash.page.evaluate(
-        "document.getElementById('compare-chart').data.map(t => [t.name, t.x.length])"
-    )
-    assert traces == [
-        [f"#{run} long-run (ddp)", FINISHED_STEPS],
-        [f"#{short} short-run (ddp)", 12],
+    loss = page.evaluate(f"({TRACES})('compare-chart-loss')")
+    assert [(t["name"], len(t["x"]), t["meta"]["kind"]) for t in loss] == [
+        (f"#{run} long-run (ddp)", FINISHED_STEPS, "raw"),
+        (f"#{short} short-run (ddp)", 12, "raw"),
     ]
-    expect(dash.page.locator("#compare-metric")).to_have_value("loss")
-    dash.shot("compare")
+    assert loss[0]["x"] == list(range(1, FINISHED_STEPS + 1))
 
-    dash.page.select_option("#compare-metric", "lr")
-    dash.page.wait_for_function(
-        "document.getElementById('compare-chart')?.layout?.title?.text === 'lr'"
+    # The config table holds exactly the fields whose values differ (name is each column's).
+    flat = [_flat(spec) for spec in specs]
+    differ = {k for k in flat[0].keys() | flat[1].keys() if flat[0].get(k) != flat[1].get(k)}
+    assert {"train.max_steps", "eval.interval_steps"} <= differ
+    shown = page.eval_on_selector_all(
+        "#compare-diff tr[data-field]", "rs => rs.map(r => r.dataset.field)"
     )
+    assert set(shown) == differ - {"name"}, shown
+    row = page.locator("#compare-diff tr[data-field='train.max_steps'] td")
+    expect(row).to_have_text([str(FINISHED_STEPS), "12"])
+    final = page.locator("#compare-diff tr[data-result='final loss'] td").all_inner_texts()
+    best = page.locator("#compare-diff tr[data-result='best loss'] td").all_inner_texts()
+    assert all(float(b) <= float(f) for b, f in zip(best, final, strict=True)), (best, final)
+    evals = page.locator("#compare-diff tr[data-result='final eval loss'] td").all_inner_texts()
+    assert "\u2013" not in evals  # a dash: no value
+
+    # Smoothing: a faint raw line behind each debiased EMA line.
+    page.fill("#compare-smooth", "0.9")
+    page.wait_for_function(f"(({TRACES})('compare-chart-loss')).length === 4")
+    smoothed = page.evaluate(f"({TRACES})('compare-chart-loss')")
+    assert [(t["meta"]["kind"], t["opacity"]) for t in smoothed] == [
+        ("raw", 0.25),
+        ("smoothed", 1),
+        ("raw", 0.25),
+        ("smoothed", 1),
+    ]
+    assert smoothed[1]["y"] == pytest.approx(_ema(smoothed[0]["y"], 0.9))
+    assert smoothed[1]["y"] != smoothed[0]["y"]
+
+    # Log scale, then tokens seen (steps x tokens per step) and wall time on the x axis.
+    page.check("#compare-log")
+    page.wait_for_function(f"({AXES})('compare-chart-loss')[1] === 'log'")
+    page.select_option("#compare-x", "tokens")
+    page.wait_for_function(f"({AXES})('compare-chart-loss')[0] === 'tokens seen'")
+    tokens = page.evaluate(f"({TRACES})('compare-chart-loss')")
+    per_step = JobSpec.model_validate(specs[0]).global_batch_size * specs[0]["model"]["seq_len"]
+    assert tokens[0]["x"] == [step * per_step for step in range(1, FINISHED_STEPS + 1)]
+    page.select_option("#compare-x", "time")
+    page.wait_for_function(f"({AXES})('compare-chart-loss')[0] === 'wall time (s)'")
+    times = page.evaluate(f"({TRACES})('compare-chart-loss')")[0]["x"]
+    assert times[0] >= 0 and times[-1] > times[0]
+    assert times == sorted(times)
+
+    # Another metric, picked from the list, gets a chart of its own.
+    page.check("#compare-metrics input[value='lr']")
+    page.wait_for_function(f"(({TRACES})('compare-chart-lr')).length === 4")
+
+    # The address holds the whole view: a fresh page opened on it shows the same charts.
+    url = page.url
+    for part in (
+        "x=time",
+        "smooth=0.9",
+        "log=1",
+        "metrics=eval_loss,loss,lr",
+        f"ids={run},{short}",
+    ):
+        assert part in url, (part, url)
+    view = page.evaluate("document.querySelector('main').dataset.view")
+    charts = ("compare-chart-loss", "compare-chart-eval_loss", "compare-chart-lr")
+    before = {c: page.evaluate(f"[({TRACES})('{c}'), ({AXES})('{c}')]") for c in charts}
+    reader.shot("compare", full_page=True)
+    with new_dash(browser, live_api, finished.owner.api_key) as other:
+        other.page.goto(url)
+        other.page.wait_for_function(f"document.querySelector('main').dataset.view === {view!r}")
+        after = {c: other.page.evaluate(f"[({TRACES})('{c}'), ({AXES})('{c}')]") for c in charts}
+        assert after == before
+        expect(other.page.locator("#compare-x")).to_have_value("time")
+        expect(other.page.locator("#compare-smooth")).to_have_value("0.9")
+        expect(other.page.locator("#compare-log")).to_be_checked()
 
 
-def test_a_cold_job_page_loads_its_first_chart_within_budget(
+PAGE_BUDGET = 800_000  # bytes a cold job page may transfer (issue 15)
+
+
+def test_a_cold_job_page_transfers_under_800_kb_and_reports_its_first_chart_time(
     browser: Browser, live_api: str, finished: Finished
 ) -> None:
-    """What the detail page costs on a cold cache: bytes over the wire and ms to a chart."""
+    """What the detail page costs on a cold cache: bytes over the wire (asserted: a size) and
+    ms from navigation to its first chart (printed only: a timing depends on the host)."""
     sizes: list[tuple[str, int]] = []
     with new_dash(browser, live_api, finished.owner.api_key) as dash:
         dash.page.on(
@@ -393,15 +497,16 @@ def test_a_cold_job_page_loads_its_first_chart_within_budget(
         dash.open(f"/jobs/{finished.long}")
         dash.page.wait_for_function(f"({POINTS})('chart-loss') > 0")
         first_chart_ms = float(dash.page.evaluate("performance.now()"))
+        # Everything the page asked for until now has been counted (finished requests).
+        dash.page.wait_for_load_state("load")
         total = sum(n for _, n in sizes)
-        plotly = sum(n for url, n in sizes if url.endswith("plotly.min.js"))
+        plotly = sum(n for url, n in sizes if "/vendor/plotly" in url)
         print(  # the numbers the README and the issue quote
             f"\ndashboard job page, cold: {total} bytes in {len(sizes)} requests "
             f"(plotly {plotly}), first chart at {first_chart_ms:.0f} ms"
         )
-        assert plotly < 2_000_000  # gzip: the raw bundle is ~4.8 MB
-        assert total < 2_500_000
-        assert first_chart_ms < 15_000  # ~3 s alone; generous for a busy 2-core CI box
+        assert 0 < plotly < 450_000  # the basic bundle, gzipped (1.19 MB raw)
+        assert total < PAGE_BUDGET, sorted(sizes, key=lambda s: -s[1])[:5]
 
 
 def test_dark_mode_on_a_laptop_screen_is_readable_and_fits(

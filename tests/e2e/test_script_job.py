@@ -121,9 +121,14 @@ def test_the_jobs_list_marks_script_jobs_and_compare_takes_them(
 
     laptop.open(f"/compare?ids={running_script['id']},{trainer['id']}&metric=accuracy")
     page.wait_for_selector("main[data-loaded]")
-    expect(page.locator("#compare-metric")).to_have_value("accuracy")
-    expect(page.locator("#compare-jobs li")).to_have_count(2)
-    page.wait_for_function(f"({POINTS})('compare-chart') === {STEPS}")
+    expect(page.locator("#compare-metrics input[value='accuracy']")).to_be_checked()
+    expect(page.locator("#compare-diff thead th")).to_have_count(3)  # field, then each run
+    page.wait_for_function(f"({POINTS})('compare-chart-accuracy') === {STEPS}")
+    # It reports no tokens_per_second x step_time_s: by tokens seen, the page says so.
+    page.select_option("#compare-x", "tokens")
+    expect(page.locator("#compare-note")).to_contain_text(
+        f"No tokens seen for #{running_script['id']}"
+    )
 
 
 def test_clone_of_a_script_job_opens_its_spec_and_the_api_would_accept_it(

@@ -1,4 +1,4 @@
-// Line charts with Plotly (served from the installed `plotly` Python package).
+// Line and bar charts with Plotly's basic bundle (vendored: api/static/vendor, see api/dashboard.py).
 
 function themeColors() {
   const css = getComputedStyle(document.documentElement);
@@ -16,35 +16,45 @@ export function plotlyReady() {
 }
 
 /**
- * Draw or update the chart in `node`: `traces` is [{name, x, y}]. Keeps the user's zoom
- * (uirevision) across updates, so live points do not reset a zoomed view. `yFormat`: a d3
- * format for the y values (ticks and hover), e.g. ".3s" for bytes as 365M.
+ * Draw or update the chart in `node`: `traces` is [{name, x, y}], each optionally with `color`,
+ * `opacity`, `legend` (false: left out of the legend), `hover` (false: no hover label) and
+ * `meta` (kept on the trace, for tests). Keeps the user's zoom across updates while
+ * `uirevision` stays the same, so live points do not reset a zoomed view. `yFormat`/`xFormat`:
+ * d3 formats for the values (ticks and hover), e.g. ".3s" for bytes as 365M.
  */
-export async function lineChart(node, traces, { title, xTitle = "step", yLog = false, yFormat } = {}) {
+export async function lineChart(node, traces, {
+  title, xTitle = "step", yLog = false, yFormat, xFormat, uirevision = "keep",
+} = {}) {
   const Plotly = await plotlyReady();
   const { fg, grid } = themeColors();
   const data = traces.map((t) => ({
     type: "scatter",
     mode: t.x.length > 60 ? "lines" : "lines+markers",
-    marker: { size: 4 },
+    marker: { size: 4, ...(t.color ? { color: t.color } : {}) },
     name: t.name,
     x: t.x,
     y: t.y,
-    line: { width: 1.5 },
-    hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}} @ step %{x}<extra></extra>`,
+    line: { width: 1.5, ...(t.color ? { color: t.color } : {}) },
+    ...(t.opacity !== undefined ? { opacity: t.opacity } : {}),
+    ...(t.legend === false ? { showlegend: false } : {}),
+    ...(t.meta !== undefined ? { meta: t.meta } : {}),
+    ...(t.hover === false ? { hoverinfo: "skip" } : {
+      hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}} @ ${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}<extra></extra>`,
+    }),
   }));
   const layout = {
     title: { text: title, font: { size: 13 }, x: 0.02, xanchor: "left" },
-    uirevision: "keep",
+    uirevision,
     margin: { l: 52, r: 12, t: 32, b: 36 },
     height: 240,
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { color: fg, size: 11 },
-    xaxis: { title: { text: xTitle }, gridcolor: grid, zerolinecolor: grid },
+    xaxis: { title: { text: xTitle }, gridcolor: grid, zerolinecolor: grid,
+      ...(xFormat ? { tickformat: xFormat } : {}) },
     yaxis: { gridcolor: grid, zerolinecolor: grid, type: yLog ? "log" : "linear",
       exponentformat: "e", ...(yFormat ? { tickformat: yFormat } : {}) },
-    showlegend: traces.length > 1,
+    showlegend: traces.filter((t) => t.legend !== false).length > 1,
     legend: { orientation: "h", y: 1.12, x: 1, xanchor: "right" },
   };
   await Plotly.react(node, data, layout, { displaylogo: false, responsive: true });

@@ -1,65 +1,222 @@
-// Compare: one metric of several jobs overlaid on one chart.
+// Compare: N runs x M metrics, one chart per metric with a line per run, against step, tokens
+// seen or wall time; EMA smoothing (the raw line faint behind), a log scale, and a table of
+// what differs between the runs' specs and how they ended. The whole view is in the address
+// (#/compare?ids=3,4&metrics=loss,lr&x=tokens&smooth=0.6&log=1): a link shows the same view.
 
 import { api } from "./api.js";
 import { lineChart, purge } from "./charts.js";
 import { entrypointOf } from "./code.js";
-import { h, poll, stateBadge } from "./util.js";
+import {
+  X_AXES, configDiff, ema, finals, plotValue, startTime, tokensPerStep, xValues,
+} from "./compare_data.js";
+import { TERMINAL, fmtNumber, h, poll, showError, stateBadge } from "./util.js";
 
 const REFRESH_MS = 2000;
 const MAX_POINTS = 2000;
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+  "#7f7f7f", "#bcbd22", "#17becf"];
+const DEFAULT_METRICS = ["loss", "eval_loss"];
+// Always fetched: the results table's losses and what the tokens axis is derived from.
+const SUPPORT = ["loss", "eval_loss", "tokens_per_second", "step_time_s"];
+const MAX_SMOOTH = 0.99;
+
+/** The view's state from the address; `metric=` (one) is the older form of `metrics=`. */
+export function readState(query) {
+  const ids = (query.get("ids") ?? "").split(",").map(Number)
+    .filter((n) => Number.isInteger(n) && n > 0);
+  const list = query.get("metrics") ?? query.get("metric");
+  const smooth = Number(query.get("smooth") ?? 0);
+  return {
+    ids: [...new Set(ids)],
+    metrics: list ? list.split(",").filter(Boolean) : null, // null: the defaults
+    x: Object.hasOwn(X_AXES, query.get("x") ?? "") ? query.get("x") : "step",
+    smooth: Number.isFinite(smooth) ? Math.min(MAX_SMOOTH, Math.max(0, smooth)) : 0,
+    log: query.get("log") === "1",
+  };
+}
+
+function address(state) {
+  const params = new URLSearchParams({ ids: state.ids.join(",") });
+  if (state.metrics) params.set("metrics", state.metrics.join(","));
+  if (state.x !== "step") params.set("x", state.x);
+  if (state.smooth > 0) params.set("smooth", String(state.smooth));
+  if (state.log) params.set("log", "1");
+  return `#/compare?${params}`.replaceAll("%2C", ",");
+}
+
+function runLabel(job) {
+  const strategy = entrypointOf(job) ? "script" : (job.spec?.parallelism?.strategy ?? "");
+  return `#${job.id} ${job.name}${strategy ? ` (${strategy})` : ""}`;
+}
+
+function metricNames(runs) {
+  const names = [...new Set(runs.flatMap((r) => Object.keys(r.job.latest_metrics ?? {})))];
+  const system = (n) => n.startsWith("sys/");
+  return names.sort((a, b) => system(a) - system(b) || a.localeCompare(b, "en", { numeric: true }));
+}
+
+function cellText(value) {
+  if (value === undefined || value === null) return "–";
+  return typeof value === "number" ? fmtNumber(value) : String(value);
+}
+
+/** Runs as columns: the spec fields that differ, then state, steps, tokens and losses. */
+function diffTable(runs) {
+  const diff = configDiff(runs.map((r) => r.job.spec));
+  const row = (label, values, data) => h("tr", { dataset: data },
+    h("th", {}, label), values.map((v) => h("td", { class: typeof v === "number" ? "num" : "" },
+      v instanceof Node ? v : cellText(v))));
+  const section = (text) => h("tr", { class: "section" },
+    h("th", { colspan: runs.length + 1, class: "muted" }, text));
+  const results = runs.map((r) => finals(r.byName));
+  const steps = runs.map((r) => r.job.current_step);
+  return h("table", { id: "compare-diff" },
+    h("thead", {}, h("tr", {}, h("th", {}, "field"),
+      runs.map((r, i) => h("th", { style: `border-bottom: 3px solid ${COLORS[i % COLORS.length]}` },
+        h("a", { href: `#/jobs/${r.job.id}` }, `#${r.job.id} ${r.job.name}`))))),
+    h("tbody", {},
+      section(runs.length < 2 ? "config: pick two runs or more to see what differs"
+        : diff.length ? "config: the fields that differ" : "config: the specs are the same"),
+      diff.map(([path, values]) => row(path, values, { field: path })),
+      section("results"),
+      row("state", runs.map((r) => stateBadge(r.job.state)), { result: "state" }),
+      row("steps", steps, { result: "steps" }),
+      row("tokens seen", runs.map((r, i) => (r.tokensPerStep && steps[i] ? steps[i] * r.tokensPerStep : null)),
+        { result: "tokens seen" }),
+      results[0].map(([label], k) => row(label, results.map((f) => f[k][1]), { result: label }))));
+}
 
 export function comparePage(root, query) {
-  const ids = (query.get("ids") ?? "").split(",").map(Number).filter((n) => Number.isInteger(n) && n > 0);
-  const idsInput = h("input", { id: "compare-ids", value: ids.join(","), placeholder: "job ids, e.g. 12,15" });
-  const metricSel = h("select", { id: "compare-metric", "aria-label": "metric" });
-  const wanted = query.get("metric") ?? "loss";
-  const chart = h("div", { class: "panel chart", id: "compare-chart" });
-  const legend = h("ul", { class: "timeline", id: "compare-jobs" });
+  const state = readState(query);
+  const keepInUrl = () => { // shareable, without a hashchange (which would rebuild the page)
+    const hash = address(state);
+    if (window.location.hash !== hash) history.replaceState(null, "", hash);
+  };
+  const idsInput = h("input", { id: "compare-ids", value: state.ids.join(","), placeholder: "job ids, e.g. 12,15" });
   const apply = h("button", { type: "button", class: "primary", id: "compare-apply" }, "Compare");
-
   apply.addEventListener("click", () => {
-    const params = new URLSearchParams({ ids: idsInput.value.replace(/\s+/g, ""), metric: metricSel.value || wanted });
-    window.location.hash = `#/compare?${params}`;
+    const ids = readState(new URLSearchParams({ ids: idsInput.value.replace(/\s+/g, "") })).ids;
+    window.location.hash = address({ ...state, ids });
   });
-  metricSel.addEventListener("change", () => {
-    const params = new URLSearchParams({ ids: ids.join(","), metric: metricSel.value });
-    window.location.hash = `#/compare?${params}`;
+  const metricsBox = h("fieldset", { id: "compare-metrics", class: "toolbar" }, h("legend", {}, "metrics"));
+  const xSel = h("select", { id: "compare-x", "aria-label": "x axis" },
+    Object.entries(X_AXES).map(([v, a]) => h("option", { value: v, selected: v === state.x }, a.title)));
+  const smooth = h("input", {
+    id: "compare-smooth", type: "range", min: "0", max: String(MAX_SMOOTH), step: "0.01",
+    value: String(state.smooth), "aria-label": "smoothing",
   });
+  const smoothOut = h("output", { id: "compare-smooth-value", for: "compare-smooth" }, state.smooth.toFixed(2));
+  const log = h("input", { id: "compare-log", type: "checkbox", checked: state.log });
+  const charts = h("div", { class: "grid2", id: "compare-charts" });
+  const note = h("p", { class: "muted", id: "compare-note" });
+  const tableBox = h("div", { class: "table-wrap", id: "compare-table" });
+  const chartNodes = new Map();
+  let runs = [];
+  let stopped = false;
+
+  xSel.addEventListener("change", () => { state.x = xSel.value; changed(); });
+  smooth.addEventListener("input", () => {
+    state.smooth = Number(smooth.value);
+    smoothOut.textContent = state.smooth.toFixed(2);
+    changed();
+  });
+  log.addEventListener("change", () => { state.log = log.checked; changed(); });
+  function changed({ refetch = false } = {}) {
+    keepInUrl();
+    if (refetch) load().catch(showError); else render().catch(showError);
+  }
+
+  function chosenMetrics(names) {
+    if (state.metrics) return state.metrics;
+    const defaults = DEFAULT_METRICS.filter((n) => names.includes(n));
+    return defaults.length ? defaults : names.slice(0, 1);
+  }
+
+  function renderPicker(names) {
+    const chosen = chosenMetrics(names);
+    const shown = [...metricsBox.querySelectorAll("input")].map((i) => i.value);
+    if (JSON.stringify(shown) === JSON.stringify(names)) return;
+    metricsBox.replaceChildren(h("legend", {}, "metrics"), ...names.map((name) => {
+      const box = h("input", { type: "checkbox", name: "metric", value: name, checked: chosen.includes(name) });
+      box.addEventListener("change", () => {
+        const picked = [...metricsBox.querySelectorAll("input:checked")].map((i) => i.value);
+        state.metrics = names.filter((n) => picked.includes(n));
+        changed({ refetch: true });
+      });
+      return h("label", {}, box, ` ${name}`);
+    }));
+  }
+
+  async function render() {
+    if (stopped || !runs.length) return;
+    const metrics = chosenMetrics(metricNames(runs));
+    for (const [metric, node] of chartNodes) {
+      if (!metrics.includes(metric)) { purge(node); node.remove(); chartNodes.delete(metric); }
+    }
+    const axis = X_AXES[state.x];
+    const lacking = new Set();
+    for (const metric of metrics) {
+      let node = chartNodes.get(metric);
+      if (!node) {
+        node = h("div", { class: "panel chart", id: `compare-chart-${metric.replace(/[^A-Za-z0-9_-]/g, "_")}`,
+          dataset: { metric } });
+        chartNodes.set(metric, node);
+      }
+      charts.append(node); // in the picker's order
+      const traces = runs.flatMap((run, i) => {
+        const s = run.byName.get(metric);
+        const x = s && xValues(run, s, state.x);
+        if (!s) return [];
+        if (!x) { lacking.add(run.job.id); return []; }
+        const y = s.values.map(plotValue);
+        const base = { name: runLabel(run.job), x, color: COLORS[i % COLORS.length] };
+        const raw = { ...base, y, meta: { job: run.job.id, kind: "raw" } };
+        if (!(state.smooth > 0)) return [raw];
+        return [{ ...raw, opacity: 0.25, legend: false, hover: false },
+          { ...base, y: ema(y, state.smooth), meta: { job: run.job.id, kind: "smoothed" } }];
+      });
+      await lineChart(node, traces, {
+        title: metric, xTitle: axis.title, xFormat: axis.format, yLog: state.log,
+        uirevision: `${state.x}|${state.log}`,
+      });
+    }
+    note.textContent = lacking.size ? `No ${axis.title} for ${[...lacking].map((id) => `#${id}`).join(", ")}: `
+      + (state.x === "tokens" ? "it reports no tokens_per_second and step_time_s." : "its points have no time.") : "";
+    root.dataset.view = address(state); // what the charts show, for tests
+  }
 
   async function load() {
-    if (!ids.length) {
-      chart.replaceChildren(h("p", { class: "muted" }, "Pick jobs on the Jobs page (cmp column) or type their ids."));
+    if (!state.ids.length) {
+      charts.replaceChildren(h("p", { class: "muted" }, "Pick jobs on the Jobs page (cmp column) or type their ids."));
+      root.dataset.loaded = "true";
       return;
     }
-    const results = await Promise.all(ids.map(async (id) => {
-      const [job, metrics] = await Promise.all([
-        api(`/v1/jobs/${id}`),
-        api(`/v1/jobs/${id}/metrics`, { query: { max_points: MAX_POINTS } }),
-      ]);
-      return { job, series: metrics.series };
-    }));
-    const names = [...new Set(results.flatMap((r) => r.series.map((s) => s.name)))].sort();
-    const metric = names.includes(wanted) ? wanted : (names[0] ?? wanted);
-    if (metricSel.options.length !== names.length) {
-      metricSel.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
-    }
-    metricSel.value = metric;
-    const traces = results.map(({ job, series }) => {
-      const s = series.find((x) => x.name === metric) ?? { steps: [], values: [] };
-      const strategy = entrypointOf(job) ? "script" : (job.spec?.parallelism?.strategy ?? "");
-      return { name: `#${job.id} ${job.name}${strategy ? ` (${strategy})` : ""}`, x: s.steps, y: s.values };
+    const jobs = await Promise.all(state.ids.map((id) => api(`/v1/jobs/${id}`)));
+    const names = metricNames(jobs.map((job) => ({ job })));
+    const wanted = [...new Set([...chosenMetrics(names), ...SUPPORT])];
+    const answers = await Promise.all(jobs.map((job) => api(`/v1/jobs/${job.id}/metrics`, {
+      query: { max_points: MAX_POINTS, names: wanted.join(","), times: true },
+    })));
+    if (stopped) return;
+    runs = jobs.map((job, i) => {
+      const byName = new Map(answers[i].series.map((s) => [s.name, s]));
+      return { job, byName, tokensPerStep: tokensPerStep(byName), t0: startTime(answers[i].series) };
     });
-    await lineChart(chart, traces, { title: metric });
-    legend.replaceChildren(...results.map(({ job }) => h("li", {},
-      h("a", { href: `#/jobs/${job.id}` }, `#${job.id} ${job.name}`), " ", stateBadge(job.state))));
+    renderPicker(names);
+    tableBox.replaceChildren(diffTable(runs));
+    await render();
     root.dataset.loaded = "true";
+    if (jobs.every((job) => TERMINAL.has(job.state))) stop(); // nothing more will come
   }
 
   const stop = poll(load, REFRESH_MS);
   root.append(
     h("h1", {}, "Compare"),
-    h("div", { class: "toolbar" }, h("label", { for: "compare-ids" }, "jobs"), idsInput,
-      h("label", { for: "compare-metric" }, "metric"), metricSel, apply),
-    chart, h("h2", {}, "Jobs"), h("div", { class: "panel" }, legend));
-  return () => { stop(); purge(chart); };
+    h("div", { class: "toolbar" }, h("label", { for: "compare-ids" }, "jobs"), idsInput, apply,
+      h("label", { for: "compare-x" }, "x axis"), xSel,
+      h("label", { for: "compare-smooth" }, "smoothing"), smooth, smoothOut,
+      h("label", {}, log, " log scale")),
+    metricsBox, note, charts,
+    h("h2", {}, "Runs"), tableBox);
+  return () => { stopped = true; stop(); for (const node of chartNodes.values()) purge(node); };
 }

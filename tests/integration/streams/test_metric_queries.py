@@ -98,3 +98,18 @@ def test_reingesting_the_same_points_stores_them_once(
     assert stored == 1000
     loss = client.get(f"/v1/jobs/{job['id']}/metrics", headers=project.headers).json()["series"]
     assert loss[0]["steps"] == list(range(1, 1001))
+
+
+def test_times_give_each_points_wall_clock_downsampled_or_not(
+    client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
+) -> None:
+    # Reported every step at 1,000 + 0.5 s x step (the trainer's clock, unix seconds).
+    points = [ingest.Metric("loss", step, 1.0 / step, 1000 + 0.5 * step) for step in range(1, N)]
+    _store(engine, job["id"], points)
+    url = f"/v1/jobs/{job['id']}/metrics"
+    plain = client.get(url, params={"max_points": 50}, headers=project.headers).json()
+    assert "times" not in plain["series"][0]  # as before unless asked
+    for params in ({"max_points": 50, "times": "true"}, {"start": 7, "end": 9, "times": "true"}):
+        (loss,) = client.get(url, params=params, headers=project.headers).json()["series"]
+        assert loss["times"] == [1000 + 0.5 * step for step in loss["steps"]], params
+    assert loss["steps"] == [7, 8, 9]
