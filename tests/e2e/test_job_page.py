@@ -41,8 +41,11 @@ def run(engine: Engine, live_api: str, corpus_dir: Path, pool: str, worker: Work
     owner = make_project(engine)
     with api_client(live_api, owner) as api:
         dataset_id = register_corpus(api, corpus_dir)
-        parked = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name="parked",
-                           labels={"team": "nlp"})  # fmt: skip
+        # As wide as real rows get: a long name, three labels, its place in the queue.
+        parked = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id,
+                           name="gpt-small-lr3e-4-warmup200-bs64-seq1024-sweep-7",
+                           labels={"team": "nlp", "experiment": "warmup-sweep",
+                                   "stage": "baseline"})  # fmt: skip
         parked_id = api.post("/v1/jobs", json=parked.model_dump(mode="json")).json()["id"]
         spec = tiny_spec(pool=pool, dataset_id=dataset_id, name="summary-run",
                          train={"max_steps": STEPS}, labels={"team": "nlp"})  # fmt: skip
@@ -144,3 +147,114 @@ def test_labels_and_a_note_are_edited_on_the_page_and_kept(
             )
             dash.open("/jobs?label=baseline%3Dyes")
             expect(page.locator("#jobs-body tr[data-job-id]")).to_have_count(1)
+
+
+def test_the_jobs_list_shows_final_loss_and_best_eval_loss(reader: Dash, run: Run) -> None:
+    reader.open("/jobs")
+    row = reader.page.locator(f"#jobs-body tr[data-job-id='{run.job['id']}']")
+    expect(row.locator("td.best-eval")).not_to_have_text("\u2013")
+    assert float(row.locator("td.loss").inner_text()) == pytest.approx(
+        run.job["latest_metrics"]["loss"], rel=1e-3
+    )
+    assert float(row.locator("td.best-eval").inner_text()) == pytest.approx(
+        run.job["best_eval_loss"], rel=1e-3
+    )
+    parked = reader.page.locator(f"#jobs-body tr[data-job-id='{run.parked}']")
+    expect(parked.locator("td.best-eval")).to_have_text("\u2013")
+    expect(parked.locator(".queue")).to_contain_text("#1")  # its place in the queue
+
+
+@pytest.mark.parametrize("remember", [False, True])
+def test_a_deep_link_lands_where_it_pointed_after_signing_in(
+    browser: Browser, live_api: str, run: Run, remember: bool
+) -> None:
+    links = [f"/jobs/{run.job['id']}", "/jobs?label=team%3Dnlp&state=queued",
+             f"/compare?ids={run.job['id']},{run.parked}"]  # fmt: skip
+    with new_dash(browser, live_api, None, viewport=LAPTOP) as guest:
+        page = guest.page
+        for number, link in enumerate(links):
+            guest.open(link)
+            if number == 0:  # the first link signs in; the others find the key kept
+                expect(page.locator("#api-key")).to_be_visible()
+                assert "next=" in page.url
+                page.fill("#api-key", run.owner.api_key)
+                if remember:
+                    page.check("#remember-key")
+                page.click("button[type=submit]")
+            page.wait_for_function(f"location.hash === {('#' + link)!r}")
+            expect(page.locator("main[data-loaded]")).to_be_attached()
+        expect(page.locator("#nav")).to_be_visible()
+        kept = page.evaluate(
+            "[sessionStorage.getItem('torchyard.apiKey'), localStorage.getItem('torchyard.apiKey')]"
+        )
+        assert kept == ([None, run.owner.api_key] if remember else [run.owner.api_key, None])
+        # A new tab of the same browser: signed in only when the key was remembered.
+        other = page.context.new_page()
+        other.goto(f"{live_api}/ui/#/jobs/{run.job['id']}")
+        if remember:
+            expect(other.locator("#job-title")).to_contain_text("summary-run")
+        else:
+            expect(other.locator("#api-key")).to_be_visible()
+        page.click("#logout")
+        expect(page.locator("#api-key")).to_be_visible()
+        assert page.evaluate("localStorage.getItem('torchyard.apiKey')") is None
+
+
+# Every visible element's right edge inside the viewport (unless an ancestor that scrolls or
+# clips it holds it), and no horizontal scrolling of the page.
+OVERFLOW = """() => {
+  const clipped = (el) => {
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      const inside = a.getBoundingClientRect().right <= innerWidth + 0.5;
+      if (s.overflowX !== 'visible' && inside) return true;
+    }
+    return false;
+  };
+  const out = [];
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height || r.right <= innerWidth + 0.5 || clipped(el)) continue;
+    out.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className?.baseVal ?? el.className} `
+             + `right ${Math.round(r.right)}`);
+  }
+  return {
+    over: out.slice(0, 10),
+    scroll: document.scrollingElement.scrollWidth,
+    width: innerWidth,
+  };
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_nothing_overflows_at_1366_and_1920_and_charts_follow_a_resize(
+    browser: Browser, live_api: str, run: Run, scheme: str
+) -> None:
+    with new_dash(browser, live_api, run.owner.api_key, scheme, DESKTOP) as dash:
+        page = dash.page
+        for route in ("/jobs", f"/jobs/{run.job['id']}", f"/jobs/{run.parked}"):
+            dash.open(route)
+            expect(page.locator("main[data-loaded]")).to_be_attached()
+            if route == f"/jobs/{run.job['id']}":
+                expect(page.locator("#chart-loss .main-svg").first).to_be_attached()
+            for size in (DESKTOP, LAPTOP):
+                page.set_viewport_size(size)  # type: ignore[arg-type]
+                if route == "/jobs":  # at 1920 every column shows; at 1366 some collapse
+                    owner = page.locator("#jobs-table th.col-owner")
+                    if size == DESKTOP:
+                        expect(owner).to_be_visible()
+                    else:
+                        expect(page.locator("#jobs-table th.col-strategy")).to_be_hidden()
+                else:  # the chart follows the window: as wide as its panel again
+                    page.wait_for_function(
+                        "(() => { const c = document.getElementById('chart-loss');"
+                        " const s = c?.querySelector('.main-svg');"
+                        " return !c || Math.abs(s.getBoundingClientRect().width - c.clientWidth)"
+                        " < 30; })()"
+                    )
+                got = page.evaluate(OVERFLOW)
+                assert not got["over"] and got["scroll"] <= got["width"], (route, size, got)
+            page.set_viewport_size(DESKTOP)  # type: ignore[arg-type]
+        dash.open("/jobs")
+        expect(page.locator("main[data-loaded]")).to_be_attached()
+        dash.shot(f"jobs-1920-{scheme}")
