@@ -226,13 +226,22 @@ OVERFLOW = """() => {
 }"""
 
 
+# Plotly's charts (`.js-plotly-plot`): each drawing as wide as its box, give or take a few px.
+CHARTS_FIT = """() => [...document.querySelectorAll('.js-plotly-plot')].every((c) => {
+  const svg = c.querySelector('.main-svg');
+  return !svg || Math.abs(svg.getBoundingClientRect().width - c.clientWidth) < 30;
+})"""
+
+
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_nothing_overflows_at_1366_and_1920_and_charts_follow_a_resize(
     browser: Browser, live_api: str, run: Run, scheme: str
 ) -> None:
     with new_dash(browser, live_api, run.owner.api_key, scheme, DESKTOP) as dash:
         page = dash.page
-        for route in ("/jobs", f"/jobs/{run.job['id']}", f"/jobs/{run.parked}"):
+        pages = ("/jobs", f"/jobs/{run.job['id']}", f"/jobs/{run.parked}", "/submit",
+                 "/datasets", "/usage")  # fmt: skip
+        for route in pages:
             dash.open(route)
             expect(page.locator("main[data-loaded]")).to_be_attached()
             if route == f"/jobs/{run.job['id']}":
@@ -245,13 +254,8 @@ def test_nothing_overflows_at_1366_and_1920_and_charts_follow_a_resize(
                         expect(owner).to_be_visible()
                     else:
                         expect(page.locator("#jobs-table th.col-strategy")).to_be_hidden()
-                else:  # the chart follows the window: as wide as its panel again
-                    page.wait_for_function(
-                        "(() => { const c = document.getElementById('chart-loss');"
-                        " const s = c?.querySelector('.main-svg');"
-                        " return !c || Math.abs(s.getBoundingClientRect().width - c.clientWidth)"
-                        " < 30; })()"
-                    )
+                # Every chart follows the window: as wide as its box again.
+                page.wait_for_function(CHARTS_FIT)
                 got = page.evaluate(OVERFLOW)
                 assert not got["over"] and got["scroll"] <= got["width"], (route, size, got)
             page.set_viewport_size(DESKTOP)  # type: ignore[arg-type]
