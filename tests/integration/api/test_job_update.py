@@ -3,6 +3,7 @@ and the best losses a job carries for the jobs list (kept at ingest)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -17,7 +18,12 @@ from tests.integration.api.conftest import assert_error, job_spec, submit
 
 
 def _patch(client: TestClient, project: ProjectKey, job_id: int, body: Any) -> Any:
-    return client.patch(f"/v1/jobs/{job_id}", json=body, headers=project.headers)
+    # json.dumps escapes lone surrogates (\\ud800), as a client in another language may send.
+    return client.patch(
+        f"/v1/jobs/{job_id}",
+        content=json.dumps(body),
+        headers={**project.headers, "Content-Type": "application/json"},
+    )
 
 
 def test_labels_are_replaced_and_the_note_is_kept_until_cleared(
@@ -52,12 +58,15 @@ def test_labels_are_replaced_and_the_note_is_kept_until_cleared(
         ({"labels": ["team=nlp"]}, ["body", "labels"]),
         ({"note": "x" * 10_001}, ["body", "note"]),
         ({"note": "nul\x00"}, ["body", "note"]),
+        ({"note": "half \ud800"}, ["body", "note"]),
+        ({"labels": {"k\ud800": "v"}}, None),
+        ({"labels": {"k": "\udfff"}}, ["body", "labels", "k"]),
         ({"nope": 1}, ["body", "nope"]),
     ],
 )
 def test_bad_updates_are_422_with_the_field_path(
     client: TestClient, project: ProjectKey, dataset: dict[str, Any], pool: str,
-    body: Any, loc: list[Any],
+    body: Any, loc: list[Any] | None,
 ) -> None:  # fmt: skip
     job = submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))
     assert_error(_patch(client, project, job["id"], body), 422, "validation_error", loc)
