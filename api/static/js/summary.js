@@ -126,8 +126,10 @@ export function summaryCard(jobId, onSaved) {
           `Sample at step ${sampleEvent.data?.step ?? "?"}, prompt “${sampleEvent.data?.prompt ?? ""}”`),
         h("pre", { class: "sample-text" }, sampleEvent.data?.text ?? ""));
     }
-    if (!hyper.childElementCount) {
-      hyper.replaceChildren(...hyperRows(job.spec).map(([k, v]) => h("div", {},
+    if (!hyper.childElementCount) { // a script job's spec has none: no empty box
+      const params = hyperRows(job.spec);
+      hyperBox.hidden = !params.length;
+      hyper.replaceChildren(...params.map(([k, v]) => h("div", {},
         h("dt", {}, k), h("dd", { dataset: { param: k } }, String(v)))));
     }
     if (!filled && !dirty) {
@@ -137,10 +139,10 @@ export function summaryCard(jobId, onSaved) {
     }
   }
 
+  const hyperBox = h("details", { id: "hparams-box", open: true },
+    h("summary", {}, "Hyperparameters"), hyper);
   const node = h("section", { class: "panel summary-card", id: "summary-card" },
-    stats, sample, form,
-    h("details", { id: "hparams-box", open: true },
-      h("summary", {}, "Hyperparameters"), hyper));
+    stats, sample, form, hyperBox);
   return {
     node,
     /** The job as last read. */
