@@ -262,3 +262,18 @@ def test_nothing_overflows_at_1366_and_1920_and_charts_follow_a_resize(
         dash.open("/jobs")
         expect(page.locator("main[data-loaded]")).to_be_attached()
         dash.shot(f"jobs-1920-{scheme}")
+
+
+def test_a_revoked_key_on_a_deep_link_signs_in_again_and_comes_back(
+    browser: Browser, live_api: str, run: Run
+) -> None:
+    link = f"/jobs/{run.job['id']}"
+    with new_dash(browser, live_api, "ty_revoked-or-mistyped", viewport=LAPTOP) as dash:
+        dash.console.expect_status(401)
+        dash.open(link)
+        expect(dash.page.locator("#api-key")).to_be_visible()
+        assert dash.page.evaluate("sessionStorage.getItem('torchyard.apiKey')") is None
+        dash.page.fill("#api-key", run.owner.api_key)
+        dash.page.click("button[type=submit]")
+        expect(dash.page.locator("#job-title")).to_contain_text("summary-run")
+        assert dash.page.evaluate("location.hash") == f"#{link}"

@@ -28,7 +28,9 @@ export const auth = {
 /** The sign-in page's address that comes back to `hash` (a deep link) once signed in. */
 export function loginHash(hash = window.location.hash) {
   const target = hash.replace(/^#/, "");
-  if (!target || target === "/" || target.startsWith("/login")) return "#/login";
+  // Already there (several requests of one page may answer 401): keep its `next`.
+  if (target.startsWith("/login")) return `#${target}`;
+  if (!target || target === "/") return "#/login";
   return `#/login?next=${encodeURIComponent(target)}`;
 }
 
