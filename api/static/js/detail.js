@@ -196,7 +196,7 @@ export function detailPage(root, jobId) {
     const shown = JSON.stringify([job.state, job.failure, job.error, job.retry_policy?.summary]);
     if (shown !== failureShown) { // re-rendered only on change: a selection in the tail survives
       failureShown = shown;
-      const view = failureView(job);
+      const view = failureView(job, showRankLogs);
       failureSlot.replaceChildren(...(view ? [view] : []));
     }
     summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k),
@@ -354,6 +354,16 @@ export function detailPage(root, jobId) {
     } finally {
       link.removeAttribute("aria-busy");
     }
+  }
+
+  /** The log view, filtered to `rank` (the failure card's "all its logs"), scrolled to. */
+  function showRankLogs(rank) {
+    if (![...rankSel.options].some((o) => o.value === String(rank))) {
+      rankSel.append(h("option", { value: String(rank) }, `rank ${rank}`));
+    }
+    rankSel.value = String(rank);
+    rankSel.dispatchEvent(new Event("change"));
+    logBox.scrollIntoView({ block: "center" });
   }
 
   rankSel.addEventListener("change", () => {
