@@ -13,6 +13,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     model_validator,
 )
 
@@ -120,7 +121,10 @@ class Job(_Out):
     attempt: int = Field(
         description="Attempt number: 1 for the first run, +1 per restart or retry."
     )
-    labels: dict[str, str] = Field(description="The spec's `labels`: free-form key/value tags.")
+    labels: dict[str, str] = Field(
+        description="Free-form key/value tags: the spec's `labels`, or the set last given to "
+        "`PATCH /v1/jobs/{id}`."
+    )
     pool: str = Field(description="The worker pool (queue) the job runs in.")
     spec: Annotated[dict[str, Any], BeforeValidator(_spec_json)] = Field(
         description="The submitted JobSpec or ScriptJobSpec as JSON."
@@ -139,8 +143,9 @@ class Job(_Out):
     max_steps: int = Field(
         description="`train.max_steps` of the spec; 0 for a script job (unknown)."
     )
-    latest_metrics: dict[str, float] = Field(
-        description="The last value of each metric series, by name."
+    latest_metrics: dict[str, float | None] = Field(
+        description="The last value of each metric series, by name; null where that value "
+        "was not finite (NaN, +/-inf: JSON has no such numbers)."
     )
     exit_code: int | None = Field(
         description="The launcher's exit code once the attempt ended; else null."
@@ -200,6 +205,21 @@ class Job(_Out):
     usage: JobUsage | None = Field(
         default=None,
         description="Slot-seconds, CPU-seconds and cost so far, every attempt together.",
+    )
+    note: str | None = Field(
+        default=None,
+        description="A free-text note about the job, set with `PATCH /v1/jobs/{id}`; null "
+        "when none.",
+    )
+    best_loss: float | None = Field(
+        default=None,
+        description="The lowest finite `loss` reported so far (every attempt); null before "
+        "the first.",
+    )
+    best_eval_loss: float | None = Field(
+        default=None,
+        description="The lowest finite `eval_loss` reported so far (every attempt); null "
+        "before the first evaluation.",
     )
 
     @model_validator(mode="before")
@@ -518,3 +538,30 @@ class DatasetPreview(BaseModel):
         description="The first records, as the job tokenizes them."
     )
     report: PreviewReport = Field(description="The verifier's counts over these examples.")
+
+
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=PRINTABLE)]
+LabelValue = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")]
+MAX_LABELS = 64
+MAX_NOTE_CHARS = 10_000
+
+
+class JobUpdate(BaseModel):
+    """What `PATCH /v1/jobs/{id}` changes; a field left out (or null) stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    labels: dict[LabelKey, LabelValue] | None = Field(
+        default=None,
+        max_length=MAX_LABELS,
+        description=f"The job's new labels, replacing the whole set (at most {MAX_LABELS}; "
+        "keys 1-100 printable characters, values up to 200); `{}` removes them all.",
+        examples=[{"team": "nlp", "baseline": "yes"}],
+    )
+    note: Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")] | None = Field(
+        default=None,
+        max_length=MAX_NOTE_CHARS,
+        description=f"A free-text note (up to {MAX_NOTE_CHARS} characters, newlines allowed); "
+        '`""` removes it.',
+        examples=["lr 3e-4 diverged at step 900; retry with warmup"],
+    )

@@ -156,10 +156,20 @@ def _update_latest(session: Session, job_id: int, points: Sequence[Metric]) -> N
             .values(
                 latest_metrics=latest,
                 current_step=max(step, job.current_step or 0),
+                best_loss=_lowest(job.best_loss, points, "loss"),
+                best_eval_loss=_lowest(job.best_eval_loss, points, "eval_loss"),
                 updated_at=utcnow(),
             )
             .execution_options(synchronize_session="fetch")
         )
+
+
+def _lowest(best: float | None, points: Sequence[Metric], name: str) -> float | None:
+    """The lower of `best` and the finite values of series `name` in `points`."""
+    values = [p.value for p in points if p.name == name and math.isfinite(p.value)]
+    if best is not None:
+        values.append(best)
+    return min(values) if values else None
 
 
 def logs(*, session: Session, job_id: int, attempt: int, lines: Sequence[Log]) -> None:

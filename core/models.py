@@ -231,6 +231,11 @@ class Job(Base):
     # Why the scheduler last passed this queued job over (`quota gpus 2/2`, ...); None once
     # claimed or never passed over (core.scheduling, 0014_quotas).
     wait_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    # A free-text note set with `PATCH /v1/jobs/{id}` (0016_job_note).
+    note: Mapped[str | None] = mapped_column(Text, default=None)
+    # The lowest finite `loss` / `eval_loss` reported, kept at ingest (0016_job_note).
+    best_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    best_eval_loss: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class JobEvent(Base):

@@ -299,6 +299,46 @@ def retry(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
     _print_job_state(_client(ctx).jobs.retry(job_id), json_out)
 
 
+@app.command()
+def label(
+    ctx: typer.Context,
+    job_id: JobId,
+    pairs: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="The job's labels as KEY=VALUE, replacing all it had (none: keep them).",
+            metavar="KEY=VALUE...",
+        ),
+    ] = None,
+    note: Annotated[
+        str | None,
+        typer.Option(
+            "--note", help='A free-text note about the job ("" clears it).', metavar="TEXT"
+        ),
+    ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove every label.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Set a job's labels (replacing the set) and/or its note, in any state.
+
+    Example: `torchyard label 42 team=nlp baseline=yes --note "best lr so far"`
+    """
+    labels: dict[str, str] | None = {} if clear else None
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="KEY=VALUE")
+        labels = {**(labels or {}), key: value}
+    if labels is None and note is None:
+        raise typer.BadParameter("give KEY=VALUE labels, --clear or --note")
+    job = _client(ctx).jobs.update(job_id, labels=labels, note=note)
+    if json_out:
+        _print_json(job)
+        return
+    shown = " ".join(f"{k}={v}" for k, v in job.labels.items()) or "(no labels)"
+    out.print(Text(f"job {job.id}: {shown}" + (f"\nnote: {job.note}" if job.note else "")))
+
+
 def _print_job_state(job: Any, json_out: bool) -> None:
     if json_out:
         _print_json(job)

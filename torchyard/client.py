@@ -207,6 +207,20 @@ class Jobs:
         """One job. Raises `NotFound`."""
         return Job.model_validate(self._client.request("GET", f"/v1/jobs/{job_id}"))
 
+    def update(
+        self, job_id: int, *, labels: dict[str, str] | None = None, note: str | None = None
+    ) -> Job:
+        """Replace the job's labels (the whole set; ``{}`` removes them) and/or set its note
+        (``""`` clears it); None leaves one as it is. Works in any state. Raises
+        `ValidationFailed` (422, naming the field: at most 64 labels, keys 1-100 and values up
+        to 200 printable characters, a note up to 10,000) and `NotFound`."""
+        body: dict[str, Any] = {}
+        if labels is not None:
+            body["labels"] = labels
+        if note is not None:
+            body["note"] = note
+        return Job.model_validate(self._client.request("PATCH", f"/v1/jobs/{job_id}", json=body))
+
     def cancel(self, job_id: int) -> Job:
         """Ask the job to stop; works in every non-terminal state. Returns the job (state
         ``cancelling`` or ``cancelled``). Raises `Conflict` when it already finished."""

@@ -117,6 +117,9 @@ class Job(_Model):
     retry_policy: RetryPolicy | None = None
     usage: JobUsage | None = None
     queue: JobQueue | None = None  # a waiting job's place, reason and estimated start
+    note: str | None = None  # free text, set with `client.jobs.update`
+    best_loss: float | None = None  # the lowest finite `loss` reported
+    best_eval_loss: float | None = None  # the lowest finite `eval_loss` reported
 
     @property
     def is_terminal(self) -> bool:

@@ -18,6 +18,7 @@ from core import (
     code_archives,
     datasets,
     init_from,
+    job_details,
     job_list,
     jobs,
     queue_view,
@@ -365,6 +366,33 @@ def get_job(
     """Read one job: a waiting one with `queue` (position, reason, estimated start), each
     with its usage so far (slot-seconds, CPU-seconds, cost)."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    return _out(session, settings, [job])[0]
+
+
+_UPDATE_EXAMPLE = {"labels": {"team": "nlp", "baseline": "yes"}, "note": "best run so far"}
+
+
+@router.patch("/{job_id}", response_model=schemas.Job, operation_id="jobs_update")
+def update_job(
+    job_id: JobId,
+    body: Annotated[
+        schemas.JobUpdate,
+        Body(openapi_examples={"label and note": {"value": _UPDATE_EXAMPLE}}),
+    ],
+    principal: JobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> schemas.Job:
+    """Replace a job's labels (the whole set) and/or set its free-text note, in any state;
+    a field left out stays as it is. Needs `jobs:write`; 422 names the bad field."""
+    job = job_details.update(
+        session=session,
+        job_id=job_id,
+        project_id=principal.project_id,
+        labels=body.labels,
+        note=body.note,
+    )
+    session.commit()
     return _out(session, settings, [job])[0]
 
 

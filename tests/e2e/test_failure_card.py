@@ -42,8 +42,9 @@ LIMIT_ERROR = "max_runtime_s exceeded (60 s)\ncheckpointed at step 120"
 
 
 def _job(engine: Engine, owner: ProjectKey, dataset_id: str, name: str) -> int:
+    """Two nodes of two processes (ranks 0-3), on a pool no worker serves."""
     spec = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name=name,
-                     retries=RETRIES)  # fmt: skip
+                     retries=RETRIES, resources={"nodes": 2, "procs_per_node": 2})  # fmt: skip
     return create_job(engine, owner, spec)
 
 
@@ -79,6 +80,7 @@ def test_a_failed_jobs_page_starts_with_class_reason_where_budget_and_log_tail(
     )
     expect(card).to_contain_text("Last log lines of rank 3")
     expect(card.locator("pre.log-tail")).to_have_text("\n".join(OOM.log_tail))
+    expect(page.locator("#log-rank")).to_have_value("")
 
     layout = page.evaluate(LAYOUT)
     assert layout["after_title"], "the failure card is the first thing under the title"
@@ -92,6 +94,10 @@ def test_a_failed_jobs_page_starts_with_class_reason_where_budget_and_log_tail(
     # The error text (which repeats the log tail) is not listed again in the summary.
     expect(page.locator("#job-summary dd[data-field='error']")).to_have_count(0)
     laptop.shot("job-failed-dark" if layout["dark"] else "job-failed")
+    # "all its logs": the page's log view, filtered to the failing rank.
+    card.locator("#failing-rank-logs").click()
+    expect(page.locator("#log-rank")).to_have_value("3")
+    expect(page.locator("#logs")).to_contain_text("No log lines yet.")  # this job never ran
 
 
 def test_a_restarted_job_shows_its_last_failure_as_a_warning_line(

@@ -91,6 +91,9 @@ def test_a_script_jobs_page_shows_its_code_its_own_metrics_logs_and_checkpoints(
     expect(summary.locator("dd[data-field='progress']")).to_have_text(f"step {STEPS}")
     expect(summary.locator("dd[data-field='strategy']")).to_have_count(0)
     expect(summary.locator("dd[data-field='dataset']")).to_have_count(0)
+    # The summary card: the script's own loss; no trainer hyperparameters to list.
+    expect(page.locator("#run-stats dd[data-stat='final_loss']")).not_to_have_text("\u2013")
+    expect(page.locator("#hparams-box")).to_be_hidden()
 
     for chart in ("chart-loss", "chart-accuracy"):  # free-form names each get a chart
         page.wait_for_function(f"({POINTS})('{chart}') === {STEPS}")

@@ -97,3 +97,26 @@ def test_login_verifies_the_key_then_commands_use_the_saved_config(
     assert whoami.exit_code == 0, whoami.output
     me = json.loads(whoami.stdout)
     assert me["url"] == live_api and api_key.startswith(me["key"]["prefix"])
+
+
+def test_label_sets_labels_and_a_note_and_refuses_a_bad_pair(cli: Any, spec_file: Path) -> None:
+    job = json.loads(cli("submit", str(spec_file), "--json").stdout)
+    result = cli("label", str(job["id"]), "team=nlp", "stage=a=b", "--note", "best so far")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"job {job['id']}: team=nlp stage=a=b",
+        "note: best so far",
+    ]
+    shown = json.loads(cli("show", str(job["id"]), "--json").stdout)
+    assert (shown["labels"], shown["note"]) == ({"team": "nlp", "stage": "a=b"}, "best so far")
+    # Only the note: the labels stay; --clear removes them.
+    kept = json.loads(cli("label", str(job["id"]), "--note", "", "--json").stdout)
+    assert (kept["labels"], kept["note"]) == ({"team": "nlp", "stage": "a=b"}, None)
+    assert json.loads(cli("label", str(job["id"]), "--clear", "--json").stdout)["labels"] == {}
+
+    bad = cli("label", str(job["id"]), "nokey")
+    assert bad.exit_code == 2 and "'nokey' is not KEY=VALUE" in bad.output
+    too_long = cli("label", str(job["id"]), "k=" + "v" * 201)
+    assert too_long.exit_code == 1 and "labels.k" in too_long.output
+    assert "Example: `torchyard label 42" in cli("label", "--help").stdout
+    cli("cancel", str(job["id"]))

@@ -1,4 +1,4 @@
-// The public REST API (docs/CONTRACTS.md, section 4), with the key from sessionStorage.
+// The public REST API (docs/CONTRACTS.md, section 4), with the key from the browser's storage.
 
 const KEY = "torchyard.apiKey";
 
@@ -12,13 +12,27 @@ export class ApiError extends Error {
   }
 }
 
+// The key lives in this tab's sessionStorage, or in localStorage (every tab, kept across
+// restarts) when the user ticks "remember on this browser"; signing out clears both.
 export const auth = {
-  get key() { return sessionStorage.getItem(KEY); },
-  set key(value) {
-    if (value) sessionStorage.setItem(KEY, value);
-    else sessionStorage.removeItem(KEY);
+  get key() { return sessionStorage.getItem(KEY) ?? localStorage.getItem(KEY); },
+  set key(value) { this.keep(value, false); },
+  /** Keep `value` for this tab, or in the browser when `remember`; null forgets it. */
+  keep(value, remember) {
+    sessionStorage.removeItem(KEY);
+    localStorage.removeItem(KEY);
+    if (value) (remember ? localStorage : sessionStorage).setItem(KEY, value);
   },
 };
+
+/** The sign-in page's address that comes back to `hash` (a deep link) once signed in. */
+export function loginHash(hash = window.location.hash) {
+  const target = hash.replace(/^#/, "");
+  // Already there (several requests of one page may answer 401): keep its `next`.
+  if (target.startsWith("/login")) return `#${target}`;
+  if (!target || target === "/") return "#/login";
+  return `#/login?next=${encodeURIComponent(target)}`;
+}
 
 /**
  * Call the API: `body` goes as JSON; `text` as is, with `contentType` (e.g. a YAML spec).
@@ -46,7 +60,7 @@ export async function api(path, { method = "GET", body, text, contentType, query
     const err = new ApiError(answer.status, data);
     if (answer.status === 401 && !key) {
       auth.key = null;
-      window.location.hash = "#/login";
+      window.location.hash = loginHash();
     }
     throw err;
   }

@@ -1,6 +1,6 @@
 // The dashboard's shell: sign-in, navigation and a hash router (#/jobs, #/jobs/7, ...).
 
-import { api, auth } from "./api.js";
+import { api, auth, loginHash } from "./api.js";
 import { clearError, h } from "./util.js";
 import { jobsPage } from "./jobs.js";
 import { detailPage } from "./detail.js";
@@ -13,12 +13,19 @@ import { settingsPage } from "./settings.js";
 const view = document.getElementById("view");
 let stopPage = null;
 
-function loginPage(root) {
+/** Where a deep link pointed: `#/login?next=/jobs/7` -> `#/jobs/7`; else the jobs list. */
+function afterLogin(query) {
+  const next = query.get("next");
+  return next && next.startsWith("/") && !next.startsWith("/login") ? `#${next}` : "#/jobs";
+}
+
+function loginPage(root, query) {
   const input = h("input", {
     id: "api-key", type: "password", autocomplete: "off", placeholder: "ty_...",
     required: true,
   });
   const message = h("p", { id: "login-error", class: "muted" });
+  const remember = h("input", { id: "remember-key", type: "checkbox" });
   const form = h("form", { class: "panel login", onsubmit: async (event) => {
     event.preventDefault();
     try {
@@ -27,15 +34,17 @@ function loginPage(root) {
       message.textContent = err.status === 401 ? "That key is not valid." : err.message;
       return;
     }
-    auth.key = input.value.trim();
-    window.location.hash = "#/jobs";
+    auth.keep(input.value.trim(), remember.checked);
+    window.location.hash = afterLogin(query);
   } },
   h("h1", {}, "Sign in"),
   h("label", { for: "api-key" }, "API key"),
   input,
+  h("label", { class: "remember" }, remember, " Remember on this browser"),
   h("button", { class: "primary", type: "submit" }, "Sign in"),
   message,
-  h("p", { class: "muted" }, "The key is kept for this browser tab only (sessionStorage)."));
+  h("p", { class: "muted" }, "Unless remembered, the key is kept for this tab only "
+    + "(sessionStorage); remembered, in this browser until you log out (localStorage)."));
   root.append(form);
   input.focus();
 }
@@ -59,8 +68,13 @@ function route() {
   document.getElementById("logout").hidden = !signedIn;
   if (!signedIn || path === "/login") {
     document.getElementById("who").textContent = "";
-    if (signedIn) { window.location.hash = "#/jobs"; return; }
-    loginPage(view);
+    if (signedIn) { window.location.hash = afterLogin(query); return; }
+    if (path !== "/login") { // a deep link: sign in first, then land where it pointed
+      history.replaceState(null, "", loginHash());
+      route();
+      return;
+    }
+    loginPage(view, query);
     return;
   }
   showWho();

@@ -5,6 +5,7 @@ import { lineChart, onZoom, purge } from "./charts.js";
 import { codeCard, entrypointOf, scriptBadge } from "./code.js";
 import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
+import { summaryCard } from "./summary.js";
 import {
   TERMINAL, etaSeconds, queueText, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds,
   showError, stateBadge, toYaml,
@@ -105,6 +106,8 @@ export function detailPage(root, jobId) {
   const failureSlot = h("div", { id: "failure-slot" });
   let failureShown = "";
   const summary = h("dl", { class: "kv", id: "job-summary" });
+  // Losses, tokens, throughput, MFU, the sample, hyperparameters; labels and note to edit.
+  const card = summaryCard(jobId, (updated) => { job = updated; renderJob(); });
   const codeSlot = h("div", { id: "code-slot" }); // a script job's "Code" card
   const kindSlot = h("span", { id: "job-kind" });
   const charts = h("div", { class: "grid2", id: "charts" });
@@ -193,12 +196,13 @@ export function detailPage(root, jobId) {
     const shown = JSON.stringify([job.state, job.failure, job.error, job.retry_policy?.summary]);
     if (shown !== failureShown) { // re-rendered only on change: a selection in the tail survives
       failureShown = shown;
-      const view = failureView(job);
+      const view = failureView(job, showRankLogs);
       failureSlot.replaceChildren(...(view ? [view] : []));
     }
     summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k),
       h("dd", { dataset: { field: k } }, v instanceof Node ? v : String(v))]));
     if (!specBox.textContent) showSpec();
+    card.job(job);
     const sel = rankSel.value;
     const world = (res.nodes ?? 1) * (res.procs_per_node ?? 1);
     if (rankSel.options.length !== world + 2) {
@@ -253,6 +257,7 @@ export function detailPage(root, jobId) {
   async function loadEvents() {
     const { items, last } = await pageAfter(`/v1/jobs/${jobId}/events`, { after: eventsAfter });
     eventsAfter = last;
+    card.events(items);
     for (const e of items) {
       timeline.append(h("li", { dataset: { kind: e.kind } },
         h("span", { class: "when" }, fmtTime(e.created_at)),
@@ -351,6 +356,16 @@ export function detailPage(root, jobId) {
     }
   }
 
+  /** The log view, filtered to `rank` (the failure card's "all its logs"), scrolled to. */
+  function showRankLogs(rank) {
+    if (![...rankSel.options].some((o) => o.value === String(rank))) {
+      rankSel.append(h("option", { value: String(rank) }, `rank ${rank}`));
+    }
+    rankSel.value = String(rank);
+    rankSel.dispatchEvent(new Event("change"));
+    logBox.scrollIntoView({ block: "center" });
+  }
+
   rankSel.addEventListener("change", () => {
     logsAfter = undefined; logLines = []; logBox.replaceChildren(); loadLogs().catch(showError);
   });
@@ -411,6 +426,7 @@ export function detailPage(root, jobId) {
       ...Object.values(actions).map((a) => a.button), cancel),
     failureSlot,
     h("div", { class: "panel" }, summary),
+    card.node,
     codeSlot,
     h("h2", {}, "Metrics"), charts,
     systemHeading, systemCharts,

@@ -22,7 +22,7 @@ function whereList(f, exitCode) {
     h("div", {}, h("dt", {}, k), h("dd", { dataset: { field: k } }, String(v)))));
 }
 
-function failedCard(job) {
+function failedCard(job, onRankLogs) {
   const f = job.failure;
   // A failed job without a recorded failure (a runtime limit, a job from before failures were
   // classed): its `error` says why.
@@ -37,7 +37,10 @@ function failedCard(job) {
     job.retry_policy ? h("p", { class: "retry-summary" }, job.retry_policy.summary) : null,
     tail.length ? [
       h("div", { class: "muted tail-title" },
-        f && f.rank !== null && f.rank !== undefined ? `Last log lines of rank ${f.rank}` : "Last log lines"),
+        f && f.rank !== null && f.rank !== undefined ? `Last log lines of rank ${f.rank}` : "Last log lines",
+        onRankLogs && f && f.rank !== null && f.rank !== undefined
+          ? [" · ", h("button", { id: "failing-rank-logs", type: "button", class: "link",
+            onclick: () => onRankLogs(f.rank) }, "all its logs")] : null),
       h("pre", { class: "log-tail" }, tail.join("\n")),
     ] : null);
 }
@@ -53,8 +56,9 @@ function warningLine(job) {
 }
 
 /** The failure card of a failed job, the warning line of a job restarted after a failure, or
- * null for a job that never failed. */
-export function failureView(job) {
-  if (job.state === "failed") return failedCard(job);
+ * null for a job that never failed. `onRankLogs(rank)`, when given, is what the card's "all its
+ * logs" button does (the page's log view, filtered to the failing rank). */
+export function failureView(job, onRankLogs) {
+  if (job.state === "failed") return failedCard(job, onRankLogs);
   return job.failure ? warningLine(job) : null;
 }

@@ -19,7 +19,7 @@ function progressCell(job) {
   const step = job.current_step ?? 0;
   const pct = job.max_steps ? Math.min(100, (100 * step) / job.max_steps) : 0;
   const eta = etaSeconds(job);
-  return h("td", { class: "num" },
+  return h("td", { class: "num progress-cell" },
     h("span", { class: "progress" }, h("span", { style: `width:${pct.toFixed(1)}%` })),
     `${step}/${job.max_steps}`,
     eta !== null ? h("span", { class: "muted" }, ` · ETA ${fmtDuration(eta)}`) : "",
@@ -34,7 +34,7 @@ function jobRow(job, onLabel) {
   const loss = job.latest_metrics?.loss;
   return h("tr", { dataset: { jobId: job.id } },
     h("td", { class: "num" }, h("a", { href: `#/jobs/${job.id}` }, `#${job.id}`)),
-    h("td", {}, h("a", { href: `#/jobs/${job.id}`, class: "job-name" }, job.name),
+    h("td", { class: "name-cell" }, h("a", { href: `#/jobs/${job.id}`, class: "job-name" }, job.name),
       ...Object.entries(job.labels ?? {}).map(([k, v]) => h("button", {
         type: "button", class: "label", title: "show only jobs with this label",
         onclick: () => onLabel(`${k}=${v}`),
@@ -42,13 +42,15 @@ function jobRow(job, onLabel) {
     h("td", {}, stateBadge(job.state), // and why a failed one failed (the reason on hover)
       job.state === "failed" && job.failure
         ? [" ", failureClassBadge(job.failure.failure_class, job.failure.reason)] : null),
-    h("td", {}, strategy),
-    h("td", { class: "num" }, `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`),
+    h("td", { class: "col-strategy" }, strategy),
+    h("td", { class: "num col-nodes" }, `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`),
     progressCell(job),
-    h("td", { class: "num" }, fmtNumber(loss)),
-    h("td", { class: "owner" }, job.owner ?? "–"),
-    h("td", {}, fmtTime(job.created_at)),
-    h("td", { class: "num" }, fmtDuration(runSeconds(job))),
+    h("td", { class: "num loss" }, fmtNumber(loss)),
+    h("td", { class: "num best-eval", title: "the lowest eval loss reported" },
+      fmtNumber(job.best_eval_loss)),
+    h("td", { class: "owner col-owner" }, job.owner ?? "–"),
+    h("td", { class: "col-created" }, fmtTime(job.created_at)),
+    h("td", { class: "num col-duration" }, fmtDuration(runSeconds(job))),
     h("td", {}, h("input", {
       type: "checkbox", class: "pick", value: String(job.id), "aria-label": `compare ${job.id}`,
     })));
@@ -145,7 +147,7 @@ export function jobsPage(root, query) {
       });
     }
     if (!page.items.length) {
-      body.append(h("tr", {}, h("td", { colspan: 11, class: "muted" }, "No jobs match.")));
+      body.append(h("tr", {}, h("td", { colspan: 12, class: "muted" }, "No jobs match.")));
     }
     info.textContent = `page ${pageIndex + 1} · ${page.items.length} jobs`;
     prev.disabled = pageIndex === 0;
@@ -177,13 +179,15 @@ export function jobsPage(root, query) {
     h("h1", {}, "Jobs"),
     h("div", { class: "toolbar" }, stateSel, nameInput, labelInput, info, h("span", { class: "spacer" }),
       compare, h("a", { href: "#/submit" }, h("button", { class: "primary", type: "button" }, "New job"))),
-    h("table", { id: "jobs-table" },
+    h("div", { class: "jobs-wrap" }, h("table", { id: "jobs-table" },
       h("thead", {}, h("tr", {},
         header("id", null, "num"), header("name", "name"), header("state", "state"),
-        header("strategy"), header("nodes × procs", null, "num"),
-        header("progress", null, "num"), header("loss", null, "num"), header("owner"),
-        header("created", "created"), header("duration", null, "num"), header("cmp"))),
-      body),
+        header("strategy", null, "col-strategy"), header("nodes × procs", null, "num col-nodes"),
+        header("progress", null, "num"), header("final loss", null, "num"),
+        header("best eval", null, "num"), header("owner", null, "col-owner"),
+        header("created", "created", "col-created"), header("duration", null, "num col-duration"),
+        header("cmp"))),
+      body)),
     h("div", { class: "pager" }, prev, next));
   return () => { stop(); clearTimeout(typing); };
 }

@@ -46,6 +46,7 @@ BODIES: dict[str, Any] = {
     "access_update_member": {"role": "viewer"},
     "quotas_set": {"max_slots": 2},
     "webhooks_update": {"description": "renamed"},
+    "jobs_update": {"note": "checked"},
 }
 # Path parameters that name something every project shares (a pool), not a resource of one
 # project: such routes act on the caller's own project and are not part of the 404 test.

@@ -18,6 +18,7 @@ MAIN_IDS = {
     ("post", "/v1/jobs"): "jobs_create",
     ("get", "/v1/jobs"): "jobs_list",
     ("get", "/v1/jobs/{job_id}"): "jobs_get",
+    ("patch", "/v1/jobs/{job_id}"): "jobs_update",
     ("post", "/v1/jobs/{job_id}/cancel"): "jobs_cancel",
     ("post", "/v1/jobs/{job_id}/pause"): "jobs_pause",
     ("post", "/v1/jobs/{job_id}/resume"): "jobs_resume",

@@ -1,0 +1,279 @@
+"""A job's page and the jobs list as a team uses them daily (issue 15): the summary card of a
+finished run (losses, tokens, throughput, sample, hyperparameters), labels and a note edited
+from the page, the list's loss columns, deep links through sign-in, and no overflow at 1366 and
+1920 px, light and dark.
+
+One module: a real API (uvicorn), one real worker, and the module's `run` project with one tiny
+run that succeeded and one job parked on a pool no worker serves; the tests only read the run.
+A test that writes (labels, note) works on its own parked job. Waits are Playwright's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, expect
+from sqlalchemy import Engine
+
+from tests.conftest import ProjectKey, make_project
+from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
+from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
+
+RUN_TIMEOUT_S = 180
+STEPS = 24
+DESKTOP = {"width": 1920, "height": 1080}
+
+
+@dataclass(frozen=True)
+class Run:
+    owner: ProjectKey
+    job: dict[str, Any]  # the succeeded run, as the API shows it
+    parked: int  # a queued job that never runs
+
+
+@pytest.fixture(scope="module")
+def run(engine: Engine, live_api: str, corpus_dir: Path, pool: str, worker: Worker) -> Run:
+    owner = make_project(engine)
+    with api_client(live_api, owner) as api:
+        dataset_id = register_corpus(api, corpus_dir)
+        # As wide as real rows get: a long name, three labels, its place in the queue.
+        parked = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id,
+                           name="gpt-small-lr3e-4-warmup200-bs64-seq1024-sweep-7",
+                           labels={"team": "nlp", "experiment": "warmup-sweep",
+                                   "stage": "baseline"})  # fmt: skip
+        parked_id = api.post("/v1/jobs", json=parked.model_dump(mode="json")).json()["id"]
+        spec = tiny_spec(pool=pool, dataset_id=dataset_id, name="summary-run",
+                         train={"max_steps": STEPS}, labels={"team": "nlp"})  # fmt: skip
+        answer = api.post("/v1/jobs", json=spec.model_dump(mode="json"))
+        assert answer.status_code == 201, answer.text
+        job_id = answer.json()["id"]
+
+        def ended() -> dict[str, Any] | None:
+            job = api.get(f"/v1/jobs/{job_id}").json()
+            return job if job["state"] in ("succeeded", "failed", "cancelled") else None
+
+        job = wait_for("the run to end", ended, RUN_TIMEOUT_S, 0.2)
+        assert job["state"] == "succeeded", worker.log[-4000:]
+    return Run(owner=owner, job=job, parked=int(parked_id))
+
+
+@pytest.fixture
+def reader(browser: Browser, live_api: str, run: Run) -> Iterator[Dash]:
+    with new_dash(browser, live_api, run.owner.api_key, viewport=LAPTOP) as dash:
+        yield dash
+
+
+def _stat(dash: Dash, key: str) -> str:
+    return dash.page.locator(f"#run-stats dd[data-stat='{key}']").inner_text()
+
+
+def _events(api: httpx.Client, job_id: int) -> list[dict[str, Any]]:
+    return list(api.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["items"])
+
+
+def test_a_finished_runs_summary_card_shows_losses_tokens_throughput_sample_and_params(
+    reader: Dash, live_api: str, run: Run
+) -> None:
+    job = run.job
+    with api_client(live_api, run.owner) as api:
+        events = _events(api, job["id"])
+    per_step = next(e["data"]["tokens_per_step"] for e in events
+                    if "tokens_per_step" in (e["data"] or {}))  # fmt: skip
+    completed = next(
+        e["data"] for e in events if (e["data"] or {}).get("trainer_state") == "completed"
+    )
+    sample = next(e["data"] for e in events if e["kind"] == "sample")
+
+    reader.open(f"/jobs/{job['id']}")
+    page = reader.page
+    expect(page.locator("#run-stats dd[data-stat='final_loss']")).not_to_have_text("\u2013")
+    metrics = job["latest_metrics"]
+    assert float(_stat(reader, "final_loss")) == pytest.approx(metrics["loss"], rel=1e-3)
+    assert float(_stat(reader, "best_loss")) == pytest.approx(job["best_loss"], rel=1e-3)
+    assert job["best_loss"] <= metrics["loss"]
+    assert float(_stat(reader, "final_eval_loss")) == pytest.approx(metrics["eval_loss"], rel=1e-3)
+    assert float(_stat(reader, "best_eval_loss")) == pytest.approx(job["best_eval_loss"], rel=1e-3)
+    assert _stat(reader, "tokens_seen") == f"{per_step * STEPS:,}"
+    assert _stat(reader, "throughput") == f"{round(completed['tokens_per_second']):,} tokens/s"
+    # The trainer reports no MFU on a CPU (its peak FLOP/s is unknown): none is made up.
+    expect(page.locator("#run-stats dd[data-stat='mfu']")).to_have_count(0)
+    expect(page.locator("#run-sample pre")).to_have_text(sample["text"])
+    for param, value in (("model.n_layers", "2"), ("train.max_steps", str(STEPS)),
+                         ("optim.warmup_steps", "5"), ("model.seq_len", "64")):  # fmt: skip
+        expect(page.locator(f"#hparams dd[data-param='{param}']")).to_have_text(value)
+    expect(page.locator("#labels-input")).to_have_value("team=nlp")
+    assert reader.fits_width()
+    reader.shot("job-summary", full_page=True)
+
+
+def test_labels_and_a_note_are_edited_on_the_page_and_kept(
+    browser: Browser, live_api: str, engine: Engine, corpus_dir: Path
+) -> None:
+    owner = make_project(engine)
+    with api_client(live_api, owner) as api:
+        dataset_id = register_corpus(api, corpus_dir)
+        spec = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name="to-label",
+                         labels={"team": "nlp"})  # fmt: skip
+        job_id = api.post("/v1/jobs", json=spec.model_dump(mode="json")).json()["id"]
+        with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+            page = dash.page
+            dash.open(f"/jobs/{job_id}")
+            expect(page.locator("#labels-input")).to_have_value("team=nlp")
+            page.fill("#labels-input", "oops")
+            page.click("#save-details")
+            expect(page.locator("#details-status")).to_contain_text('"oops" is not key=value')
+            page.fill("#labels-input", "team=vision, baseline=yes")
+            page.fill("#note-input", "diverged at step 900\nretry with warmup")
+            page.click("#save-details")
+            expect(page.locator("#details-status")).to_have_text("saved")
+            job = api.get(f"/v1/jobs/{job_id}").json()
+            assert job["labels"] == {"team": "vision", "baseline": "yes"}
+            assert job["note"] == "diverged at step 900\nretry with warmup"
+
+            dash.console.expect_status(422)  # the server's limit, shown beside the form
+            page.fill("#labels-input", "k=" + "v" * 201)
+            page.click("#save-details")
+            expect(page.locator("#details-status")).to_contain_text("labels.k")
+
+            page.reload()
+            expect(page.locator("#labels-input")).to_have_value("team=vision, baseline=yes")
+            expect(page.locator("#note-input")).to_have_value(
+                "diverged at step 900\nretry with warmup"
+            )
+            dash.open("/jobs?label=baseline%3Dyes")
+            expect(page.locator("#jobs-body tr[data-job-id]")).to_have_count(1)
+
+
+def test_the_jobs_list_shows_final_loss_and_best_eval_loss(reader: Dash, run: Run) -> None:
+    reader.open("/jobs")
+    row = reader.page.locator(f"#jobs-body tr[data-job-id='{run.job['id']}']")
+    expect(row.locator("td.best-eval")).not_to_have_text("\u2013")
+    assert float(row.locator("td.loss").inner_text()) == pytest.approx(
+        run.job["latest_metrics"]["loss"], rel=1e-3
+    )
+    assert float(row.locator("td.best-eval").inner_text()) == pytest.approx(
+        run.job["best_eval_loss"], rel=1e-3
+    )
+    parked = reader.page.locator(f"#jobs-body tr[data-job-id='{run.parked}']")
+    expect(parked.locator("td.best-eval")).to_have_text("\u2013")
+    expect(parked.locator(".queue")).to_contain_text("#1")  # its place in the queue
+
+
+@pytest.mark.parametrize("remember", [False, True])
+def test_a_deep_link_lands_where_it_pointed_after_signing_in(
+    browser: Browser, live_api: str, run: Run, remember: bool
+) -> None:
+    links = [f"/jobs/{run.job['id']}", "/jobs?label=team%3Dnlp&state=queued",
+             f"/compare?ids={run.job['id']},{run.parked}"]  # fmt: skip
+    with new_dash(browser, live_api, None, viewport=LAPTOP) as guest:
+        page = guest.page
+        for number, link in enumerate(links):
+            guest.open(link)
+            if number == 0:  # the first link signs in; the others find the key kept
+                expect(page.locator("#api-key")).to_be_visible()
+                assert "next=" in page.url
+                page.fill("#api-key", run.owner.api_key)
+                if remember:
+                    page.check("#remember-key")
+                page.click("button[type=submit]")
+            page.wait_for_function(f"location.hash === {('#' + link)!r}")
+            expect(page.locator("main[data-loaded]")).to_be_attached()
+        expect(page.locator("#nav")).to_be_visible()
+        kept = page.evaluate(
+            "[sessionStorage.getItem('torchyard.apiKey'), localStorage.getItem('torchyard.apiKey')]"
+        )
+        assert kept == ([None, run.owner.api_key] if remember else [run.owner.api_key, None])
+        # A new tab of the same browser: signed in only when the key was remembered.
+        other = page.context.new_page()
+        other.goto(f"{live_api}/ui/#/jobs/{run.job['id']}")
+        if remember:
+            expect(other.locator("#job-title")).to_contain_text("summary-run")
+        else:
+            expect(other.locator("#api-key")).to_be_visible()
+        page.click("#logout")
+        expect(page.locator("#api-key")).to_be_visible()
+        assert page.evaluate("localStorage.getItem('torchyard.apiKey')") is None
+
+
+# Every visible element's right edge inside the viewport (unless an ancestor that scrolls or
+# clips it holds it), and no horizontal scrolling of the page.
+OVERFLOW = """() => {
+  const clipped = (el) => {
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      const inside = a.getBoundingClientRect().right <= innerWidth + 0.5;
+      if (s.overflowX !== 'visible' && inside) return true;
+    }
+    return false;
+  };
+  const out = [];
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height || r.right <= innerWidth + 0.5 || clipped(el)) continue;
+    out.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className?.baseVal ?? el.className} `
+             + `right ${Math.round(r.right)}`);
+  }
+  return {
+    over: out.slice(0, 10),
+    scroll: document.scrollingElement.scrollWidth,
+    width: innerWidth,
+  };
+}"""
+
+
+# Plotly's charts (`.js-plotly-plot`): each drawing as wide as its box, give or take a few px.
+CHARTS_FIT = """() => [...document.querySelectorAll('.js-plotly-plot')].every((c) => {
+  const svg = c.querySelector('.main-svg');
+  return !svg || Math.abs(svg.getBoundingClientRect().width - c.clientWidth) < 30;
+})"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_nothing_overflows_at_1366_and_1920_and_charts_follow_a_resize(
+    browser: Browser, live_api: str, run: Run, scheme: str
+) -> None:
+    with new_dash(browser, live_api, run.owner.api_key, scheme, DESKTOP) as dash:
+        page = dash.page
+        pages = ("/jobs", f"/jobs/{run.job['id']}", f"/jobs/{run.parked}", "/submit",
+                 "/datasets", "/usage")  # fmt: skip
+        for route in pages:
+            dash.open(route)
+            expect(page.locator("main[data-loaded]")).to_be_attached()
+            if route == f"/jobs/{run.job['id']}":
+                expect(page.locator("#chart-loss .main-svg").first).to_be_attached()
+            for size in (DESKTOP, LAPTOP):
+                page.set_viewport_size(size)  # type: ignore[arg-type]
+                if route == "/jobs":  # at 1920 every column shows; at 1366 some collapse
+                    owner = page.locator("#jobs-table th.col-owner")
+                    if size == DESKTOP:
+                        expect(owner).to_be_visible()
+                    else:
+                        expect(page.locator("#jobs-table th.col-strategy")).to_be_hidden()
+                # Every chart follows the window: as wide as its box again.
+                page.wait_for_function(CHARTS_FIT)
+                got = page.evaluate(OVERFLOW)
+                assert not got["over"] and got["scroll"] <= got["width"], (route, size, got)
+            page.set_viewport_size(DESKTOP)  # type: ignore[arg-type]
+        dash.open("/jobs")
+        expect(page.locator("main[data-loaded]")).to_be_attached()
+        dash.shot(f"jobs-1920-{scheme}")
+
+
+def test_a_revoked_key_on_a_deep_link_signs_in_again_and_comes_back(
+    browser: Browser, live_api: str, run: Run
+) -> None:
+    link = f"/jobs/{run.job['id']}"
+    with new_dash(browser, live_api, "ty_revoked-or-mistyped", viewport=LAPTOP) as dash:
+        dash.console.expect_status(401)
+        dash.open(link)
+        expect(dash.page.locator("#api-key")).to_be_visible()
+        assert dash.page.evaluate("sessionStorage.getItem('torchyard.apiKey')") is None
+        dash.page.fill("#api-key", run.owner.api_key)
+        dash.page.click("button[type=submit]")
+        expect(dash.page.locator("#job-title")).to_contain_text("summary-run")
+        assert dash.page.evaluate("location.hash") == f"#{link}"
