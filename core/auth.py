@@ -201,5 +201,8 @@ def _touch(*, session: Session, key_id: str, now: datetime) -> None:
         .where(ApiKey.id == key_id)
         .where(or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - LAST_USED_RESOLUTION))
         .values(last_used_at=now)
+        # No in-Python re-evaluation of the loaded key: SQLite hands back naive datetimes,
+        # which cannot be compared with `now` (and nothing here reads the row after).
+        .execution_options(synchronize_session=False)
     )
     session.commit()
