@@ -14,8 +14,8 @@ from sqlalchemy import Engine
 
 from core.models import JobState
 from tests.conftest import ProjectKey
+from tests.integration.conftest import UNSERVED_POOL
 from tests.integration.failures import INFRA, OOM, RETRIES, fail_job
-from tests.integration.test_cli_jobs import UNSERVED_POOL, cli  # noqa: F401  (the fixture)
 from tests.integration.workers.helpers import create_job, tiny_spec
 
 
@@ -36,7 +36,7 @@ def _job(engine: Engine, project: ProjectKey, dataset_id: str, name: str) -> int
 
 
 def test_show_starts_a_failed_job_with_class_reason_where_budget_and_log_tail(
-    cli: Any,  # noqa: F811
+    cli: Any,
     engine: Engine,
     project: ProjectKey,
     dataset_id: str,
@@ -60,7 +60,7 @@ def test_show_starts_a_failed_job_with_class_reason_where_budget_and_log_tail(
 
 
 def test_show_json_keeps_its_shape_and_adds_the_failure_fields(
-    cli: Any,  # noqa: F811
+    cli: Any,
     engine: Engine,
     project: ProjectKey,
     dataset_id: str,
@@ -80,7 +80,7 @@ def test_show_json_keeps_its_shape_and_adds_the_failure_fields(
 
 
 def test_jobs_names_the_failure_class_beside_the_state(
-    cli: Any,  # noqa: F811
+    cli: Any,
     engine: Engine,
     project: ProjectKey,
     dataset_id: str,
