@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from core import errors as domain
 from trainer.spec import SPEC_KINDS
@@ -158,13 +159,30 @@ def _without_kind(loc: tuple[Any, ...]) -> list[Any]:
     return list(loc)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400:
         # FastAPI's "error parsing the body" (e.g. JSON nested too deep): a body fault like any.
         detail = {"loc": ["body"], "msg": str(exc.detail), "type": "body_unparseable"}
         return error_response(422, f"body: {exc.detail}", details=[detail])
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (RFC 9110: a 405's `Allow`).
+
+    Starlette answers 405 from the first route whose path matches, naming only that route's
+    methods; FastAPI has one route per method, so the others must be gathered here.
+    """
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and isinstance(route, Route):
+            methods |= route.methods or set()
+    return sorted(methods)
 
 
 async def _data_error(request: Request, exc: Exception) -> JSONResponse:

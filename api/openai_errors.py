@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 PREFIX = "/openai/"
@@ -57,7 +58,8 @@ def _wrap(handler: Handler) -> Handler:
         if not request.url.path.startswith(PREFIX) or not isinstance(response, JSONResponse):
             return response
         body = json.loads(bytes(response.body))
-        headers = {k: v for k, v in response.headers.items() if k.lower() == "www-authenticate"}
+        kept = {"www-authenticate", "allow", "retry-after"}
+        headers = {k: v for k, v in response.headers.items() if k.lower() in kept}
         return JSONResponse(
             openai_body(response.status_code, body),
             status_code=response.status_code,
@@ -71,3 +73,40 @@ def install(app: FastAPI) -> None:
     """Wrap every exception handler installed so far (call after `api.errors.install`)."""
     for key, handler in list(app.exception_handlers.items()):
         app.exception_handlers[key] = _wrap(handler)  # type: ignore[arg-type]
+
+
+class OpenAIErrorInfo(BaseModel):
+    """The error in OpenAI's shape."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    message: str
+    """What went wrong, in one line."""
+    type: str
+    """OpenAI's kind of error: `authentication_error`, `permission_error`,
+    `invalid_request_error`, `rate_limit_error` or `server_error`."""
+    param: str | None
+    """The first bad field's path (`after`, `method.dpo.hyperparameters.beta`), else null."""
+    code: str | None
+    """Torchyard's error code, such as `not_found` or `validation_error`."""
+
+
+class OpenAIErrorBody(BaseModel):
+    """The body of every non-2xx answer under `/openai/v1`."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    error: OpenAIErrorInfo
+    """What went wrong."""
+
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": OpenAIErrorBody, "description": desc}
+    for status, desc in {
+        401: "Missing, unknown or revoked API key",
+        404: "No such file, model or job in the caller's project",
+        409: "The resource is in a state that forbids the request",
+        422: "Invalid request; `param` names the first bad field",
+    }.items()
+}
+"""The errors every operation under `/openai/v1` may answer, documented on its routers."""

@@ -370,7 +370,14 @@ class Dataset(_Out):
     project_id: str = Field(description="The project that owns it.")
     name: str = Field(description="Unique in the project.")
     uri: str = Field(
-        description="Where its bytes are (a path under a data root or the upload store)."
+        description="Where its bytes are, without the server's own directories: an upload's "
+        "place in the server's storage (`datasets/<id>/<file name>`), or the path it was "
+        "registered with."
+    )
+    server_uri: str | None = Field(
+        default=None,
+        description="The full server-side location (path or fsspec URI) of its bytes; only "
+        "for callers with the `admin` permission, else null.",
     )
     size_bytes: int = Field(description="Its size in bytes (all files of a directory).")
     sha256: str = Field(description="Hex sha256 of its bytes.")
@@ -565,3 +572,13 @@ class JobUpdate(BaseModel):
         '`""` removes it.',
         examples=["lr 3e-4 diverged at step 900; retry with warmup"],
     )
+
+
+def dataset_out(dataset: models.Dataset, *, storage_url: str, admin: bool) -> Dataset:
+    """`dataset` as the API shows it: `uri` relative to the storage root `storage_url` when it
+    is an upload (the server's directories are not the caller's business), the full location
+    in `server_uri` for admins only."""
+    out = Dataset.model_validate(dataset)
+    root = storage_url.rstrip("/") + "/"
+    relative = dataset.uri.removeprefix(root)
+    return out.model_copy(update={"uri": relative, "server_uri": dataset.uri if admin else None})

@@ -7,9 +7,10 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas import Timestamp
+from api.validation import NotBool
 from core.quotas import QuotaUsage
 
-Limit = Annotated[int | None, Field(ge=0, le=1_000_000)]
+Limit = Annotated[int, Field(ge=0, le=1_000_000), NotBool] | None
 
 
 class QuotaIn(BaseModel):
@@ -32,13 +33,15 @@ class QuotaIn(BaseModel):
         "`Retry-After`.",
         examples=[100],
     )
-    monthly_slot_hours: Annotated[float | None, Field(ge=0, le=1e9, allow_inf_nan=False)] = Field(
+    monthly_slot_hours: Annotated[
+        float | None, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)
+    ] = Field(
         default=None,
         description="Slot-hours (GPU-hours on GPU pools: devices x hours) per calendar month "
         "(UTC); once used up, the project's queued jobs wait with `budget exhausted`.",
         examples=[500.0],
     )
-    weight: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = Field(
+    weight: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False, strict=True)] = Field(
         default=1.0,
         description="Fair share against the other projects of the pool: the claim prefers the "
         "project with the fewest active slots per weight (2 gets twice the slots of 1).",

@@ -39,8 +39,19 @@ OPENAPI_BODY: dict[str, Any] = {
                     "type": "object",
                     "required": ["name", "file"],
                     "properties": {
-                        "name": {"type": "string", "maxLength": 200},
-                        "file": {"type": "string", "format": "binary"},
+                        "name": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 200,
+                            "pattern": r"^[^\x00-\x1f\x7f]+$",  # api.schemas.PRINTABLE
+                            "description": "The dataset's name, unique in the project.",
+                        },
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "minLength": 1,
+                            "description": "The dataset file (JSONL, Parquet, .npy, .bin, text).",
+                        },
                         "format": {
                             "type": "string",
                             "enum": list(FORMATS),
@@ -52,6 +63,37 @@ OPENAPI_BODY: dict[str, Any] = {
                             "description": "`tokens` in a `.bin` file (default uint16).",
                         },
                     },
+                    "additionalProperties": False,
+                }
+            }
+        },
+    }
+}
+
+# `POST /openai/v1/files`: OpenAI's upload form.
+OPENAI_FILE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "minLength": 1,
+                            "description": "JSONL: one example per line (messages, "
+                            "prompt/completion or preference pairs).",
+                        },
+                        "purpose": {
+                            "type": "string",
+                            "enum": ["fine-tune"],
+                            "description": "What the file is for; only `fine-tune`.",
+                        },
+                    },
+                    "additionalProperties": False,
                 }
             }
         },

@@ -1,8 +1,13 @@
-"""Checks on request values that pydantic accepts but the database cannot store."""
+"""Checks on request values that pydantic accepts but the database cannot store, or that it
+reads more loosely than the OpenAPI schema states."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from core.errors import InvalidInput
 
@@ -53,3 +58,31 @@ def _storable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def _iso_only(value: Any) -> Any:
+    """Refuse what pydantic would read as a Unix time (`0.5`, `1700000000`): the schema says
+    `format: date-time` (RFC 3339 / ISO 8601)."""
+    if isinstance(value, str) and not _ISO_DATE.match(value):
+        raise ValueError("an ISO 8601 date-time, such as 2026-01-31T12:00:00Z")
+    return value
+
+
+IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only)]
+"""A date-time given as ISO 8601 text (query parameters); UTC when it has no offset is the
+caller's business."""
+
+
+def _not_bool(value: Any) -> Any:
+    """Refuse JSON `true`/`false` where the schema says number (pydantic's lax mode reads them
+    as 1 and 0)."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not true or false")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+"""Put in an `Annotated[int, ...]` of a request body: booleans are refused."""

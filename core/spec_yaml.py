@@ -99,7 +99,7 @@ def parse(text: str) -> SpecDocument:
             line, column = _mark(root)
             raise _error("a spec is a mapping of fields (name: ..., data: ...)", line, column,
                          "model_type")  # fmt: skip
-        data = loader.construct_document(root)
+        data = _join_surrogates(loader.construct_document(root))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -130,3 +130,22 @@ def _plain(value: Any, path: Path, doc: SpecDocument) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
+
+
+def _text(value: str) -> str:
+    try:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:  # a lone surrogate: no text; validation refuses it later
+        return value
+
+
+def _join_surrogates(value: Any) -> Any:
+    """`value` with each escaped UTF-16 pair (JSON's `"\\ud83d\\ude80"`) made the one character
+    it means: PyYAML decodes the two escapes of a double-quoted scalar separately."""
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, dict):
+        return {_join_surrogates(k): _join_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join_surrogates(v) for v in value]
+    return value

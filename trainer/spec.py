@@ -15,11 +15,19 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trainer.failures import FailureClass as FailureClass
-from trainer.spec_base import StrictSpec
+from trainer.spec_base import StrictSpec, given
 from trainer.spec_checks import cross_field_errors, get_path
 from trainer.spec_data import DataSpec as DataSpec
 from trainer.spec_entrypoint import EntrypointSpec as EntrypointSpec
@@ -48,6 +56,10 @@ class InitFromSpec(StrictSpec):
     `GET /v1/jobs/{id}/checkpoints`), or both (the checkpoint must be of that job). Both must
     be of the job's project, and the model's shape must equal the earlier job's.
     """
+
+    model_config = ConfigDict(
+        **StrictSpec.model_config, json_schema_extra={"anyOf": [given("job"), given("checkpoint")]}
+    )
 
     job: int | None = Field(
         default=None, ge=1, description="Id of an earlier job of the same project."
@@ -301,6 +313,23 @@ class OptimSpec(StrictSpec):
 
 class TrainSpec(StrictSpec):
     """Batching, precision and stopping."""
+
+    # Exactly one of `max_steps` (default 1000) and `epochs` ends the run: not both given, and
+    # not `max_steps: null` without `epochs`.
+    model_config = ConfigDict(
+        **StrictSpec.model_config,
+        json_schema_extra={
+            "not": {
+                "anyOf": [
+                    given("max_steps", "epochs"),
+                    {
+                        "required": ["max_steps"],
+                        "properties": {"max_steps": {"type": "null"}, "epochs": {"type": "null"}},
+                    },
+                ]
+            }
+        },
+    )
 
     micro_batch_size: int = Field(
         default=16, ge=1, le=65536, description="Sequences per rank per forward/backward."

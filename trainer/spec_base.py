@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -10,3 +12,9 @@ class StrictSpec(BaseModel):
     """A spec section: `extra="forbid"`, `validate_assignment=True`."""
 
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+def given(*names: str) -> dict[str, Any]:
+    """A JSON Schema (2020-12) that holds when every field of `names` is present and not null:
+    a model's `json_schema_extra` states its cross-field rules with it (`oneOf`, `not`)."""
+    return {"required": list(names), "properties": {n: {"not": {"type": "null"}} for n in names}}

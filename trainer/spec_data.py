@@ -5,15 +5,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from trainer.records import Format
-from trainer.spec_base import StrictSpec
+from trainer.spec_base import StrictSpec, given
 
 
 class DataSpec(StrictSpec):
     """Training data and how it becomes token rows. Exactly one of `dataset` or `uri`; at
     most one of `eval_dataset` or `eval_uri`."""
+
+    # The same rules in the JSON Schema, so clients and fuzzers see them (JSON Schema 2020-12).
+    model_config = ConfigDict(
+        **StrictSpec.model_config,
+        json_schema_extra={
+            "oneOf": [given("dataset"), given("uri")],
+            "not": given("eval_dataset", "eval_uri"),
+        },
+    )
 
     dataset: str | None = Field(
         default=None,

@@ -15,7 +15,7 @@ from typing import Annotated, Final
 
 from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
-from pydantic import Field, field_validator
+from pydantic import Field, JsonValue, field_validator
 
 from trainer.spec_base import StrictSpec
 
@@ -79,6 +79,18 @@ class EntrypointSpec(StrictSpec):
         "`[A-Za-z_][A-Za-z0-9_]*`; `TORCHYARD_*`, `TORCHELASTIC_*`, torchrun's (`RANK`, "
         "`WORLD_SIZE`, `MASTER_ADDR`, ...), "
         "`PATH`, `PYTHONPATH` and `CUDA_VISIBLE_DEVICES` are the platform's.",
+        # The same rules as `_env_names`, in the JSON Schema.
+        json_schema_extra={
+            "propertyNames": {
+                "pattern": ENV_NAME.pattern,
+                "not": {
+                    "anyOf": [
+                        {"enum": list[JsonValue](sorted(RESERVED_ENV))},
+                        {"pattern": "^(" + "|".join(RESERVED_ENV_PREFIXES) + ")"},
+                    ]
+                },
+            }
+        },
     )
     requirements: list[Requirement] = Field(
         default=[],

@@ -6,16 +6,30 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from trainer.spec_base import StrictSpec
+from trainer.spec_base import StrictSpec, given
 
 
 class DPOSpec(StrictSpec):
     """Direct Preference Optimization (Rafailov et al. 2023, arXiv:2305.18290); read when
     `method.kind` is `dpo`. Each pair's loss compares the policy's log-ratio to the reference
     model, log pi(y|x) - log pi_ref(y|x), of the chosen answer with that of the rejected one."""
+
+    # `label_smoothing` only with the sigmoid loss (as `_smoothing_is_for_sigmoid`).
+    model_config = ConfigDict(
+        **StrictSpec.model_config,
+        json_schema_extra={
+            "not": {
+                "required": ["label_smoothing", "loss_type"],
+                "properties": {
+                    "label_smoothing": {"not": {"const": 0}},
+                    "loss_type": {"not": {"const": "sigmoid"}},
+                },
+            }
+        },
+    )
 
     beta: float = Field(
         default=0.1,
@@ -55,6 +69,17 @@ class DPOSpec(StrictSpec):
 
 class MethodSpec(StrictSpec):
     """What the model learns from the data: next-token prediction or preferences."""
+
+    # `dpo` only with `kind: dpo` (as `_dpo_only_with_dpo`), in the JSON Schema.
+    model_config = ConfigDict(
+        **StrictSpec.model_config,
+        json_schema_extra={
+            "anyOf": [
+                {"not": given("dpo")},
+                {"required": ["kind"], "properties": {"kind": {"const": "dpo"}}},
+            ]
+        },
+    )
 
     kind: Literal["sft", "dpo"] = Field(
         default="sft",

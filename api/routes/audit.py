@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -13,6 +12,7 @@ from fastapi import APIRouter, Query
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas_audit import AuditEvent, AuditPage
+from api.validation import IsoDatetime
 from core import audit
 from core.errors import InvalidInput
 
@@ -72,10 +72,10 @@ def list_audit(
         Query(max_length=200, pattern=_NO_NUL, description="Only events on this target (exact)."),
     ] = None,
     since: Annotated[
-        datetime | None, Query(description="Only events at or after this time (ISO 8601).")
+        IsoDatetime | None, Query(description="Only events at or after this time (ISO 8601).")
     ] = None,
     until: Annotated[
-        datetime | None, Query(description="Only events before this time (ISO 8601).")
+        IsoDatetime | None, Query(description="Only events before this time (ISO 8601).")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Events per page.")] = 100,
     cursor: Annotated[

@@ -39,14 +39,12 @@ _BODY: dict[str, Any] = {
                         "file": {
                             "type": "string",
                             "format": "binary",
+                            "minLength": 1,
                             "description": "A .tar.gz/.tgz or .zip (told by its bytes).",
                         },
-                        "name": {
-                            "type": "string",
-                            "maxLength": 200,
-                            "description": "Default: the file's name.",
-                        },
+                        "name": {**_NAME.json_schema(), "description": "Default: the file's name."},
                     },
+                    "additionalProperties": False,
                 }
             }
         },

@@ -13,9 +13,10 @@ from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, Settings
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.validation import require_storable, unstorable
-from core import dataset_preview, datasets, storage
-from core.auth import new_id
+from core import dataset_preview, datasets, models, storage
+from core.auth import Permission, Principal, allows, new_id
 from core.errors import InvalidInput, NotFound, TooLarge
+from core.settings import Settings
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
 
@@ -62,7 +63,7 @@ def register_dataset(
             f"uri: cannot read {body.uri!r}: {exc}",
             details=[{"loc": ["body", "uri"], "msg": "cannot be read", "type": "value_error"}],
         ) from None
-    return schemas.Dataset.model_validate(dataset)
+    return _out(dataset, settings, principal)
 
 
 @router.post(
@@ -130,7 +131,7 @@ async def upload_dataset(
             err = exc.errors()[0]
             raise _bad_name(err["msg"], err["type"]) from None
         raise
-    return schemas.Dataset.model_validate(dataset)
+    return _out(dataset, settings, principal)
 
 
 def _form_field(key: str, raw: bytes) -> str:
@@ -153,15 +154,17 @@ def _bad_name(msg: str, type_: str) -> InvalidInput:
 
 
 @router.get("", response_model=schemas.DatasetList)
-def list_datasets(principal: ReadPrincipal, session: SessionDep) -> schemas.DatasetList:
+def list_datasets(
+    principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
+) -> schemas.DatasetList:
     """List the project's datasets, oldest first."""
     items = datasets.list_all(session=session, project_id=principal.project_id)
-    return schemas.DatasetList(items=[schemas.Dataset.model_validate(d) for d in items])
+    return schemas.DatasetList(items=[_out(d, settings, principal) for d in items])
 
 
 @router.get("/{dataset_id}", response_model=schemas.Dataset)
 def get_dataset(
-    dataset_id: DatasetId, principal: ReadPrincipal, session: SessionDep
+    dataset_id: DatasetId, principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
 ) -> schemas.Dataset:
     """Read one dataset."""
     if unstorable(dataset_id):  # cannot be in the database, so it is not there
@@ -169,7 +172,7 @@ def get_dataset(
     dataset = datasets.get_or_raise(
         session=session, dataset_id=dataset_id, project_id=principal.project_id
     )
-    return schemas.Dataset.model_validate(dataset)
+    return _out(dataset, settings, principal)
 
 
 @router.post(
@@ -205,4 +208,10 @@ def preview_dataset(
         truncation=body.truncation,
         max_truncated_share=body.max_truncated_share,
         num_examples=body.num_examples,
+    )
+
+
+def _out(dataset: models.Dataset, settings: Settings, principal: Principal) -> schemas.Dataset:
+    return schemas.dataset_out(
+        dataset, storage_url=settings.storage_url, admin=allows(principal, Permission.ADMIN)
     )

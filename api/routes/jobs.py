@@ -8,6 +8,7 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
+from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
 from api import schemas
@@ -31,6 +32,9 @@ from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.settings import Settings
 from trainer.spec import AnyJobSpec, JobSpec, ScriptJobSpec
+
+LABEL = r"^[^=\x00]+=[^\x00]*$"
+"""A `label` filter: `key=value`, a non-empty key (the first `=` ends it), no NUL."""
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
@@ -272,7 +276,7 @@ def list_jobs(
         Query(max_length=100, pattern=r"^[^\x00]*$", description="Substring of the job name."),
     ] = None,
     label: Annotated[
-        list[str] | None,
+        list[Annotated[str, StringConstraints(max_length=300, pattern=LABEL)]] | None,
         Query(
             max_length=20,
             description="`key=value`: only jobs with this label (repeatable: all must match).",

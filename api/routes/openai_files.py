@@ -11,7 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from sqlalchemy import select, tuple_
 from starlette.concurrency import run_in_threadpool
 
-from api import uploads
+from api import openai_errors, uploads
 from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.limits import content_length
 from core import datasets, jobs, openai_results, openai_view, storage
@@ -24,7 +24,7 @@ PREFIX = "/openai/v1"
 FILES_PATH = f"{PREFIX}/files"
 RECORD_FORMATS = ("messages", "prompt_completion", "preference")
 
-router = APIRouter(prefix=PREFIX, tags=["openai"])
+router = APIRouter(prefix=PREFIX, tags=["openai"], responses=openai_errors.RESPONSES)
 
 FileId = Annotated[str, Path(max_length=100, description="The file's id (its dataset's).")]
 
@@ -49,7 +49,7 @@ def get_model(
     return openai_view.find_model(session, settings, principal.project_id, model_id)
 
 
-@router.post("/files")
+@router.post("/files", openapi_extra=uploads.OPENAI_FILE_BODY)
 async def create_file(
     request: Request, principal: DatasetsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:

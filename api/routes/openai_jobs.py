@@ -7,12 +7,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 
+from api import openai_errors
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.routes.jobs import check_submittable
 from core import jobs, openai_view
 from core.openai_spec import FineTuneCreate, build
 
-router = APIRouter(prefix="/openai/v1/fine_tuning/jobs", tags=["openai"])
+router = APIRouter(
+    prefix="/openai/v1/fine_tuning/jobs", tags=["openai"], responses=openai_errors.RESPONSES
+)
 
 FtJobId = Annotated[str, Path(max_length=40, description="`ftjob-<Torchyard job id>`.")]
 After = Annotated[

@@ -17,12 +17,16 @@ from trainer.spec import json_schema, parse_job_spec
 
 router = APIRouter(prefix="/v1/spec", tags=["spec"])
 
+# A spec, as `POST /v1/jobs` takes it: JSON, or the same document written as YAML.
+_SPEC = {
+    "oneOf": [
+        {"$ref": "#/components/schemas/JobSpec"},
+        {"$ref": "#/components/schemas/ScriptJobSpec"},
+    ]
+}
 _TEXT_BODY = {
     "required": True,
-    "content": {
-        "application/yaml": {"schema": {"type": "string"}},
-        "application/json": {"schema": {"type": "object"}},
-    },
+    "content": {"application/yaml": {"schema": _SPEC}, "application/json": {"schema": _SPEC}},
 }
 
 

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
 from api.schemas_usage import UsageReport, UsageRow, UsageTotals
+from api.validation import IsoDatetime
 from core import usage, usage_report
 from core.errors import InvalidInput
 
@@ -64,14 +65,14 @@ def get_usage(
     session: SessionDep,
     settings: SettingsDep,
     since: Annotated[
-        datetime | None,
+        IsoDatetime | None,
         Query(
             description="Window start, inclusive (ISO 8601; UTC when no offset). Default: "
             "the first day of this calendar month, 00:00 UTC."
         ),
     ] = None,
     until: Annotated[
-        datetime | None,
+        IsoDatetime | None,
         Query(
             description="Window end, exclusive. Default: the first day of next month. At "
             "most 400 days after `since`."

@@ -185,9 +185,36 @@ def test_upload_streams_to_storage_and_records_digest_and_size(
     assert ds["size_bytes"] == len(data)
     assert ds["num_files"] == 1
     stored = Path(settings.storage_url) / "datasets" / ds["id"] / "code.py"
-    assert ds["uri"] == str(stored)
+    assert ds["uri"] == f"datasets/{ds['id']}/code.py"  # in storage, not the server's path
+    assert ds["server_uri"] == str(stored)  # the caller's key is an admin's
     assert stored.read_bytes() == data
     assert client.get(f"/v1/datasets/{ds['id']}", headers=project.headers).json() == ds
+
+
+def test_only_admins_see_where_the_server_keeps_a_dataset(
+    client: TestClient, project: ProjectKey, settings: Settings
+) -> None:
+    answer = client.post(
+        "/v1/datasets/upload",
+        data={"name": "private"},
+        files={"file": ("notes.txt", b"some text\n", "text/plain")},
+        headers=project.headers,
+    )
+    assert answer.status_code == 201, answer.text
+    ds_id = answer.json()["id"]
+    made = client.post(
+        "/v1/keys", json={"name": "reader", "role": "viewer"}, headers=project.headers
+    )
+    assert made.status_code == 201, made.text
+    reader = {"Authorization": f"Bearer {made.json()['secret']}"}
+    for path in (f"/v1/datasets/{ds_id}", "/v1/datasets"):
+        seen = client.get(path, headers=reader)
+        assert seen.status_code == 200, seen.text
+        assert settings.storage_url not in seen.text
+        assert str(Path(settings.storage_url).resolve()) not in seen.text
+    one = client.get(f"/v1/datasets/{ds_id}", headers=reader).json()
+    assert one["uri"] == f"datasets/{ds_id}/notes.txt"
+    assert one["server_uri"] is None
 
 
 @pytest.mark.parametrize(
@@ -213,7 +240,8 @@ def test_upload_filename_cannot_leave_the_dataset_directory(
     ds = answer.json()
     directory = Path(settings.storage_url) / "datasets" / ds["id"]
     assert [p.name for p in directory.iterdir()] == [stored_as]
-    assert Path(ds["uri"]).parent == directory
+    assert Path(ds["server_uri"]).parent == directory
+    assert ds["uri"] == f"datasets/{ds['id']}/{stored_as}"
 
 
 def test_upload_over_the_limit_by_content_length_is_413_before_reading(
