@@ -7,6 +7,11 @@ from it would leave those steps missing from the metric series for good. Before 
 attempt starts, such unrecorded checkpoints are moved aside to `unrecorded/` (kept, not
 deleted), so the trainer resumes from the latest *recorded* one and the lost steps run, and are
 reported, again (metric points are keyed by step: they are stored once).
+
+The converse also happens: retention (`keep_last_checkpoints`) deletes a directory and writes a
+`checkpoint_deleted` event that the dying worker never ingests. Such rows, whose directory under
+the checkpoint root is gone, are forgotten at the same time, so the job lists only checkpoints
+that exist.
 """
 
 from __future__ import annotations
@@ -34,19 +39,21 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
     fs, path = fsspec.core.url_to_fs(root)
     if not fs.isdir(path):
         return []
-    recorded = set(
-        session.execute(select(Checkpoint.step).where(Checkpoint.job_id == job_id)).scalars()
-    )
-    moved = []
+    rows = session.execute(select(Checkpoint).where(Checkpoint.job_id == job_id)).scalars().all()
+    recorded = {row.step for row in rows}
+    moved, present = [], set()
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         match = _STEP_DIR.match(name)
         step = None if match is None else int(match[1] or match[2])
+        if step is not None:
+            present.add(step)
         if step is None or step in recorded:
             continue
         fs.makedirs(f"{path}/{ASIDE}", exist_ok=True)
         fs.mv(entry, f"{path}/{ASIDE}/{name}.a{attempt}", recursive=True)
         moved.append(step)
+    _forget_deleted(session, [r for r in rows if r.step not in present], path)
     if moved:
         log.warning(
             "job %s attempt %s: checkpoints at steps %s were never recorded (their worker was "
@@ -57,3 +64,19 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
             ASIDE,
         )
     return sorted(moved)
+
+
+def _forget_deleted(session: Session, missing: list[Checkpoint], root: str) -> None:
+    """Delete the rows of checkpoints recorded under `root` whose directory is gone (retention
+    removed it, and its `checkpoint_deleted` event died with its worker). No commit."""
+    prefix = root.rstrip("/") + "/"
+    gone = [r for r in missing if fsspec.core.url_to_fs(r.uri)[1].startswith(prefix)]
+    for row in gone:
+        session.delete(row)
+    if gone:
+        log.warning(
+            "job %s: checkpoints at steps %s are recorded but gone from storage (retention "
+            "removed them); forgotten",
+            gone[0].job_id,
+            [r.step for r in gone],
+        )

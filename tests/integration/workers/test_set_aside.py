@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core import ingest, jobs
+from core import ingest, jobs, queries
 from tests.conftest import ProjectKey
 from trainer.spec import parse_job_spec
 from workers.checkpoints import ASIDE, set_aside_unrecorded
@@ -32,3 +32,23 @@ def test_unrecorded_step_and_trainer_checkpoints_are_set_aside(
     assert left == sorted([ASIDE, "step_00000010", "checkpoint-30", "notes"])
     aside = sorted(p.name for p in (tmp_path / ASIDE).iterdir())
     assert aside == ["checkpoint-40.a2", "step_00000020.a2"]
+
+
+def test_recorded_checkpoints_whose_directory_is_gone_are_forgotten(
+    session: Session, project: ProjectKey, tmp_path: Path
+) -> None:
+    """Retention deleted step 10's directory, but its `checkpoint_deleted` event died with the
+    worker: the next attempt forgets the row (and keeps the ones that exist or live elsewhere)."""
+    spec = parse_job_spec({"name": "gone", "data": {"uri": str(tmp_path)}})
+    job = jobs.create(session=session, project_id=project.project_id, spec=spec).job
+    for step, uri in ((10, tmp_path / "step_00000010"), (20, tmp_path / "step_00000020")):
+        ingest.checkpoint(
+            session=session, job_id=job.id, attempt=1, step=step, uri=str(uri), size_bytes=0
+        )
+    ingest.checkpoint(
+        session=session, job_id=job.id, attempt=1, step=5, uri="/elsewhere/x", size_bytes=0
+    )
+    (tmp_path / "step_00000020").mkdir()
+    assert set_aside_unrecorded(session=session, job_id=job.id, attempt=2, root=str(tmp_path)) == []
+    session.flush()
+    assert [c.step for c in queries.checkpoints(session=session, job_id=job.id)] == [5, 20]
