@@ -35,7 +35,8 @@ ASIDE = "unrecorded"
 
 def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: str) -> list[int]:
     """Move the checkpoint dirs (`step_XXXXXXXX`, `checkpoint-N`) under `root` that the job has
-    no checkpoint row for to `root/unrecorded/<name>.a{attempt}`; returns their steps."""
+    no checkpoint row for to `root/unrecorded/<name>.a{attempt}`, and delete (and commit) the
+    rows of checkpoints under `root` whose dir is gone; returns the steps moved."""
     fs, path = fsspec.core.url_to_fs(root)
     if not fs.isdir(path):
         return []
@@ -53,7 +54,8 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
         fs.makedirs(f"{path}/{ASIDE}", exist_ok=True)
         fs.mv(entry, f"{path}/{ASIDE}/{name}.a{attempt}", recursive=True)
         moved.append(step)
-    _forget_deleted(session, [r for r in rows if r.step not in present], path)
+    if _forget_deleted(session, [r for r in rows if r.step not in present], path):
+        session.commit()
     if moved:
         log.warning(
             "job %s attempt %s: checkpoints at steps %s were never recorded (their worker was "
@@ -66,9 +68,10 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
     return sorted(moved)
 
 
-def _forget_deleted(session: Session, missing: list[Checkpoint], root: str) -> None:
+def _forget_deleted(session: Session, missing: list[Checkpoint], root: str) -> bool:
     """Delete the rows of checkpoints recorded under `root` whose directory is gone (retention
-    removed it, and its `checkpoint_deleted` event died with its worker). No commit."""
+    removed it, and its `checkpoint_deleted` event died with its worker); True when any was.
+    No commit."""
     prefix = root.rstrip("/") + "/"
     gone = [r for r in missing if fsspec.core.url_to_fs(r.uri)[1].startswith(prefix)]
     for row in gone:
@@ -80,3 +83,4 @@ def _forget_deleted(session: Session, missing: list[Checkpoint], root: str) -> N
             gone[0].job_id,
             [r.step for r in gone],
         )
+    return bool(gone)
