@@ -140,6 +140,9 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "data", "dataset"): "value_error",
     ("body", "data", "eval_dataset"): "value_error",
     ("body", "entrypoint", "code"): "entrypoint",
+    # Each of `entrypoint.requirements` is a PEP 508 line (packaging's grammar: no pattern
+    # states it).
+    ("body", "entrypoint", "requirements"): "value_error",
     # A job spec's rules across fields and sections (`trainer/spec_checks.py`: meshes divide
     # heads, eval interval within max_steps, ...); the simple ones are in the JSON Schema too.
     ("body",): "spec_conflict",
