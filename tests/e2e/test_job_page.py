@@ -98,8 +98,11 @@ def test_a_finished_runs_summary_card_shows_losses_tokens_throughput_sample_and_
     assert job["best_loss"] <= metrics["loss"]
     assert float(_stat(reader, "final_eval_loss")) == pytest.approx(metrics["eval_loss"], rel=1e-3)
     assert float(_stat(reader, "best_eval_loss")) == pytest.approx(job["best_eval_loss"], rel=1e-3)
-    assert _stat(reader, "tokens_seen") == f"{per_step * STEPS:,}"
-    assert _stat(reader, "throughput") == f"{round(completed['tokens_per_second']):,} tokens/s"
+    # From the events, which the page loads after the job: wait for them (expect retries).
+    stats = "#run-stats dd[data-stat='{}']"
+    expect(page.locator(stats.format("tokens_seen"))).to_have_text(f"{per_step * STEPS:,}")
+    throughput = f"{round(completed['tokens_per_second']):,} tokens/s"
+    expect(page.locator(stats.format("throughput"))).to_have_text(throughput)
     # The trainer reports no MFU on a CPU (its peak FLOP/s is unknown): none is made up.
     expect(page.locator("#run-stats dd[data-stat='mfu']")).to_have_count(0)
     expect(page.locator("#run-sample pre")).to_have_text(sample["text"])
