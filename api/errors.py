@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Route
+from starlette.routing import Match
 
 from core import errors as domain
 from trainer.spec import SPEC_KINDS
@@ -177,12 +177,16 @@ def allowed_methods(request: Request) -> list[str]:
     Starlette answers 405 from the first route whose path matches, naming only that route's
     methods; FastAPI has one route per method, so the others must be gathered here.
     """
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match != Match.NONE and isinstance(route, Route):
-            methods |= route.methods or set()
-    return sorted(methods)
+    routes = request.app.router.routes
+    # Asked method by method, so routers FastAPI keeps included (not flattened) answer too.
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
 async def _data_error(request: Request, exc: Exception) -> JSONResponse:

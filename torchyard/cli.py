@@ -87,7 +87,12 @@ def _tidy_help(command: Any) -> None:
             if param.is_flag:
                 param.metavar = ""
             elif param.metavar is None:
-                param.metavar = (param.name or "value").upper()
+                desc = param.type_descriptor
+                choices = desc.choices if desc.is_choice else None
+                # A choice shows its values (`gpt|chat-sft|dpo`), any other value its name.
+                param.metavar = (
+                    "|".join(map(str, choices)) if choices else (param.name or "value").upper()
+                )
         elif isinstance(param, TyperArgument):
             param.metavar = param.metavar or (param.name or "value").upper()
             param.display_type_rich = lambda ctx: None  # type: ignore[method-assign] # the metavar says it
