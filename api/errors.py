@@ -9,7 +9,7 @@ anything unexpected get the same shape, so a client parses one thing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Route
 
 from core import errors as domain
 from trainer.spec import SPEC_KINDS
@@ -177,16 +177,23 @@ def allowed_methods(request: Request) -> list[str]:
     Starlette answers 405 from the first route whose path matches, naming only that route's
     methods; FastAPI has one route per method, so the others must be gathered here.
     """
-    routes = request.app.router.routes
-    # Asked method by method, so routers FastAPI keeps included (not flattened) answer too.
-    return [
-        method
-        for method in _METHODS
-        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
-    ]
+    routes = [r for r in _flat(request.app.router.routes) if isinstance(r, Route)]
+    scope = {**request.scope, "method": "GET"}
+    # The documented path this URL routes to (the first route whose path matches, as the
+    # router decides), then every method some route of that same path template serves.
+    template = next((r.path for r in routes if r.matches(scope)[0] != Match.NONE), None)
+    methods: set[str] = set()
+    for route in routes:
+        if route.path == template:
+            methods |= route.methods or set()
+    return sorted(methods)
 
 
-_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+def _flat(routes: Iterable[Any]) -> Iterator[Any]:
+    """The routes, with those of routers FastAPI keeps included (not flattened) inlined."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        yield from _flat(inner.routes) if inner is not None else (route,)
 
 
 async def _data_error(request: Request, exc: Exception) -> JSONResponse:
