@@ -1,9 +1,11 @@
 """The API under load, over loopback: uvicorn + Postgres + Redis.
 
-    python -m bench.api [--submissions 400] [--concurrency 16] [--watchers 200] [--seconds 10]
+    python -m bench.api [--submissions 400] [--concurrency 16] [--api-workers 1]
+                        [--watchers 200] [--seconds 10]
 
 1. `submit`: `--submissions` POST /v1/jobs from `--concurrency` concurrent clients (each job
-   is stored, evented and dispatched to Redis; no worker takes them): jobs/s and latency.
+   is stored, evented and dispatched to Redis; no worker takes them): jobs/s and latency,
+   served by `--api-workers` uvicorn processes.
 2. `sse`: `--watchers` concurrent GET /v1/jobs/{id}/stream of one running job while a
    writer commits a metric line every 0.2 s (as a worker's ingest does) for `--seconds`:
    whether every watcher got every line, the commit-to-delivery latency, and how many DB
@@ -131,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--submissions", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--api-workers", type=int, default=1, help="uvicorn worker processes")
     parser.add_argument("--watchers", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
@@ -141,7 +144,7 @@ def main() -> None:
         (home / "corpus" / "a.txt").write_text("hello torchyard\n" * 5000)
         env = server_env(url, home)
         engine = make_engine(url)
-        with api_server(env, home / "uvicorn.log") as base:
+        with api_server(env, home / "uvicorn.log", workers=args.api_workers) as base:
             headers = {"Authorization": f"Bearer {key}"}
             ds = httpx.post(f"{base}/v1/datasets", headers=headers, timeout=60,
                             json={"name": "corpus", "uri": str(home / "corpus")})  # fmt: skip
@@ -159,7 +162,7 @@ def main() -> None:
             note("watchers ...")
             sse = asyncio.run(watch_load(base, key, job_id, args.watchers, engine, args.seconds))
         engine.dispose()
-    emit({"bench": "api", "submit": submit, "sse": sse})
+    emit({"bench": "api", "api_workers": args.api_workers, "submit": submit, "sse": sse})
 
 
 if __name__ == "__main__":

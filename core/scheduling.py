@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Select, UnaryExpression, and_, case, func, or_, select, update
+from sqlalchemy import Select, UnaryExpression, and_, bindparam, case, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from core import jobs, quotas
@@ -208,15 +209,12 @@ def head_of_queue(*, session: Session, pool: str) -> int | None:
     return session.execute(query.order_by(*scheduling_order()).limit(1)).scalar_one_or_none()
 
 
-def queue_positions(*, session: Session, queued: Sequence[Job]) -> dict[int, int]:
-    """{job id: 1-based place in its pool's queue} for the given queued jobs, in one query.
+@lru_cache(maxsize=1)
+def _places_statement() -> Select[Any]:
+    """`SELECT id, count of jobs ahead` for the job ids bound to `ids` (an expanding parameter).
 
-    Place 1 is the job the next free worker of the pool takes. Uses the index
-    (pool, state, priority, id): one index range count per job.
-    """
-    ids = [j.id for j in queued if j.state == JobState.QUEUED]
-    if not ids:
-        return {}
+    Built once: an `aliased` correlated subquery costs about a millisecond of CPU to construct,
+    more than Postgres takes to run it, and the submit path runs it per request."""
     ahead = aliased(Job)
     count_ahead = (
         select(func.count())
@@ -232,7 +230,19 @@ def queue_positions(*, session: Session, queued: Sequence[Job]) -> dict[int, int
         .correlate(Job)
         .scalar_subquery()
     )
-    rows = session.execute(select(Job.id, count_ahead).where(Job.id.in_(ids))).all()
+    return select(Job.id, count_ahead).where(Job.id.in_(bindparam("ids", expanding=True)))
+
+
+def queue_positions(*, session: Session, queued: Sequence[Job]) -> dict[int, int]:
+    """{job id: 1-based place in its pool's queue} for the given queued jobs, in one query.
+
+    Place 1 is the job the next free worker of the pool takes. Uses the index
+    (pool, state, priority, id): one index range count per job.
+    """
+    ids = [j.id for j in queued if j.state == JobState.QUEUED]
+    if not ids:
+        return {}
+    rows = session.execute(_places_statement(), {"ids": ids}).all()
     return {job_id: int(n) + 1 for job_id, n in rows}
 
 
