@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -62,19 +63,19 @@ def wait_until_ready(
     )
 
 
-@pytest.fixture(scope="session")
-def live_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of `uvicorn api.main:create_app --factory` serving `settings`."""
+@contextlib.contextmanager
+def serve_api(env: dict[str, str], log_dir: Path) -> Iterator[str]:
+    """`uvicorn api.main:create_app --factory` on a free loopback port with environment `env`:
+    its base URL once `/readyz` answers; terminated (then killed) on exit. Its log is
+    `log_dir/uvicorn.log`, shown when it fails to start."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("live_api") / "uvicorn.log"
+    log_path = log_dir / "uvicorn.log"
     command = [
         sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=settings_env(settings), stdout=log, stderr=log
-        )
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=log)
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(base_url, proc, log_path, _START_TIMEOUT_S)
@@ -88,6 +89,13 @@ def live_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> It
             proc.wait()
 
 
+@pytest.fixture(scope="session")
+def live_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of `uvicorn api.main:create_app --factory` serving `settings`."""
+    with serve_api(settings_env(settings), tmp_path_factory.mktemp("live_api")) as base_url:
+        yield base_url
+
+
 @pytest.fixture
 def api_key(project: ProjectKey) -> str:
     """The API key of a fresh project (the `project` fixture)."""
@@ -97,21 +105,28 @@ def api_key(project: ProjectKey) -> str:
 UNSERVED_POOL = "cli-test-unserved"
 
 
+def cli_invoker(base_url: str, api_key: str, tmp_path: Path, **env: str) -> Any:
+    """`invoke(*args, key=None) -> Result`: the `torchyard` CLI in this process against
+    `base_url` with `api_key` (or `key`), no saved login, and any further environment `env`."""
+    runner = CliRunner()
+
+    def invoke(*args: str, key: str | None = None) -> Result:
+        full = {
+            "TORCHYARD_URL": base_url,
+            "TORCHYARD_API_KEY": key or api_key,
+            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
+            **env,
+        }
+        return runner.invoke(app, list(args), env=full)
+
+    return invoke
+
+
 @pytest.fixture
 def cli(live_api: str, api_key: str, tmp_path: Path) -> Any:
     """`cli(*args, key=None) -> Result`: the `torchyard` CLI in this process against `live_api`
     with the project's key (or `key`), and no saved login."""
-    runner = CliRunner()
-
-    def invoke(*args: str, key: str | None = None) -> Result:
-        env = {
-            "TORCHYARD_URL": live_api,
-            "TORCHYARD_API_KEY": key or api_key,
-            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
-        }
-        return runner.invoke(app, list(args), env=env)
-
-    return invoke
+    return cli_invoker(live_api, api_key, tmp_path)
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,13 +13,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from typer.testing import CliRunner, Result
 
 from core.settings import Settings
-from tests.conftest import REPO_ROOT, ProjectKey, settings_env
-from tests.integration.conftest import free_port, wait_until_ready
+from tests.conftest import ProjectKey, settings_env
+from tests.integration.conftest import cli_invoker, serve_api
 from tests.integration.usage_rows import make_job
-from torchyard.cli import app
 
 WINDOW = ["--since", "2026-03-01", "--until", "2026-04-01"]
 
@@ -29,46 +25,18 @@ WINDOW = ["--since", "2026-03-01", "--until", "2026-04-01"]
 @pytest.fixture(scope="module")
 def priced_api(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real API server (uvicorn) where a slot-hour of pool `gpu-a` costs 2 EUR."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("priced_api") / "uvicorn.log"
     env = {
         **settings_env(settings),
         "TORCHYARD_SLOT_PRICES": json.dumps({"gpu-a": 2.0}),
         "TORCHYARD_CURRENCY": "EUR",
     }
-    command = [
-        sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=log)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(base_url, proc, log_path, 60.0)
+    with serve_api(env, tmp_path_factory.mktemp("priced_api")) as base_url:
         yield base_url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
 def cli(priced_api: str, project: ProjectKey, tmp_path: Path) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Result:
-        env = {
-            "TORCHYARD_URL": priced_api,
-            "TORCHYARD_API_KEY": project.api_key,
-            "TORCHYARD_CONFIG": str(tmp_path / "no-config.toml"),
-            "COLUMNS": "200",
-        }
-        return runner.invoke(app, list(args), env=env)
-
-    return invoke
+    return cli_invoker(priced_api, project.api_key, tmp_path, COLUMNS="200")
 
 
 @pytest.fixture

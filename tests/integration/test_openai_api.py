@@ -13,8 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +25,8 @@ from sqlalchemy import Engine
 
 from core.queue import celery_config
 from core.settings import Settings
-from tests.conftest import REPO_ROOT, ProjectKey, make_project, settings_env
-from tests.integration.conftest import free_port, wait_until_ready
+from tests.conftest import ProjectKey, make_project, settings_env
+from tests.integration.conftest import serve_api
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from torchyard.examples.docstrings import ExampleData, write_example_data
 
@@ -76,21 +74,8 @@ def server(
         PARKED: {**small, "path": str(model_dir), "pool": unique_queue("parked")},
     }
     env = {**settings_env(settings), "TORCHYARD_BASE_MODELS": json.dumps(registry)}
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("openai_api") / "uvicorn.log"
-    command = [
-        sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=log)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(base_url, proc, log_path, 60.0)
+    with serve_api(env, tmp_path_factory.mktemp("openai_api")) as base_url:
         yield f"{base_url}/openai/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
