@@ -217,12 +217,17 @@ def check_submit(
     `idempotency_key` of a job already made passes (it makes nothing).
 
     Raises QuotaExceeded (429, `Retry-After: retry_after_s`). One small query when the project
-    has no quota (the submit path)."""
-    for row in rows_for(session=session, pool=pool, project_ids=[project_id]):
+    has no quota (the submit path). With a queued limit the quota rows stay locked
+    (`SELECT ... FOR UPDATE`) until the caller's transaction ends: concurrent submissions of the
+    project to the pool count one after the other, so a burst cannot overshoot the limit."""
+    rows = rows_for(session=session, pool=pool, project_ids=[project_id])
+    if all(row.max_queued_jobs is None for row in rows):
+        return
+    if idempotency_key is not None and _made(session, project_id, idempotency_key):
+        return
+    for row in rows_for(session=session, pool=pool, project_ids=[project_id], lock=True):
         if row.max_queued_jobs is None:
             continue
-        if idempotency_key is not None and _made(session, project_id, idempotency_key):
-            return
         queued = queued_count(session=session, project_id=project_id, pool=row.pool)
         if queued >= row.max_queued_jobs:
             raise QuotaExceeded(

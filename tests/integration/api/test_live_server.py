@@ -95,3 +95,36 @@ def test_live_upload_over_the_limit_is_refused_before_the_body_is_sent(
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413"), raw
     assert json.loads(body)["error"]["code"] == "payload_too_large"
+
+
+def test_a_burst_of_concurrent_submits_never_overshoots_the_queued_limit(
+    live_api: str, project: ProjectKey, corpus_dir: Path, engine: Engine
+) -> None:
+    limit, n = 3, 10
+    put = httpx.put(
+        f"{live_api}/v1/quotas/*", json={"max_queued_jobs": limit}, headers=project.headers
+    )
+    assert put.status_code == 200, put.text
+    ds = _register(live_api, project.headers, corpus_dir)
+    spec = {"name": "burst", "data": {"dataset": ds["id"]}}
+    barrier = threading.Barrier(n)
+    answers: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def submit() -> None:
+        with httpx.Client(base_url=live_api, timeout=60) as http:
+            barrier.wait()
+            answer = http.post("/v1/jobs", json=spec, headers=project.headers)
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=submit) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [201] * limit + [429] * (n - limit), [a.text for a in answers]
+    with engine.connect() as conn:
+        stored = conn.scalar(select(func.count()).where(Job.project_id == project.project_id))
+    assert stored == limit
