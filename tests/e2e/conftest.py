@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from celery import Celery
-from playwright.sync_api import Browser, ConsoleMessage, Error, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 from sqlalchemy import Engine
 
 from core.queue import celery_config
@@ -41,6 +41,9 @@ SCREENSHOTS = Path(
     os.environ.get("TORCHYARD_SCREENSHOTS") or tempfile.mkdtemp(prefix="torchyard-screenshots-")
 ).resolve()
 WAIT_MS = 30_000
+# Actions wait WAIT_MS (the context's default timeout) but `expect` has its own default of 5 s,
+# too short on a CI host running four test processes, trainers and Chromium: the same bound.
+expect.set_options(timeout=WAIT_MS)
 _RESOURCE_STATUS = re.compile(r"status of (\d{3})")
 
 
