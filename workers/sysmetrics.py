@@ -273,10 +273,16 @@ class Reading:
 
 
 def readings(procs: ProcessSample, gpus: dict[int, GpuUsage], *, node_rank: int) -> list[Reading]:
-    """The series and gauge values of one sample (finite numbers only)."""
+    """The series and gauge values of one sample (finite numbers only). A sample of a tree
+    that is gone (torchrun exited between two samples) has no node figure: its RSS is not 0,
+    it is not there."""
     o = observability
-    node = float(procs.node_rss_bytes)
-    out = [Reading(f"{PREFIX}rss_bytes/node{node_rank}", o.JOB_NODE_RSS, str(node_rank), node)]
+    out = []
+    if procs.pids:
+        node = float(procs.node_rss_bytes)
+        out.append(
+            Reading(f"{PREFIX}rss_bytes/node{node_rank}", o.JOB_NODE_RSS, str(node_rank), node)
+        )
     gpu_name = "gpu" if node_rank == 0 else f"node{node_rank}-gpu"  # unique across a gang
     for rank, rss in sorted(procs.rss_bytes.items()):
         out.append(Reading(f"{PREFIX}rss_bytes/rank{rank}", o.JOB_RSS, str(rank), float(rss)))

@@ -25,7 +25,7 @@ from core.settings import Settings
 from trainer.spec import JobSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
-from workers.sysmetrics import ProcessSample, ProcessSampler, SysMetrics
+from workers.sysmetrics import ProcessSample, ProcessSampler, SysMetrics, readings
 
 BIG_BYTES = 200 * 1024**2
 T = TypeVar("T")
@@ -107,10 +107,13 @@ def test_sampler_gives_each_rank_its_rss_and_cpu_percent(
     assert tree.pid in sample.pids and len(sample.pids) == 3
 
 
-def test_sampler_of_a_process_that_is_gone_is_empty() -> None:
+def test_sampler_of_a_process_that_is_gone_is_empty_and_gives_no_readings() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert ProcessSampler(proc.pid).sample().rss_bytes == {}
+    sample = ProcessSampler(proc.pid).sample()
+    assert sample.rss_bytes == {}
+    # Not a node RSS of 0 bytes: a gang test once found a 0 in `sys/rss_bytes/node1`.
+    assert readings(sample, {}, node_rank=1) == []
 
 
 def _job(tmp_path: Path, current_step: int | None = None) -> tuple[Callable[[], Session], int]:

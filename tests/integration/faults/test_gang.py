@@ -90,7 +90,7 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
             start_worker(settings=settings, client=celery_client, queue=queue, log_dir=worker_logs)
         )
     job_id = submit(engine, celery_client, project, gang_spec(queue, dataset_id, nodes=2, procs=1))
-    job = wait_state(engine, job_id, TERMINAL, 180, workers[0])
+    job = wait_state(engine, job_id, TERMINAL, 300, workers[0])  # a bound for a loaded CI host
     assert job.state == "succeeded", f"{job.error}\n{workers[1].log[-4000:]}"
     assert (job.attempt, job.exit_code, job.current_step) == (1, 0, STEPS)
 
@@ -111,7 +111,9 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
         assert argv[argv.index("--nproc-per-node") + 1] == "1"
         assert argv[argv.index("--rdzv-endpoint") + 1] == endpoint
         assert argv[argv.index("--node-rank") + 1] == str(launch.data["node_rank"])
-        assert group_gone(launch.data["pgid"])
+        # The node's end is recorded once torchrun exits; its orphaned children are reaped
+        # by init a moment later, which a loaded host can stretch.
+        wait_for("node's process group to be gone", lambda p=launch.data["pgid"]: group_gone(p), 30)
     assert [e.state_to for e in events if e.kind == "state"] == [
         "queued", "starting", "running", "succeeded",
     ]  # fmt: skip
@@ -126,7 +128,7 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
         assert rss and all(p.value > 0 for p in rss), who
 
     reference_spec = gang_spec(queue, dataset_id, nodes=1, procs=2)
-    reference = run_to_success(engine, celery_client, project, reference_spec, workers[0], 180)
+    reference = run_to_success(engine, celery_client, project, reference_spec, workers[0], 300)
     for name in ("loss", "eval_loss"):
         points = metric_series(engine, job_id, name)
         expected = metric_series(engine, reference.id, name)
@@ -165,7 +167,7 @@ def test_a_gang_of_two_with_one_free_worker_does_not_deadlock_and_runs_when_a_se
     assert job_row(engine, job_id).state in ("queued", "starting")
 
     workers.append(start(settings, celery_client, queue, worker_logs, fast))
-    job = wait_state(engine, job_id, TERMINAL, 180, workers[0])
+    job = wait_state(engine, job_id, TERMINAL, 300, workers[0])  # a bound for a loaded CI host
     assert job.state == "succeeded", f"{job.error}\n{workers[1].log[-4000:]}"
     assert job.current_step == STEPS
     # The releases did not use the restart budget (max_restarts is 0) and each failed assembly
