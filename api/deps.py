@@ -11,12 +11,19 @@ from sqlalchemy.orm import Session
 
 from core import auth, oidc
 from core.errors import Forbidden
+from core.server_paths import ServerPaths
 from core.settings import Settings
 
 
 def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
+
+
+def get_server_paths(request: Request) -> ServerPaths:
+    """The server's directories, to keep out of answers (api.views)."""
+    paths: ServerPaths = request.app.state.server_paths
+    return paths
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -29,6 +36,7 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
+ServerPathsDep = Annotated[ServerPaths, Depends(get_server_paths)]
 
 
 def get_principal(

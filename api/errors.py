@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from core import errors as domain
+from core.server_paths import ServerPaths
 from trainer.spec import SPEC_KINDS
 
 log = logging.getLogger("torchyard.api")
@@ -131,13 +132,16 @@ def status_of(exc: domain.DomainError) -> int:
     return 400
 
 
-async def _domain_error(_: Request, exc: Exception) -> JSONResponse:
+async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, domain.DomainError)
     status = status_of(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if isinstance(exc, domain.TooManyRequests):
         headers = {"Retry-After": str(exc.retry_after_s)}
-    return error_response(status, exc.message, code=exc.code, details=exc.details, headers=headers)
+    # A message may name a file of the server (a checkpoint gone, an unreadable upload).
+    paths: ServerPaths = request.app.state.server_paths
+    message, details = paths.hide(exc.message), paths.hide(exc.details)
+    return error_response(status, message, code=exc.code, details=details, headers=headers)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

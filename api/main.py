@@ -50,6 +50,7 @@ from api.routes import (
 from api.streams import StreamHub
 from core import oidc
 from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
+from core.server_paths import ServerPaths
 from core.settings import Settings, get_settings
 
 log = logging.getLogger("torchyard.api")
@@ -115,7 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessionmaker = session_factory(engine)
     app.state.dispatcher = Dispatcher(settings)
-    app.state.streams = StreamHub(app.state.sessionmaker)
+    app.state.server_paths = ServerPaths.of(settings)  # kept out of answers (api.views)
+    app.state.streams = StreamHub(app.state.sessionmaker, paths=app.state.server_paths)
     app.state.oidc = oidc.Verifier(settings) if settings.oidc_issuer else None  # SSO (core.oidc)
 
     errors.install(app)

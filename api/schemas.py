@@ -327,7 +327,15 @@ class CheckpointExport(_Out):
     state: Literal["pending", "running", "ready", "failed"] = Field(
         description="`pending` -> `running` -> `ready` or `failed`."
     )
-    uri: str = Field(description="Directory holding `model.safetensors` and `config.json`.")
+    uri: str = Field(
+        description="Its directory (`model.safetensors` and `config.json`), relative to the "
+        "server's storage: `jobs/<job id>/exports/step_<step>`."
+    )
+    server_uri: str | None = Field(
+        default=None,
+        description="Its full server-side location (path or fsspec URI); only for callers with "
+        "the `admin` permission, else null.",
+    )
     size_bytes: int | None = Field(description="Size of `model.safetensors` in bytes (ready).")
     sha256: str | None = Field(description="Hex sha256 of `model.safetensors` (ready).")
     error: str | None = Field(description="Why it failed (the end of the exporter's stderr).")
@@ -344,13 +352,22 @@ class CheckpointExport(_Out):
 
 
 class Checkpoint(_Out):
-    """A complete checkpoint; `uri` is its `step_XXXXXXXX` directory."""
+    """A complete checkpoint; `uri` is its `step_XXXXXXXX` directory, relative to the server's
+    storage."""
 
     id: int = Field(description="The checkpoint's id.")
     job_id: int = Field(description="The job that wrote it.")
     attempt: int = Field(description="The attempt that wrote it.")
     step: int = Field(description="The training step it holds.")
-    uri: str = Field(description="Its `step_XXXXXXXX` directory.")
+    uri: str = Field(
+        description="Its `step_XXXXXXXX` directory, relative to the server's storage "
+        "(`jobs/<job id>/checkpoints/step_XXXXXXXX`)."
+    )
+    server_uri: str | None = Field(
+        default=None,
+        description="Its full server-side location (path or fsspec URI); only for callers with "
+        "the `admin` permission, else null.",
+    )
     size_bytes: int = Field(description="Its files' sizes added up, in bytes.")
     created_at: Timestamp = Field(description="When it was complete; UTC, ISO 8601.")
     export: CheckpointExport | None = Field(
@@ -572,13 +589,3 @@ class JobUpdate(BaseModel):
         '`""` removes it.',
         examples=["lr 3e-4 diverged at step 900; retry with warmup"],
     )
-
-
-def dataset_out(dataset: models.Dataset, *, storage_url: str, admin: bool) -> Dataset:
-    """`dataset` as the API shows it: `uri` relative to the storage root `storage_url` when it
-    is an upload (the server's directories are not the caller's business), the full location
-    in `server_uri` for admins only."""
-    out = Dataset.model_validate(dataset)
-    root = storage_url.rstrip("/") + "/"
-    relative = dataset.uri.removeprefix(root)
-    return out.model_copy(update={"uri": relative, "server_uri": dataset.uri if admin else None})

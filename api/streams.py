@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import schemas
+from api import views
 from core import queries
 from core.models import TERMINAL_STATES, Job
+from core.server_paths import ServerPaths
 
 log = logging.getLogger("torchyard.api.streams")
 
@@ -99,9 +100,10 @@ class Batch:
     more: bool
 
 
-def read_after(session: Session, job_id: int, cursor: Cursor) -> Batch:
-    """One page of each kind after `cursor`. The job row is read first, so when it is terminal
-    everything recorded before the terminal state is in this or a following page."""
+def read_after(session: Session, job_id: int, cursor: Cursor, paths: ServerPaths) -> Batch:
+    """One page of each kind after `cursor`, without the server's directories (`paths`). The
+    job row is read first, so when it is terminal everything recorded before the terminal state
+    is in this or a following page."""
     job = session.get(Job, job_id, populate_existing=True)
     out: list[Message] = []
     if job is None:
@@ -122,17 +124,17 @@ def read_after(session: Session, job_id: int, cursor: Cursor) -> Batch:
         out.append(Message("metric", data, c, (p.time, p.step)))
     for e in events:
         c = replace(c, event=e.id)
-        out.append(Message("event", schemas.Event.model_validate(e).model_dump_json(), c, e.id))
+        out.append(Message("event", views.event(e, paths).model_dump_json(), c, e.id))
     for x in lines:
         c = replace(c, log=x.id)
-        out.append(Message("log", schemas.LogLine.model_validate(x).model_dump_json(), c, x.id))
+        out.append(Message("log", views.log_line(x, paths).model_dump_json(), c, x.id))
     more = len(events) == PAGE or len(lines) == PAGE or more_points
     return Batch(job, out, c, more=more)
 
 
-def job_message(job: Job, cursor: Cursor, *, refresh: bool = False) -> Message:
+def job_message(job: Job, cursor: Cursor, paths: ServerPaths, *, refresh: bool = False) -> Message:
     """The job as the API shows it; `refresh`: sent on a timer, not for a state change."""
-    data = schemas.Job.model_validate(job).model_dump_json()
+    data = views.job(job, paths).model_dump_json()
     return Message("job", data, cursor, "refresh" if refresh else None)
 
 
@@ -163,10 +165,14 @@ class JobFeed:
 
 
 class StreamHub:
-    """Per-process fan-out of job feeds. `sessionmaker` opens DB sessions (sync, threadpool)."""
+    """Per-process fan-out of job feeds. `sessionmaker` opens DB sessions (sync, threadpool);
+    every watcher gets the same messages, without the server's directories (`paths`)."""
 
-    def __init__(self, sessionmaker: Callable[[], Session], *, poll_s: float = 0.5) -> None:
+    def __init__(
+        self, sessionmaker: Callable[[], Session], *, paths: ServerPaths, poll_s: float = 0.5
+    ) -> None:
         self.sessionmaker = sessionmaker
+        self.paths = paths
         self.poll_s = poll_s
         self.feeds: dict[int, JobFeed] = {}
         self.polls = 0  # database reads by feeds, for tests and /metrics
@@ -216,7 +222,7 @@ class StreamHub:
 
     def _read(self, job_id: int, cursor: Cursor) -> Batch:
         with self.sessionmaker() as session:
-            return read_after(session, job_id, cursor)
+            return read_after(session, job_id, cursor, self.paths)
 
     async def _poll(self, feed: JobFeed) -> None:
         try:
@@ -233,7 +239,9 @@ class StreamHub:
                 out = list(batch.messages)
                 due = time.monotonic() - sent_at >= JOB_REFRESH_S
                 if batch.job is not None and (batch.job.state != state or due):
-                    out.append(job_message(batch.job, cursor, refresh=batch.job.state == state))
+                    out.append(
+                        job_message(batch.job, cursor, self.paths, refresh=batch.job.state == state)
+                    )
                     state, sent_at = batch.job.state, time.monotonic()
                 ended = batch.job is None or batch.job.state in TERMINAL_STATES
                 if ended and not batch.more:
@@ -292,7 +300,7 @@ async def watch(hub: StreamHub, job_id: int, last_event_id: str | None) -> Async
             sent = batch.cursor
             if batch.job is not None and batch.job.state != state:
                 state = batch.job.state
-                yield job_message(batch.job, sent).encode()
+                yield job_message(batch.job, sent, hub.paths).encode()
             if batch.more:
                 continue
             if batch.job is None or batch.job.state in TERMINAL_STATES:

@@ -62,7 +62,8 @@ def _require_full_gpt(job: Job) -> None:
     if isinstance(spec, ScriptJobSpec):
         raise Conflict(
             f"job {job.id} runs its own code: its checkpoints are the script's own files "
-            "(download them from the checkpoint's `uri`), not a built-in model to export"
+            "(kept in the server's storage at the checkpoint's `uri`), not a built-in model to "
+            "export"
         )
     if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
         raise Conflict(

@@ -104,10 +104,16 @@ def _emit_webhook(session: Session, job: Job, event: JobEvent) -> None:
         "state_from": event.state_from,
         "state_to": event.state_to,
         "message": event.message,
-        # no server-side paths (a checkpoint's `uri`) leave the server
-        "data": {k: v for k, v in (event.data or {}).items() if k != "uri"},
+        # no server-side paths (a checkpoint's `uri`, a completed run's `checkpoint_uri`)
+        "data": {k: v for k, v in (event.data or {}).items() if not _names_a_path(k)},
     }
     webhooks.emit(session=session, project_id=job.project_id, type=type, payload=payload)
+
+
+def _names_a_path(key: str) -> bool:
+    """Whether an event's data `key` holds a server-side path (`uri`, `checkpoint_uri`,
+    `export_uri`, `lora_merged_uri`, ...: docs/CONTRACTS.md, section 1)."""
+    return key == "uri" or key.endswith("_uri")
 
 
 def transition(

@@ -168,7 +168,9 @@ class LogLine(_Model):
 class CheckpointExport(_Model):
     """A checkpoint's consolidated safetensors export: `state` is ``pending``, ``running``,
     ``ready`` or ``failed``; once ready, `size_bytes` and `sha256` describe its
-    ``model.safetensors``, and `error` says why a failed one failed."""
+    ``model.safetensors`` (`client.exports.download` fetches it), and `error` says why a failed
+    one failed. `uri` is its directory relative to the server's storage; `server_uri` the full
+    location, for admin keys only."""
 
     id: int
     job_id: int
@@ -176,6 +178,7 @@ class CheckpointExport(_Model):
     step: int
     state: str
     uri: str | None = None
+    server_uri: str | None = None
     size_bytes: int | None = None
     sha256: str | None = None
     error: str | None = None
@@ -191,7 +194,8 @@ class CheckpointExport(_Model):
 
 
 class Checkpoint(_Model):
-    """A complete checkpoint: `uri` is its ``step_XXXXXXXX`` directory, `size_bytes` in bytes;
+    """A complete checkpoint: `uri` is its ``step_XXXXXXXX`` directory relative to the server's
+    storage (`server_uri` the full location, for admin keys only), `size_bytes` in bytes;
     `export` its safetensors export, once one was asked for."""
 
     id: int
@@ -199,6 +203,7 @@ class Checkpoint(_Model):
     attempt: int = 0
     step: int
     uri: str
+    server_uri: str | None = None
     size_bytes: int | None = None
     created_at: datetime | None = None
     export: CheckpointExport | None = None
@@ -244,12 +249,15 @@ class DatasetStats(_Model):
 
 class Dataset(_Model):
     """Training data registered in a project; `id` looks like ``ds_...``. `format` is one of
-    text, jsonl_text, messages, prompt_completion, preference, tokens."""
+    text, jsonl_text, messages, prompt_completion, preference, tokens. `uri` is an upload's
+    place in the server's storage (``datasets/<id>/<file>``) or the path it was registered
+    with; `server_uri` the full location, for admin keys only."""
 
     id: str
     project_id: int | str | None = None
     name: str
     uri: str
+    server_uri: str | None = None
     size_bytes: int | None = None
     sha256: str | None = None
     num_files: int | None = None

@@ -8,15 +8,21 @@ from fastapi import APIRouter, Path, Request
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api import schemas, uploads
-from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api import schemas, uploads, views
+from api.deps import (
+    DatasetsWritePrincipal,
+    ReadPrincipal,
+    ServerPathsDep,
+    SessionDep,
+    SettingsDep,
+)
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.validation import require_storable, unstorable
 from core import dataset_preview, datasets, models, storage
-from core.auth import Permission, Principal, allows, new_id
+from core.auth import Principal, new_id
 from core.errors import InvalidInput, NotFound, TooLarge
-from core.settings import Settings
+from core.server_paths import ServerPaths
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
 
@@ -45,6 +51,7 @@ def register_dataset(
     principal: DatasetsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.Dataset:
     """Register a server-side file or directory (under an allowed data root) as a dataset."""
     require_storable(body.model_dump(), ("body",))
@@ -63,7 +70,7 @@ def register_dataset(
             f"uri: cannot read {body.uri!r}: {exc}",
             details=[{"loc": ["body", "uri"], "msg": "cannot be read", "type": "value_error"}],
         ) from None
-    return _out(dataset, settings, principal)
+    return _out(dataset, paths, principal)
 
 
 @router.post(
@@ -81,6 +88,7 @@ async def upload_dataset(
     principal: DatasetsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.Dataset:
     """Upload a file (multipart: `name`, `file`, optional `format`, `token_dtype`) as a dataset;
     streamed to storage, size-capped, then checked record by record (422 names each bad line)."""
@@ -131,7 +139,7 @@ async def upload_dataset(
             err = exc.errors()[0]
             raise _bad_name(err["msg"], err["type"]) from None
         raise
-    return _out(dataset, settings, principal)
+    return _out(dataset, paths, principal)
 
 
 def _form_field(key: str, raw: bytes) -> str:
@@ -155,16 +163,16 @@ def _bad_name(msg: str, type_: str) -> InvalidInput:
 
 @router.get("", response_model=schemas.DatasetList)
 def list_datasets(
-    principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
+    principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> schemas.DatasetList:
     """List the project's datasets, oldest first."""
     items = datasets.list_all(session=session, project_id=principal.project_id)
-    return schemas.DatasetList(items=[_out(d, settings, principal) for d in items])
+    return schemas.DatasetList(items=[_out(d, paths, principal) for d in items])
 
 
 @router.get("/{dataset_id}", response_model=schemas.Dataset)
 def get_dataset(
-    dataset_id: DatasetId, principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
+    dataset_id: DatasetId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> schemas.Dataset:
     """Read one dataset."""
     if unstorable(dataset_id):  # cannot be in the database, so it is not there
@@ -172,7 +180,7 @@ def get_dataset(
     dataset = datasets.get_or_raise(
         session=session, dataset_id=dataset_id, project_id=principal.project_id
     )
-    return _out(dataset, settings, principal)
+    return _out(dataset, paths, principal)
 
 
 @router.post(
@@ -211,7 +219,5 @@ def preview_dataset(
     )
 
 
-def _out(dataset: models.Dataset, settings: Settings, principal: Principal) -> schemas.Dataset:
-    return schemas.dataset_out(
-        dataset, storage_url=settings.storage_url, admin=allows(principal, Permission.ADMIN)
-    )
+def _out(dataset: models.Dataset, paths: ServerPaths, principal: Principal) -> schemas.Dataset:
+    return views.dataset(dataset, paths, admin=views.is_admin(principal))

@@ -8,14 +8,22 @@ from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from api import schemas
-from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api import schemas, views
+from api.deps import (
+    JobsWritePrincipal,
+    ReadPrincipal,
+    ServerPathsDep,
+    SessionDep,
+    SettingsDep,
+)
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import JobId
 from api.validation import MAX_ID
 from core import exports, models, storage
+from core.auth import Principal
 from core.errors import Conflict
 from core.models import ExportState
+from core.server_paths import ServerPaths
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=ERROR_RESPONSES)
 
@@ -44,6 +52,7 @@ def request_export(
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
     request: Request,
     response: Response,
 ) -> schemas.CheckpointExport:
@@ -62,23 +71,29 @@ def request_export(
         request.app.state.dispatcher.dispatch_export(asked.export)
     if not asked.created:
         response.status_code = 200
-    return _out(session, asked.export)
+    return _out(session, asked.export, paths, principal)
 
 
 @router.get(_PATH, response_model=schemas.CheckpointExport)
 def get_export(
-    job_id: JobId, checkpoint_id: CheckpointId, principal: ReadPrincipal, session: SessionDep
+    job_id: JobId,
+    checkpoint_id: CheckpointId,
+    principal: ReadPrincipal,
+    session: SessionDep,
+    paths: ServerPathsDep,
 ) -> schemas.CheckpointExport:
     """The export of a checkpoint: its state (a pending one's place in the export queue), and
     once ready its size and sha256."""
     export = exports.get_or_raise(
         session=session, project_id=principal.project_id, job_id=job_id, checkpoint_id=checkpoint_id
     )
-    return _out(session, export)
+    return _out(session, export, paths, principal)
 
 
-def _out(session: Session, export: models.CheckpointExport) -> schemas.CheckpointExport:
-    out = schemas.CheckpointExport.model_validate(export)
+def _out(
+    session: Session, export: models.CheckpointExport, paths: ServerPaths, principal: Principal
+) -> schemas.CheckpointExport:
+    out = views.export(export, paths, admin=views.is_admin(principal))
     out.queue_position = exports.queue_position(session=session, export=export)
     return out
 

@@ -6,12 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api import schemas
-from api.deps import ReadPrincipal, SessionDep
+from api import schemas, views
+from api.deps import ReadPrincipal, ServerPathsDep, SessionDep
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import After, JobId
 from core import exports, jobs, queries
-from core.models import CheckpointExport
 
 router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONSES)
 
@@ -21,6 +20,7 @@ def job_events(
     job_id: JobId,
     principal: ReadPrincipal,
     session: SessionDep,
+    paths: ServerPathsDep,
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> schemas.EventPage:
@@ -30,7 +30,7 @@ def job_events(
         session=session, job_id=job_id, after=after, limit=limit
     )
     return schemas.EventPage(
-        items=[schemas.Event.model_validate(e) for e in items],
+        items=[views.event(e, paths) for e in items],
         next_cursor=str(next_after) if next_after is not None else None,
     )
 
@@ -116,6 +116,7 @@ def job_logs(
     job_id: JobId,
     principal: ReadPrincipal,
     session: SessionDep,
+    paths: ServerPathsDep,
     rank: Annotated[
         int | None, Query(ge=-1, le=2**31 - 1, description="One rank's lines; -1: launcher.")
     ] = None,
@@ -128,29 +129,21 @@ def job_logs(
         session=session, job_id=job_id, rank=rank, after=after, limit=limit
     )
     return schemas.LogPage(
-        items=[schemas.LogLine.model_validate(x) for x in items],
+        items=[views.log_line(x, paths) for x in items],
         next_cursor=str(next_after) if next_after is not None else None,
     )
 
 
 @router.get("/{job_id}/checkpoints", response_model=schemas.CheckpointList)
 def job_checkpoints(
-    job_id: JobId, principal: ReadPrincipal, session: SessionDep
+    job_id: JobId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> schemas.CheckpointList:
     """The job's complete checkpoints, by step, each with its safetensors export if one was
     requested."""
     jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     items = queries.checkpoints(session=session, job_id=job_id)
     made = exports.of_job(session=session, job_id=job_id)
+    admin = views.is_admin(principal)
     return schemas.CheckpointList(
-        items=[
-            schemas.Checkpoint.model_validate(c).model_copy(
-                update={"export": _export(made.get(c.id))}
-            )
-            for c in items
-        ]
+        items=[views.checkpoint(c, made.get(c.id), paths, admin=admin) for c in items]
     )
-
-
-def _export(found: CheckpointExport | None) -> schemas.CheckpointExport | None:
-    return schemas.CheckpointExport.model_validate(found) if found is not None else None

@@ -11,8 +11,14 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
-from api import schemas
-from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api import schemas, views
+from api.deps import (
+    JobsWritePrincipal,
+    ReadPrincipal,
+    ServerPathsDep,
+    SessionDep,
+    SettingsDep,
+)
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
 from core import (
@@ -30,6 +36,7 @@ from core import (
 )
 from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
+from core.server_paths import ServerPaths
 from core.settings import Settings
 from trainer.spec import AnyJobSpec, JobSpec, ScriptJobSpec
 
@@ -79,6 +86,7 @@ def submit_job(
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
     request: Request,
     response: Response,
     idempotency_key: Annotated[
@@ -117,12 +125,13 @@ def submit_job(
     else:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{result.job.id}"
-    return _out(session, settings, [result.job], queue=False)[0]
+    return _out(session, settings, paths, [result.job], queue=False)[0]
 
 
 def _out(
     session: Session,
     settings: Settings,
+    paths: ServerPaths,
     items: list[Job],
     log_tail: bool = True,
     queue: bool = True,
@@ -145,7 +154,7 @@ def _out(
     used = usage_report.job_usage(session=session, job_ids=ran, prices=settings.slot_prices)
     out = []
     for job in items:
-        shown = schemas.Job.model_validate(job)
+        shown = views.job(job, paths)
         wait = waits.get(job.id)
         update: dict[str, Any] = {
             "queue_position": wait.position if wait is not None else positions.get(job.id),
@@ -268,6 +277,7 @@ def list_jobs(
     principal: ReadPrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
     state: Annotated[
         list[JobState] | None, Query(description="Only jobs in these states (repeatable).")
     ] = None,
@@ -303,7 +313,7 @@ def list_jobs(
         after=_decode_cursor(cursor, sort) if cursor is not None else None,
     )
     return schemas.JobPage(
-        items=_out(session, settings, items, log_tail=False),
+        items=_out(session, settings, paths, items, log_tail=False),
         next_cursor=_encode_cursor(after) if after is not None else None,
     )
 
@@ -365,12 +375,16 @@ def _decode_cursor(cursor: str, sort: str) -> job_list.After:
 
 @router.get("/{job_id}", response_model=schemas.Job)
 def get_job(
-    job_id: JobId, principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
+    job_id: JobId,
+    principal: ReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.Job:
     """Read one job: a waiting one with `queue` (position, reason, estimated start), each
     with its usage so far (slot-seconds, CPU-seconds, cost)."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
-    return _out(session, settings, [job])[0]
+    return _out(session, settings, paths, [job])[0]
 
 
 _UPDATE_EXAMPLE = {"labels": {"team": "nlp", "baseline": "yes"}, "note": "best run so far"}
@@ -386,6 +400,7 @@ def update_job(
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.Job:
     """Replace a job's labels (the whole set) and/or set its free-text note, in any state;
     a field left out stays as it is. Needs `jobs:write`; 422 names the bad field."""
@@ -397,28 +412,36 @@ def update_job(
         note=body.note,
     )
     session.commit()
-    return _out(session, settings, [job])[0]
+    return _out(session, settings, paths, [job])[0]
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def cancel_job(
-    job_id: JobId, principal: JobsWritePrincipal, session: SessionDep, settings: SettingsDep
+    job_id: JobId,
+    principal: JobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.Job:
     """Cancel a job: at once when idle, via `cancelling` when running; 409 once it has ended."""
     job = jobs.cancel(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
-    return _out(session, settings, [job])[0]
+    return _out(session, settings, paths, [job])[0]
 
 
 @router.post("/{job_id}/pause", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
 def pause_job(
-    job_id: JobId, principal: JobsWritePrincipal, session: SessionDep, settings: SettingsDep
+    job_id: JobId,
+    principal: JobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.Job:
     """Pause a job: a running one checkpoints and stops (`pausing`, then `paused`); a queued
     one leaves the queue. 409 in other states."""
     job = jobs.pause(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
-    return _out(session, settings, [job])[0]
+    return _out(session, settings, paths, [job])[0]
 
 
 @router.post("/{job_id}/resume", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
@@ -427,13 +450,14 @@ def resume_job(
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
     request: Request,
 ) -> schemas.Job:
     """Resume a paused job: it is queued again and continues from its latest checkpoint."""
     job = jobs.resume(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
     request.app.state.dispatcher.dispatch(job)
-    return _out(session, settings, [job])[0]
+    return _out(session, settings, paths, [job])[0]
 
 
 @router.post("/{job_id}/retry", status_code=202, response_model=schemas.Job, responses=_CONFLICT)
@@ -442,6 +466,7 @@ def retry_job(
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
     request: Request,
 ) -> schemas.Job:
     """Run a failed or cancelled job again from its latest checkpoint, with a fresh restart
@@ -449,4 +474,4 @@ def retry_job(
     job = jobs.retry(session=session, job_id=job_id, project_id=principal.project_id)
     session.commit()
     request.app.state.dispatcher.dispatch(job)
-    return _out(session, settings, [job])[0]
+    return _out(session, settings, paths, [job])[0]

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 
 from api import openai_errors
-from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api.deps import JobsWritePrincipal, ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.routes.jobs import check_submittable
 from core import jobs, openai_view
 from core.openai_spec import FineTuneCreate, build
@@ -49,6 +49,7 @@ def create_job(
 def list_jobs(
     principal: ReadPrincipal,
     session: SessionDep,
+    paths: ServerPathsDep,
     request: Request,
     after: After = None,
     limit: Limit = 20,
@@ -63,50 +64,56 @@ def list_jobs(
     items, more = openai_view.jobs_page(session, principal.project_id, after, limit, metadata)
     return {
         "object": "list",
-        "data": openai_view.job_objects(session, items),
+        "data": paths.hide(openai_view.job_objects(session, items)),
         "has_more": more,
     }
 
 
 @router.get("/{job_id}")
-def get_job(job_id: FtJobId, principal: ReadPrincipal, session: SessionDep) -> dict[str, Any]:
+def get_job(
+    job_id: FtJobId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
+) -> dict[str, Any]:
     """One fine-tuning job; 404 for another project's."""
     job = openai_view.get_job(session, job_id, principal.project_id)
-    return openai_view.job_objects(session, [job])[0]
+    return paths.hide(openai_view.job_objects(session, [job])[0])
 
 
 @router.post("/{job_id}/cancel")
 def cancel_job(
-    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep
+    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
     """Cancel (409 once it has ended); the status reads `cancelled` when it has stopped."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     job = jobs.cancel(session=session, job_id=job.id, project_id=principal.project_id)
     session.commit()
-    return openai_view.job_object(job)
+    return paths.hide(openai_view.job_object(job))
 
 
 @router.post("/{job_id}/pause")
 def pause_job(
-    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep
+    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
     """Pause: a running job checkpoints and stops, a queued one leaves the queue; 409 else."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     job = jobs.pause(session=session, job_id=job.id, project_id=principal.project_id)
     session.commit()
-    return openai_view.job_object(job)
+    return paths.hide(openai_view.job_object(job))
 
 
 @router.post("/{job_id}/resume")
 def resume_job(
-    job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, request: Request
+    job_id: FtJobId,
+    principal: JobsWritePrincipal,
+    session: SessionDep,
+    paths: ServerPathsDep,
+    request: Request,
 ) -> dict[str, Any]:
     """Resume a paused job from its latest checkpoint; 409 in other states."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     job = jobs.resume(session=session, job_id=job.id, project_id=principal.project_id)
     session.commit()
     request.app.state.dispatcher.dispatch(job)
-    return openai_view.job_object(job)
+    return paths.hide(openai_view.job_object(job))
 
 
 @router.get("/{job_id}/events")
@@ -114,13 +121,14 @@ def list_events(
     job_id: FtJobId,
     principal: ReadPrincipal,
     session: SessionDep,
+    paths: ServerPathsDep,
     after: After = None,
     limit: Limit = 20,
 ) -> dict[str, Any]:
     """The job's events (state changes, checkpoints, samples), newest first."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     data, more = openai_view.events_page(session, job, after, limit)
-    return {"object": "list", "data": data, "has_more": more}
+    return {"object": "list", "data": paths.hide(data), "has_more": more}
 
 
 @router.get("/{job_id}/checkpoints")

@@ -63,7 +63,7 @@ function systemChartsFor(names) {
  * weights convert to safetensors), or null when it can.
  */
 function notExportable(job) {
-  if (entrypointOf(job)) return "a script's checkpoints are its own files: download them from their uri";
+  if (entrypointOf(job)) return "a script's checkpoints are its own files (in the server's storage at their uri), not a model to export";
   const spec = job.spec ?? {};
   if (spec.lora || spec.qlora || spec.model?.kind === "hf") return "LoRA/QLoRA and Hugging Face runs write their own exports at the end";
   return null;
@@ -305,7 +305,7 @@ export function detailPage(root, jobId) {
       h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
       h("td", { class: "num" }, fmtBytes(c.size_bytes)), h("td", {}, fmtTime(c.created_at)),
       exportCell(c),
-      h("td", { class: "uri", title: c.uri }, h("code", {}, c.uri)))));
+      h("td", { class: "uri", title: c.server_uri ?? c.uri }, h("code", {}, c.uri)))));
     if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "None yet.")));
     // The page stops polling once the job has ended; an export in the making is still followed.
     clearTimeout(exportTimer);

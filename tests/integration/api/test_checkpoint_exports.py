@@ -90,7 +90,9 @@ def test_an_export_is_queued_once_to_the_export_queue_and_asking_again_returns_i
         checkpoint_id,
         10,
     )
-    assert export["uri"].endswith(f"/jobs/{job_id}/exports/step_00000010")
+    # In storage, named relative to it; the full location for the admin key only.
+    assert export["uri"] == f"jobs/{job_id}/exports/step_00000010"
+    assert export["server_uri"] == f"{settings.storage_url}/{export['uri']}"
     assert export["size_bytes"] is None and export["sha256"] is None
 
     again = client.post(_path(job_id, checkpoint_id), headers=project.headers)

@@ -10,13 +10,14 @@ from sqlalchemy import Engine
 from api.streams import StreamHub
 from core import ingest
 from core.db import session_factory, session_scope
+from core.server_paths import ServerPaths
 
 
 def test_many_watchers_of_a_job_share_one_feed_and_all_get_each_line(
     engine: Engine, job: dict[str, Any]
 ) -> None:
     async def scenario() -> tuple[int, list[list[int]], int]:
-        hub = StreamHub(session_factory(engine), poll_s=0.2)
+        hub = StreamHub(session_factory(engine), paths=ServerPaths(()), poll_s=0.2)
         queues = [await hub.subscribe(job["id"]) for _ in range(50)]
         feeds = len(hub.feeds)
         with session_scope(engine) as s:  # committed after every watcher joined

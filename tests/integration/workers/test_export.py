@@ -1,11 +1,15 @@
 """Checkpoint exports end to end: asked for with `torchyard export` against a real API server,
 made by a real Celery worker running `python -m trainer.export`, downloaded and read back with
-safetensors."""
+safetensors. The finished job and its export also prove that no answer of the API names the
+server's own directories (docs/CONTRACTS.md, section 4)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import safetensors.torch
 import torch
 from celery import Celery
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from typer.testing import CliRunner, Result
@@ -22,12 +26,17 @@ from typer.testing import CliRunner, Result
 from api.main import create_app
 from core import ingest
 from core.db import session_scope
+from core.models import WebhookEvent
+from core.openai_results import RESULT_PREFIX
+from core.openai_view import BASE_LABEL, JOB_PREFIX, model_name
 from core.settings import Settings
-from tests.conftest import ProjectKey
+from tests.conftest import ProjectKey, make_project
+from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
     job_events,
+    job_row,
     run_to_success,
     start_exporter,
     tiny_spec,
@@ -82,29 +91,75 @@ def _model_shapes(checkpoint_uri: str) -> dict[str, tuple[int, ...]]:
     }
 
 
+@dataclass(frozen=True)
+class Trained:
+    """A finished job of a project of its own, trained on an upload (so its data, checkpoints
+    and exports all lie in the server's storage), with complete checkpoints at steps 2 and 4
+    (each test exports its own); the project has a code archive and a webhook subscription
+    (so the run's webhook events were written)."""
+
+    project: ProjectKey  # an admin key
+    job_id: int
+    dataset_id: str
+    code_id: str
+    webhook_id: str
+    model_id: str  # the job as an OpenAI fine-tuned model
+    checkpoints: dict[int, Any]  # by step, as the admin key lists them
+
+
+@pytest.fixture(scope="module")
+def trained(
+    api: TestClient, engine: Engine, celery_client: Celery, corpus_dir: Path, worker: Worker
+) -> Trained:
+    project = make_project(engine)
+    corpus = sorted(corpus_dir.glob("*.py"))[0]
+    uploaded = api.post(
+        "/v1/datasets/upload",
+        files={"file": (corpus.name, corpus.read_bytes())},
+        data={"name": "corpus"},
+        headers=project.headers,
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    code = upload(api, project, tar_gz(code_files()))
+    assert code.status_code == 201, code.text
+    # A public address literal: nothing is sent (no delivery loop in tests), events are kept.
+    hook = {"url": "https://93.184.216.34/hook", "event_types": ["*"]}
+    webhook = api.post("/v1/webhooks", json=hook, headers=project.headers)
+    assert webhook.status_code == 201, webhook.text
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=uploaded.json()["id"],
+        train={"max_steps": 4},
+        eval={"interval_steps": 4},
+        checkpoint={"interval_steps": 2},
+        labels={BASE_LABEL: "tiny"},  # shown by the OpenAI-compatible view too
+    )
+    job_id = run_to_success(engine, celery_client, project, spec, worker, 120).id
+    listed = api.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()
+    checkpoints = {c["step"]: c for c in listed["items"]}
+    assert sorted(checkpoints) == [2, 4]
+    return Trained(
+        project,
+        job_id,
+        uploaded.json()["id"],
+        code.json()["id"],
+        webhook.json()["id"],
+        model_name(job_row(engine, job_id)),
+        checkpoints,
+    )
+
+
 def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors(
     api: TestClient,
     live_api: str,
     engine: Engine,
-    celery_client: Celery,
-    project: ProjectKey,
     other_project: ProjectKey,
-    dataset_id: str,
-    worker: Worker,
+    trained: Trained,
     exporter: Worker,
     tmp_path: Path,
 ) -> None:
-    spec = tiny_spec(
-        pool=worker.queue,
-        dataset_id=dataset_id,
-        train={"max_steps": 4},
-        eval={"interval_steps": 4},
-        checkpoint={"interval_steps": 4},
-    )
-    job_id = run_to_success(engine, celery_client, project, spec, worker, 120).id
-    listed = api.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()
-    (checkpoint,) = listed["items"]
-    assert checkpoint["step"] == 4 and checkpoint["export"] is None
+    project, job_id, checkpoint = trained.project, trained.job_id, trained.checkpoints[4]
+    assert checkpoint["export"] is None
     path = f"/v1/jobs/{job_id}/checkpoints/{checkpoint['id']}/export"
     assert api.post(path, headers=other_project.headers).status_code == 404
 
@@ -121,8 +176,11 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     assert f"{out} ({export['size_bytes']} bytes, sha256 {export['sha256']})" in done.stdout
 
     tensors = safetensors.torch.load(body)
-    assert {n: tuple(t.shape) for n, t in tensors.items()} == _model_shapes(checkpoint["uri"])
-    weights = load_model_weights(checkpoint["uri"])
+    # The admin key sees where the checkpoint lies on the server (`uri` is storage-relative).
+    server_uri = checkpoint["server_uri"]
+    assert server_uri.endswith(f"/{checkpoint['uri']}")
+    assert {n: tuple(t.shape) for n, t in tensors.items()} == _model_shapes(server_uri)
+    weights = load_model_weights(server_uri)
     assert weights
     assert all(torch.equal(tensors[name], weights[name]) for name in weights)
 
@@ -139,11 +197,116 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
     again = api.post(path, headers=project.headers)
     assert again.status_code == 200 and again.json() == export
     listed = api.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()
-    assert listed["items"][0]["export"] == export
+    assert [c["export"] for c in listed["items"] if c["step"] == 4] == [export]
     shown = cli("checkpoints", str(job_id))
     assert shown.exit_code == 0 and "ready" in shown.stdout, shown.output
     events = [e.message for e in job_events(engine, job_id) if e.kind == "info"]
     assert f"export of checkpoint at step 4 ready ({export['size_bytes']} bytes)" in events
+
+
+# GET routes that serve a file's bytes (weights, an uploaded file), not text about it.
+_BYTES = ("/export/download", "/content")
+_QUERY: dict[str, dict[str, int]] = {  # whole histories, not a first page
+    "/v1/jobs/{job_id}/events": {"limit": 1000},
+    "/v1/jobs/{job_id}/logs": {"limit": 5000},
+    "/openai/v1/fine_tuning/jobs/{job_id}/events": {"limit": 100},
+}
+
+
+def _server_dirs(settings: Settings) -> set[str]:
+    return {settings.storage_url, str(settings.home), str(settings.home.resolve())}
+
+
+def _fill(path: str, trained: Trained, checkpoint_id: int) -> str:
+    """`path` with its parameters filled with `trained`'s resources; fails on one it cannot."""
+    job = f"{JOB_PREFIX}{trained.job_id}" if path.startswith("/openai/") else str(trained.job_id)
+    values = {
+        "job_id": job,
+        "checkpoint_id": str(checkpoint_id),
+        "dataset_id": trained.dataset_id,
+        "file_id": f"{RESULT_PREFIX}{trained.job_id}",  # the fine-tune's result file
+        "code_id": trained.code_id,
+        "webhook_id": trained.webhook_id,
+        "model_id": trained.model_id,
+    }
+    for name in re.findall(r"{(\w+)}", path):
+        if name not in values:
+            pytest.fail(f"GET {path}: no value for {{{name}}}; add one to _fill")
+        path = path.replace(f"{{{name}}}", values[name])
+    return path
+
+
+def _without_server_uri(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_server_uri(v) for k, v in value.items() if k != "server_uri"}
+    if isinstance(value, list):
+        return [_without_server_uri(v) for v in value]
+    return value
+
+
+def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins_see_server_uri(
+    api: TestClient,
+    engine: Engine,
+    settings: Settings,
+    trained: Trained,
+    exporter: Worker,
+) -> None:
+    owner, checkpoint = trained.project, trained.checkpoints[2]
+    export_path = f"/v1/jobs/{trained.job_id}/checkpoints/{checkpoint['id']}/export"
+    assert api.post(export_path, headers=owner.headers).status_code == 202
+    assert _wait_export(api, export_path, owner, exporter)["state"] == "ready"
+    member = api.post(
+        "/v1/members", json={"subject": "viewer@x.org", "role": "viewer"}, headers=owner.headers
+    ).json()
+    viewer = api.post(
+        "/v1/keys", json={"name": "viewer", "member_id": member["id"]}, headers=owner.headers
+    ).json()["secret"]
+    dirs = _server_dirs(settings)
+    routes = [
+        path
+        for path, item in api.get("/openapi.json").json()["paths"].items()
+        if "get" in item and not path.endswith(_BYTES)
+    ]
+    read_by_viewer = set()
+    for route in routes:
+        url = _fill(route, trained, checkpoint["id"])
+        for key in (viewer, owner.api_key):
+            answer = api.get(url, params=_QUERY.get(route), headers=_bearer(key))
+            assert answer.status_code in (200, 403), (url, answer.text)
+            text = answer.text
+            if key == owner.api_key and answer.headers["content-type"] == "application/json":
+                text = json.dumps(_without_server_uri(answer.json()))
+            assert [d for d in dirs if d in text] == [], (url, text)
+            if key == viewer and answer.status_code == 200:
+                read_by_viewer.add(route)
+    # The viewer read everything of the job, its data and files (only admin routes refused it).
+    assert {r for r in routes if "_id}" in r and "webhook" not in r} <= read_by_viewer
+
+    listed = api.get(f"/v1/jobs/{trained.job_id}/checkpoints", headers=owner.headers).json()
+    for shown in listed["items"]:
+        assert shown["uri"] == f"jobs/{trained.job_id}/checkpoints/step_{shown['step']:08d}"
+        assert shown["server_uri"] == f"{settings.storage_url}/{shown['uri']}"
+    export = next(c["export"] for c in listed["items"] if c["step"] == 2)
+    assert export["uri"] == f"jobs/{trained.job_id}/exports/step_00000002"
+    assert export["server_uri"] == f"{settings.storage_url}/{export['uri']}"
+    as_viewer = api.get(f"/v1/jobs/{trained.job_id}/checkpoints", headers=_bearer(viewer)).json()
+    assert [c["uri"] for c in as_viewer["items"]] == [c["uri"] for c in listed["items"]]
+    assert {c["server_uri"] for c in as_viewer["items"]} == {None}
+    dataset = api.get(f"/v1/datasets/{trained.dataset_id}", headers=owner.headers).json()
+    assert dataset["server_uri"] == f"{settings.storage_url}/{dataset['uri']}"
+
+    # Nor do the webhook events the run wrote (job states, checkpoints, the export).
+    with session_scope(engine) as s:
+        sent = s.scalars(
+            select(WebhookEvent).where(WebhookEvent.project_id == owner.project_id)
+        ).all()
+        payloads = [(e.type, json.dumps(e.payload)) for e in sent]
+    assert {"job.succeeded", "checkpoint.saved", "export.ready"} <= {t for t, _ in payloads}
+    assert [(t, p) for t, p in payloads if any(d in p for d in dirs)] == []
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def test_an_export_needs_no_worker_of_the_jobs_pool_and_reports_the_exporters_error(
