@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
-from api import schemas
+from api import examples, schemas
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
@@ -75,7 +75,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     },
 )
 def submit_job(
-    spec: Annotated[AnyJobSpec, Body()],
+    spec: Annotated[AnyJobSpec, Body(openapi_examples=examples.JOB_SPEC_EXAMPLES)],
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
 
 from api import openai_errors
+from api import openai_examples as ex
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api.examples import json_example
 from api.routes.jobs import check_submittable
 from core import jobs, openai_view
 from core.openai_spec import FineTuneCreate, build
@@ -24,9 +26,11 @@ After = Annotated[
 Limit = Annotated[int, Query(ge=1, le=100)]
 
 
-@router.post("")
+@router.post("", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def create_job(
-    body: FineTuneCreate,
+    body: Annotated[
+        FineTuneCreate, Body(openapi_examples={"LoRA SFT": {"value": ex.FINE_TUNE_CREATE}})
+    ],
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
@@ -45,7 +49,7 @@ def create_job(
     return openai_view.job_object(result.job)
 
 
-@router.get("")
+@router.get("", responses={200: json_example(ex.FINE_TUNING_JOB_LIST)})
 def list_jobs(
     principal: ReadPrincipal,
     session: SessionDep,
@@ -68,14 +72,14 @@ def list_jobs(
     }
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def get_job(job_id: FtJobId, principal: ReadPrincipal, session: SessionDep) -> dict[str, Any]:
     """One fine-tuning job; 404 for another project's."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     return openai_view.job_objects(session, [job])[0]
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def cancel_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep
 ) -> dict[str, Any]:
@@ -86,7 +90,7 @@ def cancel_job(
     return openai_view.job_object(job)
 
 
-@router.post("/{job_id}/pause")
+@router.post("/{job_id}/pause", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def pause_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep
 ) -> dict[str, Any]:
@@ -97,7 +101,7 @@ def pause_job(
     return openai_view.job_object(job)
 
 
-@router.post("/{job_id}/resume")
+@router.post("/{job_id}/resume", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def resume_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, request: Request
 ) -> dict[str, Any]:
@@ -109,7 +113,7 @@ def resume_job(
     return openai_view.job_object(job)
 
 
-@router.get("/{job_id}/events")
+@router.get("/{job_id}/events", responses={200: json_example(ex.FINE_TUNING_EVENTS)})
 def list_events(
     job_id: FtJobId,
     principal: ReadPrincipal,
@@ -123,7 +127,7 @@ def list_events(
     return {"object": "list", "data": data, "has_more": more}
 
 
-@router.get("/{job_id}/checkpoints")
+@router.get("/{job_id}/checkpoints", responses={200: json_example(ex.FINE_TUNING_CHECKPOINTS)})
 def list_checkpoints(
     job_id: FtJobId,
     principal: ReadPrincipal,
