@@ -13,7 +13,7 @@ operation has its examples and that each is valid against its schema.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Unpack
 
 from fastapi import FastAPI
 from pydantic import ConfigDict
@@ -293,23 +293,25 @@ SPEC_CHECK: dict[str, Any] = {
     "lines": {"": 1, "/name": 1, "/data": 2, "/data/dataset": 3},
 }
 SPEC_YAML = f"name: gpt-small-code\ndata:\n  dataset: {DATASET_ID}\n"
-# `GET /v1/spec/schema`, abridged: the whole document has every section's fields.
+# `GET /v1/spec/schema`, abridged to one field of each kind; the document puts the kinds in
+# `$defs` and refers to them, which a viewer would try to resolve here.
 SPEC_SCHEMA: dict[str, Any] = {
-    "oneOf": [{"$ref": "#/$defs/JobSpec"}, {"$ref": "#/$defs/ScriptJobSpec"}],
-    "$defs": {
-        "JobSpec": {
+    "oneOf": [
+        {
+            "title": "JobSpec",
             "type": "object",
             "additionalProperties": False,
-            "properties": {"name": {"type": "string", "maxLength": 100}},
+            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 100}},
             "required": ["name"],
         },
-        "ScriptJobSpec": {
+        {
+            "title": "ScriptJobSpec",
             "type": "object",
             "additionalProperties": False,
-            "properties": {"entrypoint": {"$ref": "#/$defs/EntrypointSpec"}},
+            "properties": {"entrypoint": {"type": "object"}},
             "required": ["name", "entrypoint"],
         },
-    },
+    ],
 }
 
 ME: dict[str, Any] = {
@@ -361,9 +363,11 @@ def install(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def config(*values: dict[str, Any], **keywords: Any) -> ConfigDict:
+def config(*values: dict[str, Any], **keywords: Unpack[ConfigDict]) -> ConfigDict:
     """A model's `model_config` (with `keywords`) whose JSON Schema has these `examples`."""
-    return ConfigDict(json_schema_extra={"examples": marked(list(values))}, **keywords)
+    settings = ConfigDict(**keywords)
+    settings["json_schema_extra"] = {"examples": marked(list(values))}
+    return settings
 
 
 def json_example(example: Any) -> dict[str, Any]:

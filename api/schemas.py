@@ -10,7 +10,6 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -23,16 +22,10 @@ from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
 from trainer.records import Format
-from trainer.spec import DataSpec, FailureClass, JobSpec, ModelSpec, ScriptJobSpec
+from trainer.spec import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
-
-
-def _spec_json(value: Any) -> Any:
-    """`Job.spec` is a typed `JobSpec` or `ScriptJobSpec` in the ORM; the API shows it as its
-    JSON document."""
-    return value.model_dump(mode="json") if isinstance(value, JobSpec | ScriptJobSpec) else value
 
 
 def _utc(value: datetime) -> datetime:
@@ -129,8 +122,9 @@ class Job(_Out):
         "`PATCH /v1/jobs/{id}`."
     )
     pool: str = Field(description="The worker pool (queue) the job runs in.")
-    spec: Annotated[dict[str, Any], BeforeValidator(_spec_json)] = Field(
-        description="The submitted JobSpec or ScriptJobSpec as JSON."
+    spec: AnyJobSpec = Field(
+        description="The submitted spec with every default filled in: a JobSpec, or a "
+        "ScriptJobSpec for a job with `entrypoint`."
     )
     created_at: Timestamp = Field(description="When it was submitted; UTC, ISO 8601.")
     updated_at: Timestamp = Field(description="When its row last changed; UTC, ISO 8601.")

@@ -132,6 +132,8 @@ def invalid_examples(document: dict[str, Any]) -> tuple[list[str], int]:
     problems, checked = [], 0
     for where, media_type, schema, value in all_examples(document):
         checked += 1
+        if '"$ref"' in json.dumps(value):  # Swagger UI and ReDoc would try to resolve it
+            problems.append(f"{where}: holds a $ref")
         rooted = {**schema, "components": document["components"]}
         validator = jsonschema_rs.validator_for(rooted, validate_formats=True)
         problems += [
