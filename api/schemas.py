@@ -10,28 +10,22 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
     model_validator,
 )
 
+from api import examples
 from core import models, progress
 from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
 from trainer.records import Format
-from trainer.spec import DataSpec, FailureClass, JobSpec, ModelSpec, ScriptJobSpec
+from trainer.spec import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
-
-
-def _spec_json(value: Any) -> Any:
-    """`Job.spec` is a typed `JobSpec` or `ScriptJobSpec` in the ORM; the API shows it as its
-    JSON document."""
-    return value.model_dump(mode="json") if isinstance(value, JobSpec | ScriptJobSpec) else value
 
 
 def _utc(value: datetime) -> datetime:
@@ -114,6 +108,8 @@ class Job(_Out):
     `latest_metrics` the last value of each series; `current_step` the last step reported;
     `max_steps` the trainer's `train.max_steps` (0 for a script job: unknown)."""
 
+    model_config = examples.config(examples.JOB)
+
     id: int = Field(description="The job's id.")
     project_id: str = Field(description="The project that owns the job.")
     name: str = Field(description="The spec's `name`.")
@@ -126,8 +122,9 @@ class Job(_Out):
         "`PATCH /v1/jobs/{id}`."
     )
     pool: str = Field(description="The worker pool (queue) the job runs in.")
-    spec: Annotated[dict[str, Any], BeforeValidator(_spec_json)] = Field(
-        description="The submitted JobSpec or ScriptJobSpec as JSON."
+    spec: AnyJobSpec = Field(
+        description="The submitted spec with every default filled in: a JobSpec, or a "
+        "ScriptJobSpec for a job with `entrypoint`."
     )
     created_at: Timestamp = Field(description="When it was submitted; UTC, ISO 8601.")
     updated_at: Timestamp = Field(description="When its row last changed; UTC, ISO 8601.")
@@ -243,12 +240,16 @@ class Job(_Out):
 
 
 class JobPage(BaseModel):
+    model_config = examples.config(examples.JOB_PAGE)
+
     items: list[Job] = Field(description="Jobs, in the order the `sort` query parameter asks.")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: last.")
 
 
 class Event(_Out):
     """Something that happened to a job: a state change, a checkpoint, the sample, info, error."""
+
+    model_config = examples.config(examples.EVENT)
 
     id: int = Field(description="The event's id (ascending in time).")
     job_id: int = Field(description="The job it belongs to.")
@@ -264,6 +265,8 @@ class Event(_Out):
 
 
 class EventPage(BaseModel):
+    model_config = examples.config(examples.EVENT_PAGE)
+
     items: list[Event] = Field(description="Events, oldest first.")
     next_cursor: str | None = Field(
         description="Pass as `after` for the next page; null when this page was the last."
@@ -272,6 +275,8 @@ class EventPage(BaseModel):
 
 class LogLine(_Out):
     """A line one rank of the job printed; rank -1 is the launcher (worker)."""
+
+    model_config = examples.config(examples.LOG_LINE)
 
     id: int = Field(description="The line's id (ascending in time).")
     attempt: int = Field(description="The attempt that printed it.")
@@ -282,6 +287,8 @@ class LogLine(_Out):
 
 
 class LogPage(BaseModel):
+    model_config = examples.config(examples.LOG_PAGE)
+
     items: list[LogLine] = Field(description="Log lines, oldest first.")
     next_cursor: str | None = Field(
         description="Pass as `after` for the next page; null when this page was the last."
@@ -313,12 +320,16 @@ class MetricSeries(_Floats):
 
 
 class Metrics(BaseModel):
+    model_config = examples.config(examples.METRICS)
+
     series: list[MetricSeries] = Field(description="One entry per metric, by name.")
 
 
 class CheckpointExport(_Out):
     """A consolidated safetensors export of one checkpoint: `pending -> running -> ready |
     failed`. Once ready, `GET .../export/download` serves its `model.safetensors`."""
+
+    model_config = examples.config(examples.CHECKPOINT_EXPORT)
 
     id: int = Field(description="The export's id.")
     job_id: int = Field(description="The job whose checkpoint it exports.")
@@ -376,12 +387,16 @@ class Checkpoint(_Out):
 
 
 class CheckpointList(BaseModel):
+    model_config = examples.config(examples.CHECKPOINT_LIST)
+
     items: list[Checkpoint] = Field(description="Complete checkpoints, by ascending step.")
 
 
 class Dataset(_Out):
     """Training data in a project: a registered server-side path or an uploaded file, its
     `format` (declared or detected) and, for record and token formats, its `stats`."""
+
+    model_config = examples.config(examples.DATASET)
 
     id: str = Field(description="The dataset's id.")
     project_id: str = Field(description="The project that owns it.")
@@ -407,6 +422,8 @@ class Dataset(_Out):
 
 
 class DatasetList(BaseModel):
+    model_config = examples.config(examples.DATASET_LIST)
+
     items: list[Dataset] = Field(description="The project's datasets, oldest first.")
 
 
@@ -422,7 +439,7 @@ TokenDtype = Literal["uint16", "uint32"]
 class DatasetRegister(BaseModel):
     """A server-side file or directory to register as a dataset."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = examples.config(examples.DATASET_REGISTER, extra="forbid")
 
     name: DatasetName
     uri: str = Field(
@@ -444,6 +461,8 @@ class DatasetRegister(BaseModel):
 class SpecCheck(BaseModel):
     """A spec text that `POST /v1/jobs` would accept: the document as written (send it as the
     JSON body) and the 1-based line of each field, by JSON Pointer (RFC 6901, "" = root)."""
+
+    model_config = examples.config(examples.SPEC_CHECK)
 
     spec: dict[str, Any] = Field(
         description="The document as written; send it as the JSON body of `POST /v1/jobs`."
@@ -467,6 +486,8 @@ class KeyRef(BaseModel):
 
 
 class Me(BaseModel):
+    model_config = examples.config(examples.ME)
+
     project: ProjectRef = Field(description="The project the key belongs to.")
     key: KeyRef = Field(description="The key used.")
     role: Literal["viewer", "member", "admin"] = Field(
@@ -479,6 +500,8 @@ class Me(BaseModel):
 
 
 class Status(BaseModel):
+    model_config = examples.config(examples.STATUS)
+
     status: Literal["ok"] = Field(default="ok", description="Always `ok` when the answer is 200.")
 
 
@@ -491,7 +514,7 @@ class DatasetPreviewRequest(BaseModel):
     """How to tokenize a dataset's first records for a mask preview: the job spec's `model`
     section and the `data` fields that decide the loss mask."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = examples.config(examples.DATASET_PREVIEW_REQUEST, extra="forbid")
 
     model: ModelSpec = Field(
         default_factory=ModelSpec,
@@ -544,6 +567,8 @@ class PreviewReport(BaseModel):
 
 class DatasetPreview(BaseModel):
     """What a job would learn from the dataset's first records, and the verifier's verdict."""
+
+    model_config = examples.config(examples.DATASET_PREVIEW)
 
     dataset_id: str = Field(description="The dataset previewed.")
     format: Format = Field(description="The dataset's format.")

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from api import examples
 from api.schemas import PRINTABLE
 from api.validation import unstorable
 from core.auth import Role
@@ -46,13 +47,52 @@ class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+_PROJECT_EXAMPLE = {
+    "id": "prj_8a1d3f5c7e9b2d40",
+    "name": "nlp",
+    "created_at": "2026-11-02T09:00:00Z",
+}
+_MEMBER_EXAMPLE = {
+    "id": "mem_3c55a9302a30cc55",
+    "subject": "ada@example.com",
+    "role": "member",
+    "created_at": "2026-11-02T09:12:40Z",
+}
+_SERVICE_ACCOUNT_EXAMPLE = {
+    "id": "sa_0123456789abcdef",
+    "name": "ci",
+    "role": "member",
+    "created_at": "2026-11-03T14:00:00Z",
+    "disabled_at": None,
+}
+_SECRET_EXAMPLE = "ty_K9pNX8lq2Vb7cR4mT1wYzA6dE3fH5jL0nP8sU2xW9kQ"
+# The key `KeyCreate`'s example makes, as listed (`_KEY_EXAMPLE` further down asks for it).
+_KEY_OUT_EXAMPLE = {
+    "id": "key_a9302a30cc5536b0",
+    "name": "ci",
+    "prefix": _SECRET_EXAMPLE[:10],
+    "scopes": ["jobs:write"],
+    "role": "member",
+    "owner": {"kind": "service_account", "id": "sa_0123456789abcdef", "name": "ci"},
+    "org_admin": False,
+    "created_at": "2026-11-20T08:00:00Z",
+    "expires_at": "2027-02-18T08:00:00Z",
+    "last_used_at": "2026-11-25T11:40:59Z",
+    "revoked_at": None,
+}
+
+
 class Project(_Out):
+    model_config = examples.config(_PROJECT_EXAMPLE)
+
     id: str = Field(description="The project's id (`prj_...`).")
     name: str = Field(description="The project's unique name.")
     created_at: datetime = Field(description="When it was created (UTC).")
 
 
 class ProjectList(BaseModel):
+    model_config = examples.config({"items": [_PROJECT_EXAMPLE]})
+
     items: list[Project] = Field(description="Every project of the organisation, oldest first.")
 
 
@@ -63,6 +103,8 @@ class ProjectCreate(BaseModel):
 
 
 class Member(_Out):
+    model_config = examples.config(_MEMBER_EXAMPLE)
+
     id: str = Field(description="The member's id (`mem_...`).")
     subject: str = Field(description="Who: an email or an OIDC subject.")
     role: Role = Field(description="`viewer`, `member` or `admin`.")
@@ -70,6 +112,8 @@ class Member(_Out):
 
 
 class MemberList(BaseModel):
+    model_config = examples.config({"items": [_MEMBER_EXAMPLE]})
+
     items: list[Member] = Field(description="The project's members, oldest first.")
 
 
@@ -92,6 +136,8 @@ class MemberUpdate(BaseModel):
 
 
 class ServiceAccount(_Out):
+    model_config = examples.config(_SERVICE_ACCOUNT_EXAMPLE)
+
     id: str = Field(description="The service account's id (`sa_...`).")
     name: str = Field(description="Its name, unique in the project.")
     role: Role = Field(description="`viewer`, `member` or `admin`.")
@@ -100,6 +146,8 @@ class ServiceAccount(_Out):
 
 
 class ServiceAccountList(BaseModel):
+    model_config = examples.config({"items": [_SERVICE_ACCOUNT_EXAMPLE]})
+
     items: list[ServiceAccount] = Field(description="The project's service accounts.")
 
 
@@ -121,6 +169,8 @@ class KeyOwner(BaseModel):
 class Key(BaseModel):
     """An API key without its secret or hash."""
 
+    model_config = examples.config(_KEY_OUT_EXAMPLE)
+
     id: str = Field(description="The key's id (`key_...`).")
     name: str = Field(description="The key's name.")
     prefix: str = Field(description="The secret's first characters, to tell keys apart.")
@@ -137,6 +187,8 @@ class Key(BaseModel):
 
 
 class KeyList(BaseModel):
+    model_config = examples.config({"items": [_KEY_OUT_EXAMPLE]})
+
     items: list[Key] = Field(description="The project's keys, oldest first, revoked too.")
 
 
@@ -218,9 +270,30 @@ class KeyCreate(BaseModel):
 
 
 class KeyCreated(Key):
+    model_config = examples.config(
+        {**_KEY_OUT_EXAMPLE, "last_used_at": None, "secret": _SECRET_EXAMPLE}
+    )
+
     secret: str = Field(description="The key itself (`ty_...`): shown only in this answer.")
 
 
 class ProjectCreated(BaseModel):
+    model_config = examples.config(
+        {
+            "project": _PROJECT_EXAMPLE,
+            "key": {
+                **_KEY_OUT_EXAMPLE,
+                "name": "admin",
+                "scopes": ["jobs:read", "jobs:write", "datasets:write", "admin"],
+                "role": "admin",
+                "owner": None,
+                "created_at": _PROJECT_EXAMPLE["created_at"],
+                "expires_at": None,
+                "last_used_at": None,
+                "secret": _SECRET_EXAMPLE,
+            },
+        }
+    )
+
     project: Project = Field(description="The new project.")
     key: KeyCreated = Field(description="Its first admin key, with its secret (shown once).")

@@ -6,11 +6,27 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api import examples
 from api.schemas import Timestamp
 from api.validation import NotBool
 from core.quotas import QuotaUsage
 
 Limit = Annotated[int, Field(ge=0, le=1_000_000), NotBool] | None
+
+
+_QUOTA_EXAMPLE = {
+    "pool": "a100",
+    "max_slots": 2,
+    "max_running_jobs": None,
+    "max_queued_jobs": 100,
+    "monthly_slot_hours": 500.0,
+    "weight": 1.0,
+    "slots_in_use": 2,
+    "running_jobs": 2,
+    "queued_jobs": 1,
+    "slot_hours_this_month": 131.5,
+    "updated_at": "2026-11-25T12:00:00Z",
+}
 
 
 class QuotaIn(BaseModel):
@@ -52,26 +68,7 @@ class QuotaIn(BaseModel):
 class Quota(QuotaIn):
     """A quota and what the project uses against it now."""
 
-    model_config = ConfigDict(
-        extra="ignore",
-        json_schema_extra={
-            "examples": [
-                {
-                    "pool": "a100",
-                    "max_slots": 2,
-                    "max_running_jobs": None,
-                    "max_queued_jobs": 100,
-                    "monthly_slot_hours": 500.0,
-                    "weight": 1.0,
-                    "slots_in_use": 2,
-                    "running_jobs": 2,
-                    "queued_jobs": 1,
-                    "slot_hours_this_month": 131.5,
-                    "updated_at": "2026-11-25T12:00:00Z",
-                }
-            ]
-        },
-    )
+    model_config = examples.config(_QUOTA_EXAMPLE, extra="ignore")
 
     pool: str = Field(description="The pool it limits; `*` limits every pool together.")
     slots_in_use: int = Field(description="Devices the project's active jobs hold there now.")
@@ -101,4 +98,6 @@ class Quota(QuotaIn):
 
 
 class QuotaList(BaseModel):
+    model_config = examples.config({"items": [_QUOTA_EXAMPLE]})
+
     items: list[Quota] = Field(description="The project's quotas by pool (`*` first).")

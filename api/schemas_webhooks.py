@@ -6,7 +6,61 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from api import examples
 from api.schemas import Timestamp
+
+_SECRET_INFO_EXAMPLE = {"id": "whs_5e8c0a1d3f5b", "created_at": "2026-11-20T08:05:00Z"}
+_NEW_SECRET_EXAMPLE = {
+    **_SECRET_INFO_EXAMPLE,
+    "secret": "whsec_MfKQ9r8GKYqXTwmxfL5c2lU9lHw3Cz1y",
+}
+_WEBHOOK_EXAMPLE = {
+    "id": "wh_7d2b4f6e8c0a1d3f",
+    "url": "https://ci.example.com/hooks/torchyard",
+    "event_types": ["job.*", "checkpoint.saved"],
+    "description": "CI notifications",
+    "alert_rules": {
+        "nan_loss": True,
+        "loss_spike_factor": 3.0,
+        "loss_spike_window": 20,
+        "eval_regression_margin": None,
+        "stalled_minutes": 30.0,
+        "queued_minutes": None,
+    },
+    "secrets": [_SECRET_INFO_EXAMPLE],
+    "created_at": "2026-11-20T08:05:00Z",
+    "disabled_at": None,
+}
+_DELIVERY_EXAMPLE = {
+    "id": 3391,
+    "event_id": "msg_2f1c0a9e7b3d4c55a1b2c3d4",
+    "event_type": "job.succeeded",
+    "status": "delivered",
+    "attempts": 2,
+    "next_attempt_at": None,
+    "last_status_code": 200,
+    "last_response_ms": 84.2,
+    "last_error": None,
+    "created_at": "2026-11-25T13:02:11Z",
+    "delivered_at": "2026-11-25T13:02:16Z",
+    "log": [
+        {
+            "attempt": 1,
+            "status_code": 503,
+            "response_ms": 1204.7,
+            "error": "Service Unavailable",
+            "at": "2026-11-25T13:02:11Z",
+        },
+        {
+            "attempt": 2,
+            "status_code": 200,
+            "response_ms": 84.2,
+            "error": None,
+            "at": "2026-11-25T13:02:16Z",
+        },
+    ],
+}
+
 
 # Exact types (`job.failed`), prefixes (`job.*`) or `*`; see core.webhooks.EVENT_TYPES.
 EventTypes = list[Annotated[str, StringConstraints(min_length=1, max_length=100)]]
@@ -99,6 +153,8 @@ class WebhookUpdate(BaseModel):
 class SecretInfo(BaseModel):
     """A signing secret, without its value."""
 
+    model_config = examples.config(_SECRET_INFO_EXAMPLE)
+
     id: str = Field(description="The secret's id (to delete it).")
     created_at: str = Field(description="When it was added; UTC, ISO 8601.")
 
@@ -106,13 +162,15 @@ class SecretInfo(BaseModel):
 class NewSecret(SecretInfo):
     """A signing secret with its value: shown once, at creation or rotation."""
 
+    model_config = examples.config(_NEW_SECRET_EXAMPLE)
+
     secret: str = Field(description="`whsec_` + base64 key, for Standard Webhooks verification.")
 
 
 class Webhook(BaseModel):
     """A webhook subscription."""
 
-    model_config = ConfigDict(from_attributes=True)
+    model_config = examples.config(_WEBHOOK_EXAMPLE, from_attributes=True)
 
     id: str = Field(description="The webhook's id.")
     url: str = Field(description="The receiver URL.")
@@ -127,11 +185,15 @@ class Webhook(BaseModel):
 class WebhookCreated(Webhook):
     """A new webhook with its first secret's value (shown once)."""
 
+    model_config = examples.config({**_WEBHOOK_EXAMPLE, "secret": _NEW_SECRET_EXAMPLE})
+
     secret: NewSecret = Field(description="The signing secret; store it now.")
 
 
 class WebhookList(BaseModel):
     """The project's webhooks, oldest first."""
+
+    model_config = examples.config({"items": [_WEBHOOK_EXAMPLE]})
 
     items: list[Webhook] = Field(description="The webhooks.")
 
@@ -151,6 +213,8 @@ class Attempt(BaseModel):
 class Delivery(BaseModel):
     """One event sent to one webhook, with its delivery log."""
 
+    model_config = examples.config(_DELIVERY_EXAMPLE)
+
     id: int = Field(description="The delivery's id (to redeliver it).")
     event_id: str = Field(description="The event's id: the `webhook-id` header.")
     event_type: str = Field(description="The event's type.")
@@ -169,5 +233,7 @@ class Delivery(BaseModel):
 
 class DeliveryList(BaseModel):
     """A webhook's latest deliveries, newest first."""
+
+    model_config = examples.config({"items": [_DELIVERY_EXAMPLE]})
 
     items: list[Delivery] = Field(description="The deliveries.")

@@ -19,6 +19,7 @@ from anyio import to_thread
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from api import examples, openai_examples
 from core import storage
 from core.errors import InvalidInput, TooLarge
 from trainer.records import FORMATS
@@ -64,7 +65,8 @@ OPENAPI_BODY: dict[str, Any] = {
                         },
                     },
                     "additionalProperties": False,
-                }
+                },
+                "example": examples.DATASET_UPLOAD,
             }
         },
     }
@@ -94,7 +96,8 @@ OPENAI_FILE_BODY: dict[str, Any] = {
                         },
                     },
                     "additionalProperties": False,
-                }
+                },
+                "example": openai_examples.FILE_UPLOAD,
             }
         },
     }

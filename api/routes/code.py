@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api import uploads
+from api import examples, uploads
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
@@ -45,7 +45,8 @@ _BODY: dict[str, Any] = {
                         "name": {**_NAME.json_schema(), "description": "Default: the file's name."},
                     },
                     "additionalProperties": False,
-                }
+                },
+                "example": examples.CODE_UPLOAD,
             }
         },
     }

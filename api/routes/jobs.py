@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
-from api import schemas, views
+from api import examples, schemas, views
 from api.deps import (
     JobsWritePrincipal,
     ReadPrincipal,
@@ -82,7 +82,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     },
 )
 def submit_job(
-    spec: Annotated[AnyJobSpec, Body()],
+    spec: Annotated[AnyJobSpec, Body(openapi_examples=examples.JOB_SPEC_EXAMPLES)],
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,

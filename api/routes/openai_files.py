@@ -12,7 +12,9 @@ from sqlalchemy import select, tuple_
 from starlette.concurrency import run_in_threadpool
 
 from api import openai_errors, uploads
+from api import openai_examples as ex
 from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api.examples import json_example
 from api.limits import content_length
 from core import datasets, jobs, openai_results, openai_view, storage
 from core.auth import new_id
@@ -29,7 +31,7 @@ router = APIRouter(prefix=PREFIX, tags=["openai"], responses=openai_errors.RESPO
 FileId = Annotated[str, Path(max_length=100, description="The file's id (its dataset's).")]
 
 
-@router.get("/models")
+@router.get("/models", responses={200: json_example(ex.MODEL_LIST)})
 def list_models(
     principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
@@ -38,7 +40,7 @@ def list_models(
     return {"object": "list", "data": data}
 
 
-@router.get("/models/{model_id:path}")
+@router.get("/models/{model_id:path}", responses={200: json_example(ex.BASE_MODEL_OBJECT)})
 def get_model(
     model_id: Annotated[str, Path(max_length=300)],
     principal: ReadPrincipal,
@@ -49,7 +51,9 @@ def get_model(
     return openai_view.find_model(session, settings, principal.project_id, model_id)
 
 
-@router.post("/files", openapi_extra=uploads.OPENAI_FILE_BODY)
+@router.post(
+    "/files", openapi_extra=uploads.OPENAI_FILE_BODY, responses={200: json_example(ex.FILE)}
+)
 async def create_file(
     request: Request, principal: DatasetsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
@@ -137,7 +141,7 @@ def _files(
     return list(session.scalars(query.order_by(*ordered).limit(limit + 1)))
 
 
-@router.get("/files")
+@router.get("/files", responses={200: json_example(ex.FILE_LIST)})
 def list_files(
     principal: ReadPrincipal,
     session: SessionDep,
@@ -199,7 +203,7 @@ def _result_object(job: Job, body: bytes) -> dict[str, Any]:
     }
 
 
-@router.get("/files/{file_id}")
+@router.get("/files/{file_id}", responses={200: json_example(ex.FILE)})
 def get_file(file_id: FileId, principal: ReadPrincipal, session: SessionDep) -> dict[str, Any]:
     """One file: an uploaded one, or a succeeded job's result file (`file-result-<job id>`,
     purpose `fine-tune-results`). 404 when the project has no such file."""
@@ -209,7 +213,23 @@ def get_file(file_id: FileId, principal: ReadPrincipal, session: SessionDep) -> 
     return openai_view.file_object(_file(session, principal.project_id, file_id))
 
 
-@router.get("/files/{file_id}/content", response_model=None)
+@router.get(
+    "/files/{file_id}/content",
+    response_model=None,
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The file's bytes: an upload as it was sent, a result file as CSV",
+            "content": {
+                "application/octet-stream": {
+                    "schema": {"type": "string", "format": "binary"},
+                    "example": ex.FILE_CONTENT_JSONL,
+                },
+                "text/csv": {"schema": {"type": "string"}, "example": ex.RESULT_CSV},
+            },
+        }
+    },
+)
 def file_content(
     file_id: FileId, principal: ReadPrincipal, session: SessionDep
 ) -> StreamingResponse | Response:
@@ -222,7 +242,7 @@ def file_content(
     return StreamingResponse(storage.read_chunks(found.uri), media_type="application/octet-stream")
 
 
-@router.delete("/files/{file_id}")
+@router.delete("/files/{file_id}", responses={200: json_example(ex.FILE_DELETED)})
 def delete_file(
     file_id: FileId, principal: DatasetsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
 
 from api import openai_errors
+from api import openai_examples as ex
 from api.deps import JobsWritePrincipal, ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
+from api.examples import json_example
 from api.routes.jobs import check_submittable
 from core import jobs, openai_view
 from core.openai_spec import FineTuneCreate, build
@@ -24,9 +26,11 @@ After = Annotated[
 Limit = Annotated[int, Query(ge=1, le=100)]
 
 
-@router.post("")
+@router.post("", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def create_job(
-    body: FineTuneCreate,
+    body: Annotated[
+        FineTuneCreate, Body(openapi_examples={"LoRA SFT": {"value": ex.FINE_TUNE_CREATE}})
+    ],
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
@@ -45,7 +49,7 @@ def create_job(
     return openai_view.job_object(result.job)
 
 
-@router.get("")
+@router.get("", responses={200: json_example(ex.FINE_TUNING_JOB_LIST)})
 def list_jobs(
     principal: ReadPrincipal,
     session: SessionDep,
@@ -69,7 +73,7 @@ def list_jobs(
     }
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def get_job(
     job_id: FtJobId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
@@ -78,7 +82,7 @@ def get_job(
     return paths.hide(openai_view.job_objects(session, [job])[0])
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def cancel_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
@@ -89,7 +93,7 @@ def cancel_job(
     return paths.hide(openai_view.job_object(job))
 
 
-@router.post("/{job_id}/pause")
+@router.post("/{job_id}/pause", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def pause_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
@@ -100,7 +104,7 @@ def pause_job(
     return paths.hide(openai_view.job_object(job))
 
 
-@router.post("/{job_id}/resume")
+@router.post("/{job_id}/resume", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def resume_job(
     job_id: FtJobId,
     principal: JobsWritePrincipal,
@@ -116,7 +120,7 @@ def resume_job(
     return paths.hide(openai_view.job_object(job))
 
 
-@router.get("/{job_id}/events")
+@router.get("/{job_id}/events", responses={200: json_example(ex.FINE_TUNING_EVENTS)})
 def list_events(
     job_id: FtJobId,
     principal: ReadPrincipal,
@@ -131,7 +135,7 @@ def list_events(
     return {"object": "list", "data": paths.hide(data), "has_more": more}
 
 
-@router.get("/{job_id}/checkpoints")
+@router.get("/{job_id}/checkpoints", responses={200: json_example(ex.FINE_TUNING_CHECKPOINTS)})
 def list_checkpoints(
     job_id: FtJobId,
     principal: ReadPrincipal,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
-from api import schemas
+from api import examples, schemas
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
@@ -26,11 +26,14 @@ _SPEC = {
 }
 _TEXT_BODY = {
     "required": True,
-    "content": {"application/yaml": {"schema": _SPEC}, "application/json": {"schema": _SPEC}},
+    "content": {
+        "application/yaml": {"schema": _SPEC, "example": examples.SPEC_YAML},
+        "application/json": {"schema": _SPEC, "examples": examples.JOB_SPEC_EXAMPLES},
+    },
 }
 
 
-@router.get("/schema")
+@router.get("/schema", responses={200: examples.json_example(examples.SPEC_SCHEMA)})
 def spec_schema() -> dict[str, Any]:
     """The JSON Schema of a job spec (JobSpec or ScriptJobSpec), the body of `POST /v1/jobs`."""
     return json_schema()
