@@ -112,7 +112,10 @@ def summarize(
         final_eval_loss=final_eval if final_eval is not None else _last(by_name, "eval_loss"),
         unigram_eval_loss=_float(_latest_data(events, "unigram_eval_loss")),
         tokens_per_second=tokens if tokens is not None else _median(by_name, "tokens_per_second"),
-        checkpoint_uri=latest_cp.uri if latest_cp else _latest_data(events, "checkpoint_uri"),
+        # An admin's key sees where the checkpoint is on the server (quickstart's own key).
+        checkpoint_uri=(latest_cp.server_uri or latest_cp.uri)
+        if latest_cp
+        else _latest_data(events, "checkpoint_uri"),
         sample_prompt=samples[-1].data.get("prompt") if samples else None,
         sample_text=samples[-1].data.get("text") if samples else None,
         duration_s=_trained_seconds(job),

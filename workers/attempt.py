@@ -20,6 +20,7 @@ from core.lifecycle import Failure, FailureClass, Outcome
 from core.models import Job, JobState
 from core.settings import Settings
 from core.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
+from core.usage import as_utc
 from trainer.spec import JobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.launcher import RunPaths
@@ -66,13 +67,20 @@ def runtime_budget(job: Job) -> float | None:
 def budget_spent(
     settings: Settings, factory: Callable[[], Session], job: Job
 ) -> BudgetSpent | None:
-    """`BudgetSpent` when the job's cost so far (every attempt) reached `limits.max_cost`."""
+    """`BudgetSpent` when the earlier attempts' cost reached `limits.max_cost`.
+
+    Counted up to this attempt's claim (`job.started_at`), so the time between the claim and
+    this check (data preparation on a busy host) is not spent before the trainer starts: the
+    running attempt's cost is the supervisor's to watch (`workers.usage_watch`)."""
     limit = job.spec.limits.max_cost
     if limit is None:
         return None
+    claimed = as_utc(job.started_at) if job.started_at is not None else None
     spent = with_db_retry(
         factory,
-        lambda s: usage_report.job_cost(session=s, job_id=job.id, prices=settings.slot_prices),
+        lambda s: usage_report.job_cost(
+            session=s, job_id=job.id, prices=settings.slot_prices, now=claimed
+        ),
     )
     return BudgetSpent(spent, limit) if spent >= limit else None
 
