@@ -14,7 +14,9 @@ is the head of the queue then.
 
 The victims' devices are per worker: `free` counts each live worker's devices less those every
 active job of any pool holds there (its current attempt's nodes), so a victim is only chosen
-where its devices make the waiting job fit (`core.preemption`).
+where its devices make the waiting job fit (`core.preemption`). A queued job that only its
+project's slot quota keeps out (`quota gpus 2/2`) is a candidate too: its own project's jobs of
+lower priority yield to it, no other project's.
 """
 
 from __future__ import annotations
@@ -138,8 +140,10 @@ def _holders(session: Session, pool: str, now: datetime) -> list[Holder]:
 
 def _waiting(
     session: Session, pool: str, holders: list[Holder]
-) -> tuple[list[Waiting], dict[str, float]]:
-    """The pool's queued jobs within their quotas in claim order, and the projects' weights."""
+) -> tuple[list[Waiting], dict[str, float], dict[str, int]]:
+    """The pool's queued jobs within their quotas (but for the slot quotas, under which
+    preemption within a project makes room) in claim order, the projects' weights, and the
+    room under their slot quotas (projects that have one)."""
     rows = session.execute(
         select(Job.id, Job.project_id, Job.priority, Job.slots, quotas.job_size()).where(
             Job.pool == pool, Job.state == JobState.QUEUED
@@ -150,10 +154,11 @@ def _waiting(
     queued = [
         Waiting(id=i, project_id=p, priority=prio, slots=slots, nodes=max(1, size // max(1, slots)))
         for i, p, prio, slots, size in rows
-        if plan[p].blocked(size) is None
+        if plan[p].blocked(size, slots=False) is None
     ]
     queued.sort(key=lambda w: (plan[w.project_id].share, -w.priority, w.id))
-    return queued[:MAX_WAITING], {p: s.weight for p, s in plan.items()}
+    rooms = {p: room for p, s in plan.items() if (room := s.room()) is not None}
+    return queued[:MAX_WAITING], {p: s.weight for p, s in plan.items()}, rooms
 
 
 def preempt_pool(
@@ -164,13 +169,14 @@ def preempt_pool(
     left alone. Does not commit."""
     now = now or utcnow()
     holders = _holders(session, pool, now)
-    waiting, weights = _waiting(session, pool, holders)
+    waiting, weights, quota_room = _waiting(session, pool, holders)
     choice = choose(
         waiting=waiting,
         holders=holders,
         free=_free(session, pool, settings, now),
         weights=weights,
         min_run_s=settings.preemption_min_run_s,
+        quota_room=quota_room,
     )
     priority = {w.id: w.priority for w in waiting}
     done: dict[int, int] = {}

@@ -19,6 +19,13 @@ work since its last checkpoint at risk), until `W`'s node fits. A multi-node `W`
 the fewest devices taken). When `W` would still not fit after every eligible victim yielded,
 nothing is preempted for it. The devices handed to one waiting job are not handed to the
 next one of the same pass.
+
+A project's slot quota (`core.quotas`, `quota gpus 2/2`) is a pool of its own: a waiting job
+whose project holds its whole quota cannot start however many devices the pool frees. It takes
+victims of its own project only (lower priority, as above) until its project is back under the
+quota and its node fits, so priority within a project holds under a cap; another project's
+jobs never yield to it. The devices of its project's leaving jobs count as given back. A gang
+over its quota needs an equal share of what its project must give back from each node's room.
 """
 
 from __future__ import annotations
@@ -107,15 +114,18 @@ class _Pass:
         free: Mapping[str, int],
         weights: Mapping[str, float],
         min_run_s: float,
+        quota_room: Mapping[str, int],
     ) -> None:
         self.free = dict(free)
         self.weights = weights
         self.min_run_s = min_run_s
+        self.quota = dict(quota_room)
         self.leaving: dict[str, list[Holder]] = {}
         self.candidates: dict[str, list[Holder]] = {}
         self.use: dict[str, int] = {}
         for h in holders:
             if h.leaving:
+                self._give_back(h)
                 for w in h.workers:
                     self.leaving.setdefault(w, []).append(h)
                 continue
@@ -129,17 +139,35 @@ class _Pass:
         weight = self.weights.get(project_id, 1.0)
         return (self.use.get(project_id, 0) - less) / (weight if weight > 0 else 1.0)
 
+    def over_quota(self, job: Waiting) -> int:
+        """Devices `job`'s project must give back before the job fits its slot quota (0 or
+        less: it fits, or there is no quota)."""
+        room = self.quota.get(job.project_id)
+        return 0 if room is None else job.size - room
+
+    def _give_back(self, holder: Holder) -> None:
+        if holder.project_id in self.quota:
+            self.quota[holder.project_id] += holder.size
+
+    def _hold(self, job: Waiting) -> None:
+        self.use[job.project_id] = self.use.get(job.project_id, 0) + job.size
+        if job.project_id in self.quota:
+            self.quota[job.project_id] -= job.size
+
     def eligible(self, victim: Holder, job: Waiting) -> bool:
         if victim.priority >= job.priority or victim.ran_s < self.min_run_s:
             return False
         if victim.project_id == job.project_id:
             return True
+        if self.over_quota(job) > 0:  # another project's devices would not let it start
+            return False
         return self.share(job.project_id) <= self.share(victim.project_id, less=victim.size)
 
     def room(self, worker: str, job: Waiting) -> _Room | None:
         """Room for one node of `job` on `worker`, or None when even every eligible victim
-        there would leave too little."""
+        there would leave too little, of devices or (over its quota) of its project's share."""
         need = job.slots - self.free[worker]
+        give_back = -(-self.over_quota(job) // job.nodes)  # this node's share, rounded up
         leaving: list[Holder] = []
         for h in self.leaving.get(worker, []):
             if need <= 0:
@@ -152,11 +180,12 @@ class _Pass:
             key=lambda v: (v.priority, v.ran_s, -v.id),
         )
         for v in ranked:
-            if need <= 0:
+            if need <= 0 and give_back <= 0:
                 break
             victims.append(v)
             need -= v.slots
-        if need > 0:
+            give_back -= v.size  # over its quota, every victim is of its own project
+        if need > 0 or give_back > 0:
             return None
         gained = sum(h.slots for h in leaving) + sum(v.slots for v in victims)
         return _Room(worker, tuple(leaving), tuple(victims), gained)
@@ -171,13 +200,14 @@ class _Pass:
             for v in room.victims:
                 self.choice.victims[v.id] = job.id
                 self.use[v.project_id] = self.use.get(v.project_id, 0) - v.size
+                self._give_back(v)
                 self._drop(v)
                 waits.append(v.id)
                 for other in v.workers:  # a gang victim frees devices elsewhere too
                     if other != room.worker and other in self.free:
                         self.leaving.setdefault(other, []).append(v)
             self.free[room.worker] += room.gained - job.slots
-        self.use[job.project_id] = self.use.get(job.project_id, 0) + job.size
+        self._hold(job)
         self.choice.waits[job.id] = tuple(dict.fromkeys(waits))
 
     def _drop(self, holder: Holder) -> None:
@@ -187,6 +217,8 @@ class _Pass:
                     lists[w].remove(holder)
 
     def fit_now(self, job: Waiting) -> bool:
+        if self.over_quota(job) > 0:
+            return False
         fitting = sorted(
             (w for w, f in self.free.items() if f >= job.slots), key=lambda w: (self.free[w], w)
         )
@@ -194,7 +226,7 @@ class _Pass:
             return False
         for w in fitting[: job.nodes]:
             self.free[w] -= job.slots
-        self.use[job.project_id] = self.use.get(job.project_id, 0) + job.size
+        self._hold(job)
         return True
 
 
@@ -205,15 +237,18 @@ def choose(
     free: Mapping[str, int],
     weights: Mapping[str, float] | None = None,
     min_run_s: float = 0.0,
+    quota_room: Mapping[str, int] | None = None,
 ) -> Choice:
     """The running jobs to preempt, and for whom (module docstring).
 
-    `waiting`: the pool's queued jobs within their quotas, in claim order; `holders`: the
-    pool's active jobs; `free`: {live worker of the pool: devices free now}; `weights`:
-    {project: fair-share weight} (default 1); `min_run_s`: seconds a job runs before it may be
-    preempted. Pure.
+    `waiting`: the pool's queued jobs within their quotas but for the slot quotas, in claim
+    order; `holders`: the pool's active jobs; `free`: {live worker of the pool: devices free
+    now}; `weights`: {project: fair-share weight} (default 1); `min_run_s`: seconds a job runs
+    before it may be preempted; `quota_room`: {project: devices its active jobs may still add
+    on the pool under its slot quotas (negative when over them)}, none for a project without
+    one. Pure.
     """
-    state = _Pass(holders, free, weights or {}, min_run_s)
+    state = _Pass(holders, free, weights or {}, min_run_s, quota_room or {})
     for job in waiting:
         if state.fit_now(job):
             continue

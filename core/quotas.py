@@ -100,9 +100,10 @@ class Standing:
     def use(self, row: Quota) -> Use:
         return self.use_all if row.pool == ALL_POOLS else self.use_pool
 
-    def blocked(self, size: int = 1) -> str | None:
+    def blocked(self, size: int = 1, *, slots: bool = True) -> str | None:
         """Why a job of `size` devices may not start now (`budget exhausted`, `quota running
-        jobs 3/3`, `quota gpus 2/2`: held/limit), or None."""
+        jobs 3/3`, `quota gpus 2/2`: held/limit), or None. `slots=False` leaves the slot
+        limits out (preemption within the project makes room under them: `core.preempt`)."""
         for row in self.rows:
             limit = row.monthly_slot_hours
             if limit is not None and self.hours.get(row.pool, 0.0) >= limit:
@@ -111,6 +112,8 @@ class Standing:
             use = self.use(row)
             if row.max_running_jobs is not None and use.jobs >= row.max_running_jobs:
                 return f"quota running jobs {use.jobs}/{row.max_running_jobs}"
+        if not slots:
+            return None
         for row in self.rows:
             use = self.use(row)
             if row.max_slots is not None and use.slots + size > row.max_slots:

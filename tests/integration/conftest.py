@@ -1,7 +1,8 @@
 """Fixtures for tests against a running API: a real uvicorn server on a free port.
 
 `live_api` (session-scoped) is the server's base URL; `api_key` a fresh project's API key;
-`celery_client` a Celery client on the test broker, for tests that start real workers.
+`celery_client` a Celery client on the test broker, for tests that start real workers;
+`receiver` a real webhook receiver on loopback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typer.testing import CliRunner, Result
 from core.queue import celery_config
 from core.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from tests.integration.webhooks.receiver import Receiver
 from torchyard.cli import app
 
 # A bounded wait, not a speed claim: a CI host running four test processes, trainers and
@@ -158,3 +160,11 @@ def celery_client(settings: Settings) -> Iterator[Celery]:
     app.conf.update(celery_config(settings))
     yield app
     app.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on a free loopback port (tests/integration/webhooks/receiver.py)."""
+    found = Receiver()
+    yield found
+    found.stop()

@@ -234,6 +234,98 @@ CASES: list[tuple[str, dict, dict[int, int], dict[int, tuple[int, ...]]]] = [
         {1: 9},
         {9: (1,), 10: (1,)},
     ),
+    (
+        "over its project's slot quota: the project's own lower-priority job yields",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 10, on=["w1"]), holder(2, 0, on=["w2"])],
+            "free": {"w1": 0, "w2": 0},
+            "quota_room": {"a": 0},
+        },
+        {2: 9},
+        {9: (2,)},
+    ),
+    (
+        "over its quota with a device free: its own job yields for the quota alone",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 0)],
+            "free": {"w1": 0, "w2": 1},
+            "quota_room": {"a": 0},
+        },
+        {1: 9},
+        {9: (1,)},
+    ),
+    (
+        "over its quota: another project's job does not yield, it would not let it start",
+        {
+            "waiting": [waiting(9, 50, project="b")],
+            "holders": [
+                holder(1, 0, on=["w1"], project="a"),
+                holder(2, 0, on=["w2"], project="a"),
+                holder(3, 60, on=["w3"], project="b"),
+            ],
+            "free": {"w1": 0, "w2": 0, "w3": 0},
+            "quota_room": {"b": 0},
+        },
+        {},
+        {},
+    ),
+    (
+        "over its quota with no own job of lower priority: nothing is preempted",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 60)],
+            "free": {"w1": 1},
+            "quota_room": {"a": 0},
+        },
+        {},
+        {},
+    ),
+    (
+        "an own job already leaving gives its quota back: no victim",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 0, running=False, leaving=True), holder(2, 0, on=["w2"])],
+            "free": {"w1": 0, "w2": 0},
+            "quota_room": {"a": 0},
+        },
+        {},
+        {9: (1,)},
+    ),
+    (
+        "room under the quota: as without one",
+        {
+            "waiting": [waiting(9, 50, project="b")],
+            "holders": [holder(1, 0, on=["w1"], project="a"), holder(2, 0, on=["w2"], project="a")],
+            "free": {"w1": 0, "w2": 0},
+            "quota_room": {"b": 1},
+        },
+        {2: 9},
+        {9: (2,)},
+    ),
+    (
+        "a gang over its quota takes its share from each node's room",
+        {
+            "waiting": [waiting(9, 50, nodes=2)],
+            "holders": [holder(1, 0, on=["w1"]), holder(2, 5, on=["w2"]), holder(3, 9, on=["w2"])],
+            "free": {"w1": 1, "w2": 1},
+            "quota_room": {"a": 0},
+        },
+        {1: 9, 2: 9},
+        {9: (1, 2)},
+    ),
+    (
+        "the second waiting job of a capped project does not count its first's room twice",
+        {
+            "waiting": [waiting(9, 50), waiting(10, 40)],
+            "holders": [holder(1, 0)],
+            "free": {"w1": 0, "w2": 1},
+            "quota_room": {"a": 0},
+        },
+        {1: 9},
+        {9: (1,)},
+    ),
 ]
 
 

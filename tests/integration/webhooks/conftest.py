@@ -1,5 +1,6 @@
-"""Fixtures for the webhook tests: an app that allows loopback receivers, a receiver, and a
-`deliver` that drives `deliver_due` at a chosen time instead of sleeping."""
+"""Fixtures for the webhook tests: an app that allows loopback receivers and a `deliver` that
+drives `deliver_due` at a chosen time instead of sleeping (the `receiver` on loopback is
+tests/integration/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from core.db import session_factory
 from core.models import utcnow
 from core.settings import Settings
 from tests.conftest import ProjectKey
-from tests.integration.webhooks.receiver import Receiver
 from trainer.spec import parse_job_spec
 
 LOOPBACK = ["127.0.0.1/32"]
@@ -29,13 +29,6 @@ def wh_client(settings: Settings) -> Iterator[TestClient]:
     allowed = settings.model_copy(update={"webhook_allow": LOOPBACK})
     with TestClient(create_app(allowed), raise_server_exceptions=True) as client:
         yield client
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    yield found
-    found.stop()
 
 
 class Clock:

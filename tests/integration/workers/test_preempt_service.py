@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from core import attempts, jobs, preempt, queue_view, webhooks
+from core import attempts, jobs, preempt, queue_view, quotas, webhooks
 from core.db import session_scope
 from core.lifecycle import NodeEnd, Stop, decide
 from core.models import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
@@ -136,6 +136,33 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
         ("job.preempted", low),
     ]
     assert sent[1].payload["data"]["for_job"] == high
+
+
+def test_a_job_its_projects_slot_quota_keeps_out_preempts_only_its_projects_own_job(
+    engine: Engine, settings: Settings, project: ProjectKey, other_project: ProjectKey
+) -> None:
+    """A free device is no use to a job whose project holds its whole quota: the project's own
+    job of lower priority yields to it; another project's, of lower priority still, runs on."""
+    pool = unique_queue("preempt-quota")
+    worker = _worker(engine, pool, total=3)
+    with Session(engine) as s:
+        quotas.put_quota(
+            session=s, project_id=project.project_id, pool=pool, values={"max_slots": 1}
+        )
+    theirs = _submit(engine, other_project, pool, priority=0)
+    mine = _submit(engine, project, pool, priority=10)
+    for job_id in (theirs, mine):
+        _run(engine, job_id, worker, ran_s=300)
+    urgent = _submit(engine, project, pool, priority=50)
+    with Session(engine) as s:
+        waiting = s.get(Job, urgent)
+        assert waiting is not None
+        info = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[urgent]
+    assert info.reason == "quota gpus 1/1"
+
+    assert _preempt(engine, _enabled(settings, pool), pool) == {mine: urgent}
+    assert _preempt(engine, _enabled(settings, pool), pool) == {}  # its quota is on its way back
+    assert (_state(engine, mine), _state(engine, theirs)) == ("preempting", "running")
 
 
 def test_no_preemption_for_equal_priority_a_young_job_or_a_pool_that_is_not_enabled(
