@@ -325,6 +325,16 @@ class Metrics(BaseModel):
     series: list[MetricSeries] = Field(description="One entry per metric, by name.")
 
 
+# Where a file the API describes is on the server (`core.server_paths`): admins only.
+ServerUri = Annotated[
+    str | None,
+    Field(
+        description="Its full server-side location (path or fsspec URI); only for callers with "
+        "the `admin` permission, else null."
+    ),
+]
+
+
 class CheckpointExport(_Out):
     """A consolidated safetensors export of one checkpoint: `pending -> running -> ready |
     failed`. Once ready, `GET .../export/download` serves its `model.safetensors`."""
@@ -342,11 +352,7 @@ class CheckpointExport(_Out):
         description="Its directory (`model.safetensors` and `config.json`), relative to the "
         "server's storage: `jobs/<job id>/exports/step_<step>`."
     )
-    server_uri: str | None = Field(
-        default=None,
-        description="Its full server-side location (path or fsspec URI); only for callers with "
-        "the `admin` permission, else null.",
-    )
+    server_uri: ServerUri = None
     size_bytes: int | None = Field(description="Size of `model.safetensors` in bytes (ready).")
     sha256: str | None = Field(description="Hex sha256 of `model.safetensors` (ready).")
     error: str | None = Field(description="Why it failed (the end of the exporter's stderr).")
@@ -374,11 +380,7 @@ class Checkpoint(_Out):
         description="Its `step_XXXXXXXX` directory, relative to the server's storage "
         "(`jobs/<job id>/checkpoints/step_XXXXXXXX`)."
     )
-    server_uri: str | None = Field(
-        default=None,
-        description="Its full server-side location (path or fsspec URI); only for callers with "
-        "the `admin` permission, else null.",
-    )
+    server_uri: ServerUri = None
     size_bytes: int = Field(description="Its files' sizes added up, in bytes.")
     created_at: Timestamp = Field(description="When it was complete; UTC, ISO 8601.")
     export: CheckpointExport | None = Field(
@@ -406,11 +408,7 @@ class Dataset(_Out):
         "place in the server's storage (`datasets/<id>/<file name>`), or the path it was "
         "registered with."
     )
-    server_uri: str | None = Field(
-        default=None,
-        description="The full server-side location (path or fsspec URI) of its bytes; only "
-        "for callers with the `admin` permission, else null.",
-    )
+    server_uri: ServerUri = None
     size_bytes: int = Field(description="Its size in bytes (all files of a directory).")
     sha256: str = Field(description="Hex sha256 of its bytes.")
     num_files: int = Field(description="1 for a file; the file count of a directory.")

@@ -23,6 +23,30 @@ def _register(base: str, headers: dict[str, str], corpus_dir: Path) -> dict[str,
     return dict(answer.json())
 
 
+def _submit_at_once(
+    base: str, n: int, spec: dict[str, Any], headers: dict[str, str]
+) -> list[httpx.Response]:
+    """`n` POST /v1/jobs of `spec`, each from its own thread and connection, released together
+    by a barrier."""
+    barrier = threading.Barrier(n)
+    answers: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def submit() -> None:
+        with httpx.Client(base_url=base, timeout=60) as http:
+            barrier.wait()
+            answer = http.post("/v1/jobs", json=spec, headers=headers)
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=submit) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
 def test_live_server_serves_the_contract(live_api: str, api_key: str, corpus_dir: Path) -> None:
     headers = {"Authorization": f"Bearer {api_key}"}
     assert httpx.get(f"{live_api}/v1/me", headers=headers).status_code == 200
@@ -42,24 +66,8 @@ def test_concurrent_submits_with_one_idempotency_key_make_one_job(
     ds = _register(live_api, project.headers, corpus_dir)
     spec = {"name": "race", "data": {"dataset": ds["id"]}}
     n = 8
-    barrier = threading.Barrier(n)
-    answers: list[httpx.Response] = []
-    lock = threading.Lock()
-
-    def submit() -> None:
-        with httpx.Client(base_url=live_api, timeout=30) as http:
-            barrier.wait()
-            answer = http.post(
-                "/v1/jobs", json=spec, headers={**project.headers, "Idempotency-Key": "race-1"}
-            )
-        with lock:
-            answers.append(answer)
-
-    threads = [threading.Thread(target=submit) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    race = {**project.headers, "Idempotency-Key": "race-1"}
+    answers = _submit_at_once(live_api, n, spec, race)
     statuses = sorted(a.status_code for a in answers)
     assert statuses == [200] * (n - 1) + [201], [a.text for a in answers]
     assert len({a.json()["id"] for a in answers}) == 1
@@ -107,22 +115,7 @@ def test_a_burst_of_concurrent_submits_never_overshoots_the_queued_limit(
     assert put.status_code == 200, put.text
     ds = _register(live_api, project.headers, corpus_dir)
     spec = {"name": "burst", "data": {"dataset": ds["id"]}}
-    barrier = threading.Barrier(n)
-    answers: list[httpx.Response] = []
-    lock = threading.Lock()
-
-    def submit() -> None:
-        with httpx.Client(base_url=live_api, timeout=60) as http:
-            barrier.wait()
-            answer = http.post("/v1/jobs", json=spec, headers=project.headers)
-        with lock:
-            answers.append(answer)
-
-    threads = [threading.Thread(target=submit) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = _submit_at_once(live_api, n, spec, project.headers)
     statuses = sorted(a.status_code for a in answers)
     assert statuses == [201] * limit + [429] * (n - limit), [a.text for a in answers]
     with engine.connect() as conn:
