@@ -367,12 +367,29 @@ class Jobs:
                     yield from cursor.on_message(kind, data, events, metrics, logs, rank)
                     if kind == "job" and on_poll is not None and cursor.job is not None:
                         on_poll(cursor.job)
-            except (ConnectionFailed, ServerError):
+            except (ConnectionFailed, ServerError) as exc:
+                interrupt = _interrupt_behind(exc)
+                if interrupt is not None:  # Ctrl-C while closing the stream: not a dropped one
+                    raise interrupt from None
                 failures += 1
                 if failures > max_failures:
                     raise
             # The stream ended without `end` (an API restart, a watcher too slow): resume.
             time.sleep(poll_s)
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt `exc` was raised while handling, if any: Ctrl-C during a stream's
+    read makes httpcore close the connection, and an error of that close then replaces the
+    interrupt (it is only the error's `__context__`)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 class _FollowCursor:

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -232,17 +233,22 @@ def register_corpus(client: Client, path: Path) -> Dataset:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C, so the children are stopped either way."""
+def _interrupts() -> Iterator[threading.Event]:
+    """Ctrl-C and SIGTERM both unwind as KeyboardInterrupt, so the children are stopped either
+    way; the event yielded stays set once one came, for the follow loop to raise again if a
+    library swallowed the first (`follow_job`'s `check` runs at every job message)."""
+    interrupted = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
+        interrupted.set()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield interrupted
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, action in previous.items():
+            signal.signal(sig, action)
 
 
 def run(opts: Options, console: Console) -> int:
@@ -270,7 +276,13 @@ def run(opts: Options, console: Console) -> int:
 
     servers = Servers(env, logs, opts.port or free_port())
     job_id: int | None = None
-    with _sigterm_as_interrupt():
+    with _interrupts() as interrupted:
+
+        def check(job: Job) -> None:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            servers.check_job(job)
+
         try:
             console.print(Text(f"starting the API at {servers.url} and a worker ...", style="dim"))
             servers.start(spec["resources"]["pool"])
@@ -283,7 +295,7 @@ def run(opts: Options, console: Console) -> int:
                         opts.example,
                         inputs,
                         prepare_spec=lambda base: build_spec(base, opts),
-                        follow=lambda c, i: follow_job(c, i, console, check=servers.check_job),
+                        follow=lambda c, i: follow_job(c, i, console, check=check),
                         console=console,
                         on_job=lambda job: jobs.append(job.id),
                     )
@@ -293,7 +305,7 @@ def run(opts: Options, console: Console) -> int:
                     console.print(Text(f"dataset {dataset.id}: {dataset.uri}", style="dim"))
                     spec["data"]["dataset"] = dataset.id
                     job_id = client.jobs.create(spec).id
-                    summary = follow_job(client, job_id, console, check=servers.check_job)
+                    summary = follow_job(client, job_id, console, check=check)
             console.print(render_summary(summary))
             _print_access(console, servers.url, api_key, home, opts.keep_running)
             if opts.keep_running:

@@ -109,7 +109,21 @@ def test_ctrl_c_cancels_the_job_and_stops_the_servers(tmp_path: Path, corpus_dir
     else:
         pytest.fail("the job never ran:\n" + "".join(seen))
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=120)
+    try:
+        rest, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        stacks = subprocess.run(
+            [str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(proc.pid)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        proc.kill()
+        pytest.fail(
+            "quickstart still running 120 s after Ctrl-C; its threads:\n"
+            + stacks.stdout
+            + stacks.stderr
+            + "\noutput:\n"
+            + "".join(seen)
+        )
     output = "".join(seen) + rest
     assert proc.returncode == 130, output
     assert "interrupted" in output

@@ -6,9 +6,11 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 
-from torchyard.client import _FollowCursor
+from torchyard.client import Jobs, _FollowCursor
+from torchyard.errors import ConnectionFailed
 from torchyard.follow import StepRate, heartbeat_silence_s
 from torchyard.models import Checkpoint, Event, Job, MetricSeries
 from torchyard.summary import summarize
@@ -189,3 +191,28 @@ def test_heartbeat_silence_counts_only_for_jobs_a_worker_holds() -> None:
     assert heartbeat_silence_s(naive, now) == 75.0, "SQLite's naive times are UTC"
     assert heartbeat_silence_s(running.model_copy(update={"state": "succeeded"}), now) is None
     assert heartbeat_silence_s(running.model_copy(update={"heartbeat_at": None}), now) is None
+
+
+class _InterruptedWhileClosing(Jobs):
+    """A stream whose read is interrupted by Ctrl-C, and whose close then fails: what httpx
+    raises is a transport error with the interrupt only as its context."""
+
+    streams = 0
+
+    def stream(self, job_id: int, *, last_event_id: str | None = None) -> Any:
+        self.streams += 1
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise httpx.ReadError("connection closed while reading") from None
+        except httpx.ReadError as exc:
+            raise ConnectionFailed(f"stream of job {job_id} broke: {exc}") from exc
+        yield  # a generator, as the real stream is
+
+
+def test_follow_stops_on_ctrl_c_even_when_closing_the_stream_failed_too() -> None:
+    jobs = _InterruptedWhileClosing(client=None)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        list(jobs.follow(1, poll_s=0.0))
+    assert jobs.streams == 1  # not taken for a dropped connection and resumed
