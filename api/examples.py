@@ -333,22 +333,21 @@ _NULL = "\x00null"  # no example holds NUL: the API refuses it in text
 
 def marked(value: Any) -> Any:
     """`value` with each null (at any depth) written as `_NULL`, to survive FastAPI."""
-    if value is None:
-        return _NULL
-    if isinstance(value, dict):
-        return {key: marked(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [marked(item) for item in value]
-    return value
+    return _swap(value, None, _NULL)
 
 
 def _restored(value: Any) -> Any:
-    if value == _NULL:
-        return None
+    return _swap(value, _NULL, None)
+
+
+def _swap(value: Any, old: str | None, new: str | None) -> Any:
+    """`value` with every `old` (at any depth of dicts and lists) replaced by `new`."""
+    if value is old or (isinstance(value, str) and value == old):
+        return new
     if isinstance(value, dict):
-        return {key: _restored(item) for key, item in value.items()}
+        return {key: _swap(item, old, new) for key, item in value.items()}
     if isinstance(value, list):
-        return [_restored(item) for item in value]
+        return [_swap(item, old, new) for item in value]
     return value
 
 
