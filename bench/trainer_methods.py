@@ -7,7 +7,9 @@ process for `single`); the timings are the median `step_time_s` of the steps aft
 tokens/s = global tokens per step / that median; peak memory is the largest per-rank peak the
 trainer logs (`torch.cuda.max_memory_allocated` on CUDA, peak RSS on CPU). The `lora_*` and
 `qlora_*` rows train rank-8 adapters on every block linear of the same GPT (QLoRA: NF4 base,
-compute in `--precision`) and report `trainable_params`. Prints one JSON object:
+compute in `--precision`) and report `trainable_params`; `qat_single` fake-quantizes (torchao)
+and `compile_single` compiles each block. On CUDA of known peak, `mfu` is the median of the
+trainer's own `mfu`. Prints one JSON object:
 {"config": {...}, "methods": {name: {...}}}. Not a test: numbers vary run to run.
 """
 
@@ -54,6 +56,8 @@ METHODS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
     "lora_fsdp": (2, {"strategy": "fsdp"}, {}),
     "qlora_single": (1, {"strategy": "single"}, {}),
     "qlora_ddp": (2, {"strategy": "ddp"}, {}),
+    "qat_single": (1, {"strategy": "single"}, {}),
+    "compile_single": (1, {"strategy": "single"}, {"compile": True}),
 }
 # Fine-tuning methods: top-level spec blocks on top of their strategy (same model, same batch).
 LORA = {"r": 8, "alpha": 16.0}
@@ -61,7 +65,7 @@ FINETUNE: dict[str, dict[str, Any]] = {
     name: {"lora": LORA} | ({"qlora": {}} if name.startswith("qlora") else {})
     for name in METHODS
     if "lora" in name
-}
+} | {"qat_single": {"qat": {}}}
 _PEAK = re.compile(r"peak memory (\d+) bytes")
 
 
@@ -112,7 +116,8 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
         cmd += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
         cmd += ["--rdzv-endpoint", f"127.0.0.1:{_free_port()}", *trainer]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO_ROOT)}
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": path}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:] or proc.stdout[-2000:]}
@@ -123,6 +128,7 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     tokens_per_step = args.batch * args.seq_len
     peaks = [int(m) for m in _PEAK.findall(proc.stdout)]
     running = next(e["data"] for e in events if e["type"] == "status")
+    mfu = [m["mfu"] for m in metrics[args.warmup :] if "mfu" in m]  # CUDA of known peak only
     return {
         "processes": nproc,
         "trainable_params": running["trainable_params"],
@@ -130,6 +136,7 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
         "tokens_per_second": round(tokens_per_step / step_s, 1),
         "peak_memory_bytes_per_rank": max(peaks) if peaks else None,
         "final_loss": round(metrics[-1]["loss"], 6),
+        "mfu": round(statistics.median(mfu), 4) if mfu else None,
     }
 
 
