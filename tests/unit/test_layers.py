@@ -25,24 +25,24 @@ FORBIDDEN = {
 NUMPY_FREE = (
     "trainer.spec",
     "trainer.spec_base",
-    "trainer.failures",
-    "trainer.yaml12",
+    "dataformat.failures",
+    "dataformat.yaml12",
     "trainer.spec_data",
     "trainer.spec_method",
-    "trainer.records",
-    "trainer.jsonl",
+    "dataformat.records",
+    "dataformat.jsonl",
 )
 PURE_TRAINER = (
     *NUMPY_FREE,
     "trainer.spec_checks",
-    "trainer.errors",
-    "trainer.chat",
-    "trainer.masks",
-    "trainer.readers",
+    "dataformat.errors",
+    "dataformat.chat",
+    "dataformat.masks",
+    "dataformat.readers",
 )
 # What a user's training script imports (`torchyard.train`, section 5 of CONTRACTS.md) writes
 # the events file with the trainer's own torch-free writer rather than a copy of it.
-TRAIN_API_TRAINER = ("trainer.events", "trainer.failures")
+TRAIN_API_TRAINER = ("trainer.events", "dataformat.failures")
 
 
 def _imports(path: Path) -> list[str]:
@@ -82,7 +82,8 @@ import sys
 import api.main
 from core import dataset_preview
 from core.settings import Settings
-from trainer import chat, errors, masks, readers, records, spec, spec_checks
+from dataformat import chat, errors, masks, readers, records
+from trainer import spec, spec_checks
 model = spec.ModelSpec(kind="hf", hf={"path_or_id": sys.argv[1]})
 tokenizer = dataset_preview.load_tokenizer(model, Settings(data_roots=[sys.argv[1]]))
 template = dataset_preview._template(chat.CHATML, tokenizer)  # compiled, as a custom one
@@ -129,7 +130,7 @@ _TRAIN_API_IMPORTS = """
 import sys
 import torchyard.train, torchyard.train.__main__
 top = {m.split(".")[0] for m in sys.modules}  # less site's hooks (`_distutils_hack`, ...)
-print(sorted(m for m in top - {"torchyard", "trainer"} - sys.stdlib_module_names
+print(sorted(m for m in top - {"torchyard", "trainer", "dataformat"} - sys.stdlib_module_names
              if not m.startswith("_")))
 print(sorted(m for m in sys.modules if m.startswith("trainer")))
 """
