@@ -21,7 +21,7 @@ from core import models, progress
 from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
-from trainer.records import Format
+from dataformat.records import Format
 from trainer.spec import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).

@@ -22,7 +22,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from api import examples, openai_examples
 from core import storage
 from core.errors import InvalidInput, TooLarge
-from trainer.records import FORMATS
+from dataformat.records import FORMATS
 
 # Room for the multipart framing and the `name` field on top of the file itself.
 MULTIPART_OVERHEAD = 64 * 1024

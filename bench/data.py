@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import REPO_ROOT, emit, note
-from trainer.chat import CHATML, CHATML_SPECIAL_TOKENS
+from dataformat.chat import CHATML, CHATML_SPECIAL_TOKENS
 from trainer.dataprep import prepare_rows
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter

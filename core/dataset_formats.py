@@ -4,13 +4,13 @@ A file is read once, in chunks (never whole in memory), from storage (local or f
 
 - JSONL (`.jsonl`, `.ndjson`, `.json`, or any file declared as a record format), optionally
   gzip- or zstd-compressed (recognised by magic bytes), decoded with orjson line by line, as
-  the trainer reads it (`trainer.jsonl`);
+  the trainer reads it (`dataformat.jsonl`);
 - Parquet (by magic bytes), read with pyarrow in row batches: record formats as columns, or
   `tokens` (core/dataset_tokens.py);
 - `.npy` / `.bin` token arrays (`tokens`, core/dataset_tokens.py);
 - anything else is `text` (raw text: nothing to check record by record).
 
-Each record is validated with the models of `trainer.records` (the trainer renders from the same
+Each record is validated with the models of `dataformat.records` (the trainer renders from the same
 models). Problems name the line (JSONL, 1-based) or row (Parquet, 1-based) and the field path:
 `line 17: messages[2].role: must be one of system, user, assistant, tool (got 'robot')`. The
 first `MAX_LISTED` are kept, all are counted, and any problem refuses the whole file with
@@ -33,8 +33,14 @@ from pydantic import ValidationError
 from core import dataset_tokens
 from core.dataset_stats import DatasetStats, StatsAccumulator
 from core.errors import InvalidInput
-from trainer.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
-from trainer.records import RECORD_FORMATS, describe_error, detect_format, error_path, parse_record
+from dataformat.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
+from dataformat.records import (
+    RECORD_FORMATS,
+    describe_error,
+    detect_format,
+    error_path,
+    parse_record,
+)
 
 MAX_LISTED = 100
 PARQUET_BATCH_ROWS = 1024

@@ -1,11 +1,11 @@
 """Mask preview: what a job would learn from a dataset, before any job (issue 11).
 
 `preview` reads the first `num_examples` records of a dataset (streamed by
-`trainer.readers`, the job's own reader), tokenizes them with the model's tokenizer (or bytes)
+`dataformat.readers`, the job's own reader), tokenizes them with the model's tokenizer (or bytes)
 and chat template, and returns each token with its mask bit and role, the per-role supervised
-counts, and the mask verifier's verdict: exactly what `trainer.masks` computes for the job,
-whose verifier refuses the same sample with the same reason. The trainer modules are imported
-lazily: they pull in `transformers` (seconds to import) and none of them imports torch.
+counts, and the mask verifier's verdict: exactly what `dataformat.masks` computes for the job,
+whose verifier refuses the same sample with the same reason. `dataformat.masks`, `.readers` and
+`.chat` are imported lazily: they pull in `transformers` (seconds to import), never torch.
 
 The tokenizer is loaded with `PreTrainedTokenizerFast.from_pretrained` from a server-side
 directory under an allowed data root (`AutoTokenizer` would import torch through the model
@@ -26,10 +26,11 @@ from sqlalchemy.orm import Session
 from core import datasets, storage
 from core.errors import Conflict, InvalidInput
 from core.settings import Settings
+from dataformat.records import LOSS_ON_BY_FORMAT
 from trainer.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from trainer.masks import Tokenizer
+    from dataformat.masks import Tokenizer
 
 # Formats a preview renders: one record is one example. `text` and `tokens` have no records
 # to render (their masks are all-ones or stored), `preference` makes two examples per record.
@@ -57,7 +58,7 @@ def preview(
     num_examples: int,
 ) -> dict[str, Any]:
     """Tokens with mask bits and the verifier's verdict for the dataset's first `num_examples`
-    records (see `trainer.masks.preview` for the shape). `seq_len` None: `model.seq_len`.
+    records (see `dataformat.masks.preview` for the shape). `seq_len` None: `model.seq_len`.
 
     Raises NotFound (not the project's dataset), Conflict (a format without renderable
     records), InvalidInput (a `loss_on` the format cannot honour, a chat template that does not
@@ -77,8 +78,8 @@ def preview(
     tokenizer = load_tokenizer(model, settings)
     template = _template(chat_template, tokenizer)
 
-    from trainer.masks import preview as render
-    from trainer.readers import iter_records, list_files
+    from dataformat.masks import preview as render
+    from dataformat.readers import iter_records, list_files
 
     def sample() -> Iterator[tuple[str, Any]]:
         files = list_files(uri, ["**/*"], [])
@@ -114,8 +115,6 @@ def _tokenizer_name(tokenizer: Tokenizer) -> str:
 
 
 def _check_loss_on(format: str, loss_on: str | None) -> None:
-    from trainer.spec_checks import LOSS_ON_BY_FORMAT
-
     allowed = LOSS_ON_BY_FORMAT[format]
     if loss_on is not None and loss_on not in allowed:
         msg = f"loss_on {loss_on!r} does not apply to format {format!r}; choose among {allowed}"
@@ -128,8 +127,8 @@ def load_tokenizer(model: ModelSpec, settings: Settings) -> Tokenizer:
     `model.hf.path_or_id` (a server-side path, or a hub id already in the local cache).
 
     Raises Forbidden/InvalidInput at `["body", "model", "hf", ...]`."""
-    from trainer.errors import InvalidJobError
-    from trainer.masks import Tokenizer
+    from dataformat.errors import InvalidJobError
+    from dataformat.masks import Tokenizer
 
     hf = model.hf
     if model.kind == "hf" and hf is None:
@@ -166,7 +165,7 @@ def _template(chat_template: str | None, tokenizer: Tokenizer) -> str:
     from jinja2 import TemplateError
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from trainer.chat import resolve_template
+    from dataformat.chat import resolve_template
 
     template = resolve_template(chat_template, tokenizer.hf)
     if chat_template not in (None, "chatml"):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from trainer.records import (
+from dataformat.records import (
     Conversation,
     MessagesRecord,
     PreferenceRecord,

@@ -148,7 +148,7 @@ class Dataset(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     num_files: Mapped[int] = mapped_column(Integer)
-    # One of trainer.records.FORMATS, declared or detected at registration (0007).
+    # One of dataformat.records.FORMATS, declared or detected at registration (0007).
     format: Mapped[str] = mapped_column(String(20), default="text", server_default="text")
     # core.dataset_stats.DatasetStats as JSON; None for `text` (nothing counted record-wise).
     stats: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)

@@ -4,7 +4,7 @@ was written, so a validation error's JSON path can be shown next to the line it 
 PyYAML's composer (`yaml.SafeLoader`) gives every node its start mark; walking the node tree
 records the (line, column) of every mapping key and sequence item by JSON path. Aliases and
 anchors are refused: a spec has no use for them, and a graph of aliases ("billion laughs") would
-cost exponential time to walk or serialise. Scalars follow YAML 1.2 (`trainer.yaml12`): ``3e-4``
+cost exponential time to walk or serialise. Scalars follow YAML 1.2 (`dataformat.yaml12`): ``3e-4``
 is a float and ``on`` a string, as in JSON.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 
 from core.errors import InvalidInput
-from trainer.yaml12 import Loader as Yaml12Loader
+from dataformat.yaml12 import Loader as Yaml12Loader
 
 Path = tuple[str | int, ...]
 
 
 class _Loader(Yaml12Loader):
-    """The specs' YAML 1.2 scalars (`trainer.yaml12`), composed node by node here."""
+    """The specs' YAML 1.2 scalars (`dataformat.yaml12`), composed node by node here."""
 
 
 @dataclass

@@ -210,7 +210,7 @@ class Checkpoint(_Model):
 
 
 DATASET_FORMATS = ("text", "jsonl_text", "messages", "prompt_completion", "preference", "tokens")
-"""The server's dataset formats (`trainer.records.FORMATS`; a unit test keeps them equal)."""
+"""The server's dataset formats (`dataformat.records.FORMATS`; a unit test keeps them equal)."""
 
 
 class Lengths(_Model):

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from trainer.yaml12 import load as load_yaml
+from dataformat.yaml12 import load as load_yaml
 
 
 class SpecFileError(ValueError):

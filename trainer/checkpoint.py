@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
+from dataformat.errors import CheckpointWriteError, InvalidJobError
 from trainer.data import is_uri
 from trainer.distributed import DistInfo, broadcast_from_rank0
-from trainer.errors import CheckpointWriteError, InvalidJobError
 from trainer.events import Reporter
 from trainer.spec import CheckpointSpec
 

@@ -4,7 +4,7 @@
     prepared.train, prepared.eval   # trainer.rows.Rows, memory-mapped
 
 Pipeline (DESIGN.md "render -> mask -> verify -> pack -> shard, once"): records are streamed
-(`trainer.readers`), rendered and masked (`trainer.chat`, `trainer.masks`), the masks of a
+(`dataformat.readers`), rendered and masked (`dataformat.chat`, `dataformat.masks`), the masks of a
 first sample verified before anything else is tokenized, over-long examples dropped or cut
 (`data.truncation`), then packed or padded into rows (`trainer.packing`) written with
 `trainer.rows.RowsWriter`. Raw text and flat token files take the degenerate path
@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainer.chat import resolve_template
+from dataformat.chat import resolve_template
+from dataformat.errors import InvalidJobError
+from dataformat.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_at, truncate
+from dataformat.readers import DataFile, content_digest, detect, iter_records, list_files
+from dataformat.records import LOSS_ON_BY_FORMAT
 from trainer.dataplan import DataPlan, ExampleSplit
-from trainer.errors import InvalidJobError
 from trainer.events import Reporter
-from trainer.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_at, truncate
 from trainer.packing import RowPacker
-from trainer.readers import DataFile, content_digest, detect, iter_records, list_files
 from trainer.rows import Rows, RowsWriter, mapped_file
-from trainer.spec_checks import LOSS_ON_BY_FORMAT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

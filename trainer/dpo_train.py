@@ -31,9 +31,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from dataformat.errors import InvalidJobError
 from trainer.distributed import DistInfo, no_sync
 from trainer.dpo import dpo_loss, mean_metrics, pair_statistics, sequence_logps
-from trainer.errors import InvalidJobError
 from trainer.finetune import Network, build_network
 from trainer.parallel.parallelize import apply_fsdp, set_gradient_sync
 from trainer.rows import IGNORE_INDEX, Batch, Rows

@@ -86,7 +86,7 @@ class Reporter:
     ) -> None:
         """The exception this run fails with. `exit_code`: the code the rank exits with (2 =
         do not retry; torchrun itself exits 1 whatever its workers' codes were);
-        `failure_class`: what the exception means (`trainer.failures.FailureClass`); `rank`:
+        `failure_class`: what the exception means (`dataformat.failures.FailureClass`); `rank`:
         the global rank that raised it; `restart` (added here): torchrun's in-place restart
         count of the run that failed."""
         self.emit(

@@ -31,8 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from dataformat.errors import InvalidJobError
 from trainer.distributed import DistInfo
-from trainer.errors import InvalidJobError
 from trainer.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
 from trainer.model import GPTConfig, build_model
 from trainer.spec import JobSpec, LoRASpec, QLoRASpec

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from dataformat.errors import InvalidJobError
 from trainer.data import is_uri
-from trainer.errors import InvalidJobError
 from trainer.model import VOCAB_SIZE
 from trainer.spec import ModelSpec
 

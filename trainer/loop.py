@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dataformat.errors import NonFiniteError
 from trainer.batches import forward, lm_loss, next_step_batches
 from trainer.checkpoint import Checkpointer
 from trainer.data import decode, encode
 from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum, no_sync
 from trainer.dpo_train import DPOMethod, pair_batches
-from trainer.errors import NonFiniteError
 from trainer.events import Reporter
 from trainer.finetune import Network
 from trainer.model import VOCAB_SIZE, generate, shape_of

@@ -3,7 +3,7 @@
 No hub is needed: a byte-level BPE tokenizer (GPT-2's pre-tokenization, Sennrich et al. 2016)
 is trained with `tokenizers` on Python standard-library sources, wrapped as a
 `transformers.PreTrainedTokenizerFast` whose ChatML markers (`<|im_start|>`, `<|im_end|>`) are
-special tokens and whose `chat_template` is ChatML (`trainer.chat.CHATML`); a small Llama
+special tokens and whose `chat_template` is ChatML (`dataformat.chat.CHATML`); a small Llama
 (`LlamaConfig`, Touvron et al. 2023) with random weights drawn from `seed` is built from a
 config. Both are written with `save_pretrained` into one directory, so a job spec's
 ``model: {kind: hf, hf: {path_or_id: DIR}}`` loads the model and its tokenizer.
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainer.chat import CHATML, CHATML_SPECIAL_TOKENS
+from dataformat.chat import CHATML, CHATML_SPECIAL_TOKENS
 
 PAD_TOKEN = "<|endoftext|>"
 #: Standard-library modules (as ``name.py`` paths) the tokenizer learns its merges from.

@@ -1,6 +1,6 @@
 """Examples -> fixed-length rows (the rows contract, ROWS.md): packed or one per row, padded.
 
-Each example arrives already shifted within itself (`trainer.masks.Example.labels`: its last
+Each example arrives already shifted within itself (`dataformat.masks.Example.labels`: its last
 position's label is -100), so no label ever crosses into the next example of a packed row.
 A row holds T positions: `input_ids`, `labels` (-100 where not supervised), `position_ids`
 restarting at 0 for each example, and `segment_ids` 0, 1, 2, ... per example, -1 on padding

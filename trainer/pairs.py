@@ -15,12 +15,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dataformat.errors import InvalidJobError
+from dataformat.masks import Example, MaskStats, Tokenizer, encode_record, truncate
+from dataformat.readers import DataFile, iter_records
+from dataformat.records import (
+    PreferenceRecord,
+    PromptCompletionRecord,
+    describe_error,
+    parse_record,
+)
 from trainer.dataplan import DataPlan, ExampleSplit
-from trainer.errors import InvalidJobError
-from trainer.masks import Example, MaskStats, Tokenizer, encode_record, truncate
 from trainer.packing import RowPacker
-from trainer.readers import DataFile, iter_records
-from trainer.records import PreferenceRecord, PromptCompletionRecord, describe_error, parse_record
 from trainer.rows import Rows, RowsWriter
 
 ANSWERS = ("chosen", "rejected")

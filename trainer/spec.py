@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from trainer.failures import FailureClass as FailureClass
+from dataformat.failures import FailureClass as FailureClass
 from trainer.spec_base import StrictSpec, given
 from trainer.spec_checks import cross_field_errors, get_path
 from trainer.spec_data import DataSpec as DataSpec

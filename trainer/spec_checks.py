@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from dataformat.records import LOSS_ON_BY_FORMAT
+
 if TYPE_CHECKING:
     from trainer.spec import JobSpec, LoRASpec
 
@@ -225,17 +227,6 @@ def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
                 )
             )
     return errors
-
-
-# `data.loss_on` values each record format can honour (None: the format's default).
-LOSS_ON_BY_FORMAT: dict[str, tuple[str, ...]] = {
-    "text": ("all",),
-    "jsonl_text": ("all",),
-    "tokens": ("all",),
-    "messages": ("assistant", "all"),
-    "prompt_completion": ("completion", "assistant", "all"),
-    "preference": ("completion",),
-}
 
 
 def _data_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from trainer.records import Format
+from dataformat.records import Format
 from trainer.spec_base import StrictSpec, given
 
 
@@ -58,7 +58,7 @@ class DataSpec(StrictSpec):
     format: Format | None = Field(
         default=None,
         description="Record format (`text`, `jsonl_text`, `messages`, `prompt_completion`, "
-        "`preference`, `tokens`; see `trainer.records`). null: the registered dataset's format "
+        "`preference`, `tokens`; see `dataformat.records`). null: the registered dataset's format "
         "(filled in at submission), or for a `uri` detected from the file extension and the "
         "first record.",
     )

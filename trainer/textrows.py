@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import numpy as np
 
+from dataformat.errors import InvalidJobError
+from dataformat.masks import Example, Tokenizer
+from dataformat.readers import DataFile, iter_records, token_array
 from trainer.dataplan import DataPlan, ExampleSplit, document_sides
-from trainer.errors import InvalidJobError
-from trainer.masks import Example, Tokenizer
-from trainer.readers import DataFile, iter_records, token_array
 from trainer.rows import RowsWriter
 
 if TYPE_CHECKING:

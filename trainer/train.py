@@ -28,16 +28,16 @@ from pydantic import ValidationError
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from dataformat.errors import InvalidJobError
+from dataformat.failures import FailureClass, classify_exception
 from trainer.batches import lm_loss, resolve_max_steps
 from trainer.checkpoint import Checkpointer
 from trainer.data import is_uri
 from trainer.dataprep import PreparedRows, cache_root, prepare_rows, unigram_eval_loss
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.dpo_train import build_dpo, check_pairs
-from trainer.errors import InvalidJobError
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
 from trainer.export import export_at_end
-from trainer.failures import FailureClass, classify_exception
 from trainer.finetune import build_network, lora_settings, model_state
 from trainer.hf import data_vocab_size, load_tokenizer
 from trainer.loop import Run, report_eval, train_loop
@@ -414,7 +414,7 @@ def build_run(
 def _fail(exc: BaseException, exit_code: int, reporter: Reporter, info: DistInfo | None) -> None:
     """Report `exc` (error event with its failure class + log), free the frames it holds, leave
     the process group. `exit_code` 2 (invalid spec or data) is a `user_error`; otherwise the
-    class comes from the exception (`trainer.failures.classify_exception`: an allocator error
+    class comes from the exception (`dataformat.failures.classify_exception`: an allocator error
     is `oom`; a distributed, connection or checkpoint-write error, a full or read-only disk is
     `infra`; anything else `user_error`)."""
     message = f"{type(exc).__name__}: {exc}"

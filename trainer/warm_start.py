@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from dataformat.errors import InvalidJobError
 from trainer.checkpoint import load_model_only
 from trainer.distributed import DistInfo
-from trainer.errors import InvalidJobError
 from trainer.export import checkpoint_spec
 from trainer.hf import HFCausalLM
 from trainer.spec import JobSpec

@@ -4,7 +4,7 @@ Two structured sources, both in the node's run dir:
 
 - the trainer's own `error` event in `events.jsonl` (docs/CONTRACTS.md section 2): its
   message, exit code (2: invalid spec or data) and `failure_class`, classified by the trainer
-  from the exception object itself (`trainer.failures.classify_exception`). Only the
+  from the exception object itself (`dataformat.failures.classify_exception`). Only the
   reporting rank writes events.
 - torchrun's per-rank error files: the trainer's `main` is decorated with
   `torch.distributed.elastic.multiprocessing.errors.record`, so an exception leaving any rank
@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from core.lifecycle import Failure, NodeEnd, Stop
-from trainer.failures import PEER_LOST_MESSAGES, FailureClass, classify, error_type_names
+from dataformat.failures import PEER_LOST_MESSAGES, FailureClass, classify, error_type_names
 from workers.ingest import last_lines, stderr_tail
 from workers.launcher import RunPaths
 from workers.supervisor import Exit

@@ -33,7 +33,8 @@ RUNNER_MODULE = "torchyard.train"  # runs an entrypoint job's python target (sec
 OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python's options that take the next arg
 # What of the worker's environment an entrypoint job sees (section 5), besides `*_PREFIXES`.
 # `PYTHONPATH` keeps the platform's own packages importable when the worker runs from a
-# checkout (the runner `torchyard.train`, `trainer.events`); the spec may not set it.
+# checkout (the runner `torchyard.train`, `trainer.events`, `dataformat.failures`); the spec
+# may not set it.
 ALLOWED_ENV = frozenset(
     {
         "PATH",

@@ -16,7 +16,7 @@ from core.attempts import error_text
 from core.db import session_scope
 from core.lifecycle import Failure
 from core.models import Job, JobState, utcnow
-from trainer.failures import FailureClass
+from dataformat.failures import FailureClass
 
 # Budgets: hang 2, infra 3, the rest 0 (max_restarts 0); cap 3 (the largest).
 RETRIES = {"on": {"infra": 3, "hang": 2}}

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from rich.console import Console
 
+from dataformat.records import FORMATS
 from torchyard import Client, ValidationFailed
 from torchyard.models import DATASET_FORMATS
 from torchyard.render import SUPERVISED_STYLE, preview_tokens
-from trainer.records import FORMATS
 
 CHAT = [
     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from dataformat.errors import InvalidJobError
 from tests.conftest_trainer import (
     TINY_LLAMA,
     cpu_world_of_one,
@@ -30,7 +31,6 @@ from tests.conftest_trainer import (
     tiny_spec,
 )
 from trainer.checkpoint import load_model_only
-from trainer.errors import InvalidJobError
 from trainer.export import checkpoint_spec
 from trainer.finetune import build_network, trainable_names
 from trainer.spec import JobSpec

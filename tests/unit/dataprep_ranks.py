@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from dataformat.errors import InvalidJobError
 from trainer.dataprep import prepare_rows
 from trainer.distributed import init_distributed, shutdown
-from trainer.errors import InvalidJobError
 from trainer.events import NullReporter
 from trainer.spec import JobSpec
 

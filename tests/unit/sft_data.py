@@ -99,7 +99,7 @@ def bpe_tokenizer(vocab_size: int = 600) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from trainer.chat import CHATML, CHATML_SPECIAL_TOKENS
+    from dataformat.chat import CHATML, CHATML_SPECIAL_TOKENS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dataformat import masks
+from dataformat.errors import InvalidJobError
 from tests.unit.sft_data import (
     SYSTEM,
     bpe_tokenizer,
@@ -20,9 +22,7 @@ from tests.unit.sft_data import (
     prepare,
     write_jsonl,
 )
-from trainer import masks
 from trainer.dataprep import unigram_eval_loss
-from trainer.errors import InvalidJobError
 from trainer.rows import IGNORE_INDEX, Rows
 
 
@@ -290,8 +290,8 @@ UPPER = "{% for m in messages %}{{ m.role }}: {{ m.content | upper }}\n{% endfor
 def test_the_preview_refuses_a_sample_with_the_jobs_reason_word_for_word(
     tmp_path: Path, data: dict[str, Any]
 ) -> None:
-    from trainer.chat import resolve_template
-    from trainer.readers import iter_records, list_files
+    from dataformat.chat import resolve_template
+    from dataformat.readers import iter_records, list_files
 
     path = write_jsonl(tmp_path / "chat.jsonl", messages_records(40))
     spec = data_spec(path, **data)

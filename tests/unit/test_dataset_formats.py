@@ -9,8 +9,8 @@ import pytest
 from core import dataset_stats
 from core.dataset_formats import file_kind
 from core.dataset_stats import StatsAccumulator
-from trainer.jsonl import iter_lines
-from trainer.records import parse_record
+from dataformat.jsonl import iter_lines
+from dataformat.records import parse_record
 
 
 class _CountingReader(io.BytesIO):

@@ -16,8 +16,8 @@ import torch
 import torch.distributed
 
 from core.lifecycle import Failure, NodeEnd, Stop
-from trainer.errors import CheckpointWriteError, InvalidJobError
-from trainer.failures import FailureClass, classify_exception, error_type_names
+from dataformat.errors import CheckpointWriteError, InvalidJobError
+from dataformat.failures import FailureClass, classify_exception, error_type_names
 from workers import exits
 from workers.ingest import Reported
 from workers.launcher import RunPaths

@@ -10,51 +10,60 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVER = {"api", "core", "workers", "torchyard"}
 FORBIDDEN = {
     "trainer": {"api", "core", "workers", "torchyard", "celery", "sqlalchemy", "fastapi", "redis"},
     "core": {"api", "workers", "torchyard", "fastapi", "celery", "torch"},
     "api": {"workers", "torchyard", "torch"},
     "workers": {"api", "torchyard", "fastapi"},
     "torchyard": {"api", "core", "workers", "torch", "sqlalchemy", "celery", "fastapi"},
+    # the torch-free vocabularies both sides share import neither side
+    "dataformat": {*SERVER, "trainer", "torch", "celery", "sqlalchemy", "fastapi", "redis"},
 }
 
-# The trainer modules the API and core may import. The job spec (and its sections), the record
-# formats and the JSONL reader import neither torch nor numpy; what the mask preview renders
-# with (chat templates, masks, readers) uses numpy, jinja2 and `transformers`' fast tokenizer
-# classes, but never torch.
-NUMPY_FREE = (
-    "trainer.spec",
+# Of the trainer, the API, core, the workers and the client import only the job spec (pure
+# pydantic, DESIGN.md); what else they share with it (record formats, JSONL, YAML 1.2, failure
+# classes, masks, readers) lives in `dataformat`, which imports no trainer module.
+SPEC = ("trainer.spec",)
+# ... and with it its sections, which it imports.
+SPEC_MODULES = (
+    *SPEC,
     "trainer.spec_base",
-    "trainer.failures",
-    "trainer.yaml12",
-    "trainer.spec_data",
-    "trainer.spec_method",
-    "trainer.records",
-    "trainer.jsonl",
-)
-PURE_TRAINER = (
-    *NUMPY_FREE,
     "trainer.spec_checks",
-    "trainer.errors",
-    "trainer.chat",
-    "trainer.masks",
-    "trainer.readers",
+    "trainer.spec_data",
+    "trainer.spec_entrypoint",
+    "trainer.spec_method",
 )
 # What a user's training script imports (`torchyard.train`, section 5 of CONTRACTS.md) writes
 # the events file with the trainer's own torch-free writer rather than a copy of it.
-TRAIN_API_TRAINER = ("trainer.events", "trainer.failures")
+TRAIN_API_TRAINER = ("trainer.events",)
+TRAIN_API_DATAFORMAT = ("dataformat.failures",)
+DATAFORMAT = tuple(sorted(f"dataformat.{p.stem}" for p in (ROOT / "dataformat").glob("[!_]*.py")))
+# The spec, the record formats, the JSONL reader, YAML 1.2, failure classes and exit errors
+# import neither torch nor numpy; what the mask preview renders with (chat templates, masks,
+# readers) uses numpy, jinja2 and `transformers`' fast tokenizer classes, but never torch.
+NUMPY_USERS = ("dataformat.chat", "dataformat.masks", "dataformat.readers")
 
 
 def _imports(path: Path) -> list[str]:
+    """Every module `path` imports, at any depth (lazy imports in functions too); `from pkg
+    import name` of a package counts as `pkg.name`."""
     names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-            if node.module == "trainer":
-                names += [f"trainer.{a.name}" for a in node.names]
+            if node.module in ("trainer", "dataformat"):
+                names += [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                names.append(node.module)
     return names
+
+
+def _trainer_allowed(path: Path) -> tuple[str, ...]:
+    if path.is_relative_to(ROOT / "torchyard" / "train"):
+        return (*SPEC, *TRAIN_API_TRAINER)
+    return SPEC if path.relative_to(ROOT).parts[0] in SERVER else ()
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -64,14 +73,33 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
         for name in _imports(path):
             top = name.split(".")[0]
             crosses = top in FORBIDDEN[package]
-            # outside the trainer, only its pure pydantic modules may be imported
-            allowed = PURE_TRAINER
-            if path.is_relative_to(ROOT / "torchyard" / "train"):
-                allowed = (*PURE_TRAINER, *TRAIN_API_TRAINER)
-            trainer_internals = package != "trainer" and top == "trainer" and name not in allowed
+            trainer_internals = (
+                package != "trainer" and top == "trainer" and name not in _trainer_allowed(path)
+            )
             if crosses or trainer_internals:
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, "imports crossing the layers of DESIGN.md:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_sees_a_server_module_importing_the_trainer(tmp_path: Path) -> None:
+    """The check above fails on a server module importing the trainer beyond its spec, in any
+    form: `import trainer.x`, `from trainer import x`, lazily inside a function."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import trainer.masks\n"
+        "from trainer import records\n"
+        "from trainer.spec import JobSpec\n"
+        "def f():\n    from trainer.failures import classify\n"
+    )
+    names = _imports(source)
+    assert names == ["trainer.masks", "trainer.records", "trainer.spec", "trainer.failures"]
+    allowed = _trainer_allowed(ROOT / "core" / "x.py")
+    assert [n for n in names if n not in allowed] == [
+        "trainer.masks",
+        "trainer.records",
+        "trainer.failures",
+    ]
+    assert _trainer_allowed(ROOT / "dataformat" / "x.py") == ()
 
 
 # Renders a preview with a saved fast tokenizer, the way core.dataset_preview does, then says
@@ -82,7 +110,8 @@ import sys
 import api.main
 from core import dataset_preview
 from core.settings import Settings
-from trainer import chat, errors, masks, readers, records, spec, spec_checks
+from dataformat import chat, errors, masks, readers, records
+from trainer import spec, spec_checks
 model = spec.ModelSpec(kind="hf", hf={"path_or_id": sys.argv[1]})
 tokenizer = dataset_preview.load_tokenizer(model, Settings(data_roots=[sys.argv[1]]))
 template = dataset_preview._template(chat.CHATML, tokenizer)  # compiled, as a custom one
@@ -112,12 +141,14 @@ def test_the_preview_modules_run_without_importing_torch(tmp_path: Path) -> None
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize("module", PURE_TRAINER)
-def test_pure_trainer_modules_import_no_tensor_library(module: str) -> None:
-    """What the API imports of the trainer loads no torch, and the spec/record modules not
-    even numpy (checked in a fresh interpreter: the modules' transitive imports, not only
-    their own lines)."""
-    banned = ("torch", "numpy") if module in NUMPY_FREE else ("torch",)
+@pytest.mark.parametrize("module", [*SPEC_MODULES, *DATAFORMAT])
+def test_shared_modules_import_no_tensor_library_and_dataformat_no_trainer(module: str) -> None:
+    """What the API imports of the trainer and of `dataformat` loads no torch, most of it not
+    even numpy, and `dataformat` no trainer module (checked in a fresh interpreter: the
+    modules' transitive imports, not only their own lines)."""
+    banned = ("torch",) if module in NUMPY_USERS else ("torch", "numpy")
+    if module.startswith("dataformat."):
+        banned = (*banned, "trainer")
     code = f"import sys, {module}; print(sorted(m for m in {banned!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
@@ -125,23 +156,36 @@ def test_pure_trainer_modules_import_no_tensor_library(module: str) -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_dataformat_holds_the_modules_the_server_shares_with_the_trainer() -> None:
+    """The parametrized check above runs over every module the package holds (a glob): an empty
+    or misplaced package would make it pass vacuously."""
+    assert set(DATAFORMAT) >= {
+        f"dataformat.{m}"
+        for m in ("records", "jsonl", "yaml12", "failures", "masks", "readers", "chat", "errors")
+    }
+    assert set(NUMPY_USERS) <= set(DATAFORMAT)
+
+
 _TRAIN_API_IMPORTS = """
 import sys
 import torchyard.train, torchyard.train.__main__
 top = {m.split(".")[0] for m in sys.modules}  # less site's hooks (`_distutils_hack`, ...)
-print(sorted(m for m in top - {"torchyard", "trainer"} - sys.stdlib_module_names
+print(sorted(m for m in top - {"torchyard", "trainer", "dataformat"} - sys.stdlib_module_names
              if not m.startswith("_")))
 print(sorted(m for m in sys.modules if m.startswith("trainer")))
+print(sorted(m for m in sys.modules if m.startswith("dataformat")))
 """
 
 
 def test_the_train_api_imports_only_the_standard_library_and_the_events_writer() -> None:
     """A user's script imports `torchyard.train` wherever it runs: no third-party package (not
-    even the SDK's httpx or pydantic) and of the trainer only its torch-free modules."""
+    even the SDK's httpx or pydantic) and of the trainer and `dataformat` only the torch-free
+    events writer and failure classes."""
     out = subprocess.run(
         [sys.executable, "-c", _TRAIN_API_IMPORTS], cwd=ROOT, capture_output=True, text=True,
         check=True,
     )  # fmt: skip
-    third_party, trainer = out.stdout.strip().splitlines()
+    third_party, trainer, dataformat = out.stdout.strip().splitlines()
     assert third_party == "[]"
     assert set(eval(trainer)) <= {"trainer", *TRAIN_API_TRAINER}
+    assert set(eval(dataformat)) <= {"dataformat", *TRAIN_API_DATAFORMAT}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataformat.chat import CHATML, render_chat
+from dataformat.errors import InvalidJobError
+from dataformat.masks import IGNORE_INDEX, Tokenizer, encode_record, truncate, verify_masks
+from dataformat.records import parse_record
 from tests.unit.sft_data import bpe_tokenizer, messages_records, prompt_completion_records
-from trainer.chat import CHATML, render_chat
-from trainer.errors import InvalidJobError
-from trainer.masks import IGNORE_INDEX, Tokenizer, encode_record, truncate, verify_masks
-from trainer.records import parse_record
 
 CONVERSATION = {
     "messages": [
@@ -183,7 +183,7 @@ def test_the_verifier_modules_import_without_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, trainer.masks; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, dataformat.masks; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -213,7 +213,7 @@ def test_a_user_jinja_template_with_other_markers_masks_answer_and_end_of_turn()
 
 
 def test_the_tokenizers_own_template_is_used_through_apply_chat_template() -> None:
-    from trainer.chat import resolve_template
+    from dataformat.chat import resolve_template
 
     hf = bpe_tokenizer()
     assert resolve_template(None, hf) == hf.chat_template
@@ -223,7 +223,7 @@ def test_the_tokenizers_own_template_is_used_through_apply_chat_template() -> No
 
 
 def test_preview_returns_tokens_with_mask_bits_and_the_verdict() -> None:
-    from trainer.masks import preview
+    from dataformat.masks import preview
 
     records = [(f"chat.jsonl:{n}", r) for n, r in enumerate(messages_records(3), start=1)]
     shown = preview(
@@ -255,7 +255,7 @@ def test_preview_returns_tokens_with_mask_bits_and_the_verdict() -> None:
 
 
 def test_preview_reports_a_record_the_template_cannot_render_as_the_job_would() -> None:
-    from trainer.masks import preview
+    from dataformat.masks import preview
 
     records = [("chat.jsonl:1", messages_records(1)[0])]
     shown = preview(

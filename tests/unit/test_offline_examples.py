@@ -65,7 +65,7 @@ def test_written_files_pass_the_upload_validation_as_their_format(tmp_path: Path
 
 
 def test_offline_model_dir_loads_as_an_hf_model_with_a_chatml_tokenizer(tmp_path: Path) -> None:
-    from trainer.chat import CHATML_SPECIAL_TOKENS
+    from dataformat.chat import CHATML_SPECIAL_TOKENS
     from trainer.hf import build_hf_model, load_tokenizer
     from trainer.offline_model import ModelShape, build_model_dir, stdlib_texts
     from trainer.spec import ModelSpec

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainer.records import (
+from dataformat.records import (
     MessagesRecord,
     PreferenceRecord,
     PromptCompletionRecord,

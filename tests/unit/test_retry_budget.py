@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core.retry_budget import retry_policy
-from trainer.failures import FailureClass as C
+from dataformat.failures import FailureClass as C
 from trainer.spec import RetrySpec
 
 

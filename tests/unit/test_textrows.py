@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from dataformat.errors import InvalidJobError
 from tests.unit.sft_data import data_spec, prepare
-from trainer.errors import InvalidJobError
 from trainer.rows import Rows
 
 SEQ_LEN = 8  # a side's stream loses at most its last seq_len bytes (a partial chunk)

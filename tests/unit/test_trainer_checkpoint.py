@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from dataformat.errors import CheckpointWriteError
 from tests.conftest_trainer import (
     build_local_run,
     build_rows_run,
@@ -18,7 +19,6 @@ from tests.conftest_trainer import (
     uneven_rows,
 )
 from trainer.checkpoint import Checkpointer, latest_complete, list_checkpoints
-from trainer.errors import CheckpointWriteError
 from trainer.events import EventWriter, NullReporter
 from trainer.loop import Run, train_loop, train_step
 from trainer.spec import CheckpointSpec

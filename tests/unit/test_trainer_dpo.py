@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from dataformat.errors import InvalidJobError
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
 from tests.conftest_trainer import TINY_LLAMA, cpu_world_of_one, tiny_spec
 from trainer.dpo_train import (
@@ -25,7 +26,6 @@ from trainer.dpo_train import (
     logits_of,
     pair_batches,
 )
-from trainer.errors import InvalidJobError
 from trainer.finetune import Network, build_network
 from trainer.optim import build_optimizer
 from trainer.rows import Batch, Rows

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from dataformat.errors import InvalidJobError
 from tests.conftest_trainer import TINY_LLAMA, build_local_run, tiny_spec
-from trainer.errors import InvalidJobError
 from trainer.finetune import AdapterOptimizerState, build_network, quantize_linears
 from trainer.loop import train_step
 from trainer.model import GPTConfig, build_model

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dataformat.errors import NonFiniteError
 from tests.conftest_trainer import build_local_run, tiny_spec
 from tests.tolerances import reordered_sum_rel, tokens_per_step
-from trainer.errors import NonFiniteError
 from trainer.loop import Run, evaluate, train_step
 from trainer.model import GPTConfig, build_model, generate
 

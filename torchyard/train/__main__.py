@@ -23,8 +23,8 @@ import traceback
 from dataclasses import dataclass
 
 import torchyard.train as ty
+from dataformat.failures import classify_exception
 from trainer.events import restart_count
-from trainer.failures import classify_exception
 
 USAGE = "usage: python -m torchyard.train SCRIPT [args ...] | -m MODULE [args ...]"
 

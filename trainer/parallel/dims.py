@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainer.errors import InvalidJobError
+from dataformat.errors import InvalidJobError
 from trainer.spec import JobSpec
 
 

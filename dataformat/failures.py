@@ -52,7 +52,7 @@ INFRA_TYPES = frozenset(
         "ConnectionRefusedError",
         "ConnectionAbortedError",
         "BrokenPipeError",
-        # trainer.errors.CheckpointWriteError: storage full, read-only or unreachable
+        # dataformat.errors.CheckpointWriteError: storage full, read-only or unreachable
         "CheckpointWriteError",
     }
 )

@@ -37,6 +37,16 @@ FORMATS: tuple[str, ...] = (
 )
 RECORD_FORMATS: tuple[str, ...] = ("jsonl_text", "messages", "prompt_completion", "preference")
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+# `data.loss_on` values each record format can honour (None: the format's default,
+# `dataformat.masks.DEFAULT_LOSS_ON`).
+LOSS_ON_BY_FORMAT: dict[str, tuple[str, ...]] = {
+    "text": ("all",),
+    "jsonl_text": ("all",),
+    "tokens": ("all",),
+    "messages": ("assistant", "all"),
+    "prompt_completion": ("completion", "assistant", "all"),
+    "preference": ("completion",),
+}
 
 
 class _Record(BaseModel):

@@ -17,4 +17,4 @@ class NonFiniteError(RuntimeError):
 
 class CheckpointWriteError(Exception):
     """Writing a checkpoint failed: the storage is full, read-only or unreachable (an `infra`
-    failure, `trainer.failures`); the original error is its `__cause__`."""
+    failure, `dataformat.failures`); the original error is its `__cause__`."""

@@ -1,5 +1,5 @@
 """JSON Lines files as upload validation (`core.dataset_formats`) and the trainer
-(`trainer.readers`) both read them, so that the trainer reads every file the upload accepted.
+(`dataformat.readers`) both read them, so that the trainer reads every file the upload accepted.
 
 - A file is JSONL by its name: `.jsonl`, `.ndjson` or `.json`, optionally followed by `.gz`,
   `.zst` or `.zstd` (`is_jsonl_name`).
@@ -9,7 +9,7 @@
   by its size and never held whole (`iter_lines`); the first line loses a UTF-8 byte order
   mark (written by some Windows tools) before it is decoded (`decode_line`, orjson).
 
-Torch- and numpy-free: the API imports it (tests/unit/test_layers.py, `PURE_TRAINER`).
+Torch- and numpy-free: the API imports it (tests/unit/test_layers.py checks).
 """
 
 from __future__ import annotations

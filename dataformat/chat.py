@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import InvalidJobError
-from trainer.records import Message
+from dataformat.errors import InvalidJobError
+from dataformat.records import Message
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

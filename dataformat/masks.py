@@ -1,7 +1,7 @@
 """Examples -> token ids with their loss mask, truncation, and the mask verifier.
 
 An `Example` is one record tokenized: ids (L,) and which tokens the loss sees as targets. For
-chat records the supervised text comes from `trainer.chat.render_chat` (character regions of
+chat records the supervised text comes from `dataformat.chat.render_chat` (character regions of
 the rendered conversation), mapped to tokens with the fast tokenizer's `offset_mapping` (for
 the byte-level GPT a token is a byte: each byte maps to its character). A token is supervised
 iff its whole character span lies inside a supervised region, so a token that straddles a
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainer.chat import render_chat
-from trainer.errors import InvalidJobError
-from trainer.records import MessagesRecord, PromptCompletionRecord, Record, TextRecord
+from dataformat.chat import render_chat
+from dataformat.errors import InvalidJobError
+from dataformat.records import MessagesRecord, PromptCompletionRecord, Record, TextRecord
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -317,7 +317,7 @@ def encode_at(
     template cannot render or locate."""
     from pydantic import ValidationError
 
-    from trainer.records import describe_error, parse_record
+    from dataformat.records import describe_error, parse_record
 
     try:
         record = parse_record(format, obj)

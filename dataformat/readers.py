@@ -4,7 +4,7 @@ A location is a file or a directory (local path or fsspec URI); a directory's fi
 matching `data.include` and not `data.exclude`, in sorted relative-path order.
 
 - JSONL (`.jsonl`, `.ndjson`, `.json`, optionally `.gz` / `.zst` / `.zstd`, decompressed by
-  magic bytes), read line by line as upload validation reads it (`trainer.jsonl`).
+  magic bytes), read line by line as upload validation reads it (`dataformat.jsonl`).
 - Parquet (`.parquet`), read in record batches with `pyarrow.parquet.ParquetFile.iter_batches`.
 - Flat token arrays (`.npy`, or `.bin` of `data.token_dtype`, uint16 as nanoGPT writes),
   memory-mapped.
@@ -27,9 +27,9 @@ import fsspec
 import numpy as np
 import orjson
 
-from trainer.errors import InvalidJobError
-from trainer.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
-from trainer.records import detect_format
+from dataformat.errors import InvalidJobError
+from dataformat.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
+from dataformat.records import detect_format
 
 TOKEN_SUFFIXES = (".npy", ".bin")
 _BATCH_ROWS = 1024
