@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,15 @@ def process(command: list[str], env: dict[str, str], log_path: Path) -> Iterator
             proc.wait()
 
 
+@dataclass(frozen=True)
+class Server:
+    url: str
+    pid: int  # leads its own process group (uvicorn's workers are in it)
+
+
 @contextlib.contextmanager
-def api_server(env: dict[str, str], log_path: Path, workers: int = 1) -> Iterator[str]:
-    """Base URL of `uvicorn api.main:create_app` once `/readyz` answers 200."""
+def api_server(env: dict[str, str], log_path: Path, workers: int = 1) -> Iterator[Server]:
+    """`uvicorn api.main:create_app` once `/readyz` answers 200."""
     port = free_port()
     command = [
         sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
@@ -128,7 +135,33 @@ def api_server(env: dict[str, str], log_path: Path, workers: int = 1) -> Iterato
     with process(command, env, log_path) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _ready(url, proc, log_path), 60, "the API to be ready")
-        yield url
+        yield Server(url, proc.pid)
+
+
+def _cpu_s(pid: int | str) -> tuple[int, float] | None:
+    """(process group, CPU seconds user + system so far) of a process, from /proc; None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[2]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of process group `pgid` (this host only)."""
+    found = (_cpu_s(pid) for pid in os.listdir("/proc") if pid.isdigit())
+    return sum(cpu for group, cpu in filter(None, found) if group == pgid)
+
+
+def backend_cpu_s(engine: Any) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by each Postgres backend of the bench database:
+    read from /proc, so only for a server on this host (else empty)."""
+    with engine.connect() as conn:
+        pids = conn.scalars(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        ).all()
+    found = {pid: _cpu_s(pid) for pid in pids}
+    return {pid: got[1] for pid, got in found.items() if got is not None}
 
 
 def _ready(url: str, proc: Any, log_path: Path) -> bool:

@@ -5,7 +5,8 @@
 
 1. `submit`: `--submissions` POST /v1/jobs from `--concurrency` concurrent clients (each job
    is stored, evented and dispatched to Redis; no worker takes them): jobs/s and latency,
-   served by `--api-workers` uvicorn processes.
+   served by `--api-workers` uvicorn processes; CPU milliseconds per job of the API processes,
+   of the bench database's Postgres backends and of this client (from /proc: this host only).
 2. `sse`: `--watchers` concurrent GET /v1/jobs/{id}/stream of one running job while a
    writer commits a metric line every 0.2 s (as a worker's ingest does) for `--seconds`:
    whether every watcher got every line, the commit-to-delivery latency, and how many DB
@@ -29,7 +30,9 @@ from sqlalchemy.orm import Session
 
 from bench._common import (
     api_server,
+    backend_cpu_s,
     emit,
+    group_cpu_s,
     note,
     postgres_database,
     project_key,
@@ -144,14 +147,29 @@ def main() -> None:
         (home / "corpus" / "a.txt").write_text("hello torchyard\n" * 5000)
         env = server_env(url, home)
         engine = make_engine(url)
-        with api_server(env, home / "uvicorn.log", workers=args.api_workers) as base:
+        with api_server(env, home / "uvicorn.log", workers=args.api_workers) as server:
             headers = {"Authorization": f"Bearer {key}"}
+            base = server.url
             ds = httpx.post(f"{base}/v1/datasets", headers=headers, timeout=60,
                             json={"name": "corpus", "uri": str(home / "corpus")})  # fmt: skip
             ds.raise_for_status()
             spec = tiny_spec(ds.json()["id"], pool=f"bench-{secrets.token_hex(3)}")
             note("submissions ...")
-            submit = asyncio.run(submit_load(base, key, spec, args.submissions, args.concurrency))
+            api_cpu, db_cpu = group_cpu_s(server.pid), backend_cpu_s(engine)
+            client_cpu = time.process_time()
+            submit = asyncio.run(
+                submit_load(server.url, key, spec, args.submissions, args.concurrency)
+            )
+            client_cpu = time.process_time() - client_cpu
+            api_cpu = group_cpu_s(server.pid) - api_cpu
+            db_after = backend_cpu_s(engine)
+            db_cpu_s = sum(t - db_cpu.get(pid, 0.0) for pid, t in db_after.items())
+            per_job = 1000 / args.submissions
+            submit["cpu_ms_per_job"] = {
+                "api": round(api_cpu * per_job, 2),
+                "postgres": round(db_cpu_s * per_job, 2),
+                "client": round(client_cpu * per_job, 2),
+            }
             note(f"submit: {submit}")
             job_id = httpx.post(f"{base}/v1/jobs", headers=headers, json=spec).json()["id"]
             with Session(engine) as s:

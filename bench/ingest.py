@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import threading
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from bench._common import emit, note, postgres_database, project_key, summary_ms
+from bench._common import backend_cpu_s, emit, note, postgres_database, project_key, summary_ms
 from core import jobs
 from core.db import make_engine, session_factory
 from workers.ingest import RunIngest
@@ -56,24 +55,6 @@ def _job(engine, project: str) -> int:  # type: ignore[no-untyped-def]
     return job_id
 
 
-def _backend_cpu_s(engine) -> dict[int, float]:  # type: ignore[no-untyped-def]
-    """CPU seconds (user + system) used so far by each Postgres backend of the bench database:
-    read from /proc, so only for a server on this host (else empty)."""
-    with engine.connect() as conn:
-        pids = conn.scalars(
-            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-        ).all()
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
 def burst(engine, project: str, run_dir: Path, points: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
     job_id = _job(engine, project)
     paths = RunPaths(run_dir=run_dir, checkpoint_dir="ckpt", data="data")
@@ -83,7 +64,7 @@ def burst(engine, project: str, run_dir: Path, points: int) -> dict[str, object]
             f.write(_line(step, now))
     ingest = RunIngest(paths=paths, job_id=job_id, attempt=1)
     factory = session_factory(engine)
-    server_before = _backend_cpu_s(engine)
+    server_before = backend_cpu_s(engine)
     started, client_started = time.perf_counter(), time.process_time()
     flushes = 0
     while True:
@@ -93,7 +74,7 @@ def burst(engine, project: str, run_dir: Path, points: int) -> dict[str, object]
             break
     elapsed = time.perf_counter() - started
     client_cpu = time.process_time() - client_started
-    server_after = _backend_cpu_s(engine)
+    server_after = backend_cpu_s(engine)
     server_cpu = sum(t - server_before.get(pid, 0.0) for pid, t in server_after.items())
     per_100k = 100_000 / points
     return {

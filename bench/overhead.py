@@ -83,9 +83,9 @@ def platform(home: Path, url: str, spec: dict[str, Any], corpus: Path) -> dict[s
     engine = make_engine(url)
     headers = {"Authorization": f"Bearer {key}"}
     with (
-        api_server(env, home / "uvicorn.log") as base,
+        api_server(env, home / "uvicorn.log") as server,
         worker(env, spec["resources"]["pool"], home / "worker.log"),
-        httpx.Client(base_url=base, headers=headers, timeout=60) as http,
+        httpx.Client(base_url=server.url, headers=headers, timeout=60) as http,
     ):
         ds = http.post("/v1/datasets", json={"name": "corpus", "uri": str(corpus)})
         ds.raise_for_status()

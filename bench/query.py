@@ -110,9 +110,9 @@ def main() -> None:
         load_s = time.perf_counter() - started
         note(f"loaded {args.jobs} jobs and {args.points} points in {load_s:.1f} s")
         env = server_env(url, Path(home))
-        with api_server(env, Path(home) / "uvicorn.log") as base:
+        with api_server(env, Path(home) / "uvicorn.log") as server:
             headers = {"Authorization": f"Bearer {key}"}
-            with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
                 metrics_url = f"/v1/jobs/{job_id}/metrics"
                 params = {"names": "loss", "max_points": 1000, "end": args.points}
                 _timed(http, metrics_url, params, 3)  # warm the caches
