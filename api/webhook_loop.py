@@ -30,6 +30,7 @@ def tick(app: FastAPI) -> int:
     return webhook_delivery.deliver_due(
         session_factory=app.state.sessionmaker,
         allow=settings.webhook_allow,
+        paths=app.state.server_paths,
         timeout_s=settings.webhook_timeout_s,
     )
 

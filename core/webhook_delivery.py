@@ -42,6 +42,7 @@ from core.models import (
     WebhookSubscription,
     utcnow,
 )
+from core.server_paths import ServerPaths
 
 # Seconds before retry n (after failed attempt n): 5 s, 30 s, 2 min, 10 min, 30 min, 1 h, 2 h,
 # 4 h, 8 h, 8 h (about 23.7 h in all, at most).
@@ -57,8 +58,9 @@ def retry_delay_s(attempt: int, rng: random.Random | None = None) -> float:
     return (rng or random).uniform(base / 2, base)
 
 
-def body(event: WebhookEvent) -> str:
-    """The JSON body of an event, identical on every retry."""
+def body(event: WebhookEvent, paths: ServerPaths) -> str:
+    """The JSON body of an event, identical on every retry, with the server's directories in
+    its strings (a failure's message, say) made relative to them (`core.server_paths`)."""
     created = event.created_at
     if created.tzinfo is None:  # SQLite hands back naive UTC
         created = created.replace(tzinfo=UTC)
@@ -69,7 +71,7 @@ def body(event: WebhookEvent) -> str:
             "timestamp": created.isoformat(),
             "project_id": event.project_id,
             "sequence": event.id,
-            "data": event.payload,
+            "data": paths.hide(event.payload),
         },
         separators=(",", ":"),
         sort_keys=True,
@@ -141,7 +143,7 @@ class Message:
     data: str
 
 
-def _message(session: Session, delivery_id: int) -> Message | None:
+def _message(session: Session, delivery_id: int, paths: ServerPaths) -> Message | None:
     """What to send for a claimed delivery; None when its webhook was deleted meanwhile."""
     row = session.execute(
         select(WebhookSubscription, WebhookEvent)
@@ -152,7 +154,7 @@ def _message(session: Session, delivery_id: int) -> Message | None:
     if row is None:
         return None
     subscription, event = row
-    return Message(subscription.url, list(subscription.secrets), event.event_id, body(event))
+    return Message(subscription.url, list(subscription.secrets), event.event_id, body(event, paths))
 
 
 def send(*, client: httpx.Client, message: Message, allow: list[str]) -> Outcome:
@@ -224,6 +226,7 @@ def deliver_due(
     *,
     session_factory: Callable[[], Session],
     allow: list[str],
+    paths: ServerPaths,
     timeout_s: float = 10.0,
     now: datetime | None = None,
     limit: int = 100,
@@ -231,7 +234,8 @@ def deliver_due(
 ) -> int:
     """Send up to `limit` deliveries due at `now` (default: the clock), one after the other;
     returns how many were tried. `now` drives the schedule only (tests pass a later one
-    instead of sleeping); signatures carry the real time. Raises only database errors."""
+    instead of sleeping); signatures carry the real time. `paths`: the server's directories,
+    hidden in every body. Raises only database errors."""
     now = now or utcnow()
     with session_factory() as session:
         claimed = claim(session=session, now=now, limit=limit, lease_s=timeout_s + 60)
@@ -242,7 +246,7 @@ def deliver_due(
     try:
         for c in claimed:
             with session_factory() as session:
-                message = _message(session, c.delivery_id)
+                message = _message(session, c.delivery_id, paths)
             if message is None:
                 continue
             outcome = send(client=http, message=message, allow=allow)

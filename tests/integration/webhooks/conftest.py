@@ -16,6 +16,7 @@ from api.main import create_app
 from core import jobs, webhook_delivery
 from core.db import session_factory
 from core.models import utcnow
+from core.server_paths import ServerPaths
 from core.settings import Settings
 from tests.conftest import ProjectKey
 from trainer.spec import parse_job_spec
@@ -34,9 +35,10 @@ def wh_client(settings: Settings) -> Iterator[TestClient]:
 class Clock:
     """Drives `deliver_due` at `now`, which only moves forward when a test says so."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, paths: ServerPaths) -> None:
         self.offset = timedelta(0)
         self.sessions = session_factory(engine)
+        self.paths = paths
 
     @property
     def now(self) -> datetime:
@@ -46,6 +48,7 @@ class Clock:
         return webhook_delivery.deliver_due(
             session_factory=self.sessions,
             allow=LOOPBACK if allow is None else allow,
+            paths=self.paths,
             timeout_s=5.0,
             now=self.now,
         )
@@ -64,8 +67,8 @@ class Clock:
 
 
 @pytest.fixture
-def clock(engine: Engine) -> Clock:
-    return Clock(engine)
+def clock(engine: Engine, settings: Settings) -> Clock:
+    return Clock(engine, ServerPaths.of(settings))
 
 
 def new_job(engine: Engine, project: ProjectKey, name: str = "tiny") -> int:

@@ -3,6 +3,7 @@ Standard Webhooks library, a receiver that is down for a while, retries driven b
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -13,6 +14,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from core import exports, jobs, webhook_delivery
 from core.db import session_scope
 from core.models import CheckpointExport, JobState, WebhookDelivery, WebhookEvent
+from core.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.webhooks.conftest import Clock, new_job, subscribe
 from tests.integration.webhooks.receiver import Receiver
@@ -58,6 +60,41 @@ def test_every_state_change_of_a_job_arrives_signed_in_order(
     assert [b["sequence"] for b in bodies] == sorted(b["sequence"] for b in bodies)
     assert bodies[3]["data"]["data"] == {"step": 10}  # no server path leaves the server
     assert [r.webhook_id for r in receiver.received] == [b["id"] for b in bodies]
+
+
+def test_no_server_directory_leaves_in_a_webhook_body(
+    wh_client: TestClient,
+    project: ProjectKey,
+    engine: Engine,
+    receiver: Receiver,
+    clock: Clock,
+    settings: Settings,
+) -> None:
+    """A state change's message and data may name a file under the storage root or the home
+    (a failure's text, say): the receiver reads it relative to that root, as the API shows it."""
+    hook = subscribe(wh_client, project, receiver.url, ["job.failed"])
+    job_id = new_job(engine, project)
+    storage, home = settings.storage_path, settings.home.resolve()
+    with session_scope(engine) as s:
+        assert jobs.claim(session=s, job_id=job_id, worker="w1") is not None
+    with session_scope(engine) as s:
+        jobs.transition(
+            session=s,
+            job_id=job_id,
+            to=S.FAILED,
+            message=f"cannot write {storage}/jobs/{job_id}/checkpoints/step_00000010: disk full",
+            data={"log": f"{home}/runs/{job_id}/stderr.log", "step": 10},
+        )
+
+    clock.deliver_until(lambda: len(receiver.unique()) == 1)
+
+    (body,) = [r.verify(hook["secret"]["secret"]) for r in receiver.received]
+    assert body["data"]["message"] == (
+        f"cannot write jobs/{job_id}/checkpoints/step_00000010: disk full"
+    )
+    assert body["data"]["data"] == {"log": f"runs/{job_id}/stderr.log", "step": 10}
+    text = json.dumps(body)
+    assert str(storage) not in text and str(home) not in text
 
 
 def test_a_receiver_down_for_a_while_gets_exactly_the_events_that_happened(

@@ -8,6 +8,7 @@ from pathlib import Path
 from core import alerts, auth, jobs, webhook_delivery, webhooks
 from core.db import make_engine, session_factory, session_scope, upgrade
 from core.models import utcnow
+from core.server_paths import ServerPaths
 from tests.integration.webhooks.conftest import LOOPBACK
 from tests.integration.webhooks.receiver import Receiver
 from trainer.spec import parse_job_spec
@@ -17,6 +18,13 @@ def test_outbox_delivery_and_alerts_work_on_sqlite(tmp_path: Path, receiver: Rec
     url = f"sqlite:///{tmp_path / 'torchyard.db'}"
     upgrade(url)
     engine = make_engine(url)
+    paths = ServerPaths((str(tmp_path),))
+
+    def deliver() -> int:
+        return webhook_delivery.deliver_due(
+            session_factory=session_factory(engine), allow=LOOPBACK, paths=paths
+        )
+
     try:
         with session_scope(engine) as s:
             project = auth.create_project(session=s, name="embedded")
@@ -36,15 +44,12 @@ def test_outbox_delivery_and_alerts_work_on_sqlite(tmp_path: Path, receiver: Rec
             with session_scope(engine) as s:
                 alerts.check_periodic(session=s, now=utcnow() + timedelta(minutes=2))
 
-        sent = webhook_delivery.deliver_due(session_factory=session_factory(engine), allow=LOOPBACK)
+        sent = deliver()
 
         assert sent == 2
         bodies = [r.verify(secret) for r in receiver.received]
         assert sorted(b["type"] for b in bodies) == ["alert.queued_too_long", "job.queued"]
         assert {b["data"]["job"]["id"] for b in bodies} == {job_id}
-        assert (
-            webhook_delivery.deliver_due(session_factory=session_factory(engine), allow=LOOPBACK)
-            == 0
-        )
+        assert deliver() == 0
     finally:
         engine.dispose()
