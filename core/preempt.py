@@ -15,8 +15,8 @@ is the head of the queue then.
 The victims' devices are per worker: `free` counts each live worker's devices less those every
 active job of any pool holds there (its current attempt's nodes), so a victim is only chosen
 where its devices make the waiting job fit (`core.preemption`). A queued job that only its
-project's slot quota keeps out (`quota gpus 2/2`) is a candidate too: its own project's jobs of
-lower priority yield to it, no other project's.
+project's slot or running-jobs limit keeps out (`quota gpus 2/2`, `quota running jobs 3/3`) is
+a candidate too: its own project's jobs of lower priority yield to it, no other project's.
 """
 
 from __future__ import annotations
@@ -140,10 +140,10 @@ def _holders(session: Session, pool: str, now: datetime) -> list[Holder]:
 
 def _waiting(
     session: Session, pool: str, holders: list[Holder]
-) -> tuple[list[Waiting], dict[str, float], dict[str, int]]:
-    """The pool's queued jobs within their quotas (but for the slot quotas, under which
-    preemption within a project makes room) in claim order, the projects' weights, and the
-    room under their slot quotas (projects that have one)."""
+) -> tuple[list[Waiting], dict[str, float], dict[str, int], dict[str, int]]:
+    """The pool's queued jobs within their quotas (but for the slot and running-jobs limits,
+    under which preemption within a project makes room) in claim order, the projects' weights,
+    and the room under their slot and running-jobs limits (projects that have one)."""
     rows = session.execute(
         select(Job.id, Job.project_id, Job.priority, Job.slots, quotas.job_size()).where(
             Job.pool == pool, Job.state == JobState.QUEUED
@@ -154,11 +154,13 @@ def _waiting(
     queued = [
         Waiting(id=i, project_id=p, priority=prio, slots=slots, nodes=max(1, size // max(1, slots)))
         for i, p, prio, slots, size in rows
-        if plan[p].blocked(size, slots=False) is None
+        if plan[p].blocked(size, held=False) is None
     ]
     queued.sort(key=lambda w: (plan[w.project_id].share, -w.priority, w.id))
     rooms = {p: room for p, s in plan.items() if (room := s.room()) is not None}
-    return queued[:MAX_WAITING], {p: s.weight for p, s in plan.items()}, rooms
+    jobs_rooms = {p: room for p, s in plan.items() if (room := s.jobs_room()) is not None}
+    weights = {p: s.weight for p, s in plan.items()}
+    return queued[:MAX_WAITING], weights, rooms, jobs_rooms
 
 
 def preempt_pool(
@@ -169,7 +171,7 @@ def preempt_pool(
     left alone. Does not commit."""
     now = now or utcnow()
     holders = _holders(session, pool, now)
-    waiting, weights, quota_room = _waiting(session, pool, holders)
+    waiting, weights, quota_room, jobs_room = _waiting(session, pool, holders)
     choice = choose(
         waiting=waiting,
         holders=holders,
@@ -177,6 +179,7 @@ def preempt_pool(
         weights=weights,
         min_run_s=settings.preemption_min_run_s,
         quota_room=quota_room,
+        jobs_room=jobs_room,
     )
     priority = {w.id: w.priority for w in waiting}
     done: dict[int, int] = {}

@@ -26,6 +26,8 @@ victims of its own project only (lower priority, as above) until its project is 
 quota and its node fits, so priority within a project holds under a cap; another project's
 jobs never yield to it. The devices of its project's leaving jobs count as given back. A gang
 over its quota needs an equal share of what its project must give back from each node's room.
+A running-jobs limit (`quota running jobs 3/3`) is the same with jobs for devices: each victim
+of its project, and each of its leaving jobs, gives back one.
 """
 
 from __future__ import annotations
@@ -115,11 +117,13 @@ class _Pass:
         weights: Mapping[str, float],
         min_run_s: float,
         quota_room: Mapping[str, int],
+        jobs_room: Mapping[str, int],
     ) -> None:
         self.free = dict(free)
         self.weights = weights
         self.min_run_s = min_run_s
         self.quota = dict(quota_room)
+        self.jobs = dict(jobs_room)
         self.leaving: dict[str, list[Holder]] = {}
         self.candidates: dict[str, list[Holder]] = {}
         self.use: dict[str, int] = {}
@@ -145,22 +149,32 @@ class _Pass:
         room = self.quota.get(job.project_id)
         return 0 if room is None else job.size - room
 
+    def over_jobs(self, job: Waiting) -> int:
+        """Active jobs `job`'s project must give back before the job fits its running-jobs
+        limit (0 or less: it fits, or there is no limit)."""
+        room = self.jobs.get(job.project_id)
+        return 0 if room is None else 1 - room
+
     def _give_back(self, holder: Holder) -> None:
         if holder.project_id in self.quota:
             self.quota[holder.project_id] += holder.size
+        if holder.project_id in self.jobs:
+            self.jobs[holder.project_id] += 1
 
     def _hold(self, job: Waiting) -> None:
         self.use[job.project_id] = self.use.get(job.project_id, 0) + job.size
         if job.project_id in self.quota:
             self.quota[job.project_id] -= job.size
+        if job.project_id in self.jobs:
+            self.jobs[job.project_id] -= 1
 
     def eligible(self, victim: Holder, job: Waiting) -> bool:
         if victim.priority >= job.priority or victim.ran_s < self.min_run_s:
             return False
         if victim.project_id == job.project_id:
             return True
-        if self.over_quota(job) > 0:  # another project's devices would not let it start
-            return False
+        if self.over_quota(job) > 0 or self.over_jobs(job) > 0:  # another project's would not
+            return False  # let it start
         return self.share(job.project_id) <= self.share(victim.project_id, less=victim.size)
 
     def room(self, worker: str, job: Waiting) -> _Room | None:
@@ -168,6 +182,7 @@ class _Pass:
         there would leave too little, of devices or (over its quota) of its project's share."""
         need = job.slots - self.free[worker]
         give_back = -(-self.over_quota(job) // job.nodes)  # this node's share, rounded up
+        jobs_back = -(-self.over_jobs(job) // job.nodes)
         leaving: list[Holder] = []
         for h in self.leaving.get(worker, []):
             if need <= 0:
@@ -180,12 +195,13 @@ class _Pass:
             key=lambda v: (v.priority, v.ran_s, -v.id),
         )
         for v in ranked:
-            if need <= 0 and give_back <= 0:
+            if need <= 0 and give_back <= 0 and jobs_back <= 0:
                 break
             victims.append(v)
             need -= v.slots
             give_back -= v.size  # over its quota, every victim is of its own project
-        if need > 0 or give_back > 0:
+            jobs_back -= 1
+        if need > 0 or give_back > 0 or jobs_back > 0:
             return None
         gained = sum(h.slots for h in leaving) + sum(v.slots for v in victims)
         return _Room(worker, tuple(leaving), tuple(victims), gained)
@@ -217,7 +233,7 @@ class _Pass:
                     lists[w].remove(holder)
 
     def fit_now(self, job: Waiting) -> bool:
-        if self.over_quota(job) > 0:
+        if self.over_quota(job) > 0 or self.over_jobs(job) > 0:
             return False
         fitting = sorted(
             (w for w, f in self.free.items() if f >= job.slots), key=lambda w: (self.free[w], w)
@@ -238,6 +254,7 @@ def choose(
     weights: Mapping[str, float] | None = None,
     min_run_s: float = 0.0,
     quota_room: Mapping[str, int] | None = None,
+    jobs_room: Mapping[str, int] | None = None,
 ) -> Choice:
     """The running jobs to preempt, and for whom (module docstring).
 
@@ -246,9 +263,10 @@ def choose(
     now}; `weights`: {project: fair-share weight} (default 1); `min_run_s`: seconds a job runs
     before it may be preempted; `quota_room`: {project: devices its active jobs may still add
     on the pool under its slot quotas (negative when over them)}, none for a project without
-    one. Pure.
+    one; `jobs_room`: {project: jobs it may still start under its running-jobs limits}, the
+    same way. Pure.
     """
-    state = _Pass(holders, free, weights or {}, min_run_s, quota_room or {})
+    state = _Pass(holders, free, weights or {}, min_run_s, quota_room or {}, jobs_room or {})
     for job in waiting:
         if state.fit_now(job):
             continue

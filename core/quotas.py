@@ -100,20 +100,21 @@ class Standing:
     def use(self, row: Quota) -> Use:
         return self.use_all if row.pool == ALL_POOLS else self.use_pool
 
-    def blocked(self, size: int = 1, *, slots: bool = True) -> str | None:
+    def blocked(self, size: int = 1, *, held: bool = True) -> str | None:
         """Why a job of `size` devices may not start now (`budget exhausted`, `quota running
-        jobs 3/3`, `quota gpus 2/2`: held/limit), or None. `slots=False` leaves the slot
-        limits out (preemption within the project makes room under them: `core.preempt`)."""
+        jobs 3/3`, `quota gpus 2/2`: held/limit), or None. `held=False` leaves out the limits
+        on what the project holds, running jobs and slots (preemption within the project makes
+        room under them: `core.preempt`)."""
         for row in self.rows:
             limit = row.monthly_slot_hours
             if limit is not None and self.hours.get(row.pool, 0.0) >= limit:
                 return "budget exhausted"
+        if not held:
+            return None
         for row in self.rows:
             use = self.use(row)
             if row.max_running_jobs is not None and use.jobs >= row.max_running_jobs:
                 return f"quota running jobs {use.jobs}/{row.max_running_jobs}"
-        if not slots:
-            return None
         for row in self.rows:
             use = self.use(row)
             if row.max_slots is not None and use.slots + size > row.max_slots:
@@ -123,6 +124,15 @@ class Standing:
     def room(self) -> int | None:
         """The most devices one more job may hold (None: no slot limit)."""
         rooms = [r.max_slots - self.use(r).slots for r in self.rows if r.max_slots is not None]
+        return min(rooms) if rooms else None
+
+    def jobs_room(self) -> int | None:
+        """How many more jobs may be active (None: no running-jobs limit; negative: over it)."""
+        rooms = [
+            r.max_running_jobs - self.use(r).jobs
+            for r in self.rows
+            if r.max_running_jobs is not None
+        ]
         return min(rooms) if rooms else None
 
     def clone(self) -> Standing:

@@ -326,6 +326,65 @@ CASES: list[tuple[str, dict, dict[int, int], dict[int, tuple[int, ...]]]] = [
         {1: 9},
         {9: (1,)},
     ),
+    (
+        "at its running-jobs limit with devices free: its own lower-priority job yields",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 10, on=["w1"]), holder(2, 0, on=["w2"])],
+            "free": {"w1": 0, "w2": 0, "w3": 1},
+            "jobs_room": {"a": 0},
+        },
+        {2: 9},
+        {9: (2,)},
+    ),
+    (
+        "at its running-jobs limit: another project's job does not yield",
+        {
+            "waiting": [waiting(9, 50, project="b")],
+            "holders": [
+                holder(1, 0, on=["w1"], project="a"),
+                holder(2, 60, on=["w2"], project="b"),
+            ],
+            "free": {"w1": 0, "w2": 0},
+            "jobs_room": {"b": 0},
+        },
+        {},
+        {},
+    ),
+    (
+        "at its running-jobs limit with an own job leaving: it waits for that one, no victim",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 0, running=False, leaving=True), holder(2, 0, on=["w2"])],
+            "free": {"w1": 0, "w2": 0},
+            "jobs_room": {"a": 0},
+        },
+        {},
+        {9: (1,)},
+    ),
+    (
+        "under both limits after one victim: one job yields for devices, limit and slots",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 0, on=["w1"]), holder(2, 5, on=["w1"])],
+            "free": {"w1": 0},
+            "quota_room": {"a": 0},
+            "jobs_room": {"a": 0},
+        },
+        {1: 9},
+        {9: (1,)},
+    ),
+    (
+        "two over its running-jobs limit: two own jobs yield though one frees the devices",
+        {
+            "waiting": [waiting(9, 50)],
+            "holders": [holder(1, 0, on=["w1"]), holder(2, 5, on=["w1"]), holder(3, 60, on=["w2"])],
+            "free": {"w1": 0, "w2": 0},
+            "jobs_room": {"a": -1},
+        },
+        {1: 9, 2: 9},
+        {9: (1, 2)},
+    ),
 ]
 
 

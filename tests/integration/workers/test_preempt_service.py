@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
@@ -138,17 +139,26 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
     assert sent[1].payload["data"]["for_job"] == high
 
 
-def test_a_job_its_projects_slot_quota_keeps_out_preempts_only_its_projects_own_job(
-    engine: Engine, settings: Settings, project: ProjectKey, other_project: ProjectKey
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [({"max_slots": 1}, "quota gpus 1/1"), ({"max_running_jobs": 1}, "quota running jobs 1/1")],
+    ids=["slots", "running-jobs"],
+)
+def test_a_job_its_projects_quota_keeps_out_preempts_only_its_projects_own_job(
+    engine: Engine,
+    settings: Settings,
+    project: ProjectKey,
+    other_project: ProjectKey,
+    limit: dict[str, int],
+    reason: str,
 ) -> None:
-    """A free device is no use to a job whose project holds its whole quota: the project's own
-    job of lower priority yields to it; another project's, of lower priority still, runs on."""
+    """A free device is no use to a job whose project is at its slot or running-jobs limit:
+    the project's own job of lower priority yields to it; another project's, of lower priority
+    still, runs on."""
     pool = unique_queue("preempt-quota")
     worker = _worker(engine, pool, total=3)
     with Session(engine) as s:
-        quotas.put_quota(
-            session=s, project_id=project.project_id, pool=pool, values={"max_slots": 1}
-        )
+        quotas.put_quota(session=s, project_id=project.project_id, pool=pool, values=limit)
     theirs = _submit(engine, other_project, pool, priority=0)
     mine = _submit(engine, project, pool, priority=10)
     for job_id in (theirs, mine):
@@ -158,7 +168,7 @@ def test_a_job_its_projects_slot_quota_keeps_out_preempts_only_its_projects_own_
         waiting = s.get(Job, urgent)
         assert waiting is not None
         info = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[urgent]
-    assert info.reason == "quota gpus 1/1"
+    assert info.reason == reason
 
     assert _preempt(engine, _enabled(settings, pool), pool) == {mine: urgent}
     assert _preempt(engine, _enabled(settings, pool), pool) == {}  # its quota is on its way back
