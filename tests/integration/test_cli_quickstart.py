@@ -1,5 +1,10 @@
 """``torchyard quickstart`` for real: migrate, bootstrap, API + worker, a DDP-free GPT run on a
-real corpus, the summary, and nothing left running afterwards, also after Ctrl-C."""
+real corpus, the summary, and nothing left running afterwards, also after Ctrl-C.
+
+Every quickstart pays for a migration, an API, a worker and a trainer, so the module runs two:
+a first one on a fresh home (`first_run`), and a rerun on that home that must reuse its corpus
+and is stopped with Ctrl-C once its job runs.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,16 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.embedded
+# Each test may be the one that runs `first_run`: two quickstarts, minutes each on a loaded host.
+pytestmark = [pytest.mark.embedded, pytest.mark.timeout(1200)]
 
 
 def _quickstart(home: Path, corpus_dir: Path, *args: str) -> subprocess.Popen[str]:
@@ -30,9 +38,14 @@ def _quickstart(home: Path, corpus_dir: Path, *args: str) -> subprocess.Popen[st
 
 
 def _api_port(output: str) -> int:
+    port = _api_port_in(output)
+    assert port is not None, output
+    return port
+
+
+def _api_port_in(output: str) -> int | None:
     match = re.search(r"starting the API at http://127\.0\.0\.1:(\d+)", output)
-    assert match, output
-    return int(match.group(1))
+    return int(match.group(1)) if match else None
 
 
 def _port_open(port: int) -> bool:
@@ -63,12 +76,38 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-@pytest.mark.timeout(1200)  # two full quickstarts; a loaded 2-core host needs minutes each
-def test_quickstart_trains_reports_and_stops_everything(tmp_path: Path, corpus_dir: Path) -> None:
-    home = tmp_path / "home"
+@dataclass(frozen=True)
+class FirstRun:
+    """A quickstart on a fresh home, and what was left of it the moment it exited."""
+
+    home: Path
+    returncode: int
+    output: str
+    api_port_open: bool
+    leftovers: list[str]
+    job_states: list[str]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Iterator[FirstRun]:
+    """`quickstart --steps 20` on a fresh home; the rerun test reuses that home."""
+    home = tmp_path_factory.mktemp("quickstart") / "home"
     proc = _quickstart(home, corpus_dir, "--steps", "20")
     output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output
+    port = _api_port_in(output)
+    yield FirstRun(
+        home=home,
+        returncode=proc.returncode,
+        output=output,
+        api_port_open=port is not None and _port_open(port),
+        leftovers=_leftovers(home, proc.pid),
+        job_states=_job_states(home) if (home / "torchyard.db").exists() else [],
+    )
+
+
+def test_quickstart_trains_reports_and_stops_everything(first_run: FirstRun) -> None:
+    output = first_run.output
+    assert first_run.returncode == 0, output
     for expected in (
         "-> running",
         "-> succeeded",
@@ -77,28 +116,24 @@ def test_quickstart_trains_reports_and_stops_everything(tmp_path: Path, corpus_d
         "unigram baseline",
         "tokens/s",
         "sample",
-        f"{home}/storage",
+        f"{first_run.home}/storage",
     ):
         assert expected in output, f"{expected!r} missing from:\n{output}"
     assert re.search(r"API key\s+\S+", output)
     eval_loss = float(re.search(r"eval loss\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
     unigram = float(re.search(r"unigram baseline\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
     assert 0 < eval_loss < 8 and 0 < unigram < 8
-    assert not _port_open(_api_port(output)), "the API must be stopped"
-    assert _leftovers(home, proc.pid) == []
-    assert _job_states(home) == ["succeeded"]
-
-    rerun = _quickstart(home, corpus_dir, "--steps", "10")
-    again, _ = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, again
-    assert re.findall(r"dataset (ds_\w+)", again) == re.findall(r"dataset (ds_\w+)", output), (
-        "a rerun on the same home must reuse the registered corpus"
-    )
-    assert _job_states(home) == ["succeeded", "succeeded"]
+    _api_port(output)  # the API was started
+    assert not first_run.api_port_open, "the API must be stopped"
+    assert first_run.leftovers == []
+    assert first_run.job_states == ["succeeded"]
 
 
-def test_ctrl_c_cancels_the_job_and_stops_the_servers(tmp_path: Path, corpus_dir: Path) -> None:
-    home = tmp_path / "home"
+def test_a_rerun_reuses_the_corpus_and_ctrl_c_cancels_its_job_and_stops_the_servers(
+    first_run: FirstRun, corpus_dir: Path
+) -> None:
+    assert first_run.returncode == 0, first_run.output
+    home = first_run.home
     proc = _quickstart(home, corpus_dir, "--steps", "5000")
     assert proc.stdout is not None
     seen = []
@@ -129,4 +164,8 @@ def test_ctrl_c_cancels_the_job_and_stops_the_servers(tmp_path: Path, corpus_dir
     assert "interrupted" in output
     assert not _port_open(_api_port(output))
     assert _leftovers(home, proc.pid) == [], "a trainer or worker outlived Ctrl-C"
-    assert _job_states(home) == ["cancelled"]
+    assert _job_states(home) == ["succeeded", "cancelled"]
+    (dataset,) = re.findall(r"dataset (ds_\w+)", first_run.output)
+    assert re.findall(r"dataset (ds_\w+)", output) == [dataset], (
+        "a rerun on the same home must reuse the registered corpus"
+    )

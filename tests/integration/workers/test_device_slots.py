@@ -1,6 +1,12 @@
 """Several jobs per host: one worker with 4 CPU slots runs jobs of 1, 2 and 1 devices at once on
 disjoint devices, a job of 4 waits for all of them, and a cancelled job's slot goes to the job
-queued behind it (real Celery threads pool, real torchrun, Postgres and Redis)."""
+queued behind it (real Celery threads pool, real torchrun, Postgres and Redis).
+
+The jobs that hold slots until cancelled are entrypoint jobs whose ranks wait for SIGTERM
+(`IDLE_PY`): a slot is a slot whichever program runs in it, and trainers spinning on every slot
+of a 2-core host would only slow down the starts the test waits for. The job of 4 and the jobs
+that queue behind it run the built-in trainer to success.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from core.models import JobNode
 from core.models import Worker as WorkerRow
 from core.settings import Settings
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import store_archive
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -33,12 +40,16 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
+from trainer.spec import JobSpec, ScriptJobSpec
 
-UNTIL_CANCELLED: dict[str, Any] = {
-    "train": {"max_steps": 100_000},
-    "eval": {"interval_steps": 100_000},
-    "checkpoint": {"interval_steps": 100_000},
-}
+# A job's program until the job is cancelled: it waits, then exits when SIGTERM comes.
+IDLE_PY = """
+import time
+import torchyard.train as ty
+
+while not ty.should_stop():
+    time.sleep(0.1)
+"""
 SHORT: dict[str, Any] = {
     "train": {"max_steps": 4},
     "eval": {"interval_steps": 4, "num_batches": 1},
@@ -60,13 +71,39 @@ def host(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterat
     w.stop()
 
 
+@pytest.fixture
+def idle_code(engine: Engine, settings: Settings, project: ProjectKey) -> str:
+    """The code archive of the jobs that run until cancelled."""
+    return store_archive(engine, settings, project, {"idle.py": IDLE_PY})
+
+
 def submit(
     engine: Engine, client: Celery, project: ProjectKey, host: Worker, dataset_id: str, procs: int,
-    run: dict[str, Any],
 ) -> int:  # fmt: skip
+    """A 4-step job of the built-in trainer on `procs` devices."""
     spec = tiny_spec(
-        pool=host.queue, dataset_id=dataset_id, resources={"procs_per_node": procs}, **run
+        pool=host.queue, dataset_id=dataset_id, resources={"procs_per_node": procs}, **SHORT
     )
+    return _queued(engine, client, project, host, spec)
+
+
+def submit_idle(
+    engine: Engine, client: Celery, project: ProjectKey, host: Worker, code: str, procs: int
+) -> int:
+    """A job on `procs` devices that runs until it is cancelled."""
+    spec = ScriptJobSpec.model_validate(
+        {
+            "name": "idle",
+            "entrypoint": {"code": code, "command": ["python", "idle.py"]},
+            "resources": {"procs_per_node": procs, "pool": host.queue},
+        }
+    )
+    return _queued(engine, client, project, host, spec)
+
+
+def _queued(
+    engine: Engine, client: Celery, project: ProjectKey, host: Worker, spec: JobSpec | ScriptJobSpec
+) -> int:
     job_id = create_job(engine, project, spec)
     send(client, job_id, host.queue)
     return job_id
@@ -112,16 +149,22 @@ def seconds(later: datetime | None, earlier: datetime | None) -> float:
 
 
 def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reused(
-    engine: Engine, celery_client: Celery, project: ProjectKey, host: Worker, dataset_id: str
+    engine: Engine,
+    celery_client: Celery,
+    project: ProjectKey,
+    host: Worker,
+    dataset_id: str,
+    idle_code: str,
 ) -> None:
     started = time.monotonic()
     args = (engine, celery_client, project, host, dataset_id)
-    first, pair, third = (submit(*args, procs, UNTIL_CANCELLED) for procs in (1, 2, 1))
-    big = submit(*args, 4, SHORT)
+    idle = (engine, celery_client, project, host, idle_code)
+    first, pair, third = (submit_idle(*idle, procs) for procs in (1, 2, 1))
+    big = submit(*args, 4)
 
-    # Jobs of 1, 2 and 1 devices train at the same time, on disjoint devices.
+    # Jobs of 1, 2 and 1 devices run at the same time, on disjoint devices.
     trio = [first, pair, third]
-    wait_for("jobs of 1, 2 and 1 devices training at once", lambda: all_running(engine, trio), 150)
+    wait_for("jobs of 1, 2 and 1 devices running at once", lambda: all_running(engine, trio), 150)
     overlap_s = time.monotonic() - started
     devices = {j: node_devices(engine, j) for j in trio}
     assert [len(devices[j]) for j in trio] == [1, 2, 1]
@@ -137,7 +180,7 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
 
     # A job of 1 queued behind the job of 4 waits, then takes the slot a cancelled job frees.
     seen = deliveries_that_claimed_nothing(host)
-    behind = submit(*args, 1, UNTIL_CANCELLED)
+    behind = submit_idle(*idle, 1)
     wait_unclaimed(host, seen)
     assert job_row(engine, behind).state == "queued"
     cancel(engine, first)
@@ -154,7 +197,7 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     # Two jobs of 1 sent while it holds every device find no room; when it ends, both run:
     # its end wakes the pool once, and the claim that leaves devices free wakes it again.
     seen = deliveries_that_claimed_nothing(host)
-    after = [submit(*args, 1, SHORT) for _ in range(2)]
+    after = [submit(*args, 1) for _ in range(2)]
     wait_unclaimed(host, seen + 1)
     done = wait_state(engine, big, ("succeeded", "failed"), 120, host)
     assert done.state == "succeeded", done.error
@@ -167,7 +210,7 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     # Together, not one after the other: the second did not wait for the first to end.
     assert max(e.started_at for e in ends) < min(e.finished_at for e in ends)  # type: ignore[type-var]
     print(
-        f"\n[slots] 3 jobs training at once after {overlap_s:.1f} s; slot of a cancelled job "
+        f"\n[slots] 3 jobs running at once after {overlap_s:.1f} s; slot of a cancelled job "
         f"reused after {slot_reuse_s:.2f} s; job of 4 claimed "
         f"{seconds(done.started_at, last_end):.2f} s after the last end; the two jobs after it "
         f"{[round(seconds(job_row(engine, j).started_at, done.finished_at), 2) for j in after]} s "

@@ -7,10 +7,7 @@ Archives are kept through `core.code_archives.create` (the upload route's servic
 
 from __future__ import annotations
 
-import hashlib
-import io
 import secrets
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +17,11 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import code_archives, jobs
+from core import jobs
 from core.models import Checkpoint
 from core.settings import Settings
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import store_archive
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -65,35 +63,6 @@ def worker(
     )
     yield w
     w.stop()
-
-
-def store_archive(
-    engine: Engine, settings: Settings, project: ProjectKey, files: dict[str, str]
-) -> str:
-    """A `.tar.gz` of `files` kept as a code archive of `project` (`core.code_archives.create`,
-    as `POST /v1/code` does); returns its id."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o755
-            tf.addfile(info, io.BytesIO(data))
-    raw = buf.getvalue()
-    local = settings.home / f"upload-{secrets.token_hex(4)}.tar.gz"
-    local.write_bytes(raw)
-    with Session(engine) as s:
-        archive, _ = code_archives.create(
-            session=s,
-            storage_url=settings.storage_url,
-            project_id=project.project_id,
-            name="test",
-            path=local,
-            sha256=hashlib.sha256(raw).hexdigest(),
-            size_bytes=len(raw),
-            contents=code_archives.inspect(local, max_unpacked_bytes=1 << 30),
-        )
-        return archive.id
 
 
 def submit(engine: Engine, client: Celery, worker: Worker, project: ProjectKey, **spec: Any) -> int:
