@@ -31,6 +31,27 @@ REDIS_URL = os.environ.get("TORCHYARD_TEST_REDIS", "redis://127.0.0.1:6379")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+CPU_LOG = os.environ.get("TORCHYARD_TEST_CPU_LOG")
+"""A file to append each test's CPU seconds to (`{"test", "cpu_s", "wall_s"}` per line): the
+test process's and that of the subprocesses it reaped (torchrun and its ranks, Celery workers,
+uvicorn, Chromium; not Postgres or Redis). Setup and teardown count, so a module's servers
+count in the test that starts or stops them. Unset: nothing is measured."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if CPU_LOG is None:
+        yield
+        return
+    before = os.times()
+    yield
+    after = os.times()
+    cpu = sum(after[:4]) - sum(before[:4])  # user, system, children's user, children's system
+    line = {"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(after[4] - before[4], 2)}
+    with open(CPU_LOG, "a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def row_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The trainer's row cache (`TORCHYARD_CACHE_DIR`) in a directory of this session, for
