@@ -1,11 +1,14 @@
 """The API under load, over loopback: uvicorn + Postgres + Redis.
 
     python -m bench.api [--submissions 400] [--concurrency 16] [--api-workers 1]
-                        [--watchers 200] [--seconds 10]
+                        [--api-replicas 1] [--watchers 200] [--seconds 10]
 
 1. `submit`: `--submissions` POST /v1/jobs from `--concurrency` concurrent clients (each job
    is stored, evented and dispatched to Redis; no worker takes them): jobs/s and latency,
-   served by `--api-workers` uvicorn processes; CPU milliseconds per job of the API processes,
+   served by `--api-replicas` uvicorn servers on ports of their own (as replicas behind a
+   balancer: client i talks to replica i mod N over one keep-alive connection) of
+   `--api-workers` processes each (uvicorn's shared socket: a burst of new connections can
+   land mostly on one process); CPU milliseconds per job of the API processes,
    of the bench database's Postgres backends and of this client (from /proc: this host only).
 2. `sse`: `--watchers` concurrent GET /v1/jobs/{id}/stream of one running job while a
    writer commits a metric line every 0.2 s (as a worker's ingest does) for `--seconds`:
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import tempfile
@@ -45,27 +49,36 @@ from core.db import make_engine, session_scope
 from core.models import JobState
 
 
-async def submit_load(base: str, key: str, spec: dict[str, Any], n: int, conc: int) -> dict:
+async def submit_load(bases: list[str], key: str, spec: dict[str, Any], n: int, conc: int) -> dict:
+    """`n` submissions from `conc` clients; client i talks to `bases[i % len(bases)]` (API
+    replicas behind a balancer) over its own keep-alive connection."""
     latencies: list[float] = []
     errors = 0
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i)
     headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
+    limits = httpx.Limits(max_connections=1)
+    https = [
+        httpx.AsyncClient(base_url=bases[i % len(bases)], headers=headers, timeout=60,
+                          limits=limits)
+        for i in range(conc)
+    ]  # fmt: skip
 
-        async def client() -> None:
-            nonlocal errors
-            while not queue.empty():
-                queue.get_nowait()
-                started = time.perf_counter()
-                answer = await http.post("/v1/jobs", json=spec)
-                latencies.append(time.perf_counter() - started)
-                errors += answer.status_code != 201
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while not queue.empty():
+            queue.get_nowait()
+            started = time.perf_counter()
+            answer = await http.post("/v1/jobs", json=spec)
+            latencies.append(time.perf_counter() - started)
+            errors += answer.status_code != 201
 
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(conc)))
-        elapsed = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(client(http) for http in https))
+    elapsed = time.perf_counter() - started
+    for http in https:
+        await http.aclose()
     return {"jobs": n, "concurrency": conc, "errors": errors,
             "jobs_per_s": round(n / elapsed, 1), "latency": summary_ms(latencies)}  # fmt: skip
 
@@ -137,6 +150,10 @@ def main() -> None:
     parser.add_argument("--submissions", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--api-workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument(
+        "--api-replicas", type=int, default=1,
+        help="uvicorn servers on ports of their own, the clients spread evenly over them",
+    )  # fmt: skip
     parser.add_argument("--watchers", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
@@ -147,21 +164,27 @@ def main() -> None:
         (home / "corpus" / "a.txt").write_text("hello torchyard\n" * 5000)
         env = server_env(url, home)
         engine = make_engine(url)
-        with api_server(env, home / "uvicorn.log", workers=args.api_workers) as server:
+        with contextlib.ExitStack() as stack:
+            servers = [
+                stack.enter_context(
+                    api_server(env, home / f"uvicorn{i}.log", workers=args.api_workers)
+                )
+                for i in range(args.api_replicas)
+            ]
             headers = {"Authorization": f"Bearer {key}"}
-            base = server.url
+            base = servers[0].url
             ds = httpx.post(f"{base}/v1/datasets", headers=headers, timeout=60,
                             json={"name": "corpus", "uri": str(home / "corpus")})  # fmt: skip
             ds.raise_for_status()
             spec = tiny_spec(ds.json()["id"], pool=f"bench-{secrets.token_hex(3)}")
             note("submissions ...")
-            api_cpu, db_cpu = group_cpu_s(server.pid), backend_cpu_s(engine)
+            api_cpu = sum(group_cpu_s(server.pid) for server in servers)
+            db_cpu = backend_cpu_s(engine)
             client_cpu = time.process_time()
-            submit = asyncio.run(
-                submit_load(server.url, key, spec, args.submissions, args.concurrency)
-            )
+            urls = [server.url for server in servers]
+            submit = asyncio.run(submit_load(urls, key, spec, args.submissions, args.concurrency))
             client_cpu = time.process_time() - client_cpu
-            api_cpu = group_cpu_s(server.pid) - api_cpu
+            api_cpu = sum(group_cpu_s(server.pid) for server in servers) - api_cpu
             db_after = backend_cpu_s(engine)
             db_cpu_s = sum(t - db_cpu.get(pid, 0.0) for pid, t in db_after.items())
             per_job = 1000 / args.submissions
@@ -180,7 +203,8 @@ def main() -> None:
             note("watchers ...")
             sse = asyncio.run(watch_load(base, key, job_id, args.watchers, engine, args.seconds))
         engine.dispose()
-    emit({"bench": "api", "api_workers": args.api_workers, "submit": submit, "sse": sse})
+    emit({"bench": "api", "api_workers": args.api_workers, "api_replicas": args.api_replicas,
+          "submit": submit, "sse": sse})  # fmt: skip
 
 
 if __name__ == "__main__":
