@@ -1,6 +1,7 @@
 """Resume from a checkpoint under real `torchrun`, on CPU (gloo) or one GPU (NCCL).
 
     python bench/resume_check.py [--device cpu|cuda] [--strategy fsdp|ddp|single] [--nproc 1]
+                                 [--model gpt|hf_llama] [--lora]
 
 Trains the same GPT three ways from the same seed: `straight` for 2N steps; `first` for N
 steps with a checkpoint at step N (DCP, sharded under FSDP2); `resumed` for 2N steps from that
@@ -28,6 +29,16 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.trainer_methods import _corpus, _free_port  # noqa: E402
 from trainer.spec import JobSpec  # noqa: E402
 
+# The built-in GPT, or a Llama built by transformers from a config (byte vocabulary, no
+# download), which also exercises the Hugging Face and (with --lora) peft paths.
+LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "hidden_size": 512, "intermediate_size": 1024,
+         "vocab_size": 256, "max_position_embeddings": 512}  # fmt: skip
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt": {"n_layers": 4, "n_heads": 8, "d_model": 512, "seq_len": 512},
+    "hf_llama": {"kind": "hf", "hf": {"from_config": LLAMA}, "seq_len": 512},
+}
+
 
 def _spec(args: argparse.Namespace, corpus: Path, steps: int) -> JobSpec:
     return JobSpec.model_validate(
@@ -35,7 +46,7 @@ def _spec(args: argparse.Namespace, corpus: Path, steps: int) -> JobSpec:
             "name": "bench-resume",
             "seed": 0,
             "data": {"uri": str(corpus)},
-            "model": {"n_layers": 4, "n_heads": 8, "d_model": 512, "seq_len": 512},
+            "model": MODELS[args.model],
             "parallelism": {"strategy": args.strategy},
             "resources": {"procs_per_node": args.nproc, "device": args.device},
             "optim": {"warmup_steps": 1, "schedule": "constant"},
@@ -44,6 +55,7 @@ def _spec(args: argparse.Namespace, corpus: Path, steps: int) -> JobSpec:
             "eval": {"interval_steps": steps, "num_batches": 1},
             "checkpoint": {"interval_steps": args.steps, "keep_last": 2},
             "sample": {"max_new_tokens": 0},
+            **({"lora": {"r": 8, "alpha": 16.0}} if args.lora else {}),
         }
     )  # fmt: skip
 
@@ -73,6 +85,8 @@ def main() -> None:
     p.add_argument("--strategy", choices=["single", "ddp", "fsdp"], default="fsdp")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--model", choices=sorted(MODELS), default="gpt")
+    p.add_argument("--lora", action="store_true", help="train rank-8 LoRA adapters (peft)")
     p.add_argument("--steps", type=int, default=10, help="N: checkpoint at N, resume to 2N")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
