@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -84,6 +85,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.error("refusing to start: cannot reach database %s: %s", url, exc)
         raise DatabaseUnavailable(f"cannot reach database {url}: {exc}") from exc
     deliveries = webhook_loop.start(app)
+    # Everything built so far (modules, the app, its schemas: ~180k objects) lives as long as
+    # the process: out of the collector's reach, a full collection no longer walks it (it took
+    # ~100 ms, the jobs list's p99 every few dozen requests). Python docs, `gc.freeze`.
+    gc.freeze()
     try:
         yield
     finally:

@@ -29,6 +29,7 @@ from sqlalchemy.engine import make_url
 
 from core import auth
 from core.db import make_engine, session_scope, upgrade
+from trainer.spec import parse_job_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get(
@@ -210,6 +211,13 @@ def summary_ms(samples_s: list[float]) -> dict[str, float]:
         "max_ms": round(ordered[-1] * 1000, 2),
         "mean_ms": round(statistics.fmean(ordered) * 1000, 2),
     }
+
+
+def stored_spec(name: str = "bench") -> str:
+    """A valid stored job spec (JSON) for rows a bench writes straight into `jobs`: what the
+    API would have stored, so every read of the row parses as it does in production."""
+    spec = parse_job_spec({**tiny_spec("ds_bench", "bench"), "name": name})
+    return spec.model_dump_json()
 
 
 def tiny_spec(dataset_id: str, pool: str, max_steps: int = 60) -> dict[str, Any]:

@@ -21,7 +21,15 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from bench._common import backend_cpu_s, emit, note, postgres_database, project_key, summary_ms
+from bench._common import (
+    backend_cpu_s,
+    emit,
+    note,
+    postgres_database,
+    project_key,
+    stored_spec,
+    summary_ms,
+)
 from core import jobs
 from core.db import make_engine, session_factory
 from workers.ingest import RunIngest
@@ -43,10 +51,10 @@ def _job(engine, project: str) -> int:  # type: ignore[no-untyped-def]
                 text(
                     "INSERT INTO jobs (project_id, name, state, spec, labels, pool, priority,"
                     " attempt, created_at, updated_at, max_steps, latest_metrics) VALUES"
-                    " (:p, 'ingest', 'queued', '{}', '{}', 'bench', 0, 0, now(), now(), 1, '{}')"
+                    " (:p, 'ingest', 'queued', :spec, '{}', 'bench', 0, 0, now(), now(), 1, '{}')"
                     " RETURNING id"
                 ),
-                {"p": project},
+                {"p": project, "spec": stored_spec("ingest")},
             )
         )
     with Session(engine) as s:

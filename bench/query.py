@@ -28,6 +28,7 @@ from bench._common import (
     postgres_database,
     project_key,
     server_env,
+    stored_spec,
     summary_ms,
 )
 from core.db import make_engine
@@ -36,7 +37,7 @@ _JOBS = """
 INSERT INTO jobs (project_id, name, state, spec, labels, pool, priority, attempt,
                   created_at, updated_at, max_steps, latest_metrics)
 SELECT :project, 'job-' || g, CASE WHEN g % 50 = 0 THEN 'failed' ELSE 'succeeded' END,
-       '{}'::jsonb, CASE WHEN g % 10 = 0 THEN '{"team": "nlp"}' ELSE '{}' END::jsonb,
+       CAST(:spec AS jsonb), CASE WHEN g % 10 = 0 THEN '{"team": "nlp"}' ELSE '{}' END::jsonb,
        'default', 0, 1,
        now(), now(), 100, '{}'::jsonb
 FROM generate_series(1, :n) AS g
@@ -94,7 +95,7 @@ def main() -> None:
         engine = make_engine(url)
         started = time.perf_counter()
         with engine.begin() as conn:
-            conn.execute(text(_JOBS), {"project": project, "n": args.jobs})
+            conn.execute(text(_JOBS), {"project": project, "n": args.jobs, "spec": stored_spec()})
             job_id = conn.scalar(text("SELECT max(id) FROM jobs"))
             first_id = conn.scalar(text("SELECT min(id) FROM jobs"))
             conn.execute(text(_POINTS), {"job": job_id, "n": args.points})

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,7 +35,23 @@ def make_engine(database_url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(
+        database_url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        json_deserializer=_json_loads,
+    )
+
+
+def _json_loads(raw: str | bytes) -> Any:
+    """JSON and JSONB values from Postgres: `orjson` (a jobs-list page decodes 50 specs, ~3x
+    faster than the standard library), or the standard library for what orjson refuses
+    (integers beyond 64 bits, which JSONB's numeric can hold)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 @lru_cache
