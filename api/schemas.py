@@ -218,6 +218,13 @@ class Job(_Out):
         description="The lowest finite `eval_loss` reported so far (every attempt); null "
         "before the first evaluation.",
     )
+    spec_problems: list[str] = Field(
+        default=[],
+        description="What had to be repaired to read the stored spec (written by an older "
+        "release, or by hand): each names a field and what was used instead. Empty for every "
+        "job this release accepted; a job with problems needs attention: it is shown, "
+        "followed and cancelled as any job, but never started.",
+    )
 
     @model_validator(mode="before")
     @classmethod

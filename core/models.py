@@ -30,6 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from trainer.spec import JobSpec, ScriptJobSpec, parse_job_spec
+from trainer.spec_stored import read_stored_spec, stored_problems
 
 # Postgres gets JSONB, SQLite plain JSON text.
 JsonType = JSON().with_variant(JSONB(), "postgresql")
@@ -40,8 +41,9 @@ class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
     validated once when the row is read (as the kind it is), dumped when written.
 
     Code that reads `Job.spec` gets the typed spec with its defaults (no `.get("x", default)`
-    on dicts). A stored spec that no longer validates raises `pydantic.ValidationError` on read:
-    a spec change that would invalidate stored rows needs a data migration.
+    on dicts). Reading never raises: a spec of an older version is upgraded, and one that no
+    longer validates is read leniently with its repairs recorded (`trainer.spec_stored`,
+    `Job.spec_problems`); the row itself is left as stored.
     """
 
     impl = JsonType
@@ -53,7 +55,7 @@ class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
         return parse_job_spec(value).model_dump(mode="json")
 
     def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | ScriptJobSpec | None:
-        return None if value is None else parse_job_spec(value)
+        return None if value is None else read_stored_spec(value)
 
 
 # SQLite autoincrements only INTEGER PRIMARY KEY columns.
@@ -236,6 +238,12 @@ class Job(Base):
     # The lowest finite `loss` / `eval_loss` reported, kept at ingest (0016_job_note).
     best_loss: Mapped[float | None] = mapped_column(Float, default=None)
     best_eval_loss: Mapped[float | None] = mapped_column(Float, default=None)
+
+    @property
+    def spec_problems(self) -> list[str]:
+        """What had to be repaired to read the stored spec (`trainer.spec_stored`): empty for
+        every job this release submitted; a job with problems is shown but never started."""
+        return stored_problems(self.spec)
 
 
 class JobEvent(Base):

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     TypeAdapter,
     ValidationError,
@@ -36,6 +37,7 @@ from trainer.spec_method import MethodSpec as MethodSpec
 
 SPEC_VERSION: Final = 1
 
+NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 Name = Annotated[
     str,
     Field(
@@ -513,6 +515,8 @@ class JobBase(StrictSpec):
     policy, limits, priority."""
 
     spec_version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
+    # What `trainer.spec_stored.read_stored_spec` repaired to read a stored spec; not a field.
+    _stored_problems: list[str] = PrivateAttr(default_factory=list)
     name: Name = Field(description="Human-readable job name (not unique).")
     labels: dict[str, str] = Field(
         default={}, max_length=64, description="Free-form key/value labels."

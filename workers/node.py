@@ -107,7 +107,12 @@ def _lead(
     nodes = gang.num_nodes(job)
     budget = runtime_budget(job)
     refused: Exception | None = None
-    if budget is not None and budget <= 0:
+    if job.spec_problems:  # never run a spec nobody wrote (trainer.spec_stored)
+        refused = InvalidInput(
+            "the stored spec cannot be run as written (" + "; ".join(job.spec_problems) + "): "
+            "submit it again with today's fields"
+        )
+    elif budget is not None and budget <= 0:
         refused = MaxRuntime(job.runtime_s)
     elif (spent := budget_spent(settings, factory, job)) is not None:
         refused = spent

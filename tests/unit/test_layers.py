@@ -24,7 +24,7 @@ FORBIDDEN = {
 # Of the trainer, the API, core, the workers and the client import only the job spec (pure
 # pydantic, DESIGN.md); what else they share with it (record formats, JSONL, YAML 1.2, failure
 # classes, masks, readers) lives in `dataformat`, which imports no trainer module.
-SPEC = ("trainer.spec",)
+SPEC = ("trainer.spec", "trainer.spec_stored")
 # ... and with it its sections, which it imports.
 SPEC_MODULES = (
     *SPEC,
