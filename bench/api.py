@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session
 
+from bench import smoke
 from bench._common import (
     api_server,
     backend_cpu_s,
@@ -156,7 +157,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--watchers", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
+    args = smoke.parse(parser, submissions=16, concurrency=4, watchers=4, seconds=1.0)
     with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         _, key = project_key(url)

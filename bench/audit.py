@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from api.audit import AuditLog
 from api.main import create_app
+from bench import smoke
 from bench._common import (
     REDIS_URL,
     emit,
@@ -108,7 +109,7 @@ def _record_alone(database_url: str, project_id: str, n: int) -> dict[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
-    args = parser.parse_args()
+    args = smoke.parse(parser, requests=4)
     with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus"
         corpus.mkdir()

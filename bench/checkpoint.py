@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from bench import smoke
 from bench._common import emit, note
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = smoke.parse(parser, mb=2, repeats=1)
     torch.manual_seed(0)
     model = _model(args.mb)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

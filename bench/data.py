@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench import smoke
 from bench._common import REPO_ROOT, emit, note
 from dataformat.chat import CHATML, CHATML_SPECIAL_TOKENS
 from trainer.dataprep import prepare_rows
@@ -393,7 +394,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3, help="steps dropped per parity chunk")
     p.add_argument("--chat", type=int, default=2000, help="records of the chat set")
     p.add_argument("--skip", nargs="*", default=[], choices=["prepare", "memory", "parity"])
-    args = p.parse_args()
+    args = smoke.parse(p, mib=0.05, scale=3, steps=2, rounds=1, chunk=3, warmup=1, chat=20)
     torch.set_num_threads(1)
     out: dict[str, Any] = {
         "load_average_start": load(),

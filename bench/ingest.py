@@ -21,6 +21,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from bench import smoke
 from bench._common import (
     backend_cpu_s,
     emit,
@@ -153,7 +154,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=300_000)
     parser.add_argument("--rate", type=int, default=50_000)
     parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
+    args = smoke.parse(parser, points=3_000, rate=5_000, seconds=0.5)
     with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
         project, _ = project_key(url)
         engine = make_engine(url)

@@ -30,6 +30,7 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from bench import smoke
 from bench._common import (
     api_server,
     emit,
@@ -117,7 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = smoke.parse(parser, steps=4, repeats=1)
     runs: dict[str, list[dict[str, float]]] = {"bare": [], "platform": []}
     with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from bench import smoke
 from bench._common import (
     api_server,
     emit,
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=100)
-    args = parser.parse_args()
+    args = smoke.parse(parser, points=5_000, jobs=500, requests=4)
     with postgres_database() as url, tempfile.TemporaryDirectory() as home:
         project, key = project_key(url)
         engine = make_engine(url)

@@ -26,6 +26,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench import smoke  # noqa: E402
 from bench.trainer_methods import _corpus, _free_port  # noqa: E402
 from trainer.spec import JobSpec  # noqa: E402
 
@@ -37,6 +38,7 @@ LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8
 MODELS: dict[str, dict[str, Any]] = {
     "gpt": {"n_layers": 4, "n_heads": 8, "d_model": 512, "seq_len": 512},
     "hf_llama": {"kind": "hf", "hf": {"from_config": LLAMA}, "seq_len": 512},
+    "tiny": {"n_layers": 1, "n_heads": 2, "d_model": 32, "seq_len": 32},  # --smoke
 }
 
 
@@ -88,7 +90,7 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="gpt")
     p.add_argument("--lora", action="store_true", help="train rank-8 LoRA adapters (peft)")
     p.add_argument("--steps", type=int, default=10, help="N: checkpoint at N, resume to 2N")
-    args = p.parse_args()
+    args = smoke.parse(p, steps=2, model="tiny")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         corpus = _corpus(root, 2_000_000)

@@ -30,6 +30,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench import smoke  # noqa: E402
 from trainer.spec import JobSpec  # noqa: E402
 
 # name: (processes, parallelism, extra train options); global batch is always --batch.
@@ -169,7 +170,10 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
-    args = p.parse_args()
+    args = smoke.parse(
+        p, steps=3, warmup=1, batch=4, n_layers=1, d_model=32, seq_len=32,
+        methods="single,fsdp",
+    )  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         corpus = _corpus(Path(tmp), 2_000_000)

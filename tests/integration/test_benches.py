@@ -1,0 +1,143 @@
+"""Every bench runs: each one's `--smoke` mode (tiny sizes, its whole path) exits 0 and prints
+its JSON document with the figures README's Performance table quotes. No timing is asserted:
+a bench that cannot run is the defect this catches (two crashed unseen for a round)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# bench -> (command, the key paths README quotes, dotted)
+BENCHES: dict[str, tuple[list[str], list[str]]] = {
+    "ingest": (
+        ["-m", "bench.ingest"],
+        [
+            "burst.points_per_s",
+            "burst.cpu_s_per_100k_points.worker",
+            "burst.cpu_s_per_100k_points.postgres",
+            "sustained.points_per_s",
+            "sustained.lag.p50_ms",
+            "sustained.lag.p99_ms",
+        ],
+    ),
+    "query": (
+        ["-m", "bench.query"],
+        [
+            "downsampled_to_1000_uncached.p99_ms",
+            "downsampled_to_1000.p50_ms",
+            "downsampled_to_1000.p99_ms",
+            "downsampled_to_1000.points_returned",
+            "downsampled_to_1000.last_exact",
+            "full_series_once_ms",
+            "jobs_list_first_page.p99_ms",
+            "jobs_list_deep_page.p99_ms",
+            "jobs_list_sort_name_first_page.p99_ms",
+            "jobs_list_label_filter_first_page.p99_ms",
+        ],
+    ),
+    "api": (
+        ["-m", "bench.api"],
+        [
+            "submit.jobs_per_s",
+            "submit.errors",
+            "submit.latency.p50_ms",
+            "submit.latency.p99_ms",
+            "submit.cpu_ms_per_job.api",
+            "sse.watchers_with_every_line",
+            "sse.delivery_latency.p99_ms",
+        ],
+    ),
+    "audit": (
+        ["-m", "bench.audit"],
+        ["submit_latency_ms.added_p50_ms", "audit_record_insert_ms.p50_ms"],
+    ),
+    "checkpoint": (
+        ["-m", "bench.checkpoint"],
+        ["saved_bytes", "sync_blocking_s", "async_blocking_s", "async_complete_s"],
+    ),
+    "overhead": (
+        ["-m", "bench.overhead"],
+        [
+            "steps_per_s_ratio",
+            "extra_to_first_step_s",
+            "bare.to_first_step_s",
+            "platform.to_first_step_s",
+        ],
+    ),
+    "data": (
+        ["-m", "bench.data"],
+        [
+            "prepare.text_bytes_1x.tokens_per_second",
+            "prepare.chat_bpe.tokens_per_second",
+            "loader.tokens_per_second",
+            "loader.ratio_gpt",
+            "loader.ratio_llama",
+            "memory.ratio_peak_rss_cold",
+            "parity.trainer_step_ms",
+            "parity.minimal_step_ms",
+        ],
+    ),
+    "trainer_methods": (
+        ["bench/trainer_methods.py"],
+        [
+            "methods.single.tokens_per_second",
+            "methods.single.peak_memory_bytes_per_rank",
+            "methods.fsdp.tokens_per_second",
+        ],
+    ),
+    "resume_check": (
+        ["bench/resume_check.py"],
+        ["max_abs_loss_diff_after_resume", "resumed_only_later_steps"],
+    ),
+}
+# Scripts that need a GPU (never in tests or CI): `cuda_check.sh` runs trainer_methods, which
+# is smoked above, on CUDA; `cuda_workers_check.py` asks NVML about a real CUDA process.
+CUDA_ONLY = {"cuda_check", "cuda_workers_check"}
+HELPERS = {"__init__", "_common", "smoke"}
+
+
+def _get(document: dict[str, Any], dotted: str) -> Any:
+    value: Any = document
+    for key in dotted.split("."):
+        assert isinstance(value, dict) and key in value, f"{dotted}: no {key!r}"
+        value = value[key]
+    return value
+
+
+def test_every_bench_is_smoked_or_needs_a_gpu() -> None:
+    found = {p.stem for p in (REPO / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    assert found - HELPERS == set(BENCHES) | CUDA_ONLY
+
+
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
+    name: str, redis_url: str
+) -> None:
+    command, keys = BENCHES[name]
+    env = {
+        **os.environ,
+        "TORCHYARD_BENCH_REDIS": redis_url,  # this session's own Redis database
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, *command, "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    document = json.loads(proc.stdout)
+    for key in keys:
+        value = _get(document, key)
+        assert isinstance(value, int | float | bool), (key, value)
