@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SkipValidation,
     StringConstraints,
     model_validator,
 )
@@ -122,7 +123,9 @@ class Job(_Out):
         "`PATCH /v1/jobs/{id}`."
     )
     pool: str = Field(description="The worker pool (queue) the job runs in.")
-    spec: AnyJobSpec = Field(
+    # Not validated again: the row's spec is already a parsed JobSpec or ScriptJobSpec
+    # (core.models.SpecType); its type still gives the schema and the serializer.
+    spec: SkipValidation[AnyJobSpec] = Field(
         description="The submitted spec with every default filled in: a JobSpec, or a "
         "ScriptJobSpec for a job with `entrypoint`."
     )
