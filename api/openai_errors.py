@@ -1,7 +1,9 @@
 """Errors under `/openai/` in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 
 The app's handlers (api.errors) answer as usual; for a request under the prefix their body is
-rewritten, so both views report the same statuses for the same faults.
+rewritten, and an invalid request is 400 (`invalid_request_error`) as OpenAI answers it, not
+the 422 of `/v1`: clients written against OpenAI catch `openai.BadRequestError`, which a 422
+never raises. Every other status is the same in both views.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from starlette.responses import Response
 
 PREFIX = "/openai/"
 
+# Torchyard's status -> OpenAI's, where they differ.
+OPENAI_STATUS = {422: 400}
+
 TYPE_OF_STATUS = {
+    400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
-    422: "invalid_request_error",
     429: "rate_limit_error",
 }
 
@@ -60,19 +65,34 @@ def _wrap(handler: Handler) -> Handler:
         body = json.loads(bytes(response.body))
         kept = {"www-authenticate", "allow", "retry-after"}
         headers = {k: v for k, v in response.headers.items() if k.lower() in kept}
-        return JSONResponse(
-            openai_body(response.status_code, body),
-            status_code=response.status_code,
-            headers=headers or None,
-        )
+        status = OPENAI_STATUS.get(response.status_code, response.status_code)
+        return JSONResponse(openai_body(status, body), status_code=status, headers=headers or None)
 
     return handle
 
 
 def install(app: FastAPI) -> None:
-    """Wrap every exception handler installed so far (call after `api.errors.install`)."""
+    """Wrap every exception handler installed so far (call after `api.errors.install`) and
+    the OpenAPI document's builder (after `api.examples.install`)."""
     for key, handler in list(app.exception_handlers.items()):
         app.exception_handlers[key] = _wrap(handler)  # type: ignore[arg-type]
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        return documented(build())
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def documented(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` with no 422 under `/openai/`: FastAPI adds its own 422 to every operation
+    with parameters or a body, unless the operation states one; these answer 400 instead
+    (`RESPONSES`). Changes `document` in place (it is built once and cached) and returns it."""
+    for path, item in document.get("paths", {}).items():
+        if path.startswith(PREFIX):
+            for operation in item.values():
+                operation.get("responses", {}).pop("422", None)
+    return document
 
 
 class OpenAIErrorInfo(BaseModel):
@@ -103,10 +123,10 @@ class OpenAIErrorBody(BaseModel):
 RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": OpenAIErrorBody, "description": desc}
     for status, desc in {
+        400: "Invalid request (`invalid_request_error`); `param` names the first bad field",
         401: "Missing, unknown or revoked API key",
         404: "No such file, model or job in the caller's project",
         409: "The resource is in a state that forbids the request",
-        422: "Invalid request; `param` names the first bad field",
     }.items()
 }
 """The errors every operation under `/openai/v1` may answer, documented on its routers."""

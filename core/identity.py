@@ -4,15 +4,20 @@
 Every function takes the caller's `project_id` and finds rows only inside it, so another
 project's ids raise NotFound exactly like unknown ids. A key never holds more than its owner's
 role: its scopes must be permissions of that role (InvalidInput, 422 at `scopes`).
+
+The organisation keeps an administrator: no revocation, demotion, removal or disabling may take
+away its last active organisation admin credential (Conflict, 409; `_keeping_an_org_admin`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -50,6 +55,57 @@ def _flush_unique(session: Session, what: str) -> None:
         raise Conflict(f"{what} exists") from None
 
 
+LAST_ORG_ADMIN = (
+    "the last active organisation admin credential cannot be removed; create another admin first"
+)
+
+
+def active_org_admins(session: Session) -> int:
+    """How many active organisation admin credentials the organisation has: API keys with
+    `org_admin` that authenticate (not revoked, not expired, their owner present and enabled)
+    and hold the admin role (their owner's, or their own when owner-less), so they may both
+    create projects and administer their own. OIDC callers are not counted: a token's grant
+    lives in the identity provider and the settings, not in the database, and none is an
+    organisation admin."""
+    role = func.coalesce(ProjectMember.role, ServiceAccount.role, ApiKey.role)
+    query = (
+        select(func.count(ApiKey.id))
+        .outerjoin(ProjectMember, ProjectMember.id == ApiKey.member_id)
+        .outerjoin(ServiceAccount, ServiceAccount.id == ApiKey.service_account_id)
+        .where(
+            ApiKey.org_admin.is_(True),
+            ApiKey.revoked_at.is_(None),
+            or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > utcnow()),
+            ServiceAccount.disabled_at.is_(None),
+            role == Role.ADMIN.value,
+        )
+    )
+    return int(session.scalar(query) or 0)
+
+
+@contextmanager
+def _keeping_an_org_admin(session: Session) -> Iterator[None]:
+    """Run the block's changes unless they leave the organisation without an active
+    organisation admin credential (it had one): then they are undone (a savepoint) and
+    Conflict (409) is raised.
+
+    Every organisation admin key row is locked first (`SELECT ... FOR UPDATE`, in id order)
+    and held to the end of the transaction, so such changes run one at a time: a second one
+    waits for the first to commit and then counts what it left (READ COMMITTED: each statement
+    reads the latest commit; the session's loaded rows are expired so they are re-read too).
+    Two concurrent revocations of the last two admin keys cannot both pass."""
+    session.flush()
+    lock = select(ApiKey.id).where(ApiKey.org_admin.is_(True)).order_by(ApiKey.id)
+    session.execute(lock.with_for_update()).all()
+    session.expire_all()
+    had_one = active_org_admins(session) > 0
+    with session.begin_nested():
+        yield
+        session.flush()
+        if had_one and active_org_admins(session) == 0:
+            raise Conflict(LAST_ORG_ADMIN)
+
+
 # --- members ----------------------------------------------------------------------------------
 
 
@@ -81,19 +137,21 @@ def set_member_role(
     *, session: Session, project_id: str, member_id: str, role: Role
 ) -> ProjectMember:
     """Change a member's role; their keys hold the new role from the next request on. Scopes a
-    key holds beyond the new role stay stored but grant nothing (`auth.allows`)."""
-    member = get_member(session=session, project_id=project_id, member_id=member_id)
-    member.role = role.value
-    session.flush()
+    key holds beyond the new role stay stored but grant nothing (`auth.allows`). Raises
+    Conflict when that demotes the owner of the last organisation admin credential."""
+    with _keeping_an_org_admin(session):
+        member = get_member(session=session, project_id=project_id, member_id=member_id)
+        member.role = role.value
     return member
 
 
 def remove_member(*, session: Session, project_id: str, member_id: str) -> ProjectMember:
-    """Remove a member and revoke their keys (401 from the next request on)."""
-    member = get_member(session=session, project_id=project_id, member_id=member_id)
-    _revoke_where(session, ApiKey.member_id == member.id)
-    session.delete(member)
-    session.flush()
+    """Remove a member and revoke their keys (401 from the next request on). Raises Conflict
+    when one of them is the last organisation admin credential."""
+    with _keeping_an_org_admin(session):
+        member = get_member(session=session, project_id=project_id, member_id=member_id)
+        _revoke_where(session, ApiKey.member_id == member.id)
+        session.delete(member)
     return member
 
 
@@ -127,11 +185,12 @@ def create_service_account(
 def disable_service_account(
     *, session: Session, project_id: str, account_id: str
 ) -> ServiceAccount:
-    """Disable a service account: its keys answer 401 from the next request on. Idempotent."""
-    account = get_service_account(session=session, project_id=project_id, account_id=account_id)
-    if account.disabled_at is None:
-        account.disabled_at = utcnow()
-        session.flush()
+    """Disable a service account: its keys answer 401 from the next request on. Idempotent.
+    Raises Conflict when one of them is the last organisation admin credential."""
+    with _keeping_an_org_admin(session):
+        account = get_service_account(session=session, project_id=project_id, account_id=account_id)
+        if account.disabled_at is None:
+            account.disabled_at = utcnow()
     return account
 
 
@@ -236,11 +295,13 @@ def create_key(*, session: Session, caller: Principal, request: KeyRequest) -> t
 
 
 def revoke_key(*, session: Session, project_id: str, key_id: str) -> KeyView:
-    """Revoke a key: 401 from the next request on. Idempotent (keeps the first revoked_at)."""
-    view = get_key(session=session, project_id=project_id, key_id=key_id)
-    if view.key.revoked_at is None:
-        view.key.revoked_at = utcnow()
-        session.flush()
+    """Revoke a key: 401 from the next request on. Idempotent (keeps the first revoked_at).
+    Raises Conflict when it is the last organisation admin credential (the caller's own
+    included)."""
+    with _keeping_an_org_admin(session):
+        view = get_key(session=session, project_id=project_id, key_id=key_id)
+        if view.key.revoked_at is None:
+            view.key.revoked_at = utcnow()
     return view
 
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import PydanticCustomError
 from sqlalchemy.orm import Session
 
 from core import datasets
@@ -20,27 +28,67 @@ Auto = Literal["auto"]
 _ID = Annotated[str, Field(min_length=1, max_length=100)]
 
 
+def _one_error(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A number-or-`"auto"` field's value, refused with one error at the field itself: the
+    union's own errors name each member (`n_epochs.constrained-int`, `n_epochs.literal['auto']`),
+    and OpenAI's `param` must be the field's path."""
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        errors = [e for e in exc.errors() if e["type"] != "literal_error"] or exc.errors()
+        raise PydanticCustomError(
+            errors[0]["type"], '{msg}, or "auto"', {"msg": errors[0]["msg"]}
+        ) from None
+
+
+_N = TypeVar("_N", int, float)
+AutoOr = Annotated[_N | Auto | None, WrapValidator(_one_error)]
+"""A number (bounded as given), `"auto"` or null."""
+
+
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class Hyperparameters(_Open):
     """OpenAI's hyperparameters; each `"auto"` (or absent) takes the base model's default."""
 
-    n_epochs: Annotated[int, Field(ge=1, le=50)] | Auto | None = None
-    batch_size: Annotated[int, Field(ge=1, le=256)] | Auto | None = None
-    learning_rate_multiplier: Annotated[float, Field(gt=0, le=100)] | Auto | None = None
-    beta: Annotated[float, Field(gt=0, le=100)] | Auto | None = None
+    n_epochs: AutoOr[Annotated[int, Field(ge=1, le=50)]] = None
+    """Passes over the training file (OpenAI's meaning); the job's `train.epochs`. `"auto"`:
+    the base model's registered `n_epochs`."""
+    batch_size: AutoOr[Annotated[int, Field(ge=1, le=256)]] = None
+    """Examples per batch (OpenAI's meaning); the job's `train.micro_batch_size` (sequences per
+    process per forward/backward), so an optimizer step sees this times the data-parallel
+    processes and `train.grad_accum_steps` of the base model's registered job settings.
+    `"auto"`: the base model's registered `batch_size`."""
+    learning_rate_multiplier: AutoOr[Annotated[float, Field(gt=0, le=100)]] = None
+    """Scales the base model's registered `learning_rate` (OpenAI's meaning); the job's peak
+    `optim.lr` is their product. `"auto"`: 1.0."""
+    beta: AutoOr[Annotated[float, Field(gt=0, le=100)]] = None
+    """DPO's beta, the weight of the penalty for drifting from the reference (base) model;
+    the job's `method.dpo.beta`. Read for method `dpo` only, ignored for `supervised`.
+    `"auto"`: 0.1."""
 
 
 class _Wrapped(_Open):
+    """A method's settings."""
+
     hyperparameters: Hyperparameters | None = None
+    """The method's hyperparameters; when given, they are used instead of the top-level
+    (deprecated) `hyperparameters`."""
 
 
 class Method(_Open):
+    """The fine-tuning method and its hyperparameters."""
+
     type: Literal["supervised", "dpo"]
+    """`supervised`: supervised fine-tuning on a `messages` or `prompt_completion` file
+    (Torchyard's method `sft`); `dpo`: Direct Preference Optimization on a `preference`
+    file (method `dpo`). Both train LoRA adapters on the base model."""
     supervised: _Wrapped | None = None
+    """Settings for `type: supervised`; read only for that type."""
     dpo: _Wrapped | None = None
+    """Settings for `type: dpo`; read only for that type."""
 
 
 class FineTuneCreate(_Open):
@@ -48,12 +96,24 @@ class FineTuneCreate(_Open):
     accepted and ignored)."""
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
+    """The model to fine-tune: the name of a base model this deployment registers
+    (`TORCHYARD_BASE_MODELS`, listed by `GET /openai/v1/models`), which supplies the weights,
+    LoRA settings, sequence length, resources, pool and defaults. 400 for any other name."""
     training_file: _ID
+    """The id of a file of this project uploaded with purpose `fine-tune`: records of format
+    `messages` or `prompt_completion` for `supervised`, `preference` for `dpo`. The job's
+    `data.dataset`."""
     validation_file: _ID | None = None
+    """The id of a file like `training_file`, evaluated during training (`valid_loss` in the
+    result file); the job's `data.eval_dataset`. Null: no validation."""
     suffix: (
         Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None
     ) = None
+    """Up to 64 letters, digits, `.`, `_` or `-`, part of the fine-tuned model's name
+    (`ft:<base>:<project>:<suffix>:<job id>`) and of the job's name."""
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    """The job's `seed` (data order, initialisation), for a reproducible run; null: a random
+    seed, shown on the job."""
     metadata: (
         Annotated[
             dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
@@ -61,9 +121,17 @@ class FineTuneCreate(_Open):
         ]
         | None
     ) = None
+    """Up to 16 key-value pairs (keys up to 64 characters, values up to 512), stored on the
+    job as labels (`openai.meta.<key>`), returned with it and matched by
+    `GET /openai/v1/fine_tuning/jobs?metadata[<key>]=<value>`."""
     method: Method | None = None
+    """The fine-tuning method and its hyperparameters; null: `supervised`."""
     hyperparameters: Hyperparameters | None = None
+    """Hyperparameters for either method (deprecated by OpenAI in favour of
+    `method.<type>.hyperparameters`, which take precedence when given)."""
     integrations: list[Any] | None = None
+    """OpenAI's third-party integrations (such as Weights & Biases): accepted and ignored;
+    follow a job's metrics with `GET /v1/jobs/{job_id}/metrics` instead."""
 
 
 def build(

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,19 +68,28 @@ def row_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["TORCHYARD_CACHE_DIR"] = previous
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A freshly created, migrated Postgres database, dropped after the session."""
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """The URL of a freshly created, migrated Postgres database, dropped at exit."""
     name = f"torchyard_test_{secrets.token_hex(4)}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A freshly created, migrated Postgres database, dropped after the session."""
+    with fresh_database() as url:
+        yield url
 
 
 _REDIS_DATABASES = range(15, 0, -1)  # 0 holds only the claims below; Redis has 16 by default

@@ -13,6 +13,12 @@ from core import identity
 
 router = APIRouter(prefix="/v1/keys", tags=["access"], responses=ERROR_RESPONSES)
 
+LAST_ORG_ADMIN = {
+    "model": ErrorBody,
+    "description": "It would leave the organisation no active organisation admin credential",
+}
+"""The 409 of operations that would take away the organisation's last admin credential."""
+
 KeyId = Annotated[
     str, Path(max_length=40, pattern=ID_PATTERN, description="The key's id (`key_...`).")
 ]
@@ -72,9 +78,10 @@ def create_key(body: KeyCreate, principal: AdminPrincipal, session: SessionDep) 
     return KeyCreated(**key_out(view).model_dump(), secret=secret)
 
 
-@router.delete("/{key_id}", response_model=Key)
+@router.delete("/{key_id}", response_model=Key, responses={409: LAST_ORG_ADMIN})
 def revoke_key(key_id: KeyId, principal: AdminPrincipal, session: SessionDep) -> Key:
-    """Revoke a key: it answers 401 from the next request on. Revoking twice is harmless."""
+    """Revoke a key: it answers 401 from the next request on. Revoking twice is harmless; 409
+    for the organisation's last active organisation admin key (the caller's own included)."""
     view = identity.revoke_key(session=session, project_id=principal.project_id, key_id=key_id)
     session.commit()
     return key_out(view)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
+from api.routes.keys import LAST_ORG_ADMIN
 from api.schemas_access import ID_PATTERN, Member, MemberCreate, MemberList, MemberUpdate
 from core import identity
 
@@ -40,11 +41,12 @@ def add_member(body: MemberCreate, principal: AdminPrincipal, session: SessionDe
     return Member.model_validate(member)
 
 
-@router.patch("/{member_id}", response_model=Member)
+@router.patch("/{member_id}", response_model=Member, responses={409: LAST_ORG_ADMIN})
 def update_member(
     member_id: MemberId, body: MemberUpdate, principal: AdminPrincipal, session: SessionDep
 ) -> Member:
-    """Change a member's role; their keys hold the new role from the next request on."""
+    """Change a member's role; their keys hold the new role from the next request on. 409 when
+    that demotes the owner of the organisation's last active organisation admin key."""
     member = identity.set_member_role(
         session=session, project_id=principal.project_id, member_id=member_id, role=body.role
     )
@@ -52,9 +54,10 @@ def update_member(
     return Member.model_validate(member)
 
 
-@router.delete("/{member_id}", response_model=Member)
+@router.delete("/{member_id}", response_model=Member, responses={409: LAST_ORG_ADMIN})
 def remove_member(member_id: MemberId, principal: AdminPrincipal, session: SessionDep) -> Member:
-    """Remove a member and revoke their keys; answers the removed member."""
+    """Remove a member and revoke their keys; answers the removed member. 409 when one of them
+    is the organisation's last active organisation admin key."""
     member = identity.remove_member(
         session=session, project_id=principal.project_id, member_id=member_id
     )

@@ -59,7 +59,7 @@ async def create_file(
 ) -> dict[str, Any]:
     """Upload a JSONL file (multipart `file`, `purpose=fine-tune`) as a dataset of format
     `messages`, `prompt_completion` or `preference` (detected), checked record by record as
-    `POST /v1/datasets/upload` checks it. 422 names the bad lines; 413 over the upload limit."""
+    `POST /v1/datasets/upload` checks it. 400 names the first bad line; 413 over the size limit."""
     limit = settings.max_upload_bytes
     declared = content_length(request.headers)
     if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
@@ -122,7 +122,7 @@ def _files(
     session: SessionDep, project_id: str, after: str | None, limit: int, order: str
 ) -> list[Dataset]:
     """Up to `limit` + 1 of the project's record datasets in (created_at, id) `order`, those
-    after the file `after` (422 naming `after` when the project has no such file)."""
+    after the file `after` (InvalidInput naming `after` when the project has no such file)."""
     key = (Dataset.created_at, Dataset.id)
     query = select(Dataset).where(
         Dataset.project_id == project_id, Dataset.format.in_(RECORD_FORMATS)

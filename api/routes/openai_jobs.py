@@ -37,7 +37,7 @@ def create_job(
     request: Request,
 ) -> dict[str, Any]:
     """Fine-tune a registered base model (LoRA; `method.type` supervised or dpo) on an uploaded
-    file. 422 (`param` names the field) for an unknown model or a file of the wrong format."""
+    file. 400 (`param` names the field) for an unknown model or a file of the wrong format."""
     spec, _ = build(session=session, settings=settings, project_id=principal.project_id, body=body)
     pinned = check_submittable(
         session=session, settings=settings, project_id=principal.project_id, spec=spec

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
+from api.routes.keys import LAST_ORG_ADMIN
 from api.schemas_access import ID_PATTERN, ServiceAccount, ServiceAccountCreate, ServiceAccountList
 from core import identity
 
@@ -43,11 +44,12 @@ def create_service_account(
     return ServiceAccount.model_validate(account)
 
 
-@router.delete("/{account_id}", response_model=ServiceAccount)
+@router.delete("/{account_id}", response_model=ServiceAccount, responses={409: LAST_ORG_ADMIN})
 def disable_service_account(
     account_id: AccountId, principal: AdminPrincipal, session: SessionDep
 ) -> ServiceAccount:
-    """Disable a service account: all its keys answer 401 from the next request on."""
+    """Disable a service account: all its keys answer 401 from the next request on. 409 when
+    one of them is the organisation's last active organisation admin key."""
     account = identity.disable_service_account(
         session=session, project_id=principal.project_id, account_id=account_id
     )

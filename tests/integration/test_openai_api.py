@@ -184,14 +184,46 @@ def test_files_roundtrip_and_errors_in_openai_shape(
         client.files.retrieve(created.id)
     assert set(missing.value.body) >= {"message", "type", "param", "code"}
 
-    with pytest.raises(openai.UnprocessableEntityError) as bad:
+    with pytest.raises(openai.BadRequestError) as bad:
         client.files.create(file=("bad.jsonl", b'{"messages": 3}\n'), purpose="fine-tune")
     body = bad.value.body
     assert body["type"] == "invalid_request_error", body
     assert body["param"] == "file.line.1.messages" and "line 1" in body["message"], body
-    with pytest.raises(openai.UnprocessableEntityError) as unknown:
+    with pytest.raises(openai.BadRequestError) as unknown:
         client.fine_tuning.jobs.create(model="no-such-model", training_file="ds_x")
     assert unknown.value.body["param"] == "model"
+
+
+def test_invalid_requests_raise_bad_request_naming_the_param(
+    server: str, project: ProjectKey, data: ExampleData
+) -> None:
+    """Every refused input is OpenAI's 400 `invalid_request_error` (`openai.BadRequestError`,
+    never the 422 of `/v1`), whether the request model, a parameter or a reference refuses it,
+    and `param` names the field."""
+    client = _client(server, project.api_key)
+    training = client.files.create(file=data.messages.open("rb"), purpose="fine-tune")
+    refused = {
+        "hyperparameters.n_epochs": lambda: client.fine_tuning.jobs.create(
+            model=BASE, training_file=training.id, hyperparameters={"n_epochs": 0}
+        ),
+        "method.type": lambda: client.fine_tuning.jobs.create(
+            model=BASE, training_file=training.id, method={"type": "reinforcement"}
+        ),
+        "suffix": lambda: client.fine_tuning.jobs.create(
+            model=BASE, training_file=training.id, suffix="no spaces"
+        ),
+        "limit": lambda: client.fine_tuning.jobs.list(limit=0),
+        "order": lambda: client.files.list(order="sideways"),
+        "model": lambda: client.fine_tuning.jobs.create(model="nope", training_file=training.id),
+        "purpose": lambda: client.files.create(file=data.messages.open("rb"), purpose="batch"),
+    }
+    for param, call in refused.items():
+        with pytest.raises(openai.BadRequestError) as bad:
+            call()
+        assert bad.value.status_code == 400, param
+        body = bad.value.body
+        assert body["type"] == "invalid_request_error" and body["param"] == param, body
+        assert body["message"], body
 
 
 def test_models_list_the_registry(server: str, project: ProjectKey) -> None:
@@ -286,7 +318,7 @@ def test_pause_resume_cancel_a_queued_job(
     with pytest.raises(openai.ConflictError) as again:
         client.fine_tuning.jobs.cancel(job.id)
     assert again.value.body["code"] == "conflict"
-    with pytest.raises(openai.UnprocessableEntityError) as wrong:
+    with pytest.raises(openai.BadRequestError) as wrong:
         client.fine_tuning.jobs.create(
             model=PARKED, training_file=training.id, method={"type": "dpo"}
         )
@@ -343,7 +375,7 @@ def test_files_and_jobs_page_as_openai_pages_them(
     assert [f.id for f in client.files.list(limit=2, order="asc", after=ids[1]).data] == ids[2:]
     assert [f.id for f in client.files.list(limit=1, after=ids[2])] == ids[1::-1]  # auto-pages
     assert client.files.list(purpose="fine-tune-results").data == []
-    with pytest.raises(openai.UnprocessableEntityError) as bad:
+    with pytest.raises(openai.BadRequestError) as bad:
         client.files.list(after="ds_nope")
     assert bad.value.body["param"] == "after"
 

@@ -154,12 +154,13 @@ OPENAI_REFERENCES = {"after", "model", "training_file", "validation_file", "file
 
 
 def _semantic_refusal(response: Any) -> bool:
-    """A 422 whose every problem is one of SEMANTIC (Torchyard's or OpenAI's error body)."""
-    if response.status_code != 422:
+    """A 422 (Torchyard's error body) or, under /openai/v1, a 400 (OpenAI's) whose every
+    problem is one of SEMANTIC / OPENAI_REFERENCES."""
+    if response.status_code not in (400, 422):
         return False
     error = response.json()["error"]
     if "details" not in error:  # OpenAI's shape: only the first bad field, as `param`
-        return error.get("param") in OPENAI_REFERENCES
+        return response.status_code == 400 and error.get("param") in OPENAI_REFERENCES
     problems = [(tuple(str(p) for p in d["loc"]), d["type"]) for d in error["details"]]
     return bool(problems) and all(_semantic(loc, kind) for loc, kind in problems)
 
