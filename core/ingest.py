@@ -86,16 +86,21 @@ _PG_UPSERT = text(
 def _upsert_points_postgres(
     session: Session, job_id: int, attempt: int, points: Sequence[Metric]
 ) -> None:
-    # A key may appear twice in a batch (a re-read line): the last one wins, as row by row.
-    batch = list({(p.name, p.step): p for p in points}.values())
-    names = sorted({p.name for p in batch})
+    names = sorted({p.name for p in points})
     rows = session.execute(_PG_LAST_STEPS, {"job_id": job_id, "names": names})
-    last: dict[str, int | None] = {name: top for name, top in rows}
+    last: dict[str, int] = {name: top for name, top in rows if top is not None}
+    # One pass: a point past the last step of its series (stored, or earlier in this batch)
+    # is fresh; any other (a re-read line, a resumed attempt, a key twice in the batch) is
+    # upserted after the COPY, the last one of a key winning, as row by row.
     fresh: list[Metric] = []
-    stored: list[Metric] = []
-    for p in batch:
-        top = last[p.name]
-        (fresh if top is None or p.step > top else stored).append(p)
+    again: dict[tuple[str, int], Metric] = {}
+    for p in points:
+        if p.step > last.get(p.name, -(2**31) - 1):
+            fresh.append(p)
+            last[p.name] = p.step
+        else:
+            again[p.name, p.step] = p
+    stored = list(again.values())
     raw = session.connection().connection.driver_connection
     if fresh and isinstance(raw, psycopg.Connection):
         with raw.cursor() as cursor, cursor.copy(_PG_COPY) as copy:

@@ -62,6 +62,9 @@ class Reported:
 @dataclass
 class _Batch:
     metrics: list[store.Metric] = field(default_factory=list)
+    # (step, trainer time) of each metric line that stored a point: what progress and the lag
+    # metric read, a tenth of the points to walk
+    lines: list[tuple[int, float]] = field(default_factory=list)
     # (name, step) of the NaN/Inf values skipped, for the `nan_loss` alert (core.alerts)
     nonfinite: list[tuple[str, int]] = field(default_factory=list)
     logs: list[store.Log] = field(default_factory=list)
@@ -121,7 +124,7 @@ class RunIngest:
             points=len(batch.metrics),
             log_lines=len(batch.logs),
             events=len(batch.events),
-            times=(m.time for m in batch.metrics),
+            times=(when for _, when in batch.lines),
             started=started,
         )
         self.events.advance(event_chunk)
@@ -145,14 +148,14 @@ class RunIngest:
             restart = data.get("restart") if isinstance(data, dict) else None
             if event.get("state") == "running" and isinstance(restart, int) and restart > 0:
                 self.progress.restarted()
-        self.progress.observe(((m.step, m.time) for m in batch.metrics), time.monotonic())
+        self.progress.observe(batch.lines, time.monotonic())
 
     def _parse_event(self, offset: int, raw: bytes, batch: _Batch) -> None:
         try:
             event = _loads(raw)
             kind = event["type"]
             if kind == "metric":
-                _parse_metric(event, batch.metrics, batch.nonfinite)
+                _parse_metric(event, batch.metrics, batch.nonfinite, batch.lines)
             else:
                 batch.events.append(_clean(event))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
@@ -299,11 +302,15 @@ def _loads(raw: bytes) -> Any:
 
 
 def _parse_metric(
-    event: dict[str, Any], out: list[store.Metric], nonfinite: list[tuple[str, int]]
+    event: dict[str, Any],
+    out: list[store.Metric],
+    nonfinite: list[tuple[str, int]],
+    lines: list[tuple[int, float]],
 ) -> None:
     """Append the points of one metric line: finite numbers under names of at most
-    `MAX_METRIC_NAME_CHARS` (NUL replaced); other values are skipped. The hot path of ingest:
-    no per-value recursion (`_clean`) here."""
+    `MAX_METRIC_NAME_CHARS` (NUL replaced); other values are skipped. The line's (step, time)
+    goes to `lines` when it had a point. The hot path of ingest: no per-value recursion
+    (`_clean`) here."""
     step = int(event["step"])
     if not -(2**31) <= step < 2**31:  # metric_points.step is a 32-bit integer
         raise ValueError(f"step {step} out of range")
@@ -311,6 +318,7 @@ def _parse_metric(
     when = float(event.get("time") or 0.0)
     if not math.isfinite(when):
         when = 0.0
+    before = len(out)
     for name, value in (event.get("values") or {}).items():
         if type(value) is not float:
             if type(value) is not int:  # bool, None, str, ...: not a measurement
@@ -320,6 +328,8 @@ def _parse_metric(
             out.append(make((name.replace("\x00", "\ufffd"), step, value, when)))
         elif not math.isfinite(value):
             nonfinite.append((name[:MAX_METRIC_NAME_CHARS], step))
+    if len(out) > before:
+        lines.append((step, when))
 
 
 def _step_times(event: dict[str, Any]) -> tuple[int, list[float]] | None:
