@@ -6,9 +6,11 @@ Every resource hangs off a project; API keys belong to one project and see only 
 from __future__ import annotations
 
 import enum
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -55,7 +57,22 @@ class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
         return parse_job_spec(value).model_dump(mode="json")
 
     def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | ScriptJobSpec | None:
-        return None if value is None else read_stored_spec(value)
+        if value is None:
+            return None
+        try:
+            key = orjson.dumps(value)
+        except TypeError:  # what orjson cannot write (an integer beyond 64 bits): not cached
+            return read_stored_spec(value)
+        return _read_spec(key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_spec(stored: bytes) -> JobSpec | ScriptJobSpec:
+    """The spec stored as the JSON `stored`, parsed once per distinct content: a job's spec never
+    changes after submission, and a page of 50 jobs parsed 50 specs (~60 us each) on every
+    read. Callers share the object: a spec read from the database is never modified in place
+    (`model_copy(update=...)` makes a changed one)."""
+    return read_stored_spec(orjson.loads(stored))
 
 
 # SQLite autoincrements only INTEGER PRIMARY KEY columns.

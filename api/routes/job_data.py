@@ -73,7 +73,9 @@ def job_metrics(
 ) -> schemas.Metrics:
     """The job's metric series by name, each with its last point; optionally a step range and
     downsampled to `max_points` per series."""
-    jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    # Held for the request: the session's identity map keeps only weak references, and the
+    # downsampling cache reads this row's `updated_at` again (a second query and spec parse).
+    job = jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     wanted = [n.strip() for n in names.split(",") if n.strip()] if names else None
     if max_points is None:
         series = queries.metric_series(
@@ -82,7 +84,7 @@ def job_metrics(
     else:
         series = queries.downsampled_series(
             session=session,
-            job_id=job_id,
+            job_id=job.id,
             names=wanted or None,
             start=start,
             end=end,
