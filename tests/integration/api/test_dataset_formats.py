@@ -274,9 +274,33 @@ def test_stats_of_a_hand_built_file(client: TestClient, project: ProjectKey) -> 
     assert {w["type"]: (w["count"], w["first"]) for w in stats["warnings"]} == {
         "duplicates": (1, "line 3"),
         "system_not_first": (1, "line 4"),
+        "repeated_text": (1, "line 4"),  # "b" * 40
     }
     assert client.get(f"/v1/datasets/{ds['id']}", headers=project.headers).json() == ds
     assert client.get("/v1/datasets", headers=project.headers).json()["items"] == [ds]
+
+
+def test_chat_data_is_warned_about_missing_user_turns_and_degenerate_answers(
+    client: TestClient, project: ProjectKey
+) -> None:
+    system = {"role": "system", "content": "You are terse."}
+    no_user = {"messages": [system, ASSISTANT]}
+    looping = {"role": "assistant", "content": "Let me check. " + "I'm not sure. " * 12}
+    rule = {"role": "assistant", "content": "A rule:\n" + "-" * 80 + "\nand 1" + "0" * 40}
+    data = jsonl(GOOD, no_user, {"messages": [USER, looping]}, {"messages": [USER, rule]})
+    data += jsonl({"messages": [system, {**ASSISTANT, "content": "ha" * 20}]}, GOOD)
+    ds = uploaded(client, project, "chat.jsonl", data)  # warnings never refuse
+    warnings = {w["type"]: w for w in ds["stats"]["warnings"]}
+    assert {t: (w["count"], w["first"]) for t, w in warnings.items()} == {
+        "no_user_message": (2, "line 2"),
+        "repeated_text": (2, "line 3"),
+        "duplicates": (1, "line 6"),
+    }
+    assert warnings["no_user_message"]["message"] == "conversations without a user message"
+    assert warnings["repeated_text"]["message"].startswith(
+        "conversations with an assistant message that ends in one short string repeated 8+"
+    )
+    assert client.get(f"/v1/datasets/{ds['id']}", headers=project.headers).json() == ds
 
 
 @pytest.mark.parametrize(
