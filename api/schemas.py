@@ -13,11 +13,13 @@ from pydantic import (
     ConfigDict,
     Field,
     SkipValidation,
+    Strict,
     StringConstraints,
     model_validator,
 )
 
 from api import examples
+from api.validation import JsonInt
 from core import models, progress
 from core.dataset_stats import DatasetStats
 from core.models import JobState
@@ -444,6 +446,21 @@ DatasetName = Annotated[
 TokenDtype = Literal["uint16", "uint32"]
 
 
+class DatasetUploadForm(BaseModel):
+    """The text fields of `POST /v1/datasets/upload`, beside its one `file` part: the form's
+    OpenAPI schema is this model's (api.uploads.form_body), and the form is validated by it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: DatasetName = Field(description="The dataset's name, unique in the project.")
+    format: Format | None = Field(
+        default=None, description="Declared format; detected when absent."
+    )
+    token_dtype: TokenDtype | None = Field(
+        default=None, description="`tokens` in a `.bin` file (default uint16)."
+    )
+
+
 class DatasetRegister(BaseModel):
     """A server-side file or directory to register as a dataset."""
 
@@ -531,13 +548,13 @@ class DatasetPreviewRequest(BaseModel):
     )
     chat_template: str | None = _data_field("chat_template")
     loss_on: Literal["assistant", "completion", "all"] | None = _data_field("loss_on")
-    seq_len: int | None = Field(
-        default=None, ge=8, le=65536, description="Context length in tokens; null: model.seq_len."
+    seq_len: Annotated[int, Field(ge=8, le=65536), JsonInt] | None = Field(
+        default=None, description="Context length in tokens; null: model.seq_len."
     )
     truncation: Literal["drop", "truncate_left", "truncate_right"] = _data_field("truncation")
-    max_truncated_share: float = _data_field("max_truncated_share")
-    num_examples: int = Field(
-        default=8, ge=1, le=64, description="How many records, from the first, to preview."
+    max_truncated_share: Annotated[float, Strict()] = _data_field("max_truncated_share")
+    num_examples: Annotated[int, Field(ge=1, le=64), JsonInt] = Field(
+        default=8, description="How many records, from the first, to preview."
     )
 
 

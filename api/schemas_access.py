@@ -20,7 +20,7 @@ from pydantic import (
 
 from api import examples
 from api.schemas import PRINTABLE
-from api.validation import unstorable
+from api.validation import JsonInt, unstorable
 from core.auth import Role
 
 Scope = Literal["jobs:read", "jobs:write", "datasets:write", "admin"]
@@ -236,8 +236,8 @@ class KeyCreate(BaseModel):
     role: Role | None = Field(
         default=None, description="Only for an owner-less key: its role (default `member`)."
     )
-    expires_in: int | None = Field(
-        default=None, ge=60, le=10 * 365 * 86400, description="Seconds until it expires."
+    expires_in: Annotated[int, Field(ge=60, le=10 * 365 * 86400), JsonInt] | None = Field(
+        default=None, description="Seconds until it expires."
     )
     expires_at: datetime | None = Field(
         default=None,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
 
 from api import examples
 from api.schemas import Timestamp
+from api.validation import JsonInt
 
 _SECRET_INFO_EXAMPLE = {"id": "whs_5e8c0a1d3f5b", "created_at": "2026-11-20T08:05:00Z"}
 _NEW_SECRET_EXAMPLE = {
@@ -81,23 +82,23 @@ class AlertRules(BaseModel):
     nan_loss: bool = Field(
         default=False, description="`alert.nan_loss`: a loss series reported NaN or Inf."
     )
-    loss_spike_factor: float | None = Field(
+    loss_spike_factor: Annotated[float, Strict()] | None = Field(
         default=None,
         gt=1,
         description="`alert.loss_spike`: `loss` above this many times its moving average.",
     )
-    loss_spike_window: int = Field(
-        default=20, ge=2, le=1000, description="Points in the loss spike's moving average."
+    loss_spike_window: Annotated[int, Field(ge=2, le=1000), JsonInt] = Field(
+        default=20, description="Points in the loss spike's moving average."
     )
-    eval_regression_margin: float | None = Field(
+    eval_regression_margin: Annotated[float, Strict()] | None = Field(
         default=None,
         ge=0,
         description="`alert.eval_regression`: `eval_loss` above its best so far by this much.",
     )
-    stalled_minutes: float | None = Field(
+    stalled_minutes: Annotated[float, Strict()] | None = Field(
         default=None, gt=0, description="`alert.stalled`: a running job's step unchanged so long."
     )
-    queued_minutes: float | None = Field(
+    queued_minutes: Annotated[float, Strict()] | None = Field(
         default=None, gt=0, description="`alert.queued_too_long`: a job queued for so long."
     )
 

@@ -12,65 +12,95 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import fsspec
 from anyio import to_thread
 from fastapi import Request
+from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from api import examples, openai_examples
+from api import examples, openai_examples, schemas
 from core import storage
 from core.errors import InvalidInput, TooLarge
-from dataformat.records import FORMATS
 
 # Room for the multipart framing and the `name` field on top of the file itself.
 MULTIPART_OVERHEAD = 64 * 1024
 _MAX_NAME_BYTES = 1024
-DATASET_FIELDS = ("name", "format", "token_dtype")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
-# The form, as documented in the OpenAPI schema (the route parses the body itself).
-OPENAPI_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["name", "file"],
-                    "properties": {
-                        "name": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": 200,
-                            "pattern": r"^[^\x00-\x1f\x7f]+$",  # api.schemas.PRINTABLE
-                            "description": "The dataset's name, unique in the project.",
-                        },
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "minLength": 1,
-                            "description": "The dataset file (JSONL, Parquet, .npy, .bin, text).",
-                        },
-                        "format": {
-                            "type": "string",
-                            "enum": list(FORMATS),
-                            "description": "Declared format; detected when absent.",
-                        },
-                        "token_dtype": {
-                            "type": "string",
-                            "enum": ["uint16", "uint32"],
-                            "description": "`tokens` in a `.bin` file (default uint16).",
-                        },
-                    },
-                    "additionalProperties": False,
-                },
-                "example": examples.DATASET_UPLOAD,
-            }
-        },
+FormT = TypeVar("FormT", bound=BaseModel)
+
+
+def form_body(form: type[BaseModel], *, file: str, example: Any) -> dict[str, Any]:
+    """The `openapi_extra` of a route that parses its multipart body itself: `form`'s fields
+    as its JSON schema states them (an optional field is left out, never null: a form has no
+    null) beside one required `file` part described by `file`. `parse_form` validates by the
+    same model, so the document and the validation cannot drift."""
+    schema = form.model_json_schema()
+    properties: dict[str, Any] = {}
+    for key, prop in schema["properties"].items():
+        prop = {k: v for k, v in prop.items() if k not in ("title", "default")}
+        branches = [b for b in prop.pop("anyOf", []) if b != {"type": "null"}]
+        properties[key] = {**(branches[0] if branches else {}), **prop}
+    properties["file"] = {
+        "type": "string",
+        "format": "binary",
+        "minLength": 1,
+        "description": file,
     }
-}
+    body = {
+        "type": "object",
+        "required": [*schema.get("required", []), "file"],
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    content = {"multipart/form-data": {"schema": body, "example": example}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def parse_form(form: type[FormT], fields: dict[str, bytes]) -> FormT:
+    """The text fields of an upload validated by `form`. Raises InvalidInput listing every
+    field that is not UTF-8 or not valid (`loc` `["body", field, ...]`), all at once."""
+    details: list[dict[str, Any]] = []
+    text: dict[str, str] = {}
+    for key, raw in fields.items():
+        try:
+            text[key] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            details.append(
+                {"loc": ["body", key], "msg": "not valid UTF-8", "type": "string_unicode"}
+            )
+    try:
+        parsed = form.model_validate(text)
+    except ValidationError as exc:
+        details += [
+            {"loc": ["body", *e["loc"]], "msg": _message(e), "type": e["type"]}
+            for e in exc.errors()
+            if e["loc"] and e["loc"][0] not in {d["loc"][1] for d in details}
+        ]
+    if details:
+        first = details[0]
+        where = ".".join(map(str, first["loc"][1:]))
+        more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+        raise InvalidInput(f"{where}: {first['msg']}{more}", details=details)
+    return parsed
+
+
+def _message(error: Any) -> str:
+    """A pydantic error's message; a choice lists what it may be (`must be one of a, b or c`)."""
+    if error["type"] == "literal_error":
+        allowed = str(error["ctx"]["expected"]).replace("'", "")
+        return f"must be one of {allowed} (got {error['input']!r})"
+    return str(error["msg"])
+
+
+DATASET_FIELDS = tuple(schemas.DatasetUploadForm.model_fields)
+OPENAPI_BODY = form_body(
+    schemas.DatasetUploadForm,
+    file="The dataset file (JSONL, Parquet, .npy, .bin, UTF-8 text).",
+    example=examples.DATASET_UPLOAD,
+)
 
 # `POST /openai/v1/files`: OpenAI's upload form.
 OPENAI_FILE_BODY: dict[str, Any] = {

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from core.errors import InvalidInput
 
@@ -86,3 +87,21 @@ def _not_bool(value: Any) -> Any:
 
 NotBool = BeforeValidator(_not_bool)
 """Put in an `Annotated[int, ...]` of a request body: booleans are refused."""
+
+
+def _json_int(value: Any) -> Any:
+    """Refuse what a JSON Schema `integer` excludes but pydantic's lax mode converts: `true` /
+    `false` (read as 1 and 0) and numeric strings (`"8"`). `2.0` stays an integer, as in JSON
+    Schema."""
+    if isinstance(value, bool | str | bytes):
+        kind = "true or false" if isinstance(value, bool) else "a string"
+        raise PydanticCustomError(
+            "int_type", "Input should be an integer, not {kind}", {"kind": kind}
+        )
+    return value
+
+
+JsonInt = BeforeValidator(_json_int)
+"""Put last in a request body's `Annotated[int, Field(ge=..., le=...), JsonInt]`, after its
+bounds (bounds given outside it are lost from the JSON schema). A `number` is
+`Annotated[float, Strict()]`: a strict float takes any JSON number and nothing else."""

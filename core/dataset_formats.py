@@ -8,7 +8,8 @@ A file is read once, in chunks (never whole in memory), from storage (local or f
 - Parquet (by magic bytes), read with pyarrow in row batches: record formats as columns, or
   `tokens` (core/dataset_tokens.py);
 - `.npy` / `.bin` token arrays (`tokens`, core/dataset_tokens.py);
-- anything else is `text` (raw text: nothing to check record by record).
+- anything else is `text`: UTF-8 text without NUL bytes, checked block by block
+  (core/dataset_text.py).
 
 Each record is validated with the models of `dataformat.records` (the trainer renders from the same
 models). Problems name the line (JSONL, 1-based) or row (Parquet, 1-based) and the field path:
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 import zstandard
 from pydantic import ValidationError
 
-from core import dataset_tokens
+from core import dataset_text, dataset_tokens
 from core.dataset_stats import DatasetStats, StatsAccumulator
 from core.errors import InvalidInput
 from dataformat.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
@@ -135,7 +136,9 @@ def check(
     """Validate the file at `uri` as `declared` (None: detect it). Streams the file once.
 
     Raises InvalidInput (422) listing the first `MAX_LISTED` problems, each with its line or
-    row and field path, and counting all of them; `where` prefixes every detail's `loc`.
+    row and field path, and counting all of them (a `text` file that is not UTF-8 or holds a NUL
+    byte: one problem naming the file, byte and line); `where` prefixes every detail's `loc`.
+    Raises OSError when the file cannot be read.
     """
     with fsspec.open(uri, "rb") as fh:
         head = fh.read(8)
@@ -149,6 +152,9 @@ def check(
             stats = dataset_tokens.check(uri, kind, token_dtype, problems)
             result = Checked("tokens", stats)
         elif declared == "text" or kind == "text":
+            problem = dataset_text.check_file(uri, uri.rsplit("/", 1)[-1])
+            if problem is not None:
+                problems.add(None, None, [], *problem)
             result = Checked("text", None)
         elif kind == "parquet":
             result = _check_parquet(uri, declared, max_record_bytes, problems)

@@ -13,6 +13,13 @@ reservoir sample of `RESERVOIR` records (Vitter 1985, Algorithm R), exact while 
 at most that many records; `max` is always exact. Duplicates are exact: records whose canonical
 JSON (keys sorted, orjson) has the same 16-byte BLAKE2b digest, counted among the first
 `MAX_HASHES` distinct records (about 100 MB of digests at the cap).
+
+Warnings count records and never refuse a dataset. Besides duplicates and long examples, a
+`messages` conversation is counted, as OpenAI's data-preparation guidance for chat fine-tuning
+counts examples ("Data preparation and analysis for chat model fine-tuning", OpenAI Cookbook),
+when it has no user message (`no_user_message`) and when an assistant message ends in one short
+string repeated over and over (`repeated_text`: a degenerate generation pasted into the data,
+which fine-tuning teaches the model to produce; `repeats_short_string`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,12 @@ MAX_HASHES = 1_000_000
 LONG_RECORD_CHARS = 32_768
 """An example longer than this (characters) is warned about: at ~4 characters per token it
 exceeds an 8k context and will be truncated or dropped at training time."""
+REPEAT_UNIT_CHARS = 50
+"""The longest string whose repetition is warned about (`repeats_short_string`)."""
+REPEAT_TIMES = 8
+REPEAT_RUN_CHARS = 32
+"""A repetition is warned about when the string repeats at least `REPEAT_TIMES` times in a row
+over at least `REPEAT_RUN_CHARS` characters (`hahaha...`: 16 times)."""
 _SEED = 0  # a fixed seed: the same file gives the same stats
 
 
@@ -110,6 +123,8 @@ class Measure:
     supervised_chars: int
     roles: list[str]
     system_after_first: bool = False
+    no_user_message: bool = False
+    repeated_text: bool = False
 
 
 def _content_chars(messages: Conversation, *, trained_only: bool) -> int:
@@ -126,8 +141,34 @@ def _messages(*values: str | Conversation | None) -> list[Conversation]:
     return [v for v in values if v is not None and not isinstance(v, str)]
 
 
+def repeats_short_string(text: str) -> bool:
+    """Whether `text` ends (trailing whitespace aside) in one string of at most
+    `REPEAT_UNIT_CHARS` characters, holding a letter, repeated `REPEAT_TIMES` times in a row
+    over at least `REPEAT_RUN_CHARS` characters: `I'm sorry. I'm sorry. ...`, `the the the ...`.
+    A degenerate generation loops until its length limit, so the loop is at the end; digits
+    (`1000000000`) and rules (`--------`) are not repetitions of a word. Only the periods at which
+    the last character recurs are tried: a few microseconds per message."""
+    text = text.rstrip()
+    if len(text) < REPEAT_RUN_CHARS:
+        return False
+    # A period p needs text[-1 - p] == text[-1]: only those p are tried, nearest first.
+    window = text[-(REPEAT_UNIT_CHARS + 1) :]
+    end = len(window) - 1
+    at = window.rfind(window[-1], 0, end)
+    while at >= 0:
+        period = end - at
+        times = max(REPEAT_TIMES, -(-REPEAT_RUN_CHARS // period))
+        unit = text[-period:]
+        fits = period * times <= len(text)
+        if fits and text.endswith(unit * times) and any(c.isalpha() for c in unit):
+            return True
+        at = window.rfind(window[-1], 0, at)
+    return False
+
+
 def measure(record: Record) -> Measure:
-    """Characters of the whole example and of its supervised part, and its message roles."""
+    """Characters of the whole example and of its supervised part, its message roles, and what
+    a chat conversation is warned about."""
     if isinstance(record, TextRecord):
         return Measure(len(record.text), len(record.text), [])
     if isinstance(record, MessagesRecord):
@@ -147,7 +188,13 @@ def measure(record: Record) -> Measure:
         example, supervised = _chars(record.prompt) + answers, answers
     roles = [m.role for messages in lists for m in messages]
     late_system = any(m.role == "system" for m in lists[0][1:]) if lists else False
-    return Measure(example, supervised, roles, system_after_first=late_system)
+    measured = Measure(example, supervised, roles, system_after_first=late_system)
+    if isinstance(record, MessagesRecord):
+        measured.no_user_message = "user" not in roles
+        measured.repeated_text = any(
+            repeats_short_string(m.content or "") for m in record.messages if m.role == "assistant"
+        )
+    return measured
 
 
 def digest(canonical: bytes) -> bytes:
@@ -234,6 +281,15 @@ class StatsAccumulator:
             self.warn("system_not_first", number, "a system message after the first turn")
         if m.example_chars > LONG_RECORD_CHARS:
             self.warn("long_record", number, f"an example over {LONG_RECORD_CHARS} characters")
+        if m.no_user_message:
+            self.warn("no_user_message", number, "conversations without a user message")
+        if m.repeated_text:
+            self.warn(
+                "repeated_text",
+                number,
+                "conversations with an assistant message that ends in one short string "
+                f"repeated {REPEAT_TIMES}+ times (a degenerate generation?)",
+            )
 
     def add_tokens(self, number: int, ids: bytes, num_tokens: int) -> None:
         """One pre-tokenized row: `ids` the bytes of its token ids."""

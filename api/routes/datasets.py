@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api import schemas, uploads, views
@@ -27,11 +26,6 @@ from core.server_paths import ServerPaths
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
 
 DatasetId = Annotated[str, Path(max_length=100, description="The dataset's id (`ds_...`).")]
-_NAME = TypeAdapter(schemas.DatasetName)
-_FIELDS: dict[str, TypeAdapter[str]] = {
-    "format": TypeAdapter(schemas.Format),
-    "token_dtype": TypeAdapter(schemas.TokenDtype),
-}
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "The project has a dataset of that name"}
 }
@@ -91,7 +85,8 @@ async def upload_dataset(
     paths: ServerPathsDep,
 ) -> schemas.Dataset:
     """Upload a file (multipart: `name`, `file`, optional `format`, `token_dtype`) as a dataset;
-    streamed to storage, size-capped, then checked record by record (422 names each bad line)."""
+    streamed to storage, size-capped, then checked record by record (422 names each bad line;
+    a text file must be UTF-8 text)."""
     limit = settings.max_upload_bytes
     declared = content_length(request.headers)
     if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
@@ -107,22 +102,20 @@ async def upload_dataset(
     root_uri = storage.join(settings.storage_url, "datasets", dataset_id)
     upload = await uploads.receive(request, root_uri=root_uri, max_bytes=limit)
     try:
-        fields = dict(upload.fields)
-        name = _NAME.validate_python(fields.pop("name").decode("utf-8"))
-        options = {key: _form_field(key, raw) for key, raw in fields.items()}
+        form = uploads.parse_form(schemas.DatasetUploadForm, upload.fields)
         checked = await run_in_threadpool(
             datasets.check,
             settings=settings,
             uri=upload.uri,
-            format=options.get("format"),
-            token_dtype=options.get("token_dtype"),
+            format=form.format,
+            token_dtype=form.token_dtype,
             where=("body", "file"),
         )
         dataset = await run_in_threadpool(
             datasets.create,
             session=session,
             project_id=principal.project_id,
-            name=name,
+            name=form.name,
             uri=upload.uri,
             size_bytes=upload.size_bytes,
             sha256=upload.sha256,
@@ -131,34 +124,10 @@ async def upload_dataset(
             stats=checked.stats,
             dataset_id=dataset_id,
         )
-    except BaseException as exc:
+    except BaseException:
         await uploads.remove(root_uri)
-        if isinstance(exc, UnicodeDecodeError):
-            raise _bad_name("not valid UTF-8", "string_unicode") from None
-        if isinstance(exc, ValidationError):
-            err = exc.errors()[0]
-            raise _bad_name(err["msg"], err["type"]) from None
         raise
     return _out(dataset, paths, principal)
-
-
-def _form_field(key: str, raw: bytes) -> str:
-    """A text form field validated as its schema type; InvalidInput naming it otherwise."""
-    try:
-        value: str = _FIELDS[key].validate_python(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValidationError):
-        allowed = ", ".join(_FIELDS[key].json_schema()["enum"])
-        msg = f"must be one of {allowed}"
-        raise InvalidInput(
-            f"{key}: {msg}", details=[{"loc": ["body", key], "msg": msg, "type": "enum"}]
-        ) from None
-    return value
-
-
-def _bad_name(msg: str, type_: str) -> InvalidInput:
-    return InvalidInput(
-        f"name: {msg}", details=[{"loc": ["body", "name"], "msg": msg, "type": type_}]
-    )
 
 
 @router.get("", response_model=schemas.DatasetList)

@@ -134,3 +134,28 @@ def test_duplicate_hashes_stop_growing_at_the_cap_and_say_so(
         ("duplicates_sampled", 2, "line 4"),
         ("duplicates", 1, "line 6"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "degenerate"),
+    [
+        ("Let me check. " + "I'm not sure. " * 9, True),  # a loop to the length limit
+        ("the " * 9, True),
+        ("ha" * 16, True),  # a 2-character string, 32 characters of it
+        ("ha" * 15, False),
+        ("x" * 32 + "\n\n", True),  # trailing whitespace aside
+        ("the " * 7, False),  # fewer than REPEAT_TIMES
+        ("Sure: " + "and then " * 8, True),
+        ("abc" * 5 + "defg" * 8 + "." * 3, False),  # the loop does not reach the end
+        ("1" + "0" * 40, False),  # a number, not a word
+        ("-" * 80, False),  # a rule
+        ("| a | b |\n" + "|---" * 20 + "|", False),
+        ("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP" * 8, False),  # unit of 52
+        ("A perfectly ordinary answer. It ends here.", False),
+        ("", False),
+    ],
+)
+def test_a_short_string_repeated_at_the_end_is_a_degenerate_answer(
+    text: str, degenerate: bool
+) -> None:
+    assert dataset_stats.repeats_short_string(text) is degenerate

@@ -294,3 +294,67 @@ def test_a_cursor_from_the_api_round_trips_but_its_tampered_form_is_refused(
     assert ok.status_code == 200
     bad = client.get("/v1/jobs", params={"cursor": cursor[:-2] + "!!"}, headers=project.headers)
     assert_error(bad, 422, "validation_error", ["query", "cursor"])
+
+
+_HOOK = {"url": "https://ci.example.com/hooks/torchyard", "event_types": ["job.*"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "loc"),
+    [
+        ("preview", {"max_truncated_share": False}, ["max_truncated_share"]),
+        ("preview", {"max_truncated_share": "0.5"}, ["max_truncated_share"]),
+        ("preview", {"num_examples": True}, ["num_examples"]),
+        ("preview", {"seq_len": "64"}, ["seq_len"]),
+        ("/v1/webhooks", {**_HOOK, "alert_rules": {"stalled_minutes": True}}, None),
+        ("/v1/webhooks", {**_HOOK, "alert_rules": {"loss_spike_window": False}}, None),
+        ("/v1/webhooks", {**_HOOK, "alert_rules": {"loss_spike_factor": "2"}}, None),
+        ("/v1/keys", {"name": "ci", "expires_in": True}, ["expires_in"]),
+    ],
+)
+def test_a_documented_number_refuses_booleans_and_strings(
+    client: TestClient,
+    project: ProjectKey,
+    engine: Engine,
+    path: str,
+    body: dict[str, Any],
+    loc: list[str] | None,
+) -> None:
+    if path == "preview":
+        path = f"/v1/datasets/{_chat_dataset(client, project)}/preview"
+    if loc is None:  # the one field of alert_rules
+        loc = ["alert_rules", *body["alert_rules"]]
+    before = counts(engine, project.project_id)
+    error = assert_error(
+        client.post(path, json=body, headers=project.headers),
+        422,
+        "validation_error",
+        ["body", *loc],
+    )
+    assert [d["type"] for d in error["details"]] in (["int_type"], ["float_type"])
+    assert counts(engine, project.project_id) == before
+
+
+def test_a_number_that_is_a_json_number_is_still_accepted(
+    client: TestClient, project: ProjectKey
+) -> None:
+    dataset_id = _chat_dataset(client, project)
+    # 2.0 is an integer in JSON Schema; 0 is a number.
+    body = {"num_examples": 2.0, "max_truncated_share": 0, "seq_len": 64}
+    answer = client.post(f"/v1/datasets/{dataset_id}/preview", json=body, headers=project.headers)
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["seq_len"], len(answer.json()["examples"])) == (64, 1)
+
+
+def _chat_dataset(client: TestClient, project: ProjectKey) -> str:
+    record = (
+        b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    )
+    answer = client.post(
+        "/v1/datasets/upload",
+        data={"name": "chat"},
+        files={"file": ("c.jsonl", record + b"\n")},
+        headers=project.headers,
+    )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])

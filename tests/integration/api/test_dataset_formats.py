@@ -7,7 +7,9 @@ import ast
 import gzip
 import io
 import itertools
+import struct
 import sysconfig
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,9 +274,33 @@ def test_stats_of_a_hand_built_file(client: TestClient, project: ProjectKey) -> 
     assert {w["type"]: (w["count"], w["first"]) for w in stats["warnings"]} == {
         "duplicates": (1, "line 3"),
         "system_not_first": (1, "line 4"),
+        "repeated_text": (1, "line 4"),  # "b" * 40
     }
     assert client.get(f"/v1/datasets/{ds['id']}", headers=project.headers).json() == ds
     assert client.get("/v1/datasets", headers=project.headers).json()["items"] == [ds]
+
+
+def test_chat_data_is_warned_about_missing_user_turns_and_degenerate_answers(
+    client: TestClient, project: ProjectKey
+) -> None:
+    system = {"role": "system", "content": "You are terse."}
+    no_user = {"messages": [system, ASSISTANT]}
+    looping = {"role": "assistant", "content": "Let me check. " + "I'm not sure. " * 12}
+    rule = {"role": "assistant", "content": "A rule:\n" + "-" * 80 + "\nand 1" + "0" * 40}
+    data = jsonl(GOOD, no_user, {"messages": [USER, looping]}, {"messages": [USER, rule]})
+    data += jsonl({"messages": [system, {**ASSISTANT, "content": "ha" * 20}]}, GOOD)
+    ds = uploaded(client, project, "chat.jsonl", data)  # warnings never refuse
+    warnings = {w["type"]: w for w in ds["stats"]["warnings"]}
+    assert {t: (w["count"], w["first"]) for t, w in warnings.items()} == {
+        "no_user_message": (2, "line 2"),
+        "repeated_text": (2, "line 3"),
+        "duplicates": (1, "line 6"),
+    }
+    assert warnings["no_user_message"]["message"] == "conversations without a user message"
+    assert warnings["repeated_text"]["message"].startswith(
+        "conversations with an assistant message that ends in one short string repeated 8+"
+    )
+    assert client.get(f"/v1/datasets/{ds['id']}", headers=project.headers).json() == ds
 
 
 @pytest.mark.parametrize(
@@ -453,6 +479,111 @@ def test_registered_server_files_are_checked_too(
     )
     assert_error(answer, 422, "validation_error", ["body", "format"])
     assert counts(engine, project.project_id) == before
+
+
+def png() -> bytes:
+    """A real 1x1 grey PNG: the signature, then IHDR, IDAT and IEND chunks with their CRCs."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00\x80"))
+        + chunk(b"IEND", b"")
+    )
+
+
+NOT_TEXT = [
+    pytest.param(
+        "a.png", png(), "a.png: byte 1 (line 1) is not UTF-8 (invalid start byte)", id="png"
+    ),
+    pytest.param(
+        "latin1.txt",
+        "caf\u00e9\nna\u00efve\n".encode("latin-1"),
+        "latin1.txt: byte 4 (line 1) is not UTF-8 (invalid continuation byte)",
+        id="latin1",
+    ),
+    pytest.param(
+        "nul.txt",
+        b"two lines\nof te\x00xt\n",
+        "nul.txt: byte 16 (line 2) is a NUL byte (binary data)",
+        id="nul",
+    ),
+    pytest.param(
+        "utf16.txt",
+        "text".encode("utf-16-le"),
+        "utf16.txt: byte 2 (line 1) is a NUL byte (binary data)",
+        id="utf16",
+    ),
+]
+
+
+@pytest.mark.parametrize("declared", [{"format": "text"}, {}], ids=["declared", "detected"])
+@pytest.mark.parametrize(("filename", "data", "msg"), NOT_TEXT)
+def test_a_text_dataset_that_is_not_utf8_text_is_refused_naming_the_file(
+    client: TestClient,
+    project: ProjectKey,
+    settings: Settings,
+    engine: Engine,
+    filename: str,
+    data: bytes,
+    msg: str,
+    declared: dict[str, str],
+) -> None:
+    error = refused(client, project, settings, engine, filename, data, **declared)
+    assert [(d["loc"], d["msg"], d["type"]) for d in error["details"]] == [
+        (["body", "file"], f"{msg}; a text dataset is UTF-8 text", error["details"][0]["type"])
+    ]
+    assert error["details"][0]["type"] in ("unicode", "nul_byte")
+
+
+def test_utf8_text_split_across_read_blocks_is_text(
+    client: TestClient, project: ProjectKey
+) -> None:
+    # A 3-byte character straddles the 1 MiB block boundary the check reads by.
+    data = b"a" * ((1 << 20) - 1) + "\u20ac and more\n".encode()
+    ds = uploaded(client, project, "euro.txt", data)
+    assert (ds["format"], ds["size_bytes"]) == ("text", len(data))
+
+
+def test_a_registered_text_file_or_directory_must_be_utf8_text(
+    root_client: TestClient, project: ProjectKey, engine: Engine, data_root: Path
+) -> None:
+    corpus = data_root / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "ok.txt").write_text("plain text\n")
+    (corpus / "sub" / "logo.png").write_bytes(png())
+    (corpus / "sub" / "nul.txt").write_bytes(b"a\x00")
+    before = counts(engine, project.project_id)
+    for name, uri in [("one", corpus / "sub" / "logo.png"), ("dir", corpus)]:
+        answer = root_client.post(
+            "/v1/datasets",
+            json={"name": name, "uri": str(uri), "format": "text"},
+            headers=project.headers,
+        )
+        error = assert_error(answer, 422, "validation_error", ["body", "uri"])
+        msgs = [d["msg"].split(";")[0] for d in error["details"]]
+        if name == "one":
+            assert msgs == ["logo.png: byte 1 (line 1) is not UTF-8 (invalid start byte)"]
+        else:
+            assert msgs == [
+                "sub/logo.png: byte 1 (line 1) is not UTF-8 (invalid start byte)",
+                "sub/nul.txt: byte 2 (line 1) is a NUL byte (binary data)",
+            ]
+            assert error["message"].startswith("dataset refused, 2 problems")
+    assert counts(engine, project.project_id) == before
+    (corpus / "sub" / "logo.png").unlink()
+    (corpus / "sub" / "nul.txt").write_text("caf\u00e9\n")
+    answer = root_client.post(
+        "/v1/datasets", json={"name": "dir", "uri": str(corpus)}, headers=project.headers
+    )
+    assert answer.status_code == 201, answer.text
+    assert (answer.json()["format"], answer.json()["num_files"]) == ("text", 2)
 
 
 def stdlib_instructions(limit: int) -> list[dict[str, str]]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
@@ -478,3 +480,54 @@ def test_a_job_can_use_an_uploaded_dataset(client: TestClient, project: ProjectK
 def test_dataset_ids_that_cannot_exist_are_404(client: TestClient, project: ProjectKey) -> None:
     for bad in ("ds_missing", "ds%00x", "x" * 100):
         assert_error(client.get(f"/v1/datasets/{bad}", headers=project.headers), 404, "not_found")
+
+
+def test_every_bad_upload_form_field_is_named_at_once_and_nothing_is_stored(
+    client: TestClient, project: ProjectKey, settings: Settings, engine: Engine
+) -> None:
+    before, files = counts(engine, project.project_id), _stored(settings)
+    body = _parts(
+        ("name", None, b"tab\there"),
+        ("format", None, b"chat"),
+        ("token_dtype", None, b"\xff"),
+        ("file", "a.txt", b"text"),
+    )
+    answer = client.post(
+        "/v1/datasets/upload", content=body, headers={**project.headers, **MULTIPART}
+    )
+    error = assert_error(answer, 422, "validation_error")
+    assert [(d["loc"], d["type"]) for d in error["details"]] == [
+        (["body", "token_dtype"], "string_unicode"),
+        (["body", "name"], "string_pattern_mismatch"),
+        (["body", "format"], "literal_error"),
+    ]
+    assert error["details"][2]["msg"] == (
+        "must be one of text, jsonl_text, messages, prompt_completion, preference or tokens "
+        "(got 'chat')"
+    )
+    assert error["message"].startswith("token_dtype: not valid UTF-8 (and 2 more)")
+    assert counts(engine, project.project_id) == before
+    assert _stored(settings) == files
+
+
+@pytest.mark.parametrize(
+    "name", ["0*", " ", "é ü", "a" * 200, "a" * 201, "", "a\x1fb", "a\x7f", "line\n", "\x85"]
+)
+def test_an_upload_name_is_accepted_exactly_when_the_documented_form_allows_it(
+    client: TestClient, project: ProjectKey, name: str
+) -> None:
+    doc = client.get("/openapi.json").json()
+    form = doc["paths"]["/v1/datasets/upload"]["post"]["requestBody"]["content"]
+    schema = form["multipart/form-data"]["schema"]["properties"]["name"]
+    allowed = jsonschema_rs.is_valid(schema, name)  # ECMA-262 regexes, as JSON Schema has them
+    unique = f"{name}-{uuid.uuid4().hex[:8]}" if name and allowed and len(name) < 190 else name
+    answer = client.post(
+        "/v1/datasets/upload",
+        content=_parts(("name", None, unique.encode()), ("file", "a.txt", b"text")),
+        headers={**project.headers, **MULTIPART},
+    )
+    if allowed:
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["name"] == unique
+    else:
+        assert_error(answer, 422, "validation_error", ["body", "name"])
