@@ -167,7 +167,7 @@ def main() -> None:
         steady = sustained(engine, project, Path(tmp) / "b", args.rate, args.seconds)
         engine.dispose()
     emit({"bench": "ingest", "burst": ceiling, "sustained": steady,
-          "goal_points_per_s": 100_000})  # fmt: skip
+          "goal_points_per_s": 250_000})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def main() -> None:
             "jobs_list_first_page": summary_ms(first),
             "jobs_list_deep_page": summary_ms(deep),
             **sorted_pages,
-            "goals": {"downsampled_p99_ms": 100, "jobs_list_p99_ms": 50},
+            "goals": {"downsampled_p99_ms": 10, "jobs_list_p99_ms": 10},
         }
     )
 

@@ -105,6 +105,9 @@ export function detailPage(root, jobId) {
   // A failed job's page starts with why it failed; a restarted one with its last failure.
   const failureSlot = h("div", { id: "failure-slot" });
   let failureShown = "";
+  // A job whose stored spec no longer reads as written (an older release's, or edited by hand).
+  const specProblems = h("section", { id: "spec-problems", class: "spec-problems", hidden: true,
+    "aria-label": "spec needs attention" });
   const summary = h("dl", { class: "kv", id: "job-summary" });
   // Losses, tokens, throughput, MFU, the sample, hyperparameters; labels and note to edit.
   const card = summaryCard(jobId, (updated) => { job = updated; renderJob(); });
@@ -198,6 +201,15 @@ export function detailPage(root, jobId) {
       failureShown = shown;
       const view = failureView(job, showRankLogs);
       failureSlot.replaceChildren(...(view ? [view] : []));
+    }
+    const problems = job.spec_problems ?? [];
+    if (problems.length && specProblems.hidden) {
+      specProblems.hidden = false;
+      specProblems.replaceChildren(
+        h("strong", {}, "Needs attention: "),
+        "its stored spec no longer reads as written, so it will not be started. Clone and edit "
+        + "it to submit it again with today's fields.",
+        h("ul", {}, ...problems.map((p) => h("li", {}, p))));
     }
     summary.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k),
       h("dd", { dataset: { field: k } }, v instanceof Node ? v : String(v))]));
@@ -425,6 +437,7 @@ export function detailPage(root, jobId) {
     h("h1", {}, title, kindSlot, badge, h("span", { class: "spacer" }), compareLink, clone,
       ...Object.values(actions).map((a) => a.button), cancel),
     failureSlot,
+    specProblems,
     h("div", { class: "panel" }, summary),
     card.node,
     codeSlot,
