@@ -9,6 +9,7 @@ COPY api api
 COPY core core
 COPY workers workers
 COPY trainer trainer
+COPY jobspec jobspec
 COPY dataformat dataformat
 COPY torchyard torchyard
 COPY migrations migrations

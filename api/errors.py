@@ -22,7 +22,7 @@ from starlette.routing import Match, Route
 
 from core import errors as domain
 from core.server_paths import ServerPaths
-from trainer.spec import SPEC_KINDS
+from jobspec.job import SPEC_KINDS
 
 log = logging.getLogger("torchyard.api")
 

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from pydantic import ConfigDict
 
 from core.retry_budget import retry_policy
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 PROJECT_ID = "prj_8a1d3f5c7e9b2d40"
 DATASET_ID = "ds_4f1c2a9e0b7d3c55"

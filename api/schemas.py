@@ -25,7 +25,7 @@ from core.dataset_stats import DatasetStats
 from core.models import JobState
 from core.retry_budget import RetryPolicy, retry_policy
 from dataformat.records import Format
-from trainer.spec import AnyJobSpec, DataSpec, FailureClass, ModelSpec
+from jobspec.job import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
 # Letters, digits and printable punctuation; no control characters (Postgres refuses NUL).
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"

@@ -29,7 +29,7 @@ from sqlalchemy.engine import make_url
 
 from core import auth
 from core.db import make_engine, session_scope, upgrade
-from trainer.spec import parse_job_spec
+from jobspec.job import parse_job_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get(

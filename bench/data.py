@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from bench import smoke
 from bench._common import REPO_ROOT, emit, note
 from dataformat.chat import CHATML, CHATML_SPECIAL_TOKENS
+from jobspec.job import JobSpec
 from trainer.dataprep import prepare_rows
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter
@@ -61,7 +62,6 @@ from trainer.loop import train_loop
 from trainer.optim import build_optimizer
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler
-from trainer.spec import JobSpec
 from trainer.train import build_run
 
 MODEL = {"n_layers": 4, "n_heads": 4, "d_model": 128, "seq_len": 128}  # quickstart's GPT

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench import smoke  # noqa: E402
 from bench.trainer_methods import _corpus, _free_port  # noqa: E402
-from trainer.spec import JobSpec  # noqa: E402
+from jobspec.job import JobSpec  # noqa: E402
 
 # The built-in GPT, or a Llama built by transformers from a config (byte vocabulary, no
 # download), which also exercises the Hugging Face and (with --lora) peft paths.

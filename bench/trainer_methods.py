@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import smoke  # noqa: E402
-from trainer.spec import JobSpec  # noqa: E402
+from jobspec.job import JobSpec  # noqa: E402
 
 # name: (processes, parallelism, extra train options); global batch is always --batch.
 METHODS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {

@@ -30,7 +30,7 @@ from core import storage
 from core.auth import new_id
 from core.errors import InvalidInput, TooLarge
 from core.models import CodeArchive
-from trainer.spec import ScriptJobSpec
+from jobspec.job import ScriptJobSpec
 
 MAX_FILES: Final = 20_000
 ArchiveFormat = Literal["tar.gz", "zip"]

@@ -27,7 +27,7 @@ from core import datasets, storage
 from core.errors import Conflict, InvalidInput
 from core.settings import Settings
 from dataformat.records import LOSS_ON_BY_FORMAT
-from trainer.spec import ModelSpec
+from jobspec.job import ModelSpec
 
 if TYPE_CHECKING:
     from dataformat.masks import Tokenizer

@@ -22,7 +22,7 @@ from core import jobs, storage, webhooks
 from core.errors import Conflict, NotFound
 from core.models import Checkpoint, CheckpointExport, ExportState, Job, JobEvent, utcnow
 from core.settings import Settings
-from trainer.spec import ScriptJobSpec
+from jobspec.job import ScriptJobSpec
 
 WEIGHTS_FILE = "model.safetensors"  # what `python -m trainer.export` writes (CONTRACTS.md, 1)
 CONFIG_FILE = "config.json"

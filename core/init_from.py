@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.models import Checkpoint, Job
-from trainer.spec import InitFromSpec, JobSpec
+from jobspec.job import InitFromSpec, JobSpec
 
 LOC = ("body", "model", "init_from")
 # Fields that do not change the shapes of the weights.

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from core import webhooks
 from core.errors import Conflict, NotFound
 from core.models import TERMINAL_STATES, Job, JobEvent, JobState, utcnow
-from trainer.spec import JobSpec, ScriptJobSpec
+from jobspec.job import JobSpec, ScriptJobSpec
 
 S = JobState
 # to-state -> the states it may be entered from

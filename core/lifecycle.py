@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.models import JobState
-from trainer.spec import FailureClass, RetrySpec
+from jobspec.job import FailureClass, RetrySpec
 
 __all__ = [
     "AttemptFacts",

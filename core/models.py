@@ -34,8 +34,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from trainer.spec import JobSpec, ScriptJobSpec, parse_job_spec
-from trainer.spec_stored import read_stored_spec, stored_problems
+from jobspec.job import JobSpec, ScriptJobSpec, parse_job_spec
+from jobspec.stored import read_stored_spec, stored_problems
 
 # Postgres gets JSONB, SQLite plain JSON text.
 JsonType = JSON().with_variant(JSONB(), "postgresql")
@@ -47,7 +47,7 @@ class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
 
     Code that reads `Job.spec` gets the typed spec with its defaults (no `.get("x", default)`
     on dicts). Reading never raises: a spec of an older version is upgraded, and one that no
-    longer validates is read leniently with its repairs recorded (`trainer.spec_stored`,
+    longer validates is read leniently with its repairs recorded (`jobspec.stored`,
     `Job.spec_problems`); the row itself is left as stored.
     """
 
@@ -271,7 +271,7 @@ class Job(Base):
 
     @property
     def spec_problems(self) -> list[str]:
-        """What had to be repaired to read the stored spec (`trainer.spec_stored`): empty for
+        """What had to be repaired to read the stored spec (`jobspec.stored`): empty for
         every job this release submitted; a job with problems is shown but never started."""
         return stored_problems(self.spec)
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from core import queries
 from core.models import Job, JobEvent, JobState
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 RESULT_PREFIX = "file-result-"
 RESULT_PURPOSE = "fine-tune-results"

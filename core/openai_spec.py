@@ -22,7 +22,7 @@ from core import datasets
 from core.errors import InvalidInput
 from core.openai_view import BASE_LABEL, LR_LABEL, META_PREFIX, SUFFIX_LABEL, base_model
 from core.settings import BaseModelEntry, Settings
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 Auto = Literal["auto"]
 _ID = Annotated[str, Field(min_length=1, max_length=100)]

@@ -20,7 +20,7 @@ from core.errors import InvalidInput, NotFound
 from core.models import Checkpoint, Dataset, Job, JobEvent, JobState, MetricPoint
 from core.openai_results import result_file_id, trained_tokens
 from core.settings import BaseModelEntry, Settings
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 JOB_PREFIX = "ftjob-"
 EVENT_PREFIX = "ftevent-"

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from core.lifecycle import Policy
 from core.models import JobState
-from trainer.spec import FailureClass, RetrySpec
+from jobspec.job import FailureClass, RetrySpec
 
 __all__ = ["BUDGETED", "ClassBudget", "RetryPolicy", "retry_policy"]
 

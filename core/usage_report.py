@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from core import usage
 from core.errors import InvalidInput
 from core.models import Job, utcnow
-from trainer.spec import JobSpec, ScriptJobSpec
+from jobspec.job import JobSpec, ScriptJobSpec
 
 GroupBy = Literal["day", "pool", "job"]
 GROUP_BY: tuple[GroupBy, ...] = ("day", "pool", "job")

@@ -1,6 +1,6 @@
 """Dataset record formats: the shape of one training example, checked once at upload.
 
-Pure pydantic (like `trainer.spec`), so the API validates uploads with the same models the
+Pure pydantic (like `jobspec.job`), so the API validates uploads with the same models the
 trainer renders from. One record is one JSON object (a JSONL line or a Parquet row).
 
 | format | one record |

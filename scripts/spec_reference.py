@@ -13,7 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.spec import JobSpec, ScriptJobSpec
+from jobspec.job import JobSpec, ScriptJobSpec
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- spec-reference -->", "<!-- /spec-reference -->"

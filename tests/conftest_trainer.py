@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from jobspec.job import JobSpec
 from trainer.dataprep import prepare_rows
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter, Reporter
 from trainer.hf import load_tokenizer
 from trainer.loop import Run
 from trainer.rows import IGNORE_INDEX, Rows
-from trainer.spec import JobSpec
 from trainer.train import build_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
     from torchyard import Client
 
     with Client() as client:                      # TORCHYARD_URL / TORCHYARD_API_KEY / login
-        job = client.jobs.create(spec)            # dict or trainer.spec.JobSpec
+        job = client.jobs.create(spec)            # dict or jobspec.job.JobSpec
         archive = client.code.upload("src/")      # training code for `entrypoint` jobs
         for item in client.jobs.follow(job.id):   # Job | Event | MetricPoint | LogLine
             ...

@@ -22,9 +22,9 @@ import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from jobspec.job import TrainSpec
 from trainer.rows import IGNORE_INDEX, Batch, Rows
 from trainer.sampler import GlobalBatchSampler
-from trainer.spec import TrainSpec
 
 
 def lm_loss(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:

@@ -36,10 +36,10 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
 from dataformat.errors import CheckpointWriteError, InvalidJobError
+from jobspec.job import CheckpointSpec
 from trainer.data import is_uri
 from trainer.distributed import DistInfo, broadcast_from_rank0
 from trainer.events import Reporter
-from trainer.spec import CheckpointSpec
 
 log = logging.getLogger(__name__)
 METADATA = ".metadata"

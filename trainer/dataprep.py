@@ -50,9 +50,9 @@ from trainer.rows import Rows, RowsWriter, mapped_file
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from jobspec.job import JobSpec
     from trainer.distributed import DistInfo
     from trainer.pairs import PreferenceRows
-    from trainer.spec import JobSpec
 
 VERIFY_SAMPLE = 256  # examples whose masks are verified before the corpus is tokenized
 CACHE_ENV = "TORCHYARD_CACHE_DIR"

@@ -32,12 +32,12 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import DPOSpec, JobSpec
 from trainer.distributed import DistInfo, no_sync
 from trainer.dpo import dpo_loss, mean_metrics, pair_statistics, sequence_logps
 from trainer.finetune import Network, build_network
 from trainer.parallel.parallelize import apply_fsdp, set_gradient_sync
 from trainer.rows import IGNORE_INDEX, Batch, Rows
-from trainer.spec import DPOSpec, JobSpec
 
 _CHECK_ROWS = 8192
 Forward = Callable[[nn.Module, Batch], Tensor]  # (model, batch of B rows) -> logits (B, T, V)

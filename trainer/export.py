@@ -27,10 +27,10 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
+from jobspec.job import JobSpec
 from trainer.checkpoint import SPEC_FILE, _reader
 from trainer.data import is_uri
 from trainer.model import GPT, GPTConfig
-from trainer.spec import JobSpec
 
 if TYPE_CHECKING:
     from trainer.loop import Run

@@ -32,11 +32,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.nn.parallel import DistributedDataParallel
 
 from dataformat.errors import InvalidJobError
+from jobspec.checks import GPT_LINEAR_MODULES
+from jobspec.job import JobSpec, LoRASpec, QLoRASpec
 from trainer.distributed import DistInfo
 from trainer.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
 from trainer.model import GPTConfig, build_model
-from trainer.spec import JobSpec, LoRASpec, QLoRASpec
-from trainer.spec_checks import GPT_LINEAR_MODULES
 from trainer.state import ModelOptimizerState
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import ModelSpec
 from trainer.data import is_uri
 from trainer.model import VOCAB_SIZE
-from trainer.spec import ModelSpec
 
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig, PreTrainedModel, PreTrainedTokenizerBase

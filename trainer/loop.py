@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from dataformat.errors import NonFiniteError
+from jobspec.job import JobSpec
 from trainer.batches import forward, lm_loss, next_step_batches
 from trainer.checkpoint import Checkpointer
 from trainer.data import decode, encode
@@ -46,7 +47,6 @@ from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_g
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler
-from trainer.spec import JobSpec
 from trainer.state import TrainState
 
 log = logging.getLogger(__name__)

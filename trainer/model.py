@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.spec import ModelSpec
+from jobspec.job import ModelSpec
 
 VOCAB_SIZE = 256  # byte-level: token id = byte value
 INIT_STD = 0.02

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.spec import OptimSpec
+from jobspec.job import OptimSpec
 
 
 def build_optimizer(

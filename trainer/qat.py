@@ -39,9 +39,9 @@ from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize
 from torchao.quantization.granularity import PerGroup
 from torchao.quantization.qat import QATConfig
 
+from jobspec.job import JobSpec, QATSpec
 from trainer.export import CONFIG_FILE, WEIGHTS_FILE, model_config, write_model_dir
 from trainer.model import GPT, GPTConfig, build_model
-from trainer.spec import JobSpec, QATSpec
 
 if TYPE_CHECKING:
     from trainer.loop import Run
@@ -95,7 +95,7 @@ def report_converted(run: Run) -> dict[str, Any]:
         run.parallel_model, options=StateDictOptions(full_state_dict=True)
     )  # every rank gets the whole tensors (FSDP all-gathers them)
     cfg = run.model.cfg
-    assert isinstance(cfg, GPTConfig)  # spec_checks: qat is for the built-in GPT only
+    assert isinstance(cfg, GPTConfig)  # jobspec.checks: qat is for the built-in GPT only
     # get_model_state_dict is annotated with any state value; a module's are all tensors.
     local = local_prepared_copy(cfg, cast(dict[str, torch.Tensor], full), spec.qat, run.dist.device)
     del full

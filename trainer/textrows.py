@@ -33,7 +33,7 @@ from trainer.dataplan import DataPlan, ExampleSplit, document_sides
 from trainer.rows import RowsWriter
 
 if TYPE_CHECKING:
-    from trainer.spec import DataSpec
+    from jobspec.job import DataSpec
 
 _BLOCK = 1 << 20
 

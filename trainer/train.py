@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dataformat.errors import InvalidJobError
 from dataformat.failures import FailureClass, classify_exception
+from jobspec.job import JobSpec
 from trainer.batches import lm_loss, resolve_max_steps
 from trainer.checkpoint import Checkpointer
 from trainer.data import is_uri
@@ -46,7 +47,6 @@ from trainer.pairs import PreferenceRows
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler, eval_batches
-from trainer.spec import JobSpec
 from trainer.state import RNGState, TrainState
 
 log = logging.getLogger("trainer")

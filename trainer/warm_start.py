@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import JobSpec
 from trainer.checkpoint import load_model_only
 from trainer.distributed import DistInfo
 from trainer.export import checkpoint_spec
 from trainer.hf import HFCausalLM
-from trainer.spec import JobSpec
 
 if TYPE_CHECKING:
     from trainer.finetune import Network

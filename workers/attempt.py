@@ -21,7 +21,7 @@ from core.models import Job, JobState
 from core.settings import Settings
 from core.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
 from core.usage import as_utc
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.launcher import RunPaths
 

@@ -107,7 +107,7 @@ def _lead(
     nodes = gang.num_nodes(job)
     budget = runtime_budget(job)
     refused: Exception | None = None
-    if job.spec_problems:  # never run a spec nobody wrote (trainer.spec_stored)
+    if job.spec_problems:  # never run a spec nobody wrote (jobspec.stored)
         refused = InvalidInput(
             "the stored spec cannot be run as written (" + "; ".join(job.spec_problems) + "): "
             "submit it again with today's fields"

@@ -1,5 +1,5 @@
 """What a node runs, by the kind of job: the one place that tells the built-in trainer
-(`trainer.spec.JobSpec`) from the team's own program (`ScriptJobSpec`, docs/CONTRACTS.md
+(`jobspec.job.JobSpec`) from the team's own program (`ScriptJobSpec`, docs/CONTRACTS.md
 section 5). Both then go the same way through `workers.node`: spawn, supervise, record.
 """
 
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Job
 from core.settings import Settings
-from trainer.spec import ScriptJobSpec
+from jobspec.job import ScriptJobSpec
 from workers import attempt, devices, launcher, script
 from workers.launcher import GangNode, RunPaths
 

@@ -28,7 +28,7 @@ from core.lifecycle import FailureClass
 from core.models import Job
 from core.settings import Settings
 from core.storage import job_checkpoint_uri, job_run_dir
-from trainer.spec import ScriptJobSpec
+from jobspec.job import ScriptJobSpec
 from workers.attempt import Unlaunched, with_db_retry
 from workers.checkpoints import set_aside_unrecorded
 from workers.ingest import RunIngest

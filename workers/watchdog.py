@@ -40,7 +40,7 @@ from core import jobs
 from core.jobs import ACTIVE_STATES
 from core.models import Job
 from core.settings import Settings
-from trainer.spec import LimitsSpec
+from jobspec.job import LimitsSpec
 from workers.ingest import RunIngest
 from workers.supervisor import Stop
 

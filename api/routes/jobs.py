@@ -38,7 +38,7 @@ from core.errors import Forbidden, InvalidInput
 from core.models import Job, JobState
 from core.server_paths import ServerPaths
 from core.settings import Settings
-from trainer.spec import AnyJobSpec, JobSpec, ScriptJobSpec
+from jobspec.job import AnyJobSpec, JobSpec, ScriptJobSpec
 
 LABEL = r"^[^=\x00]+=[^\x00]*$"
 """A `label` filter: `key=value`, a non-empty key (the first `=` ends it), no NUL."""

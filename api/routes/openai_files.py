@@ -20,7 +20,7 @@ from core import datasets, jobs, openai_results, openai_view, storage
 from core.auth import new_id
 from core.errors import Conflict, InvalidInput, NotFound, TooLarge
 from core.models import TERMINAL_STATES, Dataset, Job, JobState
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 PREFIX = "/openai/v1"
 FILES_PATH = f"{PREFIX}/files"

@@ -13,7 +13,7 @@ from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
 from core import spec_yaml
 from core.errors import DomainError, InvalidInput
-from trainer.spec import json_schema, parse_job_spec
+from jobspec.job import json_schema, parse_job_spec
 
 router = APIRouter(prefix="/v1/spec", tags=["spec"])
 

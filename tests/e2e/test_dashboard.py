@@ -21,10 +21,10 @@ from playwright.sync_api import Browser, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from sqlalchemy import Engine
 
+from jobspec.job import JobSpec
 from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
-from trainer.spec import JobSpec
 
 RUN_TIMEOUT_MS = 180_000
 # Long enough (a few seconds on an idle host: ~10 ms a step) that its points reach the page in

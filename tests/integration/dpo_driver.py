@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from jobspec.job import JobSpec
 from trainer.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown
 from trainer.dpo_train import build_dpo, check_pairs, pair_batches
 from trainer.finetune import build_network
@@ -26,7 +27,6 @@ from trainer.optim import build_optimizer
 from trainer.parallel import ParallelDims, clip_grad_norm, parallelize
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler, eval_batches
-from trainer.spec import JobSpec
 
 
 def main() -> None:

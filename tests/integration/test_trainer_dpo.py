@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from jobspec.job import JobSpec
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
 from tests.conftest_trainer import (
     REPO_ROOT,
@@ -34,7 +35,6 @@ from tests.conftest_trainer import (
     tiny_spec,
     trainer_env,
 )
-from trainer.spec import JobSpec
 
 SEQ_LEN = 96
 NUM_PAIRS = 16

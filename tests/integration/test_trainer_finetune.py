@@ -31,6 +31,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from jobspec.job import JobSpec
 from tests.conftest_trainer import (
     TINY_LLAMA,
     build_local_run,
@@ -45,7 +46,6 @@ from tests.tolerances import reordered_sum_rel, tokens_per_step
 from trainer.hf import HFCausalLM
 from trainer.loop import evaluate
 from trainer.model import GPT, GPTConfig, build_model
-from trainer.spec import JobSpec
 
 MAX_STEPS = 6
 FAIL_AT = 4  # after the checkpoint at step 3

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from jobspec.job import JobSpec
 from tests.conftest_trainer import explain, read_events, run_trainer, statuses, tiny_spec
 from tests.conftest_trainer import train_losses as losses_of
 from tests.tolerances import reordered_sum_rel, tokens_per_step
-from trainer.spec import JobSpec
 
 MAX_STEPS = 6
 FAIL_AT = 4  # after the checkpoint at step 3

@@ -20,10 +20,10 @@ import pytest
 import safetensors.torch
 import torch
 
+from jobspec.job import JobSpec
 from tests.conftest_trainer import explain, read_events, run_trainer, statuses, tiny_spec
 from tests.conftest_trainer import train_losses as losses_of
 from trainer.export import load_model_weights
-from trainer.spec import JobSpec
 
 MAX_STEPS = 4
 REL_TOLERANCE = 2e-4

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from jobspec.job import JobSpec
 from tests.conftest_trainer import (
     RUN_TIMEOUT_S,
     read_events,
@@ -26,7 +27,6 @@ from tests.conftest_trainer import (
     tiny_spec,
     trainer_command,
 )
-from trainer.spec import JobSpec
 from workers.progress import STRAGGLER_RATIO, StragglerDetector
 
 MAX_STEPS = 60

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from jobspec.job import JobSpec
 from tests.conftest_trainer import (
     RUN_TIMEOUT_S,
     explain,
@@ -27,7 +28,6 @@ from tests.conftest_trainer import (
     trainer_command,
 )
 from tests.tolerances import reordered_sum_rel, tokens_per_step
-from trainer.spec import JobSpec
 
 MAX_STEPS = 120
 # Exact on CPU in practice (gloo's 2-rank all-reduce and the kernels are deterministic).

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import JobSpec
 from tests.conftest_trainer import (
     TINY_LLAMA,
     cpu_world_of_one,
@@ -33,7 +34,6 @@ from tests.conftest_trainer import (
 from trainer.checkpoint import load_model_only
 from trainer.export import checkpoint_spec
 from trainer.finetune import build_network, trainable_names
-from trainer.spec import JobSpec
 from trainer.warm_start import load_starting_weights, merged_source
 
 MODEL = {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}

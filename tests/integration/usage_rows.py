@@ -8,8 +8,8 @@ from sqlalchemy import Engine
 
 from core.db import session_scope
 from core.models import Job, JobNode, JobState
+from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
-from trainer.spec import parse_job_spec
 
 Node = tuple[int, datetime, datetime | None, int, float]  # attempt, joined, ended, slots, cpu
 

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import JobSpec
 from trainer.dataprep import prepare_rows
 from trainer.distributed import init_distributed, shutdown
 from trainer.events import NullReporter
-from trainer.spec import JobSpec
 
 
 def main(spec_path: str, cache: str, out: str) -> None:

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jobspec.job import JobSpec
 from trainer.dataprep import PreparedRows, prepare_rows
 from trainer.events import EventWriter
-from trainer.spec import JobSpec
 
 STDLIB_MODULES = (
     "textwrap",

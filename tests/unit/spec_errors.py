@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 
 def raw_spec(**overrides: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from jobspec.job import JobSpec
 from torchyard.cli import app
 from torchyard.examples import load_example
 from torchyard.quickstart import (
@@ -25,7 +26,6 @@ from torchyard.quickstart import (
 )
 from torchyard.quickstart_examples import Inputs
 from torchyard.quickstart_examples import example_spec as fine_tuning_spec
-from trainer.spec import JobSpec
 
 
 def _valid(spec: dict) -> JobSpec:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from jobspec.job import JobSpec
 from tests.unit.sft_data import messages_records, write_jsonl
-from trainer.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,22 +18,25 @@ FORBIDDEN = {
     "workers": {"api", "torchyard", "fastapi"},
     "torchyard": {"api", "core", "workers", "torch", "sqlalchemy", "celery", "fastapi"},
     # the torch-free vocabularies both sides share import neither side
-    "dataformat": {*SERVER, "trainer", "torch", "celery", "sqlalchemy", "fastapi", "redis"},
+    "dataformat": {
+        *SERVER,
+        "trainer",
+        "jobspec",
+        "torch",
+        "celery",
+        "sqlalchemy",
+        "fastapi",
+        "redis",
+    },
+    # the job spec: pydantic models every side validates with, importing only `dataformat`
+    "jobspec": {*SERVER, "trainer", "torch", "numpy", "celery", "sqlalchemy", "fastapi", "redis"},
 }
 
-# Of the trainer, the API, core, the workers and the client import only the job spec (pure
-# pydantic, DESIGN.md); what else they share with it (record formats, JSONL, YAML 1.2, failure
-# classes, masks, readers) lives in `dataformat`, which imports no trainer module.
-SPEC = ("trainer.spec", "trainer.spec_stored")
-# ... and with it its sections, which it imports.
-SPEC_MODULES = (
-    *SPEC,
-    "trainer.spec_base",
-    "trainer.spec_checks",
-    "trainer.spec_data",
-    "trainer.spec_entrypoint",
-    "trainer.spec_method",
-)
+# The API, core, the workers and the client share the job spec with the trainer through
+# `jobspec` (pure pydantic), and record formats, JSONL, YAML 1.2, failure classes, masks and
+# readers through `dataformat`: neither imports the trainer, and none of them import the
+# trainer at all (no exception).
+SPEC_MODULES = tuple(sorted(f"jobspec.{p.stem}" for p in (ROOT / "jobspec").glob("[!_]*.py")))
 # What a user's training script imports (`torchyard.train`, section 5 of CONTRACTS.md) writes
 # the events file with the trainer's own torch-free writer rather than a copy of it.
 TRAIN_API_TRAINER = ("trainer.events",)
@@ -62,8 +65,8 @@ def _imports(path: Path) -> list[str]:
 
 def _trainer_allowed(path: Path) -> tuple[str, ...]:
     if path.is_relative_to(ROOT / "torchyard" / "train"):
-        return (*SPEC, *TRAIN_API_TRAINER)
-    return SPEC if path.relative_to(ROOT).parts[0] in SERVER else ()
+        return TRAIN_API_TRAINER
+    return ()
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -82,8 +85,8 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
 
 
 def test_the_layer_check_sees_a_server_module_importing_the_trainer(tmp_path: Path) -> None:
-    """The check above fails on a server module importing the trainer beyond its spec, in any
-    form: `import trainer.x`, `from trainer import x`, lazily inside a function."""
+    """The check above fails on a server module importing the trainer, in any form:
+    `import trainer.x`, `from trainer import x`, lazily inside a function."""
     source = tmp_path / "m.py"
     source.write_text(
         "import trainer.masks\n"
@@ -94,11 +97,7 @@ def test_the_layer_check_sees_a_server_module_importing_the_trainer(tmp_path: Pa
     names = _imports(source)
     assert names == ["trainer.masks", "trainer.records", "trainer.spec", "trainer.failures"]
     allowed = _trainer_allowed(ROOT / "core" / "x.py")
-    assert [n for n in names if n not in allowed] == [
-        "trainer.masks",
-        "trainer.records",
-        "trainer.failures",
-    ]
+    assert [n for n in names if n not in allowed] == names
     assert _trainer_allowed(ROOT / "dataformat" / "x.py") == ()
 
 
@@ -111,7 +110,7 @@ import api.main
 from core import dataset_preview
 from core.settings import Settings
 from dataformat import chat, errors, masks, readers, records
-from trainer import spec, spec_checks
+from jobspec import checks, job as spec
 model = spec.ModelSpec(kind="hf", hf={"path_or_id": sys.argv[1]})
 tokenizer = dataset_preview.load_tokenizer(model, Settings(data_roots=[sys.argv[1]]))
 template = dataset_preview._template(chat.CHATML, tokenizer)  # compiled, as a custom one
@@ -143,12 +142,11 @@ def test_the_preview_modules_run_without_importing_torch(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("module", [*SPEC_MODULES, *DATAFORMAT])
 def test_shared_modules_import_no_tensor_library_and_dataformat_no_trainer(module: str) -> None:
-    """What the API imports of the trainer and of `dataformat` loads no torch, most of it not
-    even numpy, and `dataformat` no trainer module (checked in a fresh interpreter: the
-    modules' transitive imports, not only their own lines)."""
+    """What the API shares with the trainer (`jobspec`, `dataformat`) loads no torch, most of it
+    not even numpy, and no trainer module (checked in a fresh interpreter: the modules'
+    transitive imports, not only their own lines)."""
     banned = ("torch",) if module in NUMPY_USERS else ("torch", "numpy")
-    if module.startswith("dataformat."):
-        banned = (*banned, "trainer")
+    banned = (*banned, "trainer")
     code = f"import sys, {module}; print(sorted(m for m in {banned!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True

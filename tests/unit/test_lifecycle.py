@@ -15,7 +15,7 @@ from core.lifecycle import (
     decide,
 )
 from core.models import JobState
-from trainer.spec import RetrySpec
+from jobspec.job import RetrySpec
 
 C = FailureClass
 RUNNING, CANCELLING, PAUSING = JobState.RUNNING, JobState.CANCELLING, JobState.PAUSING

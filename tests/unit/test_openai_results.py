@@ -17,7 +17,7 @@ from core.db import make_engine, session_factory
 from core.models import Base, Job, JobEvent, MetricPoint, Project
 from core.openai_results import RESULT_COLUMNS, results_csv, trained_tokens
 from core.openai_view import BASE_LABEL, META_PREFIX, jobs_page
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.models import Job
-from trainer.spec import ScriptJobSpec
+from jobspec.job import ScriptJobSpec
 from workers import launcher, plan
 from workers.devices import Lease
 

@@ -9,7 +9,7 @@ import pytest
 
 from core.retry_budget import retry_policy
 from dataformat.failures import FailureClass as C
-from trainer.spec import RetrySpec
+from jobspec.job import RetrySpec
 
 
 def _policy(retries: dict[str, Any], by_class: dict[str, int], state: str, cls: C | None) -> Any:

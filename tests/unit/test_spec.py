@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import JobSpec, json_schema
+from jobspec.job import JobSpec, json_schema
 
 
 def _spec(**overrides: object) -> dict[str, object]:

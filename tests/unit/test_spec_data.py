@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 
 def _spec(**data: object) -> dict[str, object]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from jobspec.job import JobSpec
 from tests.unit.spec_errors import raw_spec, spec_errors
-from trainer.spec import JobSpec
 
 
 def test_method_defaults_to_sft_without_dpo_settings() -> None:

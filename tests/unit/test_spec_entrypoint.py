@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import TRAINER_FIELDS, JobSpec, ScriptJobSpec, json_schema, parse_job_spec
+from jobspec.job import TRAINER_FIELDS, JobSpec, ScriptJobSpec, json_schema, parse_job_spec
 
 CODE = "code_0123456789abcdef"
 

@@ -1,12 +1,12 @@
-"""`trainer.spec_stored`: a stored spec is upgraded version by version, then read leniently,
+"""`jobspec.stored`: a stored spec is upgraded version by version, then read leniently,
 each repair recorded; a valid current spec is read exactly as submitted."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.spec import JobSpec, ScriptJobSpec, parse_job_spec
-from trainer.spec_stored import read_stored_spec, stored_problems, upgrade
+from jobspec.job import JobSpec, ScriptJobSpec, parse_job_spec
+from jobspec.stored import read_stored_spec, stored_problems, upgrade
 
 VALID: dict[str, Any] = {
     "name": "run",

@@ -8,8 +8,8 @@ import pytest
 
 from core.errors import InvalidInput
 from core.spec_yaml import parse
+from jobspec.job import JobSpec
 from torchyard.specs import load_spec
-from trainer.spec import JobSpec
 
 SPEC = """\
 name: my-run   # a comment

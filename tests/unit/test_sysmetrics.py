@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from core.db import make_engine, session_factory
 from core.models import Base, Job, MetricPoint, Project
 from core.settings import Settings
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.sysmetrics import ProcessSample, ProcessSampler, SysMetrics, readings

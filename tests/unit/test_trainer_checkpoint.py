@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dataformat.errors import CheckpointWriteError
+from jobspec.job import CheckpointSpec
 from tests.conftest_trainer import (
     build_local_run,
     build_rows_run,
@@ -21,7 +22,6 @@ from tests.conftest_trainer import (
 from trainer.checkpoint import Checkpointer, latest_complete, list_checkpoints
 from trainer.events import EventWriter, NullReporter
 from trainer.loop import Run, train_loop, train_step
-from trainer.spec import CheckpointSpec
 
 
 def _make(root: Path, step: int, *, complete: bool) -> None:

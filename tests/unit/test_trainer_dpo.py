@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import JobSpec
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
 from tests.conftest_trainer import TINY_LLAMA, cpu_world_of_one, tiny_spec
 from trainer.dpo_train import (
@@ -29,7 +30,6 @@ from trainer.dpo_train import (
 from trainer.finetune import Network, build_network
 from trainer.optim import build_optimizer
 from trainer.rows import Batch, Rows
-from trainer.spec import JobSpec
 
 CPU = torch.device("cpu")
 SEQ_LEN = 96

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from dataformat.errors import InvalidJobError
+from jobspec.job import JobSpec, QLoRASpec
 from tests.conftest_trainer import TINY_LLAMA, build_local_run, tiny_spec
 from trainer.finetune import AdapterOptimizerState, build_network, quantize_linears
 from trainer.loop import train_step
 from trainer.model import GPTConfig, build_model
 from trainer.parallel.parallelize import block_slots
-from trainer.spec import JobSpec, QLoRASpec
 
 CPU = torch.device("cpu")
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from jobspec.job import OptimSpec
 from trainer.model import GPTConfig, build_model
 from trainer.optim import build_optimizer, build_scheduler, lr_factor
-from trainer.spec import OptimSpec
 
 
 def factor(step: int, schedule: str, warmup: int = 10, max_steps: int = 110) -> float:

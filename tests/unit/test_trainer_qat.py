@@ -23,6 +23,7 @@ import torch
 from pydantic import ValidationError
 from torchao.quantization.qat.linear import FakeQuantizedLinear
 
+from jobspec.job import JobSpec
 from tests.conftest_trainer import (
     build_local_run,
     read_events,
@@ -33,7 +34,6 @@ from tests.conftest_trainer import (
 from trainer import qat
 from trainer.events import EventWriter
 from trainer.loop import evaluate, train_loop
-from trainer.spec import JobSpec
 
 REL_TOLERANCE = 13 * 256 * torch.finfo(torch.float32).eps / 2  # derived in the docstring
 

@@ -10,7 +10,7 @@ import pytest
 from core.errors import InvalidInput
 from core.usage import NodeUsage, cost, split_days
 from core.usage_report import check_max_cost
-from trainer.spec import parse_job_spec
+from jobspec.job import parse_job_spec
 
 
 def _at(day: int, hour: int, minute: int = 0) -> datetime:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from dataformat.errors import InvalidJobError
-from trainer.spec import JobSpec
+from jobspec.job import JobSpec
 
 
 @dataclass(frozen=True, kw_only=True)

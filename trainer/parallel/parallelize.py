@@ -45,11 +45,11 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from jobspec.job import FSDPSpec, JobSpec
 from trainer.model import GPT
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.pipeline import PipelineRunner, prune_to_rank, stage_bounds
-from trainer.spec import FSDPSpec, JobSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TP_PLAN: dict[str, type[ColwiseParallel] | type[RowwiseParallel]] = {
@@ -91,7 +91,7 @@ def parallelize(
     """
     mesh = dims.build_mesh(device.type)
     if dims.pp > 1:
-        assert isinstance(model, GPT)  # spec_checks: pipeline plans exist for the GPT only
+        assert isinstance(model, GPT)  # jobspec.checks: pipeline plans exist for the GPT only
         pp = spec.parallelism.pipeline
         bounds = stage_bounds(spec.model.n_layers, dims.pp * pp.stages_per_rank, pp.split_points)
         prune_to_rank(model, bounds, rank, dims.pp)
@@ -107,7 +107,7 @@ def parallelize(
         )
         return Parallelized(model=model, train_model=model, mesh=mesh, pipeline=runner)
     if mesh is not None and dims.tp > 1:
-        assert isinstance(model, GPT)  # spec_checks: tensor plans exist for the GPT only
+        assert isinstance(model, GPT)  # jobspec.checks: tensor plans exist for the GPT only
         apply_tensor_parallel(model, mesh["tp"])
     _apply_block_options(model, spec)
     train_model: nn.Module = model

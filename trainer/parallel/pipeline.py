@@ -38,9 +38,9 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from jobspec.job import PipelineSpec
 from trainer.model import GPT, block_causal_mask
 from trainer.rows import IGNORE_INDEX, Batch
-from trainer.spec import PipelineSpec
 
 
 def stage_bounds(n_layers: int, num_stages: int, split_points: list[int] | None) -> list[range]:

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 from core import ingest, init_from
 from core.errors import InvalidInput
 from core.models import Checkpoint
+from jobspec.job import InitFromSpec
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts, job_spec, submit
-from trainer.spec import InitFromSpec
 
 LOC = ["body", "model", "init_from"]
 

@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from core.models import JobState
+from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec
 from tests.integration.failures import INFRA, OOM, RETRIES, fail_job
 from tests.integration.workers.helpers import create_job
-from trainer.spec import JobSpec
 
 
 @pytest.fixture

@@ -143,7 +143,7 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     # Each of `entrypoint.requirements` is a PEP 508 line (packaging's grammar: no pattern
     # states it).
     ("body", "entrypoint", "requirements"): "value_error",
-    # A job spec's rules across fields and sections (`trainer/spec_checks.py`: meshes divide
+    # A job spec's rules across fields and sections (`jobspec/checks.py`: meshes divide
     # heads, eval interval within max_steps, ...); the simple ones are in the JSON Schema too.
     ("body",): "spec_conflict",
 }

@@ -28,6 +28,7 @@ from core import datasets
 from core.models import Job, JobEvent
 from core.settings import Settings
 from core.storage import job_checkpoint_uri
+from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.faults.inject import (
     ALWAYS_MAPPED_BYTES,
@@ -56,7 +57,6 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
-from trainer.spec import JobSpec
 
 # Launch -> first step is 4-10 s on these two shared cores; a tiny step 1-6 s.
 FIRST_STEP_S = 90.0

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from core.models import JobNode
 from core.settings import Settings
+from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,
@@ -32,7 +33,6 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
-from trainer.spec import JobSpec
 
 STEPS = 16
 ASSEMBLE_TIMEOUT_S = 3.0  # the no-deadlock test: node 0 gives up quickly

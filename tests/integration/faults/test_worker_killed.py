@@ -23,6 +23,7 @@ from core.models import Job, JobEvent
 from core.models import Worker as WorkerRow
 from core.settings import Settings
 from core.storage import job_checkpoint_uri
+from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,
@@ -41,7 +42,6 @@ from tests.integration.workers.helpers import (
     wait_state,
     wait_step,
 )
-from trainer.spec import JobSpec
 from workers.checkpoints import ASIDE
 
 pytestmark = pytest.mark.long

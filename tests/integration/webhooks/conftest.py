@@ -18,8 +18,8 @@ from core.db import session_factory
 from core.models import utcnow
 from core.server_paths import ServerPaths
 from core.settings import Settings
+from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
-from trainer.spec import parse_job_spec
 
 LOOPBACK = ["127.0.0.1/32"]
 

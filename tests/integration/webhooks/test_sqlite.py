@@ -9,9 +9,9 @@ from core import alerts, auth, jobs, webhook_delivery, webhooks
 from core.db import make_engine, session_factory, session_scope, upgrade
 from core.models import utcnow
 from core.server_paths import ServerPaths
+from jobspec.job import parse_job_spec
 from tests.integration.webhooks.conftest import LOOPBACK
 from tests.integration.webhooks.receiver import Receiver
-from trainer.spec import parse_job_spec
 
 
 def test_outbox_delivery_and_alerts_work_on_sqlite(tmp_path: Path, receiver: Receiver) -> None:

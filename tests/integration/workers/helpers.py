@@ -31,9 +31,9 @@ from core.models import Job, JobEvent, JobNode, LogLine, MetricPoint
 from core.queue import RUN_JOB_TASK
 from core.settings import Settings
 from core.storage import job_checkpoint_uri
+from jobspec.job import JobSpec
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.faults.inject import crash_ranks
-from trainer.spec import JobSpec
 
 T = TypeVar("T")
 WORKER_READY_TIMEOUT_S = 60.0

@@ -25,6 +25,7 @@ from core import jobs
 from core.models import JobNode
 from core.models import Worker as WorkerRow
 from core.settings import Settings
+from jobspec.job import JobSpec, ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import store_archive
 from tests.integration.workers.helpers import (
@@ -40,7 +41,6 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
-from trainer.spec import JobSpec, ScriptJobSpec
 
 # A job's program until the job is cancelled: it waits, then exits when SIGTERM comes.
 IDLE_PY = """

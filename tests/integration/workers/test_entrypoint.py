@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from core import jobs
 from core.models import Checkpoint
 from core.settings import Settings
+from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import store_archive
 from tests.integration.workers.helpers import (
@@ -35,7 +36,6 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
-from trainer.spec import ScriptJobSpec
 
 # Secrets in the worker's own environment that no job may see.
 SECRETS = {

@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from core.db import session_factory
 from core.settings import Settings
+from jobspec.job import LimitsSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,
@@ -36,7 +37,6 @@ from tests.integration.workers.helpers import (
     wait_state,
     wait_step,
 )
-from trainer.spec import LimitsSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import Stop

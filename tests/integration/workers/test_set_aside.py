@@ -9,8 +9,8 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from core import ingest, jobs, queries
+from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
-from trainer.spec import parse_job_spec
 from workers.checkpoints import ASIDE, set_aside_unrecorded
 
 

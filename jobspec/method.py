@@ -1,6 +1,6 @@
 """The job spec's method section (`JobSpec.method`): what the model learns from the data,
 next-token prediction (`sft`) or preferences (`dpo`). Pure pydantic (the API imports it
-through `trainer.spec`)."""
+through `jobspec.job`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from trainer.spec_base import StrictSpec, given
+from jobspec.base import StrictSpec, given
 
 
 class DPOSpec(StrictSpec):

@@ -1,5 +1,5 @@
-"""The base of every job-spec section (`trainer.spec`, `trainer.spec_data`,
-`trainer.spec_method`): unknown fields are errors, and assignments are validated."""
+"""The base of every job-spec section (`jobspec.job`, `jobspec.data`,
+`jobspec.method`): unknown fields are errors, and assignments are validated."""
 
 from __future__ import annotations
 

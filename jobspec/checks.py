@@ -1,9 +1,9 @@
-"""Cross-field checks of `trainer.spec.JobSpec`: the conflicts between fields that pydantic's
+"""Cross-field checks of `jobspec.job.JobSpec`: the conflicts between fields that pydantic's
 per-field constraints cannot see (mesh vs. world size, tensor-parallel size vs. heads, pipeline
 stages vs. layers, LoRA targets, QAT and QLoRA placement...). Each is a (JSON path, message)
 pair that `JobSpec`'s validator turns into a 422 naming that path.
 
-Like `trainer.spec`, this imports nothing heavier than pydantic (types only at type-check time).
+Like `jobspec.job`, this imports nothing heavier than pydantic (types only at type-check time).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from dataformat.records import LOSS_ON_BY_FORMAT
 
 if TYPE_CHECKING:
-    from trainer.spec import JobSpec, LoRASpec
+    from jobspec.job import JobSpec, LoRASpec
 
 # Linear layers of each block of the built-in GPT (`trainer.model.Block`), by module path.
 GPT_LINEAR_MODULES = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc", "mlp.proj")

@@ -1,5 +1,5 @@
 """The job spec's data section (`JobSpec.data`): which data, and how it becomes token rows.
-Pure pydantic (the API imports it through `trainer.spec`)."""
+Pure pydantic (the API imports it through `jobspec.job`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from dataformat.records import Format
-from trainer.spec_base import StrictSpec, given
+from jobspec.base import StrictSpec, given
 
 
 class DataSpec(StrictSpec):

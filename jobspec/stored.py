@@ -13,7 +13,7 @@ submitting one:
    with the job and the worker refuses to start a job that has any (it would run a spec
    nobody wrote); reading, listing, following, cancelling and ingesting work as for any job.
 
-Pure pydantic (the control plane imports it, as it imports `trainer.spec`).
+Pure pydantic (the control plane imports it, as it imports `jobspec.job`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from trainer.spec import (
+from jobspec.job import (
     NAME_PATTERN,
     SPEC_VERSION,
     JobSpec,

@@ -2,8 +2,8 @@
 
 This module imports nothing heavier than pydantic, so the API and the client SDK can validate
 specs without importing torch. The trainer reads the same model (``JobSpec.load(path)``).
-The data section (`DataSpec`) lives in `trainer.spec_data` and the method section
-(`MethodSpec`, `DPOSpec`) in `trainer.spec_method`; both are importable from here.
+The data section (`DataSpec`) lives in `jobspec.data` and the method section
+(`MethodSpec`, `DPOSpec`) in `jobspec.method`; both are importable from here.
 
 Every field is documented where it is declared; ``JobSpec.model_json_schema()`` is the public
 JSON Schema served at ``GET /v1/spec/schema`` and rendered into README.md.
@@ -28,12 +28,12 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dataformat.failures import FailureClass as FailureClass
-from trainer.spec_base import StrictSpec, given
-from trainer.spec_checks import cross_field_errors, get_path
-from trainer.spec_data import DataSpec as DataSpec
-from trainer.spec_entrypoint import EntrypointSpec as EntrypointSpec
-from trainer.spec_method import DPOSpec as DPOSpec
-from trainer.spec_method import MethodSpec as MethodSpec
+from jobspec.base import StrictSpec, given
+from jobspec.checks import cross_field_errors, get_path
+from jobspec.data import DataSpec as DataSpec
+from jobspec.entrypoint import EntrypointSpec as EntrypointSpec
+from jobspec.method import DPOSpec as DPOSpec
+from jobspec.method import MethodSpec as MethodSpec
 
 SPEC_VERSION: Final = 1
 
@@ -515,7 +515,7 @@ class JobBase(StrictSpec):
     policy, limits, priority."""
 
     spec_version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
-    # What `trainer.spec_stored.read_stored_spec` repaired to read a stored spec; not a field.
+    # What `jobspec.stored.read_stored_spec` repaired to read a stored spec; not a field.
     _stored_problems: list[str] = PrivateAttr(default_factory=list)
     name: Name = Field(description="Human-readable job name (not unique).")
     labels: dict[str, str] = Field(

@@ -1,7 +1,7 @@
 """The `entrypoint` section of a job spec: the team's own training code instead of the built-in
 trainer (docs/CONTRACTS.md section 5).
 
-A job with `entrypoint` is a `trainer.spec.ScriptJobSpec`: the worker unpacks the uploaded code
+A job with `entrypoint` is a `jobspec.job.ScriptJobSpec`: the worker unpacks the uploaded code
 archive (`POST /v1/code`), and torchrun runs `command` on every rank with the code as its working
 directory, the spec's `env` over an allow-listed environment, and (optionally) a virtual
 environment with `requirements` installed over the worker's own Python. Imports nothing heavier
@@ -17,7 +17,7 @@ from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 from pydantic import Field, JsonValue, field_validator
 
-from trainer.spec_base import StrictSpec
+from jobspec.base import StrictSpec
 
 CODE_ID_PATTERN: Final = r"^code_[0-9a-f]{16}$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
