@@ -472,7 +472,3 @@ def kill_tree(pgid: int) -> bool:
     for rank in ranks:
         alive = signal_group(rank, signal.SIGKILL) or alive
     return alive
-
-
-def group_alive(pgid: int) -> bool:
-    return signal_group(pgid, 0)
