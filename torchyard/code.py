@@ -20,17 +20,12 @@ import stat
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-import typer
 from pathspec import GitIgnoreSpec
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from torchyard.errors import TorchyardError
 from torchyard.models import CodeArchive
-from torchyard.render import format_age, format_bytes
 
 if TYPE_CHECKING:
     from torchyard.client import Client
@@ -166,87 +161,3 @@ class Code:
     def get(self, code_id: str) -> CodeArchive:
         """One archive with its `files`. Raises `NotFound`."""
         return CodeArchive.model_validate(self._client.request("GET", f"/v1/code/{code_id}"))
-
-
-# The `torchyard code` commands; `torchyard submit --code DIR` is in torchyard.cli.
-code_app = typer.Typer(no_args_is_help=True, help="Training code for entrypoint jobs.")
-_out = Console(soft_wrap=True)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def _code(ctx: typer.Context) -> Code:
-    from torchyard.client import Client  # torchyard.client imports this module
-
-    root = ctx.find_root().obj or {}
-    return ctx.with_resource(Client(root.get("url"), root.get("api_key"))).code
-
-
-def _table(archives: builtins.list[CodeArchive]) -> Table:
-    """One row per archive: id, name, format, files, size, sha256 (start), age."""
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "FORMAT", "FILES", "SIZE", "SHA256", "CREATED"):
-        right = column in ("FILES", "SIZE")
-        table.add_column(column, justify="right" if right else "left", no_wrap=column == "ID")
-    for a in archives:
-        table.add_row(
-            Text(a.id),
-            Text(a.name),
-            a.format,
-            str(a.num_files),
-            format_bytes(a.size_bytes),
-            a.sha256[:12],
-            format_age(a.created_at),
-        )
-    return table
-
-
-def _show(archive: CodeArchive, json_out: bool) -> None:
-    if json_out:
-        typer.echo(archive.model_dump_json(indent=2))
-        return
-    _out.print(_table([archive]))
-    for name in archive.files or []:
-        _out.print(Text(f"  {name}"))
-
-
-@code_app.command("upload")
-def code_upload(
-    ctx: typer.Context,
-    path: Annotated[
-        Path,
-        typer.Argument(exists=True, help="A directory, or a .tar.gz/.zip.", metavar="DIR|FILE"),
-    ],
-    name: Annotated[str | None, typer.Option("--name", help="Default: its name.")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Upload training code (a directory is archived, minus what .gitignore ignores).
-
-    Example: `torchyard code upload ./my_trainer --name trainer-v2`
-    """
-    _show(_code(ctx).upload(path, name=name), json_out)
-
-
-@code_app.command("list")
-def code_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """List the project's code archives, newest first.
-
-    Example: `torchyard code list`
-    """
-    items = _code(ctx).list()
-    if json_out:
-        typer.echo("[" + ",".join(a.model_dump_json() for a in items) + "]")
-    else:
-        _out.print(_table(items) if items else "no code archives")
-
-
-@code_app.command("show")
-def code_show(
-    ctx: typer.Context,
-    code_id: Annotated[str, typer.Argument(help="Archive id (code_...).", metavar="ID")],
-    json_out: JsonOpt = False,
-) -> None:
-    """Show one code archive and its files.
-
-    Example: `torchyard code show code_0123abcd`
-    """
-    _show(_code(ctx).get(code_id), json_out)

@@ -14,11 +14,9 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import httpx
-import typer
-from rich.console import Console
 
 from torchyard.errors import ConnectionFailed, ExportFailed, ExportTimeout, error_from_response
 from torchyard.models import CheckpointExport
@@ -111,36 +109,3 @@ class Exports:
             )
         os.replace(part, out)
         return out
-
-
-def export_command(
-    ctx: typer.Context,
-    job_id: Annotated[int, typer.Argument(help="Job id.", metavar="JOB")],
-    checkpoint_id: Annotated[
-        int,
-        typer.Argument(help="Checkpoint id (`torchyard checkpoints JOB`).", metavar="CHECKPOINT"),
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to save model.safetensors.")],
-    timeout_s: Annotated[
-        float, typer.Option("--timeout", help="Seconds to wait for the export.", min=1)
-    ] = 600.0,
-    poll_s: Annotated[float, typer.Option("--poll", help="Seconds between polls.", min=0.1)] = 1.0,
-) -> None:
-    """Export a checkpoint to safetensors on the server, wait for it, and download it.
-
-    Example: `torchyard export 42 7 --out model.safetensors`
-    """
-    from torchyard.client import Client  # torchyard.client imports this module
-
-    root = ctx.find_root().obj or {}
-    exports = ctx.with_resource(Client(root.get("url"), root.get("api_key"))).exports
-    console = Console(stderr=True, soft_wrap=True)
-    export = exports.request(job_id, checkpoint_id)
-    place = f", #{export.queue_position} in the export queue" if export.queue_position else ""
-    console.print(
-        f"export {export.id} of checkpoint {checkpoint_id} (step {export.step}): "
-        f"{export.state}{place}"
-    )
-    export = exports.wait(job_id, checkpoint_id, poll_s=poll_s, timeout_s=timeout_s)
-    saved = exports.download(job_id, checkpoint_id, out)
-    typer.echo(f"{saved} ({export.size_bytes} bytes, sha256 {export.sha256})")

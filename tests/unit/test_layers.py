@@ -187,3 +187,23 @@ def test_the_train_api_imports_only_the_standard_library_and_the_events_writer()
     assert third_party == "[]"
     assert set(eval(trainer)) <= {"trainer", *TRAIN_API_TRAINER}
     assert set(eval(dataformat)) <= {"dataformat", *TRAIN_API_DATAFORMAT}
+
+
+# httpx imports its own optional command line (`httpx._main`: click, rich) when they are
+# installed; blocked here, what is left is what the SDK itself loads.
+_SDK_IMPORTS = """
+import sys
+sys.modules["httpx._main"] = None
+from torchyard import Client
+Client  # the lazy name resolves: torchyard.client and every resource module it uses
+print(sorted(m for m in ("typer", "rich", "click") if m in sys.modules))
+"""
+
+
+def test_the_sdk_client_imports_neither_typer_nor_rich() -> None:
+    """`from torchyard import Client` is the SDK: no command-line framework, no terminal
+    rendering (those live in `torchyard.cli`)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SDK_IMPORTS], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -20,12 +20,13 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from torchyard import launch
-from torchyard.access import keys_app, members_app
+from torchyard.cli.access import keys_app, members_app
+from torchyard.cli.code import code_app
+from torchyard.cli.exports import export_command
+from torchyard.cli.usage import usage_command
 from torchyard.client import Client
-from torchyard.code import code_app
 from torchyard.config import save_config
 from torchyard.errors import TorchyardError
-from torchyard.exports import export_command
 from torchyard.failures import failure_block
 from torchyard.follow import follow_job
 from torchyard.logfilter import compile_grep, parse_since, select
@@ -46,7 +47,6 @@ from torchyard.render import (
 )
 from torchyard.specs import SpecFileError, apply_overrides, load_spec, set_path
 from torchyard.summary import render_summary
-from torchyard.usage import usage_command
 
 if TYPE_CHECKING:
     # typer >= 0.2x vendors click; its groups get this Context, not `click.Context` (click is

@@ -1,0 +1,146 @@
+"""The `torchyard` commands of `torchyard.access` (typer, rich): the SDK part stays there,
+importing neither."""
+
+from __future__ import annotations
+
+import builtins
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from torchyard.client import Client
+from torchyard.access import (
+    SCOPES,
+)
+
+# --- command line -----------------------------------------------------------------------------
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of the project (admins).")
+members_app = typer.Typer(no_args_is_help=True, help="Members of the project and their roles.")
+_out = Console(soft_wrap=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _client(ctx: typer.Context) -> Client:
+    from torchyard.client import Client  # torchyard.client imports this module
+
+    root = ctx.find_root().obj or {}
+    return ctx.with_resource(Client(root.get("url"), root.get("api_key")))
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M") if value else "-"
+
+
+def _print(items: builtins.list[Any], json_out: bool, table: Table) -> None:
+    if json_out:
+        typer.echo("[" + ",".join(i.model_dump_json() for i in items) + "]")
+    else:
+        _out.print(table if items else "none")
+
+
+@keys_app.command("list")
+def keys_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the project's API keys (never their secrets).
+
+    Example: torchyard keys list --json
+    """
+    items = _client(ctx).keys.list()
+    table = Table("id", "name", "prefix", "role", "scopes", "owner", "expires", "last used", "")
+    for k in items:
+        owner = f"{k.owner.kind}:{k.owner.name}" if k.owner else "-"
+        state = "revoked" if k.revoked_at else ""
+        table.add_row(k.id, k.name, k.prefix, k.role or "-", ",".join(k.scopes), owner,
+                      _when(k.expires_at), _when(k.last_used_at), state)  # fmt: skip
+    _print(items, json_out, table)
+
+
+@keys_app.command("create")
+def keys_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="A name for the key.")],
+    scope: Annotated[
+        builtins.list[str] | None,
+        typer.Option("--scope", help=f"Repeatable: {', '.join(SCOPES)} (default: the role's)."),
+    ] = None,
+    member: Annotated[str | None, typer.Option("--member", help="Owner: a member id.")] = None,
+    service_account: Annotated[
+        str | None, typer.Option("--service-account", help="Owner: a service account id.")
+    ] = None,
+    role: Annotated[
+        str | None, typer.Option("--role", help="Owner-less keys only: viewer|member|admin.")
+    ] = None,
+    expires_in: Annotated[
+        int | None, typer.Option("--expires-in", help="Seconds until it expires.", min=60)
+    ] = None,
+) -> None:
+    """Create an API key and print its secret (shown once).
+
+    Example: torchyard keys create ci --service-account sa_0123 --scope jobs:write
+    """
+    key = _client(ctx).keys.create(
+        name,
+        scopes=scope or None,
+        member_id=member,
+        service_account_id=service_account,
+        role=role,
+        expires_in=expires_in,
+    )
+    typer.echo(f"created {key.id} ({key.role}, {','.join(key.scopes)}); the secret, shown once:",
+               err=True)  # fmt: skip
+    typer.echo(key.secret)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="Key id (key_...).")]
+) -> None:
+    """Revoke an API key: it is refused from its next request on.
+
+    Example: torchyard keys revoke key_0123456789abcdef
+    """
+    key = _client(ctx).keys.revoke(key_id)
+    typer.echo(f"revoked {key.id} ({key.name})")
+
+
+@members_app.command("list")
+def members_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the project's members and their roles.
+
+    Example: torchyard members list
+    """
+    items = _client(ctx).members.list()
+    table = Table("id", "subject", "role", "added")
+    for m in items:
+        table.add_row(m.id, m.subject, m.role, _when(m.created_at))
+    _print(items, json_out, table)
+
+
+@members_app.command("add")
+def members_add(
+    ctx: typer.Context,
+    subject: Annotated[str, typer.Argument(help="An email or OIDC subject.")],
+    role: Annotated[str, typer.Option("--role", help="viewer | member | admin.")] = "member",
+) -> None:
+    """Add a member with a role.
+
+    Example: torchyard members add ada@example.com --role viewer
+    """
+    member = _client(ctx).members.add(subject, role=role)
+    typer.echo(f"added {member.id} ({member.subject}, {member.role})")
+
+
+@members_app.command("remove")
+def members_remove(
+    ctx: typer.Context, member_id: Annotated[str, typer.Argument(help="Member id (mem_...).")]
+) -> None:
+    """Remove a member; their keys are revoked.
+
+    Example: torchyard members remove mem_0123456789abcdef
+    """
+    member = _client(ctx).members.remove(member_id)
+    typer.echo(f"removed {member.id} ({member.subject})")

@@ -1,0 +1,93 @@
+"""The `torchyard` commands of `torchyard.usage` (typer, rich): the SDK part stays there,
+importing neither."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from torchyard.usage import (
+    KEY_COLUMNS,
+    UsageReport,
+)
+
+
+def usage_table(report: UsageReport) -> Table:
+    """One row per group (hours, not seconds) and a total row."""
+    keys = KEY_COLUMNS.get(report.group_by, [report.group_by])
+    table = Table(box=None, header_style="bold", show_footer=True)
+    titles = {"day": "DAY", "pool": "POOL", "job_id": "JOB", "job_name": "NAME"}
+    for i, key in enumerate(keys):
+        table.add_column(titles.get(key, key.upper()), footer="total" if i == 0 else "")
+    total = report.total
+    table.add_column("SLOT-HOURS", justify="right", footer=_hours(total.slot_seconds))
+    table.add_column("CPU-HOURS", justify="right", footer=_hours(total.cpu_seconds))
+    table.add_column(f"COST ({report.currency})", justify="right", footer=f"{total.cost:.2f}")
+    for row in report.rows:
+        cells = ["-" if getattr(row, k) is None else str(getattr(row, k)) for k in keys]
+        table.add_row(
+            *(Text(c) for c in cells),
+            _hours(row.slot_seconds),
+            _hours(row.cpu_seconds),
+            f"{row.cost:.2f}",
+        )
+    return table
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"
+
+
+def usage_command(
+    ctx: typer.Context,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Window start (2026-11-01 or an ISO time; UTC). Default: the first of this month.",
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Window end, exclusive. Default: the first of next month."),
+    ] = None,
+    by: Annotated[
+        str, typer.Option("--by", help="One row per day, pool or job.", case_sensitive=False)
+    ] = "day",
+    csv_out: Annotated[bool, typer.Option("--csv", help="Print the server's CSV.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print JSON instead of a table.")
+    ] = False,
+) -> None:
+    """Show the project's slot-hours (GPU-hours on GPU pools), CPU-hours and cost per UTC
+    day, pool or job; a running job counts up to now.
+
+    Examples: `torchyard usage --since 2026-11-01 --by pool` (this month, per pool);
+    `torchyard usage --by job --csv > usage.csv` (per job, for a spreadsheet).
+    """
+    from torchyard.client import Client  # torchyard.client imports this module
+
+    if by not in KEY_COLUMNS:
+        raise typer.BadParameter("one of day, pool, job", param_hint="--by")
+    root = ctx.find_root().obj or {}
+    usage = ctx.with_resource(Client(root.get("url"), root.get("api_key"))).usage
+    group: Any = by
+    if csv_out:
+        typer.echo(usage.csv(since=since, until=until, group_by=group), nl=False)
+        return
+    report = usage.get(since=since, until=until, group_by=group)
+    if json_out:
+        typer.echo(report.model_dump_json(indent=2))
+        return
+    console = Console(soft_wrap=True)
+    console.print(
+        Text(
+            f"usage {report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC",
+            style="bold",
+        )
+    )
+    console.print(usage_table(report) if report.rows else "no usage in this window")
