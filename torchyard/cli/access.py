@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import builtins
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from torchyard.client import Client
 from torchyard.access import (
     SCOPES,
 )
+from torchyard.client import Client
 
 # --- command line -----------------------------------------------------------------------------
 
@@ -26,8 +25,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 def _client(ctx: typer.Context) -> Client:
-    from torchyard.client import Client  # torchyard.client imports this module
-
     root = ctx.find_root().obj or {}
     return ctx.with_resource(Client(root.get("url"), root.get("api_key")))
 

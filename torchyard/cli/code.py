@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchyard.client import Client
 from torchyard.code import (
     Code,
 )
@@ -25,8 +26,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 def _code(ctx: typer.Context) -> Code:
-    from torchyard.client import Client  # torchyard.client imports this module
-
     root = ctx.find_root().obj or {}
     return ctx.with_resource(Client(root.get("url"), root.get("api_key"))).code
 

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from torchyard.client import Client
+
 
 def export_command(
     ctx: typer.Context,
@@ -27,8 +29,6 @@ def export_command(
 
     Example: `torchyard export 42 7 --out model.safetensors`
     """
-    from torchyard.client import Client  # torchyard.client imports this module
-
     root = ctx.find_root().obj or {}
     exports = ctx.with_resource(Client(root.get("url"), root.get("api_key"))).exports
     console = Console(stderr=True, soft_wrap=True)

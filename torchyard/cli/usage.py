@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchyard.client import Client
 from torchyard.usage import (
     KEY_COLUMNS,
     UsageReport,
@@ -69,8 +70,6 @@ def usage_command(
     Examples: `torchyard usage --since 2026-11-01 --by pool` (this month, per pool);
     `torchyard usage --by job --csv > usage.csv` (per job, for a spreadsheet).
     """
-    from torchyard.client import Client  # torchyard.client imports this module
-
     if by not in KEY_COLUMNS:
         raise typer.BadParameter("one of day, pool, job", param_hint="--by")
     root = ctx.find_root().obj or {}
