@@ -1,6 +1,6 @@
 """Metric and queue alerts: `alert.<kind>` webhook events, each fired once per condition.
 
-Rules live on a webhook subscription (`alert_rules`, api.schemas_webhooks.AlertRules) and
+Rules live on a webhook subscription (`alert_rules`, api.schemas.webhooks.AlertRules) and
 their events go to that subscription only. An alert fires when its condition becomes true for
 a job and an `alert_states` row remembers it; the row is removed when the condition no longer
 holds, so the next episode fires again (a NaN loss never clears). Evaluated:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.schemas_audit import AuditEvent, AuditPage
+from api.schemas.audit import AuditEvent, AuditPage
 from api.validation import IsoDatetime
 from core import audit
 from core.errors import InvalidInput

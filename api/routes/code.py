@@ -17,7 +17,7 @@ from api import examples, uploads
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
-from api.schemas_code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
+from api.schemas.code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
 from api.validation import unstorable
 from core import code_archives, models
 from core.errors import InvalidInput, NotFound, TooLarge

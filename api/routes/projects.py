@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from api.deps import OrgAdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.keys import key_out
-from api.schemas_access import KeyCreated, Project, ProjectCreate, ProjectCreated, ProjectList
+from api.schemas.access import KeyCreated, Project, ProjectCreate, ProjectCreated, ProjectList
 from core import identity
 
 router = APIRouter(prefix="/v1/projects", tags=["access"], responses=ERROR_RESPONSES)

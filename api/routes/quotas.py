@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Path, Request
 
 from api.deps import AdminPrincipal, ReadPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.schemas_quotas import Quota, QuotaIn, QuotaList
+from api.schemas.quotas import Quota, QuotaIn, QuotaList
 from core import quotas
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"], responses=ERROR_RESPONSES)

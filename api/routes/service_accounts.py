@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.keys import LAST_ORG_ADMIN
-from api.schemas_access import ID_PATTERN, ServiceAccount, ServiceAccountCreate, ServiceAccountList
+from api.schemas.access import ID_PATTERN, ServiceAccount, ServiceAccountCreate, ServiceAccountList
 from core import identity
 
 router = APIRouter(prefix="/v1/service-accounts", tags=["access"], responses=ERROR_RESPONSES)

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
-from api.schemas_usage import UsageReport, UsageRow, UsageTotals
+from api.schemas.usage import UsageReport, UsageRow, UsageTotals
 from api.validation import IsoDatetime
 from core import usage, usage_report
 from core.errors import InvalidInput

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from api import schemas_webhooks as schemas
 from api.deps import AdminPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
+from api.schemas import webhooks as schemas
 from core import webhooks
 from core.models import WebhookDelivery, WebhookEvent, WebhookSubscription
 

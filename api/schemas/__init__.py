@@ -1,4 +1,6 @@
-"""Request and response bodies of the REST API (docs/CONTRACTS.md, section 4)."""
+"""Request and response bodies of the REST API (docs/CONTRACTS.md, section 4): jobs, datasets,
+metrics and the shared field types here; access (projects, members, service accounts, keys),
+audit, code archives, quotas, usage and webhooks in the modules of this package."""
 
 from __future__ import annotations
 
