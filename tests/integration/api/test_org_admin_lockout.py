@@ -213,7 +213,10 @@ def test_two_concurrent_revocations_of_the_last_two_org_admin_keys_cannot_both_p
         # Each key revokes the other.
         answers = [pool.submit(revoke, first_id, second), pool.submit(revoke, second_id, first)]
         statuses = sorted(a.result() for a in answers)
-    assert statuses == [200, 409]
+    # Exactly one passes. The other is refused: 409 when both got past authentication (the
+    # lock makes the second count what the first left), 401 when the first had already
+    # committed before the second's key was looked up (the caller's own key is revoked).
+    assert statuses in ([200, 401], [200, 409]), statuses
     assert active(org_engine) == 1
 
 
