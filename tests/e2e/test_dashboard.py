@@ -335,7 +335,8 @@ def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(
 ) -> None:
     reader.open(f"/jobs/{finished.long}")
     reader.page.click("text=Clone and edit")
-    reader.page.wait_for_selector("main[data-loaded]")
+    # Not `main[data-loaded]`: until the router swaps views it is still the job page's mark.
+    reader.page.wait_for_function("document.querySelector('#spec-editor')?.value.length > 0")
     clone = yaml.safe_load(reader.page.input_value("#spec-editor"))
     with api_client(live_api, finished.owner) as api:
         original = api.get(f"/v1/jobs/{finished.long}").json()["spec"]
