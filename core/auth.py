@@ -1,6 +1,6 @@
 """Projects, API keys, roles and scopes. A key is `ty_<random>`; only its sha256 is stored.
 
-Who may do what (DESIGN.md, Governance): a caller has a role in its project (`viewer` reads,
+Who may do what (docs/CONTRACTS.md section 6): a caller has a role in its project (`viewer` reads,
 `member` also submits and controls jobs and datasets, `admin` also manages members, keys,
 quotas and webhooks) and, when it is an API key, the key's scopes narrow that role. A request
 is allowed when the role permits the permission AND the scopes include it (`allows`).

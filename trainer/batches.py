@@ -1,8 +1,9 @@
 """Rows through the model: the forward call, the token loss, and each step's normaliser.
 
-Loss of an optimizer step (docs: ROWS.md, issue 11): the sum of the token cross-entropies over
-the supervised positions (`labels != -100`) of all micro-batches of all data-parallel ranks,
-divided by N, the number of supervised positions of the whole global batch. Averaging per
+Loss of an optimizer step (docs/ARCHITECTURE.md, 'The loss over rows'; issue 11): the sum of
+the token cross-entropies over the supervised positions (`labels != -100`) of all
+micro-batches of all data-parallel ranks, divided by N, the number of supervised positions of
+the whole global batch. Averaging per
 micro-batch instead weights a token of a short example more than one of a long example, so
 `grad_accum_steps: 4` would not equal 4x the micro-batch (the bug transformers fixed in 4.46,
 "Fixing gradient accumulation", by the same global normalisation).

@@ -3,7 +3,7 @@
     prepared = prepare_rows(spec, data_location, tokenizer, cache_root=..., dist=..., reporter=...)
     prepared.train, prepared.eval   # trainer.rows.Rows, memory-mapped
 
-Pipeline (DESIGN.md "render -> mask -> verify -> pack -> shard, once"): records are streamed
+Pipeline (docs/ARCHITECTURE.md, 'From records to rows'): records are streamed
 (`dataformat.readers`), rendered and masked (`dataformat.chat`, `dataformat.masks`), the masks of a
 first sample verified before anything else is tokenized, over-long examples dropped or cut
 (`data.truncation`), then packed or padded into rows (`trainer.packing`) written with

@@ -107,8 +107,9 @@ def shutdown(info: DistInfo | None, *, clean: bool) -> None:
 
     Callers drop their references to models, optimizers and outputs first; then
     `gc.collect()` frees gloo work objects while the group still exists (freeing them at
-    interpreter exit aborts the process, see TORCH_NOTES), `barrier()` (only when `clean`:
-    after a failure the other ranks may never arrive) and `destroy_process_group()`.
+    interpreter exit aborts the process: docs/ARCHITECTURE.md, 'Torch traps'), `barrier()`
+    (only when `clean`: after a failure the other ranks may never arrive) and
+    `destroy_process_group()`.
     """
     gc.collect()
     if info is None or not dist.is_initialized():

@@ -1,7 +1,7 @@
 """The network a job trains, with LoRA (Hu et al. 2021) and QLoRA (Dettmers et al. 2023).
 
 `build_network(spec, device)` builds the built-in GPT or a Hugging Face causal LM
-(`trainer.hf`) and, before any sharding (DESIGN.md's build order):
+(`trainer.hf`) and, before any sharding (docs/ARCHITECTURE.md, 'Trainer build order'):
 - `qlora`: replaces the frozen linear layers of the blocks with `bitsandbytes` 4-bit
   `Linear4bit` (NF4, double quantization, a compute dtype; a `path_or_id` model is loaded
   with the equivalent `BitsAndBytesConfig`), then peft's `prepare_model_for_kbit_training`;

@@ -1,4 +1,6 @@
-"""Examples -> fixed-length rows (the rows contract, ROWS.md): packed or one per row, padded.
+"""Examples -> fixed-length rows: packed or one per row, padded.
+
+The rows contract: docs/ARCHITECTURE.md, 'Packing' and 'What a row is'.
 
 Each example arrives already shifted within itself (`dataformat.masks.Example.labels`: its last
 position's label is -100), so no label ever crosses into the next example of a packed row.

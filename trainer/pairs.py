@@ -1,4 +1,6 @@
-"""Preference pairs -> two row sets of equal length, `chosen` and `rejected` (ROWS.md).
+"""Preference pairs -> two row sets of equal length, `chosen` and `rejected`.
+
+The rows contract: docs/ARCHITECTURE.md, 'Preference rows'.
 
 Row i of each is the same prompt followed by the chosen / rejected answer, supervised on the
 answer only (and its end-of-turn / EOS), one pair per row, padded, never packed: what DPO's

@@ -1,4 +1,6 @@
-"""The degenerate rows of raw text and flat token files (ROWS.md): contiguous windows.
+"""The degenerate rows of raw text and flat token files: contiguous windows.
+
+The rows contract: docs/ARCHITECTURE.md, 'Raw text and token files'.
 
 The token stream of each side is cut into non-overlapping chunks of seq_len + 1 tokens; a row
 is `input_ids = chunk[:-1]`, `labels = chunk[1:]` (all supervised), positions 0..T-1, one

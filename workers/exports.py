@@ -1,7 +1,7 @@
 """One delivery of `workers.export_checkpoint`: claim the export, run the exporter, record it.
 
 The exporter is the trainer's own program, run as a subprocess (the worker never imports
-trainer code, DESIGN.md):
+trainer code: docs/ARCHITECTURE.md, 'Import rules'):
 
     python -m trainer.export --checkpoint STEP_URI --out EXPORT_URI
 

@@ -294,12 +294,12 @@ def trainer_env(
     NVML's order, so index i is the GPU the allocator counted as i); each job sees only its own.
     On CPU they are a share of the host's cores: the job gets `cpu_count * len(devices) //
     host_devices` cores, split over its ranks as `OMP_NUM_THREADS` (at least 1 each): torchrun
-    leaves one process unthrottled and oversubscribes several (TORCH_NOTES.md). Without
-    `devices` the job has all `cpu_count` cores. An `OMP_NUM_THREADS` in the worker's own
-    environment caps the threads per rank.
+    leaves one process unthrottled and oversubscribes several (docs/ARCHITECTURE.md, 'Torch
+    traps'). Without `devices` the job has all `cpu_count` cores. An `OMP_NUM_THREADS` in the
+    worker's own environment caps the threads per rank.
     `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every rendezvous a fresh store (pytorch#135712):
     without it, workers restarted in place by `--max-restarts` hung in 3 of 6 trials
-    (TORCH_NOTES.md).
+    (docs/ARCHITECTURE.md, 'Torch traps').
     """
     # The worker's own TORCHYARD_* variables (database and broker URLs with their passwords)
     # never reach the trainer.

@@ -72,7 +72,8 @@ def _rank(rank: int, port: int, layout: str, corpus_dir: str, out: str) -> None:
     result = _step(info, layout, Path(corpus_dir), Path(out))
     if rank == 0:
         torch.save(result, Path(out) / "result.pt")
-    gc.collect()  # free the run's gloo work before the group goes (TORCH_NOTES.md)
+    # free the run's gloo work before the group goes (docs/ARCHITECTURE.md, 'Torch traps')
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,4 +1,5 @@
-"""The import directions of DESIGN.md hold: each package imports only what it may."""
+"""The import rules hold (docs/ARCHITECTURE.md, 'Import rules'): each package imports only what
+it may."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
             )
             if crosses or trainer_internals:
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
-    assert not bad, "imports crossing the layers of DESIGN.md:\n" + "\n".join(bad)
+    assert not bad, "imports crossing the layers of docs/ARCHITECTURE.md:\n" + "\n".join(bad)
 
 
 def test_the_layer_check_sees_a_server_module_importing_the_trainer(tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ def _examples(seed: int = 0) -> list[torch.Tensor]:
 
 def pack(examples: list[torch.Tensor], seq_len: int) -> Batch:
     """One row holding `examples` back to back, then padding (segment -1, never supervised):
-    labels are each example's next tokens, -100 on its last token (as ROWS.md)."""
+    labels are each example's next tokens, -100 on its last token (docs/ARCHITECTURE.md, 'What a
+    row is')."""
     ids = torch.zeros(seq_len, dtype=torch.long)
     labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
     positions = torch.zeros(seq_len, dtype=torch.long)
