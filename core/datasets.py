@@ -10,9 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from core import dataset_formats, dataset_text
+from core import dataset_formats
 from core.auth import new_id
-from core.dataset_formats import Problems
 from core.dataset_stats import DatasetStats
 from core.errors import Conflict, InvalidInput, NotFound
 from core.models import Dataset, utcnow
@@ -25,13 +24,11 @@ _CHUNK = 1 << 20
 SKIP_DIRS = frozenset({"__pycache__", ".git", "site-packages", "dist-packages"})
 
 
-def digest_path(path: Path, *, text: Problems | None = None) -> tuple[int, str, int]:
+def digest_path(path: Path) -> tuple[int, str, int]:
     """(size_bytes, sha256 hex, num_files) of a file or a directory tree.
 
     A directory's digest hashes each file's relative path and content digest, in sorted order,
-    so it changes when any file is added, removed, renamed or edited. With `text`, each file of
-    a directory is also checked as UTF-8 text on the same read (core/dataset_text.py), and
-    what makes a file not text is added to `text`, naming the file by its relative path.
+    so it changes when any file is added, removed, renamed or edited.
     """
     if path.is_file():
         size, digest = _file_digest(path)
@@ -42,25 +39,18 @@ def digest_path(path: Path, *, text: Problems | None = None) -> tuple[int, str, 
     tree = hashlib.sha256()
     total = 0
     for file in files:
-        rel = file.relative_to(path).as_posix()
-        check = dataset_text.TextCheck(rel) if text is not None else None
-        size, digest = _file_digest(file, check)
+        size, digest = _file_digest(file)
         total += size
-        tree.update(f"{rel}\0{digest}\n".encode())
-        problem = check.finish() if check is not None else None
-        if text is not None and problem is not None:
-            text.add(None, None, [], *problem)
+        tree.update(f"{file.relative_to(path).as_posix()}\0{digest}\n".encode())
     return total, tree.hexdigest(), len(files)
 
 
-def _file_digest(path: Path, text: dataset_text.TextCheck | None = None) -> tuple[int, str]:
+def _file_digest(path: Path) -> tuple[int, str]:
     h, size = hashlib.sha256(), 0
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
             size += len(chunk)
-            if text is not None:
-                text.feed(chunk)
     return size, h.hexdigest()
 
 
@@ -76,11 +66,12 @@ def register(
 ) -> Dataset:
     """Register a server-side file or directory under an allowed root. Commits.
 
-    A file is checked record by record as `format` (None: detected); a directory is `text`,
-    each of its files UTF-8 text. Raises Forbidden (escapes the roots), InvalidInput (missing,
-    empty, a record format on a directory, invalid records: line/row and field path per detail,
-    or a `text` file, or a directory's files, not UTF-8 or holding NUL bytes: one detail per
-    file), Conflict (name taken), OSError (unreadable).
+    A file is checked record by record as `format` (None: detected; a `text` file must be
+    UTF-8 text without NUL bytes); a directory is `text`, its files chosen per job by the spec's
+    `data.include` / `exclude` (so a directory may hold other files: the quickstart registers the
+    standard library's directory, static archives and icons included).
+    Raises Forbidden (escapes the roots), InvalidInput (missing, empty, a record format on a
+    directory, or invalid records: line/row and field path per detail), Conflict (name taken).
     """
     path = resolve_under(uri, allowed_data_roots(settings))
     if not path.exists():
@@ -88,28 +79,25 @@ def register(
             f"{uri!r} does not exist on the server",
             details=[{"loc": ["body", "uri"], "msg": "does not exist", "type": "value_error"}],
         )
-    if path.is_dir() and format not in (None, "text"):
-        raise InvalidInput(
-            f"format: a {format} dataset is one file; {uri!r} is a directory",
-            details=[{"loc": ["body", "format"], "msg": "needs a file", "type": "value_error"}],
-        )
-    text = Problems(("body", "uri")) if path.is_dir() else None
-    size, sha256, num_files = digest_path(path, text=text)
+    size, sha256, num_files = digest_path(path)
     if size == 0:
         raise InvalidInput(
             f"{uri!r} is empty",
             details=[{"loc": ["body", "uri"], "msg": "no data", "type": "value_error"}],
         )
     checked = dataset_formats.Checked("text", None)
-    if text is not None:
-        text.raise_if_any()
-    else:
+    if path.is_file():
         checked = check(
             settings=settings,
             uri=str(path),
             format=format,
             token_dtype=token_dtype,
             where=("body", "uri"),
+        )
+    elif format not in (None, "text"):
+        raise InvalidInput(
+            f"format: a {format} dataset is one file; {uri!r} is a directory",
+            details=[{"loc": ["body", "format"], "msg": "needs a file", "type": "value_error"}],
         )
     return create(
         session=session,
