@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -59,6 +60,15 @@ METHODS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
     "qlora_ddp": (2, {"strategy": "ddp"}, {}),
     "qat_single": (1, {"strategy": "single"}, {}),
     "compile_single": (1, {"strategy": "single"}, {"compile": True}),
+    # One GPU's ceiling (issue 31): FSDP2 over every process of --gpus (1 is fine), bf16
+    # parameters in compute, fp32 master weights and reductions, each block compiled.
+    "fsdp_compile": (
+        0,
+        {"strategy": "fsdp", "fsdp": {"param_dtype": "bf16", "reduce_dtype": "fp32"}},
+        {"compile": True},
+    ),
+    "lora_compile_single": (1, {"strategy": "single"}, {"compile": True}),
+    "qlora_compile_single": (1, {"strategy": "single"}, {"compile": True}),
 }
 # Fine-tuning methods: top-level spec blocks on top of their strategy (same model, same batch).
 LORA = {"r": 8, "alpha": 16.0}
@@ -78,9 +88,16 @@ def _free_port() -> int:
 
 def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSpec]:
     nproc, parallelism, train = METHODS[name]
+    nproc = nproc or args.gpus
     dp = 1 if parallelism["strategy"] in ("tensor", "pipeline") else nproc
     dp //= parallelism.get("tensor_parallel_size", 1)
     finetune = FINETUNE.get(name, {})
+    # Profiled steps come after the timed ones (the profiler slows the steps it records).
+    profile = (
+        {"profile": {"start_step": args.steps + 1, "num_steps": args.profile_steps}}
+        if args.profile_steps
+        else {}
+    )
     if "qlora" in finetune:  # 4-bit weights dequantized to the run's precision
         finetune = finetune | {"qlora": {"compute_dtype": args.precision}}
     spec = JobSpec.model_validate(
@@ -93,10 +110,12 @@ def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSp
             "parallelism": parallelism,
             "resources": {"procs_per_node": nproc, "device": args.device},
             "optim": {"warmup_steps": 1, "schedule": "constant"},
-            "train": {"micro_batch_size": args.batch // dp, "max_steps": args.steps,
-                      "log_interval_steps": 1, "precision": args.precision, **train},
-            "eval": {"interval_steps": args.steps, "num_batches": 1},
-            "checkpoint": {"interval_steps": args.steps, "keep_last": 1},
+            "train": {"micro_batch_size": args.batch // dp,
+                      "max_steps": args.steps + args.profile_steps,
+                      "log_interval_steps": 1, "precision": args.precision,
+                      "tf32": args.tf32 == "on", **train, **profile},
+            "eval": {"interval_steps": args.steps + args.profile_steps, "num_batches": 1},
+            "checkpoint": {"interval_steps": args.steps + args.profile_steps, "keep_last": 1},
             "sample": {"max_new_tokens": 0},
             **finetune,
         }
@@ -111,7 +130,7 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     spec.dump(workdir / "spec.json")
     trainer = ["-m", "trainer", "--spec", str(workdir / "spec.json")]
     trainer += ["--run-dir", str(workdir / "run"), "--checkpoint-dir", str(workdir / "ckpt")]
-    if nproc == 1:
+    if nproc == 1 and spec.parallelism.strategy == "single":
         cmd = [sys.executable, *trainer]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
@@ -123,13 +142,21 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:] or proc.stdout[-2000:]}
     events = [json.loads(line) for line in (workdir / "run" / "events.jsonl").open()]
-    metrics = [e["values"] for e in events if e["type"] == "metric" and "loss" in e["values"]]
-    times = [m["step_time_s"] for m in metrics[args.warmup :]]
+    timed = [
+        e["values"]
+        for e in events
+        if e["type"] == "metric" and "loss" in e["values"] and e["step"] <= args.steps
+    ]
+    metrics = timed[args.warmup :]
+    times = [m["step_time_s"] for m in metrics]
     step_s = statistics.median(times)
     tokens_per_step = args.batch * args.seq_len
     peaks = [int(m) for m in _PEAK.findall(proc.stdout)]
     running = next(e["data"] for e in events if e["type"] == "status")
-    mfu = [m["mfu"] for m in metrics[args.warmup :] if "mfu" in m]  # CUDA of known peak only
+    mfu = [m["mfu"] for m in metrics if "mfu" in m]  # CUDA of known peak only
+    profile_file = workdir / "ckpt" / "profile" / "rank0.summary.json"
+    profile = json.loads(profile_file.read_text()) if profile_file.exists() else None
+    shutil.rmtree(workdir / "ckpt", ignore_errors=True)  # a 1B model's is ~12 GB
     return {
         "processes": nproc,
         "trainable_params": running["trainable_params"],
@@ -138,6 +165,7 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
         "peak_memory_bytes_per_rank": max(peaks) if peaks else None,
         "final_loss": round(metrics[-1]["loss"], 6),
         "mfu": round(statistics.median(mfu), 4) if mfu else None,
+        "profile": profile,
     }
 
 
@@ -170,9 +198,18 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
+    p.add_argument("--gpus", type=int, default=1, help="processes of `fsdp_compile`")
+    p.add_argument("--tf32", choices=["on", "off"], default="on", help="train.tf32")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after the timed steps, profile this many more (train.profile); the summary "
+        "lands in each method's `profile`",
+    )
     args = smoke.parse(
         p, steps=3, warmup=1, batch=4, n_layers=1, d_model=32, seq_len=32,
-        methods="single,fsdp",
+        methods="single,fsdp", profile_steps=2,
     )  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:

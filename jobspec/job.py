@@ -313,6 +313,18 @@ class OptimSpec(StrictSpec):
     )
 
 
+class ProfileSpec(StrictSpec):
+    """`torch.profiler` over a window of optimizer steps (each rank its own trace)."""
+
+    start_step: int = Field(
+        default=10,
+        ge=1,
+        description="First profiled optimizer step (1-based, counted from the attempt's "
+        "start); the steps before it warm up (compilation, the allocator's cache).",
+    )
+    num_steps: int = Field(default=10, ge=1, le=100, description="Steps profiled.")
+
+
 class TrainSpec(StrictSpec):
     """Batching, precision and stopping."""
 
@@ -370,6 +382,22 @@ class TrainSpec(StrictSpec):
     compile: bool = Field(
         default=False,
         description="`torch.compile` each transformer block (needs a C++ compiler on CPU).",
+    )
+    tf32: bool = Field(
+        default=True,
+        description="fp32 matrix products on TF32 tensor cores (`torch.set_float32_matmul_"
+        "precision('high')`) on CUDA GPUs of compute capability 8.0 and later (Ampere, "
+        "Hopper): inputs rounded to a 10-bit mantissa, fp32 accumulation, several times the "
+        "fp32 rate. Under bf16/fp16 autocast it touches only the products left in fp32. No "
+        "effect on CPU.",
+    )
+    profile: ProfileSpec | None = Field(
+        default=None,
+        description="Profile `num_steps` optimizer steps from `start_step` with "
+        "`torch.profiler` (CPU and CUDA activity): each rank writes a Chrome trace "
+        "(`profile/rank<r>.json.gz`, open in Perfetto) and a summary (`profile/rank<r>."
+        "summary.json`: top kernels, communication vs compute, the device's idle time) next "
+        "to the checkpoints, and logs the summary. Profiled steps run slower.",
     )
 
     @model_validator(mode="before")

@@ -45,6 +45,7 @@ from trainer.model import VOCAB_SIZE, generate, shape_of
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
 from trainer.parallel.compute_timer import ComputeTimer
+from trainer.profiling import StepProfiler
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler
 from trainer.state import TrainState
@@ -98,6 +99,7 @@ class Run:
     rejected_rows: tuple[Rows, Rows] | None = None
     # DDP on CPU: times each step's compute up to this rank's last gradient (stragglers)
     compute_timer: ComputeTimer | None = None
+    profiler: StepProfiler | None = None  # train.profile: stepped after every optimizer step
 
     @property
     def loss_share(self) -> float:
@@ -285,6 +287,8 @@ def train_loop(run: Run) -> None:
         compute = timer.since(started) if timer is not None else None
         state.step += 1
         state.last_loss = loss
+        if run.profiler is not None:
+            run.profiler.step()
         if not math.isfinite(loss):
             raise NonFiniteError(f"loss is {loss} at step {state.step}")
         interval_time, interval_steps = interval_time + step_time, interval_steps + 1

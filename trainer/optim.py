@@ -20,13 +20,15 @@ from jobspec.job import OptimSpec
 
 
 def build_optimizer(
-    model: nn.Module, spec: OptimSpec, *, foreach: bool | None = None
+    model: nn.Module, spec: OptimSpec, *, foreach: bool | None = None, fused: bool = False
 ) -> torch.optim.AdamW:
     """AdamW over `model`'s trainable parameters, in a decayed and a non-decayed group.
 
-    `foreach=False` under tensor parallelism: a group mixes DTensors of several meshes and
-    plain tensors, which the multi-tensor kernels cannot take in one call. An empty group
-    (LoRA: only adapter matrices train) is left out: DCP cannot key a group by no parameter.
+    `fused=True`: torch's fused CUDA kernel (every parameter on the GPU; the same update
+    within rounding). `foreach=False` under tensor parallelism: a group mixes DTensors of
+    several meshes and plain tensors, which the multi-tensor kernels cannot take in one call.
+    An empty group (LoRA: only adapter matrices train) is left out: DCP cannot key a group
+    by no parameter.
     """
     embedding_params = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
@@ -43,7 +45,10 @@ def build_optimizer(
         for params, wd in ((decay, spec.weight_decay), (no_decay, 0.0))
         if params
     ]
-    return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2), foreach=foreach)
+    betas = (spec.beta1, spec.beta2)
+    if fused:
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=betas, fused=True)
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=betas, foreach=foreach)
 
 
 def lr_factor(

@@ -45,6 +45,7 @@ from trainer.loop import Run, report_eval, train_loop
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.pairs import PreferenceRows
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
+from trainer.profiling import StepProfiler
 from trainer.rows import Rows
 from trainer.sampler import GlobalBatchSampler, eval_batches
 from trainer.state import RNGState, TrainState
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
             cache_dir=cache_root(args.cache_dir),
         )
         dist_info = init_distributed(spec.resources.device)
+        if dist_info.device.type == "cuda":  # TF32 needs compute capability 8.0+; else a no-op
+            torch.set_float32_matmul_precision("high" if spec.train.tf32 else "highest")
         init_from = _init_from_location(spec, args.init_from)
         run_job(
             spec,
@@ -254,6 +257,8 @@ def run_job(
         )  # fmt: skip
         train_loop(run)
     finally:
+        if run.profiler is not None:
+            run.profiler.close()
         run.checkpointer.close()
 
 
@@ -346,7 +351,15 @@ def build_run(
         world_size=dims.dp_size,
     )
     max_steps = resolve_max_steps(spec.train, len(train_rows), sampler.global_batch_size)
-    optimizer = build_optimizer(parts.model, spec.optim, foreach=None if dims.tp == 1 else False)
+    # One fused kernel per parameter group on CUDA (torchtitan's default); tensor parallel
+    # mixes meshes in a group, and offloaded parameters live on the host.
+    on_cuda = dist_info.device.type == "cuda" and not spec.parallelism.fsdp.cpu_offload
+    optimizer = build_optimizer(
+        parts.model,
+        spec.optim,
+        foreach=None if dims.tp == 1 else False,
+        fused=on_cuda and dims.tp == 1,
+    )
     scheduler = build_scheduler(optimizer, spec.optim, max_steps)
     fp16 = spec.train.precision == "fp16"
     scaler = torch.amp.GradScaler(dist_info.device.type) if fp16 else None
@@ -384,9 +397,18 @@ def build_run(
         reporter=reporter,
         reporting_rank=dims.reporting_rank,
     )
+    profiler = None
+    if spec.train.profile is not None:
+        profiler = StepProfiler(
+            spec.train.profile,
+            device=dist_info.device,
+            out_uri=f"{checkpoint_dir.rstrip('/')}/profile",
+            rank=dist_info.rank,
+        )
     return Run(
         spec=spec,
         dist=dist_info,
+        profiler=profiler,
         model=parts.model,
         parallel_model=parts.train_model,
         compute_timer=parts.compute_timer,

@@ -62,3 +62,22 @@ def test_weight_decay_only_on_linear_matrices() -> None:
     }  # fmt: skip
     assert "wte.weight" in {names[id(p)] for p in plain["params"]}
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_fused_adamw_takes_the_same_steps_as_foreach() -> None:
+    """`fused=True` (the trainer's choice on CUDA) is torch's fused kernel with the same
+    groups and hyperparameters: three steps on equal models agree within rounding."""
+    cfg = GPTConfig(n_layers=1, n_heads=2, d_model=16, d_ff=32, seq_len=8)
+    models = [build_model(cfg, device=torch.device("cpu"), seed=3) for _ in range(2)]
+    spec = OptimSpec(lr=0.01, weight_decay=0.1)
+    fused, foreach = build_optimizer(models[0], spec, fused=True), build_optimizer(models[1], spec)
+    assert fused.defaults["fused"] is True and not foreach.defaults["fused"]
+    assert [g["weight_decay"] for g in fused.param_groups] == [0.1, 0.0]
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        for model, opt in zip(models, (fused, foreach), strict=True):
+            model(ids).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -180,8 +180,21 @@ def _apply_block_options(model: nn.Module, spec: JobSpec) -> None:
         if spec.train.activation_checkpointing:
             block = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         if spec.train.compile:
+            _keep_4bit_eager(block)
             block.compile()
         setattr(container, key, block)
+
+
+def _keep_4bit_eager(block: nn.Module) -> None:
+    """QLoRA under `train.compile`: bitsandbytes' 4-bit layers run eagerly, the rest of the
+    block compiled around them (a graph break each). Inductor cannot take them: the packed
+    NF4 weight's fake tensor has another shape than the real one (bitsandbytes 0.50; seen
+    on CPU as `assert_size_stride` failing on the weight). Their cost is one dequantization
+    kernel and one matrix product, which compilation would not fuse anyway."""
+    for module in block.modules():
+        kind = type(module)
+        if kind.__name__ == "Linear4bit" and kind.__module__.startswith("bitsandbytes."):
+            module.forward = torch.compiler.disable(module.forward)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
