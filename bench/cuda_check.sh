@@ -12,11 +12,15 @@
 #
 # The GPU image has torch but not our server and trainer extras: bench/gpu_wheels.sh fills
 # `.whl/` here with cp312 manylinux wheels, which this installs into /tmp/site first.
-# Checkpoints and compiler caches go to /dev/shm (a 1B model's checkpoint is ~12 GB).
+# Checkpoints and compiler caches go to /dev/shm when it has 40 GB free (a 1B model's
+# checkpoint is ~12 GB, and each method's is deleted after it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-export PYTHONUNBUFFERED=1 TMPDIR=${TMPDIR:-/dev/shm}
+export PYTHONUNBUFFERED=1
+shm=$(df --output=avail -k /dev/shm 2>/dev/null | tail -1)
+if [ -z "${TMPDIR:-}" ] && [ "${shm:-0}" -gt 40000000 ]; then export TMPDIR=/dev/shm; fi
+df -h "${TMPDIR:-/tmp}" | tail -1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -38,7 +42,7 @@ timeout 130 python3 bench/trainer_methods.py "${big[@]}" --methods lora_compile_
   | tee "$OUT/big_lora.json"
 if [ -f bench/service_path.py ]; then
   timeout 150 python3 bench/service_path.py "${small[@]}" --precision bf16 --method single \
-    --steps 40 --warmup 10 | tee "$OUT/service.json"
+    --steps 300 --warmup 20 | tee "$OUT/service.json"
 fi
 for tf32 in off on; do
   timeout 60 python3 bench/trainer_methods.py "${small[@]}" --precision fp32 --steps 20 \

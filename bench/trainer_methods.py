@@ -86,7 +86,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSpec]:
+def method_spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSpec]:
+    """(processes, the job spec) of method `name` on `corpus` with the model and batch of
+    `args` (`add_model_arguments`; `args.profile_steps` more steps under the profiler)."""
     nproc, parallelism, train = METHODS[name]
     nproc = nproc or args.gpus
     dp = 1 if parallelism["strategy"] in ("tensor", "pipeline") else nproc
@@ -125,7 +127,7 @@ def _spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSp
 
 def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path) -> dict:
     """Train `name` for `args.steps` steps; its timings and peak memory."""
-    nproc, spec = _spec(args, corpus, name)
+    nproc, spec = method_spec(args, corpus, name)
     workdir.mkdir(parents=True)
     spec.dump(workdir / "spec.json")
     trainer = ["-m", "trainer", "--spec", str(workdir / "spec.json")]
@@ -169,7 +171,7 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     }
 
 
-def _corpus(root: Path, size: int) -> Path:
+def build_corpus(root: Path, size: int) -> Path:
     """A few hundred KB of the Python standard library's source (no downloads)."""
     import sysconfig
 
@@ -185,11 +187,10 @@ def _corpus(root: Path, size: int) -> Path:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, batch, device and step arguments `method_spec` reads."""
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
@@ -200,6 +201,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     p.add_argument("--gpus", type=int, default=1, help="processes of `fsdp_compile`")
     p.add_argument("--tf32", choices=["on", "off"], default="on", help="train.tf32")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_arguments(p)
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     p.add_argument(
         "--profile-steps",
         type=int,
@@ -213,7 +220,7 @@ def main() -> None:
     )  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = _corpus(Path(tmp), 2_000_000)
+        corpus = build_corpus(Path(tmp), 2_000_000)
         for name in args.methods.split(","):
             results[name] = run_method(args, corpus, name, Path(tmp) / name)
     config = {k: v for k, v in vars(args).items() if k != "methods"}

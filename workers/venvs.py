@@ -27,8 +27,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from uv import find_uv_bin
-
 from workers.ingest import last_lines
 from workers.launcher import allowed_env
 
@@ -119,6 +117,8 @@ def _build(
 ) -> None:
     """Create the environment at `venv` (relocatable: it is renamed afterwards), install the
     requirements into it, add the worker's site-packages behind its own, mark it whole."""
+    from uv import find_uv_bin  # only jobs with entrypoint.requirements need uv
+
     uv = find_uv_bin()
     env = installer_env(base_env)
     _run([uv, "venv", "--relocatable", "--python", sys.executable, str(venv)], log, env, beat)

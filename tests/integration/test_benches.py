@@ -97,10 +97,15 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         ["bench/resume_check.py"],
         ["max_abs_loss_diff_after_resume", "resumed_only_later_steps"],
     ),
+    "service_path": (
+        ["bench/service_path.py"],
+        ["bench.tokens_per_second", "service.tokens_per_second", "service_vs_bench"],
+    ),
 }
-# Scripts that need a GPU (never in tests or CI): `cuda_check.sh` runs trainer_methods, which
-# is smoked above, on CUDA; `cuda_workers_check.py` asks NVML about a real CUDA process.
-CUDA_ONLY = {"cuda_check", "cuda_workers_check"}
+# Scripts for a GPU machine (never in tests or CI): `cuda_check.sh` runs trainer_methods and
+# service_path, both smoked above, on CUDA; `cuda_workers_check.py` asks NVML about a real
+# CUDA process; `gpu_wheels.sh` downloads the wheels the GPU image lacks.
+CUDA_ONLY = {"cuda_check", "cuda_workers_check", "gpu_wheels"}
 HELPERS = {"__init__", "_common", "smoke"}
 
 
