@@ -32,6 +32,18 @@ python3 -c 'import torch, torchao, bitsandbytes, peft, transformers
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0),
       "torchao", torchao.__version__, "bitsandbytes", bitsandbytes.__version__,
       "peft", peft.__version__, "transformers", transformers.__version__)'
+python3 - <<'PY'
+import torch  # the card's bf16 matrix-product ceiling as found (random data, median of 20)
+a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+for _ in range(5):
+    a @ b
+times = []
+for _ in range(20):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); a @ b; end.record(); torch.cuda.synchronize()
+    times.append(start.elapsed_time(end) / 1e3)
+print("bf16 8192^3 product: %.0f TFLOP/s" % (2 * 8192**3 / sorted(times)[10] / 1e12))
+PY
 big=(--device cuda --precision bf16 --n-layers 20 --n-heads 16 --d-model 2048 --seq-len 2048
      --batch 8 --threads 4 --steps 25 --warmup 10)
 small=(--device cuda --n-layers 12 --n-heads 16 --d-model 1024 --seq-len 1024 --batch 16
