@@ -123,12 +123,24 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
 def summarize(prof: profile, *, cuda: bool, steps: int) -> dict[str, Any]:
     """The window's figures (module docstring), per step, from `prof.events()`."""
     events = prof.events()
+    cpu = torch.autograd.DeviceType.CPU
+    # `ProfilerStep*` is recorded twice on CUDA: the host's range, and its annotation on the
+    # device's timeline (a span as long as the step, not work): steps from the host's only.
     step_spans = [
-        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep")
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name.startswith("ProfilerStep") and e.device_type == cpu
     ]
     wall_us = (max(e for _, e in step_spans) - min(s for s, _ in step_spans)) if step_spans else 0
     n = max(1, len(step_spans) or steps)
-    device_events = [e for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
+    device_events = [
+        e
+        for e in events
+        if cuda
+        and e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.name.startswith("ProfilerStep")
+    ]
     busy = _union_ms([(e.time_range.start, e.time_range.end) for e in device_events])
     comm = _union_ms(
         [(e.time_range.start, e.time_range.end) for e in device_events if "nccl" in e.name.lower()]

@@ -12,7 +12,12 @@ from torch import nn
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec, QLoRASpec
 from tests.conftest_trainer import TINY_LLAMA, build_local_run, tiny_spec
-from trainer.finetune import AdapterOptimizerState, build_network, quantize_linears
+from trainer.finetune import (
+    AdapterOptimizerState,
+    _is_4bit_linear,
+    build_network,
+    quantize_linears,
+)
 from trainer.loop import train_step
 from trainer.model import GPTConfig, build_model
 from trainer.parallel.parallelize import block_slots
@@ -79,6 +84,28 @@ def test_qlora_quantizes_the_block_linears_to_nf4() -> None:
     with torch.no_grad():
         error = (model(x) - reference).abs().max().item()
     assert 0 < error < 0.5  # 4-bit weights: close to, not equal to, the fp32 model
+
+
+def test_qlora_layers_take_and_give_the_autocast_dtype(corpus_dir: Path) -> None:
+    """Under bf16 autocast each 4-bit layer (and peft's LoRA layer around it) sees a bf16
+    input and returns bf16, as autocast's `nn.Linear` does; bitsandbytes alone would hand
+    back the fp32 a LayerNorm gives it (checked first: the test can fail)."""
+    spec = tiny_spec(corpus_dir, qlora={"compute_dtype": "bf16"}, train={"precision": "bf16"})
+    model = build_network(spec, device=CPU).model
+    layers = {n: m for n, m in model.named_modules() if _is_4bit_linear(m)}
+    assert len(layers) == 2 * 12  # 6 linears per block: peft's layer and bnb's inside it
+    seen: dict[str, tuple[torch.dtype, torch.dtype]] = {}
+    for name, layer in layers.items():
+        layer.register_forward_hook(
+            lambda m, args, out, name=name: seen.__setitem__(name, (args[0].dtype, out.dtype))
+        )
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+        bare = model.blocks["0"].attn.wq.base_layer
+        assert bare.forward(torch.randn(2, 16, 64)).dtype == torch.float32
+    assert seen.keys() == layers.keys()
+    assert set(seen.values()) == {(torch.bfloat16, torch.bfloat16)}
 
 
 def test_hf_model_from_config_is_built_from_the_seed(corpus_dir: Path) -> None:
