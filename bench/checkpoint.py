@@ -4,8 +4,9 @@
 
 A model of `--mb` MB of fp32 parameters plus its AdamW state (so ~3x that is saved) is
 trained one step, then saved each way into a temporary local directory, the same calls
-`trainer/checkpoint.py` makes (`no_dist=True`: one process). `blocking_s` is the time until
-the call returns (the step can continue); for async, `complete_s` is until the write finished.
+`trainer/checkpoint/checkpointer.py` makes (`no_dist=True`: one process). `blocking_s` is the
+time until the call returns (the step can continue); for async, `complete_s` is until the write
+finished.
 Then a training step is timed while an async save runs in the background. Prints one JSON.
 """
 

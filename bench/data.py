@@ -10,7 +10,7 @@ docstring); the BPE tokenizer is trained here with `tokenizers`. Model: the quic
 (4 layers, d_model 128, seq_len 128, micro-batch 16, fp32) and a small Llama built from a
 config (`transformers`, byte vocabulary). One OpenMP thread everywhere.
 
-1. `prepare`: tokens/s of `trainer.dataprep.prepare_rows` (cold cache) for raw text and the
+1. `prepare`: tokens/s of `trainer.data.prep.prepare_rows` (cold cache) for raw text and the
    chat set, with bytes and with the BPE tokenizer. `loader`: tokens/s `Rows.batch` delivers
    (the sampler's order over the memory-mapped `--scale`x rows, to the CPU device, page cache
    warm) against the tokens/s the trainer consumes (`trainer.loop.train_loop`, one process).
@@ -55,13 +55,13 @@ from bench import smoke
 from bench._common import REPO_ROOT, emit, note
 from dataformat.chat import CHATML, CHATML_SPECIAL_TOKENS
 from jobspec.job import JobSpec
-from trainer.dataprep import prepare_rows
+from trainer.data.prep import prepare_rows
+from trainer.data.rows import Rows
+from trainer.data.sampler import GlobalBatchSampler
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter
 from trainer.loop import train_loop
 from trainer.optim import build_optimizer
-from trainer.rows import Rows
-from trainer.sampler import GlobalBatchSampler
 from trainer.train import build_run
 
 MODEL = {"n_layers": 4, "n_heads": 4, "d_model": 128, "seq_len": 128}  # quickstart's GPT
@@ -240,7 +240,7 @@ class MinimalLoop:
     """nanoGPT's loop: x, y from the memmap, forward, cross-entropy, backward, clip, step."""
 
     def __init__(self, spec: dict[str, Any], rows: Rows) -> None:
-        from trainer.model import GPT, GPTConfig
+        from trainer.models.gpt import GPT, GPTConfig
 
         job = JobSpec.model_validate(spec)
         torch.manual_seed(job.seed)

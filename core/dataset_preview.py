@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 # Formats a preview renders: one record is one example. `text` and `tokens` have no records
 # to render (their masks are all-ones or stored), `preference` makes two examples per record.
 PREVIEW_FORMATS = ("messages", "prompt_completion", "jsonl_text")
-# == trainer.hf._TOKENIZER_FILES (trainer.hf imports torch): a model directory with none of
-# them trains on bytes.
+# == trainer.models.hf._TOKENIZER_FILES (trainer.models.hf imports torch): a model directory
+# with none of them trains on bytes.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Tokens listed per example (the counts cover all): 64 examples stay a few MB of JSON even for
 # records at the size limit.

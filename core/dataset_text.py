@@ -1,7 +1,7 @@
 """Raw `text` datasets are UTF-8 text: each file checked block by block as it streams.
 
 The trainer reads a `text` dataset's files in 1 MiB blocks and decodes them as UTF-8, replacing
-what does not decode with U+FFFD (trainer/textrows.py): a PNG, a UTF-16 file or a stray binary
+what does not decode with U+FFFD (trainer/data/textrows.py): a PNG, a UTF-16 file or a stray binary
 would train on replacement characters and NUL bytes without a word. So registration and upload
 refuse a file holding a NUL byte or bytes that are not UTF-8 (Python's strict incremental
 decoder: a character split across two blocks is fine), naming the file, the byte (1-based) and

@@ -3,7 +3,8 @@
 The API records the request (`request`), commits, and sends `workers.export_checkpoint(id)` to
 the export queue (`settings.export_queue`: exports need no GPU, so they never wait behind
 training on the job's pool); an exporter (`torchyard exporter`) claims the export (`claim`: a
-fencing UPDATE `pending -> running`, `attempt + 1`), runs `python -m trainer.export` as a
+fencing UPDATE `pending -> running`, `attempt + 1`), runs `python -m trainer.checkpoint.export`
+as a
 subprocess and records the outcome (`finish` / `fail`, fenced by the attempt it claimed, so
 an exporter whose claim was taken over cannot overwrite the newer outcome). There is one export
 per checkpoint: asking again returns it.
@@ -24,7 +25,8 @@ from core.models import Checkpoint, CheckpointExport, ExportState, Job, JobEvent
 from core.settings import Settings
 from jobspec.job import ScriptJobSpec
 
-WEIGHTS_FILE = "model.safetensors"  # what `python -m trainer.export` writes (CONTRACTS.md, 1)
+# What `python -m trainer.checkpoint.export` writes (CONTRACTS.md, 1).
+WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # A `running` export whose worker has not finished it after this long is taken to have lost
 # its worker (killed, host gone): a new request queues it again.
@@ -55,9 +57,9 @@ class Claimed:
 
 
 def _require_full_gpt(job: Job) -> None:
-    """`trainer.export` consolidates the built-in GPT's full weights; LoRA/QLoRA runs write
-    their adapter and merged model at the end of the run instead, and Hugging Face models are
-    saved by `transformers`. Raises `Conflict` (409) for those jobs."""
+    """`trainer.checkpoint.export` consolidates the built-in GPT's full weights; LoRA/QLoRA
+    runs write their adapter and merged model at the end of the run instead, and Hugging Face
+    models are saved by `transformers`. Raises `Conflict` (409) for those jobs."""
     spec = job.spec
     if isinstance(spec, ScriptJobSpec):
         raise Conflict(

@@ -63,7 +63,7 @@ def sha256_of(uri: str) -> tuple[int, str]:
 
 
 def row_cache_dir(settings: Settings) -> Path:
-    """The worker host's cache of tokenized training rows (`trainer.dataprep`): local, since
+    """The worker host's cache of tokenized training rows (`trainer.data.prep`): local, since
     the trainer memory-maps them; shared by every job and attempt on the host."""
     return settings.home.resolve() / "cache" / "rows"
 

@@ -34,7 +34,7 @@ from dataformat.records import MessagesRecord, PromptCompletionRecord, Record, T
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-IGNORE_INDEX = -100  # == trainer.rows.IGNORE_INDEX (rows imports torch; this module must not)
+IGNORE_INDEX = -100  # == trainer.data.rows.IGNORE_INDEX (rows imports torch; this module must not)
 DEFAULT_LOSS_ON = {
     "messages": "assistant",
     "prompt_completion": "completion",

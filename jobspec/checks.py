@@ -17,7 +17,7 @@ from dataformat.records import LOSS_ON_BY_FORMAT
 if TYPE_CHECKING:
     from jobspec.job import JobSpec, LoRASpec
 
-# Linear layers of each block of the built-in GPT (`trainer.model.Block`), by module path.
+# Linear layers of each block of the built-in GPT (`trainer.models.gpt.Block`), by module path.
 GPT_LINEAR_MODULES = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc", "mlp.proj")
 # Modules of the built-in GPT that `lora.modules_to_save` may name (trained in full).
 GPT_SAVABLE_MODULES = ("wpe", "ln_f", "ln_1", "ln_2")

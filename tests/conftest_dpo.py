@@ -5,7 +5,7 @@ function's signature (`def name(args):` and a newline); the chosen answer is the
 of its own docstring, the rejected one the first line of another function's. Bytes are the
 tokens (the built-in GPT's and a byte-level Hugging Face model's vocabulary).
 
-The rows follow the rows contract (`trainer.rows`): one right-padded example per row, labels
+The rows follow the rows contract (`trainer.data.rows`): one right-padded example per row, labels
 supervised on the answer only (-100 on the prompt and the padding), segment 0 then -1.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.rows import IGNORE_INDEX, Rows, RowsWriter
+from trainer.data.rows import IGNORE_INDEX, Rows, RowsWriter
 
 MODULES = ("json", "textwrap", "string", "shutil", "posixpath", "functools", "fnmatch", "glob")
 PAD_ID = 0

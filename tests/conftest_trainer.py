@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from jobspec.job import JobSpec
-from trainer.dataprep import prepare_rows
+from trainer.data.prep import prepare_rows
+from trainer.data.rows import IGNORE_INDEX, Rows
 from trainer.distributed import DistInfo
 from trainer.events import NullReporter, Reporter
-from trainer.hf import load_tokenizer
 from trainer.loop import Run
-from trainer.rows import IGNORE_INDEX, Rows
+from trainer.models.hf import load_tokenizer
 from trainer.train import build_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def uneven_rows(num_rows: int, seq_len: int, *, seed: int, segments: int = 1) ->
     """Rows of random byte tokens whose supervised lengths differ widely: row i supervises
     only its last 1 + (37 i mod seq_len) positions (a prompt before them). `segments` > 1
     packs that many equal examples per row (positions restart, each example's last position
-    unsupervised), as `trainer.rows` lays out packed data."""
+    unsupervised), as `trainer.data.rows` lays out packed data."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, 256, size=(num_rows, seq_len + 1), dtype=np.int32)
     labels = ids[:, 1:].copy()

@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.train import main as trainer_main
 
 log = logging.getLogger(__name__)

@@ -51,8 +51,8 @@ def exporter_argv(
     queue: str = "exports", concurrency: int = 2, hostname: str | None = None
 ) -> list[str]:
     """A Celery worker on the export queue (the API's `TORCHYARD_EXPORT_QUEUE`): it runs
-    `python -m trainer.export` for `concurrency` checkpoint exports at once. Exports need no
-    GPU, so they have a worker kind of their own and never queue behind training."""
+    `python -m trainer.checkpoint.export` for `concurrency` checkpoint exports at once. Exports
+    need no GPU, so they have a worker kind of their own and never queue behind training."""
     argv = [
         sys.executable, "-m", "workers", "exporter", "--queue", queue,
         "--concurrency", str(concurrency), "--without-gossip", "--without-mingle",

@@ -3,7 +3,7 @@
 `prepare` writes the example's data (`torchyard.examples.docstrings`: stdlib functions and
 their docstrings as messages and preference JSONL) and builds its model directory (a small
 Llama and a locally trained ChatML BPE) under ``HOME/examples``, which it adds to the
-allowed data roots. The model is built by ``python -m trainer.offline_model`` in a child
+allowed data roots. The model is built by ``python -m trainer.models.offline`` in a child
 process: it needs torch, `tokenizers` and `transformers`, which the client must not import
 (the quickstart already runs the API and worker locally, so the trainer's packages are
 there). `submit` uploads the data over REST and runs `chat_sft.yaml`, then for ``dpo``
@@ -59,7 +59,7 @@ def examples_root(home: Path) -> Path:
 
 def model_argv(out: Path) -> list[str]:
     """The child process that builds the example's model and tokenizer into `out`."""
-    return [sys.executable, "-m", "trainer.offline_model", str(out)]
+    return [sys.executable, "-m", "trainer.models.offline", str(out)]
 
 
 def prepare(home: Path, console: Console) -> Inputs:

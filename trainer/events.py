@@ -78,7 +78,7 @@ class Reporter:
         self.emit("sample", step=step, prompt=prompt, text=text)
 
     def data(self, fields: dict[str, Any]) -> None:
-        """How the data became rows (`trainer.dataprep`): counts, masks, packing, cache."""
+        """How the data became rows (`trainer.data.prep`): counts, masks, packing, cache."""
         self.emit("data", **fields)
 
     def error(

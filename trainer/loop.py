@@ -1,9 +1,9 @@
 """The training loop: steps with gradient accumulation, metrics, eval, checkpoints, stopping.
 
-The data are `trainer.rows.Rows` (train and eval); the sampler says which rows each rank
+The data are `trainer.data.rows.Rows` (train and eval); the sampler says which rows each rank
 takes. One optimizer step: `grad_accum_steps` micro-batches, forward under autocast, the
 summed token loss scaled by dp_size / N (N: supervised positions of the whole global batch,
-`trainer.batches`), backward under DDP's `no_sync()` (FSDP2: gradient sync off) on all but
+`trainer.data.batches`), backward under DDP's `no_sync()` (FSDP2: gradient sync off) on all but
 the last micro-step (one gradient reduction per step); fp16 adds `torch.amp.GradScaler`. A
 pipeline instead runs its schedule once per micro-step (`PipelineRunner.step`). Then clip
 (a mesh-aware global norm under fsdp/tensor/pipeline), step, schedule.
@@ -34,21 +34,21 @@ from torch import Tensor, nn
 
 from dataformat.errors import NonFiniteError
 from jobspec.job import JobSpec
-from trainer.batches import forward, lm_loss, next_step_batches
-from trainer.checkpoint import Checkpointer
-from trainer.data import decode, encode
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.state import TrainState
+from trainer.data.batches import forward, lm_loss, next_step_batches
+from trainer.data.byte_tokenizer import decode, encode
+from trainer.data.rows import Rows
+from trainer.data.sampler import GlobalBatchSampler
 from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum, no_sync
-from trainer.dpo_train import DPOMethod, pair_batches
 from trainer.events import Reporter
-from trainer.finetune import Network
-from trainer.model import VOCAB_SIZE, generate, shape_of
+from trainer.methods.dpo_train import DPOMethod, pair_batches
+from trainer.models.gpt import VOCAB_SIZE, generate, shape_of
+from trainer.models.network import Network
 from trainer.optim import clip_gradients
 from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.profiling import StepProfiler
-from trainer.rows import Rows
-from trainer.sampler import GlobalBatchSampler
-from trainer.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def _lm_accumulate(run: Run) -> Tensor:
 
 def _dpo_accumulate(run: Run, dpo: DPOMethod) -> Tensor:
     """`method.kind: dpo`: the step's pairs (chosen: `train_rows`, rejected: the aligned
-    rows), normalised by the global batch's pairs (`trainer.dpo_train`)."""
+    rows), normalised by the global batch's pairs (`trainer.methods.dpo_train`)."""
     assert run.rejected_rows is not None
     global_batch = run.sampler.next_global_batch()
     micro_batches = run.sampler.split(global_batch)

@@ -31,24 +31,24 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from dataformat.errors import InvalidJobError
 from dataformat.failures import FailureClass, classify_exception
 from jobspec.job import JobSpec
-from trainer.batches import lm_loss, resolve_max_steps
-from trainer.checkpoint import Checkpointer
-from trainer.data import is_uri
-from trainer.dataprep import PreparedRows, cache_root, prepare_rows, unigram_eval_loss
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.export import export_at_end
+from trainer.checkpoint.state import RNGState, TrainState
+from trainer.data.batches import lm_loss, resolve_max_steps
+from trainer.data.byte_tokenizer import is_uri
+from trainer.data.pairs import PreferenceRows
+from trainer.data.prep import PreparedRows, cache_root, prepare_rows, unigram_eval_loss
+from trainer.data.rows import Rows
+from trainer.data.sampler import GlobalBatchSampler, eval_batches
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
-from trainer.dpo_train import build_dpo, check_pairs
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
-from trainer.export import export_at_end
-from trainer.finetune import build_network, lora_settings, model_state
-from trainer.hf import data_vocab_size, load_tokenizer
 from trainer.loop import Run, report_eval, train_loop
+from trainer.methods.dpo_train import build_dpo, check_pairs
+from trainer.models.hf import data_vocab_size, load_tokenizer
+from trainer.models.network import build_network, lora_settings, model_state
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.pairs import PreferenceRows
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
 from trainer.profiling import StepProfiler
-from trainer.rows import Rows
-from trainer.sampler import GlobalBatchSampler, eval_batches
-from trainer.state import RNGState, TrainState
 
 log = logging.getLogger("trainer")
 
@@ -301,7 +301,7 @@ def build_run(
     reference's starting weights).
 
     Raises `InvalidJobError` when the eval rows hold less than one batch per data-parallel
-    rank, or the model cannot be built as asked (`trainer.finetune.build_network`).
+    rank, or the model cannot be built as asked (`trainer.models.network.build_network`).
     """
     torch.manual_seed(spec.seed + dist_info.rank)  # dropout differs per rank, reproducibly
     dims = ParallelDims.from_spec(spec, dist_info.world_size)
@@ -316,11 +316,11 @@ def build_run(
     if spec.checkpoint.export_safetensors:
         end_hooks.append(export_at_end)
     if network.peft_model is not None:
-        from trainer.lora_export import export_at_end as export_lora_at_end
+        from trainer.checkpoint.lora_export import export_at_end as export_lora_at_end
 
         end_hooks.append(export_lora_at_end)
     if spec.qat is not None:  # fake-quantized Linears, before sharding (torchao)
-        from trainer import qat  # torchao takes ~1.5 s to import: only for QAT runs
+        from trainer.methods import qat  # torchao takes ~1.5 s to import: only for QAT runs
 
         qat.prepare(model, spec.qat)
         end_hooks.append(qat.report_converted)

@@ -3,7 +3,7 @@
 The exporter is the trainer's own program, run as a subprocess (the worker never imports
 trainer code: docs/ARCHITECTURE.md, 'Import rules'):
 
-    python -m trainer.export --checkpoint STEP_URI --out EXPORT_URI
+    python -m trainer.checkpoint.export --checkpoint STEP_URI --out EXPORT_URI
 
 It reads only the model weights of the DCP checkpoint, whatever parallelism saved them, and
 writes `EXPORT_URI/model.safetensors` + `config.json` through fsspec (CONTRACTS.md, section 1).
@@ -26,7 +26,7 @@ from core import exports, storage
 
 log = logging.getLogger(__name__)
 
-EXPORT_MODULE = "trainer.export"
+EXPORT_MODULE = "trainer.checkpoint.export"
 EXPORT_TIMEOUT_S = 3600.0
 
 

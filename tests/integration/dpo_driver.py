@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from jobspec.job import JobSpec
+from trainer.data.rows import Rows
+from trainer.data.sampler import GlobalBatchSampler, eval_batches
 from trainer.distributed import DistInfo, all_reduce_sum, init_distributed, shutdown
-from trainer.dpo_train import build_dpo, check_pairs, pair_batches
-from trainer.finetune import build_network
+from trainer.methods.dpo_train import build_dpo, check_pairs, pair_batches
+from trainer.models.network import build_network
 from trainer.optim import build_optimizer
 from trainer.parallel import ParallelDims, clip_grad_norm, parallelize
-from trainer.rows import Rows
-from trainer.sampler import GlobalBatchSampler, eval_batches
 
 
 def main() -> None:

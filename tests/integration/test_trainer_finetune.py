@@ -43,9 +43,9 @@ from tests.conftest_trainer import (
 )
 from tests.conftest_trainer import train_losses as losses_of
 from tests.tolerances import reordered_sum_rel, tokens_per_step
-from trainer.hf import HFCausalLM
 from trainer.loop import evaluate
-from trainer.model import GPT, GPTConfig, build_model
+from trainer.models.gpt import GPT, GPTConfig, build_model
+from trainer.models.hf import HFCausalLM
 
 MAX_STEPS = 6
 FAIL_AT = 4  # after the checkpoint at step 3

@@ -36,9 +36,9 @@ from tests.conftest_trainer import (
     uneven_rows,
 )
 from tests.unit.test_trainer_loss import ATOL, RTOL
+from trainer.data.rows import IGNORE_INDEX, Rows
 from trainer.distributed import DistInfo, init_distributed
 from trainer.loop import Run, agree, train_step
-from trainer.rows import IGNORE_INDEX, Rows
 
 SEQ_LEN, NUM_ROWS, SEED = 64, 48, 3
 PIPELINE = {"strategy": "pipeline", "pipeline": {"schedule": "1f1b", "num_microbatches": 2}}

@@ -23,7 +23,7 @@ import torch
 from jobspec.job import JobSpec
 from tests.conftest_trainer import explain, read_events, run_trainer, statuses, tiny_spec
 from tests.conftest_trainer import train_losses as losses_of
-from trainer.export import load_model_weights
+from trainer.checkpoint.export import load_model_weights
 
 MAX_STEPS = 4
 REL_TOLERANCE = 2e-4

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec
-from trainer.dataprep import prepare_rows
+from trainer.data.prep import prepare_rows
 from trainer.distributed import init_distributed, shutdown
 from trainer.events import NullReporter
 

@@ -1,7 +1,7 @@
 """Real, offline SFT data for the tests: an instruction set built from the standard library
 (prompt: a function's signature and body; completion: its real docstring), the same as chat
 messages, and a byte-level BPE tokenizer trained on it (`tokenizers`) with a ChatML template;
-and `prepare`, which runs `trainer.dataprep.prepare_rows` on a spec as a job would."""
+and `prepare`, which runs `trainer.data.prep.prepare_rows` on a spec as a job would."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobspec.job import JobSpec
-from trainer.dataprep import PreparedRows, prepare_rows
+from trainer.data.prep import PreparedRows, prepare_rows
 from trainer.events import EventWriter
 
 STDLIB_MODULES = (

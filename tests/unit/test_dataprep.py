@@ -22,8 +22,8 @@ from tests.unit.sft_data import (
     prepare,
     write_jsonl,
 )
-from trainer.dataprep import unigram_eval_loss
-from trainer.rows import IGNORE_INDEX, Rows
+from trainer.data.prep import unigram_eval_loss
+from trainer.data.rows import IGNORE_INDEX, Rows
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
@@ -228,7 +228,7 @@ def test_jsonl_text_is_a_token_stream_unpacked_and_whole_documents_packed(
 def test_raw_text_with_a_bpe_tokenizer_is_tokenized_block_by_block_losslessly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer import textrows
+    from trainer.data import textrows
 
     monkeypatch.setattr(textrows, "_BLOCK", 97)  # many blocks, cut at line ends
     tok = bpe_tokenizer()
@@ -322,8 +322,8 @@ def _rss_file_bytes() -> int:
 def test_unigram_baseline_reads_a_memmapped_corpus_without_mapping_it_into_rss(
     tmp_path: Path,
 ) -> None:
-    from trainer.dataprep import unigram_eval_loss
-    from trainer.rows import RowsWriter
+    from trainer.data.prep import unigram_eval_loss
+    from trainer.data.rows import RowsWriter
 
     num_rows, seq_len, vocab = 3 * 4096 + 5, 256, 300  # > 3 read blocks, a partial last one
     rng = np.random.default_rng(0)

@@ -24,9 +24,9 @@ import math
 import pytest
 import torch
 
+from trainer.data.rows import IGNORE_INDEX
 from trainer.distributed import DistInfo
-from trainer.dpo import METRICS, dpo_loss, mean_metrics, pair_statistics, sequence_logps
-from trainer.rows import IGNORE_INDEX
+from trainer.methods.dpo import METRICS, dpo_loss, mean_metrics, pair_statistics, sequence_logps
 
 EPS32 = torch.finfo(torch.float32).eps
 B, T, V = 6, 12, 17

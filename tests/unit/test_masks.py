@@ -188,7 +188,7 @@ def test_the_verifier_modules_import_without_torch() -> None:
 
 
 def test_ignore_index_matches_the_rows_contract() -> None:
-    from trainer.rows import IGNORE_INDEX as ROWS_IGNORE_INDEX
+    from trainer.data.rows import IGNORE_INDEX as ROWS_IGNORE_INDEX
 
     assert IGNORE_INDEX == ROWS_IGNORE_INDEX
 

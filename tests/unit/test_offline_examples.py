@@ -1,5 +1,5 @@
 """The offline example data and model: stdlib docstring sets that pass the upload validator, a
-locally trained tokenizer with ChatML special tokens, and a Llama directory that `trainer.hf`
+locally trained tokenizer with ChatML special tokens, and a Llama directory that `trainer.models.hf`
 loads with its tokenizer."""
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def test_written_files_pass_the_upload_validation_as_their_format(tmp_path: Path
 def test_offline_model_dir_loads_as_an_hf_model_with_a_chatml_tokenizer(tmp_path: Path) -> None:
     from dataformat.chat import CHATML_SPECIAL_TOKENS
     from jobspec.job import ModelSpec
-    from trainer.hf import build_hf_model, load_tokenizer
-    from trainer.offline_model import ModelShape, build_model_dir, stdlib_texts
+    from trainer.models.hf import build_hf_model, load_tokenizer
+    from trainer.models.offline import ModelShape, build_model_dir, stdlib_texts
 
     shape = ModelShape(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=64, max_position_embeddings=128)  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.packing import IGNORE_INDEX, RowPacker
+from trainer.data.packing import IGNORE_INDEX, RowPacker
 
 
 def _example(length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

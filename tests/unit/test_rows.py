@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.rows import ARRAYS, IGNORE_INDEX, Rows, RowsWriter
+from trainer.data.rows import ARRAYS, IGNORE_INDEX, Rows, RowsWriter
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""Raw text through `prepare_rows` (`trainer.textrows`): file selection with include/exclude,
+"""Raw text through `prepare_rows` (`trainer.data.textrows`): file selection with include/exclude,
 the split (whole documents by path hash, a single file by position), `max_bytes`, and the
 chunk layout of the rows."""
 
@@ -12,7 +12,7 @@ import torch
 
 from dataformat.errors import InvalidJobError
 from tests.unit.sft_data import data_spec, prepare
-from trainer.rows import Rows
+from trainer.data.rows import Rows
 
 SEQ_LEN = 8  # a side's stream loses at most its last seq_len bytes (a partial chunk)
 

@@ -19,7 +19,7 @@ from tests.conftest_trainer import (
     tiny_spec,
     uneven_rows,
 )
-from trainer.checkpoint import Checkpointer, latest_complete, list_checkpoints
+from trainer.checkpoint.checkpointer import Checkpointer, latest_complete, list_checkpoints
 from trainer.events import EventWriter, NullReporter
 from trainer.loop import Run, train_loop, train_step
 

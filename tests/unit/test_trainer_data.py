@@ -1,11 +1,11 @@
-"""The byte-level tokenizer (`trainer.data`). Reading, splitting and chunking raw text:
-tests/unit/test_textrows.py; the unigram baseline: tests/unit/test_dataprep.py."""
+"""The byte-level tokenizer (`trainer.data.byte_tokenizer`). Reading, splitting and chunking raw
+text: tests/unit/test_textrows.py; the unigram baseline: tests/unit/test_dataprep.py."""
 
 from __future__ import annotations
 
 import torch
 
-from trainer.data import decode, encode
+from trainer.data.byte_tokenizer import decode, encode
 
 
 def test_tokenizer_round_trips_any_text_through_utf8_bytes() -> None:

@@ -19,7 +19,8 @@ from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec
 from tests.conftest_dpo import stdlib_pairs, write_preference_rows
 from tests.conftest_trainer import TINY_LLAMA, cpu_world_of_one, tiny_spec
-from trainer.dpo_train import (
+from trainer.data.rows import Batch, Rows
+from trainer.methods.dpo_train import (
     DPOMethod,
     build_dpo,
     check_pairs,
@@ -27,9 +28,8 @@ from trainer.dpo_train import (
     logits_of,
     pair_batches,
 )
-from trainer.finetune import Network, build_network
+from trainer.models.network import Network, build_network
 from trainer.optim import build_optimizer
-from trainer.rows import Batch, Rows
 
 CPU = torch.device("cpu")
 SEQ_LEN = 96
@@ -118,7 +118,7 @@ def test_lora_reference_is_the_adapter_free_model_and_stays_it_while_the_policy_
 
     def logps(net: nn.Module) -> torch.Tensor:
         with torch.no_grad():
-            from trainer.dpo import sequence_logps
+            from trainer.methods.dpo import sequence_logps
 
             return sequence_logps(logits_of(net, both), both.labels)[0]
 

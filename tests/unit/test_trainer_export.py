@@ -1,4 +1,5 @@
-"""`python -m trainer.export`: a DCP checkpoint to one consolidated `model.safetensors`."""
+"""`python -m trainer.checkpoint.export`: a DCP checkpoint to one consolidated
+`model.safetensors`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from tests.conftest_trainer import build_local_run, tiny_spec
-from trainer import export
+from trainer.checkpoint import export
 from trainer.loop import train_step
 
 

@@ -12,14 +12,14 @@ from torch import nn
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec, QLoRASpec
 from tests.conftest_trainer import TINY_LLAMA, build_local_run, tiny_spec
-from trainer.finetune import (
+from trainer.loop import train_step
+from trainer.models.gpt import GPTConfig, build_model
+from trainer.models.network import (
     AdapterOptimizerState,
     _is_4bit_linear,
     build_network,
     quantize_linears,
 )
-from trainer.loop import train_step
-from trainer.model import GPTConfig, build_model
 from trainer.parallel.parallelize import block_slots
 
 CPU = torch.device("cpu")

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from tests.conftest_trainer import build_rows_run, cpu_world_of_one, tiny_spec, uneven_rows
-from trainer.batches import forward, lm_loss, next_step_batches
+from trainer.data.batches import forward, lm_loss, next_step_batches
+from trainer.data.rows import IGNORE_INDEX
 from trainer.loop import Run, train_step
-from trainer.rows import IGNORE_INDEX
 
 SEQ_LEN = 64
 GLOBAL_BATCH = 16

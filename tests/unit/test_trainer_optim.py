@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jobspec.job import OptimSpec
-from trainer.model import GPTConfig, build_model
+from trainer.models.gpt import GPTConfig, build_model
 from trainer.optim import build_optimizer, build_scheduler, lr_factor
 
 

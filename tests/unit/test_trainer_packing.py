@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.batches import lm_loss
-from trainer.hf import HFCausalLM
-from trainer.model import GPTConfig, block_causal_mask, build_model
-from trainer.rows import IGNORE_INDEX, Batch
+from trainer.data.batches import lm_loss
+from trainer.data.rows import IGNORE_INDEX, Batch
+from trainer.models.gpt import GPTConfig, block_causal_mask, build_model
+from trainer.models.hf import HFCausalLM
 
 EPS = torch.finfo(torch.float32).eps
 SEQ_LEN = 48

@@ -31,9 +31,9 @@ from tests.conftest_trainer import (
     tiny_spec,
     validation_spec,
 )
-from trainer import qat
 from trainer.events import EventWriter
 from trainer.loop import evaluate, train_loop
+from trainer.methods import qat
 
 REL_TOLERANCE = 13 * 256 * torch.finfo(torch.float32).eps / 2  # derived in the docstring
 

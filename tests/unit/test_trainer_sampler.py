@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.sampler import GlobalBatchSampler, eval_batches
+from trainer.data.sampler import GlobalBatchSampler, eval_batches
 
 
 def sampler(*, rank: int = 0, world_size: int = 1, micro: int = 4, accum: int = 1,

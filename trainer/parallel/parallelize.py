@@ -46,7 +46,7 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from jobspec.job import FSDPSpec, JobSpec
-from trainer.model import GPT
+from trainer.models.gpt import GPT
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.pipeline import PipelineRunner, prune_to_rank, stage_bounds

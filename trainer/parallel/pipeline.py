@@ -15,11 +15,11 @@ Loss and gradient accumulation: the loss of each pipeline micro-batch is its sum
 cross-entropy divided by the supervised-token count of the whole step (`step`'s
 `num_supervised`, passed to the loss function through the schedule's `loss_kwargs`), and the
 schedules run with `scale_grads=False`, so gradients summed over several `step()` calls are
-those of the step's token-mean loss (`trainer.batches`).
+those of the step's token-mean loss (`trainer.data.batches`).
 
 Packed rows: `position_ids` and `segment_ids` go to every stage as keyword inputs (the
 schedules split them into micro-batches like the inputs); the first stage embeds positions,
-every stage's blocks attend within segments (`trainer.model.block_causal_mask`).
+every stage's blocks attend within segments (`trainer.models.gpt.block_causal_mask`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from torch.distributed.pipelining import (
 )
 
 from jobspec.job import PipelineSpec
-from trainer.model import GPT, block_causal_mask
-from trainer.rows import IGNORE_INDEX, Batch
+from trainer.data.rows import IGNORE_INDEX, Batch
+from trainer.models.gpt import GPT, block_causal_mask
 
 
 def stage_bounds(n_layers: int, num_stages: int, split_points: list[int] | None) -> list[range]:

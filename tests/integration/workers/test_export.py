@@ -1,6 +1,7 @@
 """Checkpoint exports end to end: asked for with `torchyard export` against a real API server,
-made by a real Celery worker running `python -m trainer.export`, downloaded and read back with
-safetensors. The finished job and its export also prove that no answer of the API names the
+made by a real Celery worker running `python -m trainer.checkpoint.export`, downloaded and read
+back with safetensors. The finished job and its export also prove that no answer of the API
+names the
 server's own directories (docs/CONTRACTS.md, section 4)."""
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tests.integration.workers.helpers import (
     wait_for,
 )
 from torchyard.cli import app as cli_app
-from trainer.export import MODEL_PREFIX, load_model_weights
+from trainer.checkpoint.export import MODEL_PREFIX, load_model_weights
 
 
 @pytest.fixture(scope="module")

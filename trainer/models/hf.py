@@ -5,7 +5,7 @@ or a hub id; 4-bit through `BitsAndBytesConfig` for QLoRA) or builds one from a 
 (`AutoConfig.for_model` + `from_config`) with weights drawn from the job seed, the same on
 every rank. `HFCausalLM` gives it the trainer's calling convention, token ids (B, T) int64 ->
 logits (B, T, vocab_size). Data is bytes unless the model directory has a tokenizer
-(`AutoTokenizer`, `load_tokenizer`), which `trainer.dataprep.prepare_rows` then applies.
+(`AutoTokenizer`, `load_tokenizer`), which `trainer.data.prep.prepare_rows` then applies.
 
 `transformers` is imported inside the functions, so runs of the built-in GPT do not pay for it.
 """
@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from dataformat.errors import InvalidJobError
 from jobspec.job import ModelSpec
-from trainer.data import is_uri
-from trainer.model import VOCAB_SIZE
+from trainer.data.byte_tokenizer import is_uri
+from trainer.models.gpt import VOCAB_SIZE
 
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig, PreTrainedModel, PreTrainedTokenizerBase

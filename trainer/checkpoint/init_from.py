@@ -4,7 +4,7 @@
 sharding) the weights of the checkpoint `--init-from` names, whatever the source trained:
 
 - a full checkpoint (the source trained every weight): its model weights, by name
-  (`trainer.checkpoint.load_model_only`; DCP reshards whatever layout saved them);
+  (`trainer.checkpoint.checkpointer.load_model_only`; DCP reshards whatever layout saved them);
 - an adapter checkpoint (the source was a LoRA run, whose checkpoints hold only its
   adapters and `modules_to_save`): the source's network is rebuilt from the spec saved with
   the checkpoint (its frozen base comes from the same seeded init or model files every
@@ -20,20 +20,21 @@ the SFT model (Rafailov et al. 2023 start DPO from the SFT policy and use it as 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-import torch
 from torch import nn
 
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec
-from trainer.checkpoint import load_model_only
+from trainer.checkpoint.checkpointer import load_model_only
+from trainer.checkpoint.export import checkpoint_spec
 from trainer.distributed import DistInfo
-from trainer.export import checkpoint_spec
-from trainer.hf import HFCausalLM
+from trainer.models.hf import HFCausalLM
 
-if TYPE_CHECKING:
-    from trainer.finetune import Network
+# Builds the LoRA run `source` with the adapters of its checkpoint `uri` merged into its base
+# (`trainer.models.network.merged_source`): passed in, since building networks is the
+# models package's, which imports this module.
+MergeSource = Callable[[JobSpec, str, DistInfo], nn.Module]
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,13 @@ def source_spec(uri: str) -> JobSpec | None:
         return None
 
 
-def load_starting_weights(base: nn.Module, spec: JobSpec, uri: str, *, dist_info: DistInfo) -> None:
+def load_starting_weights(
+    base: nn.Module, spec: JobSpec, uri: str, *, dist_info: DistInfo, merge_source: MergeSource
+) -> None:
     """Give `base` (the built-in GPT, or the `transformers` model of a `kind: hf` job, before
     adapters and sharding) the weights of the checkpoint at `uri`, full or merged from the
-    adapters of a LoRA source (the module doc). Every rank calls it (DCP reads collectively).
+    adapters of a LoRA source (the module doc; `merge_source` rebuilds and merges that source).
+    Every rank calls it (DCP reads collectively).
 
     Raises `InvalidJobError` when the checkpoint does not fit the model, or holds the
     adapters of a source this cannot rebuild: a QLoRA run (4-bit base), or a LoRA run that
@@ -71,7 +75,7 @@ def load_starting_weights(base: nn.Module, spec: JobSpec, uri: str, *, dist_info
             f"job {source.model.init_from.job}'s checkpoint; chains of LoRA fine-tunes are "
             "not rebuilt: start from a full checkpoint"
         )
-    merged = merged_source(source, uri, dist_info=dist_info)
+    merged = merge_source(source, uri, dist_info)
     missing, unexpected = base.load_state_dict(merged.state_dict(), strict=False)
     if missing or unexpected:
         raise InvalidJobError(
@@ -79,21 +83,6 @@ def load_starting_weights(base: nn.Module, spec: JobSpec, uri: str, *, dist_info
             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
         )
     log.info("initialized the model from the merged LoRA adapters of %s", uri)
-
-
-def merged_source(source: JobSpec, uri: str, *, dist_info: DistInfo) -> nn.Module:
-    """The base model of the LoRA run `source` with the adapters of its checkpoint `uri`
-    merged in (W + (alpha / r) B A, `modules_to_save` replacing their modules), fp32, on
-    this rank's device; the GPT or the `transformers` model, without peft wrappers."""
-    from trainer.finetune import build_network, trainable_names
-
-    network: Network = build_network(source, device=dist_info.device, dist_info=dist_info)
-    assert network.peft_model is not None  # the source spec has lora
-    names = trainable_names(network.model)
-    load_model_only(network.model, uri, dist_info=dist_info, names=names)
-    with torch.no_grad():
-        merged: nn.Module = network.peft_model.merge_and_unload()
-    return merged
 
 
 def _as_trained(base: nn.Module, spec: JobSpec) -> nn.Module:

@@ -1,8 +1,8 @@
 """The byte-level tokenizer of the built-in GPT, and the local-path-or-URI test.
 
 A token is a byte of the UTF-8 encoding (ids 0..255), so any text is valid input and the
-vocabulary is fixed (`trainer.model.VOCAB_SIZE`). The data itself is read, split and cut into
-rows by `trainer.dataprep.prepare_rows`.
+vocabulary is fixed (`trainer.models.gpt.VOCAB_SIZE`). The data itself is read, split and cut into
+rows by `trainer.data.prep.prepare_rows`.
 """
 
 from __future__ import annotations

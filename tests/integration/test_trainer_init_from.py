@@ -1,4 +1,4 @@
-"""A fine-tune from a LoRA run's checkpoint (`model.init_from`, `trainer.warm_start`): the
+"""A fine-tune from a LoRA run's checkpoint (`model.init_from`, `trainer.checkpoint.init_from`): the
 checkpoint holds only adapters, so the source's base is rebuilt and its adapters merged; the
 new run's own adapters go on top, and disabled they give the source's trained model.
 
@@ -31,10 +31,10 @@ from tests.conftest_trainer import (
     statuses,
     tiny_spec,
 )
-from trainer.checkpoint import load_model_only
-from trainer.export import checkpoint_spec
-from trainer.finetune import build_network, trainable_names
-from trainer.warm_start import load_starting_weights, merged_source
+from trainer.checkpoint.checkpointer import load_model_only
+from trainer.checkpoint.export import checkpoint_spec
+from trainer.checkpoint.init_from import load_starting_weights
+from trainer.models.network import build_network, merged_source, trainable_names
 
 MODEL = {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}
 REL_TOLERANCE = 1e-5
@@ -98,7 +98,7 @@ def test_with_its_adapters_disabled_the_new_model_is_the_sources_merged_model(
     source = checkpoint_spec(uri)
     trained = build_network(source, device=world.device, dist_info=world)  # unmerged adapters
     load_model_only(trained.model, uri, dist_info=world, names=trainable_names(trained.model))
-    merged = merged_source(source, uri, dist_info=world)
+    merged = merged_source(source, uri, world)
     spec = _spec(corpus_dir, model={"init_from": {"job": 1}})
     network = build_network(spec, device=world.device, init_from=uri, dist_info=world)
     assert network.peft_model is not None
@@ -119,7 +119,7 @@ def test_a_full_fine_tune_of_a_lora_checkpoint_starts_from_the_merged_weights(
 ) -> None:
     uri, _ = lora_source
     world = cpu_world_of_one()
-    merged = merged_source(checkpoint_spec(uri), uri, dist_info=world)
+    merged = merged_source(checkpoint_spec(uri), uri, world)
     full = _spec(corpus_dir, model={"init_from": {"job": 1}}, lora=None)
     network = build_network(full, device=world.device, init_from=uri, dist_info=world)
     assert network.peft_model is None
@@ -132,5 +132,9 @@ def test_adapters_of_a_chained_lora_run_are_refused(corpus_dir: Path, tmp_path: 
     (tmp_path / "spec.json").write_text(json.dumps(chained.model_dump(mode="json")))
     with pytest.raises(InvalidJobError, match="chains of LoRA fine-tunes"):
         load_starting_weights(
-            torch.nn.Identity(), chained, str(tmp_path), dist_info=cpu_world_of_one()
+            torch.nn.Identity(),
+            chained,
+            str(tmp_path),
+            dist_info=cpu_world_of_one(),
+            merge_source=merged_source,
         )

@@ -1,7 +1,7 @@
 """The network a job trains, with LoRA (Hu et al. 2021) and QLoRA (Dettmers et al. 2023).
 
 `build_network(spec, device)` builds the built-in GPT or a Hugging Face causal LM
-(`trainer.hf`) and, before any sharding (docs/ARCHITECTURE.md, 'Trainer build order'):
+(`trainer.models.hf`) and, before any sharding (docs/ARCHITECTURE.md, 'Trainer build order'):
 - `qlora`: replaces the frozen linear layers of the blocks with `bitsandbytes` 4-bit
   `Linear4bit` (NF4, double quantization, a compute dtype; a `path_or_id` model is loaded
   with the equivalent `BitsAndBytesConfig`), then peft's `prepare_model_for_kbit_training`;
@@ -11,7 +11,7 @@
 
 The frozen base is rebuilt identically from its source on each attempt (seeded init, model
 files), so checkpoints hold only the trainable parameters (`model_state`). At the end of a
-LoRA run `trainer.lora_export` writes a PEFT adapter directory and merged weights.
+LoRA run `trainer.checkpoint.lora_export` writes a PEFT adapter directory and merged weights.
 
 peft, transformers and bitsandbytes are imported only when a job uses them.
 """
@@ -34,10 +34,12 @@ from torch.nn.parallel import DistributedDataParallel
 from dataformat.errors import InvalidJobError
 from jobspec.checks import GPT_LINEAR_MODULES
 from jobspec.job import JobSpec, LoRASpec, QLoRASpec
+from trainer.checkpoint.checkpointer import load_model_only
+from trainer.checkpoint.init_from import load_starting_weights
+from trainer.checkpoint.state import ModelOptimizerState
 from trainer.distributed import DistInfo
-from trainer.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
-from trainer.model import GPTConfig, build_model
-from trainer.state import ModelOptimizerState
+from trainer.models.gpt import GPTConfig, build_model
+from trainer.models.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -77,7 +79,7 @@ def build_network(
 ) -> Network:
     """Build the model of `spec` on `device`, quantized and/or with adapters as asked;
     `init_from` (a complete checkpoint: full, or a LoRA run's adapters, merged) gives the
-    base its weights first, before quantization and adapters (`trainer.warm_start`; every
+    base its weights first, before quantization and adapters (`trainer.checkpoint.init_from`; every
     rank reads them whole: `dist_info` says whether there is a process group).
 
     Raises `InvalidJobError` for a model that cannot be built, LoRA targets it lacks, a
@@ -89,7 +91,7 @@ def build_network(
         base: nn.Module = build_model(
             GPTConfig.from_spec(spec.model), device=device, seed=spec.seed
         )
-        _warm_start(base, spec, init_from, dist_info)
+        _apply_init_from(base, spec, init_from, dist_info)
         if qlora is not None:
             quantize_linears(base.blocks, qlora, device=device)  # type: ignore[arg-type]
     else:
@@ -101,7 +103,7 @@ def build_network(
                 "not supported; use lora, or a from_config model"
             )
         base = build_hf_model(spec.model, device=device, seed=spec.seed, quantization=bnb_config)
-        _warm_start(base, spec, init_from, dist_info)
+        _apply_init_from(base, spec, init_from, dist_info)
         if qlora is not None and not from_files:
             head = base.get_output_embeddings()
             if not quantize_linears(base, qlora, device=device, skip={id(head)}):
@@ -128,15 +130,26 @@ def build_network(
     )
 
 
-def _warm_start(
+def _apply_init_from(
     base: nn.Module, spec: JobSpec, init_from: str | None, dist_info: DistInfo | None
 ) -> None:
     if init_from is None:
         return
-    from trainer.warm_start import load_starting_weights  # (it builds source networks here)
-
     assert dist_info is not None
-    load_starting_weights(base, spec, init_from, dist_info=dist_info)
+    load_starting_weights(base, spec, init_from, dist_info=dist_info, merge_source=merged_source)
+
+
+def merged_source(source: JobSpec, uri: str, dist_info: DistInfo) -> nn.Module:
+    """The base model of the LoRA run `source` with the adapters of its checkpoint `uri`
+    merged in (W + (alpha / r) B A, `modules_to_save` replacing their modules), fp32, on
+    this rank's device; the GPT or the `transformers` model, without peft wrappers."""
+    network = build_network(source, device=dist_info.device, dist_info=dist_info)
+    assert network.peft_model is not None  # the source spec has lora
+    names = trainable_names(network.model)
+    load_model_only(network.model, uri, dist_info=dist_info, names=names)
+    with torch.no_grad():
+        merged: nn.Module = network.peft_model.merge_and_unload()
+    return merged
 
 
 def bnb_4bit_config(qlora: QLoRASpec) -> BitsAndBytesConfig:

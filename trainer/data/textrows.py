@@ -9,10 +9,10 @@ segment. The tail shorter than a chunk is dropped.
 - `text`: files are read in 1 MiB blocks (never a whole file in memory), decoded as UTF-8
   (U+FFFD for invalid bytes) and tokenized at line boundaries; bytes are the ids of the
   byte-level GPT. A directory's whole files go to evaluation by a hash of their relative
-  path (`trainer.dataplan.document_sides`), a single file's last `eval_fraction` of bytes;
+  path (`trainer.data.plan.document_sides`), a single file's last `eval_fraction` of bytes;
   at most `data.max_bytes` bytes are read, in sorted relative-path order.
 - `jsonl_text` (without packing): each record's text, then the tokenizer's EOS (or a newline
-  byte for bytes), split by example (`trainer.dataplan.ExampleSplit`).
+  byte for bytes), split by example (`trainer.data.plan.ExampleSplit`).
 - `tokens` (`.npy`, `.bin` of `data.token_dtype`): the last `eval_fraction` of each file's
   tokens is evaluation.
 """
@@ -31,8 +31,8 @@ import numpy as np
 from dataformat.errors import InvalidJobError
 from dataformat.masks import Example, Tokenizer
 from dataformat.readers import DataFile, iter_records, token_array
-from trainer.dataplan import DataPlan, ExampleSplit, document_sides
-from trainer.rows import RowsWriter
+from trainer.data.plan import DataPlan, ExampleSplit, document_sides
+from trainer.data.rows import RowsWriter
 
 if TYPE_CHECKING:
     from jobspec.job import DataSpec

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-IGNORE_INDEX = -100  # == trainer.rows.IGNORE_INDEX
+IGNORE_INDEX = -100  # == trainer.data.rows.IGNORE_INDEX
 PAD_SEGMENT = -1
 
 
@@ -53,7 +53,7 @@ class _OpenRow:
 
 class RowPacker:
     """Turns examples into rows of `seq_len` positions and hands each to `emit(**row)` (the
-    four (T,) int32 arrays, as `trainer.rows.RowsWriter.append` takes them).
+    four (T,) int32 arrays, as `trainer.data.rows.RowsWriter.append` takes them).
 
     `packing`: several examples per row (first-fit over `window` open rows); else one example
     per row. Raises `ValueError` for an example longer than `seq_len` (truncate first).

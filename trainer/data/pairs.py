@@ -26,9 +26,9 @@ from dataformat.records import (
     describe_error,
     parse_record,
 )
-from trainer.dataplan import DataPlan, ExampleSplit
-from trainer.packing import RowPacker
-from trainer.rows import Rows, RowsWriter
+from trainer.data.packing import RowPacker
+from trainer.data.plan import DataPlan, ExampleSplit
+from trainer.data.rows import Rows, RowsWriter
 
 ANSWERS = ("chosen", "rejected")
 

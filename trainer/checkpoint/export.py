@@ -1,6 +1,6 @@
 """Export a DCP checkpoint to one consolidated `model.safetensors` plus `config.json`.
 
-    python -m trainer.export --checkpoint CKPT_URI/step_00000100 --out DIR
+    python -m trainer.checkpoint.export --checkpoint CKPT_URI/step_00000100 --out DIR
 
 Only the model weights are read (`model_optim.model.*`, not the optimizer state), whatever
 parallelism and world size saved them: DCP's `_load_state_dict_from_keys` assembles the full
@@ -28,14 +28,14 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from jobspec.job import JobSpec
-from trainer.checkpoint import SPEC_FILE, _reader
-from trainer.data import is_uri
-from trainer.model import GPT, GPTConfig
+from trainer.checkpoint.checkpointer import SPEC_FILE, _reader
+from trainer.data.byte_tokenizer import is_uri
+from trainer.models.gpt import GPT, GPTConfig
 
 if TYPE_CHECKING:
     from trainer.loop import Run
 
-MODEL_PREFIX = "model_optim.model."  # checkpoint keys of the weights (trainer.state)
+MODEL_PREFIX = "model_optim.model."  # checkpoint keys of the weights (trainer.checkpoint.state)
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MODEL_TYPE = "torchyard-gpt"
@@ -146,7 +146,9 @@ def load_exported(out: str, device: torch.device | str = "cpu") -> GPT:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: exit 0 with the safetensors location on stdout; 2 for an unusable checkpoint."""
-    p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.checkpoint.export", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--checkpoint", required=True, help="a step_XXXXXXXX checkpoint dir or URI")
     p.add_argument("--out", required=True, help="output directory or fsspec URI")
     args = p.parse_args(argv)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(export_safetensors(checkpoint, args.out))
     except (FileNotFoundError, ValueError) as exc:
-        print(f"trainer.export: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"trainer.checkpoint.export: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     return 0
 

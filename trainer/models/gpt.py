@@ -5,7 +5,7 @@ MLP, a learned positional embedding, and (by default) an output projection tied 
 embedding (Press & Wolf 2017). Attention reshapes use `.view(B, T, -1, head_dim)` so the
 same code runs with tensor-parallel local head counts.
 
-Packed rows (several examples in one sequence, `trainer.rows`): the forward takes optional
+Packed rows (several examples in one sequence, `trainer.data.rows`): the forward takes optional
 `position_ids` (restarting per example, into the positional embedding) and `segment_ids`; with
 them attention is causal *and* confined to equal segment ids (a block-diagonal boolean mask,
 `block_causal_mask`), so examples never attend to each other. Without them the plain causal
@@ -63,7 +63,7 @@ class GPTConfig:
 @runtime_checkable
 class ModelShape(Protocol):
     """What sampling and the MFU estimate read of a model's `cfg`: a `GPTConfig`, or the
-    `trainer.hf.LMShape` of a Hugging Face model."""
+    `trainer.models.hf.LMShape` of a Hugging Face model."""
 
     @property
     def seq_len(self) -> int: ...

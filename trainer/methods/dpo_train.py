@@ -2,7 +2,7 @@
 forward/backward over preference pairs, and the evaluation of held-out pairs.
 
 Data: two row sets of equal length, `chosen` and `rejected` (the rows contract of
-`trainer.rows`, written by the data pipeline for `preference` datasets); row i of each is
+`trainer.data.rows`, written by the data pipeline for `preference` datasets); row i of each is
 the same prompt followed by one answer, supervised on the answer only, one example per row
 (right padding). A micro-batch is `train.micro_batch_size`
 pairs: the chosen and rejected rows are concatenated into one batch of 2B rows, so the policy
@@ -33,11 +33,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from dataformat.errors import InvalidJobError
 from jobspec.job import DPOSpec, JobSpec
+from trainer.data.rows import IGNORE_INDEX, Batch, Rows
 from trainer.distributed import DistInfo, no_sync
-from trainer.dpo import dpo_loss, mean_metrics, pair_statistics, sequence_logps
-from trainer.finetune import Network, build_network
+from trainer.methods.dpo import dpo_loss, mean_metrics, pair_statistics, sequence_logps
+from trainer.models.network import Network, build_network
 from trainer.parallel.parallelize import apply_fsdp, set_gradient_sync
-from trainer.rows import IGNORE_INDEX, Batch, Rows
 
 _CHECK_ROWS = 8192
 Forward = Callable[[nn.Module, Batch], Tensor]  # (model, batch of B rows) -> logits (B, T, V)
@@ -127,7 +127,7 @@ def _dpo_spec(spec: JobSpec) -> DPOSpec:
 @dataclass
 class DPOMethod:
     """DPO's part of a training step: what a step's micro-batches do instead of SFT's
-    cross-entropy, and its metrics (`trainer.dpo.METRICS`)."""
+    cross-entropy, and its metrics (`trainer.methods.dpo.METRICS`)."""
 
     spec: DPOSpec
     reference: Reference | None  # None: reference-free (log pi_ref = 0)
@@ -154,7 +154,7 @@ class DPOMethod:
         split into micro-batches and ranks (DPO's loss is per pair, not per token). Gradients
         are reduced on the last micro-batch only. Returns this rank's share of the step's mean
         loss, the sum of its pair losses / global_pairs (0-dim fp32, detached): the ranks'
-        shares add up to the mean, as the token sums / N of SFT steps do (`trainer.batches`).
+        shares add up to the mean, as the token sums / N of SFT steps do (`trainer.data.batches`).
         """
         scale = dp_size / global_pairs
         device = pairs[0][0].input_ids.device

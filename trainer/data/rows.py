@@ -83,7 +83,7 @@ class Rows:
     @classmethod
     def open(cls, directory: str | Path) -> Rows:
         """Memory-map the rows written by `RowsWriter` in `directory` (read-only); `plain`
-        when its `rows.json` says so (the raw-text rows of `trainer.textrows`)."""
+        when its `rows.json` says so (the raw-text rows of `trainer.data.textrows`)."""
         root = Path(directory)
         arrays = {name: np.load(root / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
         meta = json.loads((root / _META).read_text()) if (root / _META).is_file() else {}

@@ -1,14 +1,14 @@
 """A job's data -> training and evaluation rows, once, in a content-addressed cache.
 
     prepared = prepare_rows(spec, data_location, tokenizer, cache_root=..., dist=..., reporter=...)
-    prepared.train, prepared.eval   # trainer.rows.Rows, memory-mapped
+    prepared.train, prepared.eval   # trainer.data.rows.Rows, memory-mapped
 
 Pipeline (docs/ARCHITECTURE.md, 'From records to rows'): records are streamed
 (`dataformat.readers`), rendered and masked (`dataformat.chat`, `dataformat.masks`), the masks of a
 first sample verified before anything else is tokenized, over-long examples dropped or cut
-(`data.truncation`), then packed or padded into rows (`trainer.packing`) written with
-`trainer.rows.RowsWriter`. Raw text and flat token files take the degenerate path
-(`trainer.textrows`): contiguous windows of seq_len + 1 tokens.
+(`data.truncation`), then packed or padded into rows (`trainer.data.packing`) written with
+`trainer.data.rows.RowsWriter`. Raw text and flat token files take the degenerate path
+(`trainer.data.textrows`): contiguous windows of seq_len + 1 tokens.
 
 Cache: `CACHE_ROOT/<key>/{train,eval}/` plus `data.json` (the counts), where `key` is the
 sha256 of everything that decides the rows (`DataPlan`): the data's content digest (sha256
@@ -42,17 +42,17 @@ from dataformat.errors import InvalidJobError
 from dataformat.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, encode_at, truncate
 from dataformat.readers import DataFile, content_digest, detect, iter_records, list_files
 from dataformat.records import LOSS_ON_BY_FORMAT
-from trainer.dataplan import DataPlan, ExampleSplit
+from trainer.data.packing import RowPacker
+from trainer.data.plan import DataPlan, ExampleSplit
+from trainer.data.rows import Rows, RowsWriter, mapped_file
 from trainer.events import Reporter
-from trainer.packing import RowPacker
-from trainer.rows import Rows, RowsWriter, mapped_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from jobspec.job import JobSpec
+    from trainer.data.pairs import PreferenceRows
     from trainer.distributed import DistInfo
-    from trainer.pairs import PreferenceRows
 
 VERIFY_SAMPLE = 256  # examples whose masks are verified before the corpus is tokenized
 CACHE_ENV = "TORCHYARD_CACHE_DIR"
@@ -126,7 +126,7 @@ def prepare_rows(
     report = json.loads((entry / _REPORT).read_text()) | {"cached": cached, "key": entry.name}
     reporter.data(report)
     if report["format"] == "preference":
-        from trainer.pairs import PreferenceRows
+        from trainer.data.pairs import PreferenceRows
 
         sides: list[Any] = [PreferenceRows.open(entry / side) for side in ("train", "eval")]
     else:
@@ -193,7 +193,7 @@ def _build_entry(
     tmp.mkdir(parents=True)
     try:
         if _is_stream(plan, files):
-            from trainer.textrows import build_text_rows
+            from trainer.data.textrows import build_text_rows
 
             report = build_text_rows(plan, files, eval_files, tok, tmp, spec.data)
         else:
@@ -210,7 +210,7 @@ def _build_entry(
 
 
 def _is_stream(plan: DataPlan, files: list[DataFile]) -> bool:
-    """Whether the data takes the degenerate contiguous-windows path (`trainer.textrows`)."""
+    """Whether the data takes the degenerate contiguous-windows path (`trainer.data.textrows`)."""
     if plan.format == "tokens":
         return files[0].kind == "tokens"  # flat arrays; Parquet token records are examples
     return plan.format == "text" or (plan.format == "jsonl_text" and not plan.packing)
@@ -219,7 +219,7 @@ def _is_stream(plan: DataPlan, files: list[DataFile]) -> bool:
 def encode_one(where: str, obj: Any, plan: DataPlan, tok: Tokenizer) -> Example:
     """One decoded record -> `Example`. Raises `InvalidJobError` naming `where` (file:line)."""
     if plan.format == "tokens":
-        from trainer.textrows import token_example
+        from trainer.data.textrows import token_example
 
         return token_example(where, obj)
     return encode_at(
@@ -246,7 +246,7 @@ def _build_example_rows(
     else:
         sources, capacity = [(files, 0), (eval_files, 1)], [_count(files), _count(eval_files)]
     if plan.format == "preference":
-        from trainer.pairs import build_preference_rows
+        from trainer.data.pairs import build_preference_rows
 
         return build_preference_rows(plan, sources, capacity, tok, out, max_share)
     return _write_examples(plan, sources, capacity, tok, out, max_share)
@@ -262,7 +262,7 @@ def _verify_sample(
         if index == VERIFY_SAMPLE:
             break
         if plan.format == "preference":
-            from trainer.pairs import encode_pair
+            from trainer.data.pairs import encode_pair
 
             examples = encode_pair(where, obj, tokenizer=tok, template=plan.template or "")
         else:

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainer.data.rows import IGNORE_INDEX
 from trainer.distributed import DistInfo, all_reduce_sum
-from trainer.rows import IGNORE_INDEX
 
 # Order of the per-pair statistics summed by `pair_statistics` (then divided by the pairs).
 METRICS = (

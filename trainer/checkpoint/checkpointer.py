@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from dataformat.errors import CheckpointWriteError, InvalidJobError
 from jobspec.job import CheckpointSpec
-from trainer.data import is_uri
+from trainer.data.byte_tokenizer import is_uri
 from trainer.distributed import DistInfo, broadcast_from_rank0
 from trainer.events import Reporter
 

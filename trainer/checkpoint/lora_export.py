@@ -36,12 +36,12 @@ from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from jobspec.job import JobSpec
-from trainer.checkpoint import directory_size
-from trainer.data import is_uri
+from trainer.checkpoint.checkpointer import directory_size
+from trainer.data.byte_tokenizer import is_uri
 from trainer.distributed import DistInfo
 from trainer.events import Reporter
-from trainer.finetune import Network, fqn
-from trainer.model import GPTConfig, build_model
+from trainer.models.gpt import GPTConfig, build_model
+from trainer.models.network import Network, fqn
 
 if TYPE_CHECKING:
     from trainer.loop import Run

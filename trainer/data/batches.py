@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from jobspec.job import TrainSpec
-from trainer.rows import IGNORE_INDEX, Batch, Rows
-from trainer.sampler import GlobalBatchSampler
+from trainer.data.rows import IGNORE_INDEX, Batch, Rows
+from trainer.data.sampler import GlobalBatchSampler
 
 
 def lm_loss(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
