@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import smoke  # noqa: E402
-from bench.trainer_methods import _corpus, _free_port  # noqa: E402
+from bench.trainer_methods import _free_port, build_corpus  # noqa: E402
 from jobspec.job import JobSpec  # noqa: E402
 
 # The built-in GPT, or a Llama built by transformers from a config (byte vocabulary, no
@@ -93,7 +93,7 @@ def main() -> None:
     args = smoke.parse(p, steps=2, model="tiny")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        corpus = _corpus(root, 2_000_000)
+        corpus = build_corpus(root, 2_000_000)
         n = args.steps
         straight = _train(args, _spec(args, corpus, 2 * n), root / "straight", root / "c1")
         first = _train(args, _spec(args, corpus, n), root / "first", root / "c2")
