@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
 from rich.text import Text
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from torchyard import launch
 from torchyard.cli.access import keys_app, members_app
 from torchyard.cli.code import code_app
+from torchyard.cli.common import JsonOpt, command_client, err, out
 from torchyard.cli.exports import export_command
 from torchyard.cli.usage import usage_command
 from torchyard.client import Client
@@ -52,9 +52,6 @@ if TYPE_CHECKING:
     # typer >= 0.2x vendors click; its groups get this Context, not `click.Context` (click is
     # no longer a dependency of typer).
     from typer._click.core import Context as ClickContext
-
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
 
 class _Group(TyperGroup):
@@ -126,7 +123,6 @@ app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 app.command("usage")(usage_command)
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 PollOpt = Annotated[
     float,
     typer.Option(
@@ -151,12 +147,6 @@ def _root(
     ] = None,
 ) -> None:
     ctx.obj = {"url": url, "api_key": api_key}
-
-
-def _client(ctx: typer.Context) -> Client:
-    """The command's client, closed when the command ends."""
-    root = ctx.find_root().obj or {}
-    return ctx.with_resource(Client(root.get("url"), root.get("api_key")))
 
 
 def _print_json(data: Any) -> None:
@@ -204,7 +194,7 @@ def submit(
     Example: `torchyard submit spec.yaml --set train.max_steps=500 --follow`
     """
     spec = apply_overrides(load_spec(spec_path), overrides or [])
-    client = _client(ctx)
+    client = command_client(ctx)
     if code is not None:
         archive = client.code.upload(code)
         if not json_out:
@@ -236,7 +226,7 @@ def list_jobs(
     Example: `torchyard jobs --state running --state queued`
     """
     jobs = []
-    for job in _client(ctx).jobs.iter(state=state, name=name, page_size=min(limit, 200)):
+    for job in command_client(ctx).jobs.iter(state=state, name=name, page_size=min(limit, 200)):
         jobs.append(job)
         if len(jobs) >= limit:
             break
@@ -254,7 +244,7 @@ def show(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
 
     Example: `torchyard show 42`
     """
-    job = _client(ctx).jobs.get(job_id)
+    job = command_client(ctx).jobs.get(job_id)
     if json_out:
         _print_json(job)
         return
@@ -270,7 +260,7 @@ def cancel(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None
 
     Example: `torchyard cancel 42`
     """
-    job = _client(ctx).jobs.cancel(job_id)
+    job = command_client(ctx).jobs.cancel(job_id)
     if json_out:
         _print_json(job)
     else:
@@ -283,7 +273,7 @@ def pause(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
 
     Example: `torchyard pause 42`
     """
-    _print_job_state(_client(ctx).jobs.pause(job_id), json_out)
+    _print_job_state(command_client(ctx).jobs.pause(job_id), json_out)
 
 
 @app.command()
@@ -292,7 +282,7 @@ def resume(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None
 
     Example: `torchyard resume 42`
     """
-    _print_job_state(_client(ctx).jobs.resume(job_id), json_out)
+    _print_job_state(command_client(ctx).jobs.resume(job_id), json_out)
 
 
 @app.command()
@@ -301,7 +291,7 @@ def retry(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
 
     Example: `torchyard retry 42`
     """
-    _print_job_state(_client(ctx).jobs.retry(job_id), json_out)
+    _print_job_state(command_client(ctx).jobs.retry(job_id), json_out)
 
 
 @app.command()
@@ -336,7 +326,7 @@ def label(
         labels = {**(labels or {}), key: value}
     if labels is None and note is None:
         raise typer.BadParameter("give KEY=VALUE labels, --clear or --note")
-    job = _client(ctx).jobs.update(job_id, labels=labels, note=note)
+    job = command_client(ctx).jobs.update(job_id, labels=labels, note=note)
     if json_out:
         _print_json(job)
         return
@@ -362,7 +352,7 @@ def follow(
 
     Example: `torchyard follow 42 --logs`
     """
-    _follow_and_exit(_client(ctx), job_id, poll, logs=logs)
+    _follow_and_exit(command_client(ctx), job_id, poll, logs=logs)
 
 
 @app.command()
@@ -403,7 +393,7 @@ def logs(
         start = parse_since(since) if since is not None else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    jobs = _client(ctx).jobs
+    jobs = command_client(ctx).jobs
     if follow:
         items = jobs.follow(job_id, poll_s=poll, events=False, metrics=False, logs=True, rank=rank)
         lines: Iterator[LogLine] = (item for item in items if isinstance(item, LogLine))
@@ -419,7 +409,7 @@ def checkpoints(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) ->
 
     Example: `torchyard checkpoints 42 --json`
     """
-    items = _client(ctx).jobs.checkpoints(job_id)
+    items = command_client(ctx).jobs.checkpoints(job_id)
     if json_out:
         _print_json(items)
     else:
@@ -439,7 +429,7 @@ def metrics(
 
     Example: `torchyard metrics 42 --name loss --name eval_loss`
     """
-    series = _client(ctx).jobs.metrics(job_id, names=names)
+    series = command_client(ctx).jobs.metrics(job_id, names=names)
     if json_out:
         _print_json(series)
     else:
@@ -452,7 +442,7 @@ def datasets_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
     Example: `torchyard datasets list --json`
     """
-    items = _client(ctx).datasets.list()
+    items = command_client(ctx).datasets.list()
     if json_out:
         _print_json(items)
     else:
@@ -486,7 +476,7 @@ def datasets_register(
 
     Example: `torchyard datasets register stdlib /usr/lib/python3.11`
     """
-    datasets = _client(ctx).datasets
+    datasets = command_client(ctx).datasets
     _print_dataset(datasets.register(name, uri, format=format, token_dtype=token_dtype), json_out)
 
 
@@ -504,7 +494,7 @@ def datasets_upload(
 
     Example: `torchyard datasets upload chat ./chat.jsonl --format messages`
     """
-    datasets = _client(ctx).datasets
+    datasets = command_client(ctx).datasets
     _print_dataset(datasets.upload(name, path, format=format, token_dtype=token_dtype), json_out)
 
 
@@ -518,7 +508,7 @@ def datasets_show(
 
     Example: `torchyard datasets show ds_0123abcd`
     """
-    _print_dataset(_client(ctx).datasets.get(dataset_id), json_out)
+    _print_dataset(command_client(ctx).datasets.get(dataset_id), json_out)
 
 
 @datasets_app.command("preview")
@@ -550,7 +540,7 @@ def datasets_preview(
 
     Example: `torchyard datasets preview ds_0123abcd --num-examples 4`
     """
-    shown = _client(ctx).datasets.preview(
+    shown = command_client(ctx).datasets.preview(
         dataset_id,
         model_path=model_path,
         chat_template=template,
@@ -605,7 +595,7 @@ def whoami(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
     Example: `torchyard whoami`
     """
-    client = _client(ctx)
+    client = command_client(ctx)
     me = client.me()
     if json_out:
         _print_json({"url": client.base_url, **me.model_dump(mode="json")})

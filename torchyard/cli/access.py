@@ -8,25 +8,17 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from torchyard.access import (
     SCOPES,
 )
-from torchyard.client import Client
+from torchyard.cli.common import JsonOpt, command_client, out
 
 # --- command line -----------------------------------------------------------------------------
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the project (admins).")
 members_app = typer.Typer(no_args_is_help=True, help="Members of the project and their roles.")
-_out = Console(soft_wrap=True)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def _client(ctx: typer.Context) -> Client:
-    root = ctx.find_root().obj or {}
-    return ctx.with_resource(Client(root.get("url"), root.get("api_key")))
 
 
 def _when(value: datetime | None) -> str:
@@ -37,7 +29,7 @@ def _print(items: builtins.list[Any], json_out: bool, table: Table) -> None:
     if json_out:
         typer.echo("[" + ",".join(i.model_dump_json() for i in items) + "]")
     else:
-        _out.print(table if items else "none")
+        out.print(table if items else "none")
 
 
 @keys_app.command("list")
@@ -46,7 +38,7 @@ def keys_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
     Example: torchyard keys list --json
     """
-    items = _client(ctx).keys.list()
+    items = command_client(ctx).keys.list()
     table = Table("id", "name", "prefix", "role", "scopes", "owner", "expires", "last used", "")
     for k in items:
         owner = f"{k.owner.kind}:{k.owner.name}" if k.owner else "-"
@@ -79,7 +71,7 @@ def keys_create(
 
     Example: torchyard keys create ci --service-account sa_0123 --scope jobs:write
     """
-    key = _client(ctx).keys.create(
+    key = command_client(ctx).keys.create(
         name,
         scopes=scope or None,
         member_id=member,
@@ -100,7 +92,7 @@ def keys_revoke(
 
     Example: torchyard keys revoke key_0123456789abcdef
     """
-    key = _client(ctx).keys.revoke(key_id)
+    key = command_client(ctx).keys.revoke(key_id)
     typer.echo(f"revoked {key.id} ({key.name})")
 
 
@@ -110,7 +102,7 @@ def members_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
     Example: torchyard members list
     """
-    items = _client(ctx).members.list()
+    items = command_client(ctx).members.list()
     table = Table("id", "subject", "role", "added")
     for m in items:
         table.add_row(m.id, m.subject, m.role, _when(m.created_at))
@@ -127,7 +119,7 @@ def members_add(
 
     Example: torchyard members add ada@example.com --role viewer
     """
-    member = _client(ctx).members.add(subject, role=role)
+    member = command_client(ctx).members.add(subject, role=role)
     typer.echo(f"added {member.id} ({member.subject}, {member.role})")
 
 
@@ -139,5 +131,5 @@ def members_remove(
 
     Example: torchyard members remove mem_0123456789abcdef
     """
-    member = _client(ctx).members.remove(member_id)
+    member = command_client(ctx).members.remove(member_id)
     typer.echo(f"removed {member.id} ({member.subject})")

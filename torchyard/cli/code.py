@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchyard.client import Client
+from torchyard.cli.common import JsonOpt, command_client, out
 from torchyard.code import (
     Code,
 )
@@ -21,13 +20,10 @@ from torchyard.render import format_age, format_bytes
 
 # The `torchyard code` commands; `torchyard submit --code DIR` is in torchyard.cli.
 code_app = typer.Typer(no_args_is_help=True, help="Training code for entrypoint jobs.")
-_out = Console(soft_wrap=True)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def _code(ctx: typer.Context) -> Code:
-    root = ctx.find_root().obj or {}
-    return ctx.with_resource(Client(root.get("url"), root.get("api_key"))).code
+    return command_client(ctx).code
 
 
 def _table(archives: builtins.list[CodeArchive]) -> Table:
@@ -53,9 +49,9 @@ def _show(archive: CodeArchive, json_out: bool) -> None:
     if json_out:
         typer.echo(archive.model_dump_json(indent=2))
         return
-    _out.print(_table([archive]))
+    out.print(_table([archive]))
     for name in archive.files or []:
-        _out.print(Text(f"  {name}"))
+        out.print(Text(f"  {name}"))
 
 
 @code_app.command("upload")
@@ -85,7 +81,7 @@ def code_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     if json_out:
         typer.echo("[" + ",".join(a.model_dump_json() for a in items) + "]")
     else:
-        _out.print(_table(items) if items else "no code archives")
+        out.print(_table(items) if items else "no code archives")
 
 
 @code_app.command("show")

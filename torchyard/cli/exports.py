@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from torchyard.client import Client
+from torchyard.cli.common import command_client, err
 
 
 def export_command(
@@ -29,12 +28,10 @@ def export_command(
 
     Example: `torchyard export 42 7 --out model.safetensors`
     """
-    root = ctx.find_root().obj or {}
-    exports = ctx.with_resource(Client(root.get("url"), root.get("api_key"))).exports
-    console = Console(stderr=True, soft_wrap=True)
+    exports = command_client(ctx).exports
     export = exports.request(job_id, checkpoint_id)
     place = f", #{export.queue_position} in the export queue" if export.queue_position else ""
-    console.print(
+    err.print(
         f"export {export.id} of checkpoint {checkpoint_id} (step {export.step}): "
         f"{export.state}{place}"
     )

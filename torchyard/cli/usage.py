@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchyard.client import Client
+from torchyard.cli.common import command_client, out
 from torchyard.usage import (
     KEY_COLUMNS,
     UsageReport,
@@ -72,8 +71,7 @@ def usage_command(
     """
     if by not in KEY_COLUMNS:
         raise typer.BadParameter("one of day, pool, job", param_hint="--by")
-    root = ctx.find_root().obj or {}
-    usage = ctx.with_resource(Client(root.get("url"), root.get("api_key"))).usage
+    usage = command_client(ctx).usage
     group: Any = by
     if csv_out:
         typer.echo(usage.csv(since=since, until=until, group_by=group), nl=False)
@@ -82,11 +80,10 @@ def usage_command(
     if json_out:
         typer.echo(report.model_dump_json(indent=2))
         return
-    console = Console(soft_wrap=True)
-    console.print(
+    out.print(
         Text(
             f"usage {report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC",
             style="bold",
         )
     )
-    console.print(usage_table(report) if report.rows else "no usage in this window")
+    out.print(usage_table(report) if report.rows else "no usage in this window")
