@@ -4,9 +4,11 @@ saved login: `torchyard.client.Client`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 
 from torchyard.client import Client
@@ -20,3 +22,12 @@ def command_client(ctx: typer.Context) -> Client:
     """The command's client, closed when the command ends."""
     root = ctx.find_root().obj or {}
     return ctx.with_resource(Client(root.get("url"), root.get("api_key")))
+
+
+def print_json(data: Any) -> None:
+    """`data` (pydantic models, lists of them, or plain JSON values) as indented JSON."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
+    typer.echo(json.dumps(data, indent=2, default=str))

@@ -1,0 +1,153 @@
+"""`torchyard datasets list|register|upload|show|preview`: the project's training data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from torchyard.cli.common import JsonOpt, command_client, out, print_json
+from torchyard.models import DATASET_FORMATS, Dataset
+from torchyard.render import (
+    dataset_stats_table,
+    datasets_table,
+    preview_report,
+    preview_tokens,
+    preview_verdict,
+)
+
+datasets_app = typer.Typer(no_args_is_help=True, help="Training text of the project.")
+
+
+@datasets_app.command("list")
+def datasets_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the project's datasets.
+
+    Example: `torchyard datasets list --json`
+    """
+    items = command_client(ctx).datasets.list()
+    if json_out:
+        print_json(items)
+    else:
+        out.print(datasets_table(items) if items else "no datasets")
+
+
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help=f"One of {', '.join(DATASET_FORMATS)}; detected from the file type and first "
+        "record when absent.",
+    ),
+]
+TokenDtypeOpt = Annotated[
+    str | None,
+    typer.Option("--token-dtype", help="uint16 (default) or uint32: token ids of a .bin file."),
+]
+
+
+@datasets_app.command("register")
+def datasets_register(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    uri: Annotated[str, typer.Argument(help="A path the server can read (allowed roots).")],
+    format: FormatOpt = None,
+    token_dtype: TokenDtypeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Register a server-side file or directory as a dataset (a file's records are checked).
+
+    Example: `torchyard datasets register stdlib /usr/lib/python3.11`
+    """
+    datasets = command_client(ctx).datasets
+    _print_dataset(datasets.register(name, uri, format=format, token_dtype=token_dtype), json_out)
+
+
+@datasets_app.command("upload")
+def datasets_upload(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Local file.")],
+    format: FormatOpt = None,
+    token_dtype: TokenDtypeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Upload a local file (JSONL, .jsonl.gz/.zst, Parquet, .npy/.bin, text) as a dataset;
+    the server checks every record and refuses the file with each bad line listed.
+
+    Example: `torchyard datasets upload chat ./chat.jsonl --format messages`
+    """
+    datasets = command_client(ctx).datasets
+    _print_dataset(datasets.upload(name, path, format=format, token_dtype=token_dtype), json_out)
+
+
+@datasets_app.command("show")
+def datasets_show(
+    ctx: typer.Context,
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Show one dataset with its stats (records, lengths, roles, duplicates, warnings).
+
+    Example: `torchyard datasets show ds_0123abcd`
+    """
+    _print_dataset(command_client(ctx).datasets.get(dataset_id), json_out)
+
+
+@datasets_app.command("preview")
+def datasets_preview(
+    ctx: typer.Context,
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
+    template: Annotated[
+        str | None,
+        typer.Option("--template", help="chatml, or a Jinja template (default: the model's)."),
+    ] = None,
+    model_path: Annotated[
+        str | None,
+        typer.Option("--model-path", help="Server-side HF model dir (default: byte-level GPT)."),
+    ] = None,
+    loss_on: Annotated[
+        str | None, typer.Option("--loss-on", help="assistant, completion or all.")
+    ] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Context in tokens.")] = None,
+    truncation: Annotated[
+        str | None, typer.Option("--truncation", help="drop, truncate_left or truncate_right.")
+    ] = None,
+    num_examples: Annotated[
+        int, typer.Option("-n", "--num-examples", help="Records to preview (1-64).")
+    ] = 4,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show what a job would learn from the first records: supervised tokens highlighted in
+    green, the share per role, and the mask verifier's verdict (exit 1 when it refuses).
+
+    Example: `torchyard datasets preview ds_0123abcd --num-examples 4`
+    """
+    shown = command_client(ctx).datasets.preview(
+        dataset_id,
+        model_path=model_path,
+        chat_template=template,
+        loss_on=loss_on,
+        seq_len=seq_len,
+        truncation=truncation,
+        num_examples=num_examples,
+    )
+    if json_out:
+        print_json(shown)
+    else:
+        for example in shown.examples:
+            out.print(preview_tokens(example), "\n")
+        out.print(preview_report(shown))
+        out.print(preview_verdict(shown))
+    if shown.refused is not None:
+        raise typer.Exit(1)
+
+
+def _print_dataset(dataset: Dataset, json_out: bool) -> None:
+    if json_out:
+        print_json(dataset)
+        return
+    out.print(datasets_table([dataset]))
+    if dataset.stats is not None:
+        out.print(dataset_stats_table(dataset.stats))
