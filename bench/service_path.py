@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -44,14 +43,6 @@ from torchyard.quickstart import (  # noqa: E402
 JOB_TIMEOUT_S = 1800.0
 
 
-def _median_after_warmup(
-    series: dict[str, tuple[list[int], list[float]]], name: str, args: argparse.Namespace
-) -> float | None:
-    steps, values = series.get(name, ([], []))
-    kept = [v for s, v in zip(steps, values, strict=True) if args.warmup < s <= args.steps]
-    return statistics.median(kept) if kept else None
-
-
 def run_service(args: argparse.Namespace, corpus: Path, home: Path) -> dict[str, Any]:
     """Train `args.method`'s spec through the API and a worker on the embedded default."""
     nproc, spec = trainer_methods.method_spec(args, corpus, args.method)
@@ -72,11 +63,14 @@ def run_service(args: argparse.Namespace, corpus: Path, home: Path) -> dict[str,
             body["data"]["dataset"] = register_corpus(client, corpus).id
             job = client.jobs.create(body)
             job = client.jobs.wait(job.id, poll_s=1.0, timeout_s=JOB_TIMEOUT_S)
-            series = {s.name: (s.steps, s.values) for s in client.jobs.metrics(job.id)}
+            series = {
+                s.name: dict(zip(s.steps, s.values, strict=True))
+                for s in client.jobs.metrics(job.id)
+            }
     finally:
         servers.stop()
-    step_s = _median_after_warmup(series, "step_time_s", args)
-    mfu = _median_after_warmup(series, "mfu", args)
+    step_s = trainer_methods.median_timed(series.get("step_time_s", {}), args)
+    mfu = trainer_methods.median_timed(series.get("mfu", {}), args)
     tokens_per_step = args.batch * args.seq_len
     return {
         "job_id": job.id,
@@ -86,9 +80,13 @@ def run_service(args: argparse.Namespace, corpus: Path, home: Path) -> dict[str,
         "tokens_per_second": round(tokens_per_step / step_s, 1) if step_s else None,
         "mfu": round(mfu, 4) if mfu is not None else None,
         "sys_series": {
-            name: {"points": len(values), "min": min(values), "max": max(values)}
-            for name, (_, values) in sorted(series.items())
-            if name.startswith("sys/") and values
+            name: {
+                "points": len(by_step),
+                "min": min(by_step.values()),
+                "max": max(by_step.values()),
+            }
+            for name, by_step in sorted(series.items())
+            if name.startswith("sys/") and by_step
         },
         "worker_log_tail": None if job.state == "succeeded" else servers.children[1].log_tail(),
     }

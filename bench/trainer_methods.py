@@ -125,6 +125,14 @@ def method_spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int,
     return nproc, spec
 
 
+def median_timed(values_by_step: dict[int, float], args: argparse.Namespace) -> float | None:
+    """Median of a metric over the timed steps: after `--warmup`, up to `--steps` (profiled
+    steps come after them); None when it has no value there. The bench and the service path
+    (bench/service_path.py) both time a run so."""
+    kept = [v for step, v in values_by_step.items() if args.warmup < step <= args.steps]
+    return statistics.median(kept) if kept else None
+
+
 def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path) -> dict:
     """Train `name` for `args.steps` steps; its timings and peak memory."""
     nproc, spec = method_spec(args, corpus, name)
@@ -144,18 +152,17 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:] or proc.stdout[-2000:]}
     events = [json.loads(line) for line in (workdir / "run" / "events.jsonl").open()]
-    timed = [
-        e["values"]
-        for e in events
-        if e["type"] == "metric" and "loss" in e["values"] and e["step"] <= args.steps
-    ]
-    metrics = timed[args.warmup :]
-    times = [m["step_time_s"] for m in metrics]
-    step_s = statistics.median(times)
+    series: dict[str, dict[int, float]] = {}
+    for e in events:
+        if e["type"] == "metric":
+            for name, value in e["values"].items():
+                series.setdefault(name, {})[e["step"]] = value
+    step_s = median_timed(series.get("step_time_s", {}), args)
+    assert step_s is not None, "no timed step: --steps must exceed --warmup"
     tokens_per_step = args.batch * args.seq_len
     peaks = [int(m) for m in _PEAK.findall(proc.stdout)]
     running = next(e["data"] for e in events if e["type"] == "status")
-    mfu = [m["mfu"] for m in metrics if "mfu" in m]  # CUDA of known peak only
+    mfu = median_timed(series.get("mfu", {}), args)  # CUDA of known peak only
     profile_file = workdir / "ckpt" / "profile" / "rank0.summary.json"
     profile = json.loads(profile_file.read_text()) if profile_file.exists() else None
     shutil.rmtree(workdir / "ckpt", ignore_errors=True)  # a 1B model's is ~12 GB
@@ -165,8 +172,8 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
         "seconds_per_step": round(step_s, 5),
         "tokens_per_second": round(tokens_per_step / step_s, 1),
         "peak_memory_bytes_per_rank": max(peaks) if peaks else None,
-        "final_loss": round(metrics[-1]["loss"], 6),
-        "mfu": round(statistics.median(mfu), 4) if mfu else None,
+        "final_loss": round(series["loss"][args.steps], 6),
+        "mfu": round(mfu, 4) if mfu is not None else None,
         "profile": profile,
     }
 

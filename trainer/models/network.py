@@ -172,14 +172,17 @@ def _bnb() -> Any:
     return bnb
 
 
+def is_bnb_4bit(module: nn.Module) -> bool:
+    """bitsandbytes' own `Linear4bit` (told by class, so bitsandbytes is not imported)."""
+    kind = type(module)
+    return kind.__name__ == "Linear4bit" and kind.__module__.startswith("bitsandbytes.")
+
+
 def _is_4bit_linear(module: nn.Module) -> bool:
     """bitsandbytes' `Linear4bit`, or a peft LoRA layer around one (its `base_layer`; peft
     picks its bitsandbytes-aware class on CUDA and the generic `Linear` on CPU)."""
-    kind = type(module)
-    if kind.__name__ == "Linear4bit" and kind.__module__.startswith("bitsandbytes."):
-        return True
     base = getattr(module, "base_layer", None)
-    return isinstance(base, nn.Module) and _is_4bit_linear(base)
+    return is_bnb_4bit(module) or (isinstance(base, nn.Module) and _is_4bit_linear(base))
 
 
 def _autocast_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:

@@ -47,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from jobspec.job import FSDPSpec, JobSpec
 from trainer.models.gpt import GPT
+from trainer.models.network import is_bnb_4bit
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.pipeline import PipelineRunner, prune_to_rank, stage_bounds
@@ -203,8 +204,7 @@ def _keep_4bit_eager(block: nn.Module) -> None:
     42.6k tokens/s vs 83.5k). The limit is raised to `QLORA_RECOMPILE_LIMIT`."""
     found = False
     for module in block.modules():
-        kind = type(module)
-        if kind.__name__ == "Linear4bit" and kind.__module__.startswith("bitsandbytes."):
+        if is_bnb_4bit(module):
             module.forward = torch.compiler.disable(module.forward)
             found = True
     if found:
