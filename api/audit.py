@@ -1,5 +1,5 @@
 """The audit log's writer: an ASGI middleware that records every mutating request (POST, PUT,
-PATCH, DELETE) and every 401/403 answer on any method (core.audit).
+PATCH, DELETE) and every 401/403 answer on any method (core.access.audit).
 
 Pure ASGI (not `BaseHTTPMiddleware`): responses pass through unbuffered; only the small JSON
 body of a `201 Created` is kept (up to 64 KiB) to name the created resource. The row is written
@@ -25,10 +25,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.openapi_ids import operation_id
-from core import audit
-from core.auth import Principal
-from core.logs import request_id_var
-from core.oidc import KEY_ID_PREFIX
+from core.access import audit
+from core.access.auth import Principal
+from core.access.oidc import KEY_ID_PREFIX
+from core.platform.logs import request_id_var
 
 log = logging.getLogger("torchyard.audit")
 

@@ -10,10 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from core import auth, oidc
-from core.errors import Forbidden
-from core.server_paths import ServerPaths
-from core.settings import Settings
+from core.access import auth, oidc
+from core.platform.errors import Forbidden
+from core.platform.server_paths import ServerPaths
+from core.platform.settings import Settings
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in its
 # thread pool, and each such hop costs the submit path more CPU than the work it wraps.
@@ -60,7 +60,7 @@ def get_principal(
 ) -> auth.Principal:
     """The caller's project. Raises Unauthorized (401) for a missing, unknown or revoked key.
 
-    With SSO on (`app.state.oidc`), a bearer JWT is an OIDC token instead (core.oidc).
+    With SSO on (`app.state.oidc`), a bearer JWT is an OIDC token instead (core.access.oidc).
     Kept on `request.state.principal` for what runs after the route (the audit log)."""
     secret = credentials.credentials if credentials is not None else None
     principal = resolve_principal(request, session, secret)

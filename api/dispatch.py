@@ -1,9 +1,9 @@
 """Tell the workers about a new job (or export): one Celery message naming it, by task name.
 
-The API holds only a Celery *client* built from `core.queue.celery_config`, never worker code.
-Postgres is the source of truth: the message is sent after the job row is committed, and if
-the broker is down the job simply stays `queued` until the workers' reconciler re-dispatches
-it. A broker failure therefore never fails the request.
+The API holds only a Celery *client* built from `core.platform.queue.celery_config`, never worker
+code. Postgres is the source of truth: the message is sent after the job row is committed, and if
+the broker is down the job simply stays `queued` until the workers' reconciler re-dispatches it. A
+broker failure therefore never fails the request.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import threading
 
 from celery import Celery
 
-from core.models import CheckpointExport, Job
-from core.queue import EXPORT_CHECKPOINT_TASK, RUN_JOB_TASK, celery_config
-from core.settings import Settings
+from core.platform.models import CheckpointExport, Job
+from core.platform.queue import EXPORT_CHECKPOINT_TASK, RUN_JOB_TASK, celery_config
+from core.platform.settings import Settings
 
 log = logging.getLogger("torchyard.api.dispatch")
 

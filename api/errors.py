@@ -20,8 +20,8 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from core import errors as domain
-from core.server_paths import ServerPaths
+from core.platform import errors as domain
+from core.platform.server_paths import ServerPaths
 from jobspec.job import SPEC_KINDS
 
 log = logging.getLogger("torchyard.api")

@@ -18,7 +18,7 @@ from typing import Any, Unpack
 from fastapi import FastAPI
 from pydantic import ConfigDict
 
-from core.retry_budget import retry_policy
+from core.attempts.retry_budget import retry_policy
 from jobspec.job import JobSpec
 
 PROJECT_ID = "prj_8a1d3f5c7e9b2d40"

@@ -50,10 +50,10 @@ from api.routes import (
     webhooks,
 )
 from api.streams import StreamHub
-from core import oidc
-from core.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
-from core.server_paths import ServerPaths
-from core.settings import Settings, get_settings
+from core.access import oidc
+from core.platform.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
+from core.platform.server_paths import ServerPaths
+from core.platform.settings import Settings, get_settings
 
 log = logging.getLogger("torchyard.api")
 
@@ -125,7 +125,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.dispatcher = Dispatcher(settings)
     app.state.server_paths = ServerPaths.of(settings)  # kept out of answers (api.views)
     app.state.streams = StreamHub(app.state.sessionmaker, paths=app.state.server_paths)
-    app.state.oidc = oidc.Verifier(settings) if settings.oidc_issuer else None  # SSO (core.oidc)
+    app.state.oidc = (
+        oidc.Verifier(settings) if settings.oidc_issuer else None
+    )  # SSO (core.access.oidc)
 
     errors.install(app)
     openai_errors.install(app)  # OpenAI's error shape under /openai/

@@ -7,7 +7,7 @@
   each): the database is the truth about jobs, whichever API replica is scraped.
 - Every request gets a request id (the caller's `X-Request-ID` when sane, else a new one),
   echoed in the response header and carried, with the job id of the path, into every log
-  record of the request (`contextvars`), which `core.logs.JsonFormatter` writes as one JSON
+  record of the request (`contextvars`), which `core.platform.logs.JsonFormatter` writes as one JSON
   object.
 """
 
@@ -29,8 +29,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.logs import configure_json_logging, job_id_var, request_id_var
-from core.models import Job, JobState
+from core.platform.logs import configure_json_logging, job_id_var, request_id_var
+from core.platform.models import Job, JobState
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JOB_PATH = re.compile(r"^/v1/jobs/(\d{1,18})(?:/|$)")

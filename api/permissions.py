@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
-from core.auth import ROLE_PERMISSIONS, Permission
+from core.access.auth import ROLE_PERMISSIONS, Permission
 
 AUTHENTICATED = "authenticated"
 ORG_ADMIN = "org_admin"

@@ -3,7 +3,7 @@
 The `limits` library counts, with its sliding-window counter (two counters per key and
 window: one Redis round trip per limit), in Redis when the broker is Redis (shared by every
 API process) and in this process otherwise. The key is the sha256 of the bearer secret, the
-same digest `core.auth` stores, so each API key has its own budget without a database read.
+same digest `core.access.auth` stores, so each API key has its own budget without a database read.
 Over a limit: 429 `too_many_requests` with `Retry-After` (seconds until the window frees a
 request). Requests without a bearer secret are not counted (they get 401). When the counter
 store is unreachable, requests pass (logged): a rate limit is not worth an outage.
@@ -20,9 +20,9 @@ from limits import RateLimitItem, parse
 from limits.storage import storage_from_string
 from limits.strategies import SlidingWindowCounterRateLimiter
 
-from core.auth import hash_key
-from core.errors import TooManyRequests
-from core.settings import Settings
+from core.access.auth import hash_key
+from core.platform.errors import TooManyRequests
+from core.platform.settings import Settings
 
 log = logging.getLogger("torchyard.api")
 

@@ -30,9 +30,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api import views
-from core import queries
-from core.models import TERMINAL_STATES, Job
-from core.server_paths import ServerPaths
+from core.jobs import reports as queries
+from core.platform.models import TERMINAL_STATES, Job
+from core.platform.server_paths import ServerPaths
 
 log = logging.getLogger("torchyard.api.streams")
 

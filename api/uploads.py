@@ -21,8 +21,8 @@ from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from api import examples, openai_examples, schemas
-from core import storage
-from core.errors import InvalidInput, TooLarge
+from core.platform import storage
+from core.platform.errors import InvalidInput, TooLarge
 
 # Room for the multipart framing and the `name` field on top of the file itself.
 MULTIPART_OVERHEAD = 64 * 1024

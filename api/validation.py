@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
-from core.errors import InvalidInput
+from core.platform.errors import InvalidInput
 
 # Ids are BIGINT: a larger number is not an id of anything.
 MAX_ID = 2**63 - 1

@@ -1,4 +1,5 @@
-"""Stored rows as the API shows them: without the server's own directories (core.server_paths).
+"""Stored rows as the API shows them: without the server's own directories
+(core.platform.server_paths).
 
 Every answer that can carry a server-side path goes through here: a file the API describes
 (a dataset, checkpoint or export) gets a storage-relative `uri` and, for admin callers only, its
@@ -12,9 +13,9 @@ from __future__ import annotations
 from typing import TypeVar
 
 from api import schemas
-from core import models
-from core.auth import Permission, Principal, allows
-from core.server_paths import ServerPaths
+from core.access.auth import Permission, Principal, allows
+from core.platform import models
+from core.platform.server_paths import ServerPaths
 
 Located = TypeVar("Located", schemas.Dataset, schemas.Checkpoint, schemas.CheckpointExport)
 

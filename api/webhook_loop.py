@@ -1,6 +1,6 @@
 """The webhook delivery loop each API process runs in its lifespan (`webhook_deliver_in_api`).
 
-Every `webhook_deliver_interval_s` it sends what is due (`core.webhook_delivery.deliver_due`,
+Every `webhook_deliver_interval_s` it sends what is due (`core.webhooks.delivery.deliver_due`,
 in a thread) and evaluates the periodic alerts. Several API processes may run it at once: a
 delivery is claimed with `FOR UPDATE SKIP LOCKED` on Postgres, and SQLite serialises writers.
 """
@@ -14,8 +14,9 @@ import logging
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from core import alerts, webhook_delivery
-from core.settings import Settings
+from core.jobs import alerts
+from core.platform.settings import Settings
+from core.webhooks import delivery as webhook_delivery
 
 log = logging.getLogger("torchyard.webhooks")
 

@@ -27,8 +27,8 @@ import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from core import auth
-from core.db import make_engine, session_scope, upgrade
+from core.access import auth
+from core.platform.db import make_engine, session_scope, upgrade
 from jobspec.job import parse_job_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

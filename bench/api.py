@@ -45,9 +45,10 @@ from bench._common import (
     summary_ms,
     tiny_spec,
 )
-from core import ingest, jobs
-from core.db import make_engine, session_scope
-from core.models import JobState
+from core.jobs import ingest
+from core.jobs import service as jobs
+from core.platform.db import make_engine, session_scope
+from core.platform.models import JobState
 
 
 async def submit_load(bases: list[str], key: str, spec: dict[str, Any], n: int, conc: int) -> dict:

@@ -7,8 +7,8 @@ network): the API as built, and the same API without its `AuditLog` middleware. 
 sequential POST /v1/jobs to each, interleaved so drift hits both alike; each job is stored,
 evented and dispatched to Redis (no worker takes it). The transport awaits the whole ASGI call,
 so the audited latency includes the audit INSERT, which a uvicorn client does not wait for (the
-row is written after the answer is sent): an upper bound. Also times `core.audit.record` alone
-(one INSERT in its own transaction). Prints one JSON document; about 10-30 s.
+row is written after the answer is sent): an upper bound. Also times `core.access.audit.record`
+alone (one INSERT in its own transaction). Prints one JSON document; about 10-30 s.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from bench._common import (
     summary_ms,
     tiny_spec,
 )
-from core import audit
-from core.db import make_engine
-from core.settings import Settings
+from core.access import audit
+from core.platform.db import make_engine
+from core.platform.settings import Settings
 
 
 def _without_audit(app: FastAPI) -> FastAPI:
@@ -126,7 +126,7 @@ def main() -> None:
         logging.getLogger("torchyard.access").setLevel(logging.WARNING)  # one line per request
         note(f"{args.requests} submissions to each app, interleaved")
         submissions = asyncio.run(_submissions(apps, key, corpus, args.requests))
-        note("core.audit.record alone")
+        note("core.access.audit.record alone")
         record = _record_alone(url, project_id, 1000)
         for app in apps.values():
             app.state.engine.dispose()

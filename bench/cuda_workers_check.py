@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from workers import devices, sysmetrics
 
 BUSY = """

@@ -1,5 +1,5 @@
 """Metric ingestion through the worker's path (`workers.ingest.RunIngest.flush`: tail
-events.jsonl, parse, keyed upsert via `core.ingest`, commit) into Postgres.
+events.jsonl, parse, keyed upsert via `core.jobs.ingest`, commit) into Postgres.
 
     python -m bench.ingest [--points 300000] [--rate 50000] [--seconds 10]
 
@@ -31,8 +31,8 @@ from bench._common import (
     stored_spec,
     summary_ms,
 )
-from core import jobs
-from core.db import make_engine, session_factory
+from core.jobs import service as jobs
+from core.platform.db import make_engine, session_factory
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 

@@ -42,8 +42,8 @@ from bench._common import (
     wait_for,
     worker,
 )
-from core.db import make_engine
-from core.models import Job, MetricPoint
+from core.platform.db import make_engine
+from core.platform.models import Job, MetricPoint
 from workers.launcher import RunPaths, free_port, torchrun_argv, trainer_env
 
 

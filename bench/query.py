@@ -32,7 +32,7 @@ from bench._common import (
     stored_spec,
     summary_ms,
 )
-from core.db import make_engine
+from core.platform.db import make_engine
 
 _JOBS = """
 INSERT INTO jobs (project_id, name, state, spec, labels, pool, priority, attempt,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core import auth
-from core.db import get_engine, session_scope, upgrade
-from core.settings import get_settings
+from core.access import auth
+from core.platform.db import get_engine, session_scope, upgrade
+from core.platform.settings import get_settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Failure classes: why an attempt failed, in the terms its retry policy is written in.
 
-Pure (no torch): the spec (`retries.on`), the API and the worker's lifecycle (`core.lifecycle`)
-share these names; the trainer writes one in its `error` event (`failure_class`) when it knows
-what its own exception means.
+Pure (no torch): the spec (`retries.on`), the API and the worker's lifecycle
+(`core.attempts.lifecycle_policy`) share these names; the trainer writes one in its `error` event
+(`failure_class`) when it knows what its own exception means.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""JSON Lines files as upload validation (`core.dataset_formats`) and the trainer
+"""JSON Lines files as upload validation (`core.datasets.formats`) and the trainer
 (`dataformat.readers`) both read them, so that the trainer reads every file the upload accepted.
 
 - A file is JSONL by its name: `.jsonl`, `.ndjson` or `.json`, optionally followed by `.gz`,

@@ -3,7 +3,7 @@
 Two YAML 1.1 rules surprise spec authors: `on`, `off`, `yes`, `no` are booleans (so the key of
 `retries.on` would become `True`), and `3e-4` without a dot is a string. Here only
 `true`/`false` are booleans and `3e-4` is a float, as in YAML 1.2 and JSON. The server
-(`core.spec_yaml`) and the CLI (`torchyard.specs`) read specs with this one loader, so a file
+(`core.jobs.spec_yaml`) and the CLI (`torchyard.specs`) read specs with this one loader, so a file
 means the same to both. Pure: PyYAML only.
 """
 

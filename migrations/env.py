@@ -1,12 +1,12 @@
-"""Alembic environment: the URL comes from the config (set by core.db) or the settings."""
+"""Alembic environment: the URL comes from the config (set by core.platform.db) or the settings."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from core.db import make_engine
-from core.models import Base
-from core.settings import get_settings
+from core.platform.db import make_engine
+from core.platform.models import Base
+from core.platform.settings import get_settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().database_url

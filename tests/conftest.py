@@ -21,9 +21,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from core import auth
-from core.db import make_engine, session_scope, upgrade
-from core.settings import Settings
+from core.access import auth
+from core.platform.db import make_engine, session_scope, upgrade
+from core.platform.settings import Settings
 
 PG_ADMIN_URL = os.environ.get(
     "TORCHYARD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -159,7 +159,7 @@ def settings(
         sys_metrics_interval_s=1.0,
         cancel_grace_s=5.0,
         data_roots=[str(corpus_dir), str(models_root)],
-        # tests drive core.webhook_delivery.deliver_due themselves (tests/integration/webhooks)
+        # tests drive core.webhooks.delivery.deliver_due themselves (tests/integration/webhooks)
         webhook_deliver_in_api=False,
     )
 

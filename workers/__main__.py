@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from core.settings import get_settings
+from core.platform.settings import get_settings
 from workers.app import CONTROL_QUEUE, app
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from celery import Celery, signals
 
-from core.logs import configure_json_logging
-from core.queue import RECONCILE_TASK, celery_config
-from core.settings import Settings, get_settings
+from core.platform.logs import configure_json_logging
+from core.platform.queue import RECONCILE_TASK, celery_config
+from core.platform.settings import Settings, get_settings
 from workers import devices
 
 CONTROL_QUEUE = "torchyard.control"
@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> Celery:
 @signals.worker_init.connect
 def _log_to_stderr(**_: Any) -> None:
     """Celery leaves the root logger alone (`worker_hijack_root_logger=False`): give ours one,
-    writing JSON lines that carry the job id of the task in progress (`core.logs`)."""
+    writing JSON lines that carry the job id of the task in progress (`core.platform.logs`)."""
     if not logging.getLogger().handlers:
         configure_json_logging("")
 

@@ -13,14 +13,19 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import datasets, gang, init_from, jobs, preempt, usage_report
-from core.errors import InvalidInput
-from core.jobs import ACTIVE_STATES
-from core.lifecycle import Failure, FailureClass, Outcome
-from core.models import Job, JobState
-from core.settings import Settings
-from core.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
-from core.usage import as_utc
+from core.attempts import gang
+from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome
+from core.datasets import service as datasets
+from core.jobs import init_from
+from core.jobs import service as jobs
+from core.jobs.service import ACTIVE_STATES
+from core.platform.errors import InvalidInput
+from core.platform.models import Job, JobState
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
+from core.scheduling import preemption_apply as preempt
+from core.usage import report as usage_report
+from core.usage.records import as_utc
 from jobspec.job import JobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.launcher import RunPaths

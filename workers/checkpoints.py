@@ -23,7 +23,7 @@ import fsspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Checkpoint
+from core.platform.models import Checkpoint
 
 log = logging.getLogger(__name__)
 

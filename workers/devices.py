@@ -3,7 +3,7 @@
 A worker owns its host's devices: the GPUs NVML finds (`nvidia-ml-py`), or, on a host without
 GPUs, `TORCHYARD_WORKER_SLOTS` CPU slots (default 1: one job at a time). A node of a job asks for
 `resources.procs_per_node` devices (`Job.slots`); the worker claims only a job that fits its
-free devices (`core.scheduling.claim_next(max_slots=...)`) and runs it with a `Lease` on the
+free devices (`core.scheduling.claim.claim_next(max_slots=...)`) and runs it with a `Lease` on the
 lowest free indices: `CUDA_VISIBLE_DEVICES` on GPUs, a share of the host's cores on CPU
 (`workers.launcher.trainer_env`). Leases of one host never overlap.
 
@@ -30,9 +30,9 @@ import pynvml  # type: ignore[import-untyped]
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import scheduling
-from core.models import Job
-from core.settings import Settings, get_settings
+from core.platform.models import Job
+from core.platform.settings import Settings, get_settings
+from core.scheduling import claim as scheduling
 from workers.attempt import Dispatch, dispatch_safely
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ def wake(*, factory: Callable[[], Session], pool: str, dispatch: Dispatch) -> No
     """Send one `workers.run_job` message for `pool` when a job is queued there.
 
     A message is a token ("a job of this pool is runnable"); a delivery that found no job
-    fitting the free devices claimed nothing and its token is gone (`core.scheduling`). So a
+    fitting the free devices claimed nothing and its token is gone (`core.scheduling.claim`). So a
     worker wakes its pool when devices free up, and after a claim that left devices free (the
     next delivery claims another job or nothing: a chain as long as the free devices last).
     A DB error only logs: the reconciler re-sends jobs that stay queued."""

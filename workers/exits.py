@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from core.lifecycle import Failure, NodeEnd, Stop
+from core.attempts.lifecycle_policy import Failure, NodeEnd, Stop
 from dataformat.failures import PEER_LOST_MESSAGES, FailureClass, classify, error_type_names
 from workers.ingest import last_lines, stderr_tail
 from workers.launcher import RunPaths

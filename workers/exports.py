@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core import exports, storage
+from core.jobs import exports
+from core.platform import storage
 
 log = logging.getLogger(__name__)
 

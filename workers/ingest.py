@@ -1,7 +1,7 @@
 """Store what one attempt's trainer reports: events.jsonl and the per-rank logs.
 
 One `RunIngest.flush` reads everything new (complete lines, by byte offset), writes it in one
-short transaction through the keyed upserts of `core.ingest`, and only then moves the offsets:
+short transaction through the keyed upserts of `core.jobs.ingest`, and only then moves the offsets:
 a failed write is simply read again at the next flush.
 
 In-place restarts (`retries.max_inplace_restarts`): torchrun gives every restart of the worker
@@ -25,11 +25,13 @@ import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core import alerts, gang, jobs
-from core import ingest as store
-from core.errors import Conflict
-from core.jobs import ACTIVE_STATES
-from core.models import Job, JobState
+from core.attempts import gang
+from core.jobs import alerts
+from core.jobs import ingest as store
+from core.jobs import service as jobs
+from core.jobs.service import ACTIVE_STATES
+from core.platform.errors import Conflict
+from core.platform.models import Job, JobState
 from workers import observability
 from workers.launcher import LAUNCHER_RANK, RunPaths
 from workers.progress import StepProgress, Straggler, StragglerDetector
@@ -65,7 +67,7 @@ class _Batch:
     # (step, trainer time) of each metric line that stored a point: what progress and the lag
     # metric read, a tenth of the points to walk
     lines: list[tuple[int, float]] = field(default_factory=list)
-    # (name, step) of the NaN/Inf values skipped, for the `nan_loss` alert (core.alerts)
+    # (name, step) of the NaN/Inf values skipped, for the `nan_loss` alert (core.jobs.alerts)
     nonfinite: list[tuple[str, int]] = field(default_factory=list)
     logs: list[store.Log] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)

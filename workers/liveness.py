@@ -30,8 +30,8 @@ from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core.models import Worker, utcnow
-from core.settings import Settings, get_settings
+from core.platform.models import Worker, utcnow
+from core.platform.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

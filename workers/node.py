@@ -1,20 +1,20 @@
 """One node of an attempt, from claim to end. Every job is a gang of N >= 1 nodes.
 
 Node 0 is the worker whose `workers.run_job` delivery claims the job (`run_job`): in the
-claim's transaction it creates the attempt's N node slots (`core.gang.publish`), takes slot 0
-and publishes the rendezvous endpoint, then sends N - 1 `workers.join_gang` messages; every
-other node is a worker that took one (`join_gang`). A delivery that loses the claim (a
-duplicate, a redelivery after a worker crash) returns at once: one trainer per attempt.
+claim's transaction it creates the attempt's N node slots (`core.attempts.gang.publish`), takes slot
+0 and publishes the rendezvous endpoint, then sends N - 1 `workers.join_gang` messages; every other
+node is a worker that took one (`join_gang`). A delivery that loses the claim (a duplicate, a
+redelivery after a worker crash) returns at once: one trainer per attempt.
 
 Once every slot is taken (at once for N = 1: no join messages, no waiting) each node runs
 `_run_node`: it launches its torchrun (`workers.launcher`: `--nnodes 1` with a local
 rendezvous for N = 1, the c10d gang arguments for N > 1), supervises it
 (`workers.supervisor`), heartbeating its slot and, node 0, the job row (`_heartbeat`), and
 records its end (`_end_node`): under the job row's lock it writes the node's exit facts to its
-slot, builds the `NodeEnd` of every ended node and lets `core.lifecycle.decide` say what the
-attempt's end means (`Outcome.WAIT`: other nodes still run), applied by
-`core.attempts.apply` in the same transaction. How the node's ranks ended comes from their
-recorded exceptions (`workers.exits`), never from torchrun's printed report.
+slot, builds the `NodeEnd` of every ended node and lets `core.attempts.lifecycle_policy.decide` say
+what the attempt's end means (`Outcome.WAIT`: other nodes still run), applied by
+`core.attempts.lifecycle_apply.apply` in the same transaction. How the node's ranks ended comes from
+their recorded exceptions (`workers.exits`), never from torchrun's printed report.
 """
 
 from __future__ import annotations
@@ -28,13 +28,16 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import attempts, gang, jobs, scheduling
-from core.errors import DomainError, InvalidInput
-from core.gang import Beat
-from core.jobs import ACTIVE_STATES
-from core.lifecycle import Outcome, Stop, decide
-from core.models import Job, JobState
-from core.settings import Settings
+from core.attempts import gang
+from core.attempts import lifecycle_apply as attempts
+from core.attempts.gang import Beat
+from core.attempts.lifecycle_policy import Outcome, Stop, decide
+from core.jobs import service as jobs
+from core.jobs.service import ACTIVE_STATES
+from core.platform.errors import DomainError, InvalidInput
+from core.platform.models import Job, JobState
+from core.platform.settings import Settings
+from core.scheduling import claim as scheduling
 from workers import devices, exits, launcher, plan, sysmetrics
 from workers.attempt import (
     DB_RETRIES,

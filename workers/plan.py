@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core.models import Job
-from core.settings import Settings
+from core.platform.models import Job
+from core.platform.settings import Settings
 from jobspec.job import ScriptJobSpec
 from workers import attempt, devices, launcher, script
 from workers.launcher import GangNode, RunPaths

@@ -9,12 +9,12 @@
   * or its own heartbeat (the supervise loop's, `jobs.heartbeat_at` / the node's) is older
     than `heartbeat_timeout_s` (60 s): a wedged loop in a live worker, or a worker without a
     row.
-  What that means is `core.lifecycle.decide`'s answer to a `node_lost` failure (requeue while
-  the budget lasts, else failed; cancelling -> cancelled, pausing -> paused), applied by
-  `core.attempts.apply` in the transaction that holds the job's row lock and re-checked the
-  loss. No policy here.
-- Priority preemption (`core.preempt`) on the pools `TORCHYARD_PREEMPTION_POOLS` enables:
-  running jobs of lower priority yield to a queued job that does not fit.
+  What that means is `core.attempts.lifecycle_policy.decide`'s answer to a `node_lost` failure
+  (requeue while the budget lasts, else failed; cancelling -> cancelled, pausing -> paused), applied
+  by `core.attempts.lifecycle_apply.apply` in the transaction that holds the job's row lock and
+  re-checked the loss. No policy here.
+- Priority preemption (`core.scheduling.preemption_apply`) on the pools `TORCHYARD_PREEMPTION_POOLS`
+  enables: running jobs of lower priority yield to a queued job that does not fit.
 - A job `queued` for longer than `redispatch_after_s` may have lost its message (broker
   restart, a send that failed after the commit): send `workers.run_job` again. A duplicate is
   harmless, the claim fences it.
@@ -51,12 +51,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
-from core import preempt
-from core.attempts import apply, facts_for
-from core.jobs import ACTIVE_STATES
-from core.lifecycle import Failure, FailureClass, Outcome, decide
-from core.models import Job, JobNode, JobState, Worker, utcnow
-from core.settings import Settings
+from core.attempts.lifecycle_apply import apply, facts_for
+from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome, decide
+from core.jobs.service import ACTIVE_STATES
+from core.platform.models import Job, JobNode, JobState, Worker, utcnow
+from core.platform.settings import Settings
+from core.scheduling import preemption_apply as preempt
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Preparing one node's attempt of an `entrypoint` job (docs/CONTRACTS.md section 5).
 
 The job's code archive is fetched from storage (fsspec) and unpacked into `RUN_DIR/code/`
-(`core.code_archives.unpack`, which checks it again) for each attempt on each node; the job's
+(`core.jobs.code_archives.unpack`, which checks it again) for each attempt on each node; the job's
 Python is the worker's, or with `requirements` a cached virtual environment
 (`workers.venvs`), whose installer writes into the job's logs as torchrun's own output does
 (rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
@@ -22,12 +22,12 @@ from pathlib import Path
 import fsspec
 from sqlalchemy.orm import Session
 
-from core import code_archives
-from core.errors import InvalidInput
-from core.lifecycle import FailureClass
-from core.models import Job
-from core.settings import Settings
-from core.storage import job_checkpoint_uri, job_run_dir
+from core.attempts.lifecycle_policy import FailureClass
+from core.jobs import code_archives
+from core.platform.errors import InvalidInput
+from core.platform.models import Job
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri, job_run_dir
 from jobspec.job import ScriptJobSpec
 from workers.attempt import Unlaunched, with_db_retry
 from workers.checkpoints import set_aside_unrecorded

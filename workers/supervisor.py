@@ -19,10 +19,10 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from core.gang import Beat
-from core.lifecycle import Stop
-from core.models import JobState
-from core.settings import Settings
+from core.attempts.gang import Beat
+from core.attempts.lifecycle_policy import Stop
+from core.platform.models import JobState
+from core.platform.settings import Settings
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
 from workers.launcher import kill_tree, signal_group
@@ -78,7 +78,7 @@ class Supervisor:
         watchers: Sequence[Watcher] = (),
     ) -> None:
         """`heartbeat(session, stop)`: writes this node's heartbeat (and its own stop, if any)
-        in the session, without committing, and returns what it learned (`core.gang.Beat`):
+        in the session, without committing, and returns what it learned (`core.attempts.gang.Beat`):
         the job's state (None: the attempt is no longer ours) and another node's stop, which
         stops this trainer too. `runtime_budget_s`: seconds this attempt may train (from the
         trainer's `running` report) before `limits.max_runtime_s` is reached (the limit minus

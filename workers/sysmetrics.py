@@ -48,10 +48,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import ingest as store
-from core.jobs import ACTIVE_STATES
-from core.models import Job
-from core.settings import Settings
+from core.jobs import ingest as store
+from core.jobs.service import ACTIVE_STATES
+from core.platform.models import Job
+from core.platform.settings import Settings
 from workers import observability
 from workers.ingest import MAX_METRIC_NAME_CHARS, RunIngest
 from workers.supervisor import Stop, Watcher

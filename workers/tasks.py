@@ -11,11 +11,11 @@ from typing import Any
 from celery import signals
 from sqlalchemy.exc import OperationalError
 
-from core.db import get_engine, session_factory
-from core.logs import job_id_var
-from core.models import utcnow
-from core.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
-from core.settings import get_settings
+from core.platform.db import get_engine, session_factory
+from core.platform.logs import job_id_var
+from core.platform.models import utcnow
+from core.platform.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
+from core.platform.settings import get_settings
 from workers import devices, exports, liveness, node
 from workers import reconcile as reconciler
 from workers.app import CONTROL_QUEUE, app
@@ -77,7 +77,7 @@ def _worker_name(task: Any) -> str:
 
 @contextlib.contextmanager
 def _job_logs(job_id: int) -> Iterator[None]:
-    """Every log record inside says which job it is about (`core.logs`)."""
+    """Every log record inside says which job it is about (`core.platform.logs`)."""
     token = job_id_var.set(job_id)
     try:
         yield

@@ -3,7 +3,7 @@
 `UsageWatch` is a `workers.supervisor.Watcher`: every `usage_interval_s` seconds it measures
 the CPU time of the node's torchrun process tree with psutil and writes it to the node's
 `job_nodes.cpu_seconds`; `close()` writes the last figure once torchrun exited. When the job
-sets `limits.max_cost`, it then reads the job's cost so far (`core.usage_report.job_cost`:
+sets `limits.max_cost`, it then reads the job's cost so far (`core.usage.report.job_cost`:
 every attempt's slot-seconds x the pool's price) and, once it reached the limit, stops the
 trainer with `Stop.BUDGET` (SIGTERM: the trainer checkpoints and stops; the other nodes of a
 gang follow). The stop waits for the trainer's `running` report, as `max_runtime_s` counts
@@ -25,9 +25,9 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core import usage_report
-from core.models import JobNode
-from core.settings import Settings
+from core.platform.models import JobNode
+from core.platform.settings import Settings
+from core.usage import report as usage_report
 from workers.ingest import RunIngest
 from workers.supervisor import Stop
 

@@ -35,11 +35,11 @@ import psutil
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core import ingest as store
-from core import jobs
-from core.jobs import ACTIVE_STATES
-from core.models import Job
-from core.settings import Settings
+from core.jobs import ingest as store
+from core.jobs import service as jobs
+from core.jobs.service import ACTIVE_STATES
+from core.platform.models import Job
+from core.platform.settings import Settings
 from jobspec.job import LimitsSpec
 from workers.ingest import RunIngest
 from workers.supervisor import Stop

@@ -13,8 +13,8 @@ from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas.audit import AuditEvent, AuditPage
 from api.validation import IsoDatetime
-from core import audit
-from core.errors import InvalidInput
+from core.access import audit
+from core.platform.errors import InvalidInput
 
 _NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL
 router = APIRouter(prefix="/v1", tags=["audit"], responses=ERROR_RESPONSES)

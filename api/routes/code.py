@@ -19,8 +19,9 @@ from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.schemas.code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
 from api.validation import unstorable
-from core import code_archives, models
-from core.errors import InvalidInput, NotFound, TooLarge
+from core.jobs import code_archives
+from core.platform import models
+from core.platform.errors import InvalidInput, NotFound, TooLarge
 
 PATH = "/v1/code"
 router = APIRouter(prefix=PATH, tags=["code"], responses=ERROR_RESPONSES)

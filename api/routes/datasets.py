@@ -18,10 +18,12 @@ from api.deps import (
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.limits import content_length
 from api.validation import require_storable, unstorable
-from core import dataset_preview, datasets, models, storage
-from core.auth import Principal, new_id
-from core.errors import InvalidInput, NotFound, TooLarge
-from core.server_paths import ServerPaths
+from core.access.auth import Principal, new_id
+from core.datasets import preview as dataset_preview
+from core.datasets import service as datasets
+from core.platform import models, storage
+from core.platform.errors import InvalidInput, NotFound, TooLarge
+from core.platform.server_paths import ServerPaths
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
 

@@ -19,11 +19,12 @@ from api.deps import (
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import JobId
 from api.validation import MAX_ID
-from core import exports, models, storage
-from core.auth import Principal
-from core.errors import Conflict
-from core.models import ExportState
-from core.server_paths import ServerPaths
+from core.access.auth import Principal
+from core.jobs import exports
+from core.platform import models, storage
+from core.platform.errors import Conflict
+from core.platform.models import ExportState
+from core.platform.server_paths import ServerPaths
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=ERROR_RESPONSES)
 

@@ -10,7 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api import schemas
 from api.errors import ErrorBody, error_response
-from core.db import SchemaNotMigrated, check_migrated
+from core.platform.db import SchemaNotMigrated, check_migrated
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("torchyard.api")

@@ -10,7 +10,9 @@ from api import schemas, views
 from api.deps import ReadPrincipal, ServerPathsDep, SessionDep
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import After, JobId
-from core import exports, jobs, queries
+from core.jobs import exports
+from core.jobs import reports as queries
+from core.jobs import service as jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONSES)
 

@@ -21,23 +21,19 @@ from api.deps import (
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core import (
-    code_archives,
-    datasets,
-    init_from,
-    job_details,
-    job_list,
-    jobs,
-    queue_view,
-    quotas,
-    scheduling,
-    storage,
-    usage_report,
-)
-from core.errors import Forbidden, InvalidInput
-from core.models import Job, JobState
-from core.server_paths import ServerPaths
-from core.settings import Settings
+from core.datasets import service as datasets
+from core.jobs import code_archives, init_from
+from core.jobs import details as job_details
+from core.jobs import listing as job_list
+from core.jobs import service as jobs
+from core.platform import storage
+from core.platform.errors import Forbidden, InvalidInput
+from core.platform.models import Job, JobState
+from core.platform.server_paths import ServerPaths
+from core.platform.settings import Settings
+from core.scheduling import claim as scheduling
+from core.scheduling import queue_view, quotas
+from core.usage import report as usage_report
 from jobspec.job import AnyJobSpec, JobSpec, ScriptJobSpec
 
 LABEL = r"^[^=\x00]+=[^\x00]*$"
@@ -137,8 +133,8 @@ def _out(
     queue: bool = True,
 ) -> list[schemas.Job]:
     """Jobs as the API shows them: waiting ones with their place in the queue, reason and
-    estimated start (`core.queue_view`: a replay per pool of the page's queued jobs; workers
-    count as live for `settings.worker_timeout_s`), each with its `usage` (one query for the
+    estimated start (`core.scheduling.queue_view`: a replay per pool of the page's queued jobs;
+    workers count as live for `settings.worker_timeout_s`), each with its `usage` (one query for the
     page). `log_tail=False` (the list) leaves each failure's log lines out; `queue=False` (the
     submit path, kept cheap) leaves `queue` null and gives `queue_position` by priority and age
     only."""

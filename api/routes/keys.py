@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas.access import ID_PATTERN, Key, KeyCreate, KeyCreated, KeyList, KeyOwner
-from core import identity
+from core.access import identity
 
 router = APIRouter(prefix="/v1/keys", tags=["access"], responses=ERROR_RESPONSES)
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from api import schemas
 from api.deps import CurrentPrincipal
 from api.errors import ERROR_RESPONSES
-from core import auth
+from core.access import auth
 
 router = APIRouter(prefix="/v1", tags=["me"], responses={401: ERROR_RESPONSES[401]})
 

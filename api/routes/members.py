@@ -10,7 +10,7 @@ from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.keys import LAST_ORG_ADMIN
 from api.schemas.access import ID_PATTERN, Member, MemberCreate, MemberList, MemberUpdate
-from core import identity
+from core.access import identity
 
 router = APIRouter(prefix="/v1/members", tags=["access"], responses=ERROR_RESPONSES)
 

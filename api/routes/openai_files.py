@@ -16,10 +16,14 @@ from api import openai_examples as ex
 from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.examples import json_example
 from api.limits import content_length
-from core import datasets, jobs, openai_results, openai_view, storage
-from core.auth import new_id
-from core.errors import Conflict, InvalidInput, NotFound, TooLarge
-from core.models import TERMINAL_STATES, Dataset, Job, JobState
+from core.access.auth import new_id
+from core.datasets import service as datasets
+from core.jobs import service as jobs
+from core.openai import results as openai_results
+from core.openai import view as openai_view
+from core.platform import storage
+from core.platform.errors import Conflict, InvalidInput, NotFound, TooLarge
+from core.platform.models import TERMINAL_STATES, Dataset, Job, JobState
 from jobspec.job import JobSpec
 
 PREFIX = "/openai/v1"

@@ -12,8 +12,9 @@ from api import openai_examples as ex
 from api.deps import JobsWritePrincipal, ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.examples import json_example
 from api.routes.jobs import check_submittable
-from core import jobs, openai_view
-from core.openai_spec import FineTuneCreate, build
+from core.jobs import service as jobs
+from core.openai import view as openai_view
+from core.openai.spec import FineTuneCreate, build
 
 router = APIRouter(
     prefix="/openai/v1/fine_tuning/jobs", tags=["openai"], responses=openai_errors.RESPONSES

@@ -8,7 +8,7 @@ from api.deps import OrgAdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.keys import key_out
 from api.schemas.access import KeyCreated, Project, ProjectCreate, ProjectCreated, ProjectList
-from core import identity
+from core.access import identity
 
 router = APIRouter(prefix="/v1/projects", tags=["access"], responses=ERROR_RESPONSES)
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Path, Request
 from api.deps import AdminPrincipal, ReadPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas.quotas import Quota, QuotaIn, QuotaList
-from core import quotas
+from core.scheduling import quotas
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"], responses=ERROR_RESPONSES)
 

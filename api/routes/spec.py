@@ -11,8 +11,8 @@ from api import examples, schemas
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
-from core import spec_yaml
-from core.errors import DomainError, InvalidInput
+from core.jobs import spec_yaml
+from core.platform.errors import DomainError, InvalidInput
 from jobspec.job import json_schema, parse_job_spec
 
 router = APIRouter(prefix="/v1/spec", tags=["spec"])

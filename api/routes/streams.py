@@ -14,7 +14,8 @@ from api.deps import _bearer, resolve_principal
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import JobId
 from api.streams import StreamHub, watch
-from core import auth, jobs
+from core.access import auth
+from core.jobs import service as jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["job data"], responses=ERROR_RESPONSES)
 

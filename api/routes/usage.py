@@ -15,8 +15,9 @@ from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
 from api.schemas.usage import UsageReport, UsageRow, UsageTotals
 from api.validation import IsoDatetime
-from core import usage, usage_report
-from core.errors import InvalidInput
+from core.platform.errors import InvalidInput
+from core.usage import records as usage
+from core.usage import report as usage_report
 
 router = APIRouter(prefix="/v1", tags=["usage"], responses=ERROR_RESPONSES)
 

@@ -22,10 +22,11 @@ from pydantic import (
 
 from api import examples
 from api.validation import JsonInt
-from core import models, progress
-from core.dataset_stats import DatasetStats
-from core.models import JobState
-from core.retry_budget import RetryPolicy, retry_policy
+from core.attempts.retry_budget import RetryPolicy, retry_policy
+from core.datasets.stats import DatasetStats
+from core.jobs import progress
+from core.platform import models
+from core.platform.models import JobState
 from dataformat.records import Format
 from jobspec.job import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
@@ -50,7 +51,7 @@ class Failure(BaseModel):
     last log lines."""
 
     failure_class: FailureClass = Field(
-        # The `failure` column (core.lifecycle.Failure.to_json) names it `class`.
+        # The `failure` column (core.attempts.lifecycle_policy.Failure.to_json) names it `class`.
         validation_alias=AliasChoices("class", "failure_class"),
         description="`oom` (CUDA or host), `hang`, `node_lost`, `user_error` (spec, data or "
         "code exception), `infra` (collective timeout, disk full, storage unreachable) or "
@@ -86,7 +87,7 @@ class JobUsage(_Out):
 
 
 class JobQueue(BaseModel):
-    """Why a job waits and when it may start (core/queue_view.py)."""
+    """Why a job waits and when it may start (core/scheduling/queue_view.py)."""
 
     position: int | None = Field(
         description="1-based place in its pool's queue in claim order (quotas, then fair share "
@@ -128,7 +129,7 @@ class Job(_Out):
     )
     pool: str = Field(description="The worker pool (queue) the job runs in.")
     # Not validated again: the row's spec is already a parsed JobSpec or ScriptJobSpec
-    # (core.models.SpecType); its type still gives the schema and the serializer.
+    # (core.platform.models.SpecType); its type still gives the schema and the serializer.
     spec: SkipValidation[AnyJobSpec] = Field(
         description="The submitted spec with every default filled in: a JobSpec, or a "
         "ScriptJobSpec for a job with `entrypoint`."
@@ -236,7 +237,8 @@ class Job(_Out):
     @model_validator(mode="before")
     @classmethod
     def _from_row(cls, data: Any) -> Any:
-        """A `core.models.Job` row: its columns, and the retry budget computed from its spec."""
+        """A `core.platform.models.Job` row: its columns, and the retry budget computed from its
+        spec."""
         if not isinstance(data, models.Job):
             return data
         row = {name: getattr(data, name) for name in cls.model_fields if hasattr(data, name)}
@@ -339,7 +341,7 @@ class Metrics(BaseModel):
     series: list[MetricSeries] = Field(description="One entry per metric, by name.")
 
 
-# Where a file the API describes is on the server (`core.server_paths`): admins only.
+# Where a file the API describes is on the server (`core.platform.server_paths`): admins only.
 ServerUri = Annotated[
     str | None,
     Field(

@@ -21,7 +21,7 @@ from pydantic import (
 from api import examples
 from api.schemas import PRINTABLE
 from api.validation import JsonInt, unstorable
-from core.auth import Role
+from core.access.auth import Role
 
 Scope = Literal["jobs:read", "jobs:write", "datasets:write", "admin"]
 RoleName = Annotated[

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import examples
 from api.schemas import Timestamp
 from api.validation import NotBool
-from core.quotas import QuotaUsage
+from core.scheduling.quotas import QuotaUsage
 
 Limit = Annotated[int, Field(ge=0, le=1_000_000), NotBool] | None
 

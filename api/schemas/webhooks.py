@@ -63,7 +63,8 @@ _DELIVERY_EXAMPLE = {
 }
 
 
-# Exact types (`job.failed`), prefixes (`job.*`) or `*`; see core.webhooks.EVENT_TYPES.
+# Exact types (`job.failed`), prefixes (`job.*`) or `*`; see
+# core.webhooks.subscriptions.EVENT_TYPES.
 EventTypes = list[Annotated[str, StringConstraints(min_length=1, max_length=100)]]
 _TYPES = Field(
     min_length=1,
@@ -75,7 +76,7 @@ _TYPES = Field(
 
 class AlertRules(BaseModel):
     """Metric alerts whose `alert.<kind>` events go to this webhook; each fires once per job
-    and condition (core/alerts.py). A rule left null is off."""
+    and condition (core/jobs/alerts.py). A rule left null is off."""
 
     model_config = ConfigDict(extra="forbid")
 

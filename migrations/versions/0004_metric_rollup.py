@@ -7,7 +7,7 @@ Create Date: 2026-11-23 01:20:00
 `metric_rollups` holds, for every (job, series, level, bucket), the points holding the
 minimum and the maximum value (earliest step on ties) among the steps
 `[bucket << shift, (bucket + 1) << shift)`, `shift = 2 * level + 2` (level 1: 16 steps, level 9:
-1,048,576). `core.queries.downsampled_series` reads a few thousand of these rows instead of
+1,048,576). `core.jobs.reports.downsampled_series` reads a few thousand of these rows instead of
 scanning a million points.
 
 On Postgres a statement trigger keeps them exact whatever writes `metric_points` (the worker's
@@ -16,7 +16,7 @@ new point can only lower a minimum or raise a maximum, and merging a point twice
 nothing), updated points (an upsert over a key already stored) have their blocks recomputed
 from the level below, so a re-ingest never leaves a stale or doubled extreme. Existing points
 are rolled up here. SQLite (the embedded mode) gets the table but no trigger: its
-downsampling reads the points (`core.queries`).
+downsampling reads the points (`core.jobs.reports`).
 
 Also on Postgres: `metric_points` (and `metric_rollups`) lose their foreign key to `jobs`. Its
 check is a query per inserted row and cost more than the insert itself (about 60% of a

@@ -4,7 +4,7 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-11-23 18:00:00
 
-`restarts_used` / `restarts_by_class` replace recounting `restarting` events (core.lifecycle);
+`restarts_used` / `restarts_by_class` replace recounting `restarting` events (core.attempts.lifecycle_policy);
 `failure` is the latest failed attempt's class, reason, rank and log tail; `slots` is the
 devices a node of the job needs (`resources.procs_per_node`), so a worker's claim can ask for
 jobs that fit its free devices in SQL; `job_nodes.devices` are the device indices a node was

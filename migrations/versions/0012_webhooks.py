@@ -5,7 +5,7 @@ Revises: 0011_audit
 Create Date: 2026-11-25 11:45:00
 
 Events are written to `webhook_events` (the outbox) with one `webhook_deliveries` row per
-matching subscription in the transaction of the change they report; `core.webhooks.deliver_due`
+matching subscription in the transaction of the change they report; `core.webhooks.subscriptions.deliver_due`
 sends them and logs each try in `webhook_attempts`. `alert_states` remembers which alert fired
 for which job, so an alert fires once per condition.
 """

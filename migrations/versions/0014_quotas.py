@@ -5,7 +5,7 @@ Revises: 0013_usage
 Create Date: 2026-11-25 11:50:00
 
 `quotas` has one row per (project, pool); pool "*" limits a project on every pool together.
-`jobs.wait_reason` is why the scheduler last passed a queued job over (core.scheduling).
+`jobs.wait_reason` is why the scheduler last passed a queued job over (core.scheduling.claim).
 """
 
 from collections.abc import Sequence

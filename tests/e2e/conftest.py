@@ -22,8 +22,8 @@ from celery import Celery
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 from sqlalchemy import Engine
 
-from core.queue import celery_config
-from core.settings import Settings
+from core.platform.queue import celery_config
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.conftest import live_api  # noqa: F401  (the real uvicorn server)
 from tests.integration.workers.helpers import Worker, start_exporter, start_worker, unique_queue

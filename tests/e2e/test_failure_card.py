@@ -1,9 +1,9 @@
 """A failed job's page starts with why it failed (issue 15: "failure class, reason, the failing
 rank and its last log lines, and what the retry policy did — not a timeline to dig through"),
 in a real Chromium at 1366x768, light and dark; a restarted job shows its last failure as a
-warning line. Each test makes its own jobs (`core.jobs.create`) in its own project and writes
-the failure into the row as the lifecycle does (`tests.integration.failures`): no training runs.
-Waits are Playwright's, no sleeps."""
+warning line. Each test makes its own jobs (`core.jobs.service.create`) in its own project and
+writes the failure into the row as the lifecycle does (`tests.integration.failures`): no training
+runs. Waits are Playwright's, no sleeps."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine, update
 
-from core.db import session_scope
-from core.models import Job, JobState
+from core.platform.db import session_scope
+from core.platform.models import Job, JobState
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.failures import INFRA, OOM, RETRIES, fail_job

@@ -18,8 +18,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 from sqlalchemy import Engine
 
-from core import auth
-from core.db import session_scope
+from core.access import auth
+from core.platform.db import session_scope
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
 

@@ -22,8 +22,8 @@ import pytest
 from celery import Celery
 from typer.testing import CliRunner, Result
 
-from core.queue import celery_config
-from core.settings import Settings
+from core.platform.queue import celery_config
+from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.webhooks.receiver import Receiver
 from torchyard.cli import app

@@ -1,9 +1,9 @@
 """Failed jobs for the tests of what the API, CLI and dashboard show about a failure.
 
-The row is written as `core.attempts.apply` writes it when the lifecycle fails or restarts a job
-(`failure`, `error`, `exit_code`, the restart counters), on a job made by `core.jobs.create`: the
-tests of the views need the row, not a training run that ends that way (the workers' tests
-inject those faults).
+The row is written as `core.attempts.lifecycle_apply.apply` writes it when the lifecycle fails or
+restarts a job (`failure`, `error`, `exit_code`, the restart counters), on a job made by
+`core.jobs.service.create`: the tests of the views need the row, not a training run that ends that
+way (the workers' tests inject those faults).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 from sqlalchemy import Engine, update
 
-from core.attempts import error_text
-from core.db import session_scope
-from core.lifecycle import Failure
-from core.models import Job, JobState, utcnow
+from core.attempts.lifecycle_apply import error_text
+from core.attempts.lifecycle_policy import Failure
+from core.platform.db import session_scope
+from core.platform.models import Job, JobState, utcnow
 from dataformat.failures import FailureClass
 
 # Budgets: hang 2, infra 3, the rest 0 (max_restarts 0); cap 3 (the largest).

@@ -11,8 +11,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core import auth
-from core.db import session_scope
+from core.access import auth
+from core.platform.db import session_scope
 from tests.conftest import ProjectKey, make_project
 
 

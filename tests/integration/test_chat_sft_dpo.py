@@ -19,7 +19,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from torchyard.client import Client

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine
 from typer.testing import Result
 
-from core import jobs
-from core.db import session_scope
-from core.models import LogLine, utcnow
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import LogLine, utcnow
 
 OLD = timedelta(hours=3)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, settings_env
 from tests.integration.conftest import cli_invoker, serve_api
 from tests.integration.usage_rows import make_job

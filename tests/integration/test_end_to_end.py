@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import Worker, start_worker, tiny_spec, unique_queue
 from torchyard.client import Client

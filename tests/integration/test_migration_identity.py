@@ -13,9 +13,9 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from core import auth
-from core.db import alembic_config, make_engine
-from core.models import utcnow
+from core.access import auth
+from core.platform.db import alembic_config, make_engine
+from core.platform.models import utcnow
 from tests.conftest import PG_ADMIN_URL
 
 

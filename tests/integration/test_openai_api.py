@@ -23,8 +23,8 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.queue import celery_config
-from core.settings import Settings
+from core.platform.queue import celery_config
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project, settings_env
 from tests.integration.conftest import serve_api
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue

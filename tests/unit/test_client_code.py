@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.code_archives import inspect, unpack
+from core.jobs.code_archives import inspect, unpack
 from torchyard.code import NothingToUpload, archive_files, write_tar_gz
 
 

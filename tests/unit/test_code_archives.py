@@ -1,4 +1,4 @@
-"""What a code archive may hold (`core.code_archives.inspect`/`unpack`): each unsafe member is
+"""What a code archive may hold (`core.jobs.code_archives.inspect`/`unpack`): each unsafe member is
 refused by name, a good archive unpacks to exactly its files."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core.code_archives import UnsafeArchive, inspect, unpack
-from core.errors import InvalidInput, TooLarge
+from core.jobs.code_archives import UnsafeArchive, inspect, unpack
+from core.platform.errors import InvalidInput, TooLarge
 
 LIMIT = 1 << 20
 

@@ -133,7 +133,7 @@ def test_the_trainer_reads_every_jsonl_the_upload_accepts(
 ) -> None:
     import zstandard
 
-    from core.dataset_formats import check
+    from core.datasets.formats import check
 
     records = messages_records(30)
     plain = prepare(tmp_path / "a", data_spec(write_jsonl(tmp_path / "p.jsonl", records)))

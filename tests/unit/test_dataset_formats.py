@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from core import dataset_stats
-from core.dataset_formats import file_kind
-from core.dataset_stats import StatsAccumulator
+from core.datasets import stats as dataset_stats
+from core.datasets.formats import file_kind
+from core.datasets.stats import StatsAccumulator
 from dataformat.jsonl import iter_lines
 from dataformat.records import parse_record
 

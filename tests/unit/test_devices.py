@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from workers.devices import Allocator, Inventory, gpu_indices, inventory
 
 

@@ -1,4 +1,4 @@
-"""core.downsample: min/max buckets keep the shape of a series within max_points."""
+"""core.jobs.downsample: min/max buckets keep the shape of a series within max_points."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from core.downsample import (
+from core.jobs.downsample import (
     LEVEL_SHIFTS,
     MIN_BLOCKS_PER_BUCKET,
     grid,

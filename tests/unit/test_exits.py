@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed
 
-from core.lifecycle import Failure, NodeEnd, Stop
+from core.attempts.lifecycle_policy import Failure, NodeEnd, Stop
 from dataformat.errors import CheckpointWriteError, InvalidJobError
 from dataformat.failures import FailureClass, classify_exception, error_type_names
 from workers import exits

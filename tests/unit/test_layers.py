@@ -57,7 +57,7 @@ def _imports(path: Path) -> list[str]:
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module in ("trainer", "dataformat"):
+            if node.module in ("trainer", "dataformat", "core"):
                 names += [f"{node.module}.{a.name}" for a in node.names]
             else:
                 names.append(node.module)
@@ -85,6 +85,45 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
     assert not bad, "imports crossing the layers of docs/ARCHITECTURE.md:\n" + "\n".join(bad)
 
 
+# `core`'s domain packages as a one-way stack (docs/ARCHITECTURE.md): each imports only the
+# packages listed before it; `core.admin` (the server's command line) sits on top of them all.
+CORE_STACK = (
+    "platform",
+    "access",
+    "webhooks",
+    "datasets",
+    "jobs",
+    "usage",
+    "scheduling",
+    "attempts",
+    "openai",
+)
+
+
+def _core_package(path: Path) -> str | None:
+    parts = path.relative_to(ROOT / "core").parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def test_core_packages_form_a_one_way_stack() -> None:
+    """No `core` domain package imports one above it in `CORE_STACK`, nor leaves the stack
+    (every package of `core/` is listed; `core/` holds no flat module but `admin`)."""
+    on_disk = {p.name for p in (ROOT / "core").iterdir() if (p / "__init__.py").exists()}
+    assert on_disk == set(CORE_STACK)
+    assert {p.stem for p in (ROOT / "core").glob("*.py")} == {"__init__", "admin"}
+    bad = []
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        package = _core_package(path)
+        if package is None:
+            continue
+        below = set(CORE_STACK[: CORE_STACK.index(package) + 1])
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "core" and len(parts) > 1 and parts[1] not in below:
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not bad, "core packages importing one above them:\n" + "\n".join(bad)
+
+
 def test_the_layer_check_sees_a_server_module_importing_the_trainer(tmp_path: Path) -> None:
     """The check above fails on a server module importing the trainer, in any form:
     `import trainer.x`, `from trainer import x`, lazily inside a function."""
@@ -102,14 +141,14 @@ def test_the_layer_check_sees_a_server_module_importing_the_trainer(tmp_path: Pa
     assert _trainer_allowed(ROOT / "dataformat" / "x.py") == ()
 
 
-# Renders a preview with a saved fast tokenizer, the way core.dataset_preview does, then says
+# Renders a preview with a saved fast tokenizer, the way core.datasets.preview does, then says
 # which torch modules the interpreter holds. Imports are lazy in transformers, so the preview
 # must run, not just import.
 _PREVIEW_WITHOUT_TORCH = """
 import sys
 import api.main
-from core import dataset_preview
-from core.settings import Settings
+from core.datasets import preview as dataset_preview
+from core.platform.settings import Settings
 from dataformat import chat, errors, masks, readers, records
 from jobspec import checks, job as spec
 model = spec.ModelSpec(kind="hf", hf={"path_or_id": sys.argv[1]})

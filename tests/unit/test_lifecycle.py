@@ -1,10 +1,10 @@
-"""`core.lifecycle.decide`: the table of what an attempt's end means."""
+"""`core.attempts.lifecycle_policy.decide`: the table of what an attempt's end means."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.lifecycle import (
+from core.attempts.lifecycle_policy import (
     AttemptFacts,
     Failure,
     FailureClass,
@@ -14,7 +14,7 @@ from core.lifecycle import (
     Stop,
     decide,
 )
-from core.models import JobState
+from core.platform.models import JobState
 from jobspec.job import RetrySpec
 
 C = FailureClass

@@ -1,4 +1,4 @@
-"""core.logs: JSON log lines that carry the request and job ids of the work in progress."""
+"""core.platform.logs: JSON log lines that carry the request and job ids of the work in progress."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from core.logs import ContextFilter, JsonFormatter, job_id_var, request_id_var
+from core.platform.logs import ContextFilter, JsonFormatter, job_id_var, request_id_var
 
 
 def _logger(stream: io.StringIO) -> logging.Logger:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.dataset_formats import check
+from core.datasets.formats import check
 from torchyard.examples.docstrings import (
     SYSTEM,
     messages_records,

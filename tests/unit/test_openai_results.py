@@ -1,4 +1,4 @@
-"""The OpenAI view's projections of stored rows (`core/openai_results.py`, `jobs_page`): the
+"""The OpenAI view's projections of stored rows (`core/openai/results.py`, `jobs_page`): the
 results CSV, `trained_tokens` and the label-filtered jobs page, on a SQLite database of their own
 (the integration module covers Postgres through the official client)."""
 
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from core.db import make_engine, session_factory
-from core.models import Base, Job, JobEvent, MetricPoint, Project
-from core.openai_results import RESULT_COLUMNS, results_csv, trained_tokens
-from core.openai_view import BASE_LABEL, META_PREFIX, jobs_page
+from core.openai.results import RESULT_COLUMNS, results_csv, trained_tokens
+from core.openai.view import BASE_LABEL, META_PREFIX, jobs_page
+from core.platform.db import make_engine, session_factory
+from core.platform.models import Base, Job, JobEvent, MetricPoint, Project
 from jobspec.job import JobSpec
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.models import Job
+from core.platform.models import Job
 from jobspec.job import ScriptJobSpec
 from workers import launcher, plan
 from workers.devices import Lease

@@ -1,4 +1,4 @@
-"""`core.preemption.choose`: the table of who yields to whom."""
+"""`core.scheduling.preemption_policy.choose`: the table of who yields to whom."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from core.preemption import Choice, Holder, Waiting, choose
+from core.scheduling.preemption_policy import Choice, Holder, Waiting, choose
 
 
 def waiting(

@@ -1,13 +1,13 @@
-"""The queue replay (core.queue_view) on plain data: claim order with backfill, fair share,
-quotas, gangs on distinct workers, and start times from the running jobs' releases."""
+"""The queue replay (core.scheduling.queue_view) on plain data: claim order with backfill, fair
+share, quotas, gangs on distinct workers, and start times from the running jobs' releases."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from core.models import Quota
-from core.queue_view import Queued, Release, replay
-from core.quotas import Standing, Use
+from core.platform.models import Quota
+from core.scheduling.queue_view import Queued, Release, replay
+from core.scheduling.quotas import Standing, Use
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from core.retry_budget import retry_policy
+from core.attempts.retry_budget import retry_policy
 from dataformat.failures import FailureClass as C
 from jobspec.job import RetrySpec
 

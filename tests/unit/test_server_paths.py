@@ -1,11 +1,11 @@
-"""The server's directories are hidden from text the API answers (core.server_paths)."""
+"""The server's directories are hidden from text the API answers (core.platform.server_paths)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from core.server_paths import ServerPaths
-from core.settings import Settings
+from core.platform.server_paths import ServerPaths
+from core.platform.settings import Settings
 
 
 def _paths(tmp_path: Path) -> ServerPaths:

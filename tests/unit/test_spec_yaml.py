@@ -1,4 +1,4 @@
-"""Reading a spec text with the line of every field (core/spec_yaml.py)."""
+"""Reading a spec text with the line of every field (core/jobs/spec_yaml.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InvalidInput
-from core.spec_yaml import parse
+from core.jobs.spec_yaml import parse
+from core.platform.errors import InvalidInput
 from jobspec.job import JobSpec
 from torchyard.specs import load_spec
 

@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.db import make_engine, session_factory
-from core.models import Base, Job, MetricPoint, Project
-from core.settings import Settings
+from core.platform.db import make_engine, session_factory
+from core.platform.models import Base, Job, MetricPoint, Project
+from core.platform.settings import Settings
 from jobspec.job import JobSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from core import webhook_delivery
-from core.webhook_targets import RefusedDestination, check
+from core.webhooks import delivery as webhook_delivery
+from core.webhooks.targets import RefusedDestination, check
 
 
 @pytest.mark.parametrize(

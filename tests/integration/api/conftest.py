@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 from api.main import create_app
-from core import jobs
-from core.db import session_scope
-from core.models import Dataset, Job, JobEvent, JobState
-from core.queue import RUN_JOB_TASK
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import Dataset, Job, JobEvent, JobState
+from core.platform.queue import RUN_JOB_TASK
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 
 # Endpoints under /v1/jobs/{id} as (method, suffix), for the tests that each is 404 for a job

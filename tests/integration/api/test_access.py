@@ -27,11 +27,12 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core import auth, ingest
-from core.db import session_scope
-from core.models import Checkpoint, Job, JobState, utcnow
-from core.openai_view import BASE_LABEL, JOB_PREFIX, model_name
-from core.settings import Settings
+from core.access import auth
+from core.jobs import ingest
+from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
+from core.platform.db import session_scope
+from core.platform.models import Checkpoint, Job, JobState, utcnow
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.api.conftest import job_spec, submit

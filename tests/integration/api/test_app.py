@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from core.db import SchemaNotMigrated
-from core.settings import Settings
+from core.platform.db import SchemaNotMigrated
+from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.api.conftest import assert_error
 

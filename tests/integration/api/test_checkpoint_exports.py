@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete, select, update
 
-from core import ingest
-from core.db import session_scope
-from core.models import Checkpoint, CheckpointExport
-from core.queue import EXPORT_CHECKPOINT_TASK
-from core.settings import Settings
+from core.jobs import ingest
+from core.platform.db import session_scope
+from core.platform.models import Checkpoint, CheckpointExport
+from core.platform.queue import EXPORT_CHECKPOINT_TASK
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec, queued_messages, submit
 

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error
 from tests.unit.sft_data import bpe_tokenizer

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from api.main import create_app
-from core.db import make_engine, upgrade
-from core.models import ApiKey
-from core.settings import Settings
+from core.platform.db import make_engine, upgrade
+from core.platform.models import ApiKey
+from core.platform.settings import Settings
 from tests.conftest import make_project
 
 

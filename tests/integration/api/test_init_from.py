@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import ingest, init_from
-from core.errors import InvalidInput
-from core.models import Checkpoint
+from core.jobs import ingest, init_from
+from core.platform.errors import InvalidInput
+from core.platform.models import Checkpoint
 from jobspec.job import InitFromSpec
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts, job_spec, submit

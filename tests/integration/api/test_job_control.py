@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
-from core.db import session_scope
-from core.models import Job
+from core.platform.db import session_scope
+from core.platform.models import Job
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import (
     assert_error,

@@ -1,4 +1,4 @@
-"""What a run reported, as the workers ingest it (core.ingest), read back over the API."""
+"""What a run reported, as the workers ingest it (core.jobs.ingest), read back over the API."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, insert
 
-from core import ingest, jobs
-from core.db import session_scope
-from core.models import JobState, MetricPoint
+from core.jobs import ingest
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import JobState, MetricPoint
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import job_spec, submit
 

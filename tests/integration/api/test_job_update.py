@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core import ingest
-from core.db import session_scope
-from core.ingest import Metric
+from core.jobs import ingest
+from core.jobs.ingest import Metric
+from core.platform.db import session_scope
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec, submit
 

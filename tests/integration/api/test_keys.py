@@ -10,8 +10,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, update
 
-from core.db import session_scope
-from core.models import ApiKey
+from core.platform.db import session_scope
+from core.platform.models import ApiKey
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error
 

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core import ingest
-from core.db import session_scope
+from core.jobs import ingest
+from core.platform.db import session_scope
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import job_spec, submit
 

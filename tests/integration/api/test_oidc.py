@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core import oidc
-from core.auth import Role
-from core.db import session_scope
-from core.errors import Forbidden
-from core.settings import OidcGrant, Settings
+from core.access import oidc
+from core.access.auth import Role
+from core.platform.db import session_scope
+from core.platform.errors import Forbidden
+from core.platform.settings import OidcGrant, Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.conftest import assert_error
 from tests.integration.api.oidc_provider import AUDIENCE, Provider, ec_key, rsa_key, serve

@@ -19,11 +19,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, text, update
 
 from api.main import create_app
-from core import auth, identity
-from core.db import make_engine, session_factory, session_scope
-from core.errors import Conflict
-from core.models import ApiKey, utcnow
-from core.settings import Settings
+from core.access import auth, identity
+from core.platform.db import make_engine, session_factory, session_scope
+from core.platform.errors import Conflict
+from core.platform.models import ApiKey, utcnow
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, fresh_database, make_project
 from tests.integration.api.conftest import assert_error
 

@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
 from api.main import create_app
-from core import scheduling
-from core.db import session_scope
-from core.models import Job, JobNode, JobState, Worker, utcnow
-from core.settings import Settings
+from core.platform.db import session_scope
+from core.platform.models import Job, JobNode, JobState, Worker, utcnow
+from core.platform.settings import Settings
+from core.scheduling import claim as scheduling
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.conftest import assert_error, job_spec, queued_job_ids, submit
 

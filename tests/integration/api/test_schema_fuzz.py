@@ -28,9 +28,9 @@ from schemathesis.config import SchemathesisConfig
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core import auth
-from core.db import session_scope
-from core.settings import Settings
+from core.access import auth
+from core.platform.db import session_scope
+from core.platform.settings import Settings
 
 # Examples per operation and generation mode (valid, invalid) of the fuzzing phase.
 MAX_EXAMPLES = 5

@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core.models import JobState
-from core.settings import Settings
-from core.usage import month_start
+from core.platform.models import JobState
+from core.platform.settings import Settings
+from core.usage.records import month_start
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec
 from tests.integration.usage_rows import make_job

@@ -24,10 +24,10 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import datasets
-from core.models import Job, JobEvent
-from core.settings import Settings
-from core.storage import job_checkpoint_uri
+from core.datasets import service as datasets
+from core.platform.models import Job, JobEvent
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.faults.inject import (

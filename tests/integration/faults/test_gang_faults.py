@@ -13,8 +13,8 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.faults.test_gang import STEPS, gang_spec, nodes_of, start, workers
 from tests.integration.workers.helpers import (

@@ -19,8 +19,8 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from core.settings import Settings
-from core.storage import job_run_dir
+from core.platform.settings import Settings
+from core.platform.storage import job_run_dir
 from tests.conftest import ProjectKey
 from tests.integration.faults.tcp_proxy import TcpProxy
 from tests.integration.workers.helpers import (

@@ -13,9 +13,9 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.db import session_factory
-from core.queue import celery_config
-from core.settings import Settings
+from core.platform.db import session_factory
+from core.platform.queue import celery_config
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     create_job,

@@ -19,10 +19,10 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core.models import Job, JobEvent
-from core.models import Worker as WorkerRow
-from core.settings import Settings
-from core.storage import job_checkpoint_uri
+from core.platform.models import Job, JobEvent
+from core.platform.models import Worker as WorkerRow
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
@@ -125,7 +125,8 @@ def _since(killed_at: float, when: datetime) -> float:
 
 def _check_node_lost(requeue: JobEvent, done: Job) -> None:
     """The requeue was a `node_lost` failure, counted against that class; `done`: the job once
-    the next attempt succeeded, which keeps the failure it recovered from (core.attempts)."""
+    the next attempt succeeded, which keeps the failure it recovered from
+    (core.attempts.lifecycle_apply)."""
     assert requeue.data["failure_class"] == "node_lost", requeue.data
     assert requeue.data["cause"] == "failure"
     assert (done.restarts_used, done.restarts_by_class) == (1, {"node_lost": 1})

@@ -11,9 +11,10 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from core import ingest, jobs
-from core.db import session_scope
-from core.models import Job, JobState
+from core.jobs import ingest
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import Job, JobState
 from tests.conftest import ProjectKey
 from torchyard.client import Client
 

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
-from core import ingest
-from core.db import session_scope
-from core.downsample import min_max
-from core.models import MetricPoint
+from core.jobs import ingest
+from core.jobs.downsample import min_max
+from core.platform.db import session_scope
+from core.platform.models import MetricPoint
 from tests.conftest import ProjectKey
 
 N = 20_000

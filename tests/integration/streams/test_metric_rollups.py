@@ -13,9 +13,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from core import ingest, queries
-from core.db import alembic_config, make_engine, session_scope
-from core.downsample import LEVEL_SHIFTS, grid, min_max, num_buckets
+from core.jobs import ingest
+from core.jobs import reports as queries
+from core.jobs.downsample import LEVEL_SHIFTS, grid, min_max, num_buckets
+from core.platform.db import alembic_config, make_engine, session_scope
 from tests.conftest import PG_ADMIN_URL, ProjectKey
 
 Block = tuple[int, float, int, float]  # min_step, min_value, max_step, max_value

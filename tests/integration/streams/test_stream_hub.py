@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import Engine
 
 from api.streams import StreamHub
-from core import ingest
-from core.db import session_factory, session_scope
-from core.server_paths import ServerPaths
+from core.jobs import ingest
+from core.platform.db import session_factory, session_scope
+from core.platform.server_paths import ServerPaths
 
 
 def test_many_watchers_of_a_job_share_one_feed_and_all_get_each_line(

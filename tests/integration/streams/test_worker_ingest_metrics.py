@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.db import session_factory
-from core.models import MetricPoint
+from core.jobs import service as jobs
+from core.platform.db import session_factory
+from core.platform.models import MetricPoint
 from tests.integration.conftest import free_port
 from workers import observability
 from workers.ingest import RunIngest

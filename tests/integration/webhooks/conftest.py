@@ -13,11 +13,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core import jobs, webhook_delivery
-from core.db import session_factory
-from core.models import utcnow
-from core.server_paths import ServerPaths
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.db import session_factory
+from core.platform.models import utcnow
+from core.platform.server_paths import ServerPaths
+from core.platform.settings import Settings
+from core.webhooks import delivery as webhook_delivery
 from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
 

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error
 from tests.integration.webhooks.conftest import LOOPBACK, subscribe

@@ -11,10 +11,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core import exports, jobs, webhook_delivery
-from core.db import session_scope
-from core.models import CheckpointExport, JobState, WebhookDelivery, WebhookEvent
-from core.settings import Settings
+from core.jobs import exports
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import CheckpointExport, JobState, WebhookDelivery, WebhookEvent
+from core.platform.settings import Settings
+from core.webhooks import delivery as webhook_delivery
 from tests.conftest import ProjectKey
 from tests.integration.webhooks.conftest import Clock, new_job, subscribe
 from tests.integration.webhooks.receiver import Receiver

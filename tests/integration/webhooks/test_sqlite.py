@@ -5,10 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from core import alerts, auth, jobs, webhook_delivery, webhooks
-from core.db import make_engine, session_factory, session_scope, upgrade
-from core.models import utcnow
-from core.server_paths import ServerPaths
+from core.access import auth
+from core.jobs import alerts
+from core.jobs import service as jobs
+from core.platform.db import make_engine, session_factory, session_scope, upgrade
+from core.platform.models import utcnow
+from core.platform.server_paths import ServerPaths
+from core.webhooks import delivery as webhook_delivery
+from core.webhooks import subscriptions as webhooks
 from jobspec.job import parse_job_spec
 from tests.integration.webhooks.conftest import LOOPBACK
 from tests.integration.webhooks.receiver import Receiver

@@ -1,4 +1,4 @@
-"""Code archives for entrypoint jobs in worker tests, kept through `core.code_archives.create`
+"""Code archives for entrypoint jobs in worker tests, kept through `core.jobs.code_archives.create`
 (the upload route's service) rather than HTTP."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import tarfile
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import code_archives
-from core.settings import Settings
+from core.jobs import code_archives
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 
 
 def store_archive(
     engine: Engine, settings: Settings, project: ProjectKey, files: dict[str, str]
 ) -> str:
-    """A `.tar.gz` of `files` kept as a code archive of `project` (`core.code_archives.create`,
+    """A `.tar.gz` of `files` kept as a code archive of `project` (`core.jobs.code_archives.create`,
     as `POST /v1/code` does); returns its id."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:

@@ -15,8 +15,9 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import datasets, jobs
-from core.settings import Settings
+from core.datasets import service as datasets
+from core.jobs import service as jobs
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,

@@ -26,11 +26,11 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.models import Job, JobEvent, JobNode, LogLine, MetricPoint
-from core.queue import RUN_JOB_TASK
-from core.settings import Settings
-from core.storage import job_checkpoint_uri
+from core.jobs import service as jobs
+from core.platform.models import Job, JobEvent, JobNode, LogLine, MetricPoint
+from core.platform.queue import RUN_JOB_TASK
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri
 from jobspec.job import JobSpec
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.faults.inject import crash_ranks

@@ -15,8 +15,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core import jobs
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
-from core.settings import Settings
-from core.storage import job_run_dir
+from core.platform.settings import Settings
+from core.platform.storage import job_run_dir
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     create_job,

@@ -21,10 +21,10 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.models import JobNode
-from core.models import Worker as WorkerRow
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.models import JobNode
+from core.platform.models import Worker as WorkerRow
+from core.platform.settings import Settings
 from jobspec.job import JobSpec, ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import store_archive

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     Worker,

@@ -2,7 +2,7 @@
 into the run dir, the command under torchrun with an allow-listed environment, a script's own
 non-zero exit and a failed `requirements` install as `user_error`, not retried.
 
-Archives are kept through `core.code_archives.create` (the upload route's service), not HTTP.
+Archives are kept through `core.jobs.code_archives.create` (the upload route's service), not HTTP.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.models import Checkpoint
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.models import Checkpoint
+from core.platform.settings import Settings
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import store_archive

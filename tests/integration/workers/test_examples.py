@@ -19,7 +19,7 @@ import yaml
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.settings import Settings
+from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey
 from tests.integration.workers.helpers import (
     Worker,

@@ -25,12 +25,12 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from typer.testing import CliRunner, Result
 
 from api.main import create_app
-from core import ingest
-from core.db import session_scope
-from core.models import WebhookEvent
-from core.openai_results import RESULT_PREFIX
-from core.openai_view import BASE_LABEL, JOB_PREFIX, model_name
-from core.settings import Settings
+from core.jobs import ingest
+from core.openai.results import RESULT_PREFIX
+from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
+from core.platform.db import session_scope
+from core.platform.models import WebhookEvent
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.workers.helpers import (

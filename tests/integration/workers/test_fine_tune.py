@@ -10,8 +10,9 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import init_from, jobs
-from core.models import Checkpoint
+from core.jobs import init_from
+from core.jobs import service as jobs
+from core.platform.models import Checkpoint
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

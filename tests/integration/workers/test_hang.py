@@ -17,8 +17,8 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.db import session_factory
-from core.settings import Settings
+from core.platform.db import session_factory
+from core.platform.settings import Settings
 from jobspec.job import LimitsSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (

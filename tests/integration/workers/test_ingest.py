@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.db import session_factory
-from core.models import JobState
+from core.jobs import service as jobs
+from core.platform.db import session_factory
+from core.platform.models import JobState
 from tests.integration.workers.helpers import (
     job_events,
     job_row,

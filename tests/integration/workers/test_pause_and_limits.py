@@ -9,7 +9,7 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core.jobs import service as jobs
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

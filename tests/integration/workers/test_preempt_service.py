@@ -1,6 +1,6 @@
-"""Priority preemption's service (core.preempt) on a real Postgres: which pools it looks at,
-the victim it marks, the queue reason of the job it is for, the requeue at the attempt's end,
-and a pause or cancel that overrides it. The run with a real worker and torchrun is
+"""Priority preemption's service (core.scheduling.preemption_apply) on a real Postgres: which pools
+it looks at, the victim it marks, the queue reason of the job it is for, the requeue at the
+attempt's end, and a pause or cancel that overrides it. The run with a real worker and torchrun is
 test_preemption.py."""
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from core import attempts, jobs, preempt, queue_view, quotas, webhooks
-from core.db import session_scope
-from core.lifecycle import NodeEnd, Stop, decide
-from core.models import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
-from core.settings import Settings
+from core.attempts import lifecycle_apply as attempts
+from core.attempts.lifecycle_policy import NodeEnd, Stop, decide
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
+from core.platform.settings import Settings
+from core.scheduling import preemption_apply as preempt
+from core.scheduling import queue_view, quotas
+from core.webhooks import subscriptions as webhooks
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import tiny_spec, unique_queue
 

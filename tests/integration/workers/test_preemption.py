@@ -11,10 +11,10 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import queue_view
-from core.db import session_factory
-from core.models import Job
-from core.settings import Settings
+from core.platform.db import session_factory
+from core.platform.models import Job
+from core.platform.settings import Settings
+from core.scheduling import queue_view
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

@@ -11,9 +11,10 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core import datasets, quotas
-from core.models import JobNode
-from core.settings import Settings
+from core.datasets import service as datasets
+from core.platform.models import JobNode
+from core.platform.settings import Settings
+from core.scheduling import quotas
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.helpers import (
     create_job,

@@ -1,5 +1,5 @@
-"""Quotas and fair share inside the claim (core.scheduling), and why a job waits
-(core.queue_view), on a real Postgres."""
+"""Quotas and fair share inside the claim (core.scheduling.claim), and why a job waits
+(core.scheduling.queue_view), on a real Postgres."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from typing import Any
 from sqlalchemy import Engine, text, update
 from sqlalchemy.orm import Session
 
-from core import gang, jobs, queue_view, quotas, scheduling
-from core.db import session_scope
-from core.models import Job, JobNode, JobState, Worker, utcnow
+from core.attempts import gang
+from core.jobs import service as jobs
+from core.platform.db import session_scope
+from core.platform.models import Job, JobNode, JobState, Worker, utcnow
+from core.scheduling import claim as scheduling
+from core.scheduling import queue_view, quotas
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.helpers import tiny_spec, unique_queue
 

@@ -14,10 +14,11 @@ from celery import Celery
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
-from core import gang, jobs
-from core.db import session_factory
-from core.models import Job, JobNode, JobState, utcnow
-from core.settings import Settings
+from core.attempts import gang
+from core.jobs import service as jobs
+from core.platform.db import session_factory
+from core.platform.models import Job, JobNode, JobState, utcnow
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     UNTIL_STOPPED,

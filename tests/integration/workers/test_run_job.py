@@ -11,9 +11,9 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.settings import Settings
-from core.storage import job_checkpoint_uri
+from core.jobs import service as jobs
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

@@ -7,9 +7,11 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import auth, jobs, scheduling
-from core.db import make_engine, session_scope, upgrade
-from core.models import Job
+from core.access import auth
+from core.jobs import service as jobs
+from core.platform.db import make_engine, session_scope, upgrade
+from core.platform.models import Job
+from core.scheduling import claim as scheduling
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import tiny_spec, unique_queue
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core import ingest, jobs, queries
+from core.jobs import ingest
+from core.jobs import reports as queries
+from core.jobs import service as jobs
 from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
 from workers.checkpoints import ASIDE, set_aside_unrecorded

@@ -11,9 +11,9 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core import jobs
-from core.models import JobState
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.models import JobState
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     UNTIL_STOPPED,

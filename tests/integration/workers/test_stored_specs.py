@@ -19,9 +19,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core import jobs
-from core.db import session_factory
-from core.settings import Settings
+from core.jobs import service as jobs
+from core.platform.db import session_factory
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     create_job,

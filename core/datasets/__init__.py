@@ -1,0 +1,2 @@
+"""Datasets: registration and upload, validation per format (streamed), statistics, the mask
+preview."""

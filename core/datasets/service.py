@@ -1,0 +1,186 @@
+"""Datasets: registered server-side paths or uploaded files, with size, sha256, format and stats
+recorded (records are checked by core/datasets/formats.py before any row is written)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from core.access.auth import new_id
+from core.datasets import formats as dataset_formats
+from core.datasets.stats import DatasetStats
+from core.platform.errors import Conflict, InvalidInput, NotFound
+from core.platform.models import Dataset, utcnow
+from core.platform.settings import Settings
+from core.platform.storage import allowed_data_roots, resolve_under
+
+_CHUNK = 1 << 20
+# Not part of a corpus: byte-code caches, VCS data, and the third-party packages that live
+# inside the standard library directory of an installed Python.
+SKIP_DIRS = frozenset({"__pycache__", ".git", "site-packages", "dist-packages"})
+
+
+def digest_path(path: Path) -> tuple[int, str, int]:
+    """(size_bytes, sha256 hex, num_files) of a file or a directory tree.
+
+    A directory's digest hashes each file's relative path and content digest, in sorted order,
+    so it changes when any file is added, removed, renamed or edited.
+    """
+    if path.is_file():
+        size, digest = _file_digest(path)
+        return size, digest, 1
+    files = sorted(
+        p for p in path.rglob("*") if p.is_file() and not SKIP_DIRS.intersection(p.parts)
+    )
+    tree = hashlib.sha256()
+    total = 0
+    for file in files:
+        size, digest = _file_digest(file)
+        total += size
+        tree.update(f"{file.relative_to(path).as_posix()}\0{digest}\n".encode())
+    return total, tree.hexdigest(), len(files)
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    h, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def register(
+    *,
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    name: str,
+    uri: str,
+    format: str | None = None,
+    token_dtype: str | None = None,
+) -> Dataset:
+    """Register a server-side file or directory under an allowed root. Commits.
+
+    A file is checked record by record as `format` (None: detected; a `text` file must be
+    UTF-8 text without NUL bytes); a directory is `text`, its files chosen per job by the spec's
+    `data.include` / `exclude` (so a directory may hold other files: the quickstart registers the
+    standard library's directory, static archives and icons included).
+    Raises Forbidden (escapes the roots), InvalidInput (missing, empty, a record format on a
+    directory, or invalid records: line/row and field path per detail), Conflict (name taken).
+    """
+    path = resolve_under(uri, allowed_data_roots(settings))
+    if not path.exists():
+        raise InvalidInput(
+            f"{uri!r} does not exist on the server",
+            details=[{"loc": ["body", "uri"], "msg": "does not exist", "type": "value_error"}],
+        )
+    size, sha256, num_files = digest_path(path)
+    if size == 0:
+        raise InvalidInput(
+            f"{uri!r} is empty",
+            details=[{"loc": ["body", "uri"], "msg": "no data", "type": "value_error"}],
+        )
+    checked = dataset_formats.Checked("text", None)
+    if path.is_file():
+        checked = check(
+            settings=settings,
+            uri=str(path),
+            format=format,
+            token_dtype=token_dtype,
+            where=("body", "uri"),
+        )
+    elif format not in (None, "text"):
+        raise InvalidInput(
+            f"format: a {format} dataset is one file; {uri!r} is a directory",
+            details=[{"loc": ["body", "format"], "msg": "needs a file", "type": "value_error"}],
+        )
+    return create(
+        session=session,
+        project_id=project_id,
+        name=name,
+        uri=str(path),
+        size_bytes=size,
+        sha256=sha256,
+        num_files=num_files,
+        format=checked.format,
+        stats=checked.stats,
+    )
+
+
+def check(
+    *,
+    settings: Settings,
+    uri: str,
+    format: str | None,
+    token_dtype: str | None,
+    where: tuple[str, ...],
+) -> dataset_formats.Checked:
+    """Validate the file at `uri` (streamed) as `format`, or detect it. Raises InvalidInput
+    with the first 100 problems (line or row, field path) and their total in the message."""
+    return dataset_formats.check(
+        uri,
+        declared=format,
+        token_dtype=token_dtype,
+        max_record_bytes=settings.max_record_bytes,
+        where=where,
+    )
+
+
+def create(
+    *,
+    session: Session,
+    project_id: str,
+    name: str,
+    uri: str,
+    size_bytes: int,
+    sha256: str,
+    num_files: int,
+    format: str = "text",
+    stats: DatasetStats | None = None,
+    dataset_id: str | None = None,
+) -> Dataset:
+    """Insert a dataset row. Commits; raises Conflict when the project has the name already."""
+    dataset = Dataset(
+        id=dataset_id or new_id("ds"),
+        project_id=project_id,
+        name=name,
+        uri=uri,
+        size_bytes=size_bytes,
+        sha256=sha256,
+        num_files=num_files,
+        format=format,
+        stats=stats.model_dump(mode="json") if stats is not None else None,
+        created_at=utcnow(),
+    )
+    session.add(dataset)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(
+            f"dataset {name!r} exists in this project",
+            details=[{"loc": ["body", "name"], "msg": "name taken", "type": "conflict"}],
+        ) from None
+    return dataset
+
+
+def get(*, session: Session, dataset_id: str, project_id: str) -> Dataset | None:
+    dataset = session.get(Dataset, dataset_id)
+    return dataset if dataset is not None and dataset.project_id == project_id else None
+
+
+def get_or_raise(*, session: Session, dataset_id: str, project_id: str) -> Dataset:
+    dataset = get(session=session, dataset_id=dataset_id, project_id=project_id)
+    if dataset is None:
+        raise NotFound(f"dataset {dataset_id} not found")
+    return dataset
+
+
+def list_all(*, session: Session, project_id: str) -> list[Dataset]:
+    query = select(Dataset).where(Dataset.project_id == project_id).order_by(Dataset.created_at)
+    return list(session.execute(query).scalars())

@@ -1,0 +1,2 @@
+"""Jobs: the state machine and services, listing, what a run reports (ingest, reads, downsampling,
+rollups), progress, alerts, `init_from`, exports, code archives, the YAML spec reader."""

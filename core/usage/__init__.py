@@ -1,0 +1,1 @@
+"""What jobs used (slot-seconds and CPU-seconds per node and attempt) and the reports over it."""

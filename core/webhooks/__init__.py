@@ -1,0 +1,1 @@
+"""Webhook subscriptions, the outbox, its delivery and the SSRF checks on destinations."""
