@@ -1,12 +1,12 @@
 """The training loop: steps with gradient accumulation, metrics, eval, checkpoints, stopping.
 
 The data are `trainer.data.rows.Rows` (train and eval); the sampler says which rows each rank
-takes. One optimizer step: `grad_accum_steps` micro-batches, forward under autocast, the
-summed token loss scaled by dp_size / N (N: supervised positions of the whole global batch,
-`trainer.data.batches`), backward under DDP's `no_sync()` (FSDP2: gradient sync off) on all but
-the last micro-step (one gradient reduction per step); fp16 adds `torch.amp.GradScaler`. A
-pipeline instead runs its schedule once per micro-step (`PipelineRunner.step`). Then clip
-(a mesh-aware global norm under fsdp/tensor/pipeline), step, schedule.
+takes. One optimizer step: the run's method (`trainer.methods.base.Method`: next-token
+prediction or DPO) runs the forward and backward of this rank's `grad_accum_steps`
+micro-batches, with one gradient reduction per step; then clip (a mesh-aware global norm under
+fsdp/tensor/pipeline), step (through `torch.amp.GradScaler` under fp16), schedule. The method
+also says what a log step adds to the metrics and what an evaluation reports; the loop has no
+branch on which method runs.
 
 At every step boundary the ranks all-reduce one tiny tensor `[loss x share, stop]`: the loss
 becomes the token mean over the step's global batch (`Run.loss_share`), and a SIGTERM seen
@@ -16,17 +16,16 @@ non-finite loss or gradient norm raises `NonFiniteError` on every rank alike.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import resource
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -36,19 +35,20 @@ from dataformat.errors import NonFiniteError
 from jobspec.job import JobSpec
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.state import TrainState
-from trainer.data.batches import forward, lm_loss, next_step_batches
 from trainer.data.byte_tokenizer import decode, encode
 from trainer.data.rows import Rows
 from trainer.data.sampler import GlobalBatchSampler
-from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum, no_sync
+from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum
 from trainer.events import Reporter
-from trainer.methods.dpo_train import DPOMethod, pair_batches
 from trainer.models.gpt import VOCAB_SIZE, generate, shape_of
 from trainer.models.network import Network
 from trainer.optim import clip_gradients
-from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm, set_gradient_sync
+from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.profiling import StepProfiler
+
+if TYPE_CHECKING:
+    from trainer.methods.base import Method
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Run:
     model: nn.Module  # GPT or HFCausalLM (FSDP/TP-sharded or pipeline-pruned): eval, sampling
     parallel_model: nn.Module  # what a training forward calls: DDP(model) or model
     dims: ParallelDims
+    method: Method  # what a step's micro-batches compute, its metrics and evaluation
     pipeline: PipelineRunner | None  # strategy pipeline: runs forward/backward
     num_params: int  # of the whole model
     optimizer: torch.optim.Optimizer
@@ -93,10 +94,6 @@ class Run:
     # Called in order after the final eval and checkpoint of a completed run; each returns
     # fields added to the `completed` status data (e.g. QAT's converted eval loss).
     end_hooks: list[Callable[[Run], dict[str, Any]]] = field(default_factory=list)
-    # method.kind dpo: the method, and the rejected rows aligned with train_rows / eval_rows
-    # (which then hold the chosen answers): (train, eval)
-    dpo: DPOMethod | None = None
-    rejected_rows: tuple[Rows, Rows] | None = None
     # DDP on CPU: times each step's compute up to this rank's last gradient (stragglers)
     compute_timer: ComputeTimer | None = None
     profiler: StepProfiler | None = None  # train.profile: stepped after every optimizer step
@@ -116,17 +113,6 @@ class Run:
         return self.sampler.global_batch_size * self.spec.model.seq_len
 
 
-@contextlib.contextmanager
-def autocast(device: torch.device, precision: str) -> Iterator[None]:
-    """`torch.autocast` to bf16/fp16 on `device` for `precision`; nothing for fp32."""
-    if precision == "fp32":
-        yield
-        return
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    with torch.autocast(device_type=device.type, dtype=dtype):
-        yield
-
-
 def train_step(run: Run) -> tuple[Tensor, float, float]:
     """One optimizer step on this rank's share of the next global batch.
 
@@ -136,7 +122,7 @@ def train_step(run: Run) -> tuple[Tensor, float, float]:
     skips that step and lowers its scale.
     """
     lr = float(run.optimizer.param_groups[0]["lr"])
-    loss_sum = _lm_accumulate(run) if run.dpo is None else _dpo_accumulate(run, run.dpo)
+    loss_sum = run.method.accumulate(run)
     if run.scaler:
         run.scaler.unscale_(run.optimizer)
     grad_norm = _clip(run)
@@ -150,49 +136,6 @@ def train_step(run: Run) -> tuple[Tensor, float, float]:
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     return loss_sum, grad_norm, lr
-
-
-def _lm_accumulate(run: Run) -> Tensor:
-    """Forward/backward of this rank's micro-batches: token sums x dp_size / N; returns
-    this rank's token sum / N."""
-    spec, device, rows = run.spec, run.dist.device, run.train_rows
-    step = next_step_batches(run.sampler, rows)
-    count = step.num_supervised
-    loss_sum = torch.zeros((), device=device)
-    for m, indices in enumerate(step.micro_batches):
-        batch = rows.batch(indices, device)
-        last = m == len(step.micro_batches) - 1
-        if run.pipeline is not None:
-            with autocast(device, spec.train.precision):
-                loss_sum += run.pipeline.step(batch, count, plain=rows.plain).to(device)
-            continue
-        set_gradient_sync(run.model, last)
-        with no_sync(run.parallel_model, skip_sync=not last):
-            with autocast(device, spec.train.precision):
-                logits = forward(run.parallel_model, batch, plain=rows.plain)
-                token_sum = lm_loss(logits, batch.labels, reduction="sum")
-            # dp ranks' gradients are averaged by DDP/FSDP: x dp_size makes it a sum / N
-            loss = token_sum * (run.dims.dp_size / count)
-            (run.scaler.scale(loss) if run.scaler else loss).backward()
-        loss_sum += token_sum.detach() / count
-    return loss_sum
-
-
-def _dpo_accumulate(run: Run, dpo: DPOMethod) -> Tensor:
-    """`method.kind: dpo`: the step's pairs (chosen: `train_rows`, rejected: the aligned
-    rows), normalised by the global batch's pairs (`trainer.methods.dpo_train`)."""
-    assert run.rejected_rows is not None
-    global_batch = run.sampler.next_global_batch()
-    micro_batches = run.sampler.split(global_batch)
-    pairs = pair_batches(run.train_rows, run.rejected_rows[0], micro_batches, run.dist.device)
-    return dpo.accumulate(
-        list(pairs),
-        model=run.model,
-        train_model=run.parallel_model,
-        global_pairs=len(global_batch),
-        dp_size=run.dims.dp_size,
-        scaler=run.scaler,
-    )
 
 
 def _clip(run: Run) -> float:
@@ -213,35 +156,6 @@ def agree(run: Run, local_loss: Tensor) -> tuple[float, bool]:
     share = local_loss.float() * run.loss_share
     loss, stops = all_reduce_sum(torch.stack([share, stop]), run.dist).tolist()
     return loss, stops > 0
-
-
-@torch.no_grad()
-def evaluate(run: Run, model: nn.Module | None = None) -> float:
-    """Mean eval loss (nats per supervised token) over the eval rows of all data-parallel
-    ranks (a tensor-parallel group counts its batch once per rank in both sums; the ratio
-    holds).
-
-    `model`: evaluate this whole, unsharded copy on each rank instead of the run's model
-    (every rank still takes only its own eval batches; single/ddp/fsdp layouts only)."""
-    net = run.model if model is None else model
-    pipeline = run.pipeline if model is None else None
-    net.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=run.dist.device)
-    rows = run.eval_rows
-    for indices in run.eval_batches:
-        batch = rows.batch(indices, run.dist.device)
-        with autocast(run.dist.device, run.spec.train.precision):
-            if pipeline is not None:
-                loss_sum, count = pipeline.eval_loss_sum(batch, plain=rows.plain)
-                totals[0] += loss_sum
-                totals[1] += count
-                continue
-            logits = forward(net, batch, plain=rows.plain)
-        totals[0] += lm_loss(logits, batch.labels, reduction="sum").double()
-        totals[1] += rows.num_supervised(indices)
-    net.train()
-    loss_sum, count = all_reduce_sum(totals, run.dist).tolist()
-    return loss_sum / count
 
 
 def sample_text(run: Run) -> str:
@@ -370,8 +284,7 @@ def _report_train(
         "step_time_s": step_time,
         "epoch": run.sampler.epochs_done,
     }
-    if run.dpo is not None:  # a collective: every rank reports at the same steps
-        values.update(run.dpo.train_metrics(run.dist))
+    values.update(run.method.train_metrics(run))  # every rank reports at the same steps
     values.update(cuda_metrics(run, values["tokens_per_second"]))
     if run.dist.is_distributed:  # a collective: every rank reports at the same steps
         wall, compute = zip(*all_gather_floats([step_time, compute_time], run.dist), strict=True)
@@ -413,12 +326,7 @@ def cuda_metrics(run: Run, tokens_per_second: float) -> dict[str, float]:
 
 
 def report_eval(run: Run) -> float:
-    if run.dpo is not None:
-        assert run.rejected_rows is not None
-        pairs = pair_batches(run.eval_rows, run.rejected_rows[1], run.eval_batches, run.dist.device)
-        values = run.dpo.evaluate(run.model, pairs, run.dist)
-    else:
-        values = {"eval_loss": evaluate(run)}
+    values = run.method.evaluate(run)
     eval_loss = values["eval_loss"]
     if not math.isfinite(eval_loss):
         raise NonFiniteError(f"eval loss is {eval_loss} at step {run.state.step}")

@@ -37,14 +37,16 @@ from trainer.checkpoint.state import RNGState, TrainState
 from trainer.data.batches import lm_loss, resolve_max_steps
 from trainer.data.byte_tokenizer import is_uri
 from trainer.data.pairs import PreferenceRows
-from trainer.data.prep import PreparedRows, cache_root, prepare_rows, unigram_eval_loss
+from trainer.data.prep import PreparedRows, cache_root, prepare_rows
 from trainer.data.rows import Rows
 from trainer.data.sampler import GlobalBatchSampler, eval_batches
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
 from trainer.loop import Run, report_eval, train_loop
-from trainer.methods.dpo_train import build_dpo, check_pairs
-from trainer.models.hf import data_vocab_size, load_tokenizer
+from trainer.methods.base import Method
+from trainer.methods.dpo_train import build_dpo
+from trainer.methods.sft import SFT
+from trainer.models.hf import load_tokenizer
 from trainer.models.network import build_network, lora_settings, model_state
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims, parallelize, reporting_rank
@@ -227,11 +229,7 @@ def run_job(
                 "has no checkpoint of its own"
             )
         start_step = start_step or 0
-        unigram = (
-            None
-            if rejected_rows is not None
-            else unigram_eval_loss(train_rows, eval_rows, data_vocab_size(tokenizer))
-        )
+        unigram = run.method.baseline_eval_loss(run)
         num_params = run.num_params
         assert run.network is not None  # build_run always records how it built the model
         reporter.status(
@@ -332,15 +330,11 @@ def build_run(
         device=dist_info.device,
         loss=functools.partial(lm_loss, reduction="sum"),
     )
-    dpo = build_dpo(
-        spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh,
-        init_from=init_from,
-    )  # fmt: skip
-    if dpo is not None:
-        if rejected_rows is None:
-            raise InvalidJobError("method 'dpo' needs a preference dataset")
-        check_pairs(train_rows, rejected_rows[0])
-        check_pairs(eval_rows, rejected_rows[1])
+    # The method (`trainer.methods.base`): DPO over preference pairs, else next-token prediction
+    method: Method = build_dpo(
+        spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh, init_from=init_from,
+        rows=(train_rows, eval_rows), rejected=rejected_rows,
+    ) or SFT(vocab_size=network.vocab_size)  # fmt: skip
     dp_rank = dims.dp_rank(dist_info.rank)
     sampler = GlobalBatchSampler(
         num_chunks=len(train_rows),
@@ -413,6 +407,7 @@ def build_run(
         parallel_model=parts.train_model,
         compute_timer=parts.compute_timer,
         dims=dims,
+        method=method,
         pipeline=parts.pipeline,
         num_params=num_params,
         optimizer=optimizer,
@@ -428,8 +423,6 @@ def build_run(
         state=state,
         network=network,
         end_hooks=end_hooks,
-        dpo=dpo,
-        rejected_rows=rejected_rows,
     )
 
 

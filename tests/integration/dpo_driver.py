@@ -76,13 +76,15 @@ def train(spec: JobSpec, info: DistInfo, rows: Path) -> dict[str, Any]:
     )
 
     def evaluate() -> dict[str, float]:
-        return method.evaluate(parts.model, pair_batches(chosen, rejected, held, info.device), info)
+        return method.evaluate_pairs(
+            parts.model, pair_batches(chosen, rejected, held, info.device), info
+        )
 
     record: dict[str, Any] = {"eval_start": evaluate()}
     train = []
     for _ in range(spec.train.max_steps):
         pairs = list(pair_batches(chosen, rejected, sampler.next_step(), info.device))
-        share = method.accumulate(
+        share = method.accumulate_pairs(
             pairs,
             model=parts.model,
             train_model=parts.train_model,
@@ -94,7 +96,7 @@ def train(spec: JobSpec, info: DistInfo, rows: Path) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         # the ranks' shares add up to the step's mean loss (as the loop's `agree` sums them)
         step_loss = float(all_reduce_sum(share.reshape(1), info))
-        train.append({**method.train_metrics(info), "shares_sum": step_loss})
+        train.append({**method.step_metrics(info), "shares_sum": step_loss})
     record["train"] = train
     record["eval_end"] = evaluate()
     return record

@@ -43,7 +43,7 @@ from tests.conftest_trainer import (
 )
 from tests.conftest_trainer import train_losses as losses_of
 from tests.tolerances import reordered_sum_rel, tokens_per_step
-from trainer.loop import evaluate
+from trainer.methods.sft import evaluate
 from trainer.models.gpt import GPT, GPTConfig, build_model
 from trainer.models.hf import HFCausalLM
 

@@ -70,3 +70,11 @@ def test_the_project_has_no_import_circle() -> None:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_loop_imports_no_training_method() -> None:
+    """The loop runs whatever `trainer.methods.base.Method` the run holds (issue 25): it imports
+    no method module, so it cannot branch on DPO or SFT; `trainer.train` picks the method."""
+    graph = import_graph()
+    assert "trainer.methods.dpo_train" in graph["trainer.train"]  # the scan sees the builder's
+    assert not {m for m in graph["trainer.loop"] if m.startswith("trainer.methods")}

@@ -71,7 +71,7 @@ def _step(network: Network, method: DPOMethod, pairs: list[tuple[Batch, Batch]])
     """One optimizer step (AdamW, lr 1e-2) over `pairs`; the step's mean loss."""
     optimizer = build_optimizer(network.model, _spec().optim)
     n = sum(len(c.input_ids) for c, _ in pairs)
-    loss = method.accumulate(
+    loss = method.accumulate_pairs(
         pairs, model=network.model, train_model=network.model, global_pairs=n, dp_size=1
     )
     optimizer.step()
@@ -92,14 +92,14 @@ def test_at_init_the_policy_is_its_reference_the_loss_log_2_and_the_rewards_zero
     model: str, lora: bool, precision: str, rows: tuple[Rows, Rows]
 ) -> None:
     network, method = _build(_spec(model, lora, precision))
-    loss = method.accumulate(
+    loss = method.accumulate_pairs(
         [_pairs(rows, [0, 1, 2, 3])],
         model=network.model,
         train_model=network.model,
         global_pairs=4,
         dp_size=1,
     )
-    metrics = method.train_metrics(cpu_world_of_one())
+    metrics = method.step_metrics(cpu_world_of_one())
     assert float(loss) == LOG_2_FP32 and metrics["loss"] == LOG_2_FP32
     for name in ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy"):
         assert metrics[name] == 0.0, name
@@ -161,7 +161,7 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_mean_over_pairs(
         network, method = _build(_spec())
         _step(network, method, [_pairs(rows, [8, 9, 10, 11])])
         pairs = [_pairs(rows, ids) for ids in split]
-        method.accumulate(
+        method.accumulate_pairs(
             pairs, model=network.model, train_model=network.model, global_pairs=6, dp_size=1
         )
         grads.append(torch.cat([p.grad.flatten() for p in network.model.parameters()]))
@@ -172,14 +172,14 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_mean_over_pairs(
 def test_reference_free_dpo_scores_the_policy_alone(rows: tuple[Rows, Rows]) -> None:
     network, method = _build(_spec(reference="none"))
     assert method.reference is None
-    method.accumulate(
+    method.accumulate_pairs(
         [_pairs(rows, [0, 1])],
         model=network.model,
         train_model=network.model,
         global_pairs=2,
         dp_size=1,
     )
-    metrics = method.train_metrics(cpu_world_of_one())
+    metrics = method.step_metrics(cpu_world_of_one())
     assert metrics["rewards/chosen"] == pytest.approx(0.1 * metrics["logps/chosen"], rel=1e-6)
 
 
@@ -188,7 +188,9 @@ def test_evaluation_reports_eval_metrics_and_leaves_the_model_training(
 ) -> None:
     network, method = _build(_spec(loss_type="ipo"))
     batches = [np.array([0, 1]), np.array([2, 3])]
-    metrics = method.evaluate(network.model, pair_batches(*rows, batches, CPU), cpu_world_of_one())
+    metrics = method.evaluate_pairs(
+        network.model, pair_batches(*rows, batches, CPU), cpu_world_of_one()
+    )
     assert metrics["eval_loss"] == pytest.approx((1 / (2 * 0.1)) ** 2)  # IPO at h' = 0
     assert metrics["eval_rewards/accuracy"] == 0.0 and network.model.training
 

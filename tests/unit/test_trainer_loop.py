@@ -10,7 +10,8 @@ import torch
 from dataformat.errors import NonFiniteError
 from tests.conftest_trainer import build_local_run, tiny_spec
 from tests.tolerances import reordered_sum_rel, tokens_per_step
-from trainer.loop import Run, evaluate, train_step
+from trainer.loop import Run, train_step
+from trainer.methods.sft import evaluate
 from trainer.models.gpt import GPTConfig, build_model, generate
 
 CFG = GPTConfig(n_layers=2, n_heads=4, d_model=64, d_ff=256, seq_len=32)

@@ -32,8 +32,9 @@ from tests.conftest_trainer import (
     validation_spec,
 )
 from trainer.events import EventWriter
-from trainer.loop import evaluate, train_loop
+from trainer.loop import train_loop
 from trainer.methods import qat
+from trainer.methods.sft import evaluate
 
 REL_TOLERANCE = 13 * 256 * torch.finfo(torch.float32).eps / 2  # derived in the docstring
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,19 +35,16 @@ from dataformat.errors import InvalidJobError
 from jobspec.job import DPOSpec, JobSpec
 from trainer.data.rows import IGNORE_INDEX, Batch, Rows
 from trainer.distributed import DistInfo, no_sync
+from trainer.methods.base import autocast
 from trainer.methods.dpo import dpo_loss, mean_metrics, pair_statistics, sequence_logps
 from trainer.models.network import Network, build_network
 from trainer.parallel.parallelize import apply_fsdp, set_gradient_sync
 
+if TYPE_CHECKING:
+    from trainer.loop import Run
+
 _CHECK_ROWS = 8192
 Forward = Callable[[nn.Module, Batch], Tensor]  # (model, batch of B rows) -> logits (B, T, V)
-
-
-def autocast(device: torch.device, precision: str) -> torch.autocast:
-    """`torch.autocast` to bf16/fp16 for `precision` on `device`, disabled for fp32 (as
-    `trainer.loop.autocast`, which this module cannot import: the loop imports it)."""
-    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
 
 
 def logits_of(model: nn.Module, batch: Batch) -> Tensor:
@@ -126,16 +123,54 @@ def _dpo_spec(spec: JobSpec) -> DPOSpec:
 
 @dataclass
 class DPOMethod:
-    """DPO's part of a training step: what a step's micro-batches do instead of SFT's
-    cross-entropy, and its metrics (`trainer.methods.dpo.METRICS`)."""
+    """DPO as the loop's `trainer.methods.base.Method`: what a step's micro-batches do instead
+    of SFT's cross-entropy, its metrics (`trainer.methods.dpo.METRICS`) and evaluation over
+    held-out pairs. The run's `train_rows` / `eval_rows` hold the chosen answers; `rejected`
+    the rejected ones aligned with them, (train, eval)."""
 
     spec: DPOSpec
     reference: Reference | None  # None: reference-free (log pi_ref = 0)
     precision: str = "fp32"  # `train.precision`: autocast of both forwards
     forward: Forward = logits_of
+    rejected: tuple[Rows, Rows] | None = None  # needed by the `Method` calls only
     _sums: Tensor | None = field(default=None, repr=False)  # last step's pair_statistics
 
-    def accumulate(
+    def accumulate(self, run: Run) -> Tensor:
+        """`Method.accumulate`: the step's pairs (chosen: `run.train_rows`, rejected: the
+        aligned rows), normalised by the global batch's pairs (`accumulate_pairs`)."""
+        rejected = self._rejected()[0]
+        global_batch = run.sampler.next_global_batch()
+        micro_batches = run.sampler.split(global_batch)
+        pairs = pair_batches(run.train_rows, rejected, micro_batches, run.dist.device)
+        return self.accumulate_pairs(
+            list(pairs),
+            model=run.model,
+            train_model=run.parallel_model,
+            global_pairs=len(global_batch),
+            dp_size=run.dims.dp_size,
+            scaler=run.scaler,
+        )
+
+    def train_metrics(self, run: Run) -> dict[str, float]:
+        """`Method.train_metrics`: the last step's `METRICS` (a collective)."""
+        return self.step_metrics(run.dist)
+
+    def evaluate(self, run: Run) -> dict[str, float]:
+        """`Method.evaluate`: `METRICS` over the held-out pairs of every rank."""
+        rejected = self._rejected()[1]
+        pairs = pair_batches(run.eval_rows, rejected, run.eval_batches, run.dist.device)
+        return self.evaluate_pairs(run.model, pairs, run.dist)
+
+    def baseline_eval_loss(self, run: Run) -> float | None:
+        """None: a pair's loss has no model-free reference (log 2 is the reference's own)."""
+        return None
+
+    def _rejected(self) -> tuple[Rows, Rows]:
+        if self.rejected is None:
+            raise InvalidJobError("method 'dpo' needs a preference dataset")
+        return self.rejected
+
+    def accumulate_pairs(
         self,
         pairs: Sequence[tuple[Batch, Batch]],
         *,
@@ -203,14 +238,14 @@ class DPOMethod:
         )
         return losses, stats
 
-    def train_metrics(self, dist: DistInfo) -> dict[str, float]:
+    def step_metrics(self, dist: DistInfo) -> dict[str, float]:
         """All ranks (a collective): the last step's `METRICS`, means over its global batch."""
         if self._sums is None:
             raise RuntimeError("no DPO step has run yet")
         return mean_metrics(self._sums, dist)
 
     @torch.no_grad()
-    def evaluate(
+    def evaluate_pairs(
         self, model: nn.Module, pairs: Iterable[tuple[Batch, Batch]], dist: DistInfo
     ) -> dict[str, float]:
         """All ranks: `METRICS` over the held-out `pairs` of every rank, named `eval_loss`,
@@ -241,15 +276,26 @@ def build_dpo(
     dist_info: DistInfo,
     mesh: DeviceMesh | None,
     init_from: str | None = None,
+    rows: tuple[Rows, Rows] | None = None,
+    rejected: tuple[Rows, Rows] | None = None,
 ) -> DPOMethod | None:
     """The DPO method of a `method.kind: dpo` job (its reference built as `build_reference`
-    says, after `parallelize` gave the policy `model` and `mesh`); None for SFT."""
+    says, after `parallelize` gave the policy `model` and `mesh`); None for SFT. `rows`: the
+    chosen (train, eval) rows and `rejected` the rejected ones, checked pair by pair
+    (`check_pairs`) when given.
+
+    Raises `InvalidJobError` when `rows` are given without `rejected`, or `check_pairs` does."""
     if spec.method.kind != "dpo":
         return None
+    if rows is not None:
+        if rejected is None:
+            raise InvalidJobError("method 'dpo' needs a preference dataset")
+        check_pairs(rows[0], rejected[0])
+        check_pairs(rows[1], rejected[1])
     reference = build_reference(
         spec, network, model, dist_info=dist_info, mesh=mesh, init_from=init_from
     )
-    return DPOMethod(_dpo_spec(spec), reference, precision=spec.train.precision)
+    return DPOMethod(_dpo_spec(spec), reference, precision=spec.train.precision, rejected=rejected)
 
 
 def pair_batches(

@@ -87,7 +87,7 @@ def report_converted(run: Run) -> dict[str, Any]:
     Returns the `completed` status fields `eval_loss_qat_fake`, `eval_loss_qat_converted` and
     `qat_converted_uri`; also reports both losses as metrics at the final step.
     """
-    from trainer.loop import evaluate  # the loop imports no QAT code; import at call time
+    from trainer.methods.sft import evaluate  # QAT is imported for QAT runs only
 
     spec = run.spec
     assert spec.qat is not None
