@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +108,101 @@ def trainer_command(
     module = ["-m", "trainer"]
     if crash_after_step is not None:
         module = ["-m", "tests.crashing_trainer", "--crash-after-step", str(crash_after_step)]
+    return [*_launcher(nproc), *module, *args]
+
+
+def _launcher(nproc: int | None) -> list[str]:
+    """`torchrun` for `nproc` processes on this host, or the plain interpreter if None."""
     if nproc is None:
-        return [sys.executable, *module, *args]
+        return [sys.executable]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
     launcher += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
-    launcher += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    return [*launcher, *module, *args]
+    return [*launcher, "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+
+
+@dataclass
+class Scenario:
+    """One trainer run of a `run_scenarios` batch: `spec` in `workdir` (spec.json, run/,
+    ckpt/), `args` appended to the trainer's command line, `env` set for this run only,
+    `crash_after_step` N: every rank crashes right after step N (`SimulatedCrash`),
+    `copy_checkpoints_from`: a workdir whose ckpt/ is copied into this one's first, less the
+    names in `copy_ignore`."""
+
+    name: str
+    spec: JobSpec
+    workdir: Path
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    crash_after_step: int | None = None
+    copy_checkpoints_from: Path | None = None
+    copy_ignore: tuple[str, ...] = ()
+
+
+def run_scenarios(
+    scenarios: list[Scenario], *, nproc: int | None, plan_dir: Path
+) -> dict[str, dict[str, str]]:
+    """Run `scenarios` in order in one process group of `nproc` ranks under real torchrun
+    (`None`: one plain process), through `tests.support.rank_driver`; {name: {"outcome",
+    "message"}} (outcome `ok`, `crashed`, `exit N` or `error`). Fails the test when the driver
+    itself fails or leaves a scenario unrun."""
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for s in scenarios:
+        s.workdir.mkdir(parents=True, exist_ok=True)
+        s.spec.dump(s.workdir / "spec.json")
+        argv = ["--spec", str(s.workdir / "spec.json"), "--run-dir", str(s.workdir / "run")]
+        argv += ["--checkpoint-dir", str(s.workdir / "ckpt"), *s.args]
+        copy = None
+        if s.copy_checkpoints_from is not None:
+            copy = [str(s.copy_checkpoints_from / "ckpt"), str(s.workdir / "ckpt"), *s.copy_ignore]
+        entries.append(
+            {"name": s.name, "argv": argv, "env": s.env, "crash_after_step": s.crash_after_step,
+             "copy": copy}
+        )  # fmt: skip
+    results_path = plan_dir / "results.json"
+    plan = plan_dir / "plan.json"
+    plan.write_text(json.dumps({"results": str(results_path), "scenarios": entries}))
+    cmd = [*_launcher(nproc), "-m", "tests.support.rank_driver", "--plan", str(plan)]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S * len(scenarios),
+        check=False,
+    )
+    assert proc.returncode == 0 and results_path.exists(), explain(proc)
+    results: dict[str, dict[str, str]] = json.loads(results_path.read_text())
+    assert list(results) == [s.name for s in scenarios], explain(proc)
+    return results
+
+
+def crash_and_resume(
+    name: str, spec: JobSpec, workdir: Path, fail_at: int, args: tuple[str, ...] = ()
+) -> list[Scenario]:
+    """Scenarios `name/crash` (crashes right after step `fail_at`) and `name/resume` (the
+    next attempt, `TORCHYARD_ATTEMPT=1`, resumed from the newest checkpoint), in `workdir`."""
+    return [
+        Scenario(f"{name}/crash", spec, workdir, args, crash_after_step=fail_at),
+        Scenario(f"{name}/resume", spec, workdir, args, env={"TORCHYARD_ATTEMPT": "1"}),
+    ]
+
+
+def run_plans(plans: list[tuple[int | None, list[Scenario]]], plan_root: Path) -> dict[str, Path]:
+    """Run each (nproc, scenarios) plan in order (`run_scenarios`), check each scenario ended
+    as its name says (`x/crash` crashed, every other one completed) and return {run: workdir},
+    where a crash and its resume are one run `x`."""
+    workdirs: dict[str, Path] = {}
+    for i, (nproc, scenarios) in enumerate(plans):
+        results = run_scenarios(scenarios, nproc=nproc, plan_dir=plan_root / f"plan_{i}")
+        for scenario in scenarios:
+            run, _, attempt = scenario.name.partition("/")
+            outcome = results[scenario.name]["outcome"]
+            want = "crashed" if attempt == "crash" else "ok"
+            assert outcome == want, f"{scenario.name}: {results[scenario.name]}"
+            workdirs[run if attempt in ("crash", "resume") else scenario.name] = scenario.workdir
+    return workdirs
 
 
 def start_trainer(cmd: list[str]) -> subprocess.Popen[str]:

@@ -2,8 +2,8 @@
 
 - LoRA on the built-in GPT under `ddp` and `fsdp` (2 ranks; fsdp also accumulates) against
   one uninterrupted single-process LoRA run with the same seed and global batch (16
-  sequences): each crashes after step 4 (`tests.crashing_trainer`, checkpoint at step 3) and
-  resumes from the adapter-only checkpoint; both attempts' losses must match the reference.
+  sequences): each crashes after step 4 (checkpoint at step 3) and resumes from the
+  adapter-only checkpoint; both attempts' losses must match the reference.
 - The reference run's exports: the merged safetensors and the PEFT adapter reloaded on the
   seeded base give the run's final eval loss, and the same logits.
 - QLoRA (NF4, double quant, fp32 compute) single: the loss falls and the merged export (4-bit
@@ -12,6 +12,8 @@
   with its own tokenizer trains LoRA under fsdp (with activation checkpointing) like
   single-process, and its merged export (`save_pretrained`) gives the final eval loss.
 - A LoRA checkpoint saved by 2 fsdp ranks loads in one process (DCP reshards the adapters).
+
+The runs of one world size share one process group (`tests.support.rank_driver`).
 
 Tolerance, as in test_trainer_parallel.py: the same fp32 mathematics summed in other orders
 (DDP's all-reduce, FSDP's reduce-scatter, accumulation): (n - 1) eps relative for a mean of n
@@ -22,8 +24,6 @@ more in fp32 (eps / 2 per weight, less than a reordered sum moves a dot product)
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ from safetensors.torch import load_file
 from jobspec.job import JobSpec
 from tests.conftest_trainer import (
     TINY_LLAMA,
+    Scenario,
     build_local_run,
-    explain,
+    crash_and_resume,
     read_events,
-    run_trainer,
+    run_plans,
     statuses,
     tiny_spec,
 )
@@ -87,24 +88,10 @@ def ft_spec(
     return tiny_spec(corpus_dir, **{k: v for k, v in sections.items() if v is not None})
 
 
-def _run_ok(spec: JobSpec, workdir: Path, nproc: int | None) -> list[dict]:
-    proc = run_trainer(spec, workdir, nproc=nproc)
-    assert proc.returncode == 0, explain(proc)
-    return read_events(workdir / "run")
-
-
 def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list[int]) -> None:
     assert sorted(got) == steps
     for step in steps:
         assert got[step] == pytest.approx(expected[step], rel=REL_TOLERANCE), step
-
-
-def _crash_and_resume(spec: JobSpec, workdir: Path, nproc: int) -> None:
-    """Run `spec` in `workdir`, crashing after step FAIL_AT, then resume it to the end."""
-    crashed = run_trainer(spec, workdir, nproc=nproc, crash_after_step=FAIL_AT)
-    assert crashed.returncode == 1, explain(crashed)
-    resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
-    assert resumed.returncode == 0, explain(resumed)
 
 
 def _assert_follows(workdir: Path, expected: list[dict]) -> None:
@@ -137,39 +124,57 @@ def _eval_loss_of(model: torch.nn.Module, spec: JobSpec, scratch: Path) -> float
     return evaluate(run)
 
 
-@pytest.fixture(scope="module")
-def lora_reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process, LoRA on the tiny GPT, uninterrupted: its workdir."""
-    workdir = tmp_path_factory.mktemp("lora_single")
-    _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}), workdir, None)
-    return workdir
+GPT2_DIR = "gpt2"
+
+
+def _hf_gpt2(root: Path) -> dict[str, Any]:
+    return {"kind": "hf", "hf": {"path_or_id": str(root / GPT2_DIR)}}
 
 
 @pytest.fixture(scope="module")
-def lora_run(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """method -> the workdir of its LoRA run, crashed after step FAIL_AT and resumed.
-
-    Each method runs once per module, for whichever test asks first, in any order: its
-    equivalence test checks it, the reshard test reuses the fsdp run's final checkpoint."""
-    done: dict[str, Path] = {}
-
-    def get(method: str) -> Path:
-        if method not in done:
-            nproc, parallelism, mbs, accum = METHODS[method]
-            workdir = tmp_path_factory.mktemp(f"lora_{method}")
-            _crash_and_resume(ft_spec(corpus_dir, nproc, parallelism, mbs, accum), workdir, nproc)
-            done[method] = workdir
-        return done[method]
-
-    return get
+def runs(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every trainer run of the module, one process group per world size
+    (`tests.support.rank_driver`); {run: its workdir}. A crash and its resume are one run."""
+    root = tmp_path_factory.mktemp("runs")
+    _gpt2_with_tokenizer(corpus_dir, root / GPT2_DIR)
+    single = {"strategy": "single"}
+    two: list[Scenario] = []
+    for method, (nproc, parallelism, mbs, accum) in METHODS.items():
+        spec = ft_spec(corpus_dir, nproc, parallelism, mbs, accum)
+        two += crash_and_resume(f"lora_{method}", spec, root / f"lora_{method}", FAIL_AT)
+    qlora_ddp = ft_spec(corpus_dir, 2, {"strategy": "ddp"}, 8, qlora=QLORA)
+    two += crash_and_resume("qlora_ddp", qlora_ddp, root / "qlora_ddp", FAIL_AT)
+    gpt2_fsdp = ft_spec(corpus_dir, 2, {"strategy": "fsdp"}, 4, 2, model=_hf_gpt2(root))
+    gpt2_fsdp.train.activation_checkpointing = True  # checkpoint_wrapper on each GPT2Block
+    two.append(Scenario("gpt2_fsdp", gpt2_fsdp, root / "gpt2_fsdp"))
+    llama = {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}
+    init = ("--init-from", str(root / "pre" / "ckpt" / f"step_{MAX_STEPS:08d}"))
+    fine_tune = ft_spec(corpus_dir, 1, single, model={"init_from": {"job": 1}})
+    one = [
+        Scenario("lora_single", ft_spec(corpus_dir, 1, single), root / "lora_single"),
+        Scenario("lora_reshard", ft_spec(corpus_dir, 1, single), root / "lora_reshard",
+                 copy_checkpoints_from=root / "lora_fsdp", copy_ignore=("lora",)),
+        Scenario("qlora_single", ft_spec(corpus_dir, 1, single, qlora=QLORA),
+                 root / "qlora_single"),
+        Scenario("llama_full", ft_spec(corpus_dir, 1, single, model=llama, lora=None),
+                 root / "llama_full"),
+        Scenario("gpt2_single", ft_spec(corpus_dir, 1, single, model=_hf_gpt2(root)),
+                 root / "gpt2_single"),
+        Scenario("pre", ft_spec(corpus_dir, 1, single, lora=None), root / "pre"),
+        Scenario("lora_init", fine_tune, root / "lora_init", init),
+        *crash_and_resume("lora_init_crashed", fine_tune, root / "lora_init_crashed", FAIL_AT,
+                          init),
+    ]  # fmt: skip
+    # 2 ranks first: the single-process reshard reads the fsdp run's checkpoint
+    return run_plans([(2, two), (None, one)], root)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_lora_matches_single_process_and_resumes_from_an_adapter_checkpoint(
-    method: str, lora_reference: Path, lora_run: Callable[[str], Path]
+    method: str, runs: dict[str, Path]
 ) -> None:
-    workdir = lora_run(method)
-    _assert_follows(workdir, read_events(lora_reference / "run"))
+    workdir = runs[f"lora_{method}"]
+    _assert_follows(workdir, read_events(runs["lora_single"] / "run"))
     assert _exports(read_events(workdir / "run")).keys() == {
         "peft_adapter",
         "merged_safetensors",
@@ -177,28 +182,21 @@ def test_lora_matches_single_process_and_resumes_from_an_adapter_checkpoint(
 
 
 def test_lora_fsdp_checkpoint_loads_in_a_single_process_with_the_same_eval_loss(
-    lora_run: Callable[[str], Path], corpus_dir: Path, tmp_path: Path
+    runs: dict[str, Path],
 ) -> None:
-    saved = lora_run("fsdp")
-    shutil.copytree(saved / "ckpt", tmp_path / "single" / "ckpt", ignore=_no_exports)
-    events = _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}), tmp_path / "single", None)
-    running, completed = statuses(events)
+    running, completed = statuses(read_events(runs["lora_reshard"] / "run"))
     assert running["data"]["start_step"] == MAX_STEPS  # nothing left to train: eval only
-    want = _final_eval_loss(read_events(saved / "run"))
+    want = _final_eval_loss(read_events(runs["lora_fsdp"] / "run"))
     assert completed["data"]["final_eval_loss"] == pytest.approx(want, rel=EVAL_REL_TOLERANCE)
 
 
-def _no_exports(directory: str, names: list[str]) -> list[str]:
-    return ["lora"] if "lora" in names else []
-
-
 def test_lora_run_reports_adapter_counts_and_exports_that_reproduce_the_trained_model(
-    lora_reference: Path, corpus_dir: Path, tmp_path: Path
+    runs: dict[str, Path], corpus_dir: Path, tmp_path: Path
 ) -> None:
     from peft import PeftModel
 
     spec = ft_spec(corpus_dir, 1, {"strategy": "single"})
-    events = read_events(lora_reference / "run")
+    events = read_events(runs["lora_single"] / "run")
     running = statuses(events)[0]["data"]
     assert 0 < running["trainable_params"] < running["num_params"] / 10
     exports = _exports(events)
@@ -229,17 +227,10 @@ def _plain(spec: JobSpec) -> GPT:
     return build_model(GPTConfig.from_spec(spec.model), device=torch.device("cpu"), seed=spec.seed)
 
 
-@pytest.fixture(scope="module")
-def qlora_reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    workdir = tmp_path_factory.mktemp("qlora_single")
-    _run_ok(ft_spec(corpus_dir, 1, {"strategy": "single"}, qlora=QLORA), workdir, None)
-    return workdir
-
-
 def test_qlora_loss_falls_and_the_dequantized_merged_export_gives_its_eval_loss(
-    qlora_reference: Path, corpus_dir: Path, tmp_path: Path
+    runs: dict[str, Path], corpus_dir: Path, tmp_path: Path
 ) -> None:
-    events = read_events(qlora_reference / "run")
+    events = read_events(runs["qlora_single"] / "run")
     losses = losses_of(events)
     assert losses[MAX_STEPS] < losses[1] - 0.1, losses
     unigram = statuses(events)[0]["data"]["unigram_eval_loss"]
@@ -253,24 +244,14 @@ def test_qlora_loss_falls_and_the_dequantized_merged_export_gives_its_eval_loss(
     )
 
 
-def test_qlora_under_ddp_matches_single_process_and_resumes(
-    qlora_reference: Path, corpus_dir: Path, tmp_path: Path
-) -> None:
-    spec = ft_spec(corpus_dir, 2, {"strategy": "ddp"}, 8, qlora=QLORA)
-    _crash_and_resume(spec, tmp_path, 2)
-    _assert_follows(tmp_path, read_events(qlora_reference / "run"))
+def test_qlora_under_ddp_matches_single_process_and_resumes(runs: dict[str, Path]) -> None:
+    _assert_follows(runs["qlora_ddp"], read_events(runs["qlora_single"] / "run"))
 
 
-def test_hf_llama_from_a_config_trains_in_full(corpus_dir: Path, tmp_path: Path) -> None:
-    spec = ft_spec(
-        corpus_dir,
-        1,
-        {"strategy": "single"},
-        model={"kind": "hf", "hf": {"from_config": TINY_LLAMA}},
-        lora=None,
-    )
-    assert spec.lora is None
-    events = _run_ok(spec, tmp_path, None)
+def test_hf_llama_from_a_config_trains_in_full(runs: dict[str, Path]) -> None:
+    spec = JobSpec.load(runs["llama_full"] / "spec.json")
+    assert spec.lora is None and spec.model.kind == "hf"
+    events = read_events(runs["llama_full"] / "run")
     running = statuses(events)[0]["data"]
     assert running["trainable_params"] == running["num_params"] > 0
     losses = losses_of(events)
@@ -306,17 +287,15 @@ def _gpt2_with_tokenizer(corpus_dir: Path, out: Path) -> int:
 
 
 def test_hf_gpt2_from_a_directory_with_its_tokenizer_trains_lora_under_fsdp_like_single(
-    corpus_dir: Path, tmp_path: Path
+    runs: dict[str, Path], tmp_path: Path
 ) -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    vocab = _gpt2_with_tokenizer(corpus_dir, tmp_path / "gpt2")
-    hf = {"kind": "hf", "hf": {"path_or_id": str(tmp_path / "gpt2")}}
-    single = ft_spec(corpus_dir, 1, {"strategy": "single"}, model=hf)
-    reference = _run_ok(single, tmp_path / "single", None)
-    fsdp = ft_spec(corpus_dir, 2, {"strategy": "fsdp"}, 4, 2, model=hf)
-    fsdp.train.activation_checkpointing = True  # checkpoint_wrapper on each GPT2Block
-    events = _run_ok(fsdp, tmp_path / "fsdp", 2)
+    single = JobSpec.load(runs["gpt2_single"] / "spec.json")
+    assert single.model.hf is not None and single.model.hf.path_or_id is not None
+    vocab = len(AutoTokenizer.from_pretrained(single.model.hf.path_or_id))
+    reference = read_events(runs["gpt2_single"] / "run")
+    events = read_events(runs["gpt2_fsdp"] / "run")
     _assert_close(losses_of(events), losses_of(reference), list(range(1, MAX_STEPS + 1)))
     assert _final_eval_loss(events) == pytest.approx(
         _final_eval_loss(reference), rel=EVAL_REL_TOLERANCE
@@ -335,30 +314,19 @@ def test_hf_gpt2_from_a_directory_with_its_tokenizer_trains_lora_under_fsdp_like
 
 
 def test_lora_fine_tune_of_an_earlier_run_starts_from_its_weights_and_resumes(
-    corpus_dir: Path, tmp_path: Path
+    runs: dict[str, Path],
 ) -> None:
     """--init-from gives the frozen base its weights on every attempt (the adapter-only
     checkpoints do not hold them); B = 0 at the start, so the step-0 eval loss is the
     earlier run's final one."""
-    pretrained = _run_ok(
-        ft_spec(corpus_dir, 1, {"strategy": "single"}, lora=None), tmp_path / "pre", None
-    )
+    pretrained = read_events(runs["pre"] / "run")
     step_uri = statuses(pretrained)[-1]["data"]["checkpoint_uri"]
-    spec = ft_spec(corpus_dir, 1, {"strategy": "single"}, model={"init_from": {"job": 1}})
-    init = ("--init-from", step_uri)
-    proc = run_trainer(spec, tmp_path / "lora", nproc=None, args=init)
-    assert proc.returncode == 0, explain(proc)
-    events = read_events(tmp_path / "lora" / "run")
+    events = read_events(runs["lora_init"] / "run")
     assert statuses(events)[0]["data"]["init_from"] == step_uri
     (start,) = [e for e in events if e["type"] == "metric" and e["step"] == 0]
     want = _final_eval_loss(pretrained)
     assert start["values"]["eval_loss"] == pytest.approx(want, rel=EVAL_REL_TOLERANCE)
     assert _final_eval_loss(events) < want  # the adapters learned on top of it
 
-    workdir = tmp_path / "crashed"
-    crashed = run_trainer(spec, workdir, nproc=None, args=init, crash_after_step=FAIL_AT)
-    assert crashed.returncode == 1, explain(crashed)
-    resumed = run_trainer(spec, workdir, nproc=None, env={"TORCHYARD_ATTEMPT": "1"}, args=init)
-    assert resumed.returncode == 0, explain(resumed)
-    again = read_events(workdir / "run")
+    again = read_events(runs["lora_init_crashed"] / "run")
     _assert_close(losses_of(again, attempt=1), losses_of(events), list(range(4, MAX_STEPS + 1)))

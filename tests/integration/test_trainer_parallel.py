@@ -1,9 +1,10 @@
 """fsdp, tensor, pipeline and 2-D training under real `torchrun` (gloo, CPU) against one
 single-process reference: same seed, same global batch of 16 sequences per step.
 
-Each method runs once under `tests.crashing_trainer` (a checkpoint at step 3, a crash after
-step 4) and once more resumed from that checkpoint: the first attempt's losses prove
-equivalence, the second's prove resume. A 2-rank fsdp checkpoint then loads under `single`
+Each method runs once crashing after step 4 (a checkpoint at step 3) and once more resumed
+from that checkpoint: the first attempt's losses prove equivalence, the second's prove resume.
+The runs of one world size share one process group (`tests.support.rank_driver`; the crash is
+its `SimulatedCrash`). A 2-rank fsdp checkpoint then loads under `single`
 and under `tensor` (DCP resharding by parameter name) and gives the same eval loss.
 
 Tolerance: the methods compute the same fp32 mathematics but sum in other orders (FSDP's
@@ -15,15 +16,20 @@ steps; a wrong batch or a lost gradient moves the loss by 1e-2 relative or more.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobspec.job import JobSpec
-from tests.conftest_trainer import explain, read_events, run_trainer, statuses, tiny_spec
+from tests.conftest_trainer import (
+    Scenario,
+    crash_and_resume,
+    read_events,
+    run_plans,
+    statuses,
+    tiny_spec,
+)
 from tests.conftest_trainer import train_losses as losses_of
 from tests.tolerances import reordered_sum_rel, tokens_per_step
 
@@ -77,44 +83,47 @@ def method_spec(
     return tiny_spec(corpus_dir, **sections)
 
 
+FSDP_STEP = f"step_{MAX_STEPS:08d}"
+
+
 @pytest.fixture(scope="module")
-def reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def runs(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every run of the module, one process group per world size (`tests.support.rank_driver`):
+    each method crashed after step FAIL_AT and resumed, the single-process reference, the fsdp
+    checkpoint resharded and used as `init_from` under single and tensor, and a single-process
+    fine-tune crashed and resumed; {run: its workdir}."""
+    root = tmp_path_factory.mktemp("runs")
+    by_size: dict[int, list[Scenario]] = {1: [], 2: [], 4: []}
+    for method, (nproc, parallelism, mbs, accum) in METHODS.items():
+        spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
+        by_size[nproc] += crash_and_resume(method, spec, root / method, FAIL_AT)
+    fsdp = root / "fsdp"
+    source = ("--init-from", str(fsdp / "ckpt" / FSDP_STEP))
+    for strategy, nproc in (("tensor", 2), ("single", 1)):
+        spec = method_spec(corpus_dir, nproc, {"strategy": strategy}, 16)
+        reshard, init = f"reshard_{strategy}", f"init_{strategy}"
+        by_size[nproc] += [
+            Scenario(reshard, spec, root / reshard, copy_checkpoints_from=fsdp),
+            Scenario(init, _fine_tune(_with_steps(spec, 2)), root / init, source),
+        ]
+    single = method_spec(corpus_dir, 1, {"strategy": "single"}, 16)
+    by_size[1].insert(0, Scenario("reference", single, root / "reference"))
+    fine_tune = _fine_tune(single)
+    by_size[1] += crash_and_resume("fine_tune", fine_tune, root / "fine_tune", FAIL_AT, source)
+    # the fsdp checkpoint first: world size 1 reads it
+    return run_plans([(2, by_size[2]), (None, by_size[1]), (4, by_size[4])], root)
+
+
+@pytest.fixture(scope="module")
+def reference(runs: dict[str, Path]) -> list[dict]:
     """One process, 16 sequences per micro-batch, uninterrupted: the events."""
-    workdir = tmp_path_factory.mktemp("single")
-    proc = run_trainer(method_spec(corpus_dir, 1, {"strategy": "single"}, 16), workdir, nproc=None)
-    assert proc.returncode == 0, explain(proc)
-    return read_events(workdir / "run")
+    return read_events(runs["reference"] / "run")
 
 
 @pytest.fixture(scope="module")
-def resumed_run(
-    corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], Path]:
-    """method -> the workdir of its run, crashed after step FAIL_AT and resumed to MAX_STEPS.
-
-    Each method runs once per module, for whichever test asks first, in any order: its
-    equivalence test checks it, and the reshard tests reuse the fsdp run's final checkpoint."""
-    done: dict[str, Path] = {}
-
-    def get(method: str) -> Path:
-        if method not in done:
-            workdir = tmp_path_factory.mktemp(method)
-            nproc, parallelism, mbs, accum = METHODS[method]
-            spec = method_spec(corpus_dir, nproc, parallelism, mbs, accum)
-            crashed = run_trainer(spec, workdir, nproc=nproc, crash_after_step=FAIL_AT)
-            assert crashed.returncode == 1, explain(crashed)
-            resumed = run_trainer(spec, workdir, nproc=nproc, env={"TORCHYARD_ATTEMPT": "1"})
-            assert resumed.returncode == 0, explain(resumed)
-            done[method] = workdir
-        return done[method]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def fsdp_checkpoint(resumed_run: Callable[[str], Path]) -> Path:
+def fsdp_checkpoint(runs: dict[str, Path]) -> Path:
     """The 2-rank fsdp run's workdir after it completed (checkpoint at MAX_STEPS)."""
-    return resumed_run("fsdp")
+    return runs["fsdp"]
 
 
 def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list[int]) -> None:
@@ -125,10 +134,10 @@ def _assert_close(got: dict[int, float], expected: dict[int, float], steps: list
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_matches_single_process_and_resumes_after_a_crash_on_the_same_curve(
-    method: str, reference: list[dict], resumed_run: Callable[[str], Path]
+    method: str, reference: list[dict], runs: dict[str, Path]
 ) -> None:
     expected = losses_of(reference)
-    events = read_events(resumed_run(method) / "run")
+    events = read_events(runs[method] / "run")
     _assert_close(losses_of(events, attempt=0), expected, list(range(1, FAIL_AT + 1)))
     running = [e for e in statuses(events) if e["state"] == "running"]
     assert [e["data"]["start_step"] for e in running] == [0, 3]
@@ -144,19 +153,13 @@ def test_method_matches_single_process_and_resumes_after_a_crash_on_the_same_cur
     )
 
 
-@pytest.mark.parametrize(
-    ("strategy", "nproc"), [("single", None), ("tensor", 2)], ids=["to_single", "to_tensor"]
-)
+@pytest.mark.parametrize("strategy", ["single", "tensor"], ids=["to_single", "to_tensor"])
 def test_fsdp_checkpoint_reshards_to_another_strategy_with_the_same_eval_loss(
-    strategy: str, nproc: int | None, fsdp_checkpoint: Path, corpus_dir: Path, tmp_path: Path
+    strategy: str, fsdp_checkpoint: Path, runs: dict[str, Path]
 ) -> None:
-    shutil.copytree(fsdp_checkpoint / "ckpt", tmp_path / "ckpt")
-    spec = method_spec(corpus_dir, nproc or 1, {"strategy": strategy}, 16)
-    proc = run_trainer(spec, tmp_path, nproc=nproc)
-    assert proc.returncode == 0, explain(proc)
     saved = statuses(read_events(fsdp_checkpoint / "run"))[-1]["data"]
-    assert saved["checkpoint_uri"].endswith(f"step_{MAX_STEPS:08d}")
-    running, completed = statuses(read_events(tmp_path / "run"))
+    assert saved["checkpoint_uri"].endswith(FSDP_STEP)
+    running, completed = statuses(read_events(runs[f"reshard_{strategy}"] / "run"))
     assert running["data"]["start_step"] == MAX_STEPS  # nothing left to train: eval only
     assert completed["data"]["final_eval_loss"] == pytest.approx(
         saved["final_eval_loss"], rel=EVAL_REL_TOLERANCE
@@ -186,20 +189,15 @@ def _eval_losses(events: list[dict]) -> dict[int, float]:
     }
 
 
-@pytest.mark.parametrize(
-    ("strategy", "nproc"), [("single", None), ("tensor", 2)], ids=["to_single", "to_tensor"]
-)
+@pytest.mark.parametrize("strategy", ["single", "tensor"], ids=["to_single", "to_tensor"])
 def test_a_new_run_initialized_from_an_fsdp_checkpoint_starts_at_its_eval_loss(
-    strategy: str, nproc: int | None, fsdp_checkpoint: Path, corpus_dir: Path, tmp_path: Path
+    strategy: str, fsdp_checkpoint: Path, runs: dict[str, Path]
 ) -> None:
-    source = str(fsdp_checkpoint / "ckpt" / f"step_{MAX_STEPS:08d}")
-    spec = method_spec(corpus_dir, nproc or 1, {"strategy": strategy}, 16)
-    spec = _fine_tune(_with_steps(spec, 2))
-    proc = run_trainer(spec, tmp_path, nproc=nproc, args=("--init-from", source))
-    assert proc.returncode == 0, explain(proc)
-    saved_events = read_events(fsdp_checkpoint / "run")
-    saved = statuses(saved_events)[-1]["data"]
-    events = read_events(tmp_path / "run")
+    source = str(fsdp_checkpoint / "ckpt" / FSDP_STEP)
+    saved = statuses(read_events(fsdp_checkpoint / "run"))[-1]["data"]
+    workdir = runs[f"init_{strategy}"]
+    spec = JobSpec.load(workdir / "spec.json")
+    events = read_events(workdir / "run")
     running, completed = statuses(events)
     assert (running["data"]["start_step"], running["data"]["init_from"]) == (0, source)
     # Step 0: the weights as saved by 2 fsdp ranks, now whole or tensor-sharded.
@@ -213,16 +211,10 @@ def test_a_new_run_initialized_from_an_fsdp_checkpoint_starts_at_its_eval_loss(
 
 
 def test_a_resumed_fine_tune_continues_from_its_own_checkpoint(
-    fsdp_checkpoint: Path, corpus_dir: Path, tmp_path: Path
+    fsdp_checkpoint: Path, runs: dict[str, Path]
 ) -> None:
-    source = str(fsdp_checkpoint / "ckpt" / f"step_{MAX_STEPS:08d}")
-    spec = _fine_tune(method_spec(corpus_dir, 1, {"strategy": "single"}, 16))
-    args = ("--init-from", source)  # the worker passes it on every attempt
-    crashed = run_trainer(spec, tmp_path, nproc=None, args=args, crash_after_step=FAIL_AT)
-    assert crashed.returncode == 1, explain(crashed)
-    resumed = run_trainer(spec, tmp_path, nproc=None, env={"TORCHYARD_ATTEMPT": "1"}, args=args)
-    assert resumed.returncode == 0, explain(resumed)
-    events = read_events(tmp_path / "run")
+    source = str(fsdp_checkpoint / "ckpt" / FSDP_STEP)
+    events = read_events(runs["fine_tune"] / "run")
     running = [e["data"] for e in statuses(events) if e["state"] == "running"]
     assert [(r["start_step"], r["init_from"]) for r in running] == [(0, source), (3, None)]
     # Step 4 again from the run's own step-3 checkpoint: the same loss as before the crash.
