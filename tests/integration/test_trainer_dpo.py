@@ -1,42 +1,42 @@
-"""DPO under `single`, `ddp` and `fsdp` (2 gloo processes under real `torchrun`), with the
-built-in GPT trained in full and with a Hugging Face Llama (from a config) under LoRA, on a
-preference set from the standard library (prompt: a function's signature; chosen: its
-docstring's first line; rejected: another function's).
+"""DPO through the trainer (`python -m trainer`, `method.kind: dpo`) under `single`, `ddp` and
+`fsdp` (2 gloo processes under real `torchrun`), with the built-in GPT trained in full and with
+a Hugging Face Llama (from a config) under LoRA, on a preference file from the standard library
+(prompt: a function's signature; chosen: its docstring's first line; rejected: another
+function's), read by the data pipeline as `data.format: preference`.
 
-Each run (tests/integration/dpo_driver.py) takes 8 pairs per step (single: 1 micro-batch of 8;
-ddp/fsdp: 2 ranks x 2 micro-batches of 2) and proves:
-- at the start the policy is its reference: eval loss log 2, rewards 0;
+Each run takes 8 pairs per step (single: 1 micro-batch of 8; ddp/fsdp: 2 ranks x 2 micro-batches
+of 2) and evaluates all 16 pairs at the start and the end. It proves:
+- at the start the policy is its reference: eval loss log 2, rewards 0, and so is step 1's loss;
 - training raises the reward accuracy above 0.5 and the margin above 0 on the pairs;
-- the ranks' loss shares returned by `DPOMethod.accumulate` add up to the step's mean loss;
 - ddp and fsdp follow the single-process loss curve: the loss is normalised by the pairs of
   the global batch, whatever their split. Tolerance 1e-5 relative: the same fp32 mathematics
   summed in another order (DDP's all-reduce, FSDP's reduce-scatter, per-micro-batch sums),
   as in test_trainer_parallel.py, moves the last bits of a loss of ~0.7.
+The runs of one world size share one process group (`tests.support.rank_driver`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobspec.job import JobSpec
-from tests.conftest_dpo import stdlib_pairs, write_preference_rows
+from tests.conftest_dpo import stdlib_pairs
 from tests.conftest_trainer import (
-    REPO_ROOT,
-    RUN_TIMEOUT_S,
     TINY_LLAMA,
-    free_port,
+    Scenario,
+    read_events,
+    run_plans,
+    statuses,
     tiny_spec,
-    trainer_env,
 )
+from tests.conftest_trainer import train_losses as losses_of
 
-SEQ_LEN = 96
+SEQ_LEN = 112
 NUM_PAIRS = 16
 STEPS = 6
 REL_TOLERANCE = 1e-5
@@ -52,82 +52,73 @@ MODELS: dict[str, dict[str, Any]] = {
 LAYOUTS = {"single": (1, 8, 1), "ddp": (2, 2, 2), "fsdp": (2, 2, 2)}  # procs, mbs, accum
 
 
-@pytest.fixture(scope="module")
-def rows_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("pairs")
-    write_preference_rows(directory, stdlib_pairs(NUM_PAIRS, SEQ_LEN + 1), SEQ_LEN)
-    return directory
-
-
-def _spec(model: str, strategy: str) -> JobSpec:
+def _spec(pairs: Path, model: str, strategy: str) -> JobSpec:
     procs, mbs, accum = LAYOUTS[strategy]
     sections = dict(MODELS[model])
     optim = sections.pop("optim")
-    return tiny_spec(
-        Path("/unused"),
+    dp = 1 if strategy == "single" else procs
+    spec = tiny_spec(
+        pairs,
         **sections,
         method={"kind": "dpo", "dpo": {"beta": 0.1}},
         parallelism={"strategy": strategy},
         resources={"procs_per_node": procs},
         train={"micro_batch_size": mbs, "grad_accum_steps": accum, "max_steps": STEPS},
         optim={**optim, "warmup_steps": 0, "weight_decay": 0.0},
-        eval={"interval_steps": STEPS},
+        eval={"interval_steps": STEPS, "at_start": True, "num_batches": NUM_PAIRS // (mbs * dp)},
+        checkpoint={"interval_steps": 1000},
+        sample={"max_new_tokens": 4},
     )
+    raw = spec.model_dump(mode="json")
+    raw["data"] |= {"format": "preference", "eval_uri": str(pairs)}
+    return JobSpec.model_validate(raw)
 
 
-def _run(spec: JobSpec, rows_dir: Path, workdir: Path) -> dict[str, Any]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec.dump(workdir / "spec.json")
-    args = ["-m", "tests.integration.dpo_driver", "--spec", str(workdir / "spec.json")]
-    args += ["--rows", str(rows_dir), "--out", str(workdir / "out.json")]
-    procs = spec.resources.procs_per_node
-    launcher = [sys.executable]
-    if procs > 1:
-        launcher += ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node"]
-        launcher += [str(procs), "--rdzv-backend", "c10d"]
-        launcher += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    proc = subprocess.run(
-        [*launcher, *args],
-        cwd=REPO_ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads((workdir / "out.json").read_text())
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every (model, strategy) run, one process group per world size; {"model/strategy"
+    without the slash: workdir}."""
+    root = tmp_path_factory.mktemp("dpo")
+    pairs = root / "pairs.jsonl"
+    room = 15  # 97 bytes at most, with room for the pipeline's end-of-answer tokens
+    lines = [
+        json.dumps({"prompt": p, "chosen": c, "rejected": r})
+        for p, c, r in stdlib_pairs(NUM_PAIRS, SEQ_LEN - room)
+    ]
+    pairs.write_text("\n".join(lines) + "\n")
+    plans: dict[int, list[Scenario]] = {1: [], 2: []}
+    for model in MODELS:
+        for strategy, (procs, _, _) in LAYOUTS.items():
+            name = f"{model}_{strategy}"
+            plans[procs].append(Scenario(name, _spec(pairs, model, strategy), root / name))
+    return run_plans([(None, plans[1]), (2, plans[2])], root)
 
 
-_SINGLE: dict[str, dict[str, Any]] = {}
-
-
-def _single(model: str, rows_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if model not in _SINGLE:
-        workdir = tmp_path_factory.mktemp(f"single_{model}")
-        _SINGLE[model] = _run(_spec(model, "single"), rows_dir, workdir)
-    return _SINGLE[model]
+def _eval_at(events: list[dict[str, Any]], step: int) -> dict[str, float]:
+    (values,) = [
+        e["values"]
+        for e in events
+        if e["type"] == "metric" and e["step"] == step and "eval_loss" in e["values"]
+    ]
+    return values
 
 
 @pytest.mark.parametrize("strategy", list(LAYOUTS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_dpo_raises_reward_accuracy_and_margin_and_matches_single_process(
-    model: str,
-    strategy: str,
-    rows_dir: Path,
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
+    model: str, strategy: str, runs: dict[str, Path]
 ) -> None:
-    single = _single(model, rows_dir, tmp_path_factory)
-    out = single if strategy == "single" else _run(_spec(model, strategy), rows_dir, tmp_path)
-    start, end = out["eval_start"], out["eval_end"]
+    events = read_events(runs[f"{model}_{strategy}"] / "run")
+    assert statuses(events)[-1]["state"] == "completed"
+    start, end = _eval_at(events, 0), _eval_at(events, STEPS)
     assert start["eval_loss"] == pytest.approx(LOG_2, rel=1e-6)
     assert start["eval_rewards/margin"] == 0.0 and start["eval_rewards/accuracy"] == 0.0
     assert end["eval_rewards/accuracy"] > 0.5, end
     assert end["eval_rewards/margin"] > 0.0 and end["eval_loss"] < LOG_2, end
-    losses = [step["loss"] for step in out["train"]]
-    shares = [step["shares_sum"] for step in out["train"]]
-    assert shares == pytest.approx(losses, rel=1e-6)  # the step's loss as the loop sees it
-    assert losses[0] == pytest.approx(LOG_2, rel=1e-6)  # step 1 scores the initial policy
-    expected = [step["loss"] for step in single["train"]]
-    assert losses == pytest.approx(expected, rel=REL_TOLERANCE)
+    losses = losses_of(events)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses[1] == pytest.approx(LOG_2, rel=1e-6)  # step 1 scores the initial policy
+    single = losses_of(read_events(runs[f"{model}_single"] / "run"))
+    assert [losses[s] for s in sorted(losses)] == pytest.approx(
+        [single[s] for s in sorted(single)], rel=REL_TOLERANCE
+    )
