@@ -12,5 +12,5 @@ CLI reads spec files with the same code the trainer runs, so the two sides canno
   (numpy, and `transformers`' tokenizers when given one; never torch)
 
 Imports nothing of `trainer`, `api`, `core`, `workers` or `torchyard`, and never torch
-(tests/unit/test_layers.py). Importing the package imports none of its modules.
+(tests/unit/project/test_layers.py). Importing the package imports none of its modules.
 """

@@ -9,7 +9,7 @@
   by its size and never held whole (`iter_lines`); the first line loses a UTF-8 byte order
   mark (written by some Windows tools) before it is decoded (`decode_line`, orjson).
 
-Torch- and numpy-free: the API imports it (tests/unit/test_layers.py checks).
+Torch- and numpy-free: the API imports it (tests/unit/project/test_layers.py checks).
 """
 
 from __future__ import annotations

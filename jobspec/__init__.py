@@ -1,7 +1,7 @@
 """The job spec: what a user submits, the one vocabulary every side validates with.
 
 Pure pydantic (and `dataformat`): the API, core, the workers, the client SDK and the trainer all
-import it, and it imports none of them (`tests/unit/test_layers.py`). One module per part:
+import it, and it imports none of them (`tests/unit/project/test_layers.py`). One module per part:
 
 - `jobspec.job`: `JobSpec` (the built-in trainer), `ScriptJobSpec` (`entrypoint`), their
   sections, `parse_job_spec` and the public JSON Schema (`json_schema`);

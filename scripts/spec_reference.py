@@ -1,7 +1,8 @@
 """Render the JobSpec reference (Markdown) from its JSON Schema.
 
 `python scripts/spec_reference.py` prints it; `--write` replaces the block between the
-`<!-- spec-reference -->` markers in README.md. tests/unit/test_readme.py keeps them in step.
+`<!-- spec-reference -->` markers in README.md. tests/unit/project/test_readme.py keeps them in
+step.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 One pure function, `decide`, holds the policy that was spread over the runner, the gang node
 and the reaper: the workers (each node, when its torchrun exits) and the reconciler (when a
 node went silent) only gather `AttemptFacts` and apply the `Decision`
-(`core.attempts.lifecycle_apply.apply`). No I/O here; `tests/unit/test_lifecycle.py` is the table of
-cases.
+(`core.attempts.lifecycle_apply.apply`). No I/O here; `tests/unit/core/test_lifecycle.py` is the
+table of cases.
 
 An attempt is a gang of N >= 1 nodes. A node that *failed* (its trainer exited non-zero
 without the worker asking, or its worker ended it for a hang) ends the whole attempt at once:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.conftest_trainer import REPO_ROOT, free_port, trainer_env
+from tests.support.training import REPO_ROOT, free_port, trainer_env
 
 EXAMPLES = REPO_ROOT / "examples"
 RUN_TIMEOUT_S = 300

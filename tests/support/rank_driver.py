@@ -15,7 +15,7 @@ the trainer's own entry point, `trainer.train.main(argv)`, unchanged but for two
   checkpoint, if one was due, is complete, on every rank at the same step. It is a
   BaseException, so the trainer writes no error event and runs no failure path, as after a
   killed process; only its `finally` blocks run (the events file and checkpointer close).
-  `tests.crashing_trainer` keeps the real `os._exit` crash under torchrun.
+  `tests.support.crashing_trainer` keeps the real `os._exit` crash under torchrun.
 
 `env` is set for the scenario only (e.g. `TORCHYARD_ATTEMPT`); `copy` ([SRC, DST, IGNORED...]
 or null) copies a directory tree first (a checkpoint another scenario wrote), less the names

@@ -15,7 +15,7 @@ from api.main import create_app
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error
-from tests.unit.sft_data import bpe_tokenizer
+from tests.support.sft_data import bpe_tokenizer
 
 SYSTEM = "You document Python."
 CHAT = [

@@ -1,0 +1,340 @@
+"""Helpers for the trainer tests: tiny specs, real `torchrun` launches, reading events.
+
+Test modules import it (`from tests.support.training import ...`). The corpus is the session's
+`corpus_dir` fixture (tests/conftest.py). `run_scenarios` / `run_plans` run a module's
+trainer runs in one process group per world size (`tests.support.rank_driver`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from jobspec.job import JobSpec
+from trainer.data.prep import prepare_rows
+from trainer.data.rows import IGNORE_INDEX, Rows
+from trainer.distributed import DistInfo
+from trainer.events import NullReporter, Reporter
+from trainer.loop import Run
+from trainer.models.hf import load_tokenizer
+from trainer.train import build_run
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 180
+# A 2-layer Llama for `model.hf.from_config` (GQA: 4 query heads over 2 key/value heads), byte
+# vocabulary, 128 positions: the Hugging Face model of the fine-tuning and DPO tests.
+TINY_LLAMA: dict[str, Any] = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
+
+
+def tiny_spec(data: Path, **sections: dict[str, Any]) -> JobSpec:
+    """A 2-layer, d_model 64, seq_len 64 GPT spec on `data`; `sections` update its parts,
+    e.g. `train={"max_steps": 5}`."""
+    raw: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 1234,
+        "data": {"uri": str(data)},
+        "model": {"n_layers": 2, "n_heads": 4, "d_model": 64, "seq_len": 64},
+        "parallelism": {"strategy": "single"},
+        "resources": {"procs_per_node": 1},
+        "optim": {"lr": 3e-3, "warmup_steps": 5, "schedule": "constant"},
+        "train": {"micro_batch_size": 16, "max_steps": 20, "log_interval_steps": 1},
+        "eval": {"interval_steps": 10, "num_batches": 4},
+        "checkpoint": {"interval_steps": 10, "keep_last": 2},
+        "sample": {"prompt": "def ", "max_new_tokens": 32},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return JobSpec.model_validate(raw)
+
+
+def validation_spec(nproc: int, parallelism: dict[str, Any], **sections: dict[str, Any]) -> JobSpec:
+    """A spec that is only validated, never run: 4 blocks of d_model 64 on dataset `ds_1`,
+    `nproc` processes per node with `parallelism`; `sections` update its parts."""
+    raw: dict[str, Any] = {
+        "name": "job",
+        "data": {"dataset": "ds_1"},
+        "model": {"n_layers": 4, "n_heads": 4, "d_model": 64},
+        "parallelism": parallelism,
+        "resources": {"procs_per_node": nproc},
+        "train": {"micro_batch_size": 16},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return JobSpec.model_validate(raw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    """The environment of a trainer process: one OMP thread per process, no stray fault."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), **extra}
+
+
+def trainer_command(
+    spec_path: Path,
+    run_dir: Path,
+    checkpoint_dir: Path,
+    *,
+    nproc: int | None,
+    crash_after_step: int | None = None,
+) -> list[str]:
+    """`torchrun ... -m trainer ...` for `nproc` processes, or `python -m trainer` if None.
+    With `crash_after_step` N the module is `tests.support.crashing_trainer`: every rank exits 1
+    right after step N (and its checkpoint, if one is due) is complete."""
+    args = ["--spec", str(spec_path), "--run-dir", str(run_dir)]
+    args += ["--checkpoint-dir", str(checkpoint_dir)]
+    module = ["-m", "trainer"]
+    if crash_after_step is not None:
+        module = [
+            "-m",
+            "tests.support.crashing_trainer",
+            "--crash-after-step",
+            str(crash_after_step),
+        ]
+    return [*_launcher(nproc), *module, *args]
+
+
+def _launcher(nproc: int | None) -> list[str]:
+    """`torchrun` for `nproc` processes on this host, or the plain interpreter if None."""
+    if nproc is None:
+        return [sys.executable]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+    launcher += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
+    return [*launcher, "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+
+
+@dataclass
+class Scenario:
+    """One trainer run of a `run_scenarios` batch: `spec` in `workdir` (spec.json, run/,
+    ckpt/), `args` appended to the trainer's command line, `env` set for this run only,
+    `crash_after_step` N: every rank crashes right after step N (`SimulatedCrash`),
+    `copy_checkpoints_from`: a workdir whose ckpt/ is copied into this one's first, less the
+    names in `copy_ignore`."""
+
+    name: str
+    spec: JobSpec
+    workdir: Path
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    crash_after_step: int | None = None
+    copy_checkpoints_from: Path | None = None
+    copy_ignore: tuple[str, ...] = ()
+
+
+def run_scenarios(
+    scenarios: list[Scenario], *, nproc: int | None, plan_dir: Path
+) -> dict[str, dict[str, str]]:
+    """Run `scenarios` in order in one process group of `nproc` ranks under real torchrun
+    (`None`: one plain process), through `tests.support.rank_driver`; {name: {"outcome",
+    "message"}} (outcome `ok`, `crashed`, `exit N` or `error`). Fails the test when the driver
+    itself fails or leaves a scenario unrun."""
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for s in scenarios:
+        s.workdir.mkdir(parents=True, exist_ok=True)
+        s.spec.dump(s.workdir / "spec.json")
+        argv = ["--spec", str(s.workdir / "spec.json"), "--run-dir", str(s.workdir / "run")]
+        argv += ["--checkpoint-dir", str(s.workdir / "ckpt"), *s.args]
+        copy = None
+        if s.copy_checkpoints_from is not None:
+            copy = [str(s.copy_checkpoints_from / "ckpt"), str(s.workdir / "ckpt"), *s.copy_ignore]
+        entries.append(
+            {"name": s.name, "argv": argv, "env": s.env, "crash_after_step": s.crash_after_step,
+             "copy": copy}
+        )  # fmt: skip
+    results_path = plan_dir / "results.json"
+    plan = plan_dir / "plan.json"
+    plan.write_text(json.dumps({"results": str(results_path), "scenarios": entries}))
+    cmd = [*_launcher(nproc), "-m", "tests.support.rank_driver", "--plan", str(plan)]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S * len(scenarios),
+        check=False,
+    )
+    assert proc.returncode == 0 and results_path.exists(), explain(proc)
+    results: dict[str, dict[str, str]] = json.loads(results_path.read_text())
+    assert list(results) == [s.name for s in scenarios], explain(proc)
+    return results
+
+
+def crash_and_resume(
+    name: str, spec: JobSpec, workdir: Path, fail_at: int, args: tuple[str, ...] = ()
+) -> list[Scenario]:
+    """Scenarios `name/crash` (crashes right after step `fail_at`) and `name/resume` (the
+    next attempt, `TORCHYARD_ATTEMPT=1`, resumed from the newest checkpoint), in `workdir`."""
+    return [
+        Scenario(f"{name}/crash", spec, workdir, args, crash_after_step=fail_at),
+        Scenario(f"{name}/resume", spec, workdir, args, env={"TORCHYARD_ATTEMPT": "1"}),
+    ]
+
+
+def run_plans(plans: list[tuple[int | None, list[Scenario]]], plan_root: Path) -> dict[str, Path]:
+    """Run each (nproc, scenarios) plan in order (`run_scenarios`), check each scenario ended
+    as its name says (`x/crash` crashed, every other one completed) and return {run: workdir},
+    where a crash and its resume are one run `x`."""
+    workdirs: dict[str, Path] = {}
+    for i, (nproc, scenarios) in enumerate(plans):
+        results = run_scenarios(scenarios, nproc=nproc, plan_dir=plan_root / f"plan_{i}")
+        for scenario in scenarios:
+            run, _, attempt = scenario.name.partition("/")
+            outcome = results[scenario.name]["outcome"]
+            want = "crashed" if attempt == "crash" else "ok"
+            assert outcome == want, f"{scenario.name}: {results[scenario.name]}"
+            workdirs[run if attempt in ("crash", "resume") else scenario.name] = scenario.workdir
+    return workdirs
+
+
+def start_trainer(cmd: list[str]) -> subprocess.Popen[str]:
+    """Start a trainer command (`trainer_command`) in the repository with `trainer_env()`; its
+    stdout and stderr are one text pipe, for the caller to read and to wait on."""
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run_trainer(
+    spec: JobSpec,
+    workdir: Path,
+    *,
+    nproc: int | None,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    crash_after_step: int | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Write `spec` to `workdir/spec.json` and run the trainer on it to the end, or with
+    `crash_after_step` N until every rank exits 1 after step N (`tests.support.crashing_trainer`).
+
+    Run dir `workdir/run`, checkpoints `workdir/ckpt`; `args` are appended to the trainer's
+    command line (e.g. `--init-from URI`); stdout and stderr are captured.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec.dump(workdir / "spec.json")
+    paths = (workdir / "spec.json", workdir / "run", workdir / "ckpt")
+    cmd = trainer_command(*paths, nproc=nproc, crash_after_step=crash_after_step)
+    cmd += args
+    return subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """All events of `run_dir/events.jsonl`, in order."""
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_losses(events: list[dict[str, Any]], attempt: int = 0) -> dict[int, float]:
+    """{step: train loss} of one attempt."""
+    return {
+        e["step"]: e["values"]["loss"]
+        for e in events
+        if e["type"] == "metric" and e["attempt"] == attempt and "loss" in e["values"]
+    }
+
+
+def statuses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "status"]
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    """The tail of a process's output, for assertion messages."""
+    return f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+
+
+def cpu_world_of_one() -> DistInfo:
+    """The `DistInfo` of a stand-alone process: no process group, CPU."""
+    return DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | None = None) -> Run:
+    """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
+    assert spec.data.uri is not None
+    prepared = prepare_rows(
+        spec,
+        spec.data.uri,
+        load_tokenizer(spec.model),
+        cache_dir=checkpoint_dir.parent / f"{checkpoint_dir.name}-rows",
+        dist=None,
+        reporter=NullReporter(),
+    )
+    assert isinstance(prepared.train, Rows) and isinstance(prepared.eval, Rows)
+    return build_run(
+        spec,
+        prepared.train,
+        prepared.eval,
+        str(checkpoint_dir),
+        cpu_world_of_one(),
+        reporter or NullReporter(),
+    )
+
+
+def uneven_rows(num_rows: int, seq_len: int, *, seed: int, segments: int = 1) -> Rows:
+    """Rows of random byte tokens whose supervised lengths differ widely: row i supervises
+    only its last 1 + (37 i mod seq_len) positions (a prompt before them). `segments` > 1
+    packs that many equal examples per row (positions restart, each example's last position
+    unsupervised), as `trainer.data.rows` lays out packed data."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 256, size=(num_rows, seq_len + 1), dtype=np.int32)
+    labels = ids[:, 1:].copy()
+    for i in range(num_rows):
+        labels[i, : seq_len - (1 + (37 * i) % seq_len)] = IGNORE_INDEX
+    example = seq_len // segments
+    t = np.arange(seq_len, dtype=np.int32)
+    if segments > 1:
+        labels[:, (t + 1) % example == 0] = IGNORE_INDEX
+    shape = (num_rows, seq_len)
+    return Rows(
+        input_ids=np.ascontiguousarray(ids[:, :-1]),
+        labels=labels,
+        position_ids=np.broadcast_to(t % example, shape),
+        segment_ids=np.ascontiguousarray(np.broadcast_to(t // example, shape)),
+    )
+
+
+def build_rows_run(
+    spec: JobSpec,
+    rows: Rows,
+    checkpoint_dir: Path,
+    dist_info: DistInfo,
+    reporter: Reporter | None = None,
+) -> Run:
+    """A `Run` of `spec` training and evaluating on `rows` (no corpus read)."""
+    return build_run(spec, rows, rows, str(checkpoint_dir), dist_info, reporter or NullReporter())

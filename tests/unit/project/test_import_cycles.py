@@ -1,0 +1,80 @@
+"""No import circle among the project's modules (issue 25): a circle makes import order matter,
+hides which layer owns what, and was how `trainer/` grew four of them. Every import counts,
+at module level or inside a function (a lazy import is still a dependency); only imports
+under `if TYPE_CHECKING:` are left out, as they never run. The stdlib's `graphlib` finds a
+circle."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+PACKAGES = ("api", "core", "workers", "trainer", "jobspec", "dataformat", "torchyard", "migrations")
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imported_names(tree: ast.Module) -> list[str]:
+    """Dotted names each import statement may load (a `from a import b` may load `a.b`)."""
+    type_checking = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (the longest project prefix of each name)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for imported in _imported_names(ast.parse(path.read_text())):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_the_project_has_no_import_circle() -> None:
+    graph = import_graph()
+    assert len(graph) > 200  # the scan found the project's modules
+    assert "trainer.loop" in graph["trainer.train"]  # and their imports, lazy ones too
+    assert "trainer.checkpoint.init_from" in graph["trainer.models.network"]
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_loop_imports_no_training_method() -> None:
+    """The loop runs whatever `trainer.methods.base.Method` the run holds (issue 25): it imports
+    no method module, so it cannot branch on DPO or SFT; `trainer.train` picks the method."""
+    graph = import_graph()
+    assert "trainer.methods.dpo_train" in graph["trainer.train"]  # the scan sees the builder's
+    assert not {m for m in graph["trainer.loop"] if m.startswith("trainer.methods")}
