@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -19,8 +21,11 @@ from anyio import to_thread
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api import examples, openai_examples, schemas
+from api.limits import content_length
 from core.platform import storage
 from core.platform.errors import InvalidInput, TooLarge
 
@@ -363,3 +368,39 @@ async def remove(root_uri: str) -> None:
             fs.rm(path, recursive=True)
 
     await to_thread.run_sync(_rm)
+
+
+@asynccontextmanager
+async def streamed(
+    request: Request,
+    session: Session,
+    *,
+    root_uri: str,
+    max_bytes: int,
+    limit: str = "the limit",
+    text_fields: tuple[str, ...] = DATASET_FIELDS,
+    required: tuple[str, ...] = ("name",),
+) -> AsyncIterator[Upload]:
+    """The one sequence of every upload route (datasets, OpenAI files, code archives): refuse a
+    declared `Content-Length` over `max_bytes` before reading (TooLarge, naming `limit`), give
+    the request's database connection back to the pool while the body streams in (the caller
+    is already authenticated), `receive` the body into `root_uri`, and yield it; if the block
+    raises, the stored upload is removed and the error goes on. Raises what `receive` raises.
+    """
+    declared = content_length(request.headers)
+    if declared is not None and declared > max_bytes + MULTIPART_OVERHEAD:
+        raise TooLarge(
+            f"upload of {declared} bytes exceeds {limit} of {max_bytes} bytes",
+            details=[
+                {"loc": ["header", "Content-Length"], "msg": "too large", "type": "too_large"}
+            ],
+        )
+    await run_in_threadpool(session.rollback)
+    upload = await receive(
+        request, root_uri=root_uri, max_bytes=max_bytes, text_fields=text_fields, required=required
+    )
+    try:
+        yield upload
+    except BaseException:
+        await remove(root_uri)
+        raise

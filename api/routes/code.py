@@ -16,12 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from api import examples, uploads
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.limits import content_length
 from api.schemas.code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
 from api.validation import unstorable
 from core.jobs import code_archives
 from core.platform import models
-from core.platform.errors import InvalidInput, NotFound, TooLarge
+from core.platform.errors import InvalidInput, NotFound
 
 PATH = "/v1/code"
 router = APIRouter(prefix=PATH, tags=["code"], responses=ERROR_RESPONSES)
@@ -80,41 +79,29 @@ async def upload_code(
     settings: SettingsDep,
 ) -> CodeArchive:
     """Upload training code (multipart `file`, optional `name`); the same bytes again: 200."""
-    limit = settings.code_max_bytes
-    declared = content_length(request.headers)
-    if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
-        raise TooLarge(
-            f"upload of {declared} bytes exceeds the code archive limit of {limit} bytes",
-            details=[
-                {"loc": ["header", "Content-Length"], "msg": "too large", "type": "too_large"}
-            ],
-        )
-    await run_in_threadpool(session.rollback)  # give the connection back while the body streams
     workdir = await to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="torchyard-code-"))
     try:
-        upload = await uploads.receive(
-            request,
-            root_uri=str(LocalPath(workdir) / "upload"),
-            max_bytes=limit,
-            text_fields=("name",),
-            required=(),
-        )
-        name = _name(upload.fields.get("name"), upload.filename)
-        path = LocalPath(upload.uri)
-        contents = await run_in_threadpool(
-            code_archives.inspect, path, max_unpacked_bytes=settings.code_max_unpacked_bytes
-        )
-        archive, created = await run_in_threadpool(
-            code_archives.create,
-            session=session,
-            storage_url=settings.storage_url,
-            project_id=principal.project_id,
-            name=name,
-            path=path,
-            sha256=upload.sha256,
-            size_bytes=upload.size_bytes,
-            contents=contents,
-        )
+        async with uploads.streamed(
+            request, session, root_uri=str(LocalPath(workdir) / "upload"),
+            max_bytes=settings.code_max_bytes, limit="the code archive limit",
+            text_fields=("name",), required=(),
+        ) as upload:  # fmt: skip
+            name = _name(upload.fields.get("name"), upload.filename)
+            path = LocalPath(upload.uri)
+            contents = await run_in_threadpool(
+                code_archives.inspect, path, max_unpacked_bytes=settings.code_max_unpacked_bytes
+            )
+            archive, created = await run_in_threadpool(
+                code_archives.create,
+                session=session,
+                storage_url=settings.storage_url,
+                project_id=principal.project_id,
+                name=name,
+                path=path,
+                sha256=upload.sha256,
+                size_bytes=upload.size_bytes,
+                contents=contents,
+            )
     finally:
         await to_thread.run_sync(shutil.rmtree, workdir, True)
     if not created:

@@ -16,13 +16,12 @@ from api.deps import (
     SettingsDep,
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.limits import content_length
 from api.validation import require_storable, unstorable
 from core.access.auth import Principal, new_id
 from core.datasets import preview as dataset_preview
 from core.datasets import service as datasets
 from core.platform import models, storage
-from core.platform.errors import InvalidInput, NotFound, TooLarge
+from core.platform.errors import InvalidInput, NotFound
 from core.platform.server_paths import ServerPaths
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
@@ -89,21 +88,10 @@ async def upload_dataset(
     """Upload a file (multipart: `name`, `file`, optional `format`, `token_dtype`) as a dataset;
     streamed to storage, size-capped, then checked record by record (422 names each bad line;
     a text file must be UTF-8 text)."""
-    limit = settings.max_upload_bytes
-    declared = content_length(request.headers)
-    if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
-        raise TooLarge(
-            f"upload of {declared} bytes exceeds the limit of {limit} bytes",
-            details=[
-                {"loc": ["header", "Content-Length"], "msg": "too large", "type": "too_large"}
-            ],
-        )
-    # Authenticated: give the connection back to the pool while the body streams in.
-    await run_in_threadpool(session.rollback)
     dataset_id = new_id("ds")
     root_uri = storage.join(settings.storage_url, "datasets", dataset_id)
-    upload = await uploads.receive(request, root_uri=root_uri, max_bytes=limit)
-    try:
+    limit = settings.max_upload_bytes
+    async with uploads.streamed(request, session, root_uri=root_uri, max_bytes=limit) as upload:
         form = uploads.parse_form(schemas.DatasetUploadForm, upload.fields)
         checked = await run_in_threadpool(
             datasets.check,
@@ -126,9 +114,6 @@ async def upload_dataset(
             stats=checked.stats,
             dataset_id=dataset_id,
         )
-    except BaseException:
-        await uploads.remove(root_uri)
-        raise
     return _out(dataset, paths, principal)
 
 

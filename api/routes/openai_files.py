@@ -15,14 +15,13 @@ from api import openai_errors, uploads
 from api import openai_examples as ex
 from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.examples import json_example
-from api.limits import content_length
 from core.access.auth import new_id
 from core.datasets import service as datasets
 from core.jobs import service as jobs
 from core.openai import results as openai_results
 from core.openai import view as openai_view
 from core.platform import storage
-from core.platform.errors import Conflict, InvalidInput, NotFound, TooLarge
+from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.models import TERMINAL_STATES, Dataset, Job, JobState
 from jobspec.job import JobSpec
 
@@ -64,17 +63,12 @@ async def create_file(
     """Upload a JSONL file (multipart `file`, `purpose=fine-tune`) as a dataset of format
     `messages`, `prompt_completion` or `preference` (detected), checked record by record as
     `POST /v1/datasets/upload` checks it. 400 names the first bad line; 413 over the size limit."""
-    limit = settings.max_upload_bytes
-    declared = content_length(request.headers)
-    if declared is not None and declared > limit + uploads.MULTIPART_OVERHEAD:
-        raise TooLarge(f"upload of {declared} bytes exceeds the limit of {limit} bytes")
-    await run_in_threadpool(session.rollback)
     dataset_id = new_id("ds")
     root_uri = storage.join(settings.storage_url, "datasets", dataset_id)
-    upload = await uploads.receive(
-        request, root_uri=root_uri, max_bytes=limit, text_fields=("purpose",), required=("purpose",)
-    )
-    try:
+    async with uploads.streamed(
+        request, session, root_uri=root_uri, max_bytes=settings.max_upload_bytes,
+        text_fields=("purpose",), required=("purpose",),
+    ) as upload:  # fmt: skip
         purpose = upload.fields["purpose"].decode("utf-8", "replace")
         if purpose != "fine-tune":
             msg = f"only purpose 'fine-tune' is supported, not {purpose[:50]!r}"
@@ -85,9 +79,6 @@ async def create_file(
         dataset = await run_in_threadpool(
             _store, session, settings, principal.project_id, dataset_id, upload
         )
-    except BaseException:
-        await uploads.remove(root_uri)
-        raise
     return openai_view.file_object(dataset)
 
 
