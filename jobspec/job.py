@@ -7,6 +7,11 @@ The data section (`DataSpec`) lives in `jobspec.data` and the method section
 
 Every field is documented where it is declared; ``JobSpec.model_json_schema()`` is the public
 JSON Schema served at ``GET /v1/spec/schema`` and rendered into README.md.
+
+One module of ~700 lines, on purpose: the spec's sections are small pydantic models whose field
+descriptions are the public JSON Schema, and `JobSpec`'s cross-section validators (`jobspec.checks`)
+read them together; the two sections big enough to stand alone already do (`jobspec.data`,
+`jobspec.method`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@
 
 Every method raises an `ApiError` subclass (`NotFound`, `Conflict`, `ValidationFailed`, ...)
 when the API answers with an error, and `ConnectionFailed` when it cannot be reached.
+
+One module of ~570 lines, on purpose: the transport (retries, errors, auth) and the `Client` with
+its jobs, datasets and metrics resources, which share that transport's helpers; the other resources
+have their own modules (`torchyard.access`, `code`, `exports`, `usage`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ slot, builds the `NodeEnd` of every ended node and lets `core.attempts.lifecycle
 what the attempt's end means (`Outcome.WAIT`: other nodes still run), applied by
 `core.attempts.lifecycle_apply.apply` in the same transaction. How the node's ranks ended comes from
 their recorded exceptions (`workers.exits`), never from torchrun's printed report.
+
+One module of ~500 lines, on purpose: a node's path from claim to end (claim, gang assembly, launch,
+supervise, heartbeat, end) is one sequence read top to bottom; the policies it applies live
+elsewhere (`core.attempts`, `core.scheduling`, `workers.supervisor`).
 """
 
 from __future__ import annotations
