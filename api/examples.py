@@ -6,7 +6,7 @@ reuses its item's example, and the job in `JOB` carries `JOB_SPEC` as the API sh
 examples tell one story: job 1043 of project `prj_8a1d3f5c7e9b2d40` trains a small GPT on the
 Python corpus `ds_4f1c2a9e0b7d3c55`; `ds_0b7d3c554f1c2a9e` is an uploaded chat dataset. The
 access and webhook bodies keep theirs next to their models (api/schemas/access.py,
-api/schemas/webhooks.py). tests/integration/api/test_api_examples.py checks that every
+api/schemas/webhooks.py). tests/integration/api/contract/test_api_examples.py checks that every
 operation has its examples and that each is valid against its schema.
 """
 

@@ -3,7 +3,7 @@
 A route states what it needs by its principal's type (`api.deps.ReadPrincipal`, ...); the
 dependency carries a `permission` attribute. `document` copies it into the operation as the
 `x-permission` extension and a sentence of its description, so the OpenAPI contract names it
-and tests can check every route against it (tests/integration/api/test_access.py).
+and tests can check every route against it (tests/integration/api/access/test_access.py).
 """
 
 from __future__ import annotations

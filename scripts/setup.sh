@@ -13,7 +13,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q -e ".[all,test]"
   touch "$stamp"
 fi
-# openapi-python-client for tests/integration/api/test_sdk_generation.py, in a venv of its own:
+# openapi-python-client for tests/integration/api/contract/test_sdk_generation.py, in a venv of its own:
 # it pins typer<0.28, older than the one the CLI runs on.
 SDKGEN=.venv/sdkgen
 SDKGEN_VERSION=0.29.1

@@ -1,8 +1,8 @@
 """One test per failure class the worker tells apart, each fault injected from outside the
 product on a real Celery worker running real torchrun on CPU: a memory limit on a running rank
 (`oom`), a corrupt dataset (`user_error`), a checkpoint directory that turns read-only
-(`infra`). `hang` (a SIGSTOPped rank) is tests/integration/workers/test_hang.py, `node_lost`
-(a SIGKILLed worker) tests/integration/faults/test_worker_killed.py; `preempted` has no
+(`infra`). `hang` (a SIGSTOPped rank) is tests/integration/workers/liveness/test_hang.py,
+`node_lost` (a SIGKILLed worker) tests/integration/faults/test_worker_killed.py; `preempted` has no
 producer yet (tests/unit/core/test_lifecycle.py covers its policy).
 
 Each test checks what a user and an operator read: the job's `failure` (class, a reason
