@@ -394,7 +394,15 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3, help="steps dropped per parity chunk")
     p.add_argument("--chat", type=int, default=2000, help="records of the chat set")
     p.add_argument("--skip", nargs="*", default=[], choices=["prepare", "memory", "parity"])
-    args = smoke.parse(p, mib=0.05, scale=3, steps=2, rounds=1, chunk=3, warmup=1, chat=20)
+    p.add_argument(
+        "--cache-states", nargs="+", default=["cold", "warm"], choices=["cold", "warm"],
+        help="memory runs with the row cache cold (rank 0 builds the rows) and/or warm",
+    )  # fmt: skip
+    p.add_argument("--rate-steps", type=int, default=20, help="steps of the GPT rate run")
+    args = smoke.parse(
+        p, mib=0.05, scale=3, steps=2, rounds=1, chunk=3, warmup=1, chat=20,
+        cache_states=["cold"], rate_steps=6,
+    )  # fmt: skip
     torch.set_num_threads(1)
     out: dict[str, Any] = {
         "load_average_start": load(),
@@ -443,11 +451,11 @@ def run_all(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     big = (Rows.open(big_dir / "train"), Rows.open(big_dir / "eval"))
     note("loader")
     loader = loader_rate(big[0])
-    gpt_rate = consumption(text_spec, big, 20, tmp)
+    gpt_rate = consumption(text_spec, big, args.rate_steps, tmp)
     llama_spec = spec_dict(TEXT) | {
         "model": {"kind": "hf", "seq_len": 128, "hf": {"from_config": LLAMA}}
     }
-    llama_rate = consumption(llama_spec, big, 12, tmp)
+    llama_rate = consumption(llama_spec, big, max(5, args.rate_steps * 3 // 5), tmp)
     out["loader"] = loader | {
         "trainer_tokens_per_second_gpt": round(gpt_rate),
         "trainer_tokens_per_second_llama": round(llama_rate),
@@ -472,12 +480,12 @@ def memory(
     result: dict[str, Any] = {"steps": args.steps, "procs": 2}
     for name, corpus in (("1x", small), (f"{args.scale}x", large)):
         fresh = tmp / f"cache-{name}"  # cold: rank 0 builds the rows; warm: a later attempt
-        for state in ("cold", "warm"):
+        for state in args.cache_states:
             note(f"memory run {name} {state}")
             work = tmp / f"mem-{name}-{state}"
             work.mkdir()
             result[f"{name}_{state}"] = trainer_memory(spec_path, corpus, fresh, work)
-    for state in ("cold", "warm"):
+    for state in args.cache_states:
         a, b = result[f"1x_{state}"], result[f"{args.scale}x_{state}"]
         result[f"ratio_peak_rss_{state}"] = round(
             max(b["peak_rss_mib"]) / max(a["peak_rss_mib"]), 3
