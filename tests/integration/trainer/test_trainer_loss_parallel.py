@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.tolerances import ATOL, RTOL
 from tests.support.training import (
     build_rows_run,
     cpu_world_of_one,
@@ -35,7 +36,6 @@ from tests.support.training import (
     tiny_spec,
     uneven_rows,
 )
-from tests.unit.trainer.test_trainer_loss import ATOL, RTOL
 from trainer.data.rows import IGNORE_INDEX, Rows
 from trainer.distributed import DistInfo, init_distributed
 from trainer.loop import Run, agree, train_step

@@ -21,7 +21,7 @@ import safetensors.torch
 import torch
 
 from jobspec.job import JobSpec
-from tests.support.training import explain, read_events, run_trainer, statuses, tiny_spec
+from tests.support.training import Scenario, read_events, run_plans, statuses, tiny_spec
 from tests.support.training import train_losses as losses_of
 from trainer.checkpoint.export import load_model_weights
 
@@ -45,20 +45,25 @@ def qat_spec(corpus_dir: Path, nproc: int, strategy: str, mbs: int) -> JobSpec:
 
 
 @pytest.fixture(scope="module")
-def reference(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    workdir = tmp_path_factory.mktemp("qat_single")
-    proc = run_trainer(qat_spec(corpus_dir, 1, "single", 16), workdir, nproc=None)
-    assert proc.returncode == 0, explain(proc)
-    return read_events(workdir / "run")
+def runs(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The single-process reference and the 2-rank ddp and fsdp runs, one process group per
+    world size (`tests.support.rank_driver`); {name: workdir}."""
+    root = tmp_path_factory.mktemp("qat")
+    single = [Scenario("single", qat_spec(corpus_dir, 1, "single", 16), root / "single")]
+    two = [Scenario(s, qat_spec(corpus_dir, 2, s, 8), root / s) for s in ("ddp", "fsdp")]
+    return run_plans([(None, single), (2, two)], root)
+
+
+@pytest.fixture(scope="module")
+def reference(runs: dict[str, Path]) -> list[dict]:
+    return read_events(runs["single"] / "run")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_qat_on_two_ranks_follows_the_single_process_curve_and_reports_converted_eval_loss(
-    strategy: str, reference: list[dict], corpus_dir: Path, tmp_path: Path
+    strategy: str, reference: list[dict], runs: dict[str, Path]
 ) -> None:
-    proc = run_trainer(qat_spec(corpus_dir, 2, strategy, 8), tmp_path, nproc=2)
-    assert proc.returncode == 0, explain(proc)
-    events = read_events(tmp_path / "run")
+    events = read_events(runs[strategy] / "run")
     got, want = losses_of(events), losses_of(reference)
     assert sorted(got) == list(range(1, MAX_STEPS + 1))
     for step in got:

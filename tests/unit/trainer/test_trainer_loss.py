@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.tolerances import ATOL, RTOL
 from tests.support.training import build_rows_run, cpu_world_of_one, tiny_spec, uneven_rows
 from trainer.data.batches import forward, lm_loss, next_step_batches
 from trainer.data.rows import IGNORE_INDEX
@@ -22,8 +23,6 @@ from trainer.loop import Run, train_step
 
 SEQ_LEN = 64
 GLOBAL_BATCH = 16
-EPS = torch.finfo(torch.float32).eps
-RTOL, ATOL = GLOBAL_BATCH * SEQ_LEN * EPS, 1e-7
 
 
 def _run(corpus_dir: Path, tmp_path: Path, micro: int, accum: int) -> Run:
