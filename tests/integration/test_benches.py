@@ -122,6 +122,9 @@ def test_every_bench_is_smoked_or_needs_a_gpu() -> None:
     assert found - HELPERS == set(BENCHES) | CUDA_ONLY
 
 
+# A smoke run is a bench's whole path at tiny sizes: `bench.data`'s trains, builds rows and
+# launches torchrun several times, near 5 minutes on a 2-core host under the suite's own load.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", sorted(BENCHES))
 def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
     name: str, redis_url: str
