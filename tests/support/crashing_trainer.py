@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from trainer.checkpoint.checkpointer import Checkpointer
@@ -29,20 +30,30 @@ log = logging.getLogger(__name__)
 CRASH_EXIT_CODE = 1
 
 
-def crash_after_step(step: int) -> None:
-    """Make every `Checkpointer` end this process (exit 1) once the loop has saved `step`."""
+def _exit_now(step: int) -> None:
+    log.error("crashing after step %d: exiting with code %d", step, CRASH_EXIT_CODE)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+def crash_after_step(
+    step: int, crash: Callable[[int], None] = _exit_now
+) -> Callable[[Checkpointer, int], None]:
+    """Make every `Checkpointer` call `crash(step)` once the loop has saved `step` (and that
+    step's checkpoint, if one was due, is complete): by default the process exits 1 at once.
+    Returns the original `Checkpointer.save`, for a caller that restores it
+    (`tests.support.rank_driver` raises instead of exiting)."""
     save = Checkpointer.save
 
     def save_then_crash(self: Checkpointer, at: int, *, force: bool = False) -> None:
         save(self, at, force=force)
         if at == step:
             self.wait()
-            log.error("crashing after step %d: exiting with code %d", at, CRASH_EXIT_CODE)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(CRASH_EXIT_CODE)
+            crash(at)
 
     Checkpointer.save = save_then_crash  # type: ignore[method-assign]
+    return save
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 import trainer.train as trainer_train
+from tests.support.crashing_trainer import crash_after_step
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.distributed import DistInfo, env_rank, env_world_size
 
@@ -60,15 +61,11 @@ def crash_after(step: int | None) -> Iterator[None]:
     if step is None:
         yield
         return
-    save = Checkpointer.save
 
-    def save_then_crash(self: Checkpointer, at: int, *, force: bool = False) -> None:
-        save(self, at, force=force)
-        if at == step:
-            self.wait()
-            raise SimulatedCrash(f"crash after step {at}")
+    def crash(at: int) -> None:
+        raise SimulatedCrash(f"crash after step {at}")
 
-    Checkpointer.save = save_then_crash  # type: ignore[method-assign]
+    save = crash_after_step(step, crash)
     try:
         yield
     finally:

@@ -36,6 +36,10 @@ from tests.support.training import (
 )
 from tests.support.training import train_losses as losses_of
 
+# Every run of the module is one fixture (one process group per world size): its setup may
+# take several minutes on a loaded 2-core host, more than the suite's 5-minute default.
+pytestmark = pytest.mark.timeout(900)
+
 SEQ_LEN = 112
 NUM_PAIRS = 16
 STEPS = 6

@@ -48,6 +48,10 @@ from trainer.methods.sft import evaluate
 from trainer.models.gpt import GPT, GPTConfig, build_model
 from trainer.models.hf import HFCausalLM
 
+# Every run of the module is one fixture (one process group per world size): its setup may
+# take several minutes on a loaded 2-core host, more than the suite's 5-minute default.
+pytestmark = pytest.mark.timeout(900)
+
 MAX_STEPS = 6
 FAIL_AT = 4  # after the checkpoint at step 3
 SEQ_LEN = 64  # tiny_spec's

@@ -33,6 +33,10 @@ from tests.support.training import (
 )
 from tests.support.training import train_losses as losses_of
 
+# Every run of the module is one fixture (one process group per world size): its setup may
+# take several minutes on a loaded 2-core host, more than the suite's 5-minute default.
+pytestmark = pytest.mark.timeout(900)
+
 MAX_STEPS = 6
 FAIL_AT = 4  # after the checkpoint at step 3
 SEQ_LEN = 64  # tiny_spec's

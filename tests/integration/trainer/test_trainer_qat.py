@@ -25,6 +25,10 @@ from tests.support.training import Scenario, read_events, run_plans, statuses, t
 from tests.support.training import train_losses as losses_of
 from trainer.checkpoint.export import load_model_weights
 
+# Every run of the module is one fixture (one process group per world size): its setup may
+# take several minutes on a loaded 2-core host, more than the suite's 5-minute default.
+pytestmark = pytest.mark.timeout(900)
+
 MAX_STEPS = 4
 REL_TOLERANCE = 2e-4
 CONVERTED_REL_TOLERANCE = 1e-4
