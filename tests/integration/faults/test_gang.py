@@ -47,9 +47,17 @@ def workers() -> Iterator[list[Worker]]:
 
 
 def start(
-    settings: Settings, client: Celery, queue: str, logs: Path, env: dict[str, str]
+    settings: Settings,
+    client: Celery,
+    queue: str,
+    logs: Path,
+    env: dict[str, str],
+    slots: int | None = None,
 ) -> Worker:
-    return start_worker(settings=settings, client=client, queue=queue, log_dir=logs, extra_env=env)
+    """A worker on `queue` (`start_worker`); `slots`: on the threads pool, as production runs."""
+    return start_worker(
+        settings=settings, client=client, queue=queue, log_dir=logs, extra_env=env, slots=slots
+    )
 
 
 def gang_spec(pool: str, dataset_id: str, *, nodes: int, procs: int, **more: Any) -> JobSpec:

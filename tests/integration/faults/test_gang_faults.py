@@ -146,7 +146,9 @@ def test_a_node_s_worker_shutdown_hands_the_whole_gang_back_and_it_resumes(
     assert handed_back.data["cause"] == "shutdown"  # not a failure: no restart budget used
     stopped_at = max(e.data["step"] for e in events if e.kind == "checkpoint")
 
-    workers.append(start(settings, celery_client, queue, worker_logs, {}))
+    # On the threads pool: the handed-back node's message is already queued, and a solo pool
+    # that takes it first answers no ping until the job ends (CI timed out on that ping).
+    workers.append(start(settings, celery_client, queue, worker_logs, {}, slots=1))
     job = wait_state(engine, job_id, TERMINAL, 240, workers[-1])
     assert job.state == "succeeded", job.error
     assert job.attempt == 2

@@ -1,5 +1,6 @@
 """Code archives for entrypoint jobs in worker tests, kept through `core.jobs.code_archives.create`
-(the upload route's service) rather than HTTP."""
+(the upload route's service) rather than HTTP, and `STEPS_PY`, a light job for control-plane
+tests."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import hashlib
 import io
 import secrets
 import tarfile
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core.jobs import code_archives
 from core.platform.settings import Settings
+from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 
 
@@ -43,3 +47,73 @@ def store_archive(
             contents=code_archives.inspect(local, max_unpacked_bytes=1 << 30),
         )
         return archive.id
+
+
+# A training program that trains nothing, for tests of the control plane (scheduling, slots,
+# cancel, preemption): its ranks import no torch, so a job costs torchrun's start and little
+# more, where the built-in trainer costs every rank about 6 CPU-s of imports and model set-up.
+# `--steps` steps reporting a loss that depends only on the step; a checkpoint (`state.json`)
+# every `--checkpoint-every` steps and at a stop; a resumed attempt starts after the newest
+# complete one. With `--gate PATH` the last step waits until PATH exists (or a stop comes), so a
+# test decides when the job ends instead of racing its running time.
+STEPS_PY = """
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torchyard.train as ty
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--checkpoint-every", type=int, default=0)
+parser.add_argument("--step-s", type=float, default=0.02)
+parser.add_argument("--gate")
+args = parser.parse_args()
+
+latest = ty.latest_checkpoint()
+step = json.loads((latest / "state.json").read_text())["step"] if latest else 0
+ty.log_event("steps program started", start_step=step)
+while step < args.steps:
+    if args.gate and step == args.steps - 1:
+        while not Path(args.gate).exists() and not ty.should_stop():
+            time.sleep(0.05)
+    if ty.should_stop():
+        break
+    time.sleep(args.step_s)
+    step += 1
+    ty.report(step, loss=10.0 / (1 + step))
+    if args.checkpoint_every and step % args.checkpoint_every == 0:
+        path = ty.checkpoint_dir(step)
+        (path / "state.json").write_text(json.dumps({"step": step}))
+        ty.completed_checkpoint(path)
+if ty.should_stop() and step > 0:
+    path = ty.checkpoint_dir(step)
+    (path / "state.json").write_text(json.dumps({"step": step}))
+    ty.completed_checkpoint(path)
+"""
+
+
+def steps_spec(
+    code: str,
+    *,
+    pool: str,
+    steps: int,
+    procs: int = 1,
+    checkpoint_every: int = 0,
+    gate: Path | None = None,
+    **more: Any,
+) -> ScriptJobSpec:
+    """A job of `STEPS_PY` (archive `code`, from `store_archive(..., {"steps.py": STEPS_PY})`)
+    on `procs` devices of `pool`; `more`: other sections of the spec (e.g. `priority`)."""
+    command = ["python", "steps.py", "--steps", str(steps)]
+    command += ["--checkpoint-every", str(checkpoint_every)]
+    if gate is not None:
+        command += ["--gate", str(gate)]
+    body: dict[str, Any] = {
+        "name": "steps",
+        "entrypoint": {"code": code, "command": command},
+        "resources": {"procs_per_node": procs, "pool": pool},
+        **more,
+    }
+    return ScriptJobSpec.model_validate(body)

@@ -33,7 +33,9 @@ from torchyard import Client
 from torchyard.models import Job
 
 EXAMPLES = REPO_ROOT / "examples"
-TIMEOUT_S = 120.0
+# Each wait; the hf_trainer example took 163 s from upload to success on a quiet host and one
+# wait passed 120 s on a loaded CI host.
+TIMEOUT_S = 240.0
 # Each example's command, shortened: checkpoints often, and enough steps after a resume that
 # the test can kill the worker between the resumed attempt's first checkpoint and the end.
 COMMANDS = {

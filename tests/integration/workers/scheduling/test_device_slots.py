@@ -2,10 +2,11 @@
 disjoint devices, a job of 4 waits for all of them, and a cancelled job's slot goes to the job
 queued behind it (real Celery threads pool, real torchrun, Postgres and Redis).
 
-The jobs that hold slots until cancelled are entrypoint jobs whose ranks wait for SIGTERM
-(`IDLE_PY`): a slot is a slot whichever program runs in it, and trainers spinning on every slot
-of a 2-core host would only slow down the starts the test waits for. The job of 4 and the jobs
-that queue behind it run the built-in trainer to success.
+Every job is an entrypoint job that trains nothing: a slot is a slot whichever program runs in
+it, and trainers spinning on every slot of a 2-core host would only slow down the starts the
+test waits for. The jobs that hold slots until cancelled wait for SIGTERM (`IDLE_PY`); the job of
+4 and the jobs that queue behind it run `STEPS_PY` to success, their last step held until the
+test opens their gate, so which job is running when is the test's decision, not a race.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from celery import Celery
@@ -27,7 +27,7 @@ from core.platform.models import Worker as WorkerRow
 from core.platform.settings import Settings
 from jobspec.job import JobSpec, ScriptJobSpec
 from tests.conftest import ProjectKey
-from tests.integration.workers.archives import store_archive
+from tests.integration.workers.archives import STEPS_PY, steps_spec, store_archive
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -36,7 +36,6 @@ from tests.integration.workers.helpers import (
     launches,
     send,
     start_worker,
-    tiny_spec,
     unique_queue,
     wait_for,
     wait_state,
@@ -50,11 +49,6 @@ import torchyard.train as ty
 while not ty.should_stop():
     time.sleep(0.1)
 """
-SHORT: dict[str, Any] = {
-    "train": {"max_steps": 4},
-    "eval": {"interval_steps": 4, "num_batches": 1},
-    "checkpoint": {"interval_steps": 4},
-}
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +67,16 @@ def host(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterat
 
 @pytest.fixture
 def idle_code(engine: Engine, settings: Settings, project: ProjectKey) -> str:
-    """The code archive of the jobs that run until cancelled."""
-    return store_archive(engine, settings, project, {"idle.py": IDLE_PY})
+    """The code archive of the jobs: `idle.py` runs until cancelled, `steps.py` to its end."""
+    return store_archive(engine, settings, project, {"idle.py": IDLE_PY, "steps.py": STEPS_PY})
 
 
 def submit(
-    engine: Engine, client: Celery, project: ProjectKey, host: Worker, dataset_id: str, procs: int,
+    engine: Engine, client: Celery, project: ProjectKey, host: Worker, code: str, procs: int,
+    gate: Path,
 ) -> int:  # fmt: skip
-    """A 4-step job of the built-in trainer on `procs` devices."""
-    spec = tiny_spec(
-        pool=host.queue, dataset_id=dataset_id, resources={"procs_per_node": procs}, **SHORT
-    )
+    """A 4-step job on `procs` devices whose last step waits for the file `gate`."""
+    spec = steps_spec(code, pool=host.queue, steps=4, procs=procs, gate=gate)
     return _queued(engine, client, project, host, spec)
 
 
@@ -153,14 +146,14 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     celery_client: Celery,
     project: ProjectKey,
     host: Worker,
-    dataset_id: str,
     idle_code: str,
+    tmp_path: Path,
 ) -> None:
     started = time.monotonic()
-    args = (engine, celery_client, project, host, dataset_id)
     idle = (engine, celery_client, project, host, idle_code)
     first, pair, third = (submit_idle(*idle, procs) for procs in (1, 2, 1))
-    big = submit(*args, 4)
+    big_gate, after_gate = tmp_path / "big.gate", tmp_path / "after.gate"
+    big = submit(*idle, 4, big_gate)
 
     # Jobs of 1, 2 and 1 devices run at the same time, on disjoint devices.
     trio = [first, pair, third]
@@ -197,13 +190,17 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     # Two jobs of 1 sent while it holds every device find no room; when it ends, both run:
     # its end wakes the pool once, and the claim that leaves devices free wakes it again.
     seen = deliveries_that_claimed_nothing(host)
-    after = [submit(*args, 1) for _ in range(2)]
+    after = [submit(*idle, 1, after_gate) for _ in range(2)]
     wait_unclaimed(host, seen + 1)
+    assert [job_row(engine, j).state for j in after] == ["queued", "queued"]
+    big_gate.touch()
     done = wait_state(engine, big, ("succeeded", "failed"), 120, host)
     assert done.state == "succeeded", done.error
     assert node_devices(engine, big) == [0, 1, 2, 3]
     last_end = max(job_row(engine, j).finished_at for j in (pair, third, behind))  # type: ignore[type-var]
     assert seconds(done.started_at, last_end) >= 0
+    wait_for("both jobs of 1 running after it", lambda: all_running(engine, after), 60)
+    after_gate.touch()
     ends = [wait_state(engine, j, ("succeeded", "failed"), 60, host) for j in after]
     assert [e.state for e in ends] == ["succeeded", "succeeded"]
     assert all(seconds(e.started_at, done.finished_at) >= 0 for e in ends)
