@@ -19,6 +19,7 @@ from core.datasets import service as datasets
 from core.jobs import service as jobs
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import STEPS_PY, store_archive
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -56,6 +57,13 @@ def dataset_id(session: Session, settings: Settings, project: ProjectKey, corpus
         name="corpus",
         uri=str(corpus_dir),
     ).id
+
+
+@pytest.fixture
+def steps_code(engine: Engine, settings: Settings, project: ProjectKey) -> str:
+    """A code archive of `project` holding `steps.py` (`archives.STEPS_PY`), the light job of
+    the control-plane tests (`archives.steps_spec`)."""
+    return store_archive(engine, settings, project, {"steps.py": STEPS_PY})
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from core.platform.models import Job, JobEvent, JobNode, LogLine, MetricPoint
 from core.platform.queue import RUN_JOB_TASK
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
-from jobspec.job import JobSpec
+from jobspec.job import JobSpec, ScriptJobSpec
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.faults.inject import crash_ranks
 
@@ -174,7 +174,7 @@ def tiny_spec(*, pool: str, dataset_id: str, **overrides: Any) -> JobSpec:
     return JobSpec.model_validate(spec)
 
 
-def create_job(engine: Engine, project: ProjectKey, spec: JobSpec) -> int:
+def create_job(engine: Engine, project: ProjectKey, spec: JobSpec | ScriptJobSpec) -> int:
     with Session(engine, expire_on_commit=False) as s:
         return jobs.create(session=s, project_id=project.project_id, spec=spec).job.id
 
@@ -183,7 +183,9 @@ def send(client: Celery, job_id: int, queue: str) -> None:
     client.send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
 
 
-def submit(engine: Engine, client: Celery, project: ProjectKey, spec: JobSpec) -> int:
+def submit(
+    engine: Engine, client: Celery, project: ProjectKey, spec: JobSpec | ScriptJobSpec
+) -> int:
     """Create the job and send its message to the queue of its pool; the job's id."""
     job_id = create_job(engine, project, spec)
     send(client, job_id, spec.resources.pool)

@@ -1,7 +1,11 @@
 """Priority preemption with a real worker of one CPU slot and real torchrun: a running job of
 low priority checkpoints and goes back to the queue for a job of higher priority (the
 reconciler decides, as Celery beat runs it), which runs to success; the low one then resumes
-from its checkpoint, with no restart counted and every step trained once."""
+from its checkpoint, with no restart counted and every step trained once.
+
+The jobs are `STEPS_PY` programs (scheduling does not depend on what trains): the low job's
+last step waits for a gate the test opens once the high job has run, so the low job is still
+running when the reconciler looks, however fast the host."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from core.platform.models import Job
 from core.platform.settings import Settings
 from core.scheduling import queue_view
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import steps_spec
 from tests.integration.workers.helpers import (
     TERMINAL,
     job_events,
@@ -24,7 +29,6 @@ from tests.integration.workers.helpers import (
     send,
     start_worker,
     submit,
-    tiny_spec,
     unique_queue,
     wait_for,
     wait_state,
@@ -41,7 +45,8 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     celery_client: Celery,
     worker_logs: Path,
     project: ProjectKey,
-    dataset_id: str,
+    steps_code: str,
+    tmp_path: Path,
 ) -> None:
     pool = unique_queue("preempt")
     enabled = settings.model_copy(update={"preemption_pools": [pool], "preemption_min_run_s": 0.0})
@@ -60,26 +65,15 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
         settings=settings, client=celery_client, queue=pool, log_dir=worker_logs, slots=1
     )
     try:
-        low_spec = tiny_spec(
-            pool=pool,
-            dataset_id=dataset_id,
-            priority=0,
-            train={"max_steps": LOW_STEPS},
-            eval={"interval_steps": LOW_STEPS, "num_batches": 1},
-            checkpoint={"interval_steps": 3},
+        gate = tmp_path / "low.gate"
+        low_spec = steps_spec(
+            steps_code, pool=pool, steps=LOW_STEPS, checkpoint_every=3, gate=gate, priority=0
         )
         low = submit(engine, celery_client, project, low_spec)
         wait_step(engine, low, 4, 120, "the low-priority job")
         assert beat() == []  # nothing waits: nobody is preempted
 
-        high_spec = tiny_spec(
-            pool=pool,
-            dataset_id=dataset_id,
-            priority=50,
-            train={"max_steps": 2},
-            eval={"interval_steps": 2, "num_batches": 1},
-            checkpoint={"interval_steps": 2},
-        )
+        high_spec = steps_spec(steps_code, pool=pool, steps=2, priority=50)
         high = submit(engine, celery_client, project, high_spec)
         assert wait_for("the reconciler to preempt", beat, 30) == [low]
         with Session(engine) as s:
@@ -91,6 +85,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
 
         done = wait_state(engine, high, TERMINAL, 120, worker)
         assert done.state == "succeeded", done.error
+        gate.touch()
         resumed = wait_state(engine, low, TERMINAL, 120, worker)
         assert resumed.state == "succeeded", resumed.error
     finally:
