@@ -1,5 +1,8 @@
 """Priorities hold whatever order the broker delivers in; cancel works in every non-terminal
-state and leaves no process behind."""
+state and leaves no process behind.
+
+The jobs are `STEPS_PY` programs under real torchrun: what is tested is the queue, the claim and
+the process groups, not what trains (a built-in trainer cost each job ~6 CPU-s of imports)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import steps_spec
 from tests.integration.workers.helpers import (
-    UNTIL_STOPPED,
     Worker,
     create_job,
     group_gone,
@@ -21,12 +24,12 @@ from tests.integration.workers.helpers import (
     launches,
     send,
     submit,
-    tiny_spec,
     wait_for,
     wait_state,
 )
 
 GONE_WITHIN_S = 10.0
+UNTIL_STOPPED = 1_000_000  # steps: the job runs until it is cancelled or paused
 
 
 def _cancel(engine: Engine, job_id: int) -> str:
@@ -48,21 +51,14 @@ def _cancelled_and_gone(engine: Engine, job_id: int, worker: Worker) -> None:
 
 
 def test_a_higher_priority_job_queued_later_runs_first(
-    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+    engine: Engine, celery_client: Celery, project: ProjectKey, steps_code: str, worker: Worker
 ) -> None:
-    busy_spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **UNTIL_STOPPED)
+    busy_spec = steps_spec(steps_code, pool=worker.queue, steps=UNTIL_STOPPED)
     busy = submit(engine, celery_client, project, busy_spec)
     wait_state(engine, busy, ("running",), 60, worker)
 
     def submit_at(priority: int) -> int:
-        spec = tiny_spec(
-            pool=worker.queue,
-            dataset_id=dataset_id,
-            priority=priority,
-            train={"max_steps": 2},
-            eval={"interval_steps": 2},
-            checkpoint={"interval_steps": 2},
-        )
+        spec = steps_spec(steps_code, pool=worker.queue, steps=2, priority=priority)
         return submit(engine, celery_client, project, spec)
 
     try:
@@ -79,9 +75,9 @@ def test_a_higher_priority_job_queued_later_runs_first(
 
 
 def test_cancel_in_every_non_terminal_state_ends_it_and_its_processes(
-    engine: Engine, celery_client: Celery, project: ProjectKey, dataset_id: str, worker: Worker
+    engine: Engine, celery_client: Celery, project: ProjectKey, steps_code: str, worker: Worker
 ) -> None:
-    spec = tiny_spec(pool=worker.queue, dataset_id=dataset_id, **UNTIL_STOPPED)
+    spec = steps_spec(steps_code, pool=worker.queue, steps=UNTIL_STOPPED)
 
     queued = create_job(engine, project, spec)  # never sent: stays queued
     assert _cancel(engine, queued) == "cancelled"
