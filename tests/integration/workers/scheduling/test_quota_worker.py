@@ -1,6 +1,10 @@
 """A real worker with room for two jobs claims only within the project's quota: with one slot
 allowed, the project's second job waits (`quota gpus 1/1`) while another project's job runs
-beside the first, and starts once the first ends (real Celery threads pool, real torchrun)."""
+beside the first, and starts once the first ends (real Celery threads pool, real torchrun).
+
+The jobs are `STEPS_PY` programs (a quota counts slots, whatever trains in them); the first
+job's last step waits for a gate the test opens once the other project's job runs, so the
+order the test checks is the claim's choice, not how fast a job ends."""
 
 from __future__ import annotations
 
@@ -11,26 +15,19 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core.datasets import service as datasets
 from core.platform.models import JobNode
 from core.platform.settings import Settings
 from core.scheduling import quotas
 from tests.conftest import ProjectKey, make_project
+from tests.integration.workers.archives import STEPS_PY, steps_spec, store_archive
 from tests.integration.workers.helpers import (
     create_job,
     job_row,
     send,
     start_worker,
-    tiny_spec,
     unique_queue,
     wait_state,
 )
-
-SHORT: dict[str, Any] = {
-    "train": {"max_steps": 4},
-    "eval": {"interval_steps": 4, "num_batches": 1},
-    "checkpoint": {"interval_steps": 4},
-}
 
 
 def _held(engine: Engine, job_id: int) -> tuple[Any, Any]:
@@ -46,8 +43,8 @@ def test_a_worker_claims_only_within_the_projects_slot_quota(
     celery_client: Celery,
     worker_logs: Any,
     project: ProjectKey,
-    dataset_id: str,
-    corpus_dir: Path,
+    steps_code: str,
+    tmp_path: Path,
 ) -> None:
     pool = unique_queue("quota-worker")
     with Session(engine) as s:
@@ -55,20 +52,19 @@ def test_a_worker_claims_only_within_the_projects_slot_quota(
             session=s, project_id=project.project_id, pool=pool, values={"max_slots": 1}
         )
     other = make_project(engine)
-    spec = tiny_spec(pool=pool, dataset_id=dataset_id, **SHORT)
-    first, second = create_job(engine, project, spec), create_job(engine, project, spec)
-    with Session(engine) as s:
-        their_data = datasets.register(
-            session=s, settings=settings, project_id=other.project_id, name="corpus",
-            uri=str(corpus_dir),
-        ).id  # fmt: skip
-    theirs = create_job(engine, other, tiny_spec(pool=pool, dataset_id=their_data, **SHORT))
+    gate = tmp_path / "first.gate"
+    first = create_job(engine, project, steps_spec(steps_code, pool=pool, steps=4, gate=gate))
+    second = create_job(engine, project, steps_spec(steps_code, pool=pool, steps=4))
+    their_code = store_archive(engine, settings, other, {"steps.py": STEPS_PY})
+    theirs = create_job(engine, other, steps_spec(their_code, pool=pool, steps=4))
     worker = start_worker(
         settings=settings, client=celery_client, queue=pool, log_dir=worker_logs, slots=2
     )
     try:
         for job_id in (first, second, theirs):
             send(celery_client, job_id, pool)
+        wait_state(engine, theirs, ("running", "succeeded"), 120, worker)
+        gate.touch()
         for job_id in (first, second, theirs):
             wait_state(engine, job_id, ("succeeded", "failed"), 120, worker)
         assert [job_row(engine, j).state for j in (first, second, theirs)] == ["succeeded"] * 3
