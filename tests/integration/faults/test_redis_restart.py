@@ -1,5 +1,8 @@
 """Restart the broker (a Redis without persistence) while jobs wait in its queue: the messages
-are gone, the reconciler re-sends from Postgres, and every job runs exactly once."""
+are gone, the reconciler re-sends from Postgres, and every job runs exactly once.
+
+The jobs are `STEPS_PY` programs (the broker's messages are the subject, not training); the busy
+job's last step waits for a gate, so the worker is still busy while the broker restarts."""
 
 from __future__ import annotations
 
@@ -17,13 +20,13 @@ from core.platform.db import session_factory
 from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import steps_spec
 from tests.integration.workers.helpers import (
     create_job,
     job_events,
     launches,
     send,
     start_worker,
-    tiny_spec,
     unique_queue,
     wait_for,
     wait_state,
@@ -88,8 +91,9 @@ def test_jobs_queued_when_the_broker_restarts_each_run_exactly_once(
     settings: Settings,
     worker_logs: Path,
     project: ProjectKey,
-    dataset_id: str,
+    steps_code: str,
     private_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
     broker = settings.model_copy(update={"broker_url": private_redis.url})
     client = Celery("torchyard-tests-private-redis")
@@ -97,25 +101,11 @@ def test_jobs_queued_when_the_broker_restarts_each_run_exactly_once(
     queue = unique_queue("redis")
     worker = start_worker(settings=broker, client=client, queue=queue, log_dir=worker_logs)
     try:
-        busy = create_job(
-            engine,
-            project,
-            tiny_spec(
-                pool=queue,
-                dataset_id=dataset_id,
-                train={"max_steps": 8},
-                eval={"interval_steps": 8},
-            ),
-        )
+        gate = tmp_path / "busy.gate"
+        busy = create_job(engine, project, steps_spec(steps_code, pool=queue, steps=8, gate=gate))
         send(client, busy, queue)
         wait_state(engine, busy, ("running",), 60, worker)
-        short = tiny_spec(
-            pool=queue,
-            dataset_id=dataset_id,
-            train={"max_steps": 2},
-            eval={"interval_steps": 2},
-            checkpoint={"interval_steps": 2},
-        )
+        short = steps_spec(steps_code, pool=queue, steps=2)
         waiting = [create_job(engine, project, short) for _ in range(2)]
         for job_id in waiting:
             send(client, job_id, queue)
@@ -133,6 +123,7 @@ def test_jobs_queued_when_the_broker_restarts_each_run_exactly_once(
             pools=[queue],
         )
         assert sorted(report.redispatched) == waiting
+        gate.touch()
         for job_id in [busy, *waiting]:
             job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 120, worker)
             assert job.state == "succeeded", job.error

@@ -101,13 +101,15 @@ def steps_spec(
     steps: int,
     procs: int = 1,
     checkpoint_every: int = 0,
+    step_s: float = 0.02,
     gate: Path | None = None,
     **more: Any,
 ) -> ScriptJobSpec:
     """A job of `STEPS_PY` (archive `code`, from `store_archive(..., {"steps.py": STEPS_PY})`)
-    on `procs` devices of `pool`; `more`: other sections of the spec (e.g. `priority`)."""
+    on `procs` devices of `pool`, `step_s` seconds a step; `more`: other sections of the spec
+    (e.g. `priority`)."""
     command = ["python", "steps.py", "--steps", str(steps)]
-    command += ["--checkpoint-every", str(checkpoint_every)]
+    command += ["--checkpoint-every", str(checkpoint_every), "--step-s", str(step_s)]
     if gate is not None:
         command += ["--gate", str(gate)]
     body: dict[str, Any] = {
