@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
+from tests.integration.workers.archives import steps_spec
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -19,7 +20,6 @@ from tests.integration.workers.helpers import (
     launches,
     send,
     start_worker,
-    tiny_spec,
     unique_queue,
     wait_for,
     wait_state,
@@ -55,11 +55,11 @@ def test_a_message_sent_twice_to_two_idle_workers_starts_one_trainer(
     engine: Engine,
     celery_client: Celery,
     project: ProjectKey,
-    dataset_id: str,
+    steps_code: str,
     two_workers: tuple[Worker, Worker],
 ) -> None:
     queue = two_workers[0].queue
-    spec = tiny_spec(pool=queue, dataset_id=dataset_id, train={"max_steps": 12})
+    spec = steps_spec(steps_code, pool=queue, steps=12)  # the claim is the subject, not training
     job_id = create_job(engine, project, spec)
     send(celery_client, job_id, queue)
     send(celery_client, job_id, queue)
