@@ -71,8 +71,15 @@ parser.add_argument("--step-s", type=float, default=0.02)
 parser.add_argument("--gate")
 args = parser.parse_args()
 
+
+def save(step):
+    path = ty.checkpoint_dir(step)
+    (path / "state.json").write_text(json.dumps({"step": step}))
+    ty.completed_checkpoint(path)
+
+
 latest = ty.latest_checkpoint()
-step = json.loads((latest / "state.json").read_text())["step"] if latest else 0
+step = saved = json.loads((latest / "state.json").read_text())["step"] if latest else 0
 ty.log_event("steps program started", start_step=step)
 while step < args.steps:
     if args.gate and step == args.steps - 1:
@@ -84,13 +91,10 @@ while step < args.steps:
     step += 1
     ty.report(step, loss=10.0 / (1 + step))
     if args.checkpoint_every and step % args.checkpoint_every == 0:
-        path = ty.checkpoint_dir(step)
-        (path / "state.json").write_text(json.dumps({"step": step}))
-        ty.completed_checkpoint(path)
-if ty.should_stop() and step > 0:
-    path = ty.checkpoint_dir(step)
-    (path / "state.json").write_text(json.dumps({"step": step}))
-    ty.completed_checkpoint(path)
+        save(step)
+        saved = step
+if ty.should_stop() and step > saved:
+    save(step)
 """
 
 
