@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from tests.conftest import ProjectKey
-from tests.integration.workers.archives import steps_spec
+from tests.integration.workers.archives import UNTIL_STOPPED, steps_spec
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -29,7 +29,6 @@ from tests.integration.workers.helpers import (
 )
 
 GONE_WITHIN_S = 10.0
-UNTIL_STOPPED = 1_000_000  # steps: the job runs until it is cancelled or paused
 
 
 def _cancel(engine: Engine, job_id: int) -> str:

@@ -56,6 +56,7 @@ def store_archive(
 # every `--checkpoint-every` steps and at a stop; a resumed attempt starts after the newest
 # complete one. With `--gate PATH` the last step waits until PATH exists (or a stop comes), so a
 # test decides when the job ends instead of racing its running time.
+UNTIL_STOPPED = 1_000_000  # `steps_spec(steps=...)` of a job that runs until cancelled or paused
 STEPS_PY = """
 import argparse
 import json

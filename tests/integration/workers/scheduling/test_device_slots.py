@@ -2,11 +2,11 @@
 disjoint devices, a job of 4 waits for all of them, and a cancelled job's slot goes to the job
 queued behind it (real Celery threads pool, real torchrun, Postgres and Redis).
 
-Every job is an entrypoint job that trains nothing: a slot is a slot whichever program runs in
-it, and trainers spinning on every slot of a 2-core host would only slow down the starts the
-test waits for. The jobs that hold slots until cancelled wait for SIGTERM (`IDLE_PY`); the job of
-4 and the jobs that queue behind it run `STEPS_PY` to success, their last step held until the
-test opens their gate, so which job is running when is the test's decision, not a race.
+Every job runs `STEPS_PY`, which trains nothing: a slot is a slot whichever program runs in it,
+and trainers spinning on every slot of a 2-core host would only slow down the starts the test
+waits for. The jobs that hold slots until cancelled have no end of their own; the job of 4 and
+the jobs that queue behind it run to success, their last step held until the test opens their
+gate, so which job is running when is the test's decision, not a race.
 """
 
 from __future__ import annotations
@@ -25,30 +25,19 @@ from core.jobs import service as jobs
 from core.platform.models import JobNode
 from core.platform.models import Worker as WorkerRow
 from core.platform.settings import Settings
-from jobspec.job import JobSpec, ScriptJobSpec
 from tests.conftest import ProjectKey
-from tests.integration.workers.archives import STEPS_PY, steps_spec, store_archive
+from tests.integration.workers.archives import UNTIL_STOPPED, steps_spec
 from tests.integration.workers.helpers import (
     Worker,
-    create_job,
     job_events,
     job_row,
     launches,
-    send,
     start_worker,
     unique_queue,
     wait_for,
     wait_state,
 )
-
-# A job's program until the job is cancelled: it waits, then exits when SIGTERM comes.
-IDLE_PY = """
-import time
-import torchyard.train as ty
-
-while not ty.should_stop():
-    time.sleep(0.1)
-"""
+from tests.integration.workers.helpers import submit as submit_job
 
 
 @pytest.fixture(scope="module")
@@ -65,41 +54,21 @@ def host(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterat
     w.stop()
 
 
-@pytest.fixture
-def idle_code(engine: Engine, settings: Settings, project: ProjectKey) -> str:
-    """The code archive of the jobs: `idle.py` runs until cancelled, `steps.py` to its end."""
-    return store_archive(engine, settings, project, {"idle.py": IDLE_PY, "steps.py": STEPS_PY})
-
-
 def submit(
     engine: Engine, client: Celery, project: ProjectKey, host: Worker, code: str, procs: int,
     gate: Path,
 ) -> int:  # fmt: skip
     """A 4-step job on `procs` devices whose last step waits for the file `gate`."""
     spec = steps_spec(code, pool=host.queue, steps=4, procs=procs, gate=gate)
-    return _queued(engine, client, project, host, spec)
+    return submit_job(engine, client, project, spec)
 
 
 def submit_idle(
     engine: Engine, client: Celery, project: ProjectKey, host: Worker, code: str, procs: int
 ) -> int:
     """A job on `procs` devices that runs until it is cancelled."""
-    spec = ScriptJobSpec.model_validate(
-        {
-            "name": "idle",
-            "entrypoint": {"code": code, "command": ["python", "idle.py"]},
-            "resources": {"procs_per_node": procs, "pool": host.queue},
-        }
-    )
-    return _queued(engine, client, project, host, spec)
-
-
-def _queued(
-    engine: Engine, client: Celery, project: ProjectKey, host: Worker, spec: JobSpec | ScriptJobSpec
-) -> int:
-    job_id = create_job(engine, project, spec)
-    send(client, job_id, host.queue)
-    return job_id
+    spec = steps_spec(code, pool=host.queue, steps=UNTIL_STOPPED, procs=procs, step_s=0.1)
+    return submit_job(engine, client, project, spec)
 
 
 def node_devices(engine: Engine, job_id: int) -> list[int]:
@@ -146,11 +115,11 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     celery_client: Celery,
     project: ProjectKey,
     host: Worker,
-    idle_code: str,
+    steps_code: str,
     tmp_path: Path,
 ) -> None:
     started = time.monotonic()
-    idle = (engine, celery_client, project, host, idle_code)
+    idle = (engine, celery_client, project, host, steps_code)
     first, pair, third = (submit_idle(*idle, procs) for procs in (1, 2, 1))
     big_gate, after_gate = tmp_path / "big.gate", tmp_path / "after.gate"
     big = submit(*idle, 4, big_gate)
