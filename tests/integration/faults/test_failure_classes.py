@@ -40,6 +40,7 @@ from tests.integration.faults.inject import (
     read_only,
 )
 from tests.integration.workers.helpers import (
+    RANK_SPAWN_S,
     TERMINAL,
     Worker,
     create_job,
@@ -137,7 +138,7 @@ def _out_of_memory(
 
     pgid = wait_for(f"attempt {attempt}'s launch", launched, FIRST_STEP_S).data["pgid"]
     wait_for(f"attempt {attempt}'s first step", lambda: step() > 0, FIRST_STEP_S)
-    victim = wait_for(f"rank {rank}'s process", lambda: rank_process(pgid, rank), 10)
+    victim = wait_for(f"rank {rank}'s process", lambda: rank_process(pgid, rank), RANK_SPAWN_S)
     procs = _processes(pgid)
     limit(victim, step)
     return procs
@@ -309,7 +310,7 @@ def test_a_read_only_checkpoint_directory_is_infra_and_the_restart_resumes(
     send(celery_client, job_id, worker.queue)
     (launch,) = wait_for("the launch", lambda: launches(job_events(engine, job_id)), FIRST_STEP_S)
     pgid = launch.data["pgid"]
-    rank = wait_for("rank 0's process", lambda: rank_process(pgid, 0), 10)
+    rank = wait_for("rank 0's process", lambda: rank_process(pgid, 0), RANK_SPAWN_S)
     procs = _processes(pgid)
 
     # A tiny step takes 20 ms on an idle box: the rank is held while the storage turns, so

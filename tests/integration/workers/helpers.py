@@ -37,6 +37,9 @@ from tests.integration.faults.inject import crash_ranks
 
 T = TypeVar("T")
 WORKER_READY_TIMEOUT_S = 60.0
+# torchrun imports torch and runs its rendezvous before it spawns the ranks: seconds on an idle
+# host, past 10 s on CI's loaded one (a launch event precedes every rank).
+RANK_SPAWN_S = 60.0
 TERMINAL = ("succeeded", "failed", "cancelled")
 # Spec sections of a job that trains (and never checkpoints) until it is stopped.
 UNTIL_STOPPED: dict[str, Any] = {

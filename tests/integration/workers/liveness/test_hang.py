@@ -22,6 +22,7 @@ from core.platform.settings import Settings
 from jobspec.job import LimitsSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
+    RANK_SPAWN_S,
     TERMINAL,
     UNTIL_STOPPED,
     Worker,
@@ -132,7 +133,7 @@ def test_a_stopped_rank_is_a_hang_with_its_stacks_in_the_logs_and_no_process_lef
     wait_step(engine, job_id, 3, 120)
     (launch,) = launches(job_events(engine, job_id))
     pgid = launch.data["pgid"]
-    stopped = wait_for("rank 1's process", lambda: rank_process(pgid, 1), 10)
+    stopped = wait_for("rank 1's process", lambda: rank_process(pgid, 1), RANK_SPAWN_S)
     ranks = [stopped, rank_process(pgid, 0)]
     stopped.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
