@@ -62,6 +62,11 @@ class Reporter:
             measure=measure,
         )  # fmt: skip
 
+    def plan(self, max_steps: int) -> None:
+        """The optimizer steps the run takes in all (the number of its last step), declared by
+        a program that knows it only once running (`torchyard.train.set_max_steps`)."""
+        self.emit("plan", max_steps=max_steps)
+
     def checkpoint(self, step: int, uri: str, size_bytes: int) -> None:
         self.emit("checkpoint", step=step, uri=uri, size_bytes=size_bytes)
 

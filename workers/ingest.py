@@ -209,6 +209,8 @@ class RunIngest:
         elif kind == "data":
             data = {k: v for k, v in event.items() if k not in ("type", "time", "attempt")}
             self._add(session, job, "info", _data_message(data), data)
+        elif kind == "plan":  # a user script's `torchyard.train.set_max_steps`
+            _plan(job, event.get("max_steps"))
         elif kind == "info":  # a user script's `torchyard.train.log_event`
             note = event.get("data")
             note = dict(note) if isinstance(note, dict) else {}
@@ -235,6 +237,8 @@ class RunIngest:
         restart = data.get("restart") if isinstance(data, dict) else None
         if trainer_state == "running" and isinstance(restart, int) and restart > 0:
             message = f"ranks restarted in place (restart {restart}); {message}"
+        if trainer_state == "running" and isinstance(data, dict):
+            _plan(job, data.get("max_steps"))  # the built-in trainer's, epochs resolved
         if trainer_state == "running" and state == JobState.STARTING:
             try:
                 jobs.transition(
@@ -292,6 +296,13 @@ class RunIngest:
                     r.completed = dict(event.get("data") or {})
             elif event.get("type") == "error":
                 r.errors.append(str(event.get("message", "")))
+
+
+def _plan(job: Job, max_steps: Any) -> None:
+    """The run's own count of its steps becomes the job's `max_steps` (progress, the queue's
+    ETA): the spec's for a job by `train.epochs` or an entrypoint job is 0 (unknown)."""
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
+        job.max_steps = max_steps
 
 
 def _loads(raw: bytes) -> Any:

@@ -8,6 +8,7 @@ sources), so it needs no download. Run it:
 
 What makes it a good citizen of the platform (`torchyard.train`):
 - `ty.report(step, loss=...)`: the job's loss chart;
+- `ty.set_max_steps(n)`: the job's progress, and an ETA for the jobs queued behind it;
 - `ty.checkpoint_dir(step)` + `ty.completed_checkpoint(path)`: checkpoints the platform knows;
 - `ty.latest_checkpoint()`: a retried, resumed or restarted job continues where it was;
 - `ty.should_stop()`: a pause or cancel (SIGTERM) saves and returns instead of losing work.
@@ -106,6 +107,7 @@ def main() -> None:
         step = state["step"]
         ty.log_event(f"resumed from step {step}", checkpoint=str(latest))
     ddp_model = DistributedDataParallel(model)
+    ty.set_max_steps(args.max_steps)
 
     while step < args.max_steps:
         step += 1

@@ -126,6 +126,7 @@ def main() -> None:
         load(latest, model, optimizer)
         step = ty.checkpoint_step(latest) or 0
         ty.log_event(f"resumed from step {step}", checkpoint=str(latest))
+    ty.set_max_steps(args.max_steps)
 
     while step < args.max_steps:
         step += 1

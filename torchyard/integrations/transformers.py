@@ -27,11 +27,18 @@ __all__ = ["TorchyardCallback"]
 
 
 class TorchyardCallback(TrainerCallback):
-    """Reports the Trainer's logs (`on_log`: a `metric` event at `state.global_step` with its
+    """Declares the Trainer's `state.max_steps` (`on_train_begin`: the job's progress and
+    ETA), reports the Trainer's logs (`on_log`: a `metric` event at `state.global_step` with its
     numeric values: `loss`, `grad_norm`, `learning_rate`, `epoch`, ...), declares each saved
     `output_dir/checkpoint-N` complete (`on_save`; `output_dir` should be
     `torchyard.train.checkpoint_root()`), and on a stop (`should_stop()`, checked at every
     step's end on every rank) has the Trainer save and end training."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if state.max_steps and state.max_steps > 0:
+            ty.set_max_steps(int(state.max_steps))
 
     def on_log(
         self,

@@ -3,6 +3,7 @@
     import torchyard.train as ty
 
     start = ty.latest_checkpoint()          # Path of the newest complete checkpoint, or None
+    ty.set_max_steps(max_steps)             # optional: the job's progress and ETA
     for step in range(first_step, max_steps + 1):
         ...
         ty.report(step, loss=loss.item(), lr=lr)
@@ -44,6 +45,7 @@ __all__ = [
     "rank",
     "report",
     "run_dir",
+    "set_max_steps",
     "should_stop",
 ]
 
@@ -107,6 +109,21 @@ def report(step: int, **metrics: float) -> None:
     if "loss" in values:
         _state.last_loss = values["loss"]
     reporter().metric(step, values)
+
+
+def set_max_steps(max_steps: int) -> None:
+    """Declare how many optimizer steps the run takes in all (the step number `report` reaches
+    at its end): the job then shows `step/max_steps`, and the queue's ETA for the jobs waiting
+    behind it and the CLI's follow bar count down from it. Call it again when the plan changes
+    (e.g. once the data is loaded and the epochs' steps are known). Rank 0 writes a `plan`
+    event; other ranks' calls are dropped. Raises `ValueError` unless `max_steps` >= 1,
+    `TypeError` for a non-integer.
+    """
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    reporter().plan(max_steps)
 
 
 def log_event(message: str, **data: Any) -> None:

@@ -51,6 +51,8 @@ def test_hf_trainer_example_stops_on_sigterm_with_a_checkpoint_and_resumes_from_
     assert checkpoint["step"] == step
     assert checkpoint["uri"] == str(tmp_path / "ckpt" / f"checkpoint-{step}")
     assert {"loss", "grad_norm", "learning_rate"} <= of_type(events, "metric")[0]["values"].keys()
+    # the callback declared the Trainer's step count (the job's progress and ETA)
+    assert [e["max_steps"] for e in of_type(events, "plan")] == [100000]
 
     args = ["--max-steps", str(step + 2), "--save-steps", "1000"]
     rc, out, events = run_script(code, tmp_path, args, TORCHYARD_ATTEMPT="1")
@@ -58,3 +60,4 @@ def test_hf_trainer_example_stops_on_sigterm_with_a_checkpoint_and_resumes_from_
     assert states(events, attempt=1) == ["running", "completed"]
     assert of_type(events, "status", attempt=1)[0]["data"]["start_step"] == step
     assert metric_steps(events, attempt=1)[0] == step + 1  # the Trainer resumed, not restarted
+    assert [e["max_steps"] for e in of_type(events, "plan", attempt=1)] == [step + 2]

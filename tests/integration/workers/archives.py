@@ -20,11 +20,8 @@ from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 
 
-def store_archive(
-    engine: Engine, settings: Settings, project: ProjectKey, files: dict[str, str]
-) -> str:
-    """A `.tar.gz` of `files` kept as a code archive of `project` (`core.jobs.code_archives.create`,
-    as `POST /v1/code` does); returns its id."""
+def tar_gz(files: dict[str, str]) -> bytes:
+    """A `.tar.gz` holding `files` ({name: text}, mode 0755), as a code upload's body."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         for name, text in files.items():
@@ -32,7 +29,15 @@ def store_archive(
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o755
             tf.addfile(info, io.BytesIO(data))
-    raw = buf.getvalue()
+    return buf.getvalue()
+
+
+def store_archive(
+    engine: Engine, settings: Settings, project: ProjectKey, files: dict[str, str]
+) -> str:
+    """A `.tar.gz` of `files` kept as a code archive of `project` (`core.jobs.code_archives.create`,
+    as `POST /v1/code` does); returns its id."""
+    raw = tar_gz(files)
     local = settings.home / f"upload-{secrets.token_hex(4)}.tar.gz"
     local.write_bytes(raw)
     with Session(engine) as s:
@@ -49,13 +54,13 @@ def store_archive(
         return archive.id
 
 
-# A training program that trains nothing, for tests of the control plane (scheduling, slots,
-# cancel, preemption): its ranks import no torch, so a job costs torchrun's start and little
-# more, where the built-in trainer costs every rank about 6 CPU-s of imports and model set-up.
-# `--steps` steps reporting a loss that depends only on the step; a checkpoint (`state.json`)
-# every `--checkpoint-every` steps and at a stop; a resumed attempt starts after the newest
-# complete one. With `--gate PATH` the last step waits until PATH exists (or a stop comes), so a
-# test decides when the job ends instead of racing its running time.
+# A training program that trains nothing, for tests of the control plane (scheduling, slots, cancel,
+# preemption): its ranks import no torch, so a job costs torchrun's start and little more, where the
+# built-in trainer costs every rank about 6 CPU-s of imports and model set-up. `--steps` steps
+# (declared with `set_max_steps`, so the queue has an ETA) reporting a loss that depends only on the
+# step; a checkpoint (`state.json`) every `--checkpoint-every` steps and at a stop; a resumed
+# attempt starts after the newest complete one. With `--gate PATH` the last step waits until PATH
+# exists (or a stop comes), so a test decides when the job ends instead of racing its running time.
 UNTIL_STOPPED = 1_000_000  # `steps_spec(steps=...)` of a job that runs until cancelled or paused
 STEPS_PY = """
 import argparse
@@ -79,6 +84,7 @@ def save(step):
     ty.completed_checkpoint(path)
 
 
+ty.set_max_steps(args.steps)
 latest = ty.latest_checkpoint()
 step = saved = json.loads((latest / "state.json").read_text())["step"] if latest else 0
 ty.log_event("steps program started", start_step=step)

@@ -37,11 +37,13 @@ EXAMPLES = REPO_ROOT / "examples"
 # wait passed 120 s on a loaded CI host.
 TIMEOUT_S = 240.0
 # Each example's command, shortened: checkpoints often, and enough steps after a resume that
-# the test can kill the worker between the resumed attempt's first checkpoint and the end.
+# the test can kill the worker between the resumed attempt's first checkpoint and the end (the
+# kill lands a third of an interval past the second checkpoint; the end is more than one more
+# interval further: every step there is CPU the suite spends only to finish).
 COMMANDS = {
-    "ddp": ["python", "train.py", "--max-steps", "800", "--checkpoint-every", "100"],
-    "fsdp2": ["python", "train.py", "--max-steps", "400", "--checkpoint-every", "60"],
-    "hf_trainer": ["python", "train.py", "--max-steps", "400", "--save-steps", "60"],
+    "ddp": ["python", "train.py", "--max-steps", "500", "--checkpoint-every", "100"],
+    "fsdp2": ["python", "train.py", "--max-steps", "250", "--checkpoint-every", "60"],
+    "hf_trainer": ["python", "train.py", "--max-steps", "250", "--save-steps", "60"],
 }
 
 
@@ -168,6 +170,7 @@ def test_an_example_is_paused_resumed_and_survives_a_killed_worker_from_its_own_
     killed = done.attempt
     assert killed == resumed.attempt + 1 and done.restarts_used == 1
     assert done.failure is not None and done.failure.failure_class == "node_lost", done.failure
+    assert done.max_steps == max_steps  # declared by the program (`set_max_steps`)
     loss = metric_series(engine, job_id, "loss")
     assert [p.step for p in loss] == list(range(1, max_steps + 1)), "every step stored once"
     assert first_step(loss, resumed.attempt) == paused_at + 1

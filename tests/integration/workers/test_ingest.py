@@ -108,6 +108,28 @@ def test_flush_refuses_a_job_that_is_no_longer_this_attempts(
     assert metric_series(engine, claimed_job, "loss") == []
 
 
+@pytest.mark.parametrize(
+    ("reported", "expected"),
+    [
+        # a job by epochs: the trainer's `running` carries the steps it resolved
+        (_event("status", state="running", message="go", data={"max_steps": 37}), 37),
+        # a script's `set_max_steps`, changed once it knew better
+        (_event("plan", max_steps=90) + _event("plan", max_steps=120), 120),
+        # what is not a step count changes nothing
+        (_event("plan", max_steps=-3) + _event("plan", max_steps=True), None),
+        (_event("plan", max_steps="50") + _event("plan"), None),
+    ],
+)
+def test_the_runs_own_step_count_becomes_the_jobs_max_steps(
+    engine: Engine, claimed_job: int, tmp_path: Path, reported: bytes, expected: int | None
+) -> None:
+    before = job_row(engine, claimed_job).max_steps
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    paths.events.write_bytes(reported)
+    RunIngest(paths=paths, job_id=claimed_job, attempt=1).flush(session_factory(engine))
+    assert job_row(engine, claimed_job).max_steps == (before if expected is None else expected)
+
+
 def test_lines_of_every_inplace_restart_are_stored_once_and_the_restart_is_an_event(
     engine: Engine, claimed_job: int, tmp_path: Path
 ) -> None:

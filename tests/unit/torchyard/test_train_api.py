@@ -145,6 +145,23 @@ def test_report_keeps_finite_values_and_log_event_one_line(platform: Path) -> No
         ty.report(-1, loss=1.0)
 
 
+def test_set_max_steps_writes_a_plan_event_and_refuses_what_is_not_a_step_count(
+    platform: Path,
+) -> None:
+    ty.set_max_steps(120)
+    ty.set_max_steps(80)  # the plan changed: the newest counts
+    assert [(e["type"], e["max_steps"]) for e in events(platform / "run")] == [
+        ("plan", 120),
+        ("plan", 80),
+    ]
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        ty.set_max_steps(0)
+    for wrong in (12.5, "12", True):
+        with pytest.raises(TypeError, match="max_steps must be an int"):
+            ty.set_max_steps(wrong)  # type: ignore[arg-type]
+    assert len(events(platform / "run")) == 2
+
+
 def test_should_stop_turns_true_after_sigterm_once_the_handler_is_installed() -> None:
     previous = signal.getsignal(signal.SIGTERM)
     try:
