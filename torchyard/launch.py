@@ -62,9 +62,10 @@ def exporter_argv(
     return argv
 
 
-def beat_argv(loglevel: str = "INFO") -> list[str]:
-    """Celery beat (periodic reaper and reconciler)."""
-    return [sys.executable, "-m", "celery", "-A", WORKER_APP, "beat", "--loglevel", loglevel]
+def controller_argv() -> list[str]:
+    """The controller: the reconcile loop (lost workers, hangs, preemption, lost messages) in
+    a process of its own, one leader among any number (`workers.controller`)."""
+    return [sys.executable, "-m", "workers", "controller"]
 
 
 def admin_argv(*args: str) -> list[str]:

@@ -1,9 +1,12 @@
-"""`python -m workers worker --pool POOL` | `python -m workers control` |
-`python -m workers exporter [--queue exports] [--concurrency 2]`.
+"""`python -m workers worker --pool POOL` | `python -m workers controller` |
+`python -m workers exporter [--queue exports] [--concurrency 2]` | `python -m workers control`.
 
 `worker`: consumes the pool's queue, as many jobs at once as fit the host's devices (threads
 pool, one thread per device, prefetch 1; `workers.app`).
-`control`: the reconciler: a worker on the control queue with Celery beat embedded.
+`controller`: the reconcile loop in a process of its own, one leader among any number
+(`workers.controller`): run it in every deployment.
+`control`: a worker on the control queue with Celery beat embedded (beat's `workers.reconcile`
+messages run on it, or on any worker with an idle thread); the controller does not need it.
 `exporter`: checkpoint exports (`workers.export_checkpoint`), `--concurrency` at once: no
 devices, so training never holds them up.
 Extra arguments go to `celery worker` (e.g. `-l DEBUG`, `-n name@%h`).
@@ -33,11 +36,16 @@ def celery_argv(command: str, pool: str, extra: list[str], concurrency: int = 2)
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__)
-    parser.add_argument("command", choices=["worker", "control", "exporter"])
+    parser.add_argument("command", choices=["worker", "controller", "control", "exporter"])
     parser.add_argument("--pool", default="default", help="pool (queue) a worker serves")
     parser.add_argument("--queue", default=None, help="the exporter's queue (settings)")
     parser.add_argument("--concurrency", type=int, default=None, help="exports at once")
     known, extra = parser.parse_known_args(args)
+    if known.command == "controller":
+        from workers import controller
+
+        controller.main()
+        return
     if known.command == "exporter":
         settings = get_settings()
         queue = known.queue or settings.export_queue

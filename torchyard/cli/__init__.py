@@ -159,7 +159,9 @@ def whoami(ctx: typer.Context, json_out: JsonOpt = False) -> None:
         )
 
 
-app.registered_commands += servers_cli.registered_commands  # api, worker, exporter, beat
+app.registered_commands += (
+    servers_cli.registered_commands
+)  # api, worker, exporter, controller, beat
 
 
 def main() -> None:

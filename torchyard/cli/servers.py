@@ -1,5 +1,5 @@
-"""`torchyard api`, `worker`, `exporter`, `beat` and `admin migrate|bootstrap`: the server side
-(each execs the process `torchyard.launch` describes)."""
+"""`torchyard api`, `worker`, `exporter`, `controller` (`beat`) and `admin migrate|bootstrap`:
+the server side (each execs the process `torchyard.launch` describes)."""
 
 from __future__ import annotations
 
@@ -57,12 +57,23 @@ def exporter(
 
 
 @servers_cli.command()
+def controller() -> None:
+    """Run the controller: the reconcile loop that requeues a lost worker's jobs, ends hung
+    ones, preempts and re-sends lost messages, whatever the workers are busy with. Run one or
+    more: one leads (a Postgres advisory lock), a standby takes over within seconds.
+
+    Example: `torchyard controller`
+    """
+    launch.exec_argv(launch.controller_argv())
+
+
+@servers_cli.command()
 def beat() -> None:
-    """Run the periodic scheduler (reaper, reconciler).
+    """The controller, under its earlier name (`torchyard controller`).
 
     Example: `torchyard beat`
     """
-    launch.exec_argv(launch.beat_argv())
+    launch.exec_argv(launch.controller_argv())
 
 
 @admin_app.command("migrate")

@@ -17,7 +17,7 @@ def _compose() -> dict[str, Any]:
 
 def test_the_production_services_are_all_there_and_share_one_configuration() -> None:
     services = _compose()["services"]
-    ours_names = ("migrate", "api", "worker", "exporter", "beat")
+    ours_names = ("migrate", "api", "worker", "exporter", "controller")
     assert {"postgres", "redis", "minio", *ours_names} <= set(services)
     ours = [services[name] for name in ours_names]
     assert all(s["environment"] == ours[0]["environment"] for s in ours)
@@ -25,10 +25,16 @@ def test_the_production_services_are_all_there_and_share_one_configuration() -> 
     assert env["TORCHYARD_ENV"] == "production"
     assert env["TORCHYARD_DATABASE_URL"].startswith("postgresql+psycopg://")
     assert env["TORCHYARD_BROKER_URL"].startswith("redis://")
-    for name in ("api", "worker", "beat"):
+    for name in ("api", "worker", "controller"):
         assert services[name]["depends_on"]["migrate"] == {
             "condition": "service_completed_successfully"
         }, name
+
+
+def test_two_controllers_run_so_that_one_stands_by() -> None:
+    controller = _compose()["services"]["controller"]
+    assert controller["command"] == ["torchyard", "controller"]
+    assert controller["deploy"]["replicas"] == 2
 
 
 def test_the_worker_reserves_the_hosts_gpus() -> None:

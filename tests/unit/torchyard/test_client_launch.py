@@ -28,16 +28,8 @@ def test_worker_argv_is_a_threads_pool_sized_by_the_worker_on_its_pool() -> None
     assert "--hostname" not in launch.worker_argv()
 
 
-def test_beat_and_admin_argv() -> None:
-    assert launch.beat_argv()[1:] == [
-        "-m",
-        "celery",
-        "-A",
-        "workers.app:app",
-        "beat",
-        "--loglevel",
-        "INFO",
-    ]
+def test_controller_and_admin_argv() -> None:
+    assert launch.controller_argv()[1:] == ["-m", "workers", "controller"]
     assert launch.admin_argv("bootstrap", "--project", "p")[1:] == [
         "-m", "core.admin", "bootstrap", "--project", "p",
     ]  # fmt: skip

@@ -1,0 +1,229 @@
+"""The controller (`python -m workers controller`, `workers.controller`): the reconcile loop in
+a process of its own, so a lost worker's job is requeued even when no worker has an idle
+thread for beat's `workers.reconcile` messages (issue 26: a busy deployment's killed worker
+left its job `running` for 333 s). Several may run; one leads (a Postgres advisory lock) and a
+standby takes over when the leader dies. Real processes: controllers, a Celery worker on the
+solo pool (busy with its job, so it runs no reconcile) and its torchrun, Postgres, Redis."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from celery import Celery
+from sqlalchemy import Engine, text
+
+from core.platform.db import make_engine, session_factory
+from core.platform.settings import Settings
+from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from tests.integration.workers.archives import UNTIL_STOPPED, steps_spec
+from tests.integration.workers.helpers import (
+    Worker,
+    job_events,
+    job_row,
+    start_worker,
+    submit,
+    unique_queue,
+    wait_for,
+    wait_state,
+    wait_step,
+)
+from workers.controller import Leadership, Steadiness, run_round
+
+# The promise: a lost worker's job is back in the queue within this (worker_timeout_s 10 s,
+# a reconcile every 2 s, the requeue's own transaction).
+REQUEUE_WITHIN_S = 15.0
+# A standby tries the lock every reconcile interval (2 s); a process's start is not counted.
+TAKEOVER_WITHIN_S = 10.0
+START_S = 60.0  # a controller's imports and first round, on a loaded host
+
+
+class Controller:
+    """A `python -m workers controller` process and its log."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.log_path = log_path
+        with log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "workers", "controller"],
+                cwd=REPO_ROOT,
+                env=settings_env(settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def says(self, words: str) -> bool:
+        if self.proc.poll() is not None:
+            pytest.fail(f"controller exited with {self.proc.returncode}:\n{self.log}")
+        return words in self.log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def controllers(settings: Settings, worker_logs: Path) -> Iterator[list[Controller]]:
+    """The controllers a test starts (`_start`); each is stopped (or already dead) at the end."""
+    started: list[Controller] = []
+    yield started
+    for c in started:
+        c.stop()
+
+
+def _start(started: list[Controller], settings: Settings, log_dir: Path) -> Controller:
+    controller = Controller(settings, log_dir / f"controller-{secrets.token_hex(3)}.log")
+    started.append(controller)
+    return controller
+
+
+def _advisory_holders(engine: Engine) -> int:
+    with engine.connect() as conn:
+        query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        return int(conn.execute(text(query)).scalar_one())
+
+
+def test_one_controller_leads_and_a_standby_takes_over_within_seconds_of_its_death(
+    engine: Engine, settings: Settings, worker_logs: Path, controllers: list[Controller]
+) -> None:
+    first = _start(controllers, settings, worker_logs)
+    wait_for("the first controller to lead", lambda: first.says("controller: leading"), START_S)
+    second = _start(controllers, settings, worker_logs)
+    wait_for("the second to stand by", lambda: second.says("standing by"), START_S)
+    assert not second.says("controller: leading")
+    assert _advisory_holders(engine) == 1
+
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    killed = time.monotonic()
+    wait_for("the standby to lead", lambda: second.says("controller: leading"), TAKEOVER_WITHIN_S)
+    took = time.monotonic() - killed
+    assert _advisory_holders(engine) == 1
+    print(f"leader SIGKILLed -> standby leading in {took:.1f} s")
+
+
+def test_a_busy_workers_killed_job_is_requeued_within_15_s_by_the_controller_alone(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+    steps_code: str,
+    controllers: list[Controller],
+) -> None:
+    """One worker (solo pool: busy with the job, it would run no reconcile), no beat: only the
+    controller can notice that the worker was SIGKILLed with its trainer."""
+    controller = _start(controllers, settings, worker_logs)
+    wait_for("the controller to lead", lambda: controller.says("controller: leading"), START_S)
+    worker: Worker = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("ctl"),
+        log_dir=worker_logs,
+    )
+    try:
+        spec = steps_spec(
+            steps_code,
+            pool=worker.queue,
+            steps=UNTIL_STOPPED,
+            step_s=0.1,
+            retries={"max_restarts": 1},
+        )
+        job_id = submit(engine, celery_client, project, spec)
+        wait_step(engine, job_id, 2, START_S, "the job")
+        tree = [psutil.Process(worker.proc.pid), *psutil.Process(worker.proc.pid).children(True)]
+        for proc in tree:
+            proc.send_signal(signal.SIGKILL)
+        worker.proc.wait()
+        killed = time.monotonic()
+        job = wait_state(engine, job_id, ("queued",), REQUEUE_WITHIN_S, worker)
+        took = time.monotonic() - killed
+    finally:
+        worker.stop()
+    assert job.failure is not None and job.failure["class"] == "node_lost", job.failure
+    assert "no worker heartbeat" in job.failure["reason"], job.failure
+    (restarting,) = [e for e in job_events(engine, job_id) if e.state_to == "restarting"]
+    assert restarting.data["failure_class"] == "node_lost"
+    assert job_row(engine, job_id).restarts_used == 1
+    print(f"busy worker SIGKILLed -> job requeued by the controller in {took:.1f} s")
+
+
+@pytest.fixture
+def two_engines(settings: Settings) -> Iterator[tuple[Engine, Engine]]:
+    """Two engines on the test database, as two controller processes would have."""
+    engines = (make_engine(settings.database_url), make_engine(settings.database_url))
+    yield engines
+    for e in engines:
+        e.dispose()
+
+
+def test_on_postgres_one_leadership_holds_the_lock_until_it_lets_go(
+    two_engines: tuple[Engine, Engine], tmp_path: Path
+) -> None:
+    first, second = (Leadership(e, tmp_path) for e in two_engines)
+    assert first.hold() and first.leading
+    assert not second.hold() and not second.leading
+    assert first.hold()  # kept, on the same session
+    first.drop()
+    assert second.hold()
+    assert not first.hold()
+    second.drop()
+
+
+def test_on_sqlite_the_lead_is_an_flock_of_the_home(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'torchyard.db'}")
+    try:
+        first, second = Leadership(engine, tmp_path), Leadership(engine, tmp_path)
+        assert first.hold() and not second.hold()
+        first.drop()
+        assert second.hold() and not first.hold()
+        second.drop()
+    finally:
+        engine.dispose()
+
+
+def test_steadiness_counts_from_the_first_contact_after_the_last_gap() -> None:
+    now = [100.0]
+    steady = Steadiness(clock=lambda: now[0])
+    assert steady.seconds() == 0.0
+    steady.touched()
+    now[0] = 112.0
+    steady.touched()  # a later contact does not restart the count
+    assert steady.seconds() == 12.0
+    steady.broke()
+    assert steady.seconds() == 0.0
+    steady.touched()
+    now[0] = 115.0
+    assert steady.seconds() == 3.0
+
+
+def test_a_round_without_the_database_gives_up_the_lead_and_the_steadiness(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Nothing listens on port 1: the round logs and returns; it neither raises nor reconciles."""
+    engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none")
+    try:
+        leadership, steady = Leadership(engine, tmp_path), Steadiness()
+        steady.touched()
+        sent: list[tuple[int, str]] = []
+        factory = session_factory(engine)
+        run_round(settings, leadership, steady, factory, lambda j, q: sent.append((j, q)))
+        assert (leadership.leading, steady.seconds(), sent) == (False, 0.0, [])
+    finally:
+        engine.dispose()

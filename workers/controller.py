@@ -1,0 +1,218 @@
+"""The controller: the reconcile loop (`workers.reconcile`) in a process of its own.
+
+Celery beat only *sends* `workers.reconcile` messages; they run on whichever worker has an
+idle thread, and a GPU worker whose every device is busy, the normal state of a cluster, has
+none: lost-worker detection, hang handling, preemption and gang timeouts then stop unseen
+(issue 26: a killed worker's job stayed `running` 333 s). The controller runs the reconcile
+itself, every `RECONCILE_INTERVAL_S`, whatever the workers are doing:
+
+    python -m workers controller        # or `torchyard controller` (`torchyard beat`)
+
+Run one or more per deployment: exactly one leads. On Postgres the leader holds a
+session-level advisory lock (`pg_try_advisory_lock(LOCK_KEY)`) on a connection of its own;
+the others try it every interval, so when the leader dies (its connection closes with it) a
+standby leads within an interval or two. On SQLite (the embedded default, one host) the lock
+is an `flock` on `<home>/controller.lock`.
+
+Silence (a worker's or a heartbeat's) is judged only once this process has been in touch with
+the database for `worker_timeout_s` without a gap (`reconcile`'s `steady_s`): a standby that
+polled the lock all along judges at once when it takes over; one that just came back from a
+database outage waits, so a gap of its own is never taken for dead workers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from sqlalchemy import Connection, Engine, func, select, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from core.platform.db import make_engine, session_factory
+from core.platform.logs import configure_json_logging
+from core.platform.settings import Settings, get_settings
+from workers import reconcile as reconciler
+from workers.app import RECONCILE_INTERVAL_S
+
+log = logging.getLogger(__name__)
+
+# The advisory lock's key: "tyctl" as an integer, unlikely to collide with an application's.
+LOCK_KEY = int.from_bytes(b"tyctl", "big")
+LOCK_FILE = "controller.lock"
+
+
+class Leadership:
+    """Whether this process leads: a Postgres advisory lock held on a connection of its own,
+    or an `flock` on `home/controller.lock` for SQLite. `hold()` takes or keeps it and says
+    whether this process has it; raises `SQLAlchemyError` when the database cannot be asked."""
+
+    def __init__(self, engine: Engine, home: Path) -> None:
+        self.engine = engine
+        self.home = home
+        self._conn: Connection | None = None
+        self._file: IO[bytes] | None = None
+        self.standing_by = False  # the last round found another process leading
+
+    @property
+    def leading(self) -> bool:
+        return self._conn is not None or self._file is not None
+
+    def hold(self) -> bool:
+        if self.engine.dialect.name != "postgresql":
+            return self._hold_file()
+        if self._conn is not None:
+            try:
+                self._conn.execute(text("SELECT 1"))  # still the lock's session
+                return True
+            except SQLAlchemyError:
+                self.drop()
+                raise
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            got = bool(conn.execute(select(func.pg_try_advisory_lock(LOCK_KEY))).scalar())
+        except SQLAlchemyError:
+            conn.invalidate()
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def _hold_file(self) -> bool:
+        if self._file is not None:
+            return True
+        self.home.mkdir(parents=True, exist_ok=True)
+        handle = (self.home / LOCK_FILE).open("ab")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._file = handle
+        return True
+
+    def drop(self) -> None:
+        """Give the lead up: the lock's connection is discarded (so the lock goes with its
+        session), the file closed."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                conn.invalidate()  # never back to the pool with the lock held
+                conn.close()
+            except SQLAlchemyError:
+                pass
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Steadiness:
+    """Seconds this process has been in touch with the database without a gap."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._since: float | None = None
+
+    def touched(self) -> None:
+        if self._since is None:
+            self._since = self.clock()
+
+    def broke(self) -> None:
+        self._since = None
+
+    def seconds(self) -> float:
+        return 0.0 if self._since is None else self.clock() - self._since
+
+
+def run(
+    settings: Settings,
+    *,
+    stop: threading.Event,
+    interval_s: float = RECONCILE_INTERVAL_S,
+    dispatch: reconciler.Dispatch | None = None,
+) -> None:
+    """Lead or stand by until `stop` is set: each `interval_s`, take or keep the lead and, when
+    leading, reconcile once. A database error ends neither: the lead is given up, the
+    steadiness restarts, and the next round tries again."""
+    if dispatch is None:
+        from workers.tasks import dispatch as send_run_job
+
+        dispatch = send_run_job
+    engine = make_engine(settings.database_url)
+    factory = session_factory(engine)
+    leadership = Leadership(engine, settings.home)
+    steady = Steadiness()
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            run_round(settings, leadership, steady, factory, dispatch)
+            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+    finally:
+        leadership.drop()
+        engine.dispose()
+
+
+def run_round(
+    settings: Settings,
+    leadership: Leadership,
+    steady: Steadiness,
+    factory: Callable[[], Session],
+    dispatch: reconciler.Dispatch,
+) -> None:
+    """One round: take or keep the lead and, leading, reconcile once (`dispatch` sends a
+    queued job's message again). Nothing is raised: a database error gives up the lead and the
+    steadiness until the database answers again; any other error is logged with its traceback
+    and the next round runs as usual."""
+    was_leading = leadership.leading
+    try:
+        leading = leadership.hold()
+        steady.touched()
+        if leading and not was_leading:
+            log.info("controller: leading (pid %d)", os.getpid())
+        if not leading:
+            if not leadership.standing_by:
+                log.info("controller: another process leads; standing by")
+            leadership.standing_by = True
+            return
+        leadership.standing_by = False
+        reconciler.reconcile(
+            settings=settings,
+            session_factory=factory,
+            dispatch=dispatch,
+            redispatch_after_s=settings.heartbeat_timeout_s,
+            steady_s=steady.seconds(),
+        )
+    except SQLAlchemyError as exc:
+        steady.broke()
+        if leadership.leading:
+            log.warning("controller: gave up the lead: %s", type(exc).__name__)
+        leadership.drop()
+        log.warning("controller: database unreachable: %s", exc)
+    except Exception:  # a bug or a broker outage must not end the loop: the next round retries
+        log.exception("controller: the round failed")
+
+
+def main() -> None:
+    """`python -m workers controller`: run until SIGTERM or SIGINT."""
+    configure_json_logging("")
+    logging.getLogger().setLevel(logging.INFO)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("controller: started (pid %d), standing by for the lead", os.getpid())
+    run(get_settings(), stop=stop)
