@@ -186,12 +186,8 @@ def run_round(
             leadership.standing_by = True
             return
         leadership.standing_by = False
-        reconciler.reconcile(
-            settings=settings,
-            session_factory=factory,
-            dispatch=dispatch,
-            redispatch_after_s=settings.heartbeat_timeout_s,
-            steady_s=steady.seconds(),
+        reconciler.reconcile_deployed(
+            settings=settings, session_factory=factory, dispatch=dispatch, steady_s=steady.seconds()
         )
     except SQLAlchemyError as exc:
         steady.broke()

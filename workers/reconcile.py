@@ -97,6 +97,24 @@ class Scope:
     worker: str | None = None
 
 
+def reconcile_deployed(
+    *,
+    settings: Settings,
+    session_factory: Callable[[], Session],
+    dispatch: Dispatch,
+    steady_s: float,
+) -> Report:
+    """`reconcile` as a deployment runs it (the controller, or a worker's `workers.reconcile`
+    task): every pool, stale queued jobs re-sent after `heartbeat_timeout_s`."""
+    return reconcile(
+        settings=settings,
+        session_factory=session_factory,
+        dispatch=dispatch,
+        redispatch_after_s=settings.heartbeat_timeout_s,
+        steady_s=steady_s,
+    )
+
+
 def reconcile(
     *,
     settings: Settings,

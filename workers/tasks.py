@@ -165,11 +165,10 @@ def export_checkpoint(self: Any, export_id: int) -> str:
 def reconcile() -> dict[str, list[int]]:
     """Requeue or end jobs whose worker is gone and re-send queued jobs nobody claimed."""
     settings = get_settings()
-    report = reconciler.reconcile(
+    report = reconciler.reconcile_deployed(
         settings=settings,
         session_factory=session_factory(get_engine(settings)),
         dispatch=dispatch,
-        redispatch_after_s=settings.heartbeat_timeout_s,
         steady_s=heartbeat.steady_s() if heartbeat is not None else 0.0,
     )
     return dataclasses.asdict(report)
