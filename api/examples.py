@@ -322,6 +322,16 @@ ME: dict[str, Any] = {
     "org_admin": False,
 }
 STATUS: dict[str, Any] = {"status": "ok"}
+READINESS: dict[str, Any] = {
+    "status": "ok",
+    "reconciler": {
+        "state": "ok",
+        "reconciled_at": "2026-11-27T15:02:11.204Z",
+        "seconds_since": 1.3,
+        "leader": "ctl-0:41",
+        "detail": "reconciled 1 s ago by ctl-0:41",
+    },
+}
 
 
 # FastAPI leaves every null out of the OpenAPI document it builds (its final `exclude_none`

@@ -43,7 +43,8 @@ from torchyard.specs import apply_overrides
 from torchyard.summary import render_summary
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
-#: The quickstart runs no reconciler (beat): it gives up itself on a job its worker dropped.
+#: The quickstart gives up itself on a job its worker stopped heartbeating: with one worker,
+#: the controller's requeue would leave it queued with nobody to run it.
 LOST_JOB_S = 120.0
 # Next to this module rather than importlib.resources: an editable install made before the
 # package had an __init__.py maps it as a namespace package, which resources cannot read.
@@ -158,7 +159,8 @@ def run_admin(args: list[str], env: Mapping[str, str], log_path: Path) -> str:
 
 
 class Servers:
-    """The API and the worker as child processes, with their logs under ``HOME/logs``."""
+    """The API, the worker and the controller as child processes, with their logs under
+    ``HOME/logs``."""
 
     def __init__(self, env: Mapping[str, str], logs: Path, port: int) -> None:
         self.env = env
@@ -168,12 +170,17 @@ class Servers:
         self.children: list[launch.Child] = []
 
     def start(self, pool: str) -> None:
-        """Start the API and a worker serving `pool` (stop them with `stop`, even if this
-        raised half-way)."""
+        """Start the API, a worker serving `pool` and the controller (the reconcile loop, so
+        `/readyz` and the dashboard do not report it missing); stop them with `stop`, even if
+        this raised half-way."""
         api = launch.api_argv("127.0.0.1", self.port)
         self.children.append(launch.Child("api", api, self.logs / "api.log", self.env))
         worker = launch.worker_argv(pool, hostname=f"quickstart-{os.getpid()}@%h")
         self.children.append(launch.Child("worker", worker, self.logs / "worker.log", self.env))
+        controller = launch.controller_argv()
+        self.children.append(
+            launch.Child("controller", controller, self.logs / "controller.log", self.env)
+        )
 
     def check(self) -> None:
         """Raise `QuickstartError` with the log tail if a child has exited."""
@@ -212,8 +219,8 @@ class Servers:
                 time.sleep(0.25)
 
     def stop(self) -> None:
-        """Stop the worker first (it stops its run), then the API. A second Ctrl-C meanwhile
-        is ignored: breaking off here would leave the children running."""
+        """Stop the controller, the worker (it stops its run), then the API. A second Ctrl-C
+        meanwhile is ignored: breaking off here would leave the children running."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for child in reversed(self.children):

@@ -24,18 +24,18 @@ from typing import Any
 
 from celery import Celery, signals
 
+from core.platform.control import RECONCILE_INTERVAL_S
 from core.platform.logs import configure_json_logging
 from core.platform.queue import RECONCILE_TASK, celery_config
 from core.platform.settings import Settings, get_settings
 from workers import devices
 
 CONTROL_QUEUE = "torchyard.control"
-# A lost worker is requeued within worker_timeout_s (10 s) + this + a task's delivery (~1 s
-# on a loaded host): 13 s at worst, under the 15 s the platform promises. An idle reconcile
-# is two indexed selects (active jobs and their live gang nodes joined to the workers' rows;
-# queued jobs past the redispatch age): 27 ms in all, measured on the loaded 2-core test host
-# with 2,000 jobs.
-RECONCILE_INTERVAL_S = 2.0
+# RECONCILE_INTERVAL_S (core.platform.control, 2 s): a lost worker is requeued within
+# worker_timeout_s (10 s) + this + a task's delivery (~1 s on a loaded host): 13 s at worst,
+# under the 15 s the platform promises. An idle reconcile is two indexed selects (active jobs
+# and their live gang nodes joined to the workers' rows; queued jobs past the redispatch age):
+# 27 ms in all, measured on the loaded 2-core test host with 2,000 jobs.
 
 
 def create_app(settings: Settings | None = None) -> Celery:

@@ -26,6 +26,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -37,11 +38,13 @@ from sqlalchemy import Connection, Engine, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from core.platform import control
+from core.platform.control import RECONCILE_INTERVAL_S
 from core.platform.db import make_engine, session_factory
 from core.platform.logs import configure_json_logging
+from core.platform.models import utcnow
 from core.platform.settings import Settings, get_settings
 from workers import reconcile as reconciler
-from workers.app import RECONCILE_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,30 @@ class Steadiness:
         return 0.0 if self._since is None else self.clock() - self._since
 
 
+class Identity:
+    """This process as the `controllers` table names it (`core.platform.control`)."""
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.name = f"{self.host}:{self.pid}"
+        self.started_at = utcnow()
+
+    def record(self, factory: Callable[[], Session], *, leading: bool, reconciled: bool) -> None:
+        """Write this round to the `controllers` table. Raises `SQLAlchemyError`."""
+        with factory() as session:
+            control.record_round(
+                session,
+                name=self.name,
+                host=self.host,
+                pid=self.pid,
+                started_at=self.started_at,
+                leading=leading,
+                reconciled=reconciled,
+                now=utcnow(),
+            )
+
+
 def run(
     settings: Settings,
     *,
@@ -153,10 +180,11 @@ def run(
     factory = session_factory(engine)
     leadership = Leadership(engine, settings.home)
     steady = Steadiness()
+    me = Identity()
     try:
         while not stop.is_set():
             started = time.monotonic()
-            run_round(settings, leadership, steady, factory, dispatch)
+            run_round(settings, leadership, steady, factory, dispatch, me)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
     finally:
         leadership.drop()
@@ -169,11 +197,13 @@ def run_round(
     steady: Steadiness,
     factory: Callable[[], Session],
     dispatch: reconciler.Dispatch,
+    me: Identity,
 ) -> None:
     """One round: take or keep the lead and, leading, reconcile once (`dispatch` sends a
-    queued job's message again). Nothing is raised: a database error gives up the lead and the
-    steadiness until the database answers again; any other error is logged with its traceback
-    and the next round runs as usual."""
+    queued job's message again); then record the round as `me` in the `controllers` table, so
+    `GET /readyz` can tell when no reconcile ran for a while. Nothing is raised: a database
+    error gives up the lead and the steadiness until the database answers again; any other
+    error is logged with its traceback and the next round runs as usual."""
     was_leading = leadership.leading
     try:
         leading = leadership.hold()
@@ -184,11 +214,13 @@ def run_round(
             if not leadership.standing_by:
                 log.info("controller: another process leads; standing by")
             leadership.standing_by = True
+            me.record(factory, leading=False, reconciled=False)
             return
         leadership.standing_by = False
         reconciler.reconcile_deployed(
             settings=settings, session_factory=factory, dispatch=dispatch, steady_s=steady.seconds()
         )
+        me.record(factory, leading=True, reconciled=True)
     except SQLAlchemyError as exc:
         steady.broke()
         if leadership.leading:

@@ -538,6 +538,36 @@ class Status(BaseModel):
     status: Literal["ok"] = Field(default="ok", description="Always `ok` when the answer is 200.")
 
 
+class ReconcilerStatus(BaseModel):
+    """When the reconcile loop (the controller, `torchyard controller`) last ran."""
+
+    state: Literal["ok", "stale", "absent"] = Field(
+        description="`ok`: a reconcile finished within the last 10 s (five rounds); `stale`: "
+        "the last one is older (lost workers' jobs are not requeued, hangs not ended); "
+        "`absent`: no controller ever reconciled on this database."
+    )
+    reconciled_at: datetime | None = Field(
+        description="When the last reconcile finished (the controller's clock); null when absent."
+    )
+    seconds_since: float | None = Field(
+        description="Seconds since `reconciled_at` (the API's clock); null when absent."
+    )
+    leader: str | None = Field(
+        description="The controller that ran the last reconcile, as `host:pid`; null when absent."
+    )
+    detail: str = Field(description="One sentence for people, with what to do when not `ok`.")
+
+
+class Readiness(BaseModel):
+    model_config = examples.config(examples.READINESS)
+
+    status: Literal["ok", "degraded"] = Field(
+        description="`ok`: the API is ready and the reconcile loop runs; `degraded`: the API "
+        "serves (the answer is still 200) but `reconciler` is not `ok`."
+    )
+    reconciler: ReconcilerStatus = Field(description="The reconcile loop's last run.")
+
+
 def _data_field(name: str) -> Any:
     """`DataSpec`'s declaration of `name` (default, bounds, description), to declare it again."""
     return copy.copy(DataSpec.model_fields[name])

@@ -461,6 +461,27 @@ class Worker(Base):
     stopping: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
 
 
+class Controller(Base):
+    """A controller process (`workers.controller`), as its own rounds last wrote it (0017).
+
+    Each round, leading or standing by, writes `seen_at` and `leading`; a leader that finished a
+    reconcile writes `reconciled_at`. `GET /readyz` and the dashboard read the latest
+    `reconciled_at` of all rows (`core.platform.control`) to say when no reconcile ran for a few
+    intervals: lost workers, hangs, preemption and gang timeouts are then unhandled. Times come
+    from the controller's own clock, compared with the API's (hosts keep NTP time).
+    """
+
+    __tablename__ = "controllers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # "<host>:<pid>"
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column()
+    seen_at: Mapped[datetime] = mapped_column()
+    leading: Mapped[bool] = mapped_column(Boolean, default=False)
+    reconciled_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+
+
 class AuditEvent(Base):
     """One audited request (api.audit): every mutating request and every 401/403 (0011).
 

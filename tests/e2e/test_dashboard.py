@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from sqlalchemy import Engine
+from sqlalchemy import Engine, delete
+from sqlalchemy.orm import Session
 
+from core.platform.control import record_round
+from core.platform.models import Controller
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
@@ -328,6 +332,40 @@ def test_pause_and_resume_a_queued_job_from_its_page(
     expect(row).to_have_text("queued")
     assert api.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
     expect(row).to_have_text("paused")
+
+
+def _last_reconcile(engine: Engine, at: datetime) -> None:
+    """Make `at` the last reconcile of the database: every controller row goes, one is written."""
+    with Session(engine) as session:
+        session.execute(delete(Controller))
+        record_round(
+            session, name="ctl-e2e:1", host="ctl-e2e", pid=1, started_at=at,
+            leading=True, reconciled=True, now=at,
+        )  # fmt: skip
+
+
+def test_a_banner_on_every_page_says_when_no_controller_reconciles(
+    browser: Browser, live_api: str, engine: Engine
+) -> None:
+    owner = make_project(engine)
+    _last_reconcile(engine, datetime.now(UTC) - timedelta(hours=1))
+    with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+        banner = dash.page.locator("#control-banner")
+        for route in ("/jobs", "/datasets"):
+            dash.open(route)
+            expect(banner).to_be_visible()
+            expect(banner).to_have_attribute("data-state", "stale")
+            expect(banner).to_contain_text("Reconciler stale: no reconcile for")
+            expect(banner).to_contain_text("torchyard controller")
+        assert dash.fits_width()
+        # A reconcile the API sees as just done for the whole test (the controller's clock
+        # ahead of the API's: age 0), so a loaded host cannot age it past the threshold.
+        _last_reconcile(engine, datetime.now(UTC) + timedelta(minutes=5))
+        with dash.page.expect_response(lambda answer: answer.url.endswith("/readyz")) as ready:
+            dash.page.reload()
+        assert ready.value.json()["reconciler"]["state"] == "ok"
+        expect(banner).to_have_attribute("data-state", "ok")  # the page read that answer
+        expect(banner).to_be_hidden()
 
 
 def test_clone_and_edit_opens_the_jobs_spec_in_the_editor(

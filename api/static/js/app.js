@@ -92,6 +92,29 @@ function route() {
   else stopPage = jobsPage(view, query);
 }
 
+// The control plane's own health (GET /readyz): a banner while no controller reconciles, since
+// lost workers' jobs are then not requeued and hung attempts not ended, and nothing else says so.
+const CONTROL_CHECK_MS = 15_000;
+
+async function checkControl() {
+  const banner = document.getElementById("control-banner");
+  let reconciler;
+  try {
+    const answer = await fetch(new URL("/readyz", window.location.origin));
+    reconciler = (await answer.json()).reconciler;
+  } catch {
+    return; // the API is unreachable or not ready: the pages' own requests say so
+  }
+  banner.hidden = !reconciler || reconciler.state === "ok";
+  banner.dataset.state = reconciler?.state ?? "";
+  if (!banner.hidden) {
+    banner.textContent = `Reconciler ${reconciler.state}: ${reconciler.detail}`;
+  }
+}
+
+checkControl();
+setInterval(checkControl, CONTROL_CHECK_MS);
+
 document.getElementById("logout").addEventListener("click", () => {
   auth.key = null;
   window.location.hash = "#/login";

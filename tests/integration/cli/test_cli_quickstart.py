@@ -58,6 +58,13 @@ def _job_states(home: Path) -> list[str]:
         return [state for (state,) in db.execute("SELECT state FROM jobs ORDER BY id")]
 
 
+def _controllers(home: Path) -> list[tuple[int, bool]]:
+    """(pid, still alive) of each controller that reconciled on the quickstart's database."""
+    with sqlite3.connect(home / "torchyard.db") as db:
+        query = "SELECT pid FROM controllers WHERE reconciled_at IS NOT NULL"
+        return [(pid, Path(f"/proc/{pid}").exists()) for (pid,) in db.execute(query)]
+
+
 def _leftovers(home: Path, quickstart_pid: int) -> list[str]:
     """Live processes of that quickstart: its worker (by node name) or a trainer (by home)."""
     return _processes_mentioning(str(home)) + _processes_mentioning(f"quickstart-{quickstart_pid}@")
@@ -86,6 +93,7 @@ class FirstRun:
     api_port_open: bool
     leftovers: list[str]
     job_states: list[str]
+    controllers: list[tuple[int, bool]]
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +103,15 @@ def first_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Ite
     proc = _quickstart(home, corpus_dir, "--steps", "20")
     output, _ = proc.communicate(timeout=600)
     port = _api_port_in(output)
+    db = (home / "torchyard.db").exists()
     yield FirstRun(
         home=home,
         returncode=proc.returncode,
         output=output,
         api_port_open=port is not None and _port_open(port),
         leftovers=_leftovers(home, proc.pid),
-        job_states=_job_states(home) if (home / "torchyard.db").exists() else [],
+        job_states=_job_states(home) if db else [],
+        controllers=_controllers(home) if db else [],
     )
 
 
@@ -127,6 +137,9 @@ def test_quickstart_trains_reports_and_stops_everything(first_run: FirstRun) -> 
     assert not first_run.api_port_open, "the API must be stopped"
     assert first_run.leftovers == []
     assert first_run.job_states == ["succeeded"]
+    # It ran a controller (the reconcile loop; /readyz says `degraded` without one), stopped too
+    assert len(first_run.controllers) == 1, first_run.controllers
+    assert first_run.controllers[0][1] is False, "the controller must be stopped"
 
 
 def test_a_rerun_reuses_the_corpus_and_ctrl_c_cancels_its_job_and_stops_the_servers(

@@ -5,13 +5,17 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core.platform.db import SchemaNotMigrated
+from core.platform.control import STALE_AFTER_S, record_round
+from core.platform.db import SchemaNotMigrated, make_engine, upgrade
 from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.api.conftest import assert_error
@@ -49,11 +53,68 @@ def _unmigrated_settings(tmp_path: Path) -> Settings:
     return Settings(env="test", home=tmp_path, database_url=f"sqlite:///{db}")
 
 
-def test_healthz_and_readyz_answer_ok_on_a_migrated_database(client: TestClient) -> None:
+def test_healthz_and_readyz_answer_200_on_a_migrated_database(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     answer = client.get("/readyz")
     assert answer.status_code == 200
-    assert answer.json() == {"status": "ok"}
+    assert answer.json()["reconciler"]["state"] in ("ok", "stale", "absent")
+
+
+def _readyz_with(tmp_path: Path, reconciled_s_ago: float | None) -> dict[str, Any]:
+    """`/readyz` over a fresh SQLite database whose one controller last reconciled this many
+    seconds ago (None: no controller row)."""
+    url = f"sqlite:///{tmp_path / 'ready.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        if reconciled_s_ago is not None:
+            at = datetime.now(UTC) - timedelta(seconds=reconciled_s_ago)
+            with Session(engine) as session:
+                record_round(
+                    session,
+                    name="ctl-0:41",
+                    host="ctl-0",
+                    pid=41,
+                    started_at=at,
+                    leading=True,
+                    reconciled=True,
+                    now=at,
+                )
+    finally:
+        engine.dispose()
+    settings = Settings(env="test", home=tmp_path, database_url=url)
+    with TestClient(create_app(settings), raise_server_exceptions=True) as client:
+        answer = client.get("/readyz")
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def test_readyz_is_ok_while_a_controller_reconciled_within_five_rounds(tmp_path: Path) -> None:
+    body = _readyz_with(tmp_path, reconciled_s_ago=1.0)
+    assert body["status"] == "ok"
+    reconciler = body["reconciler"]
+    assert (reconciler["state"], reconciler["leader"]) == ("ok", "ctl-0:41")
+    assert 1.0 <= reconciler["seconds_since"] < STALE_AFTER_S
+
+
+def test_readyz_says_degraded_when_the_last_reconcile_is_older_than_five_rounds(
+    tmp_path: Path,
+) -> None:
+    body = _readyz_with(tmp_path, reconciled_s_ago=STALE_AFTER_S + 30)
+    assert body["status"] == "degraded"
+    reconciler = body["reconciler"]
+    assert reconciler["state"] == "stale"
+    assert reconciler["seconds_since"] >= STALE_AFTER_S + 30
+    assert "torchyard controller" in reconciler["detail"]
+
+
+def test_readyz_says_degraded_when_no_controller_ever_reconciled(tmp_path: Path) -> None:
+    body = _readyz_with(tmp_path, reconciled_s_ago=None)
+    assert body["status"] == "degraded"
+    assert body["reconciler"]["state"] == "absent"
+    assert body["reconciler"]["reconciled_at"] is None
+    assert "torchyard controller" in body["reconciler"]["detail"]
 
 
 def test_readyz_is_503_with_the_fix_on_an_unmigrated_database(tmp_path: Path) -> None:

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 import pytest
 from celery import Celery
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
+from core.platform.control import ReconcilerHealth, reconciler_health
 from core.platform.db import make_engine, session_factory
 from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
@@ -35,7 +39,7 @@ from tests.integration.workers.helpers import (
     wait_state,
     wait_step,
 )
-from workers.controller import Leadership, Steadiness, run_round
+from workers.controller import Identity, Leadership, Steadiness, run_round
 
 # The promise: a lost worker's job is back in the queue within this (worker_timeout_s 10 s,
 # a reconcile every 2 s, the requeue's own transaction).
@@ -104,6 +108,8 @@ def test_one_controller_leads_and_a_standby_takes_over_within_seconds_of_its_dea
 ) -> None:
     first = _start(controllers, settings, worker_logs)
     wait_for("the first controller to lead", lambda: first.says("controller: leading"), START_S)
+    first_name = f"{socket.gethostname()}:{first.proc.pid}"
+    wait_for("its reconcile to be recorded", lambda: _health(engine).leader == first_name, START_S)
     second = _start(controllers, settings, worker_logs)
     wait_for("the second to stand by", lambda: second.says("standing by"), START_S)
     assert not second.says("controller: leading")
@@ -115,7 +121,19 @@ def test_one_controller_leads_and_a_standby_takes_over_within_seconds_of_its_dea
     wait_for("the standby to lead", lambda: second.says("controller: leading"), TAKEOVER_WITHIN_S)
     took = time.monotonic() - killed
     assert _advisory_holders(engine) == 1
+    # /readyz's source: the last reconcile is the new leader's, and recent
+    wait_for(
+        "the new leader's reconcile to be recorded",
+        lambda: _health(engine).leader == f"{socket.gethostname()}:{second.proc.pid}",
+        TAKEOVER_WITHIN_S,
+    )
+    assert _health(engine).state == "ok"
     print(f"leader SIGKILLed -> standby leading in {took:.1f} s")
+
+
+def _health(engine: Engine) -> ReconcilerHealth:
+    with Session(engine) as session:
+        return reconciler_health(session, datetime.now(UTC))
 
 
 def test_a_busy_workers_killed_job_is_requeued_within_15_s_by_the_controller_alone(
@@ -223,7 +241,8 @@ def test_a_round_without_the_database_gives_up_the_lead_and_the_steadiness(
         steady.touched()
         sent: list[tuple[int, str]] = []
         factory = session_factory(engine)
-        run_round(settings, leadership, steady, factory, lambda j, q: sent.append((j, q)))
+        send = lambda j, q: sent.append((j, q))  # noqa: E731
+        run_round(settings, leadership, steady, factory, send, Identity())
         assert (leadership.leading, steady.seconds(), sent) == (False, 0.0, [])
     finally:
         engine.dispose()
