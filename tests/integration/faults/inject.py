@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+import fsspec
 import psutil
 import pytest
 
@@ -72,21 +73,24 @@ def paused(proc: psutil.Process) -> Iterator[None]:
         proc.resume()
 
 
-def newest_complete_step(checkpoint_root: Path) -> int:
-    """The highest step of a `step_XXXXXXXX` directory under `checkpoint_root` that holds
-    `.metadata` (DCP writes it last: the checkpoint is complete), as docs/CONTRACTS.md lays
-    them out; 0 when there is none. Where a run resumed from `checkpoint_root` starts."""
+def newest_complete_step(checkpoint_root: Path | str) -> int:
+    """The highest step of a `step_XXXXXXXX` directory under `checkpoint_root` (a local path or
+    an fsspec URI) that holds `.metadata` (DCP writes it last: the checkpoint is complete), as
+    docs/CONTRACTS.md lays them out; 0 when there is none. Where a run resumed from
+    `checkpoint_root` starts."""
+    fs, root = fsspec.core.url_to_fs(str(checkpoint_root))
+    fs.invalidate_cache()  # s3fs caches listings; other processes write these
     steps = [
-        int(d.name.removeprefix("step_"))
-        for d in checkpoint_root.glob("step_*")
-        if (d / ".metadata").exists()
+        int(PurePosixPath(d).name.removeprefix("step_"))
+        for d in fs.glob(f"{root.rstrip('/')}/step_*")
+        if fs.exists(f"{d}/.metadata")
     ]
     return max(steps, default=0)
 
 
 def crash_ranks(
     victims: list[psutil.Process],
-    checkpoint_root: Path,
+    checkpoint_root: Path | str,
     bystanders: list[psutil.Process] | None = None,
 ) -> int:
     """SIGKILL the rank processes `victims`, as a crash would, at a checkpoint known to the

@@ -141,7 +141,9 @@ def start_worker(
     return worker
 
 
-def start_exporter(*, settings: Settings, client: Celery, log_dir: Path) -> Worker:
+def start_exporter(
+    *, settings: Settings, client: Celery, log_dir: Path, extra_env: dict[str, str] | None = None
+) -> Worker:
     """A worker on the export queue, as `torchyard exporter` runs one. The queue is emptied
     first: exports that earlier modules of this test process asked for (nobody served them)
     must not run ahead of the caller's."""
@@ -151,7 +153,11 @@ def start_exporter(*, settings: Settings, client: Celery, log_dir: Path) -> Work
     finally:
         broker.close()
     return start_worker(
-        settings=settings, client=client, queue=settings.export_queue, log_dir=log_dir
+        settings=settings,
+        client=client,
+        queue=settings.export_queue,
+        log_dir=log_dir,
+        extra_env=extra_env,
     )
 
 
@@ -347,8 +353,7 @@ def kill_ranks_after_checkpoint(
         ranks = [c for c in psutil.Process(pgid).children() if "RANK" in c.environ()]
         (kill if node_rank in nodes else spare).extend(ranks)
     assert kill, f"no rank processes of nodes {nodes} under torchrun {pgids}"
-    root = Path(job_checkpoint_uri(settings, job_id))
-    return crash_ranks(kill, root, spare)
+    return crash_ranks(kill, job_checkpoint_uri(settings, job_id), spare)
 
 
 def left_running(procs: list[psutil.Process]) -> list[psutil.Process]:
