@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -35,6 +36,7 @@ from core.platform.models import Job, JobState
 from workers import observability
 from workers.launcher import LAUNCHER_RANK, RunPaths
 from workers.progress import StepProgress, Straggler, StragglerDetector
+from workers.staging import SYNCED_KINDS, CheckpointSync
 from workers.tail import FileTail
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,21 @@ class RunIngest:
         # Read from the files, not the database: a DB outage is no hang.
         self.progress = StepProgress()
         self.stragglers = StragglerDetector()
+        # An entrypoint job on remote storage: its staged checkpoints are uploaded before their
+        # events are stored (`workers.staging`); `_taken` are the offsets of the events handed
+        # over, `_synced` the transferred ones not yet committed.
+        self.sync = (
+            None
+            if paths.checkpoint_remote is None
+            else CheckpointSync(
+                job_id=job_id,
+                staging=Path(paths.checkpoint_dir),
+                remote=paths.checkpoint_remote,
+                keep_last=paths.checkpoint_keep_last,
+            )
+        )
+        self._taken: set[int] = set()
+        self._synced: list[dict[str, Any]] = []
         observability.start_exporter()  # once per process; only with the port set
 
     def flush(self, session_factory: Callable[[], Session], *, final: bool = False) -> str:
@@ -111,6 +128,9 @@ class RunIngest:
         batch = _Batch()
         for offset, raw in event_chunk.lines:
             self._parse_event(offset, raw, batch)
+        if self.sync is not None:  # finished uploads, each in the batch until committed
+            self._synced += self.sync.ready(wait=final)
+            batch.events += self._synced
         self._observe_progress(batch)
         for (restart, rank, stream), chunk in log_chunks.items():
             stored = self.launcher_rank if rank == LAUNCHER_RANK else self.rank_offset + rank
@@ -122,6 +142,7 @@ class RunIngest:
         with session_factory() as session:
             state = self._write(session, batch)
             session.commit()
+        self._synced = []
         observability.flushed(
             points=len(batch.metrics),
             log_lines=len(batch.logs),
@@ -142,7 +163,13 @@ class RunIngest:
     def pending(self) -> bool:
         """Whether a file has bytes not stored yet (after a flush: more than one batch)."""
         tails: list[FileTail] = [self.events, *self.logs.values()]
-        return any(_size(t) > t.offset for t in tails)
+        syncing = self.sync is not None and (self.sync.pending() or bool(self._synced))
+        return syncing or any(_size(t) > t.offset for t in tails)
+
+    def close(self) -> None:
+        """End the checkpoint uploads' thread (an upload under way is not waited for)."""
+        if self.sync is not None:
+            self.sync.close()
 
     def _observe_progress(self, batch: _Batch) -> None:
         for event in batch.events:
@@ -158,6 +185,10 @@ class RunIngest:
             kind = event["type"]
             if kind == "metric":
                 _parse_metric(event, batch.metrics, batch.nonfinite, batch.lines)
+            elif self.sync is not None and kind in SYNCED_KINDS:
+                if offset not in self._taken:  # a retried flush reads it again
+                    self.sync.take(_clean(event))
+                    self._taken.add(offset)
             else:
                 batch.events.append(_clean(event))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):

@@ -74,6 +74,10 @@ class RunPaths:
     eval_data: str | None = None  # `data.eval_dataset`, resolved by the worker
     cache_dir: Path | None = None  # the host's row cache (local: rows are memory-mapped)
     python: str | None = None  # an entrypoint job's interpreter (`workers.venvs`)
+    # Remote storage: where an entrypoint job's checkpoints, staged in `checkpoint_dir` on this
+    # host, are uploaded (`workers.staging`); None when `checkpoint_dir` is the storage itself.
+    checkpoint_remote: str | None = None
+    checkpoint_keep_last: int | None = None  # and how many of them the bucket keeps
 
     @property
     def code_dir(self) -> Path:

@@ -7,12 +7,15 @@ Python is the worker's, or with `requirements` a cached virtual environment
 (rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
 
 Checkpoints: with local storage the job's checkpoint directory is handed to the program as a
-local path. Remote storage (a local staging directory uploaded on each `checkpoint` event) is
-not done yet: such a job is refused at launch with a clear message.
+local path. With remote storage the program gets a local staging directory, holding the job's
+newest recorded checkpoint downloaded before the attempt starts, and the worker uploads each
+checkpoint the program completes (`workers.staging`); a multi-node entrypoint job on remote
+storage is refused at launch (each host would stage a part of each checkpoint).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -33,6 +36,7 @@ from workers.attempt import Unlaunched, with_db_retry
 from workers.checkpoints import set_aside_unrecorded
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
+from workers.staging import stage_latest, staging_dir
 from workers.venvs import InstallFailed, InstallStopped, ensure_venv
 
 log = logging.getLogger(__name__)
@@ -62,11 +66,11 @@ def prepare(
     InvalidInput (the archive is gone, remote storage), Unlaunched (the install failed: its
     output is stored as the job's rank -1 log first; or it was stopped), OSError.
     """
-    if not settings.is_local_storage:
+    if not settings.is_local_storage and spec.resources.nodes > 1:
         raise InvalidInput(
-            "entrypoint: this worker's storage is remote "
-            f"({settings.storage_url.split('://')[0]}://), and entrypoint jobs need a local "
-            "checkpoint directory (staging and upload are not supported yet)"
+            "resources.nodes: an entrypoint job on a worker with remote storage "
+            f"({settings.storage_url.split('://')[0]}://) runs on one node: each host would "
+            "stage a part of each checkpoint (multi-node staging is not supported yet)"
         )
     archive = with_db_retry(
         factory,
@@ -76,23 +80,34 @@ def prepare(
     )
     if archive is None:
         raise InvalidInput(f"entrypoint.code: code archive {spec.entrypoint.code!r} not found")
-    checkpoint_dir = job_checkpoint_uri(settings, job.id).removeprefix("file://")
-    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    storage_dir = job_checkpoint_uri(settings, job.id).removeprefix("file://")
+    if settings.is_local_storage:
+        Path(storage_dir).mkdir(parents=True, exist_ok=True)
     if job.attempt > 1 and not node_rank:
         with_db_retry(
             factory,
             lambda s: set_aside_unrecorded(
-                session=s, job_id=job.id, attempt=job.attempt, root=checkpoint_dir
+                session=s, job_id=job.id, attempt=job.attempt, root=storage_dir
             ),
         )
+    checkpoint_dir, remote = storage_dir, None
+    if not settings.is_local_storage:
+        staging, remote = staging_dir(settings, job.id), storage_dir
+        with_db_retry(
+            factory, lambda s: stage_latest(s, job_id=job.id, staging=staging, remote=remote)
+        )
+        checkpoint_dir = str(staging)
     paths = RunPaths(
-        run_dir=job_run_dir(settings, job.id, job.attempt, node_rank), checkpoint_dir=checkpoint_dir
+        run_dir=job_run_dir(settings, job.id, job.attempt, node_rank),
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_remote=remote,
+        checkpoint_keep_last=spec.entrypoint.keep_last_checkpoints,
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.model_dump_json(indent=2))
     _unpack(archive.uri, archive.format, archive.unpacked_bytes, paths)
     python = _python(settings, factory, job, spec, paths, node_index, nproc, beat)
-    return RunPaths(run_dir=paths.run_dir, checkpoint_dir=checkpoint_dir, python=python)
+    return dataclasses.replace(paths, python=python)
 
 
 def _unpack(uri: str, fmt: str, unpacked_bytes: int, paths: RunPaths) -> None:

@@ -115,6 +115,7 @@ class Supervisor:
         returncode = self.proc.wait()
         runtime_s = 0.0 if self.training_since is None else time.monotonic() - self.training_since
         drained = self.stop is Stop.LOST or self._final_drain()
+        self.ingest.close()
         return Exit(
             returncode, self.stop, self.ingest.reported, drained, runtime_s, self.stop_reason
         )
