@@ -11,11 +11,13 @@ from workers.launcher import free_port
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:`port` to `upstream` (host, port), one thread pair per connection."""
+    """Forwards `listen_host`:`port` (default 127.0.0.1, a free port) to `upstream` (host,
+    port), one thread pair per connection."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], listen_host: str = "127.0.0.1") -> None:
         self.upstream = upstream
-        self.port = free_port()
+        self.listen_host = listen_host
+        self.port = free_port(listen_host)
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._listener: socket.socket | None = None
@@ -24,7 +26,7 @@ class TcpProxy:
     def restore(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.listen_host, self.port))
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()

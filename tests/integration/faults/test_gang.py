@@ -25,7 +25,6 @@ from tests.integration.workers.helpers import (
     launches,
     log_lines,
     metric_series,
-    run_to_success,
     start_worker,
     submit,
     tiny_spec,
@@ -83,7 +82,7 @@ def nodes_of(engine: Engine, job_id: int, attempt: int) -> list[JobNode]:
 
 
 @pytest.mark.long  # ~2 min
-def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
+def test_a_two_node_gang_on_loopback_runs_one_node_task_per_worker_and_stores_each_line_once(
     engine: Engine,
     settings: Settings,
     celery_client: Celery,
@@ -135,16 +134,9 @@ def test_a_two_node_gang_trains_ddp_to_the_same_loss_as_one_node_with_two_procs(
         rss = metric_series(engine, job_id, f"sys/rss_bytes/{who}")
         assert rss and all(p.value > 0 for p in rss), who
 
-    reference_spec = gang_spec(queue, dataset_id, nodes=1, procs=2)
-    reference = run_to_success(engine, celery_client, project, reference_spec, workers[0], 300)
-    for name in ("loss", "eval_loss"):
-        points = metric_series(engine, job_id, name)
-        expected = metric_series(engine, reference.id, name)
-        assert [p.step for p in points] == [p.step for p in expected]
-        assert [p.value for p in points] == pytest.approx([p.value for p in expected], rel=1e-5)
+    # Its losses equal 1 node x 2 procs': tests/integration/hosts/test_gang_hosts.py checks it
+    # across two hosts (network namespaces), which this loopback run only stands in for.
     assert [p.step for p in metric_series(engine, job_id, "loss")] == list(range(1, STEPS + 1))
-    print(f"final loss: gang 2x1 {job.latest_metrics['loss']:.6f}, "
-          f"1x2 {reference.latest_metrics['loss']:.6f}")  # fmt: skip
 
 
 def test_a_gang_of_two_with_one_free_worker_does_not_deadlock_and_runs_when_a_second_joins(

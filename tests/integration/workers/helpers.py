@@ -99,6 +99,7 @@ def start_worker(
     beat: bool = False,
     name: str | None = None,
     slots: int | None = None,
+    argv_prefix: list[str] | None = None,
 ) -> Worker:
     """Start a worker on `queue` and wait until it answers a ping.
 
@@ -106,7 +107,8 @@ def start_worker(
     `python -m workers control` does. `name`: Celery's node name (default: a new one); the
     same name again is a restart of that worker. `slots`: a worker with that many CPU slots
     (`TORCHYARD_WORKER_SLOTS`) on the threads pool it sizes itself, as `python -m workers
-    worker` runs, instead of the solo pool."""
+    worker` runs, instead of the solo pool. `argv_prefix`: what the command runs under (e.g.
+    `ip netns exec NS`: a worker on another host)."""
     name = name or f"w-{secrets.token_hex(3)}@tests"
     log_path = log_dir / f"{name.split('@')[0]}.log"
     pool = ["--pool", "solo", "--concurrency", "1"] if slots is None else ["--pool", "threads"]
@@ -122,6 +124,7 @@ def start_worker(
     env = {**settings_env(settings), "OMP_NUM_THREADS": "1", **(extra_env or {})}
     if slots is not None:
         env["TORCHYARD_WORKER_SLOTS"] = str(slots)
+    command = [*(argv_prefix or []), *command]
     with log_path.open("ab") as out:  # a restarted worker's log follows its predecessor's
         proc = subprocess.Popen(
             command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
