@@ -26,6 +26,7 @@ from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.webhooks.receiver import Receiver
+from tests.integration.workers.controllers import Controller
 from torchyard.cli import app
 
 # A bounded wait, not a speed claim: a CI host running four test processes, trainers and
@@ -168,3 +169,13 @@ def receiver() -> Iterator[Receiver]:
     found = Receiver()
     yield found
     found.stop()
+
+
+@pytest.fixture
+def controllers() -> Iterator[list[Controller]]:
+    """The controllers a test starts (`start_controller`); each is stopped (or already dead) at
+    the end."""
+    started: list[Controller] = []
+    yield started
+    for c in started:
+        c.stop()

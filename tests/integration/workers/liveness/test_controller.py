@@ -7,11 +7,8 @@ solo pool (busy with its job, so it runs no reconcile) and its torchrun, Postgre
 
 from __future__ import annotations
 
-import secrets
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -26,8 +23,9 @@ from sqlalchemy.orm import Session
 from core.platform.control import ReconcilerHealth, reconciler_health
 from core.platform.db import make_engine, session_factory
 from core.platform.settings import Settings
-from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from tests.conftest import ProjectKey
 from tests.integration.workers.archives import UNTIL_STOPPED, steps_spec
+from tests.integration.workers.controllers import Controller, start_controller
 from tests.integration.workers.helpers import (
     Worker,
     job_events,
@@ -49,54 +47,6 @@ TAKEOVER_WITHIN_S = 10.0
 START_S = 60.0  # a controller's imports and first round, on a loaded host
 
 
-class Controller:
-    """A `python -m workers controller` process and its log."""
-
-    def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.log_path = log_path
-        with log_path.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "workers", "controller"],
-                cwd=REPO_ROOT,
-                env=settings_env(settings),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def says(self, words: str) -> bool:
-        if self.proc.poll() is not None:
-            pytest.fail(f"controller exited with {self.proc.returncode}:\n{self.log}")
-        return words in self.log
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@pytest.fixture
-def controllers(settings: Settings, worker_logs: Path) -> Iterator[list[Controller]]:
-    """The controllers a test starts (`_start`); each is stopped (or already dead) at the end."""
-    started: list[Controller] = []
-    yield started
-    for c in started:
-        c.stop()
-
-
-def _start(started: list[Controller], settings: Settings, log_dir: Path) -> Controller:
-    controller = Controller(settings, log_dir / f"controller-{secrets.token_hex(3)}.log")
-    started.append(controller)
-    return controller
-
-
 def _advisory_holders(engine: Engine) -> int:
     with engine.connect() as conn:
         query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
@@ -106,11 +56,11 @@ def _advisory_holders(engine: Engine) -> int:
 def test_one_controller_leads_and_a_standby_takes_over_within_seconds_of_its_death(
     engine: Engine, settings: Settings, worker_logs: Path, controllers: list[Controller]
 ) -> None:
-    first = _start(controllers, settings, worker_logs)
+    first = start_controller(controllers, settings, worker_logs)
     wait_for("the first controller to lead", lambda: first.says("controller: leading"), START_S)
     first_name = f"{socket.gethostname()}:{first.proc.pid}"
     wait_for("its reconcile to be recorded", lambda: _health(engine).leader == first_name, START_S)
-    second = _start(controllers, settings, worker_logs)
+    second = start_controller(controllers, settings, worker_logs)
     wait_for("the second to stand by", lambda: second.says("standing by"), START_S)
     assert not second.says("controller: leading")
     assert _advisory_holders(engine) == 1
@@ -147,7 +97,7 @@ def test_a_busy_workers_killed_job_is_requeued_within_15_s_by_the_controller_alo
 ) -> None:
     """One worker (solo pool: busy with the job, it would run no reconcile), no beat: only the
     controller can notice that the worker was SIGKILLed with its trainer."""
-    controller = _start(controllers, settings, worker_logs)
+    controller = start_controller(controllers, settings, worker_logs)
     wait_for("the controller to lead", lambda: controller.says("controller: leading"), START_S)
     worker: Worker = start_worker(
         settings=settings,
