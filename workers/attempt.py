@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core.attempts import gang
-from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome
+from core.attempts import gang, lifecycle_apply
+from core.attempts.lifecycle_apply import facts_for
+from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome, decide
 from core.datasets import service as datasets
 from core.jobs import init_from
 from core.jobs import service as jobs
@@ -53,14 +54,22 @@ class BudgetSpent(Exception):
 
 class Unlaunched(Exception):
     """An attempt that cannot launch, with its own failure class and the log lines that say
-    why (a failed `requirements` install: `workers.script`)."""
+    why (a failed `requirements` install: `workers.script`). `retryable`: the attempt's end goes
+    through the retry policy like a failed run's (storage unreachable while preparing), instead
+    of failing the job."""
 
     def __init__(
-        self, message: str, failure_class: FailureClass, *, log_tail: tuple[str, ...] = ()
+        self,
+        message: str,
+        failure_class: FailureClass,
+        *,
+        log_tail: tuple[str, ...] = (),
+        retryable: bool = False,
     ) -> None:
         super().__init__(message)
         self.failure_class = failure_class
         self.log_tail = log_tail
+        self.retryable = retryable
 
 
 def runtime_budget(job: Job) -> float | None:
@@ -189,7 +198,9 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     when that was asked for, else failed with `exc` as a `user_error` (an unknown dataset, an
     invalid spec) or `infra` (an OSError preparing the run dir), or with `Unlaunched`'s own
     class, reason and log tail; `MaxRuntime` and `BudgetSpent` are limits, not failure classes.
-    Not retried. Commits; returns the outcome."""
+    Not retried, except a `retryable` `Unlaunched`: its end goes through the retry policy
+    (`Outcome.RESTART` when the job went back to the queue: the caller dispatches it). Commits;
+    returns the outcome."""
     current = session.get(Job, job.id, populate_existing=True)
     if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
         return "lost"
@@ -215,6 +226,11 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
         data |= {"limit": "max_cost", "reason": "budget"}
     elif isinstance(exc, Unlaunched):
         failure = Failure(exc.failure_class, error, log_tail=exc.log_tail)
+        if exc.retryable:
+            decision = decide(facts_for(current, lost=failure))
+            pool = lifecycle_apply.apply(session=session, job=current, decision=decision)
+            session.commit()
+            return str(Outcome.RESTART if pool is not None else decision.outcome)
     else:
         cls = FailureClass.INFRA if isinstance(exc, OSError) else FailureClass.USER_ERROR
         failure = Failure(cls, f"cannot launch: {error}")

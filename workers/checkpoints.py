@@ -20,6 +20,7 @@ import logging
 import re
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -52,7 +53,7 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
         if step is None or step in recorded:
             continue
         fs.makedirs(f"{path}/{ASIDE}", exist_ok=True)
-        fs.mv(entry, f"{path}/{ASIDE}/{name}.a{attempt}", recursive=True)
+        _move_tree(fs, entry.rstrip("/"), f"{path}/{ASIDE}/{name}.a{attempt}")
         moved.append(step)
     if _forget_deleted(session, [r for r in rows if r.step not in present], path):
         session.commit()
@@ -66,6 +67,19 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
             ASIDE,
         )
     return sorted(moved)
+
+
+def _move_tree(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
+    """Move the directory `src` to `dst`: a rename on a local filesystem; on an object store,
+    each object copied then the prefix deleted (s3fs's recursive `mv` also tries to copy the
+    prefix's directory marker, a key that need not exist: `NoSuchKey`)."""
+    if isinstance(fs, LocalFileSystem):
+        fs.mv(src, dst, recursive=True)
+        return
+    fs.invalidate_cache(src)
+    for key in fs.find(src):
+        fs.copy(key, f"{dst}/{key[len(src) + 1 :]}")
+    fs.rm(src, recursive=True)
 
 
 def _forget_deleted(session: Session, missing: list[Checkpoint], root: str) -> bool:

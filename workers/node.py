@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from core.attempts import gang
 from core.attempts import lifecycle_apply as attempts
 from core.attempts.gang import Beat
-from core.attempts.lifecycle_policy import Outcome, Stop, decide
+from core.attempts.lifecycle_policy import FailureClass, Outcome, Stop, decide
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import DomainError, InvalidInput
@@ -134,6 +134,8 @@ def _lead(
         paths = _prepare(settings, factory, job, 0)
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
+    except Exception as exc:  # storage unreachable (botocore's errors are no OSError), a bug
+        return _fail_preparing(factory, dispatch, job, exc)
     if nodes > 1:
         assert send_join is not None
         for _ in range(nodes - 1):
@@ -207,6 +209,8 @@ def _join(
         paths = _prepare(settings, factory, job, node_rank)
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
+    except Exception as exc:  # as run_job's
+        return _fail_preparing(factory, dispatch, job, exc)
     return _run_node(settings, factory, dispatch, job, paths, worker, shutdown, node_rank, lease)
 
 
@@ -294,6 +298,21 @@ def _leave_to_another_worker(
 def _fail_unlaunched(factory: Callable[[], Session], job: Job, exc: Exception) -> str:
     log.error("job %s: cannot launch: %s", job.id, exc)
     return with_db_retry(factory, lambda s: fail_unlaunched(s, job, exc))
+
+
+def _fail_preparing(
+    factory: Callable[[], Session], dispatch: Dispatch, job: Job, exc: Exception
+) -> str:
+    """An unexpected error while preparing the attempt (storage unreachable, a bug): an
+    `infra` failure under the retry policy, so the job is retried, or fails, instead of staying
+    `starting` with nobody running it; a restarted job is dispatched again."""
+    log.exception("job %s: preparing attempt %s failed", job.id, job.attempt)
+    reason = f"preparing the attempt failed: {type(exc).__name__}: {exc}"
+    unlaunched = Unlaunched(reason, FailureClass.INFRA, retryable=True)
+    outcome = with_db_retry(factory, lambda s: fail_unlaunched(s, job, unlaunched))
+    if outcome == str(Outcome.RESTART):
+        dispatch_safely(dispatch, job.id, job.pool)
+    return outcome
 
 
 def _assemble(

@@ -25,8 +25,11 @@ from typer.testing import CliRunner, Result
 from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
+from tests.integration.s3server import s3, s3_env, s3_settings
 from tests.integration.webhooks.receiver import Receiver
 from tests.integration.workers.controllers import Controller
+
+__all__ = ["s3", "s3_env", "s3_settings"]  # fixtures (tests/integration/s3server.py)
 from torchyard.cli import app
 
 # A bounded wait, not a speed claim: a CI host running four test processes, trainers and

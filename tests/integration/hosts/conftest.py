@@ -17,11 +17,11 @@ from api.main import create_app
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.hosts.netns import Host, Network, require_namespaces
-from tests.integration.storage.conftest import S3, s3, s3_env, s3_settings
+from tests.integration.s3server import S3
 from tests.integration.workers.conftest import worker_logs
 from tests.integration.workers.helpers import Worker, start_worker
 
-__all__ = ["s3", "s3_env", "s3_settings", "worker_logs"]
+__all__ = ["worker_logs"]
 
 
 @pytest.fixture(scope="module")

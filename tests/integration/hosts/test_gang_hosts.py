@@ -14,7 +14,7 @@ from tests.conftest import ProjectKey
 from tests.integration.faults.test_gang import STEPS, gang_spec, nodes_of
 from tests.integration.hosts.conftest import HostWorker
 from tests.integration.hosts.netns import Network
-from tests.integration.storage.conftest import s3_fs, under
+from tests.integration.s3server import s3_fs, under
 from tests.integration.workers.helpers import (
     TERMINAL,
     job_events,

@@ -16,7 +16,7 @@ from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.code_archives import code_files, tar_gz
 from tests.integration.api.code_archives import upload as upload_code
-from tests.integration.storage.conftest import S3, keys, s3_fs, under
+from tests.integration.s3server import S3, keys, s3_fs, under
 
 pytestmark = pytest.mark.s3
 

@@ -23,7 +23,7 @@ from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey, make_project
-from tests.integration.storage.conftest import S3, s3_fs, under
+from tests.integration.s3server import S3, s3_fs, under
 from tests.integration.workers.archives import STEPS_PY, store_archive
 from tests.integration.workers.helpers import (
     TERMINAL,

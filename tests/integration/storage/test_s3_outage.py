@@ -22,7 +22,7 @@ from core.platform.settings import Settings
 from core.platform.storage import checkpoint_complete, job_checkpoint_uri
 from tests.conftest import make_project
 from tests.integration.faults.tcp_proxy import TcpProxy
-from tests.integration.storage.conftest import S3, s3_fs, under
+from tests.integration.s3server import S3, s3_fs, under
 from tests.integration.workers.helpers import (
     TERMINAL,
     job_events,
@@ -111,7 +111,13 @@ def test_s3_down_for_30_s_mid_run_never_leaves_a_partial_checkpoint_taken_for_co
 
         again = None
         if noticed:
-            wait_for("the next attempt to train", training_again, 180)
+            try:
+                wait_for("the next attempt to train", training_again, 180)
+            except BaseException:
+                for e in job_events(engine, job_id):
+                    print(e.attempt, e.kind, e.state_to, e.message[:300], e.data)
+                print(worker.log[-6000:])
+                raise
             again = time.monotonic() - restored
         job = wait_state(engine, job_id, TERMINAL, 300, worker)
     finally:

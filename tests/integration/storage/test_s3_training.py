@@ -8,6 +8,7 @@ and appear in no answer, event, log line or worker log."""
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,13 @@ from api.main import create_app
 from core.platform.settings import Settings
 from core.platform.storage import checkpoint_complete, job_checkpoint_uri
 from tests.conftest import ProjectKey, make_project
-from tests.integration.storage.conftest import S3, keys, s3_fs, under
+from tests.integration.s3server import S3, keys, s3_fs, under
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
     job_events,
     kill_ranks_after_checkpoint,
+    launches,
     log_lines,
     metric_series,
     start_exporter,
@@ -123,7 +125,8 @@ def test_checkpoints_are_complete_in_the_bucket_and_retention_pruned_the_older_o
 ) -> None:
     root = job_checkpoint_uri(s3_settings, trained.job_id)
     s3_fs().invalidate_cache()
-    on_s3 = sorted(p.rsplit("/", 1)[1] for p in s3_fs().ls(under(root)))
+    names = (p.rsplit("/", 1)[1] for p in s3_fs().ls(under(root)))
+    on_s3 = sorted(n for n in names if n.startswith("step_"))  # not `unrecorded/`, set aside
     assert on_s3 == ["step_00000020", f"step_{MAX_STEPS:08d}"]
     assert all(checkpoint_complete(f"{root}/{name}") for name in on_s3)
     listed = api.get(f"/v1/jobs/{trained.job_id}/checkpoints", headers=trained.project.headers)
@@ -185,3 +188,52 @@ def test_the_storage_credentials_appear_in_no_answer_event_or_log(
     lines = [line.line for line in log_lines(engine, job_id)]
     for text in (*answers, *events, *lines, worker.log):
         assert s3.secret not in text and s3.key not in text
+
+
+def test_a_fine_tune_starts_from_a_checkpoint_in_the_bucket_and_saves_sharded_async_there(
+    api: TestClient,
+    engine: Engine,
+    s3_settings: Settings,
+    celery_client: Celery,
+    worker: Worker,
+    trained: Trained,
+) -> None:
+    """`model.init_from` of the crashed-and-resumed job, read from the bucket, under FSDP2 on 2
+    ranks (DCP reshards), with `dcp.async_save` writing its own sharded checkpoints there."""
+    headers = trained.project.headers
+    source = api.get(f"/v1/jobs/{trained.job_id}", headers=headers).json()
+    spec = tiny_spec(
+        pool=worker.queue,
+        dataset_id=source["spec"]["data"]["dataset"],
+        model={"init_from": {"job": trained.job_id}},
+        parallelism={"strategy": "fsdp"},
+        resources={"procs_per_node": 2},
+        train={"max_steps": 4, "micro_batch_size": 2},  # the 4-row eval split, on 2 ranks
+        eval={"interval_steps": 4},
+        checkpoint={"interval_steps": 2, "async_save": True},
+    )
+    answer = api.post("/v1/jobs", json=spec.model_dump(mode="json"), headers=headers)
+    assert answer.status_code == 201, answer.text
+    job_id = answer.json()["id"]
+    job = wait_state(engine, job_id, TERMINAL, 180, worker)
+    assert job.state == "succeeded", f"{job.error}\n{worker.log[-4000:]}"
+
+    source_root = job_checkpoint_uri(s3_settings, trained.job_id)
+    (launch,) = launches(job_events(engine, job_id))
+    argv = launch.data["argv"]
+    assert argv[argv.index("--init-from") + 1] == f"{source_root}/step_{MAX_STEPS:08d}"
+    # Step 0 evaluates the source's final weights, read from the bucket: near the source's
+    # final eval loss (other batches: 2 rows a rank here), far below a random init's.
+    start = metric_series(engine, job_id, "eval_loss")[0]
+    final = metric_series(engine, trained.job_id, "eval_loss")[-1]
+    assert start.step == 0
+    assert start.value == pytest.approx(final.value, rel=0.05)
+    assert start.value < math.log(256) - 0.5  # a byte-level model's loss at random init
+    root = job_checkpoint_uri(s3_settings, job_id)
+    s3_fs().invalidate_cache()
+    saved = sorted(p.rsplit("/", 1)[1] for p in s3_fs().ls(under(root)))
+    assert saved == ["step_00000002", "step_00000004"]
+    for name in saved:  # one shard file per rank, then the metadata
+        assert checkpoint_complete(f"{root}/{name}")
+        files = [p.rsplit("/", 1)[1] for p in s3_fs().find(under(f"{root}/{name}"))]
+        assert sum(f.endswith(".distcp") for f in files) == 2, files

@@ -60,7 +60,8 @@ def _generate(document: str, root: Path) -> str:
 def sdk(live_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The generated package's modules by dotted name, every one imported."""
     root = tmp_path_factory.mktemp("sdk")
-    report = _generate(httpx.get(f"{live_api}/openapi.json").text, root)
+    # The first /openapi.json builds the schema: seconds on a loaded host, past httpx's 5 s.
+    report = _generate(httpx.get(f"{live_api}/openapi.json", timeout=60.0).text, root)
     reported = {(where, what.strip()) for where, what in _WARNING.findall(report)}
     assert reported <= set(KNOWN_WARNINGS), report
     assert not _UNPROCESSED.findall(report), report
