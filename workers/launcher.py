@@ -132,14 +132,17 @@ def gang_rdzv_args(gang: GangNode) -> list[str]:
     """torchrun's multi-node arguments. Node 0 hosts the c10d store (`is_host=1`), the others
     only connect to it (several nodes may share one host, as on loopback in the tests). c10d
     numbers the nodes itself (`--node-rank` is informational there); `--local-addr` is what
-    rank 0 publishes as MASTER_ADDR."""
+    rank 0 publishes as MASTER_ADDR. The store's `read_timeout` (c10d's default 60 s) is the
+    join timeout too: a node that waits on the store longer than that while the others start
+    (imports, a loaded host) would otherwise fail the rendezvous before the join timeout."""
+    timeout = gang.join_timeout_s
     return [
         "--nnodes",
         str(gang.nnodes),
         "--node-rank",
         str(gang.node_rank),
         "--rdzv-conf",
-        f"is_host={int(gang.node_rank == 0)},join_timeout={gang.join_timeout_s}",
+        f"is_host={int(gang.node_rank == 0)},join_timeout={timeout},read_timeout={timeout}",
         "--local-addr",
         gang.local_addr,
     ]

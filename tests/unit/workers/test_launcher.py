@@ -151,7 +151,7 @@ def test_gang_node_argv_joins_node_0_s_c10d_rendezvous() -> None:
         "/py", "-m", "torch.distributed.run",
         "--nnodes", "2",
         "--node-rank", "1",
-        "--rdzv-conf", "is_host=0,join_timeout=90",
+        "--rdzv-conf", "is_host=0,join_timeout=90,read_timeout=90",
         "--local-addr", "10.0.0.7",
         "--nproc-per-node", "4",
         "--rdzv-backend", "c10d",
@@ -163,7 +163,10 @@ def test_gang_node_argv_joins_node_0_s_c10d_rendezvous() -> None:
     lead_argv = torchrun_argv(
         job_id=7, attempt=2, nproc_per_node=4, rdzv_port=0, paths=PATHS, python="/py", gang=leader
     )
-    assert lead_argv[lead_argv.index("--rdzv-conf") + 1] == "is_host=1,join_timeout=120"
+    assert (
+        lead_argv[lead_argv.index("--rdzv-conf") + 1]
+        == "is_host=1,join_timeout=120,read_timeout=120"
+    )
     assert argv[21:] == lead_argv[21:]  # the same trainer command on every node
 
 
