@@ -150,6 +150,7 @@ CHECKPOINT_EXPORT: dict[str, Any] = {
     "sha256": SHA256,
     "error": None,
     "queue_position": None,
+    "waiting_for": None,
     "created_at": "2026-11-25T11:30:02.117400Z",
     "started_at": "2026-11-25T11:30:04.902311Z",
     "finished_at": "2026-11-25T11:31:18.440925Z",

@@ -53,7 +53,8 @@ class Exports:
         self, job_id: int, checkpoint_id: int, *, poll_s: float = 1.0, timeout_s: float = 600.0
     ) -> CheckpointExport:
         """Poll until the export is ready and return it. Raises `ExportFailed` when it failed,
-        `ExportTimeout` after `timeout_s` seconds."""
+        `ExportTimeout` after `timeout_s` seconds (saying why when the server knows: e.g. no
+        exporter is running)."""
         deadline = time.monotonic() + timeout_s
         while True:
             export = self.get(job_id, checkpoint_id)
@@ -62,9 +63,10 @@ class Exports:
             if export.state == "ready":
                 return export
             if time.monotonic() >= deadline:
+                why = f": {export.waiting_for}" if export.waiting_for else ""
                 raise ExportTimeout(
                     f"export of checkpoint {checkpoint_id} still {export.state} after "
-                    f"{timeout_s:g} s"
+                    f"{timeout_s:g} s{why}"
                 )
             time.sleep(poll_s)
 

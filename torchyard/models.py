@@ -183,6 +183,7 @@ class CheckpointExport(_Model):
     sha256: str | None = None
     error: str | None = None
     queue_position: int | None = None  # a pending export's place in the export queue
+    waiting_for: str | None = None  # why a pending export does not start (no exporter runs)
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None

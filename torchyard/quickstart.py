@@ -159,8 +159,8 @@ def run_admin(args: list[str], env: Mapping[str, str], log_path: Path) -> str:
 
 
 class Servers:
-    """The API, the worker and the controller as child processes, with their logs under
-    ``HOME/logs``."""
+    """The API, the worker, the controller and an exporter as child processes, with their
+    logs under ``HOME/logs``."""
 
     def __init__(self, env: Mapping[str, str], logs: Path, port: int) -> None:
         self.env = env
@@ -170,9 +170,10 @@ class Servers:
         self.children: list[launch.Child] = []
 
     def start(self, pool: str) -> None:
-        """Start the API, a worker serving `pool` and the controller (the reconcile loop, so
-        `/readyz` and the dashboard do not report it missing); stop them with `stop`, even if
-        this raised half-way."""
+        """Start the API, a worker serving `pool`, the controller (the reconcile loop, so
+        `/readyz` and the dashboard do not report it missing) and an exporter (the dashboard's
+        Export button and `torchyard export`); stop them with `stop`, even if this raised
+        half-way."""
         api = launch.api_argv("127.0.0.1", self.port)
         self.children.append(launch.Child("api", api, self.logs / "api.log", self.env))
         worker = launch.worker_argv(pool, hostname=f"quickstart-{os.getpid()}@%h")
@@ -180,6 +181,10 @@ class Servers:
         controller = launch.controller_argv()
         self.children.append(
             launch.Child("controller", controller, self.logs / "controller.log", self.env)
+        )
+        exporter = launch.exporter_argv(hostname=f"quickstart-exporter-{os.getpid()}@%h")
+        self.children.append(
+            launch.Child("exporter", exporter, self.logs / "exporter.log", self.env)
         )
 
     def check(self) -> None:
@@ -219,8 +224,9 @@ class Servers:
                 time.sleep(0.25)
 
     def stop(self) -> None:
-        """Stop the controller, the worker (it stops its run), then the API. A second Ctrl-C
-        meanwhile is ignored: breaking off here would leave the children running."""
+        """Stop the exporter, the controller, the worker (it stops its run), then the API. A
+        second Ctrl-C meanwhile is ignored: breaking off here would leave the children
+        running."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for child in reversed(self.children):

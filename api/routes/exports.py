@@ -25,6 +25,7 @@ from core.platform import models, storage
 from core.platform.errors import Conflict
 from core.platform.models import ExportState
 from core.platform.server_paths import ServerPaths
+from core.platform.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=ERROR_RESPONSES)
 
@@ -72,7 +73,7 @@ def request_export(
         request.app.state.dispatcher.dispatch_export(asked.export)
     if not asked.created:
         response.status_code = 200
-    return _out(session, asked.export, paths, principal)
+    return _out(session, asked.export, paths, principal, settings)
 
 
 @router.get(_PATH, response_model=schemas.CheckpointExport)
@@ -81,21 +82,30 @@ def get_export(
     checkpoint_id: CheckpointId,
     principal: ReadPrincipal,
     session: SessionDep,
+    settings: SettingsDep,
     paths: ServerPathsDep,
 ) -> schemas.CheckpointExport:
-    """The export of a checkpoint: its state (a pending one's place in the export queue), and
-    once ready its size and sha256."""
+    """The export of a checkpoint: its state (a pending one's place in the export queue, and
+    `waiting_for` when no exporter runs), and once ready its size and sha256."""
     export = exports.get_or_raise(
         session=session, project_id=principal.project_id, job_id=job_id, checkpoint_id=checkpoint_id
     )
-    return _out(session, export, paths, principal)
+    return _out(session, export, paths, principal, settings)
 
 
 def _out(
-    session: Session, export: models.CheckpointExport, paths: ServerPaths, principal: Principal
+    session: Session,
+    export: models.CheckpointExport,
+    paths: ServerPaths,
+    principal: Principal,
+    settings: Settings,
 ) -> schemas.CheckpointExport:
     out = views.export(export, paths, admin=views.is_admin(principal))
     out.queue_position = exports.queue_position(session=session, export=export)
+    if export.state == ExportState.PENDING:
+        out.waiting_for = exports.exporter_missing(
+            session=session, queue=settings.export_queue, timeout_s=settings.worker_timeout_s
+        )
     return out
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api import schemas, views
-from api.deps import ReadPrincipal, ServerPathsDep, SessionDep
+from api.deps import ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import After, JobId
 from core.jobs import exports
@@ -140,14 +140,24 @@ def job_logs(
 
 @router.get("/{job_id}/checkpoints", response_model=schemas.CheckpointList)
 def job_checkpoints(
-    job_id: JobId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
+    job_id: JobId,
+    principal: ReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    paths: ServerPathsDep,
 ) -> schemas.CheckpointList:
     """The job's complete checkpoints, by step, each with its safetensors export if one was
-    requested."""
+    requested (a pending one says when no exporter runs: `waiting_for`)."""
     jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     items = queries.checkpoints(session=session, job_id=job_id)
     made = exports.of_job(session=session, job_id=job_id)
     admin = views.is_admin(principal)
-    return schemas.CheckpointList(
-        items=[views.checkpoint(c, made.get(c.id), paths, admin=admin) for c in items]
-    )
+    out = [views.checkpoint(c, made.get(c.id), paths, admin=admin) for c in items]
+    pending = [c.export for c in out if c.export is not None and c.export.state == "pending"]
+    if pending:
+        why = exports.exporter_missing(
+            session=session, queue=settings.export_queue, timeout_s=settings.worker_timeout_s
+        )
+        for export in pending:
+            export.waiting_for = why
+    return schemas.CheckpointList(items=out)

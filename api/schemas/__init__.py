@@ -381,6 +381,12 @@ class CheckpointExport(_Out):
         description="A pending export's 1-based place in the export queue (served by "
         "`torchyard exporter`, oldest first); null once an exporter took it, and in lists.",
     )
+    waiting_for: str | None = Field(
+        default=None,
+        description="Why a pending export does not start (`no exporter is running (start one: "
+        "torchyard exporter)`); null when an exporter serves the export queue or it is not "
+        "pending.",
+    )
     created_at: Timestamp = Field(description="When it was requested; UTC, ISO 8601.")
     started_at: Timestamp | None = Field(description="When the exporter started; null before.")
     finished_at: Timestamp | None = Field(

@@ -22,7 +22,15 @@ from sqlalchemy.orm import Session
 from core.jobs import service as jobs
 from core.platform import storage
 from core.platform.errors import Conflict, NotFound
-from core.platform.models import Checkpoint, CheckpointExport, ExportState, Job, JobEvent, utcnow
+from core.platform.models import (
+    Checkpoint,
+    CheckpointExport,
+    ExportState,
+    Job,
+    JobEvent,
+    Worker,
+    utcnow,
+)
 from core.platform.settings import Settings
 from core.webhooks import subscriptions as webhooks
 from jobspec.job import ScriptJobSpec
@@ -224,6 +232,21 @@ def queue_position(*, session: Session, export: CheckpointExport) -> int | None:
         .where(CheckpointExport.state == ExportState.PENDING, CheckpointExport.id < export.id)
     )
     return int(ahead or 0) + 1
+
+
+NO_EXPORTER = "no exporter is running (start one: torchyard exporter)"
+
+
+def exporter_missing(*, session: Session, queue: str, timeout_s: float) -> str | None:
+    """Why pending exports do not start: `NO_EXPORTER` when no live exporter serves the export
+    queue `queue` (no row in `workers` with that queue, not stopping, beaten within `timeout_s`
+    seconds); None when one does."""
+    since = utcnow() - timedelta(seconds=timeout_s)
+    rows = session.execute(
+        select(Worker.pool).where(Worker.heartbeat_at >= since, Worker.stopping.is_(False))
+    ).scalars()
+    alive = any(queue in pool.split(",") for pool in rows)
+    return None if alive else NO_EXPORTER
 
 
 def _find(

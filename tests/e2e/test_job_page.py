@@ -20,6 +20,9 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
+from core.jobs import ingest
+from core.jobs.exports import NO_EXPORTER
+from core.platform.db import session_scope
 from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
@@ -280,3 +283,28 @@ def test_a_revoked_key_on_a_deep_link_signs_in_again_and_comes_back(
         dash.page.click("button[type=submit]")
         expect(dash.page.locator("#job-title")).to_contain_text("summary-run")
         assert dash.page.evaluate("location.hash") == f"#{link}"
+
+
+def test_a_pending_export_with_no_exporter_says_so_in_its_row(
+    browser: Browser, live_api: str, engine: Engine, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """No exporter runs in this module: the row of a checkpoint whose export was asked for says
+    `pending` and why, instead of a silent `pending` forever (issue 28)."""
+    owner = make_project(engine)
+    with api_client(live_api, owner) as api:
+        dataset_id = register_corpus(api, corpus_dir)
+        spec = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name="to-export")
+        job_id = api.post("/v1/jobs", json=spec.model_dump(mode="json")).json()["id"]
+        step_dir = tmp_path / "step_00000010"
+        step_dir.mkdir()
+        (step_dir / ".metadata").write_bytes(b"not read by the page")
+        with session_scope(engine) as s:
+            ingest.checkpoint(session=s, job_id=job_id, attempt=1, step=10, uri=str(step_dir),
+                              size_bytes=10)  # fmt: skip
+        with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+            dash.open(f"/jobs/{job_id}")
+            row = dash.page.locator("#checkpoints tr[data-step='10']")
+            row.locator("button.export-checkpoint").click()
+            expect(row.locator(".state")).to_have_text("pending")
+            expect(row.locator(".export-waiting")).to_have_text(f"({NO_EXPORTER})")
+            assert dash.fits_width()

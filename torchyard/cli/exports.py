@@ -33,8 +33,11 @@ def export_command(
     place = f", #{export.queue_position} in the export queue" if export.queue_position else ""
     err.print(
         f"export {export.id} of checkpoint {checkpoint_id} (step {export.step}): "
-        f"{export.state}{place}"
+        f"{export.state}{place}",
+        markup=False,
     )
+    if export.waiting_for:
+        err.print(f"warning: {export.waiting_for}", style="yellow", markup=False)
     export = exports.wait(job_id, checkpoint_id, poll_s=poll_s, timeout_s=timeout_s)
     saved = exports.download(job_id, checkpoint_id, out)
     typer.echo(f"{saved} ({export.size_bytes} bytes, sha256 {export.sha256})")

@@ -332,6 +332,7 @@ export function detailPage(root, jobId) {
     const why = job && !e ? notExportable(job) : null;
     if (why) return h("td", { class: "export muted", title: why, dataset: { state: "none" } }, "–");
     if (e) cell.append(h("span", { class: `state state-${e.state}`, title: e.error ?? "" }, e.state), " ");
+    if (e?.waiting_for) cell.append(h("span", { class: "export-waiting muted" }, `(${e.waiting_for})`), " ");
     if (!e || e.state === "failed") {
       cell.append(h("button", {
         type: "button", class: "export-checkpoint", onclick: (ev) => requestExport(c, ev.target),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from core.platform.settings import Settings
 from tests.conftest import REPO_ROOT
 
 # Each test may be the one that runs `first_run`: two quickstarts, minutes each on a loaded host.
@@ -58,6 +59,13 @@ def _job_states(home: Path) -> list[str]:
         return [state for (state,) in db.execute("SELECT state FROM jobs ORDER BY id")]
 
 
+def _export_queues(home: Path) -> list[str]:
+    """The queues of the exporters that registered on the quickstart's database."""
+    with sqlite3.connect(home / "torchyard.db") as db:
+        query = "SELECT pool FROM workers WHERE name LIKE 'quickstart-exporter-%'"
+        return [pool for (pool,) in db.execute(query)]
+
+
 def _controllers(home: Path) -> list[tuple[int, bool]]:
     """(pid, still alive) of each controller that reconciled on the quickstart's database."""
     with sqlite3.connect(home / "torchyard.db") as db:
@@ -67,7 +75,11 @@ def _controllers(home: Path) -> list[tuple[int, bool]]:
 
 def _leftovers(home: Path, quickstart_pid: int) -> list[str]:
     """Live processes of that quickstart: its worker (by node name) or a trainer (by home)."""
-    return _processes_mentioning(str(home)) + _processes_mentioning(f"quickstart-{quickstart_pid}@")
+    return [
+        *_processes_mentioning(str(home)),
+        *_processes_mentioning(f"quickstart-{quickstart_pid}@"),
+        *_processes_mentioning(f"quickstart-exporter-{quickstart_pid}@"),
+    ]
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -94,6 +106,7 @@ class FirstRun:
     leftovers: list[str]
     job_states: list[str]
     controllers: list[tuple[int, bool]]
+    export_queues: list[str]
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +125,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Ite
         leftovers=_leftovers(home, proc.pid),
         job_states=_job_states(home) if db else [],
         controllers=_controllers(home) if db else [],
+        export_queues=_export_queues(home) if db else [],
     )
 
 
@@ -140,6 +154,8 @@ def test_quickstart_trains_reports_and_stops_everything(first_run: FirstRun) -> 
     # It ran a controller (the reconcile loop; /readyz says `degraded` without one), stopped too
     assert len(first_run.controllers) == 1, first_run.controllers
     assert first_run.controllers[0][1] is False, "the controller must be stopped"
+    # and an exporter on the export queue, so the dashboard's Export button is served
+    assert first_run.export_queues == [Settings.model_fields["export_queue"].default]
 
 
 def test_a_rerun_reuses_the_corpus_and_ctrl_c_cancels_its_job_and_stops_the_servers(

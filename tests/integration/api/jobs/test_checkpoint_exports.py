@@ -8,6 +8,7 @@ export, downloaded and read back) is tests/integration/workers/test_export.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,17 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete, select, update
 
+from api.main import create_app
 from core.jobs import ingest
+from core.jobs.exports import NO_EXPORTER
 from core.platform.db import session_scope
-from core.platform.models import Checkpoint, CheckpointExport
+from core.platform.models import Checkpoint, CheckpointExport, utcnow
+from core.platform.models import Worker as WorkerRow
 from core.platform.queue import EXPORT_CHECKPOINT_TASK
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec, queued_messages, submit
+from tests.integration.conftest import cli_invoker
 
 
 def _checkpoint(engine: Engine, job_id: int, step: int, root: Path, complete: bool = True) -> int:
@@ -225,3 +230,79 @@ def test_a_lora_jobs_checkpoint_is_409_naming_the_adapter_export_instead(
     with session_scope(engine) as s:
         stored = s.scalars(select(CheckpointExport).where(CheckpointExport.job_id == job_id))
         assert stored.all() == []
+
+
+def test_a_pending_export_says_when_no_exporter_serves_the_export_queue(
+    settings: Settings,
+    engine: Engine,
+    project: ProjectKey,
+    corpus_dir: Path,
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    """Its answer and the job's checkpoints list say `no exporter is running` until a live
+    exporter (a fresh `workers` row on the export queue, not stopping) is there, and again once
+    it is stopping or silent for longer than `worker_timeout_s`."""
+    queue = f"exports-{pool}"  # an export queue of this test's own: no exporter of another test
+    own = settings.model_copy(update={"export_queue": queue})
+    with TestClient(create_app(own), raise_server_exceptions=True) as client:
+        registered = client.post(
+            "/v1/datasets", json={"name": "corpus", "uri": str(corpus_dir)}, headers=project.headers
+        )
+        job_id = _job(client, project, registered.json(), pool)
+        checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+        path = _path(job_id, checkpoint_id)
+
+        def waiting_for() -> tuple[Any, Any]:
+            export = client.get(path, headers=project.headers).json()
+            listed = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers)
+            (item,) = listed.json()["items"]
+            return export["waiting_for"], item["export"]["waiting_for"]
+
+        asked = client.post(path, headers=project.headers)
+        assert asked.status_code == 202, asked.text
+        assert asked.json()["waiting_for"] == NO_EXPORTER
+        assert waiting_for() == (NO_EXPORTER, NO_EXPORTER)
+
+        now = utcnow()
+        name = f"exporter-{pool}@tests"
+        with session_scope(engine) as s:
+            s.add(WorkerRow(name=name, pool=f"other,{queue}", host="h", pid=1, started_at=now,
+                            heartbeat_at=now))  # fmt: skip
+        assert waiting_for() == (None, None)
+        with session_scope(engine) as s:
+            s.execute(update(WorkerRow).where(WorkerRow.name == name).values(stopping=True))
+        assert waiting_for() == (NO_EXPORTER, NO_EXPORTER)
+        silent = now - timedelta(seconds=settings.worker_timeout_s + 1)
+        with session_scope(engine) as s:
+            s.execute(
+                update(WorkerRow)
+                .where(WorkerRow.name == name)
+                .values(stopping=False, heartbeat_at=silent)
+            )
+        assert waiting_for() == (NO_EXPORTER, NO_EXPORTER)
+        with session_scope(engine) as s:
+            s.execute(delete(WorkerRow).where(WorkerRow.name == name))
+
+
+def test_torchyard_export_with_no_exporter_warns_and_gives_up_at_its_timeout_with_exit_1(
+    client: TestClient,
+    engine: Engine,
+    live_api: str,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    tmp_path: Path,
+) -> None:
+    """The live API serves the session's export queue, which no exporter consumes while this
+    module runs (an exporter of another module is stopped, or silent, by then)."""
+    job_id = _job(client, project, dataset, pool)
+    checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
+    cli = cli_invoker(live_api, project.api_key, tmp_path)
+    out = tmp_path / "model.safetensors"
+    done = cli("export", str(job_id), str(checkpoint_id), "--out", str(out), "--timeout", "2",
+               "--poll", "0.5")  # fmt: skip
+    assert done.exit_code == 1, done.output
+    assert f"warning: {NO_EXPORTER}" in done.output
+    assert f"still pending after 2 s: {NO_EXPORTER}" in done.output
+    assert not out.exists()
