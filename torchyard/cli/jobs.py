@@ -267,7 +267,7 @@ def logs(
     ] = False,
     poll: PollOpt = 1.0,
 ) -> None:
-    """Print a job's log lines, one `[rank N]` prefix each.
+    """Print a job's log lines, one `\\[rank N]` prefix each.
 
     Example: `torchyard logs 42 --rank 0 --grep 'loss|Error' --since 10m --follow`
     """

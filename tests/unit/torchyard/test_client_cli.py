@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from torchyard.cli import app
@@ -49,3 +52,28 @@ def test_broken_config_file_exits_1(runner: CliRunner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["jobs"])
     assert result.exit_code == 1
     assert "not valid TOML" in result.output
+
+
+def _commands(command: Any, path: list[str]) -> Any:
+    yield path, command
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from _commands(sub, [*path, name])
+
+
+def test_every_bracketed_text_of_a_commands_help_reaches_its_rendered_help() -> None:
+    """Rich reads `[...]` as markup and drops it: `torchyard logs --help` printed "one ``
+    prefix each" for "one `[rank N]` prefix each" (issue 28). Each such text must be escaped."""
+    runner = CliRunner()
+    checked = 0
+    for path, command in _commands(get_command(app), []):
+        texts = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+        bracketed = [b.replace("\\", "") for t in texts for b in re.findall(r"\\?\[[^\]]*\]", t)]
+        if not bracketed:
+            continue
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, shown.output
+        flat = " ".join(shown.output.split())
+        for text in bracketed:
+            assert text in flat, f"{' '.join(path)} --help lost {text!r}"
+            checked += 1
+    assert checked >= 1  # `logs`' `[rank N]`
