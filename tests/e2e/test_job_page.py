@@ -308,3 +308,20 @@ def test_a_pending_export_with_no_exporter_says_so_in_its_row(
             expect(row.locator(".state")).to_have_text("pending")
             expect(row.locator(".export-waiting")).to_have_text(f"({NO_EXPORTER})")
             assert dash.fits_width()
+
+
+def test_a_job_that_is_not_the_projects_shows_not_found_and_no_live_buttons(
+    browser: Browser, live_api: str, engine: Engine, run: Run
+) -> None:
+    """`#/jobs/<id>` of a job of another project (the API's 404): a not-found panel, not an
+    empty job page with an active Cancel button and only a toast (issue 28, item 9)."""
+    stranger = make_project(engine)
+    with new_dash(browser, live_api, stranger.api_key, viewport=LAPTOP) as dash:
+        dash.console.expect_status(404)
+        dash.open(f"/jobs/{run.job['id']}")
+        missing = dash.page.locator("#job-missing")
+        expect(missing).to_contain_text(f"Job #{run.job['id']} not found")
+        expect(dash.page.locator("#cancel-job")).to_have_count(0)
+        expect(dash.page.locator("#charts")).to_have_count(0)
+        missing.locator("a", has_text="All jobs").click()
+        expect(dash.page.locator("#jobs-body")).to_be_visible()

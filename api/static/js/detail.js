@@ -417,7 +417,14 @@ export function detailPage(root, jobId) {
   const interval = () => (live === "sse" ? STREAM_REFRESH_MS : REFRESH_MS);
   let stop = () => {};
   const tick = async () => {
-    job = await api(`/v1/jobs/${jobId}`);
+    try {
+      job = await api(`/v1/jobs/${jobId}`);
+    } catch (err) {
+      if (err.status !== 404 || job) throw err;
+      showMissing(); // no such job in this project: no page of an empty job, no live buttons
+      stop();
+      return;
+    }
     renderJob();
     await Promise.all([loadMetrics(), loadEvents(), loadLogs(), loadCheckpoints()]);
     root.dataset.loaded = "true";
@@ -433,6 +440,15 @@ export function detailPage(root, jobId) {
     }
   };
   stop = poll(tick, interval);
+
+  function showMissing() {
+    root.replaceChildren(h("section", { id: "job-missing", class: "panel" },
+      h("h1", {}, `Job #${jobId} not found`),
+      h("p", {}, "This project has no job with that id: the link may be mistyped, or the job "
+        + "belongs to another project."),
+      h("a", { href: "#/jobs" }, "All jobs")));
+    root.dataset.loaded = "true";
+  }
 
   root.append(
     h("h1", {}, title, kindSlot, badge, h("span", { class: "spacer" }), compareLink, clone,
