@@ -116,6 +116,9 @@ checkControl();
 setInterval(checkControl, CONTROL_CHECK_MS);
 
 document.getElementById("logout").addEventListener("click", () => {
+  // The page stops polling before the key goes: a tick between now and the hash change would
+  // otherwise ask the API without a key (401s in the console).
+  if (stopPage) { stopPage(); stopPage = null; }
   auth.key = null;
   window.location.hash = "#/login";
 });
