@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # The trainer's `step_XXXXXXXX` and, for `transformers.Trainer` scripts (`torchyard.train`
 # resumes from those too), the Trainer's own `checkpoint-N`.
-_STEP_DIR = re.compile(r"^(?:step_(\d{8})|checkpoint-(\d+))$")
+STEP_DIR = re.compile(r"^(?:step_(\d{8,})|checkpoint-(\d+))$")
 ASIDE = "unrecorded"
 
 
@@ -46,7 +46,7 @@ def set_aside_unrecorded(*, session: Session, job_id: int, attempt: int, root: s
     moved, present = [], set()
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        match = _STEP_DIR.match(name)
+        match = STEP_DIR.match(name)
         step = None if match is None else int(match[1] or match[2])
         if step is not None:
             present.add(step)

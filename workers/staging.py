@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,13 +35,13 @@ from sqlalchemy.orm import Session
 from core.platform.models import Checkpoint
 from core.platform.settings import Settings
 from core.platform.storage import join
+from workers.checkpoints import STEP_DIR
 
 log = logging.getLogger(__name__)
 
 #: `torchyard.train`'s completion marker: uploaded last, so a remote directory holding it is whole.
 COMPLETE_MARKER = ".torchyard_complete"
 SYNCED_KINDS = ("checkpoint", "checkpoint_deleted")
-_STEP_DIR = re.compile(r"^(?:step_(\d{8,})|checkpoint-(\d+))$")
 
 
 def staging_dir(settings: Settings, job_id: int) -> Path:
@@ -142,7 +141,7 @@ class CheckpointSync:
         fs.invalidate_cache(root)
         complete = []
         for entry in fs.ls(root, detail=False):
-            match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+            match = STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
             if match is not None and fs.exists(f"{entry.rstrip('/')}/{COMPLETE_MARKER}"):
                 complete.append((int(match[1] or match[2]), entry.rstrip("/")))
         complete.sort()

@@ -21,9 +21,10 @@ from pathlib import Path
 import fsspec
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from core.platform.settings import Settings
-from tests.conftest import settings_env
+from tests.conftest import ProjectKey, settings_env
 from tests.integration.workers.helpers import wait_for
 from workers.launcher import free_port
 
@@ -130,3 +131,17 @@ def keys(prefix_uri: str) -> list[str]:
 
 def local_text(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def upload_corpus(api: TestClient, project: ProjectKey, corpus_dir: Path) -> str:
+    """Upload the session corpus's first file as dataset `corpus` of `project` through `api`
+    (to the bucket when `api` serves S3 settings); returns its id."""
+    corpus = sorted(corpus_dir.glob("*.py"))[0]
+    answer = api.post(
+        "/v1/datasets/upload",
+        files={"file": (corpus.name, corpus.read_bytes())},
+        data={"name": "corpus"},
+        headers=project.headers,
+    )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])

@@ -17,7 +17,7 @@ from api.main import create_app
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.hosts.netns import Host, Network, require_namespaces
-from tests.integration.s3server import S3
+from tests.integration.s3server import S3, upload_corpus
 from tests.integration.workers.conftest import worker_logs
 from tests.integration.workers.helpers import Worker, start_worker
 
@@ -111,12 +111,4 @@ def api(s3_settings: Settings) -> Iterator[TestClient]:
 def uploaded(api: TestClient, engine: Engine, corpus_dir: Path) -> tuple[ProjectKey, str]:
     """A project of its own and a dataset uploaded to the bucket: (project, dataset id)."""
     project = make_project(engine)
-    corpus = sorted(corpus_dir.glob("*.py"))[0]
-    answer = api.post(
-        "/v1/datasets/upload",
-        files={"file": (corpus.name, corpus.read_bytes())},
-        data={"name": "corpus"},
-        headers=project.headers,
-    )
-    assert answer.status_code == 201, answer.text
-    return project, str(answer.json()["id"])
+    return project, upload_corpus(api, project, corpus_dir)

@@ -22,7 +22,7 @@ from core.platform.settings import Settings
 from core.platform.storage import checkpoint_complete, job_checkpoint_uri
 from tests.conftest import make_project
 from tests.integration.faults.tcp_proxy import TcpProxy
-from tests.integration.s3server import S3, s3_fs, under
+from tests.integration.s3server import S3, s3_fs, under, upload_corpus
 from tests.integration.workers.helpers import (
     TERMINAL,
     job_events,
@@ -66,15 +66,8 @@ def test_s3_down_for_30_s_mid_run_never_leaves_a_partial_checkpoint_taken_for_co
     proxy: TcpProxy,
 ) -> None:
     project = make_project(engine)
-    corpus = sorted(corpus_dir.glob("*.py"))[0]
     with TestClient(create_app(s3_settings), raise_server_exceptions=True) as api:
-        uploaded = api.post(
-            "/v1/datasets/upload",
-            files={"file": (corpus.name, corpus.read_bytes())},
-            data={"name": "corpus"},
-            headers=project.headers,
-        )
-    assert uploaded.status_code == 201, uploaded.text
+        dataset_id = upload_corpus(api, project, corpus_dir)
     worker = start_worker(
         settings=s3_settings,
         client=celery_client,
@@ -85,7 +78,7 @@ def test_s3_down_for_30_s_mid_run_never_leaves_a_partial_checkpoint_taken_for_co
     try:
         spec = tiny_spec(
             pool=worker.queue,
-            dataset_id=uploaded.json()["id"],
+            dataset_id=dataset_id,
             train={"max_steps": STEPS},
             eval={"interval_steps": STEPS},
             checkpoint={"interval_steps": EVERY, "keep_last": 3},

@@ -22,7 +22,7 @@ from api.main import create_app
 from core.platform.settings import Settings
 from core.platform.storage import checkpoint_complete, job_checkpoint_uri
 from tests.conftest import ProjectKey, make_project
-from tests.integration.s3server import S3, keys, s3_fs, under
+from tests.integration.s3server import S3, keys, s3_fs, under, upload_corpus
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
@@ -86,17 +86,10 @@ def trained(
     worker: Worker,
 ) -> Trained:
     project = make_project(engine)
-    corpus = sorted(corpus_dir.glob("*.py"))[0]
-    uploaded = api.post(
-        "/v1/datasets/upload",
-        files={"file": (corpus.name, corpus.read_bytes())},
-        data={"name": "corpus"},
-        headers=project.headers,
-    )
-    assert uploaded.status_code == 201, uploaded.text
+    dataset_id = upload_corpus(api, project, corpus_dir)
     spec = tiny_spec(
         pool=worker.queue,
-        dataset_id=uploaded.json()["id"],
+        dataset_id=dataset_id,
         checkpoint={"keep_last": KEEP_LAST},
         retries={"max_restarts": 1},
     )
