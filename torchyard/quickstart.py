@@ -372,9 +372,7 @@ def _print_access(console: Console, url: str, api_key: str, home: Path, keep: bo
             )
         )
     else:
-        console.print(
-            Text("Stopping the API and worker (--keep-running leaves them up).", style="dim")
-        )
+        console.print(Text("Stopping the servers (--keep-running leaves them up).", style="dim"))
 
 
 def quickstart_command(
