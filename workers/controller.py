@@ -106,10 +106,15 @@ class Leadership:
         return True
 
     def drop(self) -> None:
-        """Give the lead up: the lock's connection is discarded (so the lock goes with its
-        session), the file closed."""
+        """Give the lead up: the lock is released on its session (so another process can
+        take it as soon as this returns: a closed socket alone frees it only once the server
+        has noticed), then the connection is discarded, the file closed."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
+            try:
+                conn.execute(select(func.pg_advisory_unlock(LOCK_KEY)))
+            except SQLAlchemyError:
+                pass  # the session is gone already, and the lock with it
             try:
                 conn.invalidate()  # never back to the pool with the lock held
                 conn.close()
