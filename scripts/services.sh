@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL (127.0.0.1:5432, trust auth for local TCP) and Redis (127.0.0.1:6379)
-# are running: start them when installed but stopped, install them with apt when absent.
+# are running: start them when installed but stopped, install them with apt when absent; and
+# that bubblewrap (`bwrap`, the workers' job sandbox) is installed.
 # Needs root only when something has to be installed or started.
 set -euo pipefail
 
@@ -39,4 +40,10 @@ if ! redis_up; then
   for _ in $(seq 1 60); do redis_up && break; sleep 0.25; done
   redis_up || { echo "services: Redis did not start" >&2; exit 1; }
 fi
-echo "services: postgres and redis are up" >&2
+# Workers run every job's ranks in a bubblewrap sandbox (workers/sandbox.py).
+if ! command -v bwrap >/dev/null; then
+  echo "services: installing bubblewrap" >&2
+  apt_install bubblewrap
+fi
+
+echo "services: postgres, redis and bwrap are up" >&2

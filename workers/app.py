@@ -28,7 +28,9 @@ from core.platform.control import RECONCILE_INTERVAL_S
 from core.platform.logs import configure_json_logging
 from core.platform.queue import RECONCILE_TASK, celery_config
 from core.platform.settings import Settings, get_settings
-from workers import devices
+from workers import devices, sandbox
+
+log = logging.getLogger(__name__)
 
 CONTROL_QUEUE = "torchyard.control"
 # RECONCILE_INTERVAL_S (core.platform.control, 2 s): a lost worker is requeued within
@@ -68,6 +70,24 @@ def _size_pool(conf: Any, options: dict[str, Any], **_: Any) -> None:
     takes at least one device, so a thread is free for every job that can fit."""
     if not options.get("concurrency"):
         conf.worker_concurrency = devices.host_allocator().capacity
+
+
+@signals.celeryd_init.connect
+def _refuse_unsandboxed(options: dict[str, Any], **_: Any) -> None:
+    """A worker that runs jobs decides at startup whether it sandboxes them
+    (`workers.sandbox.enabled`), and refuses to start where it must and cannot; an exporter
+    or a control worker (no job's code) starts anyway. Said once, in the worker's log."""
+    queues = options.get("queues") or []
+    names = set(queues.split(",") if isinstance(queues, str) else queues)
+    settings = get_settings()
+    if names and names <= {settings.export_queue, CONTROL_QUEUE}:
+        return
+    try:
+        on = sandbox.enabled(settings.sandbox, settings.env)
+    except sandbox.SandboxUnavailable as exc:
+        log.critical("worker refused to start: %s", exc)
+        raise SystemExit(f"torchyard worker: {exc}") from None
+    log.info("jobs' ranks run %s", "in a bubblewrap sandbox" if on else "unsandboxed")
 
 
 @signals.worker_ready.connect

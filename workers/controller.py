@@ -22,6 +22,7 @@ database outage waits, so a gap of its own is never taken for dead workers.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -111,10 +112,8 @@ class Leadership:
         has noticed), then the connection is discarded, the file closed."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            try:
+            with contextlib.suppress(SQLAlchemyError):  # gone already, and the lock with it
                 conn.execute(select(func.pg_advisory_unlock(LOCK_KEY)))
-            except SQLAlchemyError:
-                pass  # the session is gone already, and the lock with it
             try:
                 conn.invalidate()  # never back to the pool with the lock held
                 conn.close()

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers import sandbox
+
 TRAINER_MODULE = "trainer"
 RUNNER_MODULE = "torchyard.train"  # runs an entrypoint job's python target (section 5)
 OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python's options that take the next arg
@@ -416,10 +418,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def spawn(
-    argv: list[str], env: Mapping[str, str], paths: RunPaths, cwd: Path | None = None
-) -> subprocess.Popen[bytes]:
+    argv: list[str],
+    env: Mapping[str, str],
+    paths: RunPaths,
+    cwd: Path | None = None,
+    mounts: sandbox.Mounts | None = None,
+) -> subprocess.Popen[bytes] | sandbox.SandboxedProcess:
     """Start `argv` in a new session (own process group) with its output in the run dir, in
-    the directory `cwd` (None: the worker's).
+    the directory `cwd` (None: the worker's); with `mounts`, inside the sandbox they describe
+    (`workers.sandbox`: the result's `pid` is torchrun's, the leader of its own group).
 
     On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
     and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
@@ -434,6 +441,18 @@ def spawn(
         open(paths.launcher_log("stdout"), "ab") as out,
         open(paths.launcher_log("stderr"), "ab") as err,
     ):
+        if mounts is not None:
+            # bwrap's --die-with-parent takes the sandbox down with the worker: SIGKILL, since
+            # the namespace ends with its init (torchrun cannot checkpoint on the way out).
+            return sandbox.start(
+                mounts,
+                argv,
+                env=env,
+                cwd=cwd,
+                stdout=out.fileno(),
+                stderr=err.fileno(),
+                preexec_fn=_die_with_parent if _prctl is not None else None,
+            )
         return subprocess.Popen(
             argv,
             env=dict(env),

@@ -42,7 +42,7 @@ from core.platform.errors import DomainError, InvalidInput
 from core.platform.models import Job, JobState
 from core.platform.settings import Settings
 from core.scheduling import claim as scheduling
-from workers import devices, exits, launcher, plan, sysmetrics
+from workers import devices, exits, launcher, plan, sandbox, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -422,11 +422,15 @@ def _run_node(
     argv = launch.argv
     oom_kills = exits.oom_kills()
     try:
-        proc = launcher.spawn(argv, launch.env, paths, cwd=launch.cwd)
-    except OSError as exc:
+        mounts = None
+        if sandbox.enabled(settings.sandbox, settings.env):
+            mounts = plan.sandbox_mounts(settings, job, paths, node, lease)
+        proc = launcher.spawn(argv, launch.env, paths, cwd=launch.cwd, mounts=mounts)
+    except (OSError, sandbox.SandboxUnavailable) as exc:
         return _fail_unlaunched(factory, job, exc)
     gang_rank = None if node is None else node_rank
-    record_launch(factory, job, proc.pid, argv, worker, node_rank=gang_rank, devices=lease.devices)
+    pgid = proc.pgid if isinstance(proc, sandbox.SandboxedProcess) else proc.pid
+    record_launch(factory, job, pgid, argv, worker, node_rank=gang_rank, devices=lease.devices)
     ingest = RunIngest(
         paths=paths, job_id=job.id, attempt=job.attempt, node_rank=node_rank, nproc=nproc
     )

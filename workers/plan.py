@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 from core.platform.models import Job
 from core.platform.settings import Settings
 from jobspec.job import ScriptJobSpec
-from workers import attempt, devices, launcher, script
+from workers import attempt, devices, launcher, sandbox, script
 from workers.launcher import GangNode, RunPaths
+from workers.script import venv_root
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +121,48 @@ def command(
         host_devices=lease.host_devices,
     )
     return Launch(argv, env, None, plain_command=False)
+
+
+def sandbox_mounts(
+    settings: Settings, job: Job, paths: RunPaths, node: GangNode | None, lease: devices.Lease
+) -> sandbox.Mounts:
+    """What this node's sandbox shows (`workers.sandbox`): the job's own run and checkpoint
+    (or staging) directories and the row cache writable; its inputs (datasets, `init_from`, a local
+    model directory) read-only; the worker's home, venv root and storage root hidden; the
+    leased GPUs. No network for a single node on local storage without a hub model: its ranks
+    reach each other on loopback, and nothing else."""
+    spec = job.spec
+    local = [_local(uri) for uri in (paths.data, paths.init_from, paths.eval_data)]
+    hub_model = False
+    if not isinstance(spec, ScriptJobSpec) and spec.model.kind == "hf" and spec.model.hf:
+        named = spec.model.hf.path_or_id
+        if named and os.path.isdir(named):
+            local.append(named)
+        elif named:
+            hub_model = True
+    writable = [str(paths.run_dir), _local(paths.checkpoint_dir), str(paths.cache_dir or "")]
+    hidden = [str(settings.home.resolve()), str(venv_root(settings))]
+    if settings.is_local_storage:
+        hidden.append(str(settings.storage_path))
+    if hub_model:  # the hub's cache, shared by the host's jobs (public files)
+        hf_home = os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface")
+        Path(hf_home).mkdir(parents=True, exist_ok=True)
+        writable.append(hf_home)
+    device = spec.resources.device
+    return sandbox.Mounts(
+        read_only=tuple(p for p in local if p),
+        writable=tuple(p for p in writable if p),
+        hidden=tuple(hidden),
+        devices=sandbox.nvidia_devices(lease.devices) if device == "cuda" else (),
+        network=node is not None or not settings.is_local_storage or hub_model,
+        python=sandbox.python_paths([paths.python] if paths.python else []),
+    )
+
+
+def _local(uri: str | None) -> str:
+    """The local path of `uri` (a path or `file://`), "" for a remote one or none."""
+    if not uri:
+        return ""
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    return "" if "://" in uri else uri

@@ -26,6 +26,7 @@ from core.platform.settings import Settings
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
 from workers.launcher import kill_tree, signal_group
+from workers.sandbox import SandboxedProcess
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +64,15 @@ class Exit:
 
 
 class Supervisor:
-    """Supervises `proc` (a torchrun started in its own process group) for one attempt."""
+    """Supervises `proc` (a torchrun started in its own process group, or the sandbox around
+    one: its `pid` is torchrun's) for one attempt."""
 
     def __init__(
         self,
         *,
         settings: Settings,
         session_factory: Callable[[], Session],
-        proc: subprocess.Popen[bytes],
+        proc: subprocess.Popen[bytes] | SandboxedProcess,
         ingest: RunIngest,
         shutdown: threading.Event,
         heartbeat: Callable[[Session, Stop | None], Beat],
@@ -89,7 +91,7 @@ class Supervisor:
         self.settings = settings
         self.session_factory = session_factory
         self.proc = proc
-        self.pgid = proc.pid
+        self.pgid = proc.pgid if isinstance(proc, SandboxedProcess) else proc.pid
         self.ingest = ingest
         self.shutdown = shutdown
         self.stop: Stop | None = None

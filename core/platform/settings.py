@@ -193,6 +193,15 @@ class Settings(BaseSettings):
         "`job_nodes.cpu_seconds` and checks the job's cost against `limits.max_cost` (seconds).",
     )
 
+    sandbox: Literal["auto", "bwrap", "none"] = Field(
+        default="auto",
+        description="How a worker contains a job's ranks (workers/sandbox.py): `bwrap` runs "
+        "every rank in a bubblewrap sandbox (own PID, user, IPC and mount namespaces; only the "
+        "job's own files) and refuses to start where the host cannot make one; `none` runs "
+        "them as the worker's children, seeing what the worker sees (accepts that risk); "
+        "`auto`: `bwrap` where the host can, else `none` with a warning, except in "
+        "production, where a worker that cannot sandbox refuses to start.",
+    )
     venv_dir: Path | None = Field(
         default=None,
         description="Where a worker keeps the virtual environments of entrypoint jobs' "

@@ -13,7 +13,7 @@ the restart counters, and that no process of the job is left.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -285,6 +285,24 @@ def test_a_corrupt_dataset_is_a_user_error_never_retried(
     wait_for("the trainer's process group to be gone", lambda: group_gone(launch.data["pgid"]), 15)
 
 
+@pytest.fixture
+def unsandboxed_worker(
+    settings: Settings, celery_client: Celery, worker_logs: Path
+) -> Iterator[Worker]:
+    """A worker that runs ranks without the sandbox (`TORCHYARD_SANDBOX=none`): `read_only`
+    mounts over a directory on the host while the ranks run, and a sandbox's mount namespace,
+    private and made at launch, never sees a later host mount."""
+    w = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("unsandboxed"),
+        log_dir=worker_logs,
+        extra_env={"TORCHYARD_SANDBOX": "none"},
+    )
+    yield w
+    w.stop()
+
+
 @pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))
 def test_a_read_only_checkpoint_directory_is_infra_and_the_restart_resumes(
     engine: Engine,
@@ -292,11 +310,12 @@ def test_a_read_only_checkpoint_directory_is_infra_and_the_restart_resumes(
     celery_client: Celery,
     project: ProjectKey,
     dataset_id: str,
-    worker: Worker,
+    unsandboxed_worker: Worker,
 ) -> None:
     """The job's checkpoint directory turns read-only after the step-10 checkpoint: the
     step-20 save fails (EROFS), the attempt fails as `infra` and restarts; once the storage is
     writable again the next attempt resumes from step 10 and completes at step 20."""
+    worker = unsandboxed_worker
     spec = tiny_spec(
         pool=worker.queue,
         dataset_id=dataset_id,

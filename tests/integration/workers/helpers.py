@@ -316,10 +316,11 @@ def group_gone(pgid: int) -> bool:
 
 
 def rank_process(pgid: int, rank: int) -> psutil.Process | None:
-    """The process of global rank `rank` among the children of torchrun `pgid` (its pid)."""
-    for child in psutil.Process(pgid).children():
+    """The process of global rank `rank` under the launch's group leader `pgid` (torchrun, or
+    the sandbox's init above it): the one with that `RANK` whose parent has none."""
+    for child in psutil.Process(pgid).children(recursive=True):
         with contextlib.suppress(psutil.Error, KeyError):
-            if child.environ()["RANK"] == str(rank):
+            if child.environ()["RANK"] == str(rank) and "RANK" not in child.parent().environ():
                 return child
     return None
 
