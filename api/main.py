@@ -48,6 +48,7 @@ from api.routes import (
     streams,
     usage,
     webhooks,
+    workers,
 )
 from api.streams import StreamHub
 from core.access import oidc
@@ -150,7 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream"),
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas)
+    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas, workers)
     access = (projects, members, service_accounts, keys)
     for module in (*routers, usage, webhooks, audit, *access, openai_files, openai_jobs):
         permissions.document(module.router)  # x-permission on each operation

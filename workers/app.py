@@ -28,7 +28,7 @@ from core.platform.control import RECONCILE_INTERVAL_S
 from core.platform.logs import configure_json_logging
 from core.platform.queue import RECONCILE_TASK, celery_config
 from core.platform.settings import Settings, get_settings
-from workers import devices, sandbox
+from workers import cgroups, devices, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ def _refuse_unsandboxed(options: dict[str, Any], **_: Any) -> None:
         log.critical("worker refused to start: %s", exc)
         raise SystemExit(f"torchyard worker: {exc}") from None
     log.info("jobs' ranks run %s", "in a bubblewrap sandbox" if on else "unsandboxed")
+    if removed := cgroups.sweep():
+        log.info("removed %s empty job cgroups an earlier worker left", removed)
 
 
 @signals.worker_ready.connect

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import orjson
 
 from core.attempts.lifecycle_policy import Failure, NodeEnd, Stop
 from dataformat.failures import PEER_LOST_MESSAGES, FailureClass, classify, error_type_names
+from workers.cgroups import JobCgroup
 from workers.ingest import last_lines, stderr_tail
 from workers.launcher import RunPaths
 from workers.supervisor import Exit
@@ -153,6 +155,23 @@ def oom_kills(
         except OSError:
             continue
     return None
+
+
+_WORKER_COUNTER = oom_kills
+
+
+def oom_counter(group: JobCgroup | None) -> Callable[[], int | None]:
+    """What counts this node's OOM kills: its own cgroup's counter plus the worker's (a limit
+    above the job's, the worker's container, counts its kills there: cgroup v1's `oom_kill`
+    is not hierarchical), or the worker's alone without a group. None when neither is read."""
+    if group is None:
+        return oom_kills
+
+    def both() -> int | None:
+        counts = [c for c in (group.oom_kills(), oom_kills()) if c is not None]
+        return sum(counts) if counts else None
+
+    return both
 
 
 def node_failure(
@@ -280,6 +299,7 @@ class NodeRun:
     nproc: int
     oom_kills: int | None
     plain_command: bool = False  # an entrypoint command the runner does not wrap (node_failure)
+    oom_counter: Callable[[], int | None] = _WORKER_COUNTER  # read at the end (`oom_counter`)
 
 
 def node_end(end: Exit, facts: NodeRun) -> NodeEnd:
@@ -307,7 +327,7 @@ def node_end(end: Exit, facts: NodeRun) -> NodeEnd:
             nproc=facts.nproc,
             host=host,
             oom_kills_before=facts.oom_kills,
-            oom_kills_after=oom_kills(),
+            oom_kills_after=facts.oom_counter(),
             plain_command=facts.plain_command,
         )
         code = end.returncode if failure.exit_code is None else failure.exit_code

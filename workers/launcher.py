@@ -1,10 +1,7 @@
 """Build and start the one `torchrun` command of an attempt (after Determined's launcher).
 
-The argv and the environment are pure functions of their inputs, unit-tested exactly. The
-process starts in a new session (its own process group, pgid == pid): cancel and shutdown
-SIGTERM that group and torchrun forwards the signal to every rank; a SIGKILL goes to
-torchrun's group and to each rank's own group (`kill_tree`: torchrun starts ranks in new
-sessions when it redirects their output).
+The argv and the environment are pure functions of their inputs, unit-tested exactly;
+`workers.processes` starts and signals the process.
 
 Per-rank output: torchrun's `--log-dir LOG_DIR --redirects 3` writes each local rank's stdout
 and stderr to `LOG_DIR/<rdzv_id>_<random>/attempt_<restart>/<local_rank>/{stdout,stderr}.log`
@@ -17,18 +14,13 @@ offset (`workers.tail`).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from workers import sandbox
 
 TRAINER_MODULE = "trainer"
 RUNNER_MODULE = "torchyard.train"  # runs an entrypoint job's python target (section 5)
@@ -406,95 +398,3 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def spawn(
-    argv: list[str],
-    env: Mapping[str, str],
-    paths: RunPaths,
-    cwd: Path | None = None,
-    mounts: sandbox.Mounts | None = None,
-) -> subprocess.Popen[bytes] | sandbox.SandboxedProcess:
-    """Start `argv` in a new session (own process group) with its output in the run dir, in
-    the directory `cwd` (None: the worker's); with `mounts`, inside the sandbox they describe
-    (`workers.sandbox`: the result's `pid` is torchrun's, the leader of its own group).
-
-    On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
-    and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
-    `PR_SET_PDEATHSIG` follows the *thread* that forked, not the process: the calling thread
-    must outlive the trainer (the worker's pool thread does: it supervises the trainer until
-    it exits; measured: a child of a thread that exited got SIGTERM at once). Safe from
-    several threads at once: 320 spawns from 8 threads beside 3 logging threads, none hung
-    (the `preexec_fn` only calls prctl, no lock another thread could hold).
-    """
-    paths.log_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        open(paths.launcher_log("stdout"), "ab") as out,
-        open(paths.launcher_log("stderr"), "ab") as err,
-    ):
-        if mounts is not None:
-            # bwrap's --die-with-parent takes the sandbox down with the worker: SIGKILL, since
-            # the namespace ends with its init (torchrun cannot checkpoint on the way out).
-            return sandbox.start(
-                mounts,
-                argv,
-                env=env,
-                cwd=cwd,
-                stdout=out.fileno(),
-                stderr=err.fileno(),
-                preexec_fn=_die_with_parent if _prctl is not None else None,
-            )
-        return subprocess.Popen(
-            argv,
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if _prctl is not None else None,
-        )
-
-
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to the process group; False when no process of it is left."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def rank_groups(pid: int) -> list[int]:
-    """The process groups of torchrun's (`pid`'s) children, its ranks.
-
-    With `--redirects` torchrun starts every rank in a new session (torch's
-    `SubprocessHandler`), so a signal to torchrun's own group does not reach them; a SIGKILLed
-    torchrun would leave them orphaned. Linux `/proc/PID/task/*/children`; [] elsewhere.
-    """
-    found: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(c) for c in children.read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def kill_tree(pgid: int) -> bool:
-    """SIGKILL torchrun's group (pgid == torchrun's pid) and each rank's own group; False when
-    none was left. The ranks are found before torchrun dies (then they are reparented)."""
-    ranks = rank_groups(pgid)
-    alive = signal_group(pgid, signal.SIGKILL)
-    for rank in ranks:
-        alive = signal_group(rank, signal.SIGKILL) or alive
-    return alive

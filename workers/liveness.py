@@ -54,6 +54,7 @@ def beat(
     stopping: bool = False,
     slots_total: int = 1,
     slots_free: int | None = None,
+    sandbox: str | None = None,
     now: datetime | None = None,
 ) -> bool:
     """Write worker `name`'s row (insert or update) with `heartbeat_at` = `now`.
@@ -71,6 +72,7 @@ def beat(
         "slots_total": slots_total,
         "slots_free": slots_free,
         "stopping": stopping,
+        "sandbox": sandbox,
     }
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     insert: Any = dialect.insert(Worker).values(**values)
@@ -105,9 +107,12 @@ class WorkerHeartbeat:
         settings: Settings,
         on_registered: Callable[[], object] | None = None,
         slots: Callable[[], tuple[int, int]] | None = None,
+        sandbox: str | None = None,
     ) -> None:
-        """`slots()`: the worker's (total, free) devices at each beat (`workers.devices`)."""
+        """`slots()`: the worker's (total, free) devices at each beat (`workers.devices`);
+        `sandbox`: how it contains its jobs (`workers.sandbox.describe`)."""
         self.name, self.pool, self.started_at = name, pool, started_at
+        self.sandbox = sandbox
         self._slots = slots
         self._factory = factory
         self._interval_s = settings.worker_heartbeat_interval_s
@@ -163,6 +168,7 @@ class WorkerHeartbeat:
                     stopping=self._stopping,
                     slots_total=total,
                     slots_free=free,
+                    sandbox=self.sandbox,
                 )
                 session.commit()
         except Exception as exc:  # never let the thread die: the next beat tries again

@@ -24,10 +24,12 @@ elsewhere (`core.attempts`, `core.scheduling`, `workers.supervisor`).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 
+import psutil
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -42,7 +44,7 @@ from core.platform.errors import DomainError, InvalidInput
 from core.platform.models import Job, JobState
 from core.platform.settings import Settings
 from core.scheduling import claim as scheduling
-from workers import devices, exits, launcher, plan, sandbox, sysmetrics
+from workers import cgroups, devices, exits, launcher, plan, processes, sandbox, sysmetrics
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -401,7 +403,40 @@ def _run_node(
     lease: devices.Lease,
 ) -> str:
     """Launch and supervise this node's torchrun of the assembled attempt on the leased
-    devices; record its end."""
+    devices, in a cgroup of its own where the host gives one (`workers.cgroups`); record its
+    end; remove the cgroup."""
+    memory, cpus = cgroups.lease_limits(
+        leased=len(lease.devices),
+        host_slots=lease.host_devices,
+        slot_memory_mb=settings.slot_memory_mb,
+        total_memory=psutil.virtual_memory().total,
+        cpu_count=os.cpu_count() or 1,
+    )
+    name = cgroups.node_name(job.id, job.attempt, node_rank)
+    group = cgroups.create(name, memory_bytes=memory, cpus=cpus)
+    try:
+        return _launch_node(
+            settings, factory, dispatch, job, paths, worker, shutdown, node_rank, lease, group
+        )
+    finally:
+        if group is not None:
+            group.remove()
+
+
+def _launch_node(
+    settings: Settings,
+    factory: Callable[[], Session],
+    dispatch: Dispatch,
+    job: Job,
+    paths: RunPaths,
+    worker: str,
+    shutdown: threading.Event,
+    node_rank: int,
+    lease: devices.Lease,
+    group: cgroups.JobCgroup | None,
+) -> str:
+    """Launch and supervise this node's torchrun of the assembled attempt on the leased
+    devices, in `group` when it has one; record its end."""
     spec = job.spec
     nproc = spec.resources.procs_per_node
     with factory() as session:
@@ -420,12 +455,17 @@ def _run_node(
         )
     launch = plan.command(job, paths, head.port, node, lease)
     argv = launch.argv
-    oom_kills = exits.oom_kills()
+    counter = exits.oom_counter(group)
+    oom_kills = counter()
     try:
         mounts = None
         if sandbox.enabled(settings.sandbox, settings.env):
             mounts = plan.sandbox_mounts(settings, job, paths, node, lease)
-        proc = launcher.spawn(argv, launch.env, paths, cwd=launch.cwd, mounts=mounts)
+        joins = group.join_fds() if group is not None else ()
+        command = argv if mounts is None else sandbox.torchrun_command(argv)
+        proc = processes.spawn(
+            command, launch.env, paths, cwd=launch.cwd, mounts=mounts, join_fds=joins
+        )
     except (OSError, sandbox.SandboxUnavailable) as exc:
         return _fail_unlaunched(factory, job, exc)
     gang_rank = None if node is None else node_rank
@@ -461,6 +501,7 @@ def _run_node(
         nproc=nproc,
         oom_kills=oom_kills,
         plain_command=launch.plain_command,
+        oom_counter=counter,
     )
     try:
         end = supervisor.run()

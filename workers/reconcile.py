@@ -4,7 +4,7 @@
   current attempt, is lost when
   * its worker restarted: the worker's row (`workers`, `workers.liveness`) has a later
     `started_at` than the job's claim (`jobs.started_at`) or the node's `joined_at`; the
-    trainers died with the old process (`launcher.spawn` sets the parent-death signal);
+    trainers died with the old process (`processes.spawn` sets the parent-death signal);
   * its worker is silent: the row is older than `worker_timeout_s` (10 s);
   * or its own heartbeat (the supervise loop's, `jobs.heartbeat_at` / the node's) is older
     than `heartbeat_timeout_s` (60 s): a wedged loop in a live worker, or a worker without a

@@ -2,7 +2,7 @@
 
 A team's program (and the built-in trainer, which loads user-provided models and tokenizers)
 must see its own job and nothing else. The worker wraps the node's whole `torchrun` in one
-`bwrap` (`workers.launcher.spawn`), with:
+`bwrap` (`workers.processes.spawn`), with:
 
 - new user, PID, IPC and cgroup namespaces, all capabilities dropped, a session of its own
   (`--new-session`: no terminal to inject into) and `--die-with-parent`;
@@ -105,9 +105,11 @@ class Mounts:
 
 def python_paths(extra: Iterable[str]) -> tuple[str, ...]:
     """The directories the worker's Python and the job's interpreters (`extra`: their paths)
-    import from: the prefixes, the site-packages, the source tree of Torchyard's own packages
-    (an editable install), and each interpreter's venv and the base it links to. Never `/`."""
+    import from: the prefixes, the site-packages, `PYTHONPATH`, the source tree of Torchyard's
+    own packages (an editable install), and each interpreter's venv and the base it links to.
+    Never `/`."""
     found: list[str] = [sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages()]
+    found += os.environ.get("PYTHONPATH", "").split(os.pathsep)  # the ranks get it too
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
@@ -189,6 +191,19 @@ def _outermost(paths: Sequence[str]) -> list[str]:
         if not any(_under(path, top) for top in kept):
             kept.append(path)
     return kept
+
+
+TORCHRUN_MODULE = "torch.distributed.run"
+SANDBOXED_TORCHRUN_MODULE = "workers.torchrun"  # its rendezvous ids survive a PID namespace
+
+
+def torchrun_command(argv: Sequence[str]) -> list[str]:
+    """`argv` (`python -m torch.distributed.run ...`) with torchrun run as
+    `workers.torchrun`, whose rendezvous participants stay distinct in PID namespaces."""
+    out = list(argv)
+    if out[1:3] == ["-m", TORCHRUN_MODULE]:
+        out[2] = SANDBOXED_TORCHRUN_MODULE
+    return out
 
 
 def nvidia_devices(leased: Sequence[int] | None) -> tuple[str, ...]:
@@ -351,6 +366,19 @@ def enabled(sandbox: str, env: str) -> bool:
     if key not in _MODE:
         _MODE[key] = _decide(sandbox, env)
     return _MODE[key]
+
+
+def describe(sandbox: str, env: str) -> str:
+    """How this worker contains its jobs, for its row in `workers` (`GET /v1/workers`):
+    `bwrap`, or `none: <why>`; `refused: <why>` where it must sandbox and cannot."""
+    try:
+        if enabled(sandbox, env):
+            return "bwrap"
+    except SandboxUnavailable as exc:
+        return f"refused: {exc}"[:500]
+    if sandbox == "none":
+        return "none: TORCHYARD_SANDBOX=none"
+    return f"none: {probe() or 'unknown'}"[:500]
 
 
 def _decide(sandbox: str, env: str) -> bool:

@@ -16,7 +16,7 @@ from core.platform.logs import job_id_var
 from core.platform.models import utcnow
 from core.platform.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.platform.settings import get_settings
-from workers import devices, exports, liveness, node
+from workers import devices, exports, liveness, node, sandbox
 from workers import reconcile as reconciler
 from workers.app import CONTROL_QUEUE, app
 
@@ -53,6 +53,11 @@ def _start_heartbeat(sender: Any, **_: Any) -> None:
         settings=settings,
         on_registered=reap_previous_incarnation,
         slots=lambda: (devices.host_allocator().capacity, devices.host_allocator().free),
+        sandbox=(
+            None  # an exporter's or a control worker's: no job's code runs there
+            if set(queues) <= {settings.export_queue}
+            else sandbox.describe(settings.sandbox, settings.env)
+        ),
     )
     heartbeat.start()
 

@@ -202,6 +202,13 @@ class Settings(BaseSettings):
         "`auto`: `bwrap` where the host can, else `none` with a warning, except in "
         "production, where a worker that cannot sandbox refuses to start.",
     )
+    slot_memory_mb: int | None = Field(
+        default=None,
+        gt=0,
+        description="Memory of one slot in MiB (workers/cgroups.py): a job's node may use its "
+        "leased slots' worth in a cgroup of its own, past which the kernel's OOM killer ends "
+        "it alone (`oom`); default the host's memory divided by its slots.",
+    )
     venv_dir: Path | None = Field(
         default=None,
         description="Where a worker keeps the virtual environments of entrypoint jobs' "

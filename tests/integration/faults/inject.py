@@ -125,20 +125,13 @@ class MemoryCgroup:
 
     @property
     def anonymous(self) -> int:
-        """Bytes of anonymous memory charged to the group now (`rss` of memory.stat: what the
-        kernel cannot reclaim without swap, which these hosts have none of)."""
+        """Bytes of anonymous memory charged to the group and the groups below it now
+        (`total_rss` of memory.stat: the worker puts each job in a group of its own below; what
+        the kernel cannot reclaim without swap, which these hosts have none of)."""
         for line in (self.path / "memory.stat").read_text().splitlines():
-            if line.startswith("rss "):
+            if line.startswith("total_rss "):
                 return int(line.split()[1])
         raise AssertionError(f"no rss in {self.path}/memory.stat")
-
-    @property
-    def oom_kills(self) -> int:
-        """Processes of the group the kernel's OOM killer has killed."""
-        for line in (self.path / "memory.oom_control").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        raise AssertionError(f"no oom_kill in {self.path}/memory.oom_control")
 
     def limit(self, step: Callable[[], int], timeout_s: float) -> int:
         """Cap the group at the least anonymous memory it held while the job trained one more
@@ -190,6 +183,11 @@ def cgroup_for(name: str) -> Iterator[MemoryCgroup]:
         for pid in (group.path / "cgroup.procs").read_text().split():
             with suppress(OSError):  # gone meanwhile
                 (group.path.parent / "cgroup.procs").write_text(pid)
+        # The worker's own job groups (workers.cgroups) below it, once empty, deepest first.
+        for child in sorted(group.path.rglob("*/"), key=lambda p: -len(p.parts)):
+            if child.is_dir():
+                with suppress(OSError):
+                    child.rmdir()
         group.path.rmdir()
 
 

@@ -20,7 +20,7 @@ from core.platform.db import session_factory
 from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
-from tests.integration.workers.archives import steps_spec
+from tests.integration.workers.archives import open_gate, steps_spec
 from tests.integration.workers.helpers import (
     create_job,
     job_events,
@@ -93,7 +93,6 @@ def test_jobs_queued_when_the_broker_restarts_each_run_exactly_once(
     project: ProjectKey,
     steps_code: str,
     private_redis: RedisServer,
-    tmp_path: Path,
 ) -> None:
     broker = settings.model_copy(update={"broker_url": private_redis.url})
     client = Celery("torchyard-tests-private-redis")
@@ -101,8 +100,7 @@ def test_jobs_queued_when_the_broker_restarts_each_run_exactly_once(
     queue = unique_queue("redis")
     worker = start_worker(settings=broker, client=client, queue=queue, log_dir=worker_logs)
     try:
-        gate = tmp_path / "busy.gate"
-        busy = create_job(engine, project, steps_spec(steps_code, pool=queue, steps=8, gate=gate))
+        busy = create_job(engine, project, steps_spec(steps_code, pool=queue, steps=8, gate="go"))
         send(client, busy, queue)
         wait_state(engine, busy, ("running",), 60, worker)
         short = steps_spec(steps_code, pool=queue, steps=2)
@@ -123,7 +121,7 @@ def test_jobs_queued_when_the_broker_restarts_each_run_exactly_once(
             pools=[queue],
         )
         assert sorted(report.redispatched) == waiting
-        gate.touch()
+        open_gate(settings, busy, "go")
         for job_id in [busy, *waiting]:
             job = wait_state(engine, job_id, ("succeeded", "failed", "cancelled"), 120, worker)
             assert job.state == "succeeded", job.error

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import code_archives
 from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 
@@ -59,12 +60,15 @@ def store_archive(
 # built-in trainer costs every rank about 6 CPU-s of imports and model set-up. `--steps` steps
 # (declared with `set_max_steps`, so the queue has an ETA) reporting a loss that depends only on the
 # step; a checkpoint (`state.json`) every `--checkpoint-every` steps and at a stop; a resumed
-# attempt starts after the newest complete one. With `--gate PATH` the last step waits until PATH
-# exists (or a stop comes), so a test decides when the job ends instead of racing its running time.
+# attempt starts after the newest complete one. With `--gate NAME` the last step waits until the
+# file NAME exists in the job's checkpoint directory (or a stop comes; `open_gate`), so a test
+# decides when the job ends instead of racing its running time. (That directory: the job sees it,
+# in its sandbox, from every attempt; a checkpoint is only a `step_N` directory in it.)
 UNTIL_STOPPED = 1_000_000  # `steps_spec(steps=...)` of a job that runs until cancelled or paused
 STEPS_PY = """
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -76,6 +80,7 @@ parser.add_argument("--checkpoint-every", type=int, default=0)
 parser.add_argument("--step-s", type=float, default=0.02)
 parser.add_argument("--gate")
 args = parser.parse_args()
+gate = args.gate and Path(os.environ["TORCHYARD_CHECKPOINT_DIR"]) / args.gate
 
 
 def save(step):
@@ -89,8 +94,8 @@ latest = ty.latest_checkpoint()
 step = saved = json.loads((latest / "state.json").read_text())["step"] if latest else 0
 ty.log_event("steps program started", start_step=step)
 while step < args.steps:
-    if args.gate and step == args.steps - 1:
-        while not Path(args.gate).exists() and not ty.should_stop():
+    if gate and step == args.steps - 1:
+        while not gate.exists() and not ty.should_stop():
             time.sleep(0.05)
     if ty.should_stop():
         break
@@ -113,16 +118,16 @@ def steps_spec(
     procs: int = 1,
     checkpoint_every: int = 0,
     step_s: float = 0.02,
-    gate: Path | None = None,
+    gate: str | None = None,
     **more: Any,
 ) -> ScriptJobSpec:
     """A job of `STEPS_PY` (archive `code`, from `store_archive(..., {"steps.py": STEPS_PY})`)
-    on `procs` devices of `pool`, `step_s` seconds a step; `more`: other sections of the spec
-    (e.g. `priority`)."""
+    on `procs` devices of `pool`, `step_s` seconds a step; `gate`: the name of the file its
+    last step waits for (`open_gate`); `more`: other sections of the spec (e.g. `priority`)."""
     command = ["python", "steps.py", "--steps", str(steps)]
     command += ["--checkpoint-every", str(checkpoint_every), "--step-s", str(step_s)]
     if gate is not None:
-        command += ["--gate", str(gate)]
+        command += ["--gate", gate]
     body: dict[str, Any] = {
         "name": "steps",
         "entrypoint": {"code": code, "command": command},
@@ -130,3 +135,11 @@ def steps_spec(
         **more,
     }
     return ScriptJobSpec.model_validate(body)
+
+
+def open_gate(settings: Settings, job_id: int, gate: str) -> None:
+    """Let job `job_id` (a `steps_spec(gate=gate)` job) take its last step: the file `gate` in
+    its checkpoint directory (local storage), which every attempt of the job sees."""
+    root = Path(job_checkpoint_uri(settings, job_id).removeprefix("file://"))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / gate).touch()

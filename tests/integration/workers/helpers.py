@@ -315,12 +315,24 @@ def group_gone(pgid: int) -> bool:
     return False
 
 
-def rank_process(pgid: int, rank: int) -> psutil.Process | None:
-    """The process of global rank `rank` under the launch's group leader `pgid` (torchrun, or
-    the sandbox's init above it): the one with that `RANK` whose parent has none."""
+def rank_processes(pgid: int) -> list[psutil.Process]:
+    """The rank processes under the launch's group leader `pgid` (torchrun, or the sandbox's
+    init above it): those with a `RANK` whose parent has none (a rank's own children inherit
+    it)."""
+    found = []
     for child in psutil.Process(pgid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            parent = child.parent()
+            if "RANK" in child.environ() and (parent is None or "RANK" not in parent.environ()):
+                found.append(child)
+    return found
+
+
+def rank_process(pgid: int, rank: int) -> psutil.Process | None:
+    """The process of global rank `rank` under the launch's group leader `pgid`."""
+    for child in rank_processes(pgid):
         with contextlib.suppress(psutil.Error, KeyError):
-            if child.environ()["RANK"] == str(rank) and "RANK" not in child.parent().environ():
+            if child.environ()["RANK"] == str(rank):
                 return child
     return None
 
@@ -354,7 +366,7 @@ def kill_ranks_after_checkpoint(
     kill: list[psutil.Process] = []
     spare: list[psutil.Process] = []
     for node_rank, pgid in pgids.items():
-        ranks = [c for c in psutil.Process(pgid).children() if "RANK" in c.environ()]
+        ranks = rank_processes(pgid)
         (kill if node_rank in nodes else spare).extend(ranks)
     assert kill, f"no rank processes of nodes {nodes} under torchrun {pgids}"
     return crash_ranks(kill, job_checkpoint_uri(settings, job_id), spare)

@@ -12,11 +12,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from api.main import create_app
 from core.platform.settings import Settings
 from core.platform.storage import job_run_dir
 from jobspec.job import ScriptJobSpec
@@ -25,12 +28,15 @@ from tests.integration.workers.archives import store_archive
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
+    job_row,
+    metric_series,
     send,
     start_worker,
     unique_queue,
+    wait_for,
     wait_state,
 )
-from workers import sandbox
+from workers import cgroups, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None, reason=str(sandbox.probe()))
 
@@ -253,3 +259,106 @@ def test_a_worker_that_must_sandbox_and_cannot_refuses_to_start_and_says_why(
     assert done.returncode != 0
     assert "cannot sandbox jobs" in done.stderr + done.stdout
     assert "TORCHYARD_SANDBOX=none" in done.stderr + done.stdout
+
+
+# Grows by 32 MiB of touched pages at a time up to 3 GiB (a bound, should no limit stop it).
+OVER_PY = """
+import sys
+import torchyard.train as ty
+ty.report(1, loss=1.0)
+chunks = [bytearray(32 * 2**20) for _ in range(96)]
+sys.exit(3)
+"""
+# Reports steps until the test's `go` file appears in its run dir, then one more and ends.
+NEIGHBOUR_PY = """
+import os, time
+import torchyard.train as ty
+go = os.path.join(os.environ["TORCHYARD_RUN_DIR"], "go")
+step = 0
+while not os.path.exists(go):
+    step += 1
+    ty.report(step, loss=1.0)
+    time.sleep(0.1)
+ty.report(step + 1, loss=0.5)
+"""
+
+
+def test_a_job_over_its_memory_fails_as_oom_alone_and_its_neighbour_finishes(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    project: ProjectKey,
+) -> None:
+    """Two jobs on one worker of 2 slots, 1 GiB each (`TORCHYARD_SLOT_MEMORY_MB`): the one
+    that grows past its slot is killed by the OOM killer inside its own cgroup and fails as
+    `oom`; the other, running beside it all along, finishes."""
+    probe = cgroups.create("probe", memory_bytes=None, cpus=None)
+    if probe is None:
+        pytest.skip("no writable cgroup hierarchy on this host")
+    probe.remove()
+    worker = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=unique_queue("memory"),
+        log_dir=worker_logs,
+        slots=2,
+        extra_env={"TORCHYARD_SLOT_MEMORY_MB": "1024"},
+    )
+    try:
+        code = store_archive(
+            engine, settings, project, {"over.py": OVER_PY, "neighbour.py": NEIGHBOUR_PY}
+        )
+
+        def submit(command: list[str], name: str) -> int:
+            spec = ScriptJobSpec.model_validate(
+                {
+                    "name": name,
+                    "resources": {"procs_per_node": 1, "pool": worker.queue},
+                    "entrypoint": {"code": code, "command": command},
+                }
+            )
+            job_id = create_job(engine, project, spec)
+            send(celery_client, job_id, worker.queue)
+            return job_id
+
+        neighbour = submit(["python", "neighbour.py"], "neighbour")
+        wait_for(
+            "the neighbour's first step",
+            lambda: metric_series(engine, neighbour, "loss"),
+            TIMEOUT_S,
+        )
+        over = submit(["python", "over.py"], "over")
+        failed = wait_state(engine, over, ("succeeded", "failed"), TIMEOUT_S, worker)
+        assert failed.state == "failed" and failed.failure is not None
+        assert failed.failure["class"] == "oom", failed.failure
+        assert job_row(engine, neighbour).state == "running"
+        (job_run_dir(settings, neighbour, 1) / "go").write_text("")
+        done = wait_state(engine, neighbour, ("succeeded", "failed"), TIMEOUT_S, worker)
+        assert done.state == "succeeded", done.failure
+    finally:
+        worker.stop()
+
+
+def test_get_workers_says_which_worker_sandboxes_its_jobs(
+    engine: Engine,
+    settings: Settings,
+    sandboxed: Worker,
+    unsandboxed: Worker,
+    project: ProjectKey,
+) -> None:
+    """Each worker writes how it contains its jobs on its row at startup; `GET /v1/workers`
+    (any reader) shows it beside its pool and liveness."""
+
+    def rows() -> dict[str, Any] | None:
+        with TestClient(create_app(settings)) as client:
+            answer = client.get("/v1/workers", headers=project.headers)
+        assert answer.status_code == 200, answer.text
+        found = {w["name"]: w for w in answer.json()["items"]}
+        mine = [found.get(w.name) for w in (sandboxed, unsandboxed)]
+        return found if all(m and m["sandbox"] for m in mine) else None
+
+    found = wait_for("both workers' rows", rows, 30)
+    on, off = found[sandboxed.name], found[unsandboxed.name]
+    assert (on["sandbox"], on["alive"], on["pool"]) == ("bwrap", True, sandboxed.queue)
+    assert off["sandbox"] == "none: TORCHYARD_SANDBOX=none"

@@ -26,7 +26,7 @@ from core.platform.models import JobNode
 from core.platform.models import Worker as WorkerRow
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
-from tests.integration.workers.archives import UNTIL_STOPPED, steps_spec
+from tests.integration.workers.archives import UNTIL_STOPPED, open_gate, steps_spec
 from tests.integration.workers.helpers import (
     Worker,
     job_events,
@@ -56,9 +56,9 @@ def host(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iterat
 
 def submit(
     engine: Engine, client: Celery, project: ProjectKey, host: Worker, code: str, procs: int,
-    gate: Path,
+    gate: str,
 ) -> int:  # fmt: skip
-    """A 4-step job on `procs` devices whose last step waits for the file `gate`."""
+    """A 4-step job on `procs` devices whose last step waits for its gate `gate` (`open_gate`)."""
     spec = steps_spec(code, pool=host.queue, steps=4, procs=procs, gate=gate)
     return submit_job(engine, client, project, spec)
 
@@ -116,13 +116,12 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     project: ProjectKey,
     host: Worker,
     steps_code: str,
-    tmp_path: Path,
+    settings: Settings,
 ) -> None:
     started = time.monotonic()
     idle = (engine, celery_client, project, host, steps_code)
     first, pair, third = (submit_idle(*idle, procs) for procs in (1, 2, 1))
-    big_gate, after_gate = tmp_path / "big.gate", tmp_path / "after.gate"
-    big = submit(*idle, 4, big_gate)
+    big = submit(*idle, 4, "go")
 
     # Jobs of 1, 2 and 1 devices run at the same time, on disjoint devices.
     trio = [first, pair, third]
@@ -159,17 +158,18 @@ def test_jobs_of_1_2_1_share_four_slots_a_job_of_4_waits_and_freed_slots_are_reu
     # Two jobs of 1 sent while it holds every device find no room; when it ends, both run:
     # its end wakes the pool once, and the claim that leaves devices free wakes it again.
     seen = deliveries_that_claimed_nothing(host)
-    after = [submit(*idle, 1, after_gate) for _ in range(2)]
+    after = [submit(*idle, 1, "go") for _ in range(2)]
     wait_unclaimed(host, seen + 1)
     assert [job_row(engine, j).state for j in after] == ["queued", "queued"]
-    big_gate.touch()
+    open_gate(settings, big, "go")
     done = wait_state(engine, big, ("succeeded", "failed"), 120, host)
     assert done.state == "succeeded", done.error
     assert node_devices(engine, big) == [0, 1, 2, 3]
     last_end = max(job_row(engine, j).finished_at for j in (pair, third, behind))  # type: ignore[type-var]
     assert seconds(done.started_at, last_end) >= 0
     wait_for("both jobs of 1 running after it", lambda: all_running(engine, after), 60)
-    after_gate.touch()
+    for j in after:
+        open_gate(settings, j, "go")
     ends = [wait_state(engine, j, ("succeeded", "failed"), 60, host) for j in after]
     assert [e.state for e in ends] == ["succeeded", "succeeded"]
     assert all(seconds(e.started_at, done.finished_at) >= 0 for e in ends)

@@ -20,7 +20,7 @@ from core.platform.models import Job
 from core.platform.settings import Settings
 from core.scheduling import queue_view
 from tests.conftest import ProjectKey
-from tests.integration.workers.archives import steps_spec
+from tests.integration.workers.archives import open_gate, steps_spec
 from tests.integration.workers.helpers import (
     TERMINAL,
     job_events,
@@ -46,7 +46,6 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     worker_logs: Path,
     project: ProjectKey,
     steps_code: str,
-    tmp_path: Path,
 ) -> None:
     pool = unique_queue("preempt")
     enabled = settings.model_copy(update={"preemption_pools": [pool], "preemption_min_run_s": 0.0})
@@ -65,9 +64,8 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
         settings=settings, client=celery_client, queue=pool, log_dir=worker_logs, slots=1
     )
     try:
-        gate = tmp_path / "low.gate"
         low_spec = steps_spec(
-            steps_code, pool=pool, steps=LOW_STEPS, checkpoint_every=3, gate=gate, priority=0
+            steps_code, pool=pool, steps=LOW_STEPS, checkpoint_every=3, gate="go", priority=0
         )
         low = submit(engine, celery_client, project, low_spec)
         wait_step(engine, low, 4, 120, "the low-priority job")
@@ -85,7 +83,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
 
         done = wait_state(engine, high, TERMINAL, 120, worker)
         assert done.state == "succeeded", done.error
-        gate.touch()
+        open_gate(settings, low, "go")
         resumed = wait_state(engine, low, TERMINAL, 120, worker)
         assert resumed.state == "succeeded", resumed.error
     finally:

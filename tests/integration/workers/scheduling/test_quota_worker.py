@@ -8,7 +8,6 @@ order the test checks is the claim's choice, not how fast a job ends."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -19,7 +18,7 @@ from core.platform.models import JobNode
 from core.platform.settings import Settings
 from core.scheduling import quotas
 from tests.conftest import ProjectKey, make_project
-from tests.integration.workers.archives import STEPS_PY, steps_spec, store_archive
+from tests.integration.workers.archives import STEPS_PY, open_gate, steps_spec, store_archive
 from tests.integration.workers.helpers import (
     create_job,
     job_row,
@@ -44,7 +43,6 @@ def test_a_worker_claims_only_within_the_projects_slot_quota(
     worker_logs: Any,
     project: ProjectKey,
     steps_code: str,
-    tmp_path: Path,
 ) -> None:
     pool = unique_queue("quota-worker")
     with Session(engine) as s:
@@ -52,8 +50,7 @@ def test_a_worker_claims_only_within_the_projects_slot_quota(
             session=s, project_id=project.project_id, pool=pool, values={"max_slots": 1}
         )
     other = make_project(engine)
-    gate = tmp_path / "first.gate"
-    first = create_job(engine, project, steps_spec(steps_code, pool=pool, steps=4, gate=gate))
+    first = create_job(engine, project, steps_spec(steps_code, pool=pool, steps=4, gate="go"))
     second = create_job(engine, project, steps_spec(steps_code, pool=pool, steps=4))
     their_code = store_archive(engine, settings, other, {"steps.py": STEPS_PY})
     theirs = create_job(engine, other, steps_spec(their_code, pool=pool, steps=4))
@@ -64,7 +61,7 @@ def test_a_worker_claims_only_within_the_projects_slot_quota(
         for job_id in (first, second, theirs):
             send(celery_client, job_id, pool)
         wait_state(engine, theirs, ("running", "succeeded"), 120, worker)
-        gate.touch()
+        open_gate(settings, first, "go")
         for job_id in (first, second, theirs):
             wait_state(engine, job_id, ("succeeded", "failed"), 120, worker)
         assert [job_row(engine, j).state for j in (first, second, theirs)] == ["succeeded"] * 3
