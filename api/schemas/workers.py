@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from api import examples
 from api.schemas import Timestamp
 
 _EXAMPLE: dict[str, Any] = {
@@ -25,15 +26,15 @@ _EXAMPLE: dict[str, Any] = {
 class WorkerOut(BaseModel):
     """One worker process, as its own heartbeat last wrote it."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
+    model_config = examples.config(_EXAMPLE)
 
     name: str = Field(description="The name it records on the jobs it runs (`jobs.worker`).")
     pool: str = Field(description="The pools (queues) it serves, comma-separated.")
-    host: str
+    host: str = Field(description="The host name of its machine.")
     slots_total: int = Field(description="Its devices: GPUs, or CPU slots.")
     slots_free: int | None = Field(description="Devices no job holds now (null: unknown).")
-    started_at: Timestamp
-    heartbeat_at: Timestamp
+    started_at: Timestamp = Field(description="When this process started (its incarnation).")
+    heartbeat_at: Timestamp = Field(description="Its last heartbeat, from its own clock.")
     alive: bool = Field(
         description="Its heartbeat is newer than `TORCHYARD_WORKER_TIMEOUT_S`: older, the "
         "process is gone and its jobs are requeued."
@@ -48,4 +49,6 @@ class WorkerOut(BaseModel):
 
 
 class WorkerList(BaseModel):
-    items: list[WorkerOut]
+    model_config = examples.config({"items": [_EXAMPLE]})
+
+    items: list[WorkerOut] = Field(description="Every worker, newest heartbeat first.")
