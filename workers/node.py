@@ -464,7 +464,13 @@ def _launch_node(
         joins = group.join_fds() if group is not None else ()
         command = argv if mounts is None else sandbox.torchrun_command(argv)
         proc = processes.spawn(
-            command, launch.env, paths, cwd=launch.cwd, mounts=mounts, join_fds=joins
+            command,
+            launch.env,
+            paths,
+            cwd=launch.cwd,
+            mounts=mounts,
+            join_fds=joins,
+            grace_s=settings.cancel_grace_s,
         )
     except (OSError, sandbox.SandboxUnavailable) as exc:
         return _fail_unlaunched(factory, job, exc)

@@ -45,12 +45,14 @@ def spawn(
     cwd: Path | None = None,
     mounts: sandbox.Mounts | None = None,
     join_fds: Sequence[int] = (),
+    grace_s: float = 30.0,
 ) -> subprocess.Popen[bytes] | sandbox.SandboxedProcess:
     """Start `argv` in a new session (own process group) with its output in the run dir, in
     the directory `cwd` (None: the worker's); with `mounts`, inside the sandbox they describe
     (`workers.sandbox`: the result's `pid` is torchrun's, the leader of its own group);
     `join_fds`: open `cgroup.procs` files the child joins before it execs (`workers.cgroups`),
-    so everything it starts is born in that cgroup.
+    so everything it starts is born in that cgroup; `grace_s`: a sandbox's keeper waits this
+    long after the worker's death before it SIGKILLs the job (`workers.keeper`).
 
     On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
     and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
@@ -66,8 +68,8 @@ def spawn(
         open(paths.launcher_log("stderr"), "ab") as err,
     ):
         if mounts is not None:
-            # bwrap's --die-with-parent takes the sandbox down with the worker: SIGKILL, since
-            # the namespace ends with its init (torchrun cannot checkpoint on the way out).
+            # The parent-death SIGTERM goes to the sandbox's keeper, which stops the job as a
+            # cancel does (workers.keeper).
             return sandbox.start(
                 mounts,
                 argv,
@@ -76,6 +78,7 @@ def spawn(
                 stdout=out.fileno(),
                 stderr=err.fileno(),
                 preexec_fn=_child_setup(tuple(join_fds)),
+                grace_s=grace_s,
             )
         return subprocess.Popen(
             argv,

@@ -23,15 +23,16 @@ session and process group; torchrun is its only child. The worker signals that g
 signalled torchrun's own before (init ignores what it has no handler for), so pause,
 preemption and kills work unchanged (a SIGKILL of init ends the whole namespace); bwrap's exit
 status is torchrun's, a death by signal N reported as 128 + N, which `SandboxedProcess` turns
-back into -N like `Popen`.
+back into -N like `Popen`. Between the worker and bwrap stands a keeper (`workers.keeper`):
+the worker's death reaches it as SIGTERM (the parent-death signal), and it stops the sandbox
+as a cancel does (SIGTERM to the group, the ranks write a stop checkpoint; SIGKILL after the
+grace), where bwrap alone would die and take the namespace down with SIGKILL.
 
 Source: bubblewrap(1), https://github.com/containers/bubblewrap.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
 import json
 import logging
@@ -234,12 +235,16 @@ def probe() -> str | None:
     return None
 
 
+KEEPER_MODULE = "workers.keeper"
+
+
 class SandboxedProcess:
-    """A `bwrap` process seen as the torchrun inside it: `pid` is torchrun's host PID, `pgid`
+    """A sandbox's keeper process (`workers.keeper`, bwrap's parent) seen as the torchrun
+    inside: `pid` is torchrun's host PID, `pgid`
     its process group's (the namespace's init leads the sandbox's session and group: a signal
     to the group reaches torchrun, and init ignores it, having no handler, as a PID namespace's
-    init does); `poll`/`wait` are bwrap's, whose status is torchrun's (a death by signal N,
-    128 + N from bwrap, is -N as `Popen` says)."""
+    init does); `poll`/`wait` are the keeper's, which ends once every process of the job has,
+    with bwrap's status, torchrun's (a death by signal N, 128 + N, is -N as `Popen` says)."""
 
     def __init__(self, bwrap: subprocess.Popen[bytes], pid: int, pgid: int) -> None:
         self.bwrap = bwrap
@@ -250,8 +255,6 @@ class SandboxedProcess:
     def _code(self, code: int | None) -> int | None:
         if code is None:
             return None
-        if self.returncode is None and self.pgid != self.bwrap.pid:
-            _reap(self.pgid)
         if 128 < code < 128 + 65:
             code = -(code - 128)
         self.returncode = code
@@ -266,24 +269,6 @@ class SandboxedProcess:
         return code
 
 
-def _reap(pid: int) -> None:
-    """Wait for the namespace's init: bwrap exits as soon as init reports the command's
-    status, leaving init to end the namespace's other processes and to be reaped by the
-    nearest subreaper, this worker (`start`). Once reaped, every process of the job is gone."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def _become_subreaper() -> None:
-    """Orphans of this process's descendants (a sandbox's init, once bwrap exits) become its
-    children rather than PID 1's, which may never reap them (a container's PID 1)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 def start(
     mounts: Mounts,
     command: list[str],
@@ -293,16 +278,18 @@ def start(
     stdout: int,
     stderr: int,
     preexec_fn: Callable[[], None] | None = None,
+    grace_s: float = 30.0,
 ) -> SandboxedProcess:
-    """Start `command` in the sandbox, in a new session, and find torchrun's host PID.
+    """Start `command` in the sandbox, under its keeper (`workers.keeper`: a worker's death
+    stops the job with SIGTERM, then SIGKILL after `grace_s`), and find torchrun's host PID.
 
-    Raises OSError when bwrap cannot be started. A sandbox that fails to set up exits
-    non-zero with bwrap's message on `stderr`; the process is then bwrap itself."""
-    _become_subreaper()
+    Raises OSError when the keeper cannot be started. A sandbox that fails to set up exits
+    non-zero with bwrap's message on `stderr`; the process is then the keeper itself."""
     r, w = os.pipe()
+    keeper = [sys.executable, "-m", KEEPER_MODULE, "--grace", str(grace_s), "--pass-fd", str(w)]
     try:
         proc = subprocess.Popen(
-            argv(mounts, command, cwd=cwd, info_fd=w),
+            [*keeper, "--", *argv(mounts, command, cwd=cwd, info_fd=w)],
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=stdout,

@@ -76,16 +76,9 @@ def _start(
     *,
     beat: bool = False,
     name: str | None = None,
-    env: dict[str, str] | None = None,
 ) -> Worker:
     w = start_worker(
-        settings=settings,
-        client=client,
-        queue=queue,
-        log_dir=log_dir,
-        beat=beat,
-        name=name,
-        extra_env=env,
+        settings=settings, client=client, queue=queue, log_dir=log_dir, beat=beat, name=name
     )
     fleet.append(w)
     return w
@@ -157,13 +150,11 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
     fleet: list[Worker],
 ) -> None:
     """Only the worker is killed: its trainer gets the parent-death SIGTERM and writes a stop
-    checkpoint the database never hears of, which the next attempt sets aside. The victim runs
-    its ranks unsandboxed: in the sandbox a worker's death SIGKILLs the job's namespace
-    (bwrap's `--die-with-parent`), so there is no stop checkpoint to set aside (issue 32)."""
+    checkpoint the database never hears of, which the next attempt sets aside. In the sandbox
+    the signal reaches the sandbox's keeper, which passes it on (`workers.keeper`)."""
     steps = 24
     spec = _spec(queue, dataset_id, steps)
-    unsandboxed = {"TORCHYARD_SANDBOX": "none"}
-    victim = _start(fleet, settings, celery_client, queue, worker_logs, env=unsandboxed)
+    victim = _start(fleet, settings, celery_client, queue, worker_logs)
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, 7, 120)
     (first_launch,) = launches(job_events(engine, job_id))

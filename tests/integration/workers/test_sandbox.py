@@ -7,7 +7,9 @@ probe is able to see what it looks for.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -362,3 +364,29 @@ def test_get_workers_says_which_worker_sandboxes_its_jobs(
     on, off = found[sandboxed.name], found[unsandboxed.name]
     assert (on["sandbox"], on["alive"], on["pool"]) == ("bwrap", True, sandboxed.queue)
     assert off["sandbox"] == "none: TORCHYARD_SANDBOX=none"
+
+
+def test_the_keeper_passes_a_stop_on_and_kills_what_outlives_the_grace(tmp_path: Path) -> None:
+    """The sandbox's keeper (`workers.keeper`) gets the worker's parent-death SIGTERM: a job
+    that handles SIGTERM ends by itself (its status comes back); one that ignores it is
+    SIGKILLed after the grace, and no process of its group is left either way."""
+    mounts = sandbox.Mounts(network=False, writable=(str(tmp_path),), python=())
+    started = tmp_path / "started"
+    handles = f"trap 'exit 5' TERM; touch {started}; sleep 60 & wait"
+    ignores = f"trap '' TERM; touch {started}; sleep 60"
+    for script, code in ((handles, 5), (ignores, -9)):
+        started.unlink(missing_ok=True)
+        proc = sandbox.start(
+            mounts,
+            ["/bin/sh", "-c", script],
+            env={"PATH": "/usr/bin:/bin"},
+            cwd=None,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            grace_s=1.0,
+        )
+        wait_for("the job's trap", started.exists, 30)
+        proc.bwrap.send_signal(signal.SIGTERM)  # as the worker's death would
+        assert proc.wait(timeout=30) == code
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pgid, 0)
