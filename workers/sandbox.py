@@ -342,6 +342,7 @@ def _only_child(pid: int, proc: subprocess.Popen[bytes]) -> int:
 
 
 _MODE: dict[tuple[str, str], bool] = {}
+_UNAVAILABLE: dict[tuple[str, str], str] = {}  # why `auto` fell back to none (the probe's word)
 
 
 def enabled(sandbox: str, env: str) -> bool:
@@ -365,7 +366,7 @@ def describe(sandbox: str, env: str) -> str:
         return f"refused: {exc}"[:500]
     if sandbox == "none":
         return "none: TORCHYARD_SANDBOX=none"
-    return f"none: {probe() or 'unknown'}"[:500]
+    return f"none: {_UNAVAILABLE.get((sandbox, env), 'unknown')}"[:500]
 
 
 def _decide(sandbox: str, env: str) -> bool:
@@ -382,4 +383,5 @@ def _decide(sandbox: str, env: str) -> bool:
             "then read the worker's environment and every project's files)"
         )
     log.warning("jobs run unsandboxed on this host: %s", why)
+    _UNAVAILABLE[(sandbox, env)] = why
     return False
