@@ -157,9 +157,12 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 def _without_kind(loc: tuple[Any, ...]) -> list[Any]:
     """A body's `loc` without the job-spec union's tag (`["body", "script", "entrypoint"]` ->
-    `["body", "entrypoint"]`): clients see the JSON path of the field they sent."""
+    `["body", "entrypoint"]`, a sweep's `["body", "base", "trainer", "optim"]` -> `["body",
+    "base", "optim"]`): clients see the JSON path of the field they sent."""
     if len(loc) > 1 and loc[0] == "body" and loc[1] in SPEC_KINDS:
         return [loc[0], *loc[2:]]
+    if len(loc) > 2 and loc[:2] == ("body", "base") and loc[2] in SPEC_KINDS:  # a sweep's base
+        return [*loc[:2], *loc[3:]]
     return list(loc)
 
 

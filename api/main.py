@@ -46,6 +46,7 @@ from api.routes import (
     service_accounts,
     spec,
     streams,
+    sweeps,
     usage,
     webhooks,
     workers,
@@ -152,8 +153,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas, workers)
+    domains = (sweeps, usage, webhooks, audit)
     access = (projects, members, service_accounts, keys)
-    for module in (*routers, usage, webhooks, audit, *access, openai_files, openai_jobs):
+    for module in (*routers, *domains, *access, openai_files, openai_jobs):
         permissions.document(module.router)  # x-permission on each operation
         app.include_router(module.router)
 

@@ -8,5 +8,6 @@ import it, and it imports none of them (`tests/unit/project/test_layers.py`). On
 - `jobspec.data`, `jobspec.method`, `jobspec.entrypoint`: the data, method and entrypoint
   sections; `jobspec.base`: what every section shares (unknown fields are errors);
 - `jobspec.checks`: the rules across fields and sections, each naming the field to change;
+- `jobspec.sweep`: `SweepSpec`, a sweep's search space over a base spec, checked against it;
 - `jobspec.stored`: reading a spec back from the database (upgraded by version, never raises).
 """

@@ -45,6 +45,7 @@ RESERVED_ENV: Final = frozenset(
 )
 RESERVED_ENV_PREFIXES: Final = ("TORCHYARD_", "TORCHELASTIC_")
 Requirement = Annotated[str, Field(min_length=1, max_length=300)]
+PARAM_NAME: Final = r"^[A-Za-z_][A-Za-z0-9_.-]*$"  # a name in `entrypoint.params`
 Arg = Annotated[str, Field(max_length=4096)]
 
 
@@ -53,7 +54,8 @@ class EntrypointSpec(StrictSpec):
 
     What the program sees (docs/CONTRACTS.md section 5): torchrun's `RANK`, `LOCAL_RANK`,
     `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; the unpacked archive as its working directory;
-    `TORCHYARD_RUN_DIR`, `TORCHYARD_CHECKPOINT_DIR`, `TORCHYARD_JOB_ID`, `TORCHYARD_ATTEMPT`;
+    `TORCHYARD_RUN_DIR`, `TORCHYARD_CHECKPOINT_DIR`, `TORCHYARD_JOB_ID`, `TORCHYARD_ATTEMPT`,
+    `TORCHYARD_PARAMS` (`params`);
     an environment built from an allow-list plus `env` (no secret of the worker's). It reports
     through the `torchyard.train` module (`report`, `checkpoint_dir`, `latest_checkpoint`,
     `should_stop`, `completed_checkpoint`).
@@ -99,6 +101,17 @@ class EntrypointSpec(StrictSpec):
         "`sentencepiece==0.2.0`) into a virtual environment layered over the worker's Python "
         "(its torch stays), cached by the sorted list and reused across jobs and attempts. A "
         "failed install fails the job as a `user_error`, not retried.",
+    )
+    params: dict[
+        Annotated[str, Field(min_length=1, max_length=100, pattern=PARAM_NAME)],
+        float | int | str | bool,
+    ] = Field(
+        default_factory=dict,
+        max_length=100,
+        json_schema_extra={"propertyNames": {"pattern": PARAM_NAME, "maxLength": 100}},
+        description="The program's own hyperparameters (`lr: 0.001`), given to every rank as "
+        "`TORCHYARD_PARAMS` (a JSON object) and read with `torchyard.train.params()`; a sweep "
+        "sets them at `entrypoint.params.<name>`.",
     )
     keep_last_checkpoints: int | None = Field(
         default=None,

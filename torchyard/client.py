@@ -13,7 +13,7 @@ when the API answers with an error, and `ConnectionFailed` when it cannot be rea
 
 One module of ~570 lines, on purpose: the transport (retries, errors, auth) and the `Client` with
 its jobs, datasets and metrics resources, which share that transport's helpers; the other resources
-have their own modules (`torchyard.access`, `code`, `exports`, `usage`).
+have their own modules (`torchyard.access`, `code`, `exports`, `sweeps`, `usage`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from torchyard.models import (
     MetricSeries,
     Page,
 )
+from torchyard.sweeps import Sweeps
 from torchyard.usage import Usage
 
 FollowItem = Job | Event | MetricPoint | LogLine
@@ -86,6 +87,7 @@ class Client:
         self.usage = Usage(self)
         self.keys = Keys(self)
         self.members = Members(self)
+        self.sweeps = Sweeps(self)
 
     def __enter__(self) -> Client:
         return self

@@ -386,3 +386,52 @@ class CodeArchive(_Model):
     num_files: int
     files: list[str] | None = None
     created_at: datetime | None = None
+
+
+class Trial(_Model):
+    """One trial of a sweep: the values it drew (`params`, by spec path), its state
+    (``running``, ``succeeded``, ``pruned``, ``failed``, ``cancelled``), the metric's last value,
+    its job, and where the pruner stopped it."""
+
+    number: int
+    state: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    value: float | None = None
+    job_id: int | None = None
+    job_state: str | None = None
+    current_step: int | None = None
+    pruned_step: int | None = None
+    pruned_rung: int | None = None
+    error: str | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class BestTrial(_Model):
+    """A sweep's best completed trial and its job's latest checkpoint (to export)."""
+
+    number: int
+    value: float
+    params: dict[str, Any] = Field(default_factory=dict)
+    job_id: int | None = None
+    checkpoint_id: int | None = None
+    checkpoint_step: int | None = None
+
+
+class Sweep(_Model):
+    """A hyperparameter sweep (``client.sweeps``): `state` is ``running``, ``succeeded``,
+    ``failed`` or ``cancelled``; `trials` counts its trials by state; `spec` is the sweep spec
+    as submitted."""
+
+    id: int
+    name: str
+    state: str
+    spec: dict[str, Any] = Field(default_factory=dict)
+    owner: str | None = None
+    error: str | None = None
+    max_trials: int = 0
+    trials: dict[str, int] = Field(default_factory=dict)
+    best: BestTrial | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None

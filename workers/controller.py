@@ -45,6 +45,7 @@ from core.platform.db import make_engine, session_factory
 from core.platform.logs import configure_json_logging
 from core.platform.models import utcnow
 from core.platform.settings import Settings, get_settings
+from core.sweeps import drive as sweeps
 from workers import reconcile as reconciler
 
 log = logging.getLogger(__name__)
@@ -204,8 +205,9 @@ def run_round(
     me: Identity,
 ) -> None:
     """One round: take or keep the lead and, leading, reconcile once (`dispatch` sends a
-    queued job's message again); then record the round as `me` in the `controllers` table, so
-    `GET /readyz` can tell when no reconcile ran for a while. Nothing is raised: a database
+    queued job's message again), record the round as `me` in the `controllers` table, so
+    `GET /readyz` can tell when no reconcile ran for a while, then run the sweeps' round
+    (`core.sweeps.drive`: trials ended and started). Nothing is raised: a database
     error gives up the lead and the steadiness until the database answers again; any other
     error is logged with its traceback and the next round runs as usual."""
     was_leading = leadership.leading
@@ -225,6 +227,12 @@ def run_round(
             settings=settings, session_factory=factory, dispatch=dispatch, steady_s=steady.seconds()
         )
         me.record(factory, leading=True, reconciled=True)
+        sweeps.advance_all(
+            session_factory=factory,
+            database_url=settings.database_url,
+            dispatch=dispatch,
+            prices=settings.slot_prices,
+        )
     except SQLAlchemyError as exc:
         steady.broke()
         if leadership.leading:

@@ -14,12 +14,13 @@ offset (`workers.tail`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TRAINER_MODULE = "trainer"
@@ -356,6 +357,7 @@ class ScriptJob:
     attempt: int
     env: Mapping[str, str]  # the spec's `entrypoint.env`
     keep_last_checkpoints: int | None = None
+    params: Mapping[str, float | int | str | bool] = field(default_factory=dict)
 
 
 def script_env(
@@ -387,6 +389,7 @@ def script_env(
         "TORCHYARD_CHECKPOINT_DIR": paths.checkpoint_dir,
         "PYTHONUNBUFFERED": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TORCHYARD_PARAMS": json.dumps(dict(job.params)),
     }
     if job.keep_last_checkpoints is not None:
         env["TORCHYARD_KEEP_LAST_CHECKPOINTS"] = str(job.keep_last_checkpoints)

@@ -44,7 +44,7 @@ from core.platform.errors import DomainError, InvalidInput
 from core.platform.models import Job, JobState
 from core.platform.settings import Settings
 from core.scheduling import claim as scheduling
-from workers import cgroups, devices, exits, launcher, plan, processes, sandbox, sysmetrics
+from workers import cgroups, devices, exits, launcher, plan, processes, sandbox, sysmetrics, trials
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -491,6 +491,7 @@ def _launch_node(
         watchers=[
             *sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
             hang_watchdog(settings, job.spec.limits, ingest, proc.pid, factory),
+            *trials.pruner_for(settings, factory, job, node_rank),
             UsageWatch(
                 settings=settings,
                 session_factory=factory,

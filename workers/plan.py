@@ -88,6 +88,7 @@ def command(
             attempt=job.attempt,
             env=entry.env,
             keep_last_checkpoints=entry.keep_last_checkpoints,
+            params=entry.params,
         )
         env = launcher.script_env(
             base=os.environ,

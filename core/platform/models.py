@@ -679,3 +679,75 @@ class ServiceAccount(Base):
     role: Mapped[str] = mapped_column(String(20))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class SweepState(enum.StrEnum):
+    """A sweep's states (core/sweeps/drive.py moves them)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # every trial ended and at least one completed
+    FAILED = "failed"  # every trial ended and none completed, or the study could not go on
+    CANCELLED = "cancelled"
+
+
+class TrialState(enum.StrEnum):
+    """A sweep trial's states: its job's, plus `pruned` (stopped by the pruner) and `failed`
+    for a sampled spec that did not validate (no job)."""
+
+    RUNNING = "running"  # its job is queued or training
+    SUCCEEDED = "succeeded"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Sweep(Base):
+    """A hyperparameter sweep (0019): `spec` is the `jobspec.sweep.SweepSpec` as submitted (its
+    `base` with `init_from` pinned); the study behind it is Optuna's, named `study_name`, in
+    Optuna's own tables (schema `optuna` on Postgres, `<db>-optuna.db` beside SQLite)."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        Index("ix_sweeps_project_id_id", "project_id", "id"),
+        Index("ix_sweeps_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(20), default=SweepState.RUNNING)
+    spec: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    study_name: Mapped[str] = mapped_column(String(100))
+    owner: Mapped[str | None] = mapped_column(String(100), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    # The best completed trial so far (by `spec.metric` and `spec.direction`) and its value.
+    best_trial: Mapped[int | None] = mapped_column(Integer, default=None)
+    best_value: Mapped[float | None] = mapped_column(Float, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class SweepTrial(Base):
+    """One trial of a sweep: Optuna's trial `optuna_trial_id`, numbered from 0 in the sweep,
+    run as job `job_id` (None when its sampled spec did not validate: `error` says why)."""
+
+    __tablename__ = "sweep_trials"
+
+    sweep_id: Mapped[int] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    optuna_trial_id: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), default=None, index=True
+    )
+    state: Mapped[str] = mapped_column(String(20), default=TrialState.RUNNING)
+    params: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    value: Mapped[float | None] = mapped_column(Float, default=None)  # the metric's last value
+    # Where the pruner stopped it: the reported step, and the ASHA rung (None for median).
+    pruned_step: Mapped[int | None] = mapped_column(Integer, default=None)
+    pruned_rung: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)

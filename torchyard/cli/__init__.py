@@ -20,6 +20,7 @@ from torchyard.cli.datasets import datasets_app
 from torchyard.cli.exports import export_command
 from torchyard.cli.jobs import jobs_cli
 from torchyard.cli.servers import admin_app, servers_cli
+from torchyard.cli.sweeps import sweep_app
 from torchyard.cli.usage import usage_command
 from torchyard.client import Client
 from torchyard.config import save_config
@@ -99,6 +100,7 @@ app.add_typer(admin_app, name="admin")
 app.add_typer(code_app, name="code")
 app.add_typer(keys_app, name="keys")
 app.add_typer(members_app, name="members")
+app.add_typer(sweep_app, name="sweep")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 app.command("usage")(usage_command)

@@ -23,6 +23,7 @@ used only when the script has already imported it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ __all__ = [
     "install_stop_handler",
     "latest_checkpoint",
     "log_event",
+    "params",
     "rank",
     "report",
     "run_dir",
@@ -84,6 +86,17 @@ def checkpoint_root() -> Path:
     """`TORCHYARD_CHECKPOINT_DIR`, or `run_dir()/checkpoints` off-platform."""
     configured = os.environ.get("TORCHYARD_CHECKPOINT_DIR")
     return Path(configured) if configured else run_dir() / "checkpoints"
+
+
+def params() -> dict[str, Any]:
+    """The job's `entrypoint.params` (a sweep trial's sampled values among them), from
+    `TORCHYARD_PARAMS`; `{}` off-platform or when the spec gives none. Raises `ValueError`
+    when the variable holds no JSON object (set by hand, not by the platform)."""
+    raw = os.environ.get("TORCHYARD_PARAMS") or "{}"
+    values = json.loads(raw)
+    if not isinstance(values, dict):
+        raise ValueError(f"TORCHYARD_PARAMS holds no JSON object: {raw[:100]!r}")
+    return values
 
 
 def reporter() -> Reporter:

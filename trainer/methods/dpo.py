@@ -24,19 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dataformat.metrics import DPO_METRICS
 from trainer.data.rows import IGNORE_INDEX
 from trainer.distributed import DistInfo, all_reduce_sum
 
 # Order of the per-pair statistics summed by `pair_statistics` (then divided by the pairs).
-METRICS = (
-    "loss",
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/margin",
-    "rewards/accuracy",
-    "logps/chosen",
-    "logps/rejected",
-)
+METRICS = DPO_METRICS
 
 
 def sequence_logps(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

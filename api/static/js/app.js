@@ -8,6 +8,7 @@ import { comparePage } from "./compare.js";
 import { submitPage } from "./submit.js";
 import { datasetPage, datasetsPage } from "./datasets.js";
 import { usagePage } from "./usage.js";
+import { sweepPage, sweepsPage } from "./sweeps.js";
 import { settingsPage } from "./settings.js";
 
 const view = document.getElementById("view");
@@ -87,6 +88,8 @@ function route() {
   else if (parts[0] === "submit") stopPage = submitPage(view, query);
   else if (parts[0] === "datasets" && parts[1]) stopPage = datasetPage(view, parts[1]);
   else if (parts[0] === "datasets") stopPage = datasetsPage(view);
+  else if (parts[0] === "sweeps" && parts[1]) stopPage = sweepPage(view, Number(parts[1]));
+  else if (parts[0] === "sweeps") stopPage = sweepsPage(view);
   else if (parts[0] === "usage") stopPage = usagePage(view);
   else if (parts[0] === "settings") stopPage = settingsPage(view, parts[1]);
   else stopPage = jobsPage(view, query);

@@ -96,6 +96,7 @@ CORE_STACK = (
     "usage",
     "scheduling",
     "attempts",
+    "sweeps",
     "openai",
 )
 

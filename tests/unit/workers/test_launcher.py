@@ -290,7 +290,12 @@ WORKER_ENV = {
 
 def test_script_env_is_the_allow_list_then_spec_env_then_the_platforms() -> None:
     job = ScriptJob(
-        job_id=7, job_name="sweep", attempt=2, env={"LR": "3e-4"}, keep_last_checkpoints=3
+        job_id=7,
+        job_name="sweep",
+        attempt=2,
+        env={"LR": "3e-4"},
+        keep_last_checkpoints=3,
+        params={"lr": 3e-4, "layers": 4},
     )
     env = script_env(
         base=WORKER_ENV,
@@ -317,6 +322,7 @@ def test_script_env_is_the_allow_list_then_spec_env_then_the_platforms() -> None
         "TORCHYARD_RUN_DIR": "/srv/ty/jobs/7/runs/attempt_2",
         "TORCHYARD_CHECKPOINT_DIR": "/srv/ty/jobs/7/checkpoints",
         "TORCHYARD_KEEP_LAST_CHECKPOINTS": "3",
+        "TORCHYARD_PARAMS": '{"lr": 0.0003, "layers": 4}',
         "PYTHONUNBUFFERED": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }

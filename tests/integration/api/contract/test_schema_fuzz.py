@@ -144,9 +144,22 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     # states it).
     ("body", "entrypoint", "requirements"): "value_error",
     # A job spec's rules across fields and sections (`jobspec/checks.py`: meshes divide
-    # heads, eval interval within max_steps, ...); the simple ones are in the JSON Schema too.
-    ("body",): "spec_conflict",
+    # heads, eval interval within max_steps, ...; BODY_RULES below); the simple ones are in the
+    # JSON Schema too.
+    # A sweep (`POST /v1/sweeps`): its base spec is checked as a job's (the same references
+    # and rules, under `base`), and its search space against that base (`jobspec/sweep.py`:
+    # a path must be a field of the base that takes each value drawn).
+    ("body", "base", "data", "dataset"): "value_error",
+    ("body", "base", "data", "eval_dataset"): "value_error",
+    ("body", "base", "entrypoint", "code"): "entrypoint",
+    ("body", "base", "entrypoint", "requirements"): "value_error",
+    ("body", "base", "limits", "max_cost"): None,
+    ("body", "base"): "spec_conflict",
+    ("body", "space"): None,
 }
+# Error types refused anywhere in a body: a job spec's rules across fields (above), a sweep's
+# rules between its space, metric and base.
+BODY_RULES = ("spec_conflict", "sweep_conflict")
 
 # Under /openai/v1 (OpenAI's error body names one `param`): ids of this project's files and
 # jobs, names of the server's base models (`TORCHYARD_BASE_MODELS`), a file's records.
@@ -166,6 +179,8 @@ def _semantic_refusal(response: Any) -> bool:
 
 
 def _semantic(loc: tuple[str, ...], kind: str | None) -> bool:
+    if loc[:1] == ("body",) and kind in BODY_RULES:
+        return True
     return any(
         loc[: len(where)] == where and expected in (None, kind)
         for where, expected in SEMANTIC.items()

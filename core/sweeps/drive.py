@@ -1,0 +1,333 @@
+"""The controller's sweep round: end the trials whose jobs ended (told to Optuna), start new
+ones up to `max_concurrent_trials`, and end the sweep when no trial is left to run.
+
+It runs in the controller (`workers.controller`), one process at a time, every round. Every
+step is safe to repeat after a crash: a trial is Optuna's first (`ask`), then a row here with
+that number, then a job whose `Idempotency-Key` is `sweep-<id>-trial-<n>`; a round that finds
+an asked trial without a row adopts it, and a row without a job makes the job again under the
+same key (the first one, if it was made, comes back). Telling Optuna an ended trial twice is
+skipped (`skip_if_finished`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from core.jobs import service as jobs
+from core.platform.errors import QuotaExceeded
+from core.platform.models import (
+    TERMINAL_STATES,
+    Job,
+    JobState,
+    MetricPoint,
+    Sweep,
+    SweepState,
+    SweepTrial,
+    TrialState,
+    utcnow,
+)
+from core.scheduling import quotas
+from core.sweeps import study
+from core.sweeps.service import spec_of
+from core.usage import report as usage_report
+from jobspec.sweep import SweepSpec, with_values
+
+if TYPE_CHECKING:
+    import optuna
+
+log = logging.getLogger(__name__)
+
+Dispatch = Callable[[int, str], None]  # (job id, pool): sends the job's run message
+
+
+@dataclass
+class Round:
+    """What one round did, for logs and tests."""
+
+    started: int = 0
+    ended: int = 0
+    sweeps_ended: int = 0
+
+
+def advance_all(
+    *,
+    session_factory: Callable[[], Session],
+    database_url: str,
+    dispatch: Dispatch,
+    prices: Mapping[str, float],
+) -> Round:
+    """One round over every running sweep, and the trials of cancelled ones still running.
+    A sweep whose round fails is logged and tried again next round; the others go on."""
+    done = Round()
+    with session_factory() as session:
+        ids = list(
+            session.execute(
+                select(Sweep.id).where(
+                    (Sweep.state == SweepState.RUNNING)
+                    | Sweep.id.in_(
+                        select(SweepTrial.sweep_id).where(SweepTrial.state == TrialState.RUNNING)
+                    )
+                )
+            ).scalars()
+        )
+    for sweep_id in ids:
+        with session_factory() as session:
+            try:
+                advance(
+                    session=session,
+                    sweep_id=sweep_id,
+                    database_url=database_url,
+                    dispatch=dispatch,
+                    prices=prices,
+                    done=done,
+                )
+            except Exception:
+                session.rollback()
+                log.exception("sweep %s: the round failed; trying again next round", sweep_id)
+    return done
+
+
+def advance(
+    *,
+    session: Session,
+    sweep_id: int,
+    database_url: str,
+    dispatch: Dispatch,
+    prices: Mapping[str, float],
+    done: Round | None = None,
+) -> None:
+    """One round of one sweep. Commits as it goes."""
+    done = done if done is not None else Round()
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        return
+    spec = spec_of(sweep)
+    rows = list(
+        session.execute(select(SweepTrial).where(SweepTrial.sweep_id == sweep_id)).scalars()
+    )
+    the_study = study.load(database_url, sweep.study_name, spec, len(rows))
+    rows += _adopt(session, sweep, the_study, rows)
+    done.ended += _end_trials(session, sweep, spec, the_study, rows)
+    if sweep.state != SweepState.RUNNING:
+        return
+    running = [r for r in rows if r.state == TrialState.RUNNING]
+    for row in running:
+        if row.job_id is None and row.error is None:  # asked, the job not made yet
+            _start(session, sweep, spec, row, dispatch)
+    total = study.max_trials(spec)
+    budget_left = _budget_left(session, spec, rows, prices)
+    while budget_left and len(rows) < total and len(running) < spec.max_concurrent_trials:
+        trial = the_study.ask(study.distributions(spec))
+        row = SweepTrial(
+            sweep_id=sweep.id,
+            number=trial.number,
+            optuna_trial_id=trial._trial_id,
+            state=TrialState.RUNNING,
+            params=dict(trial.params),
+        )
+        session.add(row)
+        session.commit()
+        rows.append(row)
+        if _start(session, sweep, spec, row, dispatch):
+            running.append(row)
+            done.started += 1
+        else:
+            the_study.tell(
+                row.number, state=_optuna_state(TrialState.FAILED), skip_if_finished=True
+            )
+        the_study = study.load(database_url, sweep.study_name, spec, len(rows))
+    if not running and (len(rows) >= total or not budget_left):
+        _finish(session, sweep, rows, "" if budget_left else "limits.max_cost reached")
+        done.sweeps_ended += 1
+
+
+def _adopt(
+    session: Session, sweep: Sweep, the_study: optuna.Study, rows: list[SweepTrial]
+) -> list[SweepTrial]:
+    """Rows for trials Optuna holds but this table lacks (the controller stopped between the
+    ask and the row): each is started like a new one."""
+    import optuna
+
+    known = {r.number for r in rows}
+    adopted = []
+    for trial in the_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.number in known:
+            continue
+        row = SweepTrial(
+            sweep_id=sweep.id,
+            number=trial.number,
+            optuna_trial_id=trial._trial_id,
+            state=TrialState.RUNNING,
+            params=dict(trial.params),
+        )
+        session.add(row)
+        adopted.append(row)
+    if adopted:
+        session.commit()
+    return adopted
+
+
+def _start(
+    session: Session, sweep: Sweep, spec: SweepSpec, row: SweepTrial, dispatch: Dispatch
+) -> bool:
+    """Make and dispatch the trial's job; False (the row failed, with the reason) when the
+    sampled spec does not validate. A full `max_queued_jobs` quota leaves the row waiting for
+    the next round. Commits."""
+    try:
+        trial_spec = with_values(spec.base, row.params)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        _end_row(row, TrialState.FAILED, error=f"the sampled spec is invalid: {problems}")
+        session.commit()
+        return False
+    labels = {**trial_spec.labels, "sweep": str(sweep.id), "trial": str(row.number)}
+    trial_spec = trial_spec.model_copy(
+        update={"name": f"{spec.name}-{row.number}"[:100], "labels": labels}
+    )
+    key = f"sweep-{sweep.id}-trial-{row.number}"
+    try:
+        quotas.check_submit(
+            session=session,
+            project_id=sweep.project_id,
+            pool=trial_spec.resources.pool,
+            retry_after_s=0,
+            idempotency_key=key,
+        )
+    except QuotaExceeded:
+        session.rollback()
+        return True  # still running: made next round, when the queue has room
+    created = jobs.create(
+        session=session,
+        project_id=sweep.project_id,
+        spec=trial_spec,
+        idempotency_key=key,
+        owner=sweep.owner,
+    )
+    row.job_id = created.job.id
+    session.commit()
+    if created.created:
+        dispatch(created.job.id, created.job.pool)
+    return True
+
+
+def _end_trials(
+    session: Session, sweep: Sweep, spec: SweepSpec, the_study: optuna.Study, rows: list[SweepTrial]
+) -> int:
+    """Tell Optuna how each running trial whose job ended went; returns how many ended."""
+
+    ended = 0
+    for row in rows:
+        if row.state != TrialState.RUNNING:
+            continue
+        job = session.get(Job, row.job_id) if row.job_id is not None else None
+        if row.job_id is None and row.error is None and sweep.state == SweepState.RUNNING:
+            continue  # its job is made this round
+        if job is not None and job.state not in TERMINAL_STATES:
+            continue
+        state, value, error = _outcome(session, spec, row, job)
+        if state == TrialState.SUCCEEDED:
+            the_study.tell(row.number, value, skip_if_finished=True)
+        else:
+            the_study.tell(row.number, state=_optuna_state(state), skip_if_finished=True)
+        _end_row(row, state, value=value, error=error)
+        if (
+            state == TrialState.SUCCEEDED
+            and value is not None
+            and _better(spec, value, sweep.best_value)
+        ):
+            sweep.best_trial, sweep.best_value = row.number, value
+        sweep.updated_at = utcnow()
+        session.commit()
+        ended += 1
+    return ended
+
+
+def _outcome(
+    session: Session, spec: SweepSpec, row: SweepTrial, job: Job | None
+) -> tuple[TrialState, float | None, str | None]:
+    if job is None:
+        return TrialState.CANCELLED, None, row.error or "the sweep ended before its job was made"
+    if job.state == JobState.SUCCEEDED:
+        value = last_value(session, job.id, spec.metric)
+        if value is None:
+            return TrialState.FAILED, None, f"the job never reported {spec.metric!r}"
+        return TrialState.SUCCEEDED, value, None
+    if job.state == JobState.CANCELLED:
+        if row.pruned_step is not None:
+            return TrialState.PRUNED, last_value(session, job.id, spec.metric), None
+        return TrialState.CANCELLED, None, "its job was cancelled"
+    return TrialState.FAILED, None, job.error or f"its job {job.state}"
+
+
+def last_value(session: Session, job_id: int, metric: str) -> float | None:
+    """The metric's value at the job's last reported step for it."""
+    last = (
+        select(func.max(MetricPoint.step))
+        .where(MetricPoint.job_id == job_id, MetricPoint.name == metric)
+        .scalar_subquery()
+    )
+    return session.execute(
+        select(MetricPoint.value).where(
+            MetricPoint.job_id == job_id, MetricPoint.name == metric, MetricPoint.step == last
+        )
+    ).scalar_one_or_none()
+
+
+def _better(spec: SweepSpec, value: float, best: float | None) -> bool:
+    if best is None:
+        return True
+    return value < best if spec.direction == "minimize" else value > best
+
+
+def _end_row(
+    row: SweepTrial, state: TrialState, *, value: float | None = None, error: str | None = None
+) -> None:
+    row.state = state
+    row.value = value
+    row.error = error
+    row.finished_at = utcnow()
+
+
+def _optuna_state(state: TrialState) -> optuna.trial.TrialState:
+    import optuna
+
+    return (
+        optuna.trial.TrialState.PRUNED
+        if state == TrialState.PRUNED
+        else (optuna.trial.TrialState.FAIL)
+    )
+
+
+def _budget_left(
+    session: Session, spec: SweepSpec, rows: list[SweepTrial], prices: Mapping[str, float]
+) -> bool:
+    """Whether the trials' cost together is below `limits.max_cost` (always, without one)."""
+    if spec.limits.max_cost is None:
+        return True
+    ids = [r.job_id for r in rows if r.job_id is not None]
+    used = usage_report.job_usage(session=session, job_ids=ids, prices=prices)
+    return sum(t.cost for t in used.values()) < spec.limits.max_cost
+
+
+def _finish(session: Session, sweep: Sweep, rows: list[SweepTrial], why: str) -> None:
+    completed = any(r.state == TrialState.SUCCEEDED for r in rows)
+    now = utcnow()
+    sweep.state = SweepState.SUCCEEDED if completed else SweepState.FAILED
+    if not completed:
+        sweep.error = "no trial completed" + (f" ({why})" if why else "")
+    elif why:
+        sweep.error = why
+    sweep.updated_at = sweep.finished_at = now
+    session.commit()
+    log.info(
+        "sweep %s %s: best trial %s (%s)", sweep.id, sweep.state, sweep.best_trial, sweep.best_value
+    )

@@ -1,0 +1,35 @@
+"""The metric names the built-in trainer reports (docs/CONTRACTS.md section 2), shared by the
+trainer that writes them and the server that checks a sweep's `metric` against them.
+
+Torch-free: the trainer's methods import these tuples; `jobspec.sweep` and the API import
+`trainer_metrics`.
+"""
+
+from __future__ import annotations
+
+# Every training step (trainer.loop): the mean token loss of the global batch, the lr used,
+# the gradient norm before clipping, throughput.
+STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_second")
+# Order of DPO's per-pair statistics (trainer.methods.dpo.pair_statistics), reported each step
+# and, prefixed `eval_`, at each evaluation.
+DPO_METRICS = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margin",
+    "rewards/accuracy",
+    "logps/chosen",
+    "logps/rejected",
+)
+# What QAT's final evaluation adds (trainer.methods.qat).
+QAT_METRICS = ("eval_loss_qat_fake", "eval_loss_qat_converted")
+
+
+def trainer_metrics(method_kind: str, *, qat: bool = False) -> frozenset[str]:
+    """The names a built-in trainer job of `method_kind` (`sft`, `dpo`) reports."""
+    names = set(STEP_METRICS) | {"eval_loss"}
+    if method_kind == "dpo":
+        names |= set(DPO_METRICS) | {f"eval_{name}" for name in DPO_METRICS}
+    if qat:
+        names |= set(QAT_METRICS)
+    return frozenset(names)

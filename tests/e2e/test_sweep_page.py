@@ -1,0 +1,129 @@
+"""The sweep pages in a real Chromium at 1366x768, light and dark: the sweeps list, and one
+sweep with its best trial (job, checkpoint, Export, Compare top k), every trial's metric on one
+chart with the pruned one faded, the parallel-coordinates view and the trials table. The trials'
+jobs are ended by hand (as a worker records them); the sweep that trains is
+tests/integration/workers/test_sweeps.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, expect
+from sqlalchemy import Engine
+
+from core.jobs import service as jobs
+from core.platform.db import session_factory, session_scope
+from core.platform.models import Checkpoint, JobState, MetricPoint, SweepTrial
+from core.platform.settings import Settings
+from core.sweeps import drive
+from tests.conftest import ProjectKey
+from tests.e2e.conftest import LAPTOP, new_dash
+
+# Each trial's eval_loss at steps 10 and 20, by trial number: 1 is best, 2 is pruned at 10.
+CURVES = {0: [5.0, 4.0], 1: [4.5, 3.0], 2: [6.0]}
+
+
+def _job_ran(engine: Engine, job_id: int, values: list[float], end: JobState) -> None:
+    with session_scope(engine) as s:
+        assert jobs.claim(session=s, job_id=job_id, worker="w") is not None
+        jobs.transition(session=s, job_id=job_id, to=JobState.RUNNING)
+        for i, value in enumerate(values, 1):
+            s.add(MetricPoint(job_id=job_id, name="eval_loss", step=10 * i, value=value, time=0.0))
+        s.add(Checkpoint(job_id=job_id, attempt=1, step=10 * len(values), uri="/nowhere"))
+        if end == JobState.CANCELLED:
+            jobs.transition(session=s, job_id=job_id, to=JobState.CANCELLING)
+        jobs.transition(session=s, job_id=job_id, to=end)
+
+
+@pytest.fixture
+def sweep(api: httpx.Client, dataset_id: str, engine: Engine, settings: Settings) -> dict[str, Any]:
+    """A sweep of 4 trials: 0 and 1 succeeded, 2 pruned at step 10 (rung 0), 3 running."""
+    spec = {
+        "name": "dash-lr",
+        "base": {
+            "name": "tiny",
+            "data": {"dataset": dataset_id},
+            "train": {"max_steps": 20},
+            "eval": {"interval_steps": 10},
+            "resources": {"pool": "dash-sweep-unserved"},
+        },
+        "space": {
+            "optim.lr": {"log_uniform": [1e-5, 1e-2]},
+            "optim.schedule": {"choice": ["cosine", "linear"]},
+        },
+        "searcher": "random",
+        "max_trials": 4,
+        "max_concurrent_trials": 4,
+    }
+    answer = api.post("/v1/sweeps", json=spec)
+    assert answer.status_code == 201, answer.text
+    made = answer.json()
+    round_ = {
+        "session_factory": session_factory(engine),
+        "database_url": settings.database_url,
+        "dispatch": lambda job_id, pool: None,
+        "prices": {},
+    }
+    drive.advance_all(**round_)
+    trials = api.get(f"/v1/sweeps/{made['id']}/trials").json()["items"]
+    for number, values in CURVES.items():
+        job_id = trials[number]["job_id"]
+        if number == 2:
+            with session_scope(engine) as s:
+                row = s.get(SweepTrial, (made["id"], number))
+                assert row is not None
+                row.pruned_step, row.pruned_rung = 10, 0
+            _job_ran(engine, job_id, values, JobState.CANCELLED)
+        else:
+            _job_ran(engine, job_id, values, JobState.SUCCEEDED)
+    drive.advance_all(**round_)
+    return dict(api.get(f"/v1/sweeps/{made['id']}").json())
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_a_sweep_page_shows_the_best_trial_every_curve_and_the_trials_on_a_laptop(
+    browser: Browser, live_api: str, owner: ProjectKey, sweep: dict[str, Any], scheme: str
+) -> None:
+    assert sweep["best"]["number"] == 1
+    with new_dash(browser, live_api, owner.api_key, color_scheme=scheme, viewport=LAPTOP) as dash:
+        page = dash.page
+        dash.open("/jobs")
+        page.click("#nav a[data-nav='sweeps']")
+        row = page.locator(f"#sweeps-table tr[data-sweep='{sweep['id']}']")
+        expect(row).to_contain_text("3/4 ended")
+        expect(row).to_contain_text("3")  # the best eval_loss
+        row.locator("a").click()
+        page.wait_for_selector("main[data-loaded]")
+        expect(page.locator("#sweep-best h2")).to_have_text("Best trial: #1")
+        expect(page.locator("#sweep-best-value")).to_have_text("3")
+        best_job = sweep["best"]["job_id"]
+        expect(page.locator("#sweep-best-job")).to_have_attribute("href", f"#/jobs/{best_job}")
+        expect(page.locator("#sweep-best")).to_contain_text("(step 20)")
+        top = page.locator("#sweep-compare").get_attribute("href") or ""
+        first = page.evaluate(
+            "[...document.querySelectorAll('#sweep-trials tbody tr')].map(r => r.dataset.state)"
+        )
+        assert first == ["succeeded", "succeeded", "pruned", "running"]
+        expect(page.locator("#sweep-trials tr[data-trial='2']")).to_contain_text("step 10 (rung 0)")
+        assert top.startswith(f"#/compare?ids={best_job},") and "metrics=eval_loss" in top
+        curves = page.evaluate(
+            "document.getElementById('sweep-metric-chart').data"
+            ".map(t => [t.meta.trial, t.opacity, t.y])"
+        )
+        by_trial = {trial: (opacity, ys) for trial, opacity, ys in curves}
+        assert by_trial[2][0] < by_trial[0][0] <= by_trial[1][0]  # pruned faded, best strongest
+        assert {t: ys for t, (_, ys) in by_trial.items() if ys} == CURVES
+        lines = page.evaluate(
+            "document.getElementById('sweep-parallel').data.map(t => [t.meta.trial, t.x, t.y])"
+        )
+        assert sorted(trial for trial, _, _ in lines) == [0, 1, 2]
+        for _, axes, ys in lines:
+            assert axes == ["optim.lr", "optim.schedule", "eval_loss"]
+            assert all(0 <= y <= 1 for y in ys)
+        assert dash.fits_width()
+        dash.shot(f"sweep-{scheme}", full_page=True)
+        page.locator("#sweep-compare").click()
+        page.wait_for_selector("main[data-loaded]")
+        expect(page.locator("#compare-ids")).to_have_value(top.split("ids=")[1].split("&")[0])

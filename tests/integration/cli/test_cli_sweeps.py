@@ -1,0 +1,100 @@
+"""``torchyard sweep`` against a real API server, with the controller's sweep round run in this
+process and a trial's job ended by hand: submit from YAML (a bad space is refused with its
+path), show, trials, best (with the export command of its checkpoint), cancel; and the SDK's
+`client.sweeps` the CLI stands on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from core.jobs import service as jobs
+from core.platform.db import session_factory, session_scope
+from core.platform.models import Checkpoint, JobState, MetricPoint
+from core.platform.settings import Settings
+from core.sweeps import drive
+from tests.integration.api.conftest import set_running
+from torchyard import Client
+from torchyard.errors import Conflict, ValidationFailed
+
+
+def _round(engine: Engine, settings: Settings) -> None:
+    drive.advance_all(
+        session_factory=session_factory(engine),
+        database_url=settings.database_url,
+        dispatch=lambda job_id, pool: None,
+        prices={},
+    )
+
+
+def _sweep_file(tmp_path: Path, spec_file: Path, space: str) -> Path:
+    base = spec_file.read_text().replace("\n", "\n  ")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "name: cli-sweep\n"
+        f"base:\n  {base}\n"
+        f"space: {space}\n"
+        "searcher: grid\n"
+        "max_trials: 2\n"
+        "max_concurrent_trials: 2\n"
+    )
+    return path
+
+
+def test_sweep_commands_submit_show_trials_best_and_cancel(
+    cli: Any,
+    spec_file: Path,
+    tmp_path: Path,
+    engine: Engine,
+    settings: Settings,
+    live_api: str,
+    api_key: str,
+) -> None:
+    bad = _sweep_file(tmp_path, spec_file, "{optim.lrr: {choice: [0.001, 0.01]}}")
+    refused = cli("sweep", "submit", str(bad))
+    assert refused.exit_code == 1
+    assert "space.optim.lrr" in refused.output and "'lrr' is not a field of optim" in refused.output
+
+    good = _sweep_file(tmp_path, spec_file, "{optim.lr: {choice: [0.001, 0.01]}}")
+    submitted = cli("sweep", "submit", str(good), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    sweep = json.loads(submitted.stdout)
+    assert sweep["state"] == "running" and sweep["max_trials"] == 2
+
+    best = cli("sweep", "best", str(sweep["id"]))
+    assert best.exit_code == 1 and "no completed trial yet" in best.output
+
+    _round(engine, settings)
+    trials = json.loads(cli("sweep", "trials", str(sweep["id"]), "--json").stdout)
+    assert sorted(t["params"]["optim.lr"] for t in trials) == [0.001, 0.01]
+    table = cli("sweep", "trials", str(sweep["id"]))
+    assert table.exit_code == 0 and "optim.lr" in table.stdout and "running" in table.stdout
+
+    done = trials[0]
+    set_running(engine, done["job_id"])
+    with session_scope(engine) as s:
+        s.add(MetricPoint(job_id=done["job_id"], name="eval_loss", step=10, value=2.5, time=0.0))
+        s.add(Checkpoint(job_id=done["job_id"], attempt=1, step=10, uri="/nowhere"))
+        jobs.transition(session=s, job_id=done["job_id"], to=JobState.SUCCEEDED)
+    _round(engine, settings)
+    best = cli("sweep", "best", str(sweep["id"]))
+    assert best.exit_code == 0, best.output
+    assert f"trial {done['number']}: eval_loss 2.5, job {done['job_id']}" in best.stdout
+    assert f"torchyard export {done['job_id']} " in best.stdout
+    shown = cli("sweep", "show", str(sweep["id"]))
+    assert "1/2 ended, 1 running" in shown.stdout
+
+    with Client(live_api, api_key) as client:  # the SDK the commands use
+        assert [s.id for s in client.sweeps.list().items] == [sweep["id"]]
+        assert client.sweeps.get(sweep["id"]).best.number == done["number"]  # type: ignore[union-attr]
+        with pytest.raises(ValidationFailed):
+            client.sweeps.create({"name": "x", "base": {}, "space": {}})
+
+    cancelled = cli("sweep", "cancel", str(sweep["id"]), "--json")
+    assert cancelled.exit_code == 0 and json.loads(cancelled.stdout)["state"] == "cancelled"
+    with Client(live_api, api_key) as client, pytest.raises(Conflict):
+        client.sweeps.cancel(sweep["id"])

@@ -1,0 +1,190 @@
+"""A sweep that trains for real: the API (in this process), a controller and a Celery worker
+with two CPU slots (subprocesses), torchrun and the trainer, Postgres, Redis and Optuna's study
+in Postgres. A small GPT on the session corpus, where the learning rate decides the loss; ASHA
+prunes the trials that lag; the worker is SIGKILLed mid-sweep and replaced, and no trial is
+lost. An entrypoint sweep reads its values with `torchyard.train.params()`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from api.main import create_app
+from core.platform.models import JobState
+from core.platform.settings import Settings
+from tests.conftest import ProjectKey
+from tests.integration.workers.archives import store_archive
+from tests.integration.workers.controllers import Controller, start_controller
+from tests.integration.workers.helpers import (
+    job_events,
+    job_row,
+    metric_series,
+    start_worker,
+    tiny_spec,
+    unique_queue,
+    wait_for,
+)
+
+SWEEP_S = 600.0  # 8 trials, 2 at a time, on 2 shared cores, with a worker's death in the middle
+START_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def client(settings: Settings) -> Any:
+    with TestClient(create_app(settings), raise_server_exceptions=True) as test_client:
+        yield test_client
+
+
+def _sweep(client: TestClient, project: ProjectKey, sweep_id: int) -> dict[str, Any]:
+    return dict(client.get(f"/v1/sweeps/{sweep_id}", headers=project.headers).json())
+
+
+def _trials(client: TestClient, project: ProjectKey, sweep_id: int) -> list[dict[str, Any]]:
+    answer = client.get(f"/v1/sweeps/{sweep_id}/trials", headers=project.headers)
+    return list(answer.json()["items"])
+
+
+def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_worker(
+    client: TestClient,
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    project: ProjectKey,
+    dataset_id: str,
+    worker_logs: Path,
+    controllers: list[Controller],
+) -> None:
+    queue = unique_queue("sweep")
+    interval = 5  # eval_loss every 5 steps: the pruner's report interval
+    base = tiny_spec(
+        pool=queue,
+        dataset_id=dataset_id,
+        train={"max_steps": 40},
+        eval={"interval_steps": interval, "num_batches": 2},
+        checkpoint={"interval_steps": 10},
+        retries={"max_restarts": 2},
+    ).model_dump(mode="json")
+    spec = {
+        "name": "lr",
+        "base": base,
+        "space": {"optim.lr": {"log_uniform": [1e-5, 3e-2]}},
+        "metric": "eval_loss",
+        "searcher": "tpe",
+        "seed": 3,
+        "pruner": {"kind": "asha", "min_resource": interval, "reduction_factor": 2},
+        "max_trials": 8,
+        "max_concurrent_trials": 2,
+    }
+    worker = start_worker(
+        settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2
+    )
+    start_controller(controllers, settings, worker_logs)
+    answer = client.post("/v1/sweeps", json=spec, headers=project.headers)
+    assert answer.status_code == 201, answer.text
+    sweep_id = answer.json()["id"]
+
+    def a_trial_mid_run() -> dict[str, Any] | None:
+        trials = _trials(client, project, sweep_id)
+        ended = [t for t in trials if t["state"] != "running"]
+        running = [t for t in trials if t["state"] == "running" and (t["current_step"] or 0) >= 12]
+        return running[0] if len(ended) >= 2 and running else None
+
+    victim = wait_for("a trial past a checkpoint after two ended", a_trial_mid_run, SWEEP_S)
+    worker.proc.kill()  # SIGKILL: the worker dies with its trials' attempts
+    worker.proc.wait()
+    start_worker(settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2)
+
+    def ended() -> dict[str, Any] | None:
+        sweep = _sweep(client, project, sweep_id)
+        return sweep if sweep["state"] != "running" else None
+
+    sweep = wait_for("the sweep to end", ended, SWEEP_S, poll_s=1.0)
+    trials = _trials(client, project, sweep_id)
+    assert sweep["state"] == "succeeded", sweep
+    # no trial lost: eight ended, each completed or pruned, none failed or cancelled
+    assert [t["number"] for t in trials] == list(range(8))
+    assert {t["state"] for t in trials} <= {"succeeded", "pruned"}, trials
+    assert job_row(engine, victim["job_id"]).attempt >= 2  # the killed one went on
+    # the learning rate decides: the best trial's lr is the best of those drawn, or near it
+    lrs = sorted(t["params"]["optim.lr"] for t in trials)
+    best_lr = sweep["best"]["params"]["optim.lr"]
+    assert best_lr >= 1e-3 and best_lr >= lrs[len(lrs) // 2], (best_lr, lrs)
+    completed = [t for t in trials if t["state"] == "succeeded"]
+    assert sweep["best"]["value"] == min(t["value"] for t in completed)
+    assert sweep["best"]["checkpoint_id"] is not None
+    # pruned before their last step, stopped within one report interval of the decision
+    pruned = [t for t in trials if t["state"] == "pruned"]
+    assert pruned, trials
+    for t in pruned:
+        assert t["pruned_step"] < 40 and t["pruned_rung"] is not None
+        decision = next(
+            e for e in job_events(engine, t["job_id"]) if (e.data or {}).get("cause") == "pruned"
+        )
+        trained_to = decision.data["current_step"] or decision.data["step"]
+        last = metric_series(engine, t["job_id"], "loss")[-1].step
+        assert last <= trained_to + interval, (t, decision.data, last)
+        assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
+        assert decision.message.startswith(f"pruned by sweep {sweep_id} at step {t['pruned_step']}")
+
+
+PARAMS_PY = """
+import math
+import torchyard.train as ty
+
+values = ty.params()
+lr = float(values["lr"])
+for step in range(1, 6):
+    # the closer lr is to 1e-3, the lower the loss
+    ty.report(step, loss=(math.log10(lr) + 3) ** 2 + 1.0 / step)
+ty.report(5, loss=(math.log10(lr) + 3) ** 2 + 0.2)
+"""
+
+
+def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params(
+    client: TestClient,
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    project: ProjectKey,
+    worker_logs: Path,
+    controllers: list[Controller],
+) -> None:
+    queue = unique_queue("sweep-script")
+    code_id = store_archive(engine, settings, project, {"train.py": PARAMS_PY})
+    spec = {
+        "name": "script-lr",
+        "base": {
+            "name": "script",
+            "entrypoint": {"code": code_id, "command": ["python", "train.py"]},
+            "resources": {"pool": queue},
+        },
+        "space": {"entrypoint.params.lr": {"choice": [1e-5, 1e-3, 1e-1]}},
+        "metric": "loss",
+        "searcher": "grid",
+        "max_trials": 3,
+        "max_concurrent_trials": 2,
+    }
+    start_worker(settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2)
+    start_controller(controllers, settings, worker_logs)
+    answer = client.post("/v1/sweeps", json=spec, headers=project.headers)
+    assert answer.status_code == 201, answer.text
+    sweep_id = answer.json()["id"]
+    sweep = wait_for(
+        "the script sweep to end",
+        lambda: ((s := _sweep(client, project, sweep_id))["state"] != "running" and s) or None,
+        START_S * 2,
+        poll_s=0.5,
+    )
+    trials = _trials(client, project, sweep_id)
+    assert sweep["state"] == "succeeded", (sweep, trials)
+    assert sorted(t["params"]["entrypoint.params.lr"] for t in trials) == [1e-5, 1e-3, 1e-1]
+    for t in trials:
+        lr = t["params"]["entrypoint.params.lr"]
+        assert t["value"] == pytest.approx((math.log10(lr) + 3) ** 2 + 0.2)
+    assert sweep["best"]["params"] == {"entrypoint.params.lr": 1e-3}

@@ -1,0 +1,186 @@
+"""The `torchyard sweep` commands of `torchyard.sweeps` (typer, rich): the SDK part stays
+there, importing neither."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
+from torchyard.models import Sweep, Trial
+from torchyard.render import format_age, format_value
+from torchyard.specs import apply_overrides, load_spec
+from torchyard.sweeps import Sweeps
+
+sweep_app = typer.Typer(no_args_is_help=True, help="Hyperparameter sweeps: trials as jobs.")
+SweepArg = Annotated[int, typer.Argument(help="Sweep id.", metavar="SWEEP")]
+
+
+def _sweeps(ctx: typer.Context) -> Sweeps:
+    return command_client(ctx).sweeps
+
+
+def _summary(sweep: Sweep) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "STATE", "TRIALS", "BEST", "VALUE", "CREATED"):
+        table.add_column(column, justify="right" if column in ("ID", "VALUE") else "left")
+    ended = sum(n for state, n in sweep.trials.items() if state != "running")
+    best = sweep.best
+    table.add_row(
+        str(sweep.id),
+        Text(sweep.name),
+        sweep.state,
+        f"{ended}/{sweep.max_trials} ended, {sweep.trials.get('running', 0)} running",
+        f"trial {best.number}" if best else "-",
+        format_value(best.value if best else None),
+        format_age(sweep.created_at) if sweep.created_at else "-",
+    )
+    return table
+
+
+def _trials_table(trials: list[Trial]) -> Table:
+    """One row per trial: its values, state, metric, job and where it was pruned."""
+    paths = sorted({p for t in trials for p in t.params})
+    table = Table(box=None, header_style="bold")
+    for column in ("TRIAL", "STATE", *paths, "VALUE", "JOB", "STEP", "NOTE"):
+        table.add_column(column, justify="left" if column in ("STATE", "NOTE") else "right")
+    for t in trials:
+        note = ""
+        if t.state == "pruned":
+            note = f"pruned at step {t.pruned_step}" + (
+                f" (rung {t.pruned_rung})" if t.pruned_rung is not None else ""
+            )
+        elif t.error:
+            note = t.error
+        table.add_row(
+            str(t.number),
+            t.state,
+            *(_param(t.params.get(p)) for p in paths),
+            format_value(t.value),
+            str(t.job_id) if t.job_id is not None else "-",
+            str(t.current_step) if t.current_step is not None else "-",
+            Text(note),
+        )
+    return table
+
+
+def _param(value: object) -> str:
+    if isinstance(value, float):
+        return format_value(value)
+    return "-" if value is None else str(value)
+
+
+@sweep_app.command("submit")
+def sweep_submit(
+    ctx: typer.Context,
+    spec_path: Annotated[str, typer.Argument(metavar="SPEC", help="YAML or JSON file, - stdin.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override a field: KEY.PATH=VALUE (repeatable)."),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the sweep ends.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Start a sweep from a sweep spec file (`name`, `base`, `space`, `metric`, ...).
+
+    Example: `torchyard sweep submit sweep.yaml --set max_trials=32 --wait`
+    """
+    sweeps = _sweeps(ctx)
+    sweep = sweeps.create(apply_overrides(load_spec(spec_path), overrides or []))
+    if not json_out:
+        err.print(Text(f"sweep {sweep.id} started: {sweep.max_trials} trials"))
+    if wait:
+        sweep = sweeps.wait(sweep.id)
+    if json_out:
+        print_json(sweep)
+    else:
+        out.print(_summary(sweep))
+    if wait and sweep.state != "succeeded":
+        raise typer.Exit(1)
+
+
+@sweep_app.command("list")
+def sweep_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """The project's sweeps, newest first.
+
+    Example: `torchyard sweep list`
+    """
+    items = _sweeps(ctx).list().items
+    if json_out:
+        print_json(items)
+        return
+    if not items:
+        out.print("no sweeps")
+    for sweep in items:
+        out.print(_summary(sweep))
+
+
+@sweep_app.command("show")
+def sweep_show(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = False) -> None:
+    """A sweep: its state, trials by state and best trial.
+
+    Example: `torchyard sweep show 3`
+    """
+    sweep = _sweeps(ctx).get(sweep_id)
+    if json_out:
+        print_json(sweep)
+        return
+    out.print(_summary(sweep))
+    if sweep.error:
+        out.print(Text(f"note: {sweep.error}"))
+
+
+@sweep_app.command("trials")
+def sweep_trials(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = False) -> None:
+    """Every trial of a sweep: values, state, metric, job, where it was pruned.
+
+    Example: `torchyard sweep trials 3`
+    """
+    trials = _sweeps(ctx).trials(sweep_id)
+    if json_out:
+        print_json(trials)
+    else:
+        out.print(_trials_table(trials) if trials else "no trials yet")
+
+
+@sweep_app.command("best")
+def sweep_best(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = False) -> None:
+    """The best completed trial: its values, metric, job and checkpoint (to export).
+
+    Example: `torchyard sweep best 3`
+    """
+    sweep = _sweeps(ctx).get(sweep_id)
+    best = sweep.best
+    if json_out:
+        print_json(best.model_dump(mode="json") if best else None)
+        return
+    if best is None:
+        out.print(f"sweep {sweep.id} has no completed trial yet ({sweep.state})")
+        raise typer.Exit(1)
+    metric = sweep.spec.get("metric", "metric")
+    out.print(Text(f"trial {best.number}: {metric} {format_value(best.value)}, job {best.job_id}"))
+    for path, value in best.params.items():
+        out.print(Text(f"  {path} = {_param(value)}"))
+    if best.checkpoint_id is not None:
+        out.print(
+            Text(
+                f"checkpoint {best.checkpoint_id} (step {best.checkpoint_step}): "
+                f"torchyard export {best.job_id} {best.checkpoint_id} --out model.safetensors"
+            )
+        )
+
+
+@sweep_app.command("cancel")
+def sweep_cancel(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = False) -> None:
+    """Cancel a sweep and its queued and running trials.
+
+    Example: `torchyard sweep cancel 3`
+    """
+    sweep = _sweeps(ctx).cancel(sweep_id)
+    if json_out:
+        print_json(sweep)
+    else:
+        out.print(_summary(sweep))
