@@ -24,6 +24,7 @@ from core.platform.errors import DomainError
 from core.platform.models import Checkpoint, Sweep
 from core.sweeps import service as sweeps
 from core.sweeps import study
+from core.usage import report as usage_report
 from jobspec.sweep import SweepSpec
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=ERROR_RESPONSES)
@@ -61,6 +62,7 @@ def create_sweep(
     A trial whose drawn spec is invalid is recorded as failed with the reason, and the sweep
     goes on."""
     require_storable(spec.model_dump(), ("body",))
+    usage_report.check_priced(spec.base.resources.pool, spec.limits.max_cost, settings.slot_prices)
     try:
         pinned = check_submittable(
             session=session, settings=settings, project_id=principal.project_id, spec=spec.base

@@ -146,8 +146,13 @@ def job_cost(
 def check_max_cost(spec: JobSpec | ScriptJobSpec, prices: Mapping[str, float]) -> None:
     """A spec with `limits.max_cost` must run on a pool with a price. Raises InvalidInput (422
     at `["body", "limits", "max_cost"]`) otherwise."""
-    pool = spec.resources.pool
-    if spec.limits.max_cost is not None and usage.price_of(pool, prices) is None:
+    check_priced(spec.resources.pool, spec.limits.max_cost, prices)
+
+
+def check_priced(pool: str, max_cost: float | None, prices: Mapping[str, float]) -> None:
+    """A `max_cost` (a job's, or a sweep's over its trials) needs a price for `pool`, where its
+    jobs run. Raises InvalidInput (422 at `["body", "limits", "max_cost"]`) otherwise."""
+    if max_cost is not None and usage.price_of(pool, prices) is None:
         msg = f"pool {pool!r} has no slot-hour price (TORCHYARD_SLOT_PRICES), so no cost accrues"
         raise InvalidInput(
             f"limits.max_cost: {msg}",

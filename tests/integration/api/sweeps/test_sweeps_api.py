@@ -5,6 +5,7 @@ The sweeps that train for real are tests/integration/workers/test_sweeps.py."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,9 +14,11 @@ from sqlalchemy import Engine
 
 from core.jobs import service as jobs
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Job, JobState, MetricPoint
+from core.platform.models import Job, JobNode, JobState, MetricPoint
 from core.platform.settings import Settings
 from core.sweeps import drive
+from core.sweeps import service as sweeps
+from jobspec.sweep import SweepSpec
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec, set_running
 
@@ -36,9 +39,12 @@ def sweep_spec(dataset_id: str, pool: str, **overrides: Any) -> dict[str, Any]:
 class Rounds:
     """The controller's sweep round, in this process; dispatched jobs are recorded."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(
+        self, engine: Engine, settings: Settings, prices: dict[str, float] | None = None
+    ) -> None:
         self.factory = session_factory(engine)
         self.settings = settings
+        self.prices = prices or {}
         self.sent: list[tuple[int, str]] = []
 
     def run(self) -> drive.Round:
@@ -46,7 +52,7 @@ class Rounds:
             session_factory=self.factory,
             database_url=self.settings.database_url,
             dispatch=lambda job_id, pool: self.sent.append((job_id, pool)),
-            prices={},
+            prices=self.prices,
         )
 
 
@@ -257,3 +263,49 @@ def test_cancel_ends_the_sweep_and_its_trials_and_another_project_sees_404(
     rounds.run()
     assert [t["state"] for t in _trials(client, project, sweep["id"])] == ["cancelled", "cancelled"]
     assert len(rounds.sent) == 2  # no trial started after the cancel
+
+
+def test_a_sweeps_budget_stops_new_trials_and_needs_a_priced_pool(
+    client: TestClient,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    engine: Engine,
+    settings: Settings,
+) -> None:
+    spec = sweep_spec(dataset["id"], pool, limits={"max_cost": 1.0}, max_concurrent_trials=1)
+    assert_error(
+        client.post("/v1/sweeps", json=spec, headers=project.headers),
+        422,
+        "validation_error",
+        ["body", "limits", "max_cost"],
+    )  # this server prices no pool: the cost would never accrue
+    with session_factory(engine)() as s:  # as a server pricing `pool` would have made it
+        sweep = sweeps.create(
+            session=s,
+            database_url=settings.database_url,
+            project_id=project.project_id,
+            spec=SweepSpec.model_validate(spec),
+        )
+    priced = Rounds(engine, settings, prices={pool: 3600.0})  # 1 per slot-second
+    priced.run()
+    (first,) = _trials(client, project, sweep.id)
+    now = datetime.now(UTC)
+    with session_scope(engine) as s:  # it held one slot for 2 s: cost 2 > 1
+        s.add(
+            JobNode(
+                job_id=first["job_id"],
+                attempt=1,
+                node_rank=0,
+                worker="w",
+                joined_at=now - timedelta(seconds=2),
+                ended_at=now,
+                devices=[0],
+                cpu_seconds=1.0,
+            )
+        )
+    _finish(engine, first["job_id"], {10: 4.0})
+    priced.run()
+    shown = client.get(f"/v1/sweeps/{sweep.id}", headers=project.headers).json()
+    assert [t["state"] for t in _trials(client, project, sweep.id)] == ["succeeded"]
+    assert shown["state"] == "succeeded" and shown["error"] == "limits.max_cost reached"
