@@ -8,7 +8,13 @@ from fastapi import APIRouter, Body, Path, Query, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
+from api.deps import (
+    JobsWritePrincipal,
+    ReadPrincipal,
+    ServerPathsDep,
+    SessionDep,
+    SettingsDep,
+)
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
 from api.schemas.sweeps import (
@@ -22,6 +28,7 @@ from api.schemas.sweeps import (
 from api.validation import MAX_ID, require_storable
 from core.platform.errors import DomainError
 from core.platform.models import Checkpoint, Sweep
+from core.platform.server_paths import ServerPaths
 from core.sweeps import service as sweeps
 from core.sweeps import study
 from core.usage import report as usage_report
@@ -54,6 +61,7 @@ def create_sweep(
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
+    paths: ServerPathsDep,
     response: Response,
 ) -> SweepOut:
     """Start a sweep: `max_trials` jobs made from `base` with values drawn from `space`, at
@@ -77,13 +85,14 @@ def create_sweep(
         owner=principal.key_name,
     )
     response.headers["Location"] = f"/v1/sweeps/{sweep.id}"
-    return _out(session, sweep)
+    return _out(session, paths, sweep)
 
 
 @router.get("", response_model=SweepPage, operation_id="sweeps_list")
 def list_sweeps(
     principal: ReadPrincipal,
     session: SessionDep,
+    paths: ServerPathsDep,
     after: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="Return sweeps with a smaller id.")
     ] = None,
@@ -92,20 +101,24 @@ def list_sweeps(
     """The project's sweeps, newest first."""
     rows = sweeps.page(session=session, project_id=principal.project_id, after=after, limit=limit)
     return SweepPage(
-        items=[_out(session, s) for s in rows],
+        items=[_out(session, paths, s) for s in rows],
         next_after=rows[-1].id if len(rows) == limit else None,
     )
 
 
 @router.get("/{sweep_id}", response_model=SweepOut, operation_id="sweeps_get")
-def get_sweep(sweep_id: SweepId, principal: ReadPrincipal, session: SessionDep) -> SweepOut:
+def get_sweep(
+    sweep_id: SweepId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
+) -> SweepOut:
     """One sweep: its state, trials by state and best trial so far."""
     sweep = sweeps.get_or_raise(session=session, sweep_id=sweep_id, project_id=principal.project_id)
-    return _out(session, sweep)
+    return _out(session, paths, sweep)
 
 
 @router.get("/{sweep_id}/trials", response_model=TrialList, operation_id="sweeps_trials")
-def list_trials(sweep_id: SweepId, principal: ReadPrincipal, session: SessionDep) -> TrialList:
+def list_trials(
+    sweep_id: SweepId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
+) -> TrialList:
     """Every trial of the sweep by number: its values, state, metric and job."""
     sweeps.get_or_raise(session=session, sweep_id=sweep_id, project_id=principal.project_id)
     return TrialList(
@@ -120,7 +133,7 @@ def list_trials(sweep_id: SweepId, principal: ReadPrincipal, session: SessionDep
                 current_step=job.current_step if job is not None else None,
                 pruned_step=trial.pruned_step,
                 pruned_rung=trial.pruned_rung,
-                error=trial.error,
+                error=paths.hide(trial.error),  # a job's error may name a server file
                 created_at=trial.created_at,
                 finished_at=trial.finished_at,
             )
@@ -136,14 +149,16 @@ def list_trials(sweep_id: SweepId, principal: ReadPrincipal, session: SessionDep
     operation_id="sweeps_cancel",
     responses={409: {"model": ErrorBody, "description": "The sweep already ended"}},
 )
-def cancel_sweep(sweep_id: SweepId, principal: JobsWritePrincipal, session: SessionDep) -> SweepOut:
+def cancel_sweep(
+    sweep_id: SweepId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
+) -> SweepOut:
     """Cancel the sweep and its queued and running trials (running ones checkpoint and
     stop); no trial starts after this."""
     sweep = sweeps.cancel(session=session, sweep_id=sweep_id, project_id=principal.project_id)
-    return _out(session, sweep)
+    return _out(session, paths, sweep)
 
 
-def _out(session: Session, sweep: Sweep) -> SweepOut:
+def _out(session: Session, paths: ServerPaths, sweep: Sweep) -> SweepOut:
     spec = sweeps.spec_of(sweep)
     return SweepOut(
         id=sweep.id,
@@ -151,7 +166,7 @@ def _out(session: Session, sweep: Sweep) -> SweepOut:
         state=sweep.state,
         spec=spec,
         owner=sweep.owner,
-        error=sweep.error,
+        error=paths.hide(sweep.error),
         max_trials=study.max_trials(spec),
         trials=sweeps.counts(session=session, sweep_id=sweep.id),
         best=_best(session, sweep),

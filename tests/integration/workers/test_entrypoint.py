@@ -98,6 +98,7 @@ def test_the_program_sees_its_env_and_the_platforms_but_no_worker_secret(
     assert settings.database_url not in (run_dir / "env.txt").read_text()
     assert not [k for k in env if k.startswith("TORCHYARD_") and k not in PLATFORM_VARS]
     assert env["MY_SETTING"] == "on"
+    assert env["TORCHYARD_PARAMS"] == "{}"
     assert env["TORCHYARD_RUN_DIR"] == str(run_dir)
     checkpoints = settings.storage_path / "jobs" / str(job_id) / "checkpoints"
     assert env["TORCHYARD_CHECKPOINT_DIR"] == str(checkpoints) and checkpoints.is_dir()
@@ -113,6 +114,7 @@ PLATFORM_VARS = {
     "TORCHYARD_ATTEMPT",
     "TORCHYARD_RUN_DIR",
     "TORCHYARD_CHECKPOINT_DIR",
+    "TORCHYARD_PARAMS",  # the spec's entrypoint.params (here none: {})
 }
 
 

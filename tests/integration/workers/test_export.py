@@ -29,7 +29,7 @@ from core.jobs import ingest
 from core.openai.results import RESULT_PREFIX
 from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
-from core.platform.models import WebhookEvent
+from core.platform.models import Sweep, SweepTrial, WebhookEvent
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
@@ -218,7 +218,7 @@ def _server_dirs(settings: Settings) -> set[str]:
     return {settings.storage_url, str(settings.home), str(settings.home.resolve())}
 
 
-def _fill(path: str, trained: Trained, checkpoint_id: int) -> str:
+def _fill(path: str, trained: Trained, checkpoint_id: int, sweep_id: int = 0) -> str:
     """`path` with its parameters filled with `trained`'s resources; fails on one it cannot."""
     job = f"{JOB_PREFIX}{trained.job_id}" if path.startswith("/openai/") else str(trained.job_id)
     values = {
@@ -229,12 +229,45 @@ def _fill(path: str, trained: Trained, checkpoint_id: int) -> str:
         "code_id": trained.code_id,
         "webhook_id": trained.webhook_id,
         "model_id": trained.model_id,
+        "sweep_id": str(sweep_id),
     }
     for name in re.findall(r"{(\w+)}", path):
         if name not in values:
             pytest.fail(f"GET {path}: no value for {{{name}}}; add one to _fill")
         path = path.replace(f"{{{name}}}", values[name])
     return path
+
+
+def _sweep_naming_a_path(
+    api: TestClient, engine: Engine, settings: Settings, trained: Trained
+) -> int:
+    """A sweep of the project whose one trial (the trained job) and the sweep itself ended with
+    an error naming a file of the server, as a failed job's error can."""
+    spec = {
+        "name": "paths",
+        "base": {"name": "t", "data": {"dataset": trained.dataset_id}, "train": {"max_steps": 10}},
+        "space": {"optim.lr": {"choice": [1e-3, 1e-2]}},
+    }
+    answer = api.post("/v1/sweeps", json=spec, headers=trained.project.headers)
+    assert answer.status_code == 201, answer.text
+    sweep_id = int(answer.json()["id"])
+    error = f"cannot read {settings.storage_path}/jobs/{trained.job_id}/x"
+    with session_scope(engine) as s:
+        s.add(
+            SweepTrial(
+                sweep_id=sweep_id,
+                number=0,
+                optuna_trial_id=0,
+                job_id=trained.job_id,
+                state="failed",
+                params={"optim.lr": 1e-3},
+                error=error,
+            )
+        )
+        row = s.get(Sweep, sweep_id)
+        assert row is not None
+        row.state, row.error = "failed", error
+    return sweep_id
 
 
 def _without_server_uri(value: Any) -> Any:
@@ -263,6 +296,7 @@ def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins
         "/v1/keys", json={"name": "viewer", "member_id": member["id"]}, headers=owner.headers
     ).json()["secret"]
     dirs = _server_dirs(settings)
+    sweep_id = _sweep_naming_a_path(api, engine, settings, trained)
     routes = [
         path
         for path, item in api.get("/openapi.json").json()["paths"].items()
@@ -270,7 +304,7 @@ def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins
     ]
     read_by_viewer = set()
     for route in routes:
-        url = _fill(route, trained, checkpoint["id"])
+        url = _fill(route, trained, checkpoint["id"], sweep_id)
         for key in (viewer, owner.api_key):
             answer = api.get(url, params=_QUERY.get(route), headers=_bearer(key))
             assert answer.status_code in (200, 403), (url, answer.text)

@@ -112,6 +112,7 @@ class World:
     webhook_id: str = ""
     secret_id: str = ""
     delivery_id: str = ""
+    sweep_id: int = 0
     principals: dict[str, tuple[auth.Principal, str]] = field(default_factory=dict)
 
 
@@ -128,6 +129,7 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("v1", "webhook_id"): lambda w: w.webhook_id,
     ("v1", "secret_id"): lambda w: w.secret_id,
     ("v1", "delivery_id"): lambda w: w.delivery_id,
+    ("v1", "sweep_id"): lambda w: str(w.sweep_id),
     ("openai", "job_id"): lambda w: f"{JOB_PREFIX}{w.job_id}",
     ("openai", "file_id"): lambda w: w.file_id,
     ("openai", "model_id"): lambda w: w.model_id,
@@ -241,6 +243,12 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
     ping = client.post(f"/v1/webhooks/{world.webhook_id}/ping", headers=owner.headers)
     assert ping.status_code == 202, ping.text
     world.delivery_id = str(ping.json()["id"])
+    sweep = {
+        "name": "access",
+        "base": job_spec(world.dataset_id, resources={"pool": pool}),
+        "space": {"optim.lr": {"choice": [1e-3, 1e-2]}},
+    }
+    world.sweep_id = int(_post(client, owner, "/v1/sweeps", sweep)["id"])
     _principal_keys(client, engine, world)
     return world
 
