@@ -17,9 +17,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DataError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
+from core.jobs import submission
 from core.platform import errors as domain
 from core.platform.server_paths import ServerPaths
 from jobspec.job import SPEC_KINDS
@@ -144,15 +146,38 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(status, message, code=exc.code, details=details, headers=headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [{**e, "loc": _without_kind(tuple(e.get("loc", ())))} for e in exc.errors()]
+    route = request.scope.get("route")
+    if getattr(route, "operation_id", None) in SPEC_BODY_OPERATIONS and isinstance(exc.body, dict):
+        # every problem of the spec in one answer, not pydantic's first layer (issue 28)
+        found = await run_in_threadpool(_spec_problems, request, exc.body)
+        if found:
+            errors = [e for e in errors if e["loc"][:1] != ["body"]] + found
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ()))
     message = f"invalid request: {where}: {first.get('msg', '')}" if errors else "invalid request"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
     return error_response(422, message, details=errors)
+
+
+# Operations whose body is a job spec: a refused one gets `core.jobs.submission.problems`.
+SPEC_BODY_OPERATIONS = frozenset({"jobs_create"})
+
+
+def _spec_problems(request: Request, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every problem of a job spec body: its fields and rules, then its references when the
+    caller is known (the auth dependency ran before the body was refused)."""
+    principal = getattr(request.state, "principal", None)
+    settings = request.app.state.settings
+    if principal is None:
+        return submission.problems(session=None, settings=settings, project_id=None, data=body)
+    with request.app.state.sessionmaker() as session:
+        return submission.problems(
+            session=session, settings=settings, project_id=principal.project_id, data=body
+        )
 
 
 def _without_kind(loc: tuple[Any, ...]) -> list[Any]:

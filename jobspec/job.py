@@ -601,6 +601,20 @@ class JobSpec(JobBase):
     )
 
     @model_validator(mode="after")
+    def _defaults_fit(self) -> JobSpec:
+        """A default never makes a valid spec invalid: `eval.interval_steps` left out (100)
+        with a shorter `train.max_steps` evaluates every `max_steps` steps (at the end)."""
+        steps = self.train.max_steps
+        evaluation = self.eval
+        if (
+            steps is not None
+            and "interval_steps" not in evaluation.model_fields_set
+            and evaluation.interval_steps > steps
+        ):
+            evaluation.interval_steps = steps
+        return self
+
+    @model_validator(mode="after")
     def _cross_field_checks(self) -> JobSpec:
         """Checks that span fields; each error names the JSON path of the field to change."""
         errors = list(cross_field_errors(self))

@@ -103,7 +103,7 @@ def read_stored_spec(raw: Any, *, name: str | None = None) -> JobSpec | ScriptJo
         try:
             spec = parse_job_spec(data)
         except ValidationError as exc:
-            if not _repair(data, exc, problems, name):
+            if not repair(data, exc, problems, name):
                 break
         else:
             spec._stored_problems = problems
@@ -117,7 +117,7 @@ def stored_problems(spec: JobSpec | ScriptJobSpec) -> list[str]:
     return list(spec._stored_problems)
 
 
-def _repair(
+def repair(
     data: dict[str, Any], exc: ValidationError, problems: list[str], name: str | None
 ) -> bool:
     """Fix, in place, every error `exc` names: drop an unknown or invalid field (its default

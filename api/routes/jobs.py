@@ -21,13 +21,11 @@ from api.deps import (
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, require_storable
-from core.datasets import service as datasets
-from core.jobs import code_archives, init_from
 from core.jobs import details as job_details
 from core.jobs import listing as job_list
 from core.jobs import service as jobs
-from core.platform import storage
-from core.platform.errors import Forbidden, InvalidInput
+from core.jobs import submission
+from core.platform.errors import InvalidInput
 from core.platform.models import Job, JobState
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
@@ -168,103 +166,17 @@ def check_submittable(
     *, session: Session, settings: Settings, project_id: str, spec: JobSpec | ScriptJobSpec
 ) -> JobSpec | ScriptJobSpec:
     """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
-    `POST /v1/spec/validate`): storable strings, a priced pool for `limits.max_cost`, data the
-    project may use, and a `model.init_from` of the project. Returns the spec with `init_from`
-    pinned to a checkpoint.
+    `POST /v1/spec/validate` and `POST /v1/sweeps`): storable strings, a priced pool for
+    `limits.max_cost`, then `core.jobs.submission.check_references`. Returns the spec with
+    `init_from` pinned.
 
     Raises InvalidInput (422), Forbidden (403), NotFound (404) or Conflict (409) with the
     field's `["body", ...]` path.
     """
     require_storable(spec.model_dump(), ("body",))
     usage_report.check_max_cost(spec, settings.slot_prices)
-    if isinstance(spec, ScriptJobSpec):
-        code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
-        return spec
-    spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
-    return init_from.pin(session=session, project_id=project_id, spec=spec)
-
-
-def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> JobSpec:
-    """The spec's data exists for this project (a dataset of the project, or an allowed path)
-    and fits the method. Returns the spec with `data.format` and `data.token_dtype` filled in
-    from a registered dataset, so the trainer reads the data as it was validated."""
-    if spec.data.dataset is not None:
-        spec = _with_dataset_format(session=session, project_id=project_id, spec=spec)
-    if spec.data.eval_dataset is not None:
-        found = datasets.get(
-            session=session, dataset_id=spec.data.eval_dataset, project_id=project_id
-        )
-        if found is None:
-            raise _data_error(
-                "eval_dataset", f"no dataset {spec.data.eval_dataset!r} in this project"
-            )
-        if spec.data.format is not None and found.format != spec.data.format:
-            raise _data_error(
-                "eval_dataset", f"format {found.format!r} differs from the training data's "
-                f"{spec.data.format!r}",
-            )  # fmt: skip
-    for field in ("uri", "eval_uri"):
-        uri = getattr(spec.data, field)
-        if uri is not None:
-            _check_data_uri(uri, settings, field)
-    hf = spec.model.hf
-    if hf is not None and hf.path_or_id is not None:
-        storage.model_path(hf.path_or_id, settings)
-    return spec
-
-
-def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) -> JobSpec:
-    assert spec.data.dataset is not None
-    found = datasets.get(session=session, dataset_id=spec.data.dataset, project_id=project_id)
-    if found is None:
-        raise _data_error("dataset", f"no dataset {spec.data.dataset!r} in this project")
-    if spec.data.format is not None and spec.data.format != found.format:
-        raise _data_error(
-            "format", f"the dataset's format is {found.format!r}, not {spec.data.format!r}"
-        )
-    preference = found.format == "preference"
-    if preference != (spec.method.kind == "dpo"):
-        msg = (
-            "a preference dataset trains with method.kind dpo"
-            if preference
-            else f"method.kind dpo needs a preference dataset (this one is {found.format!r})"
-        )
-        raise _data_error("dataset", msg)
-    token_dtype = (found.stats or {}).get("token_dtype") if found.format == "tokens" else None
-    data = spec.data.model_copy(
-        update={"format": found.format, "token_dtype": spec.data.token_dtype or token_dtype}
-    )
-    return spec.model_copy(update={"data": data})
-
-
-def _check_data_uri(uri: str, settings: Settings, field: str = "uri") -> None:
-    loc = ["body", "data", field]
-    if "://" in uri and not uri.startswith("file://"):
-        # A remote URI is allowed only under a data root that is itself a URI.
-        prefixes = [r.rstrip("/") + "/" for r in settings.data_roots if "://" in r]
-        if ".." in uri.split("/") or not any(uri.startswith(p) for p in prefixes):
-            raise Forbidden(
-                f"data.{field} {uri!r} is outside the allowed data roots",
-                details=[{"loc": loc, "msg": "outside allowed roots", "type": "forbidden"}],
-            )
-        return
-    try:
-        path = storage.resolve_under(
-            uri.removeprefix("file://"), storage.allowed_data_roots(settings)
-        )
-        exists = path.exists()
-    except Forbidden as exc:
-        raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
-    except (OSError, RuntimeError, ValueError) as exc:  # unknown ~user, name too long, ...
-        raise _data_error(field, f"not a usable path: {exc}") from None
-    if not exists:
-        raise _data_error(field, f"{uri!r} does not exist on the server")
-
-
-def _data_error(field: str, msg: str) -> InvalidInput:
-    return InvalidInput(
-        f"data.{field}: {msg}",
-        details=[{"loc": ["body", "data", field], "msg": msg, "type": "value_error"}],
+    return submission.check_references(
+        session=session, settings=settings, project_id=project_id, spec=spec
     )
 
 

@@ -11,7 +11,7 @@ from api import examples, schemas
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.routes.jobs import check_submittable
-from core.jobs import spec_yaml
+from core.jobs import spec_yaml, submission
 from core.platform.errors import DomainError, InvalidInput
 from jobspec.job import json_schema, parse_job_spec
 
@@ -78,12 +78,16 @@ def validate_spec(
         check_submittable(
             session=session, settings=settings, project_id=principal.project_id, spec=spec
         )
-    except ValidationError as exc:
-        details: list[dict[str, Any]] = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors()]
+    except ValidationError:
+        # every problem at once: fields, the rules they hid, and the references (issue 28)
+        details = submission.problems(
+            session=session, settings=settings, project_id=principal.project_id, data=doc.data
+        )
         first = details[0]
         where = ".".join(str(p) for p in first["loc"])
+        more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
         raise InvalidInput(
-            f"invalid spec: {where}: {first['msg']}", details=_placed(doc, details)
+            f"invalid spec: {where}: {first['msg']}{more}", details=_placed(doc, details)
         ) from None
     except DomainError as exc:
         exc.details = _placed(doc, exc.details)

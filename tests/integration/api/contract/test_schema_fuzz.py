@@ -140,6 +140,13 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "data", "dataset"): "value_error",
     ("body", "data", "eval_dataset"): "value_error",
     ("body", "entrypoint", "code"): "entrypoint",
+    # A refused spec lists its references' problems beside its fields' (issue 28): a data path
+    # the server's roots must hold, a model directory it may read, an `init_from` of the
+    # project (each alone is a 403, 404 or 409; beside a field error, one more detail).
+    ("body", "data", "uri"): None,
+    ("body", "data", "eval_uri"): None,
+    ("body", "model", "hf"): None,
+    ("body", "model", "init_from"): None,
     # Each of `entrypoint.requirements` is a PEP 508 line (packaging's grammar: no pattern
     # states it).
     ("body", "entrypoint", "requirements"): "value_error",

@@ -1,0 +1,147 @@
+"""What a submitted job spec must satisfy beyond its own model: the references it makes.
+
+`check_references` is what `POST /v1/jobs`, `POST /v1/spec/validate` and `POST /v1/sweeps`
+run on a spec that validated (after the API's own check of a priced pool for
+`limits.max_cost`, `core.usage.report.check_max_cost`): data the project may use (a
+dataset of the project, of the method's format; a path under the data roots), a model
+directory the server may read, a code archive of the project for `entrypoint`, and a
+`model.init_from` of the project (pinned to a checkpoint). `problems` is every problem of a
+spec as submitted in one list (issue 28): its fields (an unknown one with the one it most
+likely meant), the rules across fields the field errors hid (`jobspec.problems`), and the
+references of the spec with those repaired.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.datasets import service as datasets
+from core.jobs import code_archives, init_from
+from core.platform import storage
+from core.platform.errors import DomainError, Forbidden, InvalidInput
+from core.platform.settings import Settings
+from jobspec.job import JobSpec, ScriptJobSpec
+from jobspec.problems import spec_errors
+
+
+def check_references(
+    *, session: Session, settings: Settings, project_id: str, spec: JobSpec | ScriptJobSpec
+) -> JobSpec | ScriptJobSpec:
+    """Raise at the first reference `spec` makes that this project or server cannot honour;
+    return the spec with `data.format` filled from its dataset and `init_from` pinned.
+
+    Raises InvalidInput (422), Forbidden (403), NotFound (404) or Conflict (409) with the
+    field's `["body", ...]` path.
+    """
+    if isinstance(spec, ScriptJobSpec):
+        code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
+        return spec
+    spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
+    return init_from.pin(session=session, project_id=project_id, spec=spec)
+
+
+def problems(
+    *, session: Session | None, settings: Settings, project_id: str | None, data: Any
+) -> list[dict[str, Any]]:
+    """Every problem of `data`, a job spec as submitted, as error details (`loc` from `body`,
+    `msg`, `type`): fields, rules across fields, then (given a session and project) the first
+    reference problem of the spec with its fields repaired. Empty when it is valid and every
+    reference holds."""
+    found = spec_errors(data)
+    details = [{**e, "loc": ["body", *e["loc"]]} for e in found.errors]
+    if found.repaired is None or session is None or project_id is None:
+        return details
+    try:
+        check_references(
+            session=session, settings=settings, project_id=project_id, spec=found.repaired
+        )
+    except DomainError as exc:
+        seen = {tuple(d["loc"]) for d in details}
+        details += [d for d in exc.details if tuple(d.get("loc", ())) not in seen]
+    return details
+
+
+def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> JobSpec:
+    """The spec's data exists for this project (a dataset of the project, or an allowed path)
+    and fits the method. Returns the spec with `data.format` and `data.token_dtype` filled in
+    from a registered dataset, so the trainer reads the data as it was validated."""
+    if spec.data.dataset is not None:
+        spec = _with_dataset_format(session=session, project_id=project_id, spec=spec)
+    if spec.data.eval_dataset is not None:
+        found = datasets.get(
+            session=session, dataset_id=spec.data.eval_dataset, project_id=project_id
+        )
+        if found is None:
+            raise _data_error(
+                "eval_dataset", f"no dataset {spec.data.eval_dataset!r} in this project"
+            )
+        if spec.data.format is not None and found.format != spec.data.format:
+            raise _data_error(
+                "eval_dataset", f"format {found.format!r} differs from the training data's "
+                f"{spec.data.format!r}",
+            )  # fmt: skip
+    for field in ("uri", "eval_uri"):
+        uri = getattr(spec.data, field)
+        if uri is not None:
+            _check_data_uri(uri, settings, field)
+    hf = spec.model.hf
+    if hf is not None and hf.path_or_id is not None:
+        storage.model_path(hf.path_or_id, settings)
+    return spec
+
+
+def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) -> JobSpec:
+    assert spec.data.dataset is not None
+    found = datasets.get(session=session, dataset_id=spec.data.dataset, project_id=project_id)
+    if found is None:
+        raise _data_error("dataset", f"no dataset {spec.data.dataset!r} in this project")
+    if spec.data.format is not None and spec.data.format != found.format:
+        raise _data_error(
+            "format", f"the dataset's format is {found.format!r}, not {spec.data.format!r}"
+        )
+    preference = found.format == "preference"
+    if preference != (spec.method.kind == "dpo"):
+        msg = (
+            "a preference dataset trains with method.kind dpo"
+            if preference
+            else f"method.kind dpo needs a preference dataset (this one is {found.format!r})"
+        )
+        raise _data_error("dataset", msg)
+    token_dtype = (found.stats or {}).get("token_dtype") if found.format == "tokens" else None
+    data = spec.data.model_copy(
+        update={"format": found.format, "token_dtype": spec.data.token_dtype or token_dtype}
+    )
+    return spec.model_copy(update={"data": data})
+
+
+def _check_data_uri(uri: str, settings: Settings, field: str = "uri") -> None:
+    loc = ["body", "data", field]
+    if "://" in uri and not uri.startswith("file://"):
+        # A remote URI is allowed only under a data root that is itself a URI.
+        prefixes = [r.rstrip("/") + "/" for r in settings.data_roots if "://" in r]
+        if ".." in uri.split("/") or not any(uri.startswith(p) for p in prefixes):
+            raise Forbidden(
+                f"data.{field} {uri!r} is outside the allowed data roots",
+                details=[{"loc": loc, "msg": "outside allowed roots", "type": "forbidden"}],
+            )
+        return
+    try:
+        path = storage.resolve_under(
+            uri.removeprefix("file://"), storage.allowed_data_roots(settings)
+        )
+        exists = path.exists()
+    except Forbidden as exc:
+        raise Forbidden(exc.message, details=[{**d, "loc": loc} for d in exc.details]) from None
+    except (OSError, RuntimeError, ValueError) as exc:  # unknown ~user, name too long, ...
+        raise _data_error(field, f"not a usable path: {exc}") from None
+    if not exists:
+        raise _data_error(field, f"{uri!r} does not exist on the server")
+
+
+def _data_error(field: str, msg: str) -> InvalidInput:
+    return InvalidInput(
+        f"data.{field}: {msg}",
+        details=[{"loc": ["body", "data", field], "msg": msg, "type": "value_error"}],
+    )
