@@ -125,13 +125,7 @@ def advance(
     budget_left = _budget_left(session, spec, rows, prices)
     while budget_left and len(rows) < total and len(running) < spec.max_concurrent_trials:
         trial = the_study.ask(study.distributions(spec))
-        row = SweepTrial(
-            sweep_id=sweep.id,
-            number=trial.number,
-            optuna_trial_id=trial._trial_id,
-            state=TrialState.RUNNING,
-            params=dict(trial.params),
-        )
+        row = _row(sweep, trial.number, trial._trial_id, trial.params)
         session.add(row)
         session.commit()
         rows.append(row)
@@ -160,18 +154,24 @@ def _adopt(
     for trial in the_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if trial.number in known:
             continue
-        row = SweepTrial(
-            sweep_id=sweep.id,
-            number=trial.number,
-            optuna_trial_id=trial._trial_id,
-            state=TrialState.RUNNING,
-            params=dict(trial.params),
-        )
+        row = _row(sweep, trial.number, trial._trial_id, trial.params)
         session.add(row)
         adopted.append(row)
     if adopted:
         session.commit()
     return adopted
+
+
+def _row(sweep: Sweep, number: int, trial_id: int, params: Mapping[str, object]) -> SweepTrial:
+    """The row of Optuna's trial `number` (id `trial_id`, Optuna's own: `Trial._trial_id`,
+    which its public API does not name) with the values it drew."""
+    return SweepTrial(
+        sweep_id=sweep.id,
+        number=number,
+        optuna_trial_id=trial_id,
+        state=TrialState.RUNNING,
+        params=dict(params),
+    )
 
 
 def _start(
