@@ -37,7 +37,10 @@ from tests.integration.workers.helpers import (
 
 __all__ = ["workers"]  # a fixture
 
-pytestmark = pytest.mark.long  # 2-4 min each on a busy 2-core host
+# 2-4 min each on a busy 2-core host; a test's own waits (the gang's first steps 180 s, the
+# lost node's end 60 s, the restarted gang's end 240 s) bound each phase, so the test as a whole
+# may take longer than pytest-timeout's default 300 s on a loaded CI host (it did once).
+pytestmark = [pytest.mark.long, pytest.mark.timeout(600)]
 CONTROL_QUEUE = "torchyard.control"  # workers/app.py's (importing it builds an app)
 HEARTBEAT_TIMEOUT_S = 3.0  # the reaper's silence threshold once a node is lost
 GONE_WITHIN_S = 10.0  # a cancel ends the job and every node's processes within this
