@@ -227,12 +227,7 @@ def run_round(
             settings=settings, session_factory=factory, dispatch=dispatch, steady_s=steady.seconds()
         )
         me.record(factory, leading=True, reconciled=True)
-        sweeps.advance_all(
-            session_factory=factory,
-            database_url=settings.database_url,
-            dispatch=dispatch,
-            prices=settings.slot_prices,
-        )
+        sweeps.advance_all(session_factory=factory, settings=settings, dispatch=dispatch)
     except SQLAlchemyError as exc:
         steady.broke()
         if leadership.leading:

@@ -21,7 +21,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.errors import QuotaExceeded
+from core.jobs import submission
+from core.platform.errors import DomainError, QuotaExceeded
 from core.platform.models import (
     TERMINAL_STATES,
     Job,
@@ -33,6 +34,7 @@ from core.platform.models import (
     TrialState,
     utcnow,
 )
+from core.platform.settings import Settings
 from core.scheduling import quotas
 from core.sweeps import study
 from core.sweeps.service import spec_of
@@ -59,9 +61,8 @@ class Round:
 def advance_all(
     *,
     session_factory: Callable[[], Session],
-    database_url: str,
+    settings: Settings,
     dispatch: Dispatch,
-    prices: Mapping[str, float],
 ) -> Round:
     """One round over every running sweep, and the trials of cancelled ones still running.
     A sweep whose round fails is logged and tried again next round; the others go on."""
@@ -83,9 +84,8 @@ def advance_all(
                 advance(
                     session=session,
                     sweep_id=sweep_id,
-                    database_url=database_url,
+                    settings=settings,
                     dispatch=dispatch,
-                    prices=prices,
                     done=done,
                 )
             except Exception:
@@ -98,12 +98,12 @@ def advance(
     *,
     session: Session,
     sweep_id: int,
-    database_url: str,
+    settings: Settings,
     dispatch: Dispatch,
-    prices: Mapping[str, float],
     done: Round | None = None,
 ) -> None:
     """One round of one sweep. Commits as it goes."""
+    database_url = settings.database_url
     done = done if done is not None else Round()
     sweep = session.get(Sweep, sweep_id)
     if sweep is None:
@@ -120,16 +120,16 @@ def advance(
     running = [r for r in rows if r.state == TrialState.RUNNING]
     for row in running:
         if row.job_id is None and row.error is None:  # asked, the job not made yet
-            _start(session, sweep, spec, row, dispatch)
+            _start(session, settings, sweep, spec, row, dispatch)
     total = study.max_trials(spec)
-    budget_left = _budget_left(session, spec, rows, prices)
+    budget_left = _budget_left(session, spec, rows, settings.slot_prices)
     while budget_left and len(rows) < total and len(running) < spec.max_concurrent_trials:
         trial = the_study.ask(study.distributions(spec))
         row = _row(sweep, trial.number, trial._trial_id, trial.params)
         session.add(row)
         session.commit()
         rows.append(row)
-        if _start(session, sweep, spec, row, dispatch):
+        if _start(session, settings, sweep, spec, row, dispatch):
             running.append(row)
             done.started += 1
         else:
@@ -175,24 +175,33 @@ def _row(sweep: Sweep, number: int, trial_id: int, params: Mapping[str, object])
 
 
 def _start(
-    session: Session, sweep: Sweep, spec: SweepSpec, row: SweepTrial, dispatch: Dispatch
+    session: Session,
+    settings: Settings,
+    sweep: Sweep,
+    spec: SweepSpec,
+    row: SweepTrial,
+    dispatch: Dispatch,
 ) -> bool:
     """Make and dispatch the trial's job; False (the row failed, with the reason) when the
-    sampled spec does not validate. A full `max_queued_jobs` quota leaves the row waiting for
-    the next round. Commits."""
+    sampled spec does not validate or names what the project may not use (the checks of
+    `POST /v1/jobs`: a drawn `data.dataset` or `model.init_from.job` is the sweep's project's
+    or nothing). A full `max_queued_jobs` quota leaves the row waiting for the next round.
+    Commits."""
     try:
-        trial_spec = with_values(spec.base, row.params)
+        drawn = with_values(spec.base, row.params)
+        checked = submission.check_references(
+            session=session, settings=settings, project_id=sweep.project_id, spec=drawn
+        )
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        _end_row(row, TrialState.FAILED, error=f"the sampled spec is invalid: {problems}")
-        session.commit()
-        return False
-    labels = {**trial_spec.labels, "sweep": str(sweep.id), "trial": str(row.number)}
-    trial_spec = trial_spec.model_copy(
-        update={"name": f"{spec.name}-{row.number}"[:100], "labels": labels}
-    )
+        return _refuse(session, row, f"the sampled spec is invalid: {problems}")
+    except DomainError as exc:
+        return _refuse(session, row, f"the sampled spec is refused: {exc.message}")
+    labels = {**drawn.labels, "sweep": str(sweep.id), "trial": str(row.number)}
+    named = {"name": f"{spec.name}-{row.number}"[:100], "labels": labels}
+    trial_spec, drawn = checked.model_copy(update=named), drawn.model_copy(update=named)
     key = f"sweep-{sweep.id}-trial-{row.number}"
     try:
         quotas.check_submit(
@@ -211,12 +220,21 @@ def _start(
         spec=trial_spec,
         idempotency_key=key,
         owner=sweep.owner,
+        # the replay of a crashed round compares the drawn spec, not its pinned init_from
+        submitted=drawn,
     )
     row.job_id = created.job.id
     session.commit()
     if created.created:
         dispatch(created.job.id, created.job.pool)
     return True
+
+
+def _refuse(session: Session, row: SweepTrial, why: str) -> bool:
+    session.rollback()
+    _end_row(row, TrialState.FAILED, error=why)
+    session.commit()
+    return False
 
 
 def _end_trials(

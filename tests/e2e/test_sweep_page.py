@@ -62,9 +62,8 @@ def sweep(api: httpx.Client, dataset_id: str, engine: Engine, settings: Settings
     made = answer.json()
     round_ = {
         "session_factory": session_factory(engine),
-        "database_url": settings.database_url,
+        "settings": settings,
         "dispatch": lambda job_id, pool: None,
-        "prices": {},
     }
     drive.advance_all(**round_)
     trials = api.get(f"/v1/sweeps/{made['id']}/trials").json()["items"]

@@ -25,9 +25,8 @@ from torchyard.errors import Conflict, ValidationFailed
 def _round(engine: Engine, settings: Settings) -> None:
     drive.advance_all(
         session_factory=session_factory(engine),
-        database_url=settings.database_url,
+        settings=settings,
         dispatch=lambda job_id, pool: None,
-        prices={},
     )
 
 

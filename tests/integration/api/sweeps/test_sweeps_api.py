@@ -6,6 +6,7 @@ The sweeps that train for real are tests/integration/workers/test_sweeps.py."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,8 +44,7 @@ class Rounds:
         self, engine: Engine, settings: Settings, prices: dict[str, float] | None = None
     ) -> None:
         self.factory = session_factory(engine)
-        self.settings = settings
-        self.prices = prices or {}
+        self.settings = settings.model_copy(update={"slot_prices": prices or {}})
         self.sent: list[tuple[int, str]] = []
 
     def to(self, pool: str) -> list[tuple[int, str]]:
@@ -55,9 +55,8 @@ class Rounds:
     def run(self) -> drive.Round:
         return drive.advance_all(
             session_factory=self.factory,
-            database_url=self.settings.database_url,
+            settings=self.settings,
             dispatch=lambda job_id, pool: self.sent.append((job_id, pool)),
-            prices=self.prices,
         )
 
 
@@ -314,3 +313,34 @@ def test_a_sweeps_budget_stops_new_trials_and_needs_a_priced_pool(
     shown = client.get(f"/v1/sweeps/{sweep.id}", headers=project.headers).json()
     assert [t["state"] for t in _trials(client, project, sweep.id)] == ["succeeded"]
     assert shown["state"] == "succeeded" and shown["error"] == "limits.max_cost reached"
+
+
+def test_a_drawn_reference_the_project_may_not_use_fails_its_trial_without_a_job(
+    client: TestClient,
+    project: ProjectKey,
+    other_project: ProjectKey,
+    dataset: dict[str, Any],
+    corpus_dir: Path,
+    pool: str,
+    rounds: Rounds,
+) -> None:
+    theirs = client.post(
+        "/v1/datasets",
+        json={"name": "theirs", "uri": str(corpus_dir)},
+        headers=other_project.headers,
+    ).json()["id"]
+    spec = sweep_spec(
+        dataset["id"],
+        pool,
+        searcher="grid",
+        space={"data.dataset": {"choice": [dataset["id"], theirs]}},
+        max_trials=2,
+    )
+    sweep = _create(client, project, spec)  # each id is a well-formed dataset id
+    rounds.run()
+    by_dataset = {t["params"]["data.dataset"]: t for t in _trials(client, project, sweep["id"])}
+    assert by_dataset[dataset["id"]]["state"] == "running" and by_dataset[dataset["id"]]["job_id"]
+    refused = by_dataset[theirs]
+    assert refused["state"] == "failed" and refused["job_id"] is None
+    assert f"no dataset {theirs!r} in this project" in refused["error"]
+    assert len(rounds.to(pool)) == 1
