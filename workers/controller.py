@@ -167,6 +167,38 @@ class Identity:
             )
 
 
+class Sweeper:
+    """The sweeps' round (`core.sweeps.drive`) in a thread of its own, so that however long it
+    takes (Optuna's asks and tells, many sweeps) the reconcile loop keeps its interval: lost
+    workers are noticed on time. `kick` starts a round unless one is still running."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def kick(
+        self, settings: Settings, factory: Callable[[], Session], dispatch: reconciler.Dispatch
+    ) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(
+            target=self._round, args=(settings, factory, dispatch), name="sweeps", daemon=True
+        )
+        self._thread.start()
+
+    @staticmethod
+    def _round(
+        settings: Settings, factory: Callable[[], Session], dispatch: reconciler.Dispatch
+    ) -> None:
+        try:
+            sweeps.advance_all(session_factory=factory, settings=settings, dispatch=dispatch)
+        except Exception:  # a database outage or a bug: the next kick tries again
+            log.exception("controller: the sweeps' round failed")
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
 def run(
     settings: Settings,
     *,
@@ -186,12 +218,14 @@ def run(
     leadership = Leadership(engine, settings.home)
     steady = Steadiness()
     me = Identity()
+    sweeper = Sweeper()
     try:
         while not stop.is_set():
             started = time.monotonic()
-            run_round(settings, leadership, steady, factory, dispatch, me)
+            run_round(settings, leadership, steady, factory, dispatch, me, sweeper)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
     finally:
+        sweeper.join(interval_s)
         leadership.drop()
         engine.dispose()
 
@@ -203,11 +237,13 @@ def run_round(
     factory: Callable[[], Session],
     dispatch: reconciler.Dispatch,
     me: Identity,
+    sweeper: Sweeper | None = None,
 ) -> None:
     """One round: take or keep the lead and, leading, reconcile once (`dispatch` sends a
     queued job's message again), record the round as `me` in the `controllers` table, so
-    `GET /readyz` can tell when no reconcile ran for a while, then run the sweeps' round
-    (`core.sweeps.drive`: trials ended and started). Nothing is raised: a database
+    `GET /readyz` can tell when no reconcile ran for a while, then start the sweeps' round
+    (`core.sweeps.drive`: trials ended and started) in `sweeper`'s thread, if one is given and
+    its last round is over. Nothing is raised: a database
     error gives up the lead and the steadiness until the database answers again; any other
     error is logged with its traceback and the next round runs as usual."""
     was_leading = leadership.leading
@@ -227,7 +263,8 @@ def run_round(
             settings=settings, session_factory=factory, dispatch=dispatch, steady_s=steady.seconds()
         )
         me.record(factory, leading=True, reconciled=True)
-        sweeps.advance_all(session_factory=factory, settings=settings, dispatch=dispatch)
+        if sweeper is not None:
+            sweeper.kick(settings, factory, dispatch)
     except SQLAlchemyError as exc:
         steady.broke()
         if leadership.leading:

@@ -112,6 +112,8 @@ def advance(
     rows = list(
         session.execute(select(SweepTrial).where(SweepTrial.sweep_id == sweep_id)).scalars()
     )
+    if not _has_work(session, sweep, spec, rows):
+        return  # nothing ended, nothing to start: Optuna is not asked (a round stays cheap)
     the_study = study.load(database_url, sweep.study_name, spec, len(rows))
     rows += _adopt(session, sweep, the_study, rows)
     done.ended += _end_trials(session, sweep, spec, the_study, rows)
@@ -160,6 +162,29 @@ def _adopt(
     if adopted:
         session.commit()
     return adopted
+
+
+def _has_work(session: Session, sweep: Sweep, spec: SweepSpec, rows: list[SweepTrial]) -> bool:
+    """Whether a round of this sweep can change anything: a running trial whose job ended or
+    was never made, room for another trial, or a running sweep with no trial left running.
+    (A trial Optuna holds without a row, after a crash, counts toward neither `rows` nor
+    `running`, so it is adopted once there is room.)"""
+    running = [r for r in rows if r.state == TrialState.RUNNING]
+    if any(r.job_id is None for r in running):
+        return True
+    job_ids = [r.job_id for r in running if r.job_id is not None]
+    if (
+        job_ids
+        and session.execute(
+            select(Job.id).where(Job.id.in_(job_ids), Job.state.in_(TERMINAL_STATES)).limit(1)
+        ).first()
+    ):
+        return True
+    if sweep.state != SweepState.RUNNING:
+        return False
+    if not running:
+        return True  # it ends, or starts its first trials
+    return len(rows) < study.max_trials(spec) and len(running) < spec.max_concurrent_trials
 
 
 def _row(sweep: Sweep, number: int, trial_id: int, params: Mapping[str, object]) -> SweepTrial:
