@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
@@ -27,7 +27,6 @@ from core.platform.models import (
     TERMINAL_STATES,
     Job,
     JobState,
-    MetricPoint,
     Sweep,
     SweepState,
     SweepTrial,
@@ -276,7 +275,7 @@ def _end_trials(
             continue  # its job is made this round
         if job is not None and job.state not in TERMINAL_STATES:
             continue
-        state, value, error = _outcome(session, spec, row, job)
+        state, value, error = _outcome(spec, row, job)
         if state == TrialState.SUCCEEDED:
             the_study.tell(row.number, value, skip_if_finished=True)
         else:
@@ -295,34 +294,21 @@ def _end_trials(
 
 
 def _outcome(
-    session: Session, spec: SweepSpec, row: SweepTrial, job: Job | None
+    spec: SweepSpec, row: SweepTrial, job: Job | None
 ) -> tuple[TrialState, float | None, str | None]:
     if job is None:
         return TrialState.CANCELLED, None, row.error or "the sweep ended before its job was made"
+    # the metric's last value as ingested (`Job.latest_metrics`; null for a non-finite one)
+    value = (job.latest_metrics or {}).get(spec.metric)
     if job.state == JobState.SUCCEEDED:
-        value = last_value(session, job.id, spec.metric)
         if value is None:
             return TrialState.FAILED, None, f"the job never reported {spec.metric!r}"
         return TrialState.SUCCEEDED, value, None
     if job.state == JobState.CANCELLED:
         if row.pruned_step is not None:
-            return TrialState.PRUNED, last_value(session, job.id, spec.metric), None
+            return TrialState.PRUNED, value, None
         return TrialState.CANCELLED, None, "its job was cancelled"
     return TrialState.FAILED, None, job.error or f"its job {job.state}"
-
-
-def last_value(session: Session, job_id: int, metric: str) -> float | None:
-    """The metric's value at the job's last reported step for it."""
-    last = (
-        select(func.max(MetricPoint.step))
-        .where(MetricPoint.job_id == job_id, MetricPoint.name == metric)
-        .scalar_subquery()
-    )
-    return session.execute(
-        select(MetricPoint.value).where(
-            MetricPoint.job_id == job_id, MetricPoint.name == metric, MetricPoint.step == last
-        )
-    ).scalar_one_or_none()
 
 
 def _better(spec: SweepSpec, value: float, best: float | None) -> bool:

@@ -13,9 +13,11 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
+from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Checkpoint, JobState, MetricPoint, SweepTrial
+from core.platform.models import Checkpoint, JobState, SweepTrial
 from core.platform.settings import Settings
 from core.sweeps import drive
 from tests.conftest import ProjectKey
@@ -29,8 +31,8 @@ def _job_ran(engine: Engine, job_id: int, values: list[float], end: JobState) ->
     with session_scope(engine) as s:
         assert jobs.claim(session=s, job_id=job_id, worker="w") is not None
         jobs.transition(session=s, job_id=job_id, to=JobState.RUNNING)
-        for i, value in enumerate(values, 1):
-            s.add(MetricPoint(job_id=job_id, name="eval_loss", step=10 * i, value=value, time=0.0))
+        points = [Metric("eval_loss", 10 * i, v, 0.0) for i, v in enumerate(values, 1)]
+        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
         s.add(Checkpoint(job_id=job_id, attempt=1, step=10 * len(values), uri="/nowhere"))
         if end == JobState.CANCELLED:
             jobs.transition(session=s, job_id=job_id, to=JobState.CANCELLING)

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Checkpoint, JobState, MetricPoint
+from core.platform.models import Checkpoint, JobState
 from core.platform.settings import Settings
 from core.sweeps import drive
 from tests.integration.api.conftest import set_running
@@ -76,7 +78,8 @@ def test_sweep_commands_submit_show_trials_best_and_cancel(
     done = trials[0]
     set_running(engine, done["job_id"])
     with session_scope(engine) as s:
-        s.add(MetricPoint(job_id=done["job_id"], name="eval_loss", step=10, value=2.5, time=0.0))
+        points = [Metric("eval_loss", 10, 2.5, 0.0)]
+        ingest.metrics(session=s, job_id=done["job_id"], attempt=1, points=points)
         s.add(Checkpoint(job_id=done["job_id"], attempt=1, step=10, uri="/nowhere"))
         jobs.transition(session=s, job_id=done["job_id"], to=JobState.SUCCEEDED)
     _round(engine, settings)

@@ -13,9 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Job, JobNode, JobState, MetricPoint
+from core.platform.models import Job, JobNode, JobState
 from core.platform.settings import Settings
 from core.sweeps import drive
 from core.sweeps import service as sweeps
@@ -82,8 +84,8 @@ def _finish(engine: Engine, job_id: int, eval_losses: dict[int, float]) -> None:
     """The job ran (as a worker would record it) and succeeded, reporting `eval_losses`."""
     set_running(engine, job_id)
     with session_scope(engine) as s:
-        for step, value in eval_losses.items():
-            s.add(MetricPoint(job_id=job_id, name="eval_loss", step=step, value=value, time=0.0))
+        points = [Metric("eval_loss", step, value, 0.0) for step, value in eval_losses.items()]
+        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
         jobs.transition(session=s, job_id=job_id, to=JobState.SUCCEEDED)
 
 
