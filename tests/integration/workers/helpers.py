@@ -48,16 +48,32 @@ UNTIL_STOPPED: dict[str, Any] = {
 }
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.1) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline."""
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout_s: float,
+    poll_s: float = 0.1,
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline, with
+    what `explain` says then (e.g. the job's events, a worker's log tail), if given."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            why = f"\n{explain()}" if explain is not None else ""
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{why}")
         time.sleep(poll_s)
+
+
+def log_tails(log_dir: Path, lines: int = 40) -> str:
+    """The last `lines` lines of each worker log in `log_dir`: what a failed wait shows."""
+    return "\n".join(
+        f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        for path in sorted(log_dir.glob("*.log"))
+    )
 
 
 def unique_queue(label: str) -> str:

@@ -43,6 +43,7 @@ from tests.integration.workers.archives import STEPS_PY, UNTIL_STOPPED, steps_sp
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
+    log_tails,
     start_worker,
     unique_queue,
     wait_for,
@@ -189,7 +190,7 @@ def _fill_the_cap(client: TestClient, engine: Engine, story: Story, worker: Work
     return replace(story, low=low["id"], kept=kept["id"], third=third["id"])
 
 
-def _preempt(client: TestClient, engine: Engine, story: Story, worker: Worker) -> Story:
+def _preempt(client: TestClient, engine: Engine, story: Story, worker: Worker, logs: Path) -> Story:
     """CI's urgent job preempts the member's low one and runs; the low one resumes and trains
     on; the member then cancels its two long jobs (the viewer may not), and the third runs."""
     cast = story.cast
@@ -200,7 +201,16 @@ def _preempt(client: TestClient, engine: Engine, story: Story, worker: Worker) -
     def preempted() -> list[dict[str, Any]]:
         return [e for e in _events(client, cast.viewer, story.low) if e["kind"] == "preempted"]
 
-    (yielded,) = wait_for("the reconciler to preempt the low-priority job", preempted, 60)
+    def explain() -> str:
+        events = _events(client, cast.viewer, story.low)
+        seen = [(e["kind"], e.get("state_to"), e["message"]) for e in events[-8:]]
+        return f"the low job's last events: {seen}\n{log_tails(logs)}"
+
+    # The reconciler's round (2 s), the worker noticing `preempting`, the program's checkpoint
+    # and exit, then the requeue: seconds on an idle host; each can stall on CI's loaded one.
+    (yielded,) = wait_for(
+        "the reconciler to preempt the low-priority job", preempted, TIMEOUT_S, explain=explain
+    )
     done = wait_state(engine, urgent["id"], TERMINAL, TIMEOUT_S, worker)
     assert done.state == "succeeded", done.error
     resumed_at = yielded["data"]["checkpoint_step"]
@@ -338,11 +348,12 @@ def test_an_orgs_project_caps_preempts_notifies_bills_and_keeps_its_viewer_read_
     receiver: Receiver,
     pool_worker: Worker,
     pool: str,
+    worker_logs: Path,
 ) -> None:
     since = utcnow() - timedelta(minutes=1)
     story = _set_up(client, engine, pool, receiver)
     story = _fill_the_cap(client, engine, story, pool_worker)
-    story = _preempt(client, engine, story, pool_worker)
+    story = _preempt(client, engine, story, pool_worker, worker_logs)
     _check_the_resume(client, story)
     _check_the_webhooks(client, story, receiver)
     _check_the_usage(client, story, since)
