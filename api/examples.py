@@ -170,6 +170,58 @@ CHECKPOINT_LIST: dict[str, Any] = {
     ]
 }
 
+EVALUATION_LIST: dict[str, Any] = {
+    "items": [
+        {
+            "id": 31,
+            "job_id": JOB_ID + 1,
+            "source_job_id": JOB_ID,
+            "checkpoint_id": 512,
+            "step": 2000,
+            "attempt": 1,
+            "name": "perplexity",
+            "kind": "perplexity",
+            "dataset": None,
+            "metrics": {"loss": 1.7342, "perplexity": 5.664, "tokens": 98304.0, "rows": 384.0},
+            "samples": [],
+            "created_at": "2026-11-25T11:31:02.118201Z",
+        },
+        {
+            "id": 32,
+            "job_id": JOB_ID + 1,
+            "source_job_id": JOB_ID,
+            "checkpoint_id": 512,
+            "step": 2000,
+            "attempt": 1,
+            "name": "qa",
+            "kind": "generate",
+            "dataset": "ds_9f2c41d07a3b5e18",
+            "metrics": {"exact_match": 0.5, "chrf": 71.3, "rouge_l": 0.82, "answers": 2.0},
+            "samples": [
+                {
+                    "prompt": "<|im_start|>user\nCapital of France?<|im_end|>\n"
+                    "<|im_start|>assistant\n",
+                    "reference": "Paris.",
+                    "answer": "Paris.",
+                    "exact_match": 1.0,
+                    "chrf": 100.0,
+                    "rouge_l": 1.0,
+                },
+                {
+                    "prompt": "<|im_start|>user\nCapital of Peru?<|im_end|>\n"
+                    "<|im_start|>assistant\n",
+                    "reference": "Lima.",
+                    "answer": "Lima, Peru.",
+                    "exact_match": 0.0,
+                    "chrf": 42.6,
+                    "rouge_l": 0.67,
+                },
+            ],
+            "created_at": "2026-11-25T11:31:40.502113Z",
+        },
+    ]
+}
+
 # `GET /v1/jobs/{id}/stream`: a `job`, an `event`, a `metric` and a `log` message.
 JOB_STREAM = "".join(
     f"id: {cursor}\nevent: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"

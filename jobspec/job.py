@@ -37,6 +37,7 @@ from jobspec.base import StrictSpec, given
 from jobspec.checks import cross_field_errors, get_path
 from jobspec.data import DataSpec as DataSpec
 from jobspec.entrypoint import EntrypointSpec as EntrypointSpec
+from jobspec.evaluate import EvaluateSpec as EvaluateSpec
 from jobspec.method import DPOSpec as DPOSpec
 from jobspec.method import MethodSpec as MethodSpec
 
@@ -658,6 +659,36 @@ TRAINER_FIELDS: Final = tuple(
 )
 
 
+def _refuse_fields(cls: type[JobBase], data: Any, names: tuple[str, ...], why: str) -> Any:
+    """A field of `names` in `data` is a 422 naming it (`why`: what the job runs instead)."""
+    if isinstance(data, dict):
+        found = [name for name in names if name in data]
+        if found:
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "spec_conflict",
+                            "`{field}` is a field of {owner}; {why}: remove one of them",
+                            {
+                                "field": name,
+                                "owner": _OWNER.get(name, "the built-in trainer"),
+                                "why": why,
+                            },
+                        ),
+                        loc=(name,),
+                        input=data[name],
+                    )
+                    for name in found
+                ],
+            )
+    return data
+
+
+_OWNER: Final = {"entrypoint": "a script job", "evaluate": "an eval job"}
+
+
 class ScriptJobSpec(JobBase):
     """A job that runs the team's own training code (`entrypoint`) under torchrun, with the
     same queueing, gangs, retries, pause/resume, cancel, metrics, logs and checkpoints as the
@@ -669,58 +700,94 @@ class ScriptJobSpec(JobBase):
     @classmethod
     def _no_trainer_fields(cls, data: Any) -> Any:
         """A field of the built-in trainer next to `entrypoint` is a 422 naming that field."""
-        if isinstance(data, dict):
-            found = [name for name in TRAINER_FIELDS if name in data]
-            if found:
-                raise ValidationError.from_exception_data(
-                    cls.__name__,
-                    [
-                        InitErrorDetails(
-                            type=PydanticCustomError(
-                                "spec_conflict",
-                                "`{field}` is a field of the built-in trainer; a job with "
-                                "`entrypoint` runs your own code: remove one of them",
-                                {"field": name},
-                            ),
-                            loc=(name,),
-                            input=data[name],
-                        )
-                        for name in found
-                    ],
-                )
-        return data
+        return _refuse_fields(
+            cls, data, (*TRAINER_FIELDS, "evaluate"), "a job with `entrypoint` runs your own code"
+        )
+
+
+class EvalJobSpec(JobBase):
+    """A job that evaluates a checkpoint of an earlier built-in-trainer job (`evaluate`:
+    perplexity on datasets, generation scored against references; `jobspec.evaluate`), queued,
+    placed, retried and billed like any job. Its results: `GET /v1/jobs/{id}/evals`, and
+    metrics named `<evaluation>.<metric>`."""
+
+    evaluate: EvaluateSpec = Field(description="The checkpoint to evaluate, and how.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_trainer_fields(cls, data: Any) -> Any:
+        """A field of the built-in trainer (or `entrypoint`) next to `evaluate` is a 422."""
+        return _refuse_fields(
+            cls,
+            data,
+            (*TRAINER_FIELDS, "entrypoint"),
+            "a job with `evaluate` runs the source job's model as its spec says",
+        )
+
+    @model_validator(mode="after")
+    def _one_node(self) -> EvalJobSpec:
+        """An eval job runs on one host (its ranks share the rows to score)."""
+        if self.resources.nodes != 1:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "spec_conflict", "an eval job runs on one node (hosts: 1)"
+                        ),
+                        loc=("resources", "nodes"),
+                        input=self.resources.nodes,
+                    )
+                ],
+            )
+        return self
+
+
+AnySpec = JobSpec | ScriptJobSpec | EvalJobSpec
+"""A parsed job spec of any kind."""
 
 
 def spec_kind(value: Any) -> str:
-    """`script` for a job with `entrypoint` (dict or model), else `trainer`."""
+    """`script` for a job with `entrypoint`, `eval` for one with `evaluate` (dict or model),
+    else `trainer`."""
     if isinstance(value, dict):
-        return "script" if "entrypoint" in value else "trainer"
-    return "script" if isinstance(value, ScriptJobSpec) else "trainer"
+        if "entrypoint" in value:
+            return "script"
+        return "eval" if "evaluate" in value else "trainer"
+    if isinstance(value, ScriptJobSpec):
+        return "script"
+    return "eval" if isinstance(value, EvalJobSpec) else "trainer"
 
 
-SPEC_KINDS: Final = ("trainer", "script")
+SPEC_KINDS: Final = ("trainer", "script", "eval")
+SPEC_MODELS: Final[dict[str, type[JobBase]]] = {
+    "trainer": JobSpec,
+    "script": ScriptJobSpec,
+    "eval": EvalJobSpec,
+}
 AnyJobSpec = Annotated[
-    Annotated[JobSpec, Tag("trainer")] | Annotated[ScriptJobSpec, Tag("script")],
+    Annotated[JobSpec, Tag("trainer")]
+    | Annotated[ScriptJobSpec, Tag("script")]
+    | Annotated[EvalJobSpec, Tag("eval")],
     Discriminator(spec_kind),
 ]
-"""Either kind of job. Validation errors of this union carry the kind (`trainer` or `script`)
-as the first element of their `loc`; `parse_job_spec` and the API leave it out."""
+"""Any kind of job. Validation errors of this union carry the kind (`trainer`, `script` or
+`eval`) as the first element of their `loc`; `parse_job_spec` and the API leave it out."""
 
 
-def parse_job_spec(data: Any) -> JobSpec | ScriptJobSpec:
+def parse_job_spec(data: Any) -> AnySpec:
     """Validate `data` (a dict or a spec) as the kind of job it is: `ScriptJobSpec` when it
-    has `entrypoint`, else `JobSpec`. Raises `pydantic.ValidationError` with the JSON paths of
-    the bad fields."""
-    if isinstance(data, JobSpec | ScriptJobSpec):
+    has `entrypoint`, `EvalJobSpec` when it has `evaluate`, else `JobSpec`. Raises
+    `pydantic.ValidationError` with the JSON paths of the bad fields."""
+    if isinstance(data, JobSpec | ScriptJobSpec | EvalJobSpec):
         return data
-    return (
-        ScriptJobSpec.model_validate(data)
-        if spec_kind(data) == "script"
-        else JobSpec.model_validate(data)
-    )
+    model = SPEC_MODELS[spec_kind(data)]
+    parsed = model.model_validate(data)
+    assert isinstance(parsed, JobSpec | ScriptJobSpec | EvalJobSpec)
+    return parsed
 
 
 def json_schema() -> dict[str, Any]:
-    """The public JSON Schema of a job spec: `JobSpec` (built-in trainer) or `ScriptJobSpec`
-    (`entrypoint`), one of them."""
+    """The public JSON Schema of a job spec: `JobSpec` (built-in trainer), `ScriptJobSpec`
+    (`entrypoint`) or `EvalJobSpec` (`evaluate`), one of them."""
     return TypeAdapter(AnyJobSpec).json_schema()

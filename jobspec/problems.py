@@ -21,7 +21,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from jobspec.job import JobSpec, ScriptJobSpec, parse_job_spec, spec_kind
+from jobspec.job import SPEC_MODELS, AnySpec, JobSpec, parse_job_spec, spec_kind
 from jobspec.stored import repair
 
 # Names from other trainers that mean one of ours (TRL, transformers, the OpenAI API); a typo
@@ -55,7 +55,7 @@ class SpecErrors:
     it could not be read), whose references a server can check next."""
 
     errors: list[dict[str, Any]] = field(default_factory=list)
-    repaired: JobSpec | ScriptJobSpec | None = None
+    repaired: AnySpec | None = None
 
 
 def spec_errors(data: Any) -> SpecErrors:
@@ -65,7 +65,7 @@ def spec_errors(data: Any) -> SpecErrors:
         return SpecErrors(repaired=parse_job_spec(data))
     except ValidationError as exc:
         first = exc.errors()
-    model = ScriptJobSpec if isinstance(data, dict) and spec_kind(data) == "script" else JobSpec
+    model = SPEC_MODELS[spec_kind(data)] if isinstance(data, dict) else JobSpec
     errors = [_hinted(e, model) for e in first]
     if not isinstance(data, dict):
         return SpecErrors(errors)

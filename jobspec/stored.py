@@ -28,6 +28,8 @@ from pydantic import ValidationError
 from jobspec.job import (
     NAME_PATTERN,
     SPEC_VERSION,
+    AnySpec,
+    EvalJobSpec,
     JobSpec,
     ScriptJobSpec,
     parse_job_spec,
@@ -82,13 +84,13 @@ def upgrade(
     return data, []
 
 
-def read_stored_spec(raw: Any, *, name: str | None = None) -> JobSpec | ScriptJobSpec:
+def read_stored_spec(raw: Any, *, name: str | None = None) -> AnySpec:
     """The spec stored as `raw` (a JSON object), upgraded and validated; never raises.
 
     A spec that is current and valid (every row the API wrote) is parsed once, as on submit.
     Otherwise each repair made to read it is recorded on the result (`stored_problems`):
     `name` (the job row's name) replaces a missing or invalid spec name."""
-    if isinstance(raw, JobSpec | ScriptJobSpec):
+    if isinstance(raw, JobSpec | ScriptJobSpec | EvalJobSpec):
         return raw
     try:
         return parse_job_spec(raw)
@@ -111,7 +113,7 @@ def read_stored_spec(raw: Any, *, name: str | None = None) -> JobSpec | ScriptJo
     return _placeholder(raw, problems, name)
 
 
-def stored_problems(spec: JobSpec | ScriptJobSpec) -> list[str]:
+def stored_problems(spec: AnySpec) -> list[str]:
     """What `read_stored_spec` repaired to read `spec` (`field: what was wrong; what was
     used`); empty for a spec read as stored."""
     return list(spec._stored_problems)
@@ -187,11 +189,11 @@ def _set(data: dict[str, Any], loc: tuple[Any, ...], value: Any) -> bool:
     return True
 
 
-def _placeholder(raw: Any, problems: list[str], name: str | None) -> JobSpec | ScriptJobSpec:
+def _placeholder(raw: Any, problems: list[str], name: str | None) -> AnySpec:
     """A spec of the stored kind that says only that it could not be read."""
     script = isinstance(raw, dict) and spec_kind(raw) == "script"
     label = _filler(("name",), name)
-    spec: JobSpec | ScriptJobSpec = (
+    spec: AnySpec = (
         ScriptJobSpec(name=label, entrypoint=_PLACEHOLDERS["entrypoint"])
         if script
         else JobSpec(name=label, data=_PLACEHOLDERS["data"])

@@ -21,7 +21,15 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dataformat.metrics import trainer_metrics
 from jobspec.base import StrictSpec
-from jobspec.job import AnyJobSpec, JobSpec, Name, ScriptJobSpec, parse_job_spec
+from jobspec.job import (
+    AnyJobSpec,
+    AnySpec,
+    EvalJobSpec,
+    JobSpec,
+    Name,
+    ScriptJobSpec,
+    parse_job_spec,
+)
 
 Int = int  # `Dimension.int` shadows the builtin inside that class
 Scalar = float | Int | str | bool
@@ -203,6 +211,9 @@ def space_problems(sweep: SweepSpec) -> list[Problem]:
     """(path, message, value) for each dimension the base spec cannot take, a metric the
     built-in trainer never reports, and a grid the searcher cannot run."""
     problems: list[Problem] = []
+    if isinstance(sweep.base, EvalJobSpec):
+        message = "an eval job is not swept: sweep the training job, then evaluate its best trial"
+        return [(("base", "evaluate"), message, None)]
     for path, dim in sweep.space.items():
         loc: tuple[str | int, ...] = ("space", path)
         error = _path_error(sweep.base, path, dim)
@@ -261,7 +272,7 @@ def _grid_problems(sweep: SweepSpec) -> list[Problem]:
     return problems
 
 
-def _path_error(base: JobSpec | ScriptJobSpec, path: str, dim: Dimension) -> str | None:
+def _path_error(base: AnySpec, path: str, dim: Dimension) -> str | None:
     """Why `path` names no field of `base` that `dim` can set, or None."""
     parts = tuple(path.split("."))
     if isinstance(base, ScriptJobSpec) and parts[:2] == PARAMS_PREFIX:
@@ -291,7 +302,7 @@ def _path_error(base: JobSpec | ScriptJobSpec, path: str, dim: Dimension) -> str
     return None
 
 
-def _probe_error(base: JobSpec | ScriptJobSpec, path: str, dim: Dimension) -> str | None:
+def _probe_error(base: AnySpec, path: str, dim: Dimension) -> str | None:
     """The base spec's own message for the first value of `dim` it refuses at `path`."""
     for value in dim.probes():
         try:
@@ -303,7 +314,7 @@ def _probe_error(base: JobSpec | ScriptJobSpec, path: str, dim: Dimension) -> st
     return None
 
 
-def with_values(base: JobSpec | ScriptJobSpec, values: dict[str, Any]) -> JobSpec | ScriptJobSpec:
+def with_values(base: AnySpec, values: dict[str, Any]) -> AnySpec:
     """`base` with each dotted path set to its value, validated again as a whole (so a value
     that breaks a rule across fields is refused). Raises `pydantic.ValidationError`."""
     data = base.model_dump(mode="json")

@@ -37,6 +37,7 @@ from torchyard.models import (
     Checkpoint,
     Dataset,
     DatasetPreview,
+    Evaluation,
     Event,
     Job,
     LogLine,
@@ -323,6 +324,12 @@ class Jobs:
         """The job's complete checkpoints, each with its export (`client.exports`) if any."""
         answer = self._client.request("GET", f"/v1/jobs/{job_id}/checkpoints")
         return [Checkpoint.model_validate(c) for c in answer.get("items", [])]
+
+    def evals(self, job_id: int) -> builtins.list[Evaluation]:
+        """The job's evaluations: the ones it ran (an eval job, `evaluate` in its spec) and
+        the ones run on its checkpoints (a training job), by checkpoint step."""
+        answer = self._client.request("GET", f"/v1/jobs/{job_id}/evals")
+        return [Evaluation.model_validate(e) for e in answer.get("items", [])]
 
     def wait(self, job_id: int, *, poll_s: float = 2.0, timeout_s: float | None = None) -> Job:
         """Poll until the job is terminal and return it. Raises `TimeoutError` after

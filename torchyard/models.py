@@ -194,6 +194,25 @@ class CheckpointExport(_Model):
         return self.state in ("ready", "failed")
 
 
+class Evaluation(_Model):
+    """One evaluation an eval job ran on a checkpoint of `source_job_id` at `step`: its
+    `metrics` (`perplexity`: loss, perplexity, tokens, rows; `generate`: exact_match, chrf,
+    rouge_l, answers) and, for `generate`, its `samples` (prompt, reference, answer, scores)."""
+
+    id: int
+    job_id: int
+    source_job_id: int
+    checkpoint_id: int | None = None
+    step: int
+    attempt: int = 0
+    name: str
+    kind: str
+    dataset: str | None = None
+    metrics: dict[str, float] = {}
+    samples: list[dict[str, Any]] = []
+    created_at: datetime | None = None
+
+
 class Checkpoint(_Model):
     """A complete checkpoint: `uri` is its ``step_XXXXXXXX`` directory relative to the server's
     storage (`server_uri` the full location, for admin keys only), `size_bytes` in bytes;

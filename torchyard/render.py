@@ -24,6 +24,7 @@ from torchyard.models import (
     DatasetPreview,
     DatasetStats,
     Entrypoint,
+    Evaluation,
     Job,
     Lengths,
     LogLine,
@@ -257,6 +258,28 @@ def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> Table:
             format_bytes(cp.size_bytes),
             export_state(cp.export),
             Text(cp.uri),
+        )
+    return table
+
+
+def evaluations_table(evaluations: Iterable[Evaluation]) -> Table:
+    """One row per evaluation: the eval job, the evaluated job and step, the evaluation's
+    name, kind and dataset, and its scores."""
+    table = Table(box=None, header_style="bold")
+    for name in ("EVAL JOB", "JOB", "STEP"):
+        table.add_column(name, justify="right")
+    for name in ("NAME", "KIND", "DATASET", "SCORES"):
+        table.add_column(name, overflow="fold")
+    for found in evaluations:
+        scores = "  ".join(f"{k} {v:.4g}" for k, v in found.metrics.items())
+        table.add_row(
+            str(found.job_id),
+            str(found.source_job_id),
+            str(found.step),
+            found.name,
+            found.kind,
+            found.dataset or "(own eval split)",
+            scores,
         )
     return table
 

@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         shutdown(dist_info, clean=True)
     except InvalidJobError as exc:
-        _fail(exc, 2, reporter, dist_info)
+        report_failure(exc, 2, reporter, dist_info)
         raise SystemExit(2) from None
     except Exception as exc:
-        _fail(exc, 1, reporter, dist_info)
+        report_failure(exc, 1, reporter, dist_info)
         raise
     finally:
         reporter.close()
@@ -426,7 +426,9 @@ def build_run(
     )
 
 
-def _fail(exc: BaseException, exit_code: int, reporter: Reporter, info: DistInfo | None) -> None:
+def report_failure(
+    exc: BaseException, exit_code: int, reporter: Reporter, info: DistInfo | None
+) -> None:
     """Report `exc` (error event with its failure class + log), free the frames it holds, leave
     the process group. `exit_code` 2 (invalid spec or data) is a `user_error`; otherwise the
     class comes from the exception (`dataformat.failures.classify_exception`: an allocator error

@@ -4,6 +4,7 @@ recording the launch, failing an attempt that cannot launch, retried DB writes.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from core.attempts import gang, lifecycle_apply
 from core.attempts.lifecycle_apply import facts_for
 from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome, decide
 from core.datasets import service as datasets
-from core.jobs import init_from
+from core.jobs import evaluations, init_from
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import InvalidInput
@@ -27,7 +28,7 @@ from core.platform.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
 from core.scheduling import preemption_apply as preempt
 from core.usage import report as usage_report
 from core.usage.records import as_utc
-from jobspec.job import JobSpec
+from jobspec.job import EvalJobSpec, JobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.launcher import RunPaths
 
@@ -148,6 +149,31 @@ def prepare(
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(job.spec.model_dump_json(indent=2))
+    return paths
+
+
+def prepare_eval(
+    settings: Settings, factory: Callable[[], Session], job: Job, spec: EvalJobSpec
+) -> RunPaths:
+    """An eval job's run dir: its spec, and `inputs.json` with every location its program
+    reads (`core.jobs.evaluations.launch_inputs`). Raises `InvalidInput` when the checkpoint
+    or a dataset has gone since submission."""
+    located = with_db_retry(
+        factory, lambda s: evaluations.launch_inputs(session=s, job=job, spec=spec)
+    )
+    extra = [located["source_init_from"], *(d["uri"] for d in located["datasets"].values())]
+    paths = RunPaths(
+        run_dir=job_run_dir(settings, job.id, job.attempt, None),
+        checkpoint_dir=job_checkpoint_uri(settings, job.id),
+        data=located["source_data"],
+        init_from=located["checkpoint"]["uri"],
+        eval_data=located["source_eval_data"],
+        cache_dir=row_cache_dir(settings),
+        extra_inputs=tuple(uri for uri in extra if uri),
+    )
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    paths.spec.write_text(spec.model_dump_json(indent=2))
+    paths.inputs.write_text(json.dumps(located, indent=2))
     return paths
 
 

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.attempts import gang
-from core.jobs import alerts
+from core.jobs import alerts, evaluations
 from core.jobs import ingest as store
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
@@ -249,6 +249,11 @@ class RunIngest:
         elif kind == "sample":
             data = {k: event.get(k) for k in ("step", "prompt", "text")}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)
+        elif kind == "evaluation":
+            row = evaluations.record(session=session, job=job, attempt=self.attempt, event=event)
+            scores = ", ".join(f"{name} {value:.4g}" for name, value in row.metrics.items())
+            data = {"evaluation": row.name, "step": row.step, "metrics": row.metrics}
+            self._add(session, job, "info", f"evaluation {row.name}: {scores}", data)
         elif kind == "rank_step_times" and (report := _step_times(event)) is not None:
             for found in self.stragglers.observe(*report):
                 self._straggler(session, job, found)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TRAINER_MODULE = "trainer"
+EVAL_MODULE = "trainer.evaluate"
 RUNNER_MODULE = "torchyard.train"  # runs an entrypoint job's python target (section 5)
 OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python's options that take the next arg
 # What of the worker's environment an entrypoint job sees (section 5), besides `*_PREFIXES`.
@@ -73,6 +74,9 @@ class RunPaths:
     # host, are uploaded (`workers.staging`); None when `checkpoint_dir` is the storage itself.
     checkpoint_remote: str | None = None
     checkpoint_keep_last: int | None = None  # and how many of them the bucket keeps
+    # An eval job's other inputs (its datasets, the source's `init_from`, a local model
+    # directory), shown read-only in the sandbox; the locations are in `inputs`.
+    extra_inputs: tuple[str, ...] = ()
 
     @property
     def code_dir(self) -> Path:
@@ -82,6 +86,11 @@ class RunPaths:
     @property
     def spec(self) -> Path:
         return self.run_dir / "spec.json"
+
+    @property
+    def inputs(self) -> Path:
+        """An eval job's resolved locations (`core.jobs.evaluations.launch_inputs`)."""
+        return self.run_dir / "inputs.json"
 
     @property
     def events(self) -> Path:
@@ -140,6 +149,41 @@ def gang_rdzv_args(gang: GangNode) -> list[str]:
         f"is_host={int(gang.node_rank == 0)},join_timeout={timeout},read_timeout={timeout}",
         "--local-addr",
         gang.local_addr,
+    ]
+
+
+def eval_argv(
+    *,
+    job_id: int,
+    attempt: int,
+    nproc_per_node: int,
+    rdzv_port: int,
+    paths: RunPaths,
+    python: str = sys.executable,
+    max_restarts: int = 0,
+) -> list[str]:
+    """The command that runs an eval job's program (`trainer.evaluate`) for one attempt."""
+    head = _torchrun_head(
+        job_id=job_id,
+        attempt=attempt,
+        nproc_per_node=nproc_per_node,
+        rdzv_port=rdzv_port,
+        paths=paths,
+        python=python,
+        gang=None,
+        max_restarts=max_restarts,
+    )
+    return [
+        *head,
+        "-m",
+        EVAL_MODULE,
+        "--spec",
+        str(paths.spec),
+        "--run-dir",
+        str(paths.run_dir),
+        "--inputs",
+        str(paths.inputs),
+        *(["--cache-dir", str(paths.cache_dir)] if paths.cache_dir else []),
     ]
 
 

@@ -27,9 +27,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from core.platform.db import upsert_insert
 from core.platform.models import Worker, utcnow
 from core.platform.settings import Settings, get_settings
 
@@ -74,8 +74,7 @@ def beat(
         "stopping": stopping,
         "sandbox": sandbox,
     }
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    insert: Any = dialect.insert(Worker).values(**values)
+    insert = upsert_insert(session, Worker).values(**values)
     upsert = insert.on_conflict_do_update(
         index_elements=[Worker.name],
         set_={k: insert.excluded[k] for k in values if k != "name"},

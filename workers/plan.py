@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.platform.models import Job
 from core.platform.settings import Settings
-from jobspec.job import ScriptJobSpec
+from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
 from workers import attempt, devices, launcher, sandbox, script
 from workers.launcher import GangNode, RunPaths
 from workers.script import venv_root
@@ -57,6 +57,8 @@ def prepare(
             nproc=spec.resources.procs_per_node,
             beat=beat,
         )
+    if isinstance(spec, EvalJobSpec):
+        return attempt.prepare_eval(settings, factory, job, spec)
     return attempt.prepare(settings, factory, job, spec, node_rank=node_rank)
 
 
@@ -103,15 +105,25 @@ def command(
         )
         plain = launcher.RUNNER_MODULE not in argv[argv.index("--no-python") :]
         return Launch(argv, env, paths.code_dir, plain_command=plain)
-    argv = launcher.torchrun_argv(
-        job_id=job.id,
-        attempt=job.attempt,
-        nproc_per_node=nproc,
-        rdzv_port=port,
-        paths=paths,
-        gang=node,
-        max_restarts=restarts,
-    )
+    if isinstance(spec, EvalJobSpec):
+        argv = launcher.eval_argv(
+            job_id=job.id,
+            attempt=job.attempt,
+            nproc_per_node=nproc,
+            rdzv_port=port,
+            paths=paths,
+            max_restarts=restarts,
+        )
+    else:
+        argv = launcher.torchrun_argv(
+            job_id=job.id,
+            attempt=job.attempt,
+            nproc_per_node=nproc,
+            rdzv_port=port,
+            paths=paths,
+            gang=node,
+            max_restarts=restarts,
+        )
     env = launcher.trainer_env(
         base=os.environ,
         attempt=job.attempt,
@@ -133,9 +145,10 @@ def sandbox_mounts(
     leased GPUs. No network for a single node on local storage without a hub model: its ranks
     reach each other on loopback, and nothing else."""
     spec = job.spec
-    local = [_local(uri) for uri in (paths.data, paths.init_from, paths.eval_data)]
+    inputs = (paths.data, paths.init_from, paths.eval_data, *paths.extra_inputs)
+    local = [_local(uri) for uri in inputs]
     hub_model = False
-    if not isinstance(spec, ScriptJobSpec) and spec.model.kind == "hf" and spec.model.hf:
+    if isinstance(spec, JobSpec) and spec.model.kind == "hf" and spec.model.hf:
         named = spec.model.hf.path_or_id
         if named and os.path.isdir(named):
             local.append(named)

@@ -10,7 +10,7 @@ from api import schemas, views
 from api.deps import ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
 from api.routes.jobs import After, JobId
-from core.jobs import exports
+from core.jobs import evaluations, exports
 from core.jobs import reports as queries
 from core.jobs import service as jobs
 
@@ -161,3 +161,14 @@ def job_checkpoints(
         for export in pending:
             export.waiting_for = why
     return schemas.CheckpointList(items=out)
+
+
+@router.get("/{job_id}/evals", response_model=schemas.EvaluationList)
+def job_evaluations(
+    job_id: JobId, principal: ReadPrincipal, session: SessionDep
+) -> schemas.EvaluationList:
+    """The job's evaluations (`kind: eval` jobs, `jobspec.evaluate`): the ones it ran, for an
+    eval job; the ones run on its checkpoints, for a training job. By checkpoint step."""
+    jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
+    found = evaluations.for_job(session=session, job_id=job_id)
+    return schemas.EvaluationList(items=[schemas.Evaluation.model_validate(e) for e in found])

@@ -32,7 +32,7 @@ from core.platform.settings import Settings
 from core.scheduling import claim as scheduling
 from core.scheduling import queue_view, quotas
 from core.usage import report as usage_report
-from jobspec.job import AnyJobSpec, JobSpec, ScriptJobSpec
+from jobspec.job import AnyJobSpec, AnySpec
 
 LABEL = r"^[^=\x00]+=[^\x00]*$"
 """A `label` filter: `key=value`, a non-empty key (the first `=` ends it), no NUL."""
@@ -163,8 +163,8 @@ def _out(
 
 
 def check_submittable(
-    *, session: Session, settings: Settings, project_id: str, spec: JobSpec | ScriptJobSpec
-) -> JobSpec | ScriptJobSpec:
+    *, session: Session, settings: Settings, project_id: str, spec: AnySpec
+) -> AnySpec:
     """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
     `POST /v1/spec/validate` and `POST /v1/sweeps`): storable strings, a priced pool for
     `limits.max_cost`, then `core.jobs.submission.check_references`. Returns the spec with

@@ -22,6 +22,7 @@ _SPEC = {
     "oneOf": [
         {"$ref": "#/components/schemas/JobSpec"},
         {"$ref": "#/components/schemas/ScriptJobSpec"},
+        {"$ref": "#/components/schemas/EvalJobSpec"},
     ]
 }
 _TEXT_BODY = {
@@ -35,7 +36,8 @@ _TEXT_BODY = {
 
 @router.get("/schema", responses={200: examples.json_example(examples.SPEC_SCHEMA)})
 def spec_schema() -> dict[str, Any]:
-    """The JSON Schema of a job spec (JobSpec or ScriptJobSpec), the body of `POST /v1/jobs`."""
+    """The JSON Schema of a job spec (JobSpec, ScriptJobSpec or EvalJobSpec), the body of
+    `POST /v1/jobs`."""
     return json_schema()
 
 

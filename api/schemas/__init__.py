@@ -420,6 +420,44 @@ class CheckpointList(BaseModel):
     items: list[Checkpoint] = Field(description="Complete checkpoints, by ascending step.")
 
 
+class Evaluation(_Out):
+    """One evaluation an eval job ran on a checkpoint (`jobspec.evaluate`): its scores and,
+    for `generate`, its answers beside their prompts and references."""
+
+    id: int = Field(description="The result's id.")
+    job_id: int = Field(description="The eval job that ran it.")
+    source_job_id: int = Field(description="The job whose checkpoint it evaluated.")
+    checkpoint_id: int | None = Field(
+        description="The checkpoint it evaluated (it may since have been deleted by retention)."
+    )
+    step: int = Field(description="That checkpoint's training step.")
+    attempt: int = Field(description="The eval job's attempt that wrote it.")
+    name: str = Field(description="The evaluation's name; its metrics are `<name>.<metric>`.")
+    kind: str = Field(description="`perplexity` or `generate`.")
+    dataset: str | None = Field(
+        description="The dataset it read; null: the source job's own evaluation split."
+    )
+    metrics: dict[str, float] = Field(
+        description="`perplexity`: `loss` (nats per supervised token), `perplexity`, `tokens`, "
+        "`rows`. `generate`: `exact_match` (0-1), `chrf` (0-100), `rouge_l` (F1, 0-1), "
+        "`answers`."
+    )
+    samples: list[dict[str, Any]] = Field(
+        description="`generate`: each record's `prompt`, `reference`, `answer` and its own "
+        "`exact_match`, `chrf`, `rouge_l`; empty for `perplexity`."
+    )
+    created_at: Timestamp = Field(description="When it was recorded; UTC, ISO 8601.")
+
+
+class EvaluationList(BaseModel):
+    model_config = examples.config(examples.EVALUATION_LIST)
+
+    items: list[Evaluation] = Field(
+        description="The evaluations of the job: the ones it ran (an eval job) and the ones "
+        "run on its checkpoints (a training job), by checkpoint step."
+    )
+
+
 class Dataset(_Out):
     """Training data in a project: a registered server-side path or an uploaded file, its
     `format` (declared or detected) and, for record and token formats, its `stats`."""

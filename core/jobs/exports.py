@@ -33,7 +33,7 @@ from core.platform.models import (
 )
 from core.platform.settings import Settings
 from core.webhooks import subscriptions as webhooks
-from jobspec.job import ScriptJobSpec
+from jobspec.job import EvalJobSpec, ScriptJobSpec
 
 # What `python -m trainer.checkpoint.export` writes (CONTRACTS.md, 1).
 WEIGHTS_FILE = "model.safetensors"
@@ -77,6 +77,8 @@ def _require_full_gpt(job: Job) -> None:
             "(kept in the server's storage at the checkpoint's `uri`), not a built-in model to "
             "export"
         )
+    if isinstance(spec, EvalJobSpec):
+        raise Conflict(f"job {job.id} is an eval job: it writes scores, not checkpoints")
     if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
         raise Conflict(
             f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "

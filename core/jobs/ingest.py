@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import psycopg
 from sqlalchemy import delete, text, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from core.platform.db import upsert_insert
 from core.platform.models import Checkpoint, Job, LogLine, MetricPoint, utcnow
 
 
@@ -37,11 +37,6 @@ class Log:
     stream: str
     offset: int
     line: str
-
-
-def _insert(session: Session, table: Any) -> Any:
-    dialect = session.get_bind().dialect.name
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 def metrics(*, session: Session, job_id: int, attempt: int, points: Sequence[Metric]) -> None:
@@ -135,7 +130,7 @@ def _upsert_points(session: Session, job_id: int, attempt: int, points: Sequence
         }
         for p in points
     ]
-    stmt = _insert(session, MetricPoint)
+    stmt = upsert_insert(session, MetricPoint)
     stmt = stmt.on_conflict_do_update(
         index_elements=["job_id", "name", "step"],
         set_={
@@ -194,7 +189,7 @@ def logs(*, session: Session, job_id: int, attempt: int, lines: Sequence[Log]) -
         }
         for x in lines
     ]
-    stmt = _insert(session, LogLine).on_conflict_do_nothing(
+    stmt = upsert_insert(session, LogLine).on_conflict_do_nothing(
         index_elements=["job_id", "attempt", "rank", "stream", "offset"]
     )
     session.execute(stmt, rows)
@@ -213,7 +208,7 @@ def checkpoint(
 ) -> bool:
     """Record a complete checkpoint; returns False when it was already recorded. No commit."""
     stmt = (
-        _insert(session, Checkpoint)
+        upsert_insert(session, Checkpoint)
         .on_conflict_do_nothing(index_elements=["job_id", "step"])
         .returning(Checkpoint.id)
     )

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from core.platform.errors import Conflict, NotFound
 from core.platform.models import TERMINAL_STATES, Job, JobEvent, JobState, utcnow
 from core.webhooks import subscriptions as webhooks
-from jobspec.job import JobSpec, ScriptJobSpec
+from jobspec.job import AnySpec, JobSpec
 
 S = JobState
 # to-state -> the states it may be entered from
@@ -295,7 +295,7 @@ def retry(*, session: Session, job_id: int, project_id: str | None = None) -> Jo
     )
 
 
-def request_hash(spec: JobSpec | ScriptJobSpec) -> str:
+def request_hash(spec: AnySpec) -> str:
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -310,10 +310,10 @@ def create(
     *,
     session: Session,
     project_id: str,
-    spec: JobSpec | ScriptJobSpec,
+    spec: AnySpec,
     idempotency_key: str | None = None,
     owner: str | None = None,
-    submitted: JobSpec | ScriptJobSpec | None = None,
+    submitted: AnySpec | None = None,
 ) -> Created:
     """Insert a queued job with its `state` event; `owner` names who submitted it (the API
     key's name). Commits.

@@ -18,17 +18,17 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
-from core.jobs import code_archives, init_from
+from core.jobs import code_archives, evaluations, init_from
 from core.platform import storage
 from core.platform.errors import DomainError, Forbidden, InvalidInput
 from core.platform.settings import Settings
-from jobspec.job import JobSpec, ScriptJobSpec
+from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec
 from jobspec.problems import spec_errors
 
 
 def check_references(
-    *, session: Session, settings: Settings, project_id: str, spec: JobSpec | ScriptJobSpec
-) -> JobSpec | ScriptJobSpec:
+    *, session: Session, settings: Settings, project_id: str, spec: AnySpec
+) -> AnySpec:
     """Raise at the first reference `spec` makes that this project or server cannot honour;
     return the spec with `data.format` filled from its dataset and `init_from` pinned.
 
@@ -38,6 +38,8 @@ def check_references(
     if isinstance(spec, ScriptJobSpec):
         code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
         return spec
+    if isinstance(spec, EvalJobSpec):
+        return evaluations.check(session=session, project_id=project_id, spec=spec)
     spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
     return init_from.pin(session=session, project_id=project_id, spec=spec)
 

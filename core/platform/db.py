@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.platform.settings import Settings, get_settings
@@ -57,6 +58,13 @@ def _json_loads(raw: str | bytes) -> Any:
 @lru_cache
 def _cached_engine(database_url: str) -> Engine:
     return make_engine(database_url)
+
+
+def upsert_insert(session: Session, table: Any) -> Any:
+    """An INSERT of `table` that takes `ON CONFLICT` clauses, in the session's dialect
+    (Postgres or SQLite)."""
+    dialect = session.get_bind().dialect.name
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 def get_engine(settings: Settings | None = None) -> Engine:

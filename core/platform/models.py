@@ -38,14 +38,14 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from jobspec.job import JobSpec, ScriptJobSpec, parse_job_spec
+from jobspec.job import AnySpec, parse_job_spec
 from jobspec.stored import read_stored_spec, stored_problems
 
 # Postgres gets JSONB, SQLite plain JSON text.
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
 
-class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
+class SpecType(TypeDecorator[AnySpec]):
     """A job spec (`JobSpec`, or `ScriptJobSpec` for a job with `entrypoint`) stored as JSON:
     validated once when the row is read (as the kind it is), dumped when written.
 
@@ -68,7 +68,7 @@ class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
         before costs no JSON decoding at all (SQLite's JSON type still decodes it)."""
         return type_coerce(cast(column, Text), self)
 
-    def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | ScriptJobSpec | None:
+    def process_result_value(self, value: Any, dialect: Dialect) -> AnySpec | None:
         if value is None:
             return None
         if isinstance(value, str):
@@ -81,7 +81,7 @@ class SpecType(TypeDecorator[JobSpec | ScriptJobSpec]):
 
 
 @functools.lru_cache(maxsize=1024)
-def _read_spec(stored: str) -> JobSpec | ScriptJobSpec:
+def _read_spec(stored: str) -> AnySpec:
     """The spec stored as the JSON `stored`, parsed once per distinct content: a job's spec never
     changes after submission, and a page of 50 jobs parsed 50 specs (~60 us each) on every
     read. Callers share the object: a spec read from the database is never modified in place
@@ -232,7 +232,7 @@ class Job(Base):
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(100))
     state: Mapped[str] = mapped_column(String(20), default=JobState.QUEUED)
-    spec: Mapped[JobSpec | ScriptJobSpec] = mapped_column(SpecType())
+    spec: Mapped[AnySpec] = mapped_column(SpecType())
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     pool: Mapped[str] = mapped_column(String(100), default="default")
     priority: Mapped[int] = mapped_column(Integer, default=0)
@@ -362,6 +362,31 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     uri: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Evaluation(Base):
+    """One evaluation an eval job ran (`jobspec.evaluate`) on a checkpoint of `source_job_id`:
+    its `metrics` ({name: value}) and, for `generate`, its `samples` (prompt, reference,
+    answer and scores of each). A retried attempt replaces the row (one per job and name).
+    `checkpoint_id` is no foreign key: retention may delete the checkpoint, the results stay."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    source_job_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    checkpoint_id: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    step: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(40))
+    kind: Mapped[str] = mapped_column(String(20))
+    dataset: Mapped[str | None] = mapped_column(String(100), default=None)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    samples: Mapped[list[dict[str, Any]]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

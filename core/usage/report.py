@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from core.platform.errors import InvalidInput
 from core.platform.models import Job, utcnow
 from core.usage import records as usage
-from jobspec.job import JobSpec, ScriptJobSpec
+from jobspec.job import AnySpec
 
 GroupBy = Literal["day", "pool", "job"]
 GROUP_BY: tuple[GroupBy, ...] = ("day", "pool", "job")
@@ -143,7 +143,7 @@ def job_cost(
     return job_usage(session=session, job_ids=[job_id], prices=prices, now=now)[job_id].cost
 
 
-def check_max_cost(spec: JobSpec | ScriptJobSpec, prices: Mapping[str, float]) -> None:
+def check_max_cost(spec: AnySpec, prices: Mapping[str, float]) -> None:
     """A spec with `limits.max_cost` must run on a pool with a price. Raises InvalidInput (422
     at `["body", "limits", "max_cost"]`) otherwise."""
     check_priced(spec.resources.pool, spec.limits.max_cost, prices)

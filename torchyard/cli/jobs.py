@@ -19,6 +19,7 @@ from torchyard.logfilter import compile_grep, parse_since, select
 from torchyard.models import LogLine
 from torchyard.render import (
     checkpoints_table,
+    evaluations_table,
     job_details,
     jobs_table,
     log_line,
@@ -297,6 +298,32 @@ def checkpoints(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) ->
         print_json(items)
     else:
         out.print(checkpoints_table(items) if items else "no checkpoints")
+
+
+@jobs_cli.command()
+def evals(
+    ctx: typer.Context,
+    job_id: JobId,
+    answers: Annotated[
+        bool, typer.Option("--answers", help="Also print each `generate` answer.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """List a job's evaluations: the ones an eval job ran, or the ones run on a training job's
+    checkpoints (submit an eval job with `evaluate` in its spec).
+
+    Example: `torchyard evals 42 --answers`
+    """
+    items = command_client(ctx).jobs.evals(job_id)
+    if json_out:
+        print_json(items)
+        return
+    out.print(evaluations_table(items) if items else "no evaluations")
+    for found in items if answers else []:
+        for sample in found.samples:
+            out.print(f"[bold]{found.name}[/bold] prompt: {sample.get('prompt', '')!r}")
+            out.print(f"  reference: {sample.get('reference', '')!r}")
+            out.print(f"  answer:    {sample.get('answer', '')!r}")
 
 
 @jobs_cli.command()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -25,7 +26,9 @@ from trainer.methods.base import autocast
 from trainer.parallel import set_gradient_sync
 
 if TYPE_CHECKING:
+    from trainer.data.rows import Rows
     from trainer.loop import Run
+    from trainer.parallel.pipeline import PipelineRunner
 
 
 @dataclass
@@ -82,11 +85,37 @@ def evaluate(run: Run, model: nn.Module | None = None) -> float:
     net = run.model if model is None else model
     pipeline = run.pipeline if model is None else None
     net.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=run.dist.device)
-    rows = run.eval_rows
-    for indices in run.eval_batches:
-        batch = rows.batch(indices, run.dist.device)
-        with autocast(run.dist.device, run.spec.train.precision):
+    totals = token_loss_sums(
+        net,
+        run.eval_rows,
+        run.eval_batches,
+        device=run.dist.device,
+        precision=run.spec.train.precision,
+        pipeline=pipeline,
+    )
+    net.train()
+    loss_sum, count = all_reduce_sum(totals, run.dist).tolist()
+    return loss_sum / count
+
+
+@torch.no_grad()
+def token_loss_sums(
+    net: nn.Module,
+    rows: Rows,
+    batches: list[np.ndarray],
+    *,
+    device: torch.device,
+    precision: str,
+    pipeline: PipelineRunner | None = None,
+) -> Tensor:
+    """(2,) float64 on `device`: the summed next-token loss (nats) over the supervised
+    positions of `rows`' `batches` (arrays of row indices), and their count; this rank's
+    share, before any reduction. The trainer's eval loss and an eval job's perplexity
+    (`trainer.evaluate`) are both this sum over that count."""
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    for indices in batches:
+        batch = rows.batch(indices, device)
+        with autocast(device, precision):
             if pipeline is not None:
                 loss_sum, count = pipeline.eval_loss_sum(batch, plain=rows.plain)
                 totals[0] += loss_sum
@@ -95,6 +124,4 @@ def evaluate(run: Run, model: nn.Module | None = None) -> float:
             logits = forward(net, batch, plain=rows.plain)
         totals[0] += lm_loss(logits, batch.labels, reduction="sum").double()
         totals[1] += rows.num_supervised(indices)
-    net.train()
-    loss_sum, count = all_reduce_sum(totals, run.dist).tolist()
-    return loss_sum / count
+    return totals

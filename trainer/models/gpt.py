@@ -18,6 +18,7 @@ every weight from a generator seeded by the job seed: two builds with one seed a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -244,13 +245,18 @@ def generate(
     generator: torch.Generator,
     *,
     vocab_size: int | None = None,
+    top_k: int | None = None,
+    stop: Callable[[Tensor], bool] | None = None,
 ) -> Tensor:
-    """Sample a continuation of `prompt_ids` (T0,) int64, T0 >= 1; returns (max_new_tokens,).
+    """Sample a continuation of `prompt_ids` (T0,) int64, T0 >= 1; returns (T,), T <=
+    `max_new_tokens`.
 
-    Ancestral sampling from softmax(logits / temperature), the context cropped to the last
-    `model.cfg.seq_len` tokens; with `vocab_size`, only among ids below it (a model whose
-    vocabulary is larger than the data's). `generator` must live on the model's device.
-    Raises `ValueError` for an empty prompt.
+    Ancestral sampling from softmax(logits / temperature) (greedy, the argmax, at temperature
+    0), among the `top_k` most likely ids when given (Fan et al. 2018), the context cropped to
+    the last `model.cfg.seq_len` tokens; with `vocab_size`, only among ids below it (a model
+    whose vocabulary is larger than the data's). `stop` sees the ids generated so far after
+    each token and ends the answer when it returns True. `generator` must live on the model's
+    device. Raises `ValueError` for an empty prompt.
     """
     if prompt_ids.numel() == 0:
         raise ValueError("generate needs a prompt of at least one token")
@@ -261,8 +267,16 @@ def generate(
     start = ids.shape[1]
     for _ in range(max_new_tokens):
         logits = model(ids[:, -shape_of(model).seq_len :])[:, -1, :vocab_size].float()
-        probs = torch.softmax(logits / temperature, dim=-1)
-        next_id = torch.multinomial(probs, num_samples=1, generator=generator)
+        if temperature == 0:
+            next_id = logits.argmax(dim=-1, keepdim=True)
+        else:
+            if top_k is not None and top_k < logits.shape[-1]:
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits / temperature, dim=-1)
+            next_id = torch.multinomial(probs, num_samples=1, generator=generator)
         ids = torch.cat([ids, next_id], dim=1)
+        if stop is not None and stop(ids[0, start:]):
+            break
     model.train(was_training)
     return ids[0, start:]

@@ -71,6 +71,6 @@ def test_the_script_a_command_runs_is_found(command: list[str], script: str | No
     assert isinstance(spec, ScriptJobSpec) and spec.entrypoint.script == script
 
 
-def test_the_public_schema_offers_both_kinds() -> None:
+def test_the_public_schema_offers_every_kind() -> None:
     refs = {item["$ref"].rsplit("/", 1)[-1] for item in json_schema()["oneOf"]}
-    assert refs == {"JobSpec", "ScriptJobSpec"}
+    assert refs == {"JobSpec", "ScriptJobSpec", "EvalJobSpec"}

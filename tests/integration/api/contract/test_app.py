@@ -172,16 +172,17 @@ def test_openapi_lists_every_route_with_its_docstring_and_error_body(client: Tes
     assert client.get("/docs").status_code == 200
 
 
-def test_spec_schema_offers_the_trainer_and_the_script_kinds(client: TestClient) -> None:
+def test_spec_schema_offers_the_trainer_script_and_eval_kinds(client: TestClient) -> None:
     answer = client.get("/v1/spec/schema")
     assert answer.status_code == 200
     schema = answer.json()
     kinds = {item["$ref"].rsplit("/", 1)[-1] for item in schema["oneOf"]}
-    assert kinds == {"JobSpec", "ScriptJobSpec"}
+    assert kinds == {"JobSpec", "ScriptJobSpec", "EvalJobSpec"}
     assert {"name", "data", "model"} <= set(schema["$defs"]["JobSpec"]["properties"])
     assert {"name", "entrypoint", "resources"} <= set(
         schema["$defs"]["ScriptJobSpec"]["properties"]
     )
+    assert {"name", "evaluate", "resources"} <= set(schema["$defs"]["EvalJobSpec"]["properties"])
 
 
 def test_root_is_the_dashboard_and_the_docs_stay(client: TestClient) -> None:

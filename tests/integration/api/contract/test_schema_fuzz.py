@@ -147,6 +147,10 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "data", "eval_uri"): None,
     ("body", "model", "hf"): None,
     ("body", "model", "init_from"): None,
+    # An eval job's source must be a trainer job of the project with a complete checkpoint,
+    # its datasets of the project and of a format each evaluation reads.
+    ("body", "evaluate", "source"): None,
+    ("body", "evaluate", "evaluations"): None,
     # Each of `entrypoint.requirements` is a PEP 508 line (packaging's grammar: no pattern
     # states it).
     ("body", "entrypoint", "requirements"): "value_error",

@@ -1,0 +1,71 @@
+"""``torchyard evals`` and the SDK's `client.jobs.evals` against a real API server: an eval job
+submitted through the SDK (its source's checkpoint pinned), its results recorded as a worker's
+ingest records them, then listed from the eval job and from the evaluated job, with the
+answers on request."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from core.jobs import evaluations
+from core.platform.db import session_scope
+from core.platform.models import Checkpoint, Job
+from tests.conftest import ProjectKey
+from torchyard import Client
+
+SCORES = {"exact_match": 0.5, "chrf": 61.25, "rouge_l": 0.75, "answers": 2.0}
+
+
+def test_evals_lists_an_eval_jobs_results_from_either_job(
+    cli: Any, spec_file: Path, engine: Engine, live_api: str, project: ProjectKey, tmp_path: Path
+) -> None:
+    submitted = cli("submit", str(spec_file), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    source = json.loads(submitted.stdout)["id"]
+    with session_scope(engine) as session:
+        session.add(Checkpoint(job_id=source, attempt=1, step=8, uri="file:///nowhere/step_8"))
+    client = Client(live_api, api_key=project.api_key)
+    evaluation = {"kind": "generate", "name": "qa", "dataset": _qa_dataset(cli, tmp_path)}
+    spec = {"name": "eval", "evaluate": {"source": {"job": source}, "evaluations": [evaluation]}}
+    eval_job = client.jobs.create(spec)
+    assert eval_job.spec["evaluate"]["source"]["checkpoint"] is not None
+    sample = {"prompt": "Q: 2+2?", "reference": "4", "answer": "4", "exact_match": 1.0}
+    with session_scope(engine) as session:
+        row = session.get(Job, eval_job.id)
+        assert row is not None
+        event = {
+            "name": "qa",
+            "kind": "generate",
+            "step": 8,
+            "metrics": SCORES,
+            "samples": [sample],
+        }
+        evaluations.record(session=session, job=row, attempt=1, event=event)
+
+    for job_id in (source, eval_job.id):
+        (found,) = client.jobs.evals(job_id)
+        assert (found.job_id, found.source_job_id, found.step, found.metrics) == (
+            eval_job.id,
+            source,
+            8,
+            SCORES,
+        )
+        shown = cli("evals", str(job_id), "--answers")
+        assert shown.exit_code == 0, shown.output
+        assert "chrf 61.25" in shown.output and "rouge_l 0.75" in shown.output
+        assert "Q: 2+2?" in shown.output and "answer:    '4'" in shown.output
+    listed = cli("evals", str(source), "--json")
+    assert [e["name"] for e in json.loads(listed.stdout)] == ["qa"]
+
+
+def _qa_dataset(cli: Any, tmp_path: Path) -> str:
+    """A prompt/completion dataset uploaded through the CLI; its id."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"prompt": "Q: 2+2?", "completion": "4"}) + "\n")
+    uploaded = cli("datasets", "upload", "qa", str(path), "--json")
+    assert uploaded.exit_code == 0, uploaded.output
+    return str(json.loads(uploaded.stdout)["id"])
