@@ -11,7 +11,7 @@ import { usagePage } from "./usage.js";
 import { sweepPage, sweepsPage } from "./sweeps.js";
 import { settingsPage } from "./settings.js";
 
-const view = document.getElementById("view");
+let view = document.getElementById("view");
 let stopPage = null;
 
 /** Where a deep link pointed: `#/login?next=/jobs/7` -> `#/jobs/7`; else the jobs list. */
@@ -60,8 +60,13 @@ async function showWho() {
 function route() {
   if (stopPage) { stopPage(); stopPage = null; }
   clearError();
-  view.replaceChildren();
-  for (const key of Object.keys(view.dataset)) delete view.dataset[key]; // loaded, live, zoom
+  // A fresh <main> per page: a poll of the page left behind that resolves late writes into the
+  // old, detached element, never marking the new page loaded (data-loaded, live, zoom) or
+  // filling it with its rows (a sweep page once read as loaded before its chart existed).
+  const fresh = view.cloneNode(false);
+  for (const key of Object.keys(fresh.dataset)) delete fresh.dataset[key];
+  view.replaceWith(fresh);
+  view = fresh;
   const [path, queryString] = window.location.hash.replace(/^#/, "").split("?");
   const query = new URLSearchParams(queryString ?? "");
   const signedIn = Boolean(auth.key);

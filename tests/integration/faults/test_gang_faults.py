@@ -144,6 +144,12 @@ def test_a_node_s_worker_shutdown_hands_the_whole_gang_back_and_it_resumes(
     for launch in first:  # the other node stops too, instead of waiting in torchrun
         wait_for(f"node {launch.data['node_rank']}'s trainer to end",
                  lambda pgid=launch.data["pgid"]: group_gone(pgid), 30)  # fmt: skip
+    # the worker records the hand-back after its trainer ended: wait for the record itself
+    wait_for(
+        "the gang to be handed back",
+        lambda: any(e.state_to == "restarting" for e in job_events(engine, job_id)),
+        60,
+    )
     events = job_events(engine, job_id)
     (handed_back,) = [e for e in events if e.state_to == "restarting"]
     assert handed_back.data["cause"] == "shutdown"  # not a failure: no restart budget used
