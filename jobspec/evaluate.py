@@ -19,9 +19,9 @@ Imports nothing heavier than pydantic.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from jobspec.base import StrictSpec
@@ -44,8 +44,24 @@ class EvalSourceSpec(StrictSpec):
         default=None,
         ge=1,
         description="Id of a complete checkpoint of `job`; filled in at submission when left "
-        "out (the job's latest complete checkpoint then).",
+        "out (the job's latest complete checkpoint then, unless `initial`).",
     )
+    initial: bool = Field(
+        default=False,
+        description="Evaluate `job`'s starting weights instead of a checkpoint: its model "
+        "as its trainer builds it before the first step (the `model.init_from` checkpoint or "
+        "Hugging Face weights, fresh LoRA adapters, which change nothing): the base model's "
+        "scores, on the job's own data and template. Needs no checkpoint; reported at step 0.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalSourceSpec:
+        if self.initial and self.checkpoint is not None:
+            raise PydanticCustomError(
+                "spec_conflict",
+                "`initial` evaluates the starting weights, `checkpoint` a checkpoint: give one",
+            )
+        return self
 
 
 class PerplexityEval(StrictSpec):
@@ -100,7 +116,71 @@ class GenerateEval(StrictSpec):
     )
 
 
-Evaluation = Annotated[PerplexityEval | GenerateEval, Field(discriminator="kind")]
+# Keys of an lm-eval task config that say where its data comes from: an inline task's data is
+# a dataset of the project (`dataset`), which the worker maps to a local file.
+LM_EVAL_DATA_KEYS: Final = ("dataset_path", "dataset_name", "dataset_kwargs", "custom_dataset")
+
+
+class LmEvalEval(StrictSpec):
+    """Tasks of EleutherAI's lm-evaluation-harness (`lm-eval`), run through its Python API
+    (`lm_eval.simple_evaluate`): on its Hugging Face backend (`HFLM`) for a Hugging Face source
+    with a tokenizer, else on Torchyard's adapter of the built-in GPT (`trainer.lm_eval_model`).
+    Workers reach no hub, so every task's data is local: a task of the server's task
+    directories (`TORCHYARD_LM_EVAL_TASK_DIRS`), or an inline task config whose `dataset` is a
+    dataset of the project."""
+
+    kind: Literal["lm_eval"] = Field(description="`lm_eval`.")
+    name: EvalName | None = Field(default=None, description=NAME_DESCRIPTION)
+    tasks: list[str | dict[str, Any]] = Field(
+        min_length=1,
+        max_length=32,
+        description="Task names of the server's task directories, or inline task configs: "
+        "lm-eval's YAML keys as an object (`task`, `output_type`, `doc_to_text`, "
+        "`doc_to_target`, `doc_to_choice`, `metric_list`, ...) with `dataset`: the id of a "
+        "dataset of the project (its records are the task's documents; `test_split` and the "
+        "other split keys name `test`). Their `dataset_path` and the like are refused.",
+    )
+    num_fewshot: int | None = Field(
+        default=None, ge=0, le=64, description="Few-shot examples per prompt; null: the task's."
+    )
+    limit: int | None = Field(
+        default=None, ge=1, le=100_000, description="Documents per task at most; null: all."
+    )
+    batch_size: int = Field(default=8, ge=1, le=1024, description="Requests per forward pass.")
+    apply_chat_template: bool = Field(
+        default=False, description="Render prompts with the model's chat template (lm-eval's)."
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _inline_tasks(cls, tasks: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        """An inline task has `task` and `dataset`, and no key that names other data."""
+        for index, task in enumerate(tasks):
+            if isinstance(task, str):
+                continue
+            if not isinstance(task.get("task"), str) or not isinstance(task.get("dataset"), str):
+                raise PydanticCustomError(
+                    "spec_conflict",
+                    "tasks[{index}]: an inline task needs `task` (its name) and `dataset` (a "
+                    "dataset of the project)",
+                    {"index": index},
+                )
+            found = [key for key in LM_EVAL_DATA_KEYS if key in task]
+            if found:
+                raise PydanticCustomError(
+                    "spec_conflict",
+                    "tasks[{index}].{key}: an inline task reads a dataset of the project "
+                    "(`dataset`); workers reach no hub or other path",
+                    {"index": index, "key": found[0]},
+                )
+        return tasks
+
+    def datasets(self) -> list[str]:
+        """The project datasets its inline tasks read."""
+        return [str(t["dataset"]) for t in self.tasks if isinstance(t, dict)]
+
+
+Evaluation = Annotated[PerplexityEval | GenerateEval | LmEvalEval, Field(discriminator="kind")]
 
 
 class EvaluateSpec(StrictSpec):
@@ -113,20 +193,76 @@ class EvaluateSpec(StrictSpec):
 
     @model_validator(mode="after")
     def _names(self) -> EvaluateSpec:
-        """Every evaluation gets a name (its kind by default); names are unique."""
-        seen: set[str] = set()
-        for index, evaluation in enumerate(self.evaluations):
-            if evaluation.name is None:
-                evaluation.name = evaluation.kind
-            if evaluation.name in seen:
-                raise PydanticCustomError(
-                    "spec_conflict",
-                    "evaluations[{index}].name: {name!r} names two evaluations; give each a "
-                    "distinct `name`",
-                    {"index": index, "name": evaluation.name},
-                )
-            seen.add(evaluation.name)
+        _name_each(self.evaluations)
         return self
 
     def names(self) -> list[str]:
         return [e.name or e.kind for e in self.evaluations]
+
+
+def _name_each(evaluations: list[PerplexityEval | GenerateEval | LmEvalEval]) -> None:
+    """Every evaluation gets a name (its kind by default). Raises `PydanticCustomError`
+    (`spec_conflict`) when two share one."""
+    seen: set[str] = set()
+    for index, evaluation in enumerate(evaluations):
+        if evaluation.name is None:
+            evaluation.name = evaluation.kind
+        if evaluation.name in seen:
+            raise PydanticCustomError(
+                "spec_conflict",
+                "evaluations[{index}].name: {name!r} names two evaluations; give each a "
+                "distinct `name`",
+                {"index": index, "name": evaluation.name},
+            )
+        seen.add(evaluation.name)
+
+
+class EvalAfterSpec(StrictSpec):
+    """Evaluations a training job's checkpoints get automatically (`JobSpec.eval_after`): each
+    becomes an eval job of the project (labels `eval_of=<job>`, `eval_at=<step>|initial`), queued
+    on the training job's pool when the checkpoint it scores exists; results show on the
+    training job (`GET /v1/jobs/{id}/evals`). A bare list is read as `evaluations`, a bare
+    string as `{kind: <string>}`."""
+
+    evaluations: list[Evaluation] = Field(
+        min_length=1, max_length=16, description="Evaluations to run on each, in order."
+    )
+    every_checkpoints: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Also evaluate every k-th periodic checkpoint while training (steps that "
+        "are multiples of k x `checkpoint.interval_steps`); null: only the final one. A "
+        "checkpoint that retention (`checkpoint.keep_last`) deletes before its eval job runs "
+        "fails that eval job.",
+    )
+    baseline: bool = Field(
+        default=True,
+        description="Also evaluate the starting weights once (`evaluate.source.initial`), so "
+        "the base model's scores stand beside the trained ones.",
+    )
+    procs_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Processes of each eval job (perplexity shares "
+        "its rows between them; generation runs on rank 0).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, list):
+            data = {"evaluations": data}
+        if isinstance(data, dict) and isinstance(data.get("evaluations"), list):
+            given = data["evaluations"]
+            data = {
+                **data,
+                "evaluations": [{"kind": e} if isinstance(e, str) else e for e in given],
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _names(self) -> EvalAfterSpec:
+        _name_each(self.evaluations)
+        return self

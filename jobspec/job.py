@@ -37,6 +37,7 @@ from jobspec.base import StrictSpec, given
 from jobspec.checks import cross_field_errors, get_path
 from jobspec.data import DataSpec as DataSpec
 from jobspec.entrypoint import EntrypointSpec as EntrypointSpec
+from jobspec.evaluate import EvalAfterSpec as EvalAfterSpec
 from jobspec.evaluate import EvaluateSpec as EvaluateSpec
 from jobspec.method import DPOSpec as DPOSpec
 from jobspec.method import MethodSpec as MethodSpec
@@ -599,6 +600,11 @@ class JobSpec(JobBase):
     sample: SampleSpec = Field(default_factory=SampleSpec, description="Final text sample.")
     qat: QATSpec | None = Field(
         default=None, description="Quantization-aware training (torchao); null for none."
+    )
+    eval_after: EvalAfterSpec | None = Field(
+        default=None,
+        description="Evaluations run automatically, as eval jobs, on the final checkpoint "
+        "(and every k-th, and the starting weights): see `jobspec.evaluate.EvalAfterSpec`.",
     )
 
     @model_validator(mode="after")

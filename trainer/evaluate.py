@@ -22,6 +22,11 @@ frozen base, not merged).
   template's closing marker, which also ends the answer. Scores: exact match (after
   stripping whitespace), chrF (Popovic 2015, `sacrebleu.corpus_chrf`, 0-100) and ROUGE-L F1
   (Lin 2004, `rouge_score`, 0-1).
+- `lm_eval` (rank 0): EleutherAI's lm-evaluation-harness (Gao et al., `lm_eval.simple_evaluate`)
+  on the model (`trainer.lm_eval_model`: its Hugging Face backend for a Hugging Face model
+  with a tokenizer, an adapter of the built-in GPT otherwise); metrics `<task>/<metric>`.
+- With no checkpoint (`source.initial`), the model is the source's starting weights, built as
+  its trainer builds them before the first step (`load_initial_model`), reported at step 0.
 
 Each evaluation is reported as an `evaluation` event (scores, answers) and as metrics
 `<name>.<metric>` at the checkpoint's step. Exit codes as the trainer's: 0 done, 2 invalid
@@ -34,6 +39,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,7 +56,7 @@ from dataformat.masks import Tokenizer
 from dataformat.readers import iter_records, list_files
 from dataformat.records import MessagesRecord, PromptCompletionRecord, parse_record
 from jobspec.data import DataSpec
-from jobspec.evaluate import GenerateEval, PerplexityEval
+from jobspec.evaluate import GenerateEval, LmEvalEval, PerplexityEval
 from jobspec.job import EvalJobSpec, JobSpec
 from trainer.checkpoint.checkpointer import load_model_only
 from trainer.checkpoint.export import checkpoint_spec
@@ -84,6 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run one attempt of an eval job; raises SystemExit(2) for invalid input."""
     args = parse_args(argv)
+    # lm-eval's `datasets` reads only the project's files: no hub (workers reach none), and
+    # its cache in the run directory (the sandbox's writable place)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_CACHE", str(args.run_dir / "hf_datasets"))
     rank = env_rank()
     logging.basicConfig(
         level=logging.INFO,
@@ -122,16 +132,23 @@ def run_evaluations(
     (every rank: perplexities; rank 0: generations too). Raises `InvalidJobError` when the
     checkpoint has no spec this trainer reads, or the data does not fit."""
     checkpoint = inputs["checkpoint"]
-    source = source_spec(checkpoint["uri"])
-    step = int(checkpoint["step"])
+    if checkpoint is None:  # `source.initial`: the job's starting weights
+        source = JobSpec.model_validate(inputs["source_spec"])
+        step, what = 0, "starting weights"
+    else:
+        source = source_spec(checkpoint["uri"])
+        step, what = int(checkpoint["step"]), f"checkpoint at step {checkpoint['step']}"
     names = spec.evaluate.names()
     reporter.status(
         "running",
-        f"evaluating job {inputs['source_job']}'s checkpoint at step {step} on "
+        f"evaluating job {inputs['source_job']}'s {what} on "
         f"{dist_info.world_size} process(es): {', '.join(names)}",
         {"world_size": dist_info.world_size, "source_job": inputs["source_job"], "step": step},
     )
-    network = load_checkpoint_model(source, checkpoint["uri"], inputs, dist_info)
+    if checkpoint is None:
+        network = load_initial_model(source, inputs, dist_info)
+    else:
+        network = load_checkpoint_model(source, checkpoint["uri"], inputs, dist_info)
     results: dict[str, dict[str, float]] = {}
     for evaluation in spec.evaluate.evaluations:
         name = evaluation.name or evaluation.kind
@@ -139,10 +156,12 @@ def run_evaluations(
         samples: list[dict[str, Any]] = []
         if isinstance(evaluation, PerplexityEval):
             metrics = perplexity(evaluation, source, inputs, dataset, network, cache_dir, dist_info)
+        elif dist_info.rank != 0:  # generation and the harness run on rank 0
+            continue
+        elif isinstance(evaluation, LmEvalEval):
+            metrics = harness(evaluation, network, inputs, dist_info, spec.seed)
         else:
             assert dataset is not None  # `generate` names a dataset (the spec requires it)
-            if dist_info.rank != 0:
-                continue
             metrics, samples = answer(evaluation, source, dataset, network, dist_info, spec.seed)
         results[name] = metrics
         log.info("%s: %s", name, metrics)
@@ -152,13 +171,39 @@ def run_evaluations(
             kind=evaluation.kind,
             dataset=dataset["id"] if dataset else None,
             step=step,
-            checkpoint_id=checkpoint["id"],
+            checkpoint_id=None if checkpoint is None else checkpoint["id"],
             metrics=metrics,
             samples=samples,
         )
         reporter.metric(step, {f"{name}.{metric}": value for metric, value in metrics.items()})
     reporter.status("completed", f"{len(names)} evaluation(s) done", {"evaluations": results})
     return results
+
+
+def harness(
+    evaluation: LmEvalEval,
+    network: Network,
+    inputs: dict[str, Any],
+    dist_info: DistInfo,
+    seed: int,
+) -> dict[str, float]:
+    """lm-evaluation-harness's tasks on `network` (`trainer.lm_eval_model`), offline. Raises
+    `InvalidJobError` for a task lm-eval cannot load (an unknown name, a bad config)."""
+    from trainer import lm_eval_model
+
+    try:
+        return lm_eval_model.run_tasks(
+            evaluation,
+            network,
+            inputs["task_datasets"],
+            task_dirs=inputs["lm_eval_task_dirs"],
+            device=dist_info.device,
+            seed=seed,
+        )
+    except (KeyError, ValueError, TypeError, FileNotFoundError) as exc:
+        if isinstance(exc, KeyError) or "task" in str(exc).lower():
+            raise InvalidJobError(f"{evaluation.name}: lm-eval refused the tasks: {exc}") from exc
+        raise
 
 
 def source_spec(uri: str) -> JobSpec:
@@ -181,6 +226,18 @@ def load_checkpoint_model(
     )
     names = trainable_names(network.model) if lora else None
     load_model_only(network.model, uri, dist_info=dist_info, names=names)
+    network.model.eval()
+    return network
+
+
+def load_initial_model(source: JobSpec, inputs: dict[str, Any], dist_info: DistInfo) -> Network:
+    """The source's network as its trainer builds it before the first step (one whole copy per
+    rank, eval mode): weights from its `init_from` checkpoint, its Hugging Face files, or drawn
+    from its seed; LoRA adapters fresh (B = 0: they change no output)."""
+    network = build_network(
+        source, device=dist_info.device, init_from=inputs.get("source_init_from"),
+        dist_info=dist_info,
+    )  # fmt: skip
     network.model.eval()
     return network
 

@@ -159,17 +159,24 @@ def prepare_eval(
     reads (`core.jobs.evaluations.launch_inputs`). Raises `InvalidInput` when the checkpoint
     or a dataset has gone since submission."""
     located = with_db_retry(
-        factory, lambda s: evaluations.launch_inputs(session=s, job=job, spec=spec)
+        factory,
+        lambda s: evaluations.launch_inputs(session=s, settings=settings, job=job, spec=spec),
     )
-    extra = [located["source_init_from"], *(d["uri"] for d in located["datasets"].values())]
+    extra = [
+        located["source_init_from"],
+        *(d["uri"] for d in located["datasets"].values()),
+        *(d["uri"] for d in located["task_datasets"].values()),
+        *located["lm_eval_task_dirs"],
+    ]
     paths = RunPaths(
         run_dir=job_run_dir(settings, job.id, job.attempt, None),
         checkpoint_dir=job_checkpoint_uri(settings, job.id),
         data=located["source_data"],
-        init_from=located["checkpoint"]["uri"],
+        init_from=(located["checkpoint"] or {}).get("uri"),  # None: the starting weights
         eval_data=located["source_eval_data"],
         cache_dir=row_cache_dir(settings),
         extra_inputs=tuple(uri for uri in extra if uri),
+        source_model=located["source_model"],
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.model_dump_json(indent=2))

@@ -34,6 +34,7 @@ from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import Conflict
 from core.platform.models import Job, JobState
 from workers import observability
+from workers.attempt import Dispatch, dispatch_safely
 from workers.launcher import LAUNCHER_RANK, RunPaths
 from workers.progress import StepProgress, Straggler, StragglerDetector
 from workers.staging import SYNCED_KINDS, CheckpointSync
@@ -79,11 +80,21 @@ class RunIngest:
     """Tails the files of attempt `attempt` of job `job_id` into the database."""
 
     def __init__(
-        self, *, paths: RunPaths, job_id: int, attempt: int, node_rank: int = 0, nproc: int = 1
+        self,
+        *,
+        paths: RunPaths,
+        job_id: int,
+        attempt: int,
+        node_rank: int = 0,
+        nproc: int = 1,
+        dispatch: Dispatch | None = None,
     ) -> None:
         """`node_rank`, `nproc`: this node's place in a multi-node attempt. Its local rank r is
-        stored as rank `node_rank * nproc + r` and its launcher as rank `-1 - node_rank`."""
+        stored as rank `node_rank * nproc + r` and its launcher as rank `-1 - node_rank`.
+        `dispatch`: sends the eval jobs a checkpoint starts (`eval_after`); without it they
+        wait for the reconciler's re-send."""
         self.paths = paths
+        self.dispatch = dispatch
         self.job_id = job_id
         self.attempt = attempt
         self.nproc = nproc
@@ -141,8 +152,12 @@ class RunIngest:
             ]
         with session_factory() as session:
             state = self._write(session, batch)
+            queued = evaluations.to_dispatch(session)
             session.commit()
         self._synced = []
+        if self.dispatch is not None:
+            for eval_job, pool in queued:
+                dispatch_safely(self.dispatch, eval_job, pool)
         observability.flushed(
             points=len(batch.metrics),
             log_lines=len(batch.logs),
@@ -218,16 +233,18 @@ class RunIngest:
         if kind == "checkpoint":
             step, uri = int(event["step"]), str(event["uri"])
             size = int(event.get("size_bytes") or 0)
-            if store.checkpoint(
+            recorded = store.checkpoint(
                 session=session,
                 job_id=job.id,
                 attempt=self.attempt,
                 step=step,
                 uri=uri,
                 size_bytes=size,
-            ):
+            )
+            if recorded is not None:
                 data = {"step": step, "uri": uri, "size_bytes": size}
                 self._add(session, job, "checkpoint", f"checkpoint at step {step}", data)
+                evaluations.after_checkpoint(session=session, job=job, checkpoint=recorded)
         elif kind == "checkpoint_deleted":
             step = int(event["step"])
             if store.checkpoint_deleted(session=session, job_id=job.id, step=step):

@@ -77,6 +77,9 @@ class RunPaths:
     # An eval job's other inputs (its datasets, the source's `init_from`, a local model
     # directory), shown read-only in the sandbox; the locations are in `inputs`.
     extra_inputs: tuple[str, ...] = ()
+    # An eval job's source model when it is a Hugging Face `path_or_id` (a local directory,
+    # shown read-only, or a hub id, for which the sandbox keeps the network and the hub cache).
+    source_model: str | None = None
 
     @property
     def code_dir(self) -> Path:

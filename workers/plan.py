@@ -148,12 +148,13 @@ def sandbox_mounts(
     inputs = (paths.data, paths.init_from, paths.eval_data, *paths.extra_inputs)
     local = [_local(uri) for uri in inputs]
     hub_model = False
+    named = paths.source_model
     if isinstance(spec, JobSpec) and spec.model.kind == "hf" and spec.model.hf:
         named = spec.model.hf.path_or_id
-        if named and os.path.isdir(named):
-            local.append(named)
-        elif named:
-            hub_model = True
+    if named and os.path.isdir(named):
+        local.append(named)
+    elif named:
+        hub_model = True
     writable = [str(paths.run_dir), _local(paths.checkpoint_dir), str(paths.cache_dir or "")]
     hidden = [str(settings.home.resolve()), str(venv_root(settings))]
     if settings.is_local_storage:

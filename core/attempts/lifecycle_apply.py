@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import AttemptFacts, Decision, Failure, NodeEnd, Outcome, Policy
+from core.jobs import evaluations
 from core.jobs import service as jobs
 from core.platform.models import Job, JobState
 from core.scheduling import preemption_apply as preempt
@@ -86,6 +87,7 @@ def apply(
             # `failure` stays: the last failed attempt of a job that recovered from it.
             values={**values, "error": None},
         )
+        evaluations.after_success(session=session, job=job)  # its `eval_after`, if any
     elif outcome in (Outcome.CANCELLED, Outcome.PAUSED):
         to = JobState.CANCELLED if outcome is Outcome.CANCELLED else JobState.PAUSED
         jobs.transition(

@@ -13,10 +13,17 @@ of a LoRA run that started from one), and each evaluation's dataset.
 
 The program reports each evaluation as an `evaluation` event; `record` stores it as one
 `evaluations` row per eval job and name (a retried attempt replaces it).
+
+A training spec's `eval_after` makes eval jobs itself: `after_checkpoint` (every k-th periodic
+checkpoint, as ingest records it) and `after_success` (the final checkpoint, when the job
+succeeds), each with the baseline (`source.initial`: the starting weights) the first time.
+They are inserted in the caller's transaction, keyed `eval-after-<job>-<step|initial>` so a
+replay makes none twice, and sent by the caller after its commit (`to_dispatch`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -24,22 +31,35 @@ from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
 from core.jobs import init_from
+from core.jobs import service as jobs
 from core.platform.db import upsert_insert
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.models import Checkpoint, Dataset, Evaluation, Job, utcnow
-from jobspec.evaluate import EvalSourceSpec, GenerateEval
-from jobspec.job import EvalJobSpec, JobSpec
+from core.platform.settings import Settings
+from jobspec.evaluate import (
+    EvalSourceSpec,
+    EvaluateSpec,
+    GenerateEval,
+    LmEvalEval,
+    PerplexityEval,
+)
+from jobspec.job import EvalJobSpec, JobSpec, ResourcesSpec
 
 LOC = ("body", "evaluate")
 GENERATE_FORMATS = ("messages", "prompt_completion")
+TO_DISPATCH = "torchyard.eval_jobs_to_dispatch"  # key of `Session.info`
 MAX_SAMPLES = 1000  # answers stored per evaluation (`GenerateEval.max_prompts` allows as many)
 
 
-def _detail(loc: tuple[str | int, ...], msg: str, kind: str) -> list[dict[str, Any]]:
-    return [{"loc": [*LOC, *loc], "msg": msg, "type": kind}]
+def _detail(
+    loc: tuple[str | int, ...], msg: str, kind: str, at: tuple[str, ...] = LOC
+) -> list[dict[str, Any]]:
+    return [{"loc": [*at, *loc], "msg": msg, "type": kind}]
 
 
-def check(*, session: Session, project_id: str, spec: EvalJobSpec) -> EvalJobSpec:
+def check(
+    *, session: Session, settings: Settings, project_id: str, spec: EvalJobSpec
+) -> EvalJobSpec:
     """`spec` with `evaluate.source.checkpoint` pinned (a copy).
 
     Raises `NotFound` (404) for a source job, checkpoint or dataset not of `project_id`,
@@ -60,8 +80,10 @@ def check(*, session: Session, project_id: str, spec: EvalJobSpec) -> EvalJobSpe
             "have checkpoints an eval job can rebuild",
             details=_detail(("source", "job"), "not a built-in-trainer job", "invalid"),
         )
+    _check_evaluations(session, settings, project_id, spec.evaluate.evaluations, job.spec, LOC)
+    if source.initial:
+        return spec
     checkpoint = _checkpoint(session, job, source)
-    _check_evaluations(session, project_id, spec, job.spec)
     pinned = EvalSourceSpec(job=job.id, checkpoint=checkpoint.id)
     evaluate = spec.evaluate.model_copy(update={"source": pinned})
     return spec.model_copy(update={"evaluate": evaluate})
@@ -100,48 +122,203 @@ def _checkpoint(session: Session, job: Job, source: EvalSourceSpec) -> Checkpoin
 
 
 def _check_evaluations(
-    session: Session, project_id: str, spec: EvalJobSpec, source: JobSpec
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    evaluations: list[PerplexityEval | GenerateEval | LmEvalEval],
+    source: JobSpec,
+    at: tuple[str, ...],
 ) -> None:
-    for index, evaluation in enumerate(spec.evaluate.evaluations):
+    """Each evaluation's dataset is of the project and of a format it reads (`at`: where the
+    list sits in the request, for the errors' paths)."""
+    where = ".".join(at[1:])
+    for index, evaluation in enumerate(evaluations):
+        if isinstance(evaluation, LmEvalEval):
+            _check_tasks(session, settings, project_id, evaluation, (*at, "evaluations", index))
+            continue
         loc: tuple[str | int, ...] = ("evaluations", index, "dataset")
         if evaluation.dataset is None:
             if source.method.kind == "dpo":
                 raise InvalidInput(
-                    f"evaluate.evaluations[{index}]: the source job trains with DPO, its "
+                    f"{where}.evaluations[{index}]: the source job trains with DPO, its "
                     "evaluation split is preference pairs; give a `dataset` to score",
-                    details=_detail(loc, "required for a DPO source", "missing"),
+                    details=_detail(loc, "required for a DPO source", "missing", at),
                 )
             continue
         found = datasets.get(session=session, dataset_id=evaluation.dataset, project_id=project_id)
         if found is None:
             raise NotFound(
-                f"evaluate.evaluations[{index}].dataset: no dataset {evaluation.dataset!r} in "
+                f"{where}.evaluations[{index}].dataset: no dataset {evaluation.dataset!r} in "
                 "this project",
-                details=_detail(loc, "not found", "not_found"),
+                details=_detail(loc, "not found", "not_found", at),
             )
         if isinstance(evaluation, GenerateEval) and found.format not in GENERATE_FORMATS:
             raise InvalidInput(
-                f"evaluate.evaluations[{index}].dataset: {found.id} is {found.format!r}; "
+                f"{where}.evaluations[{index}].dataset: {found.id} is {found.format!r}; "
                 f"`generate` reads prompts and references of {' or '.join(GENERATE_FORMATS)}",
-                details=_detail(loc, f"format {found.format} has no prompts", "invalid"),
+                details=_detail(loc, f"format {found.format} has no prompts", "invalid", at),
             )
         if found.format == "preference":
             raise InvalidInput(
-                f"evaluate.evaluations[{index}].dataset: {found.id} is preference pairs; "
+                f"{where}.evaluations[{index}].dataset: {found.id} is preference pairs; "
                 "`perplexity` scores text, tokens, messages or prompt_completion data",
-                details=_detail(loc, "preference pairs", "invalid"),
+                details=_detail(loc, "preference pairs", "invalid", at),
             )
 
 
-def launch_inputs(*, session: Session, job: Job, spec: EvalJobSpec) -> dict[str, Any]:
+def check_after(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
+    """The datasets of a training spec's `eval_after` exist in the project and fit their
+    evaluations. Raises `NotFound` (404) or `InvalidInput` (422) at `body.eval_after...`."""
+    if spec.eval_after is not None:
+        evaluations = spec.eval_after.evaluations
+        at = ("body", "eval_after")
+        _check_evaluations(session, settings, project_id, evaluations, spec, at)
+
+
+def _check_tasks(
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    evaluation: LmEvalEval,
+    at: tuple[str | int, ...],
+) -> None:
+    """An inline task's dataset is of the project and holds records (not tokens); a named
+    task is one of the server's local tasks (`settings.lm_eval_task_dirs`)."""
+    for index, task in enumerate(evaluation.tasks):
+        loc = (*at, "tasks", index)
+        if isinstance(task, str):
+            if task not in local_tasks(tuple(settings.lm_eval_task_dirs)):
+                raise InvalidInput(
+                    f"lm_eval task {task!r} is not one of this server's local tasks "
+                    "(TORCHYARD_LM_EVAL_TASK_DIRS); lm-eval's own tasks read the Hugging Face "
+                    "hub, which workers do not reach: describe the task inline with a dataset "
+                    "of the project",
+                    details=[
+                        {"loc": list(loc), "msg": f"no local task {task!r}", "type": "invalid"}
+                    ],
+                )
+            continue
+        dataset_id = str(task["dataset"])
+        found = datasets.get(session=session, dataset_id=dataset_id, project_id=project_id)
+        if found is None or found.format == "tokens":
+            why = "not found" if found is None else "token ids, not records"
+            error = NotFound if found is None else InvalidInput
+            raise error(
+                f"lm_eval task {task['task']!r}: dataset {dataset_id!r}: {why}",
+                details=[{"loc": [*loc, "dataset"], "msg": why, "type": "invalid"}],
+            )
+
+
+@functools.lru_cache(maxsize=8)
+def local_tasks(dirs: tuple[str, ...]) -> frozenset[str]:
+    """The task (and group) names lm-eval's `TaskManager` finds in `dirs` (its own tasks
+    left out); empty without `dirs` or without lm-eval installed. Cached per process."""
+    if not dirs:
+        return frozenset()
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:  # an API host without the trainer's packages: no names to offer
+        return frozenset()
+    return frozenset(TaskManager(include_path=list(dirs), include_defaults=False).all_tasks)
+
+
+def after_checkpoint(*, session: Session, job: Job, checkpoint: Checkpoint) -> list[Job]:
+    """The eval jobs a newly recorded periodic checkpoint of `job` starts (`eval_after.
+    every_checkpoints`: steps that are multiples of k x `checkpoint.interval_steps`), with the
+    baseline's (`eval_after.baseline`) the first time. Idempotent; does not commit."""
+    spec = job.spec
+    if not isinstance(spec, JobSpec) or spec.eval_after is None:
+        return []
+    after = spec.eval_after
+    if after.every_checkpoints is None:
+        return []
+    if checkpoint.step % (after.every_checkpoints * spec.checkpoint.interval_steps):
+        return []
+    return _queue(session, job, checkpoint)
+
+
+def after_success(*, session: Session, job: Job) -> list[Job]:
+    """The eval jobs `job`'s success starts (`eval_after`): its final checkpoint's, and the
+    baseline's unless queued already. Idempotent; does not commit."""
+    if not isinstance(job.spec, JobSpec) or job.spec.eval_after is None:
+        return []
+    final = session.execute(
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job.id)
+        .order_by(Checkpoint.step.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    if final is None:  # a run that saved nothing: only the baseline has weights to score
+        return _queue(session, job, None) if job.spec.eval_after.baseline else []
+    return _queue(session, job, final)
+
+
+def _queue(session: Session, job: Job, checkpoint: Checkpoint | None) -> list[Job]:
+    spec = job.spec
+    assert isinstance(spec, JobSpec) and spec.eval_after is not None
+    after = spec.eval_after
+    sources: list[tuple[str, EvalSourceSpec]] = []
+    if checkpoint is not None:
+        pinned = EvalSourceSpec(job=job.id, checkpoint=checkpoint.id)
+        sources.append((str(checkpoint.step), pinned))
+    if after.baseline:
+        sources.append(("initial", EvalSourceSpec(job=job.id, initial=True)))
+    queued = []
+    for at, source in sources:
+        key = f"eval-after-{job.id}-{at}"
+        if jobs.by_idempotency_key(session, job.project_id, key) is not None:
+            continue
+        evaluation = EvalJobSpec(
+            name=f"{job.name}-eval-{at}"[:100],
+            labels={"eval_of": str(job.id), "eval_at": at},
+            seed=spec.seed,
+            resources=ResourcesSpec(
+                procs_per_node=after.procs_per_node,
+                device=spec.resources.device,
+                pool=spec.resources.pool,
+            ),
+            priority=spec.priority,
+            evaluate=EvaluateSpec(source=source, evaluations=after.evaluations),
+        )
+        what = "starting weights" if at == "initial" else f"step {at}"
+        message = f"eval_after of job {job.id} ({what})"
+        made = jobs.add_queued(
+            session=session,
+            project_id=job.project_id,
+            spec=evaluation,
+            idempotency_key=key,
+            owner=job.owner,
+            message=message,
+        )
+        queued.append(made)
+        session.info.setdefault(TO_DISPATCH, []).append((made.id, made.pool))
+    return queued
+
+
+def to_dispatch(session: Session) -> list[tuple[int, str]]:
+    """(job id, pool) of the eval jobs this session queued since the last call: the caller
+    sends them after its commit (the reconciler re-sends any a crash left unsent)."""
+    return list(session.info.pop(TO_DISPATCH, []))
+
+
+def launch_inputs(
+    *, session: Session, settings: Settings, job: Job, spec: EvalJobSpec
+) -> dict[str, Any]:
     """Every location `trainer.evaluate` reads (its `--inputs` file): `checkpoint` (id, step,
-    uri), `source_job`, `source_data`, `source_eval_data`, `source_init_from`, and
-    `datasets` ({evaluation name: {id, uri, format}}). Raises `InvalidInput` when the
-    checkpoint, the source or a dataset has gone since submission."""
+    uri; null for `source.initial`), `source_spec` (the source job's spec, for
+    `source.initial`), `source_job`, `source_data`, `source_eval_data`, `source_init_from`,
+    `source_model` (a Hugging Face `path_or_id`), `datasets` ({evaluation name: {id, uri,
+    format}}), `task_datasets` ({dataset id: {id, uri}}: `lm_eval`'s inline tasks) and
+    `lm_eval_task_dirs` (this worker's `settings.lm_eval_task_dirs`). Raises `InvalidInput`
+    when the checkpoint, the source or a dataset has gone since submission."""
     source = spec.evaluate.source
     checkpoint = session.get(Checkpoint, source.checkpoint) if source.checkpoint else None
     source_job = session.get(Job, source.job)
-    if checkpoint is None or source_job is None or not isinstance(source_job.spec, JobSpec):
+    if (
+        (checkpoint is None and not source.initial)
+        or source_job is None
+        or not isinstance(source_job.spec, JobSpec)
+    ):
         raise InvalidInput(
             f"evaluate.source: checkpoint {source.checkpoint} of job {source.job} no longer "
             "exists (deleted by retention or with its job)"
@@ -149,21 +326,35 @@ def launch_inputs(*, session: Session, job: Job, spec: EvalJobSpec) -> dict[str,
     trained = source_job.spec
     data = trained.data
     located: dict[str, Any] = {
-        "checkpoint": {"id": checkpoint.id, "step": checkpoint.step, "uri": checkpoint.uri},
+        "checkpoint": (
+            None
+            if checkpoint is None
+            else {"id": checkpoint.id, "step": checkpoint.step, "uri": checkpoint.uri}
+        ),
+        # the starting weights are built from the job's own spec (a checkpoint carries its own)
+        "source_spec": trained.model_dump(mode="json") if source.initial else None,
         "source_job": source_job.id,
         "source_data": _dataset(session, job, data.dataset).uri if data.dataset else data.uri,
         "source_eval_data": (
             _dataset(session, job, data.eval_dataset).uri if data.eval_dataset else data.eval_uri
         ),
         "source_init_from": None,
+        # a Hugging Face source's files (a local directory or a hub id) the model is built from
+        "source_model": trained.model.hf.path_or_id if trained.model.hf else None,
         "datasets": {},
+        "task_datasets": {},  # {dataset id: {id, uri}}: what `lm_eval`'s inline tasks read
+        "lm_eval_task_dirs": list(settings.lm_eval_task_dirs),
     }
     if trained.model.init_from is not None:
         located["source_init_from"] = init_from.checkpoint_uri(
             session=session, project_id=job.project_id, source=trained.model.init_from
         )
     for evaluation in spec.evaluate.evaluations:
-        if evaluation.dataset is not None:
+        if isinstance(evaluation, LmEvalEval):
+            for dataset_id in evaluation.datasets():
+                found = _dataset(session, job, dataset_id)
+                located["task_datasets"][found.id] = {"id": found.id, "uri": found.uri}
+        elif evaluation.dataset is not None:
             found = _dataset(session, job, evaluation.dataset)
             located["datasets"][evaluation.name] = {
                 "id": found.id,

@@ -205,8 +205,9 @@ def checkpoint_deleted(*, session: Session, job_id: int, step: int) -> bool:
 
 def checkpoint(
     *, session: Session, job_id: int, attempt: int, step: int, uri: str, size_bytes: int
-) -> bool:
-    """Record a complete checkpoint; returns False when it was already recorded. No commit."""
+) -> Checkpoint | None:
+    """Record a complete checkpoint; returns its row, or None when it was already recorded.
+    No commit."""
     stmt = (
         upsert_insert(session, Checkpoint)
         .on_conflict_do_nothing(index_elements=["job_id", "step"])
@@ -224,4 +225,5 @@ def checkpoint(
             "created_at": utcnow(),
         },
     )
-    return result.first() is not None
+    new = result.first()
+    return None if new is None else session.get(Checkpoint, new[0])

@@ -325,9 +325,43 @@ def create(
     """
     digest = request_hash(submitted or spec)
     if idempotency_key is not None:
-        existing = _by_idempotency_key(session, project_id, idempotency_key)
+        existing = by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest, idempotency_key)
+    try:
+        job = add_queued(
+            session=session,
+            project_id=project_id,
+            spec=spec,
+            idempotency_key=idempotency_key,
+            owner=owner,
+            digest=digest,
+        )
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        if idempotency_key is None:
+            raise
+        existing = by_idempotency_key(session, project_id, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(existing, digest, idempotency_key)
+    return Created(job=job, created=True)
+
+
+def add_queued(
+    *,
+    session: Session,
+    project_id: str,
+    spec: AnySpec,
+    idempotency_key: str | None,
+    owner: str | None,
+    digest: str | None = None,
+    message: str = "submitted",
+) -> Job:
+    """Insert a queued job with its `state` event in the caller's transaction (flushed, not
+    committed); `digest`: the request hash (of `spec` when None). Raises `IntegrityError` when
+    `idempotency_key` is taken in the project."""
     job = Job(
         project_id=project_id,
         name=spec.name,
@@ -340,28 +374,19 @@ def create(
         # 0: known once the run reports it (epochs over data not read yet; a script's own)
         max_steps=(spec.train.max_steps or 0) if isinstance(spec, JobSpec) else 0,
         idempotency_key=idempotency_key,
-        request_hash=digest,
+        request_hash=digest or request_hash(spec),
         owner=owner,
         created_at=utcnow(),
         updated_at=utcnow(),
     )
     session.add(job)
-    try:
-        session.flush()
-        add_event(session=session, job=job, kind="state", state_to=S.QUEUED, message="submitted")
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        if idempotency_key is None:
-            raise
-        existing = _by_idempotency_key(session, project_id, idempotency_key)
-        if existing is None:
-            raise
-        return _replay(existing, digest, idempotency_key)
-    return Created(job=job, created=True)
+    session.flush()
+    add_event(session=session, job=job, kind="state", state_to=S.QUEUED, message=message)
+    return job
 
 
-def _by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:
+def by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:
+    """The project's job submitted with `key`, if any."""
     return session.execute(
         select(Job).where(Job.project_id == project_id, Job.idempotency_key == key)
     ).scalar_one_or_none()

@@ -39,8 +39,11 @@ def check_references(
         code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
         return spec
     if isinstance(spec, EvalJobSpec):
-        return evaluations.check(session=session, project_id=project_id, spec=spec)
+        return evaluations.check(
+            session=session, settings=settings, project_id=project_id, spec=spec
+        )
     spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
+    evaluations.check_after(session=session, settings=settings, project_id=project_id, spec=spec)
     return init_from.pin(session=session, project_id=project_id, spec=spec)
 
 

@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         description="A dataset record (JSONL line, Parquet row as JSON) over this many bytes "
         "refuses the dataset.",
     )
+    lm_eval_task_dirs: list[str] = Field(
+        default_factory=list,
+        description="Directories of lm-evaluation-harness task YAMLs whose data is local: the "
+        "task names an eval job's `lm_eval` evaluation may use (the harness's own tasks read "
+        "the Hugging Face hub, which workers do not reach). Indexed by lm-eval's TaskManager.",
+    )
     base_models: dict[str, BaseModelEntry] = Field(
         default_factory=dict,
         description="JSON: name -> base model the OpenAI-compatible API (`/openai/v1`) fine-tunes.",

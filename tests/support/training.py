@@ -44,6 +44,40 @@ TINY_LLAMA: dict[str, Any] = {
 }
 
 
+def hf_model_with_tokenizer(corpus_dir: Path, out: Path, *, model_type: str = "llama") -> int:
+    """A 2-layer `model_type` (`gpt2` or `llama`) and a 400-id byte-level BPE tokenizer
+    trained on a few corpus files, saved to `out` with `save_pretrained` (no downloads).
+    Returns the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    texts = [p.read_text(errors="replace") for p in sorted(corpus_dir.glob("*.py"))[:5]]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+    )
+    bpe.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    if model_type == "gpt2":
+        config = AutoConfig.for_model(
+            "gpt2", n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=len(tokenizer),
+            bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )  # fmt: skip
+    else:
+        shape = {k: v for k, v in TINY_LLAMA.items() if k not in ("model_type", "vocab_size")}
+        config = AutoConfig.for_model(
+            model_type, vocab_size=len(tokenizer), bos_token_id=0, eos_token_id=0, **shape
+        )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return len(tokenizer)
+
+
 def tiny_spec(data: Path, **sections: dict[str, Any]) -> JobSpec:
     """A 2-layer, d_model 64, seq_len 64 GPT spec on `data`; `sections` update its parts,
     e.g. `train={"max_steps": 5}`."""

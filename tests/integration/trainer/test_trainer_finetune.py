@@ -38,6 +38,7 @@ from tests.support.training import (
     Scenario,
     build_local_run,
     crash_and_resume,
+    hf_model_with_tokenizer,
     read_events,
     run_plans,
     statuses,
@@ -140,7 +141,7 @@ def runs(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     """Every trainer run of the module, one process group per world size
     (`tests.support.rank_driver`); {run: its workdir}. A crash and its resume are one run."""
     root = tmp_path_factory.mktemp("runs")
-    _gpt2_with_tokenizer(corpus_dir, root / GPT2_DIR)
+    hf_model_with_tokenizer(corpus_dir, root / GPT2_DIR, model_type="gpt2")
     single = {"strategy": "single"}
     two: list[Scenario] = []
     for method, (nproc, parallelism, mbs, accum) in METHODS.items():
@@ -261,33 +262,6 @@ def test_hf_llama_from_a_config_trains_in_full(runs: dict[str, Path]) -> None:
     losses = losses_of(events)
     assert losses[MAX_STEPS] < losses[1] - 0.3, losses
     assert not _exports(events)  # nothing to export without LoRA
-
-
-def _gpt2_with_tokenizer(corpus_dir: Path, out: Path) -> int:
-    """A 2-layer GPT-2 and a 400-id byte-level BPE tokenizer trained on a few corpus files,
-    saved to `out` with `save_pretrained` (no downloads). Returns the vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    texts = [p.read_text(errors="replace") for p in sorted(corpus_dir.glob("*.py"))[:5]]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>"],
-    )
-    bpe.train_from_iterator(texts, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
-    config = AutoConfig.for_model(
-        "gpt2", n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=len(tokenizer),
-        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return len(tokenizer)
 
 
 def test_hf_gpt2_from_a_directory_with_its_tokenizer_trains_lora_under_fsdp_like_single(

@@ -151,6 +151,7 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     # its datasets of the project and of a format each evaluation reads.
     ("body", "evaluate", "source"): None,
     ("body", "evaluate", "evaluations"): None,
+    ("body", "eval_after", "evaluations"): None,
     # Each of `entrypoint.requirements` is a PEP 508 line (packaging's grammar: no pattern
     # states it).
     ("body", "entrypoint", "requirements"): "value_error",

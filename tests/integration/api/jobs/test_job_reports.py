@@ -144,7 +144,7 @@ def test_checkpoints_are_listed_by_step(
         again = ingest.checkpoint(
             session=s, job_id=job["id"], attempt=2, step=10, uri="/other", size_bytes=1
         )
-        assert again is False  # already recorded: the first record stands
+        assert again is None  # already recorded: the first record stands
     items = client.get(f"/v1/jobs/{job['id']}/checkpoints", headers=project.headers).json()["items"]
     assert [(c["step"], c["uri"], c["size_bytes"]) for c in items] == [
         (10, "/ckpt/step_00000010", 1010),
