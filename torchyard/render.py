@@ -263,8 +263,8 @@ def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> Table:
 
 
 def evaluations_table(evaluations: Iterable[Evaluation]) -> Table:
-    """One row per evaluation: the eval job, the evaluated job and step, the evaluation's
-    name, kind and dataset, and its scores."""
+    """One row per evaluation: the eval job, the evaluated job and step (`base`: its starting
+    weights, no checkpoint), the evaluation's name, kind and dataset, and its scores."""
     table = Table(box=None, header_style="bold")
     for name in ("EVAL JOB", "JOB", "STEP"):
         table.add_column(name, justify="right")
@@ -275,7 +275,7 @@ def evaluations_table(evaluations: Iterable[Evaluation]) -> Table:
         table.add_row(
             str(found.job_id),
             str(found.source_job_id),
-            str(found.step),
+            "base" if found.checkpoint_id is None and found.step == 0 else str(found.step),
             found.name,
             found.kind,
             found.dataset or "(own eval split)",

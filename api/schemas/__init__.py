@@ -430,17 +430,21 @@ class Evaluation(_Out):
     checkpoint_id: int | None = Field(
         description="The checkpoint it evaluated (it may since have been deleted by retention)."
     )
-    step: int = Field(description="That checkpoint's training step.")
+    step: int = Field(
+        description="That checkpoint's training step; 0 for the starting weights (`checkpoint_id` "
+        "null: `evaluate.source.initial`)."
+    )
     attempt: int = Field(description="The eval job's attempt that wrote it.")
     name: str = Field(description="The evaluation's name; its metrics are `<name>.<metric>`.")
-    kind: str = Field(description="`perplexity` or `generate`.")
+    kind: str = Field(description="`perplexity`, `generate` or `lm_eval`.")
     dataset: str | None = Field(
         description="The dataset it read; null: the source job's own evaluation split."
     )
     metrics: dict[str, float] = Field(
         description="`perplexity`: `loss` (nats per supervised token), `perplexity`, `tokens`, "
         "`rows`. `generate`: `exact_match` (0-1), `chrf` (0-100), `rouge_l` (F1, 0-1), "
-        "`answers`."
+        "`answers`. `lm_eval`: `<task>/<metric>` as lm-eval reports them (`pick/acc`; a filter "
+        "other than `none` as `<metric>@<filter>`), stderrs, and `<task>/samples`."
     )
     samples: list[dict[str, Any]] = Field(
         description="`generate`: each record's `prompt`, `reference`, `answer` and its own "

@@ -372,3 +372,43 @@ def build_rows_run(
 ) -> Run:
     """A `Run` of `spec` training and evaluating on `rows` (no corpus read)."""
     return build_run(spec, rows, rows, str(checkpoint_dir), dist_info, reporter or NullReporter())
+
+
+def evaluate_in_process(
+    source: JobSpec,
+    checkpoint: dict[str, Any] | None,
+    evaluations: list[dict[str, Any]],
+    workdir: Path,
+    **inputs: Any,
+) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """Run an eval job's evaluations (`trainer.evaluate.run_evaluations`) in this process as
+    one rank, on `checkpoint` ({id, step, uri}; None: `source`'s starting weights), with the
+    locations a worker would resolve (`inputs` override them); (results, events written)."""
+    from jobspec.job import EvalJobSpec
+    from trainer.evaluate import run_evaluations
+    from trainer.events import EventWriter
+
+    pinned = {"job": 1, "initial": True} if checkpoint is None else {"job": 1, "checkpoint": 1}
+    job = EvalJobSpec.model_validate(
+        {"name": "eval", "evaluate": {"source": pinned, "evaluations": evaluations}}
+    )
+    located = {
+        "checkpoint": checkpoint,
+        "source_spec": source.model_dump(mode="json"),
+        "source_job": 1,
+        "source_data": source.data.uri,
+        "source_eval_data": None,
+        "source_init_from": None,
+        "source_model": None,
+        "datasets": {},
+        "task_datasets": {},
+        "lm_eval_task_dirs": [],
+        **inputs,
+    }
+    run_dir = workdir / "eval_run"
+    reporter = EventWriter(run_dir)
+    try:
+        results = run_evaluations(job, located, workdir / "cache", cpu_world_of_one(), reporter)
+    finally:
+        reporter.close()
+    return results, read_events(run_dir)

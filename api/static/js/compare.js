@@ -9,6 +9,7 @@ import { entrypointOf } from "./code.js";
 import {
   X_AXES, configDiff, ema, finals, plotValue, startTime, tokensPerStep, xValues,
 } from "./compare_data.js";
+import { latestScoresOf } from "./evals.js";
 import { TERMINAL, fmtNumber, h, poll, showError, stateBadge } from "./util.js";
 
 const REFRESH_MS = 2000;
@@ -61,7 +62,7 @@ function cellText(value) {
 }
 
 /** Runs as columns: the spec fields that differ, then state, steps, tokens and losses. */
-function diffTable(runs) {
+function diffTable(runs, scores) {
   const diff = configDiff(runs.map((r) => r.job.spec));
   const row = (label, values, data) => h("tr", { dataset: data },
     h("th", {}, label), values.map((v) => h("td", { class: typeof v === "number" ? "num" : "" },
@@ -83,7 +84,17 @@ function diffTable(runs) {
       row("steps", steps, { result: "steps" }),
       row("tokens seen", runs.map((r, i) => (r.tokensPerStep && steps[i] ? steps[i] * r.tokensPerStep : null)),
         { result: "tokens seen" }),
-      results[0].map(([label], k) => row(label, results.map((f) => f[k][1]), { result: label }))));
+      results[0].map(([label], k) => row(label, results.map((f) => f[k][1]), { result: label })),
+      evalRows(runs, scores, row, section)));
+}
+
+/** The runs' evaluations (their latest step's scores), one row per `<name>.<metric>`. */
+function evalRows(runs, scores, row, section) {
+  const keys = [...new Set(scores.flatMap((s) => Object.keys(s)))]
+    .sort((a, b) => a.localeCompare(b, "en", { numeric: true }));
+  if (!keys.length) return [];
+  return [section("evaluations (latest step)"),
+    ...keys.map((key) => row(key, scores.map((s) => s[key] ?? null), { evalScore: key }))];
 }
 
 export function comparePage(root, query) {
@@ -202,8 +213,10 @@ export function comparePage(root, query) {
       const byName = new Map(answers[i].series.map((s) => [s.name, s]));
       return { job, byName, tokensPerStep: tokensPerStep(byName), t0: startTime(answers[i].series) };
     });
+    const scores = await latestScoresOf(jobs.map((job) => job.id));
+    if (stopped) return;
     renderPicker(names);
-    tableBox.replaceChildren(diffTable(runs));
+    tableBox.replaceChildren(diffTable(runs, scores));
     await render();
     root.dataset.loaded = "true";
     if (jobs.every((job) => TERMINAL.has(job.state))) stop(); // nothing more will come

@@ -3,6 +3,7 @@
 import { api, capabilities, download, pageAfter } from "./api.js";
 import { lineChart, onZoom, purge } from "./charts.js";
 import { codeCard, entrypointOf, scriptBadge } from "./code.js";
+import { evalsCard } from "./evals.js";
 import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import { summaryCard } from "./summary.js";
@@ -112,6 +113,7 @@ export function detailPage(root, jobId) {
   // Losses, tokens, throughput, MFU, the sample, hyperparameters; labels and note to edit.
   const card = summaryCard(jobId, (updated) => { job = updated; renderJob(); });
   const codeSlot = h("div", { id: "code-slot" }); // a script job's "Code" card
+  const evals = evalsCard(jobId); // its evaluations, or an eval job's results
   const kindSlot = h("span", { id: "job-kind" });
   const charts = h("div", { class: "grid2", id: "charts" });
   const systemHeading = h("h2", { id: "system-heading", hidden: true }, "System");
@@ -426,7 +428,7 @@ export function detailPage(root, jobId) {
       return;
     }
     renderJob();
-    await Promise.all([loadMetrics(), loadEvents(), loadLogs(), loadCheckpoints()]);
+    await Promise.all([loadMetrics(), loadEvents(), loadLogs(), loadCheckpoints(), evals.load()]);
     root.dataset.loaded = "true";
     if (TERMINAL.has(job.state)) {
       if (finalPass) { // one more pass picked up what was ingested after the end
@@ -460,6 +462,7 @@ export function detailPage(root, jobId) {
     codeSlot,
     h("h2", {}, "Metrics"), charts,
     systemHeading, systemCharts,
+    evals.node,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
       h("section", {}, h("h2", {}, "Checkpoints"), h("div", { class: "table-wrap" }, h("table", {},

@@ -30,7 +30,8 @@ export function stateBadge(state) {
 export function fmtNumber(value, digits = 4) {
   if (value === undefined || value === null) return "–";
   if (typeof value === "string") return value; // "NaN" / "Infinity" from the API
-  if (Number.isInteger(value)) return value.toLocaleString("en-US");
+  // (a float past 2^53 is an "integer" too: 4.2e36 reads better than 37 digits)
+  if (Number.isInteger(value) && Math.abs(value) < 1e15) return value.toLocaleString("en-US");
   const abs = Math.abs(value);
   if (abs !== 0 && (abs < 1e-3 || abs >= 1e6)) return value.toExponential(2);
   return value.toPrecision(digits);

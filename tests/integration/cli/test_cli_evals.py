@@ -60,6 +60,8 @@ def test_evals_lists_an_eval_jobs_results_from_either_job(
         assert "Q: 2+2?" in shown.output and "answer:    '4'" in shown.output
     listed = cli("evals", str(source), "--json")
     assert [e["name"] for e in json.loads(listed.stdout)] == ["qa"]
+    for job_id in (eval_job.id, source):  # queued on pools other tests count their queue of
+        assert client.jobs.cancel(job_id).state == "cancelled"
 
 
 def _qa_dataset(cli: Any, tmp_path: Path) -> str:

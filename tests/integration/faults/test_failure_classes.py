@@ -241,9 +241,13 @@ def test_a_rank_the_kernel_s_oom_killer_ends_is_oom(
         finally:
             worker.stop()
     assert (job.state, job.attempt, job.restarts_used) == ("failed", 1, 0), job.error
-    # Which rank was killed nothing recorded; the survivor's echo is named in the reason.
+    # Which rank was killed nothing recorded. The survivor's echo is named in the reason when
+    # rank 0 raised it before torchrun stopped it; on a loaded host torchrun may stop it
+    # first (the last fresh-clone CI): then there is no echo, and still no other cause.
     failure = _check_failure(job, "oom", rank=None, cause="OOM killer")
-    assert "rank 0: RuntimeError" in failure["reason"] and "closed by peer" in failure["reason"]
+    echo = failure["reason"].partition("OOM killer")[2]
+    if "rank" in echo:
+        assert "rank 0: RuntimeError" in echo and "closed by peer" in echo, failure["reason"]
     (failed,) = _state_events(engine, job_id, "failed")
     assert failed.data["failure_class"] == "oom"
     _nothing_left(procs[0].pid, procs)

@@ -16,18 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jobspec.job import EvalJobSpec, JobSpec
+from jobspec.job import JobSpec
 from tests.support.training import (
     TINY_LLAMA,
-    cpu_world_of_one,
+    evaluate_in_process,
     explain,
     read_events,
     run_trainer,
     statuses,
     tiny_spec,
 )
-from trainer.evaluate import closing_marker, last_supervised_span, run_evaluations
-from trainer.events import EventWriter
+from trainer.evaluate import closing_marker, last_supervised_span
 
 REL_TOLERANCE = 1e-5
 
@@ -48,28 +47,9 @@ def _evaluate(
     tmp_path: Path,
     datasets: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
-    """Run the evaluations in this process, as one rank; (results, events written)."""
-    job = EvalJobSpec.model_validate(
-        {
-            "name": "eval",
-            "evaluate": {"source": {"job": 1, "checkpoint": 1}, "evaluations": evaluations},
-        }
-    )
-    inputs = {
-        "checkpoint": {"id": 1, "step": step, "uri": uri},
-        "source_job": 1,
-        "source_data": spec.data.uri,
-        "source_eval_data": None,
-        "source_init_from": None,
-        "datasets": datasets or {},
-    }
-    run_dir = tmp_path / "eval_run"
-    reporter = EventWriter(run_dir)
-    try:
-        results = run_evaluations(job, inputs, tmp_path / "cache", cpu_world_of_one(), reporter)
-    finally:
-        reporter.close()
-    return results, read_events(run_dir)
+    """Run the evaluations of the checkpoint at `uri` in this process, as one rank."""
+    checkpoint = {"id": 1, "step": step, "uri": uri}
+    return evaluate_in_process(spec, checkpoint, evaluations, tmp_path, datasets=datasets or {})
 
 
 def test_perplexity_of_a_ddp_gpts_checkpoint_on_its_own_split_is_the_trainers_eval_loss(

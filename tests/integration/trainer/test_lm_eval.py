@@ -15,13 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import lm_eval
 import pytest
 import torch
 import torch.nn.functional as F
+from lm_eval.tasks import TaskManager
 
-from jobspec.job import EvalJobSpec, JobSpec
 from tests.support.training import (
-    cpu_world_of_one,
+    evaluate_in_process,
     explain,
     hf_model_with_tokenizer,
     read_events,
@@ -29,10 +30,6 @@ from tests.support.training import (
     statuses,
     tiny_spec,
 )
-from trainer.evaluate import run_evaluations
-from trainer.events import EventWriter
-
-lm_eval = pytest.importorskip("lm_eval")
 
 QUESTIONS = [
     ("def add(a, b):\n    return", [" a + b", " a - b", " None"], 0),
@@ -73,37 +70,6 @@ def _rolling_task(**data: Any) -> dict[str, Any]:
     }
 
 
-def _evaluate(
-    spec: JobSpec,
-    checkpoint: dict[str, Any],
-    evaluation: dict[str, Any],
-    tmp_path: Path,
-    data: Path,
-) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
-    """Run one evaluation in this process, as one rank; (results, events written)."""
-    job = EvalJobSpec.model_validate(
-        {"name": "eval", "evaluate": {"source": {"job": 1}, "evaluations": [evaluation]}}
-    )
-    inputs = {
-        "checkpoint": checkpoint,
-        "source_spec": spec.model_dump(mode="json"),
-        "source_job": 1,
-        "source_data": spec.data.uri,
-        "source_eval_data": None,
-        "source_init_from": None,
-        "datasets": {},
-        "task_datasets": {"ds_pick": {"id": "ds_pick", "uri": str(data)}},
-        "lm_eval_task_dirs": [],
-    }
-    run_dir = tmp_path / "eval_run"
-    reporter = EventWriter(run_dir)
-    try:
-        results = run_evaluations(job, inputs, tmp_path / "cache", cpu_world_of_one(), reporter)
-    finally:
-        reporter.close()
-    return results, read_events(run_dir)
-
-
 def test_lm_eval_on_a_lora_llama_equals_a_direct_simple_evaluate_of_its_merged_export(
     corpus_dir: Path, tmp_path: Path
 ) -> None:
@@ -130,7 +96,10 @@ def test_lm_eval_on_a_lora_llama_equals_a_direct_simple_evaluate_of_its_merged_e
         "tasks": [_task(dataset="ds_pick"), _rolling_task(dataset="ds_pick")],
         "batch_size": 2,
     }
-    results, events = _evaluate(spec, checkpoint, evaluation, tmp_path, data)
+    task_datasets = {"ds_pick": {"id": "ds_pick", "uri": str(data)}}
+    results, events = evaluate_in_process(
+        spec, checkpoint, [evaluation], tmp_path, task_datasets=task_datasets
+    )
     ours = results["harness"]
     assert ours["pick/samples"] == len(QUESTIONS)
 
@@ -152,7 +121,7 @@ def test_lm_eval_on_a_lora_llama_equals_a_direct_simple_evaluate_of_its_merged_e
         batch_size=2,
         bootstrap_iters=0,
         log_samples=False,
-        task_manager=lm_eval.tasks.TaskManager(include_defaults=False),
+        task_manager=TaskManager(include_defaults=False),
     )
     assert direct is not None
     expected = direct["results"]

@@ -30,7 +30,7 @@ def test_the_vendored_plotly_is_the_pinned_file_served_gzipped_and_cacheable(
 def test_dashboard_modules_are_served_as_javascript(client: TestClient) -> None:
     names = (
         "app", "api", "jobs", "detail", "code", "compare", "compare_data", "submit", "charts",
-        "util", "usage",
+        "util", "usage", "evals", "sweeps",
     )  # fmt: skip
     for name in names:
         answer = client.get(f"/ui/js/{name}.js")
