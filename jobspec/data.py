@@ -26,7 +26,8 @@ class DataSpec(StrictSpec):
 
     dataset: str | None = Field(
         default=None,
-        description="Id of a dataset registered through `/v1/datasets` in the job's project.",
+        description="Id (`ds_...`) or name of a dataset registered through `/v1/datasets` in "
+        "the job's project; a name is replaced by the id it names at submission.",
     )
     uri: str | None = Field(
         default=None,
@@ -106,8 +107,8 @@ class DataSpec(StrictSpec):
     )
     eval_dataset: str | None = Field(
         default=None,
-        description="Id of a registered dataset (same project and format) used for evaluation "
-        "instead of a held-out share of `dataset`.",
+        description="Id or name of a registered dataset (same project and format) used for "
+        "evaluation instead of a held-out share of `dataset`; a name is pinned to its id.",
     )
     eval_uri: str | None = Field(
         default=None,

@@ -33,7 +33,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -54,7 +54,7 @@ from sqlalchemy.orm import Session, aliased
 from core.attempts.lifecycle_apply import apply, facts_for
 from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome, decide
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job, JobNode, JobState, Worker, utcnow
+from core.platform.models import Job, JobNode, JobState, Worker, aware, utcnow
 from core.platform.settings import Settings
 from core.scheduling import preemption_apply as preempt
 
@@ -303,13 +303,13 @@ def _failure(found: Any, now: datetime) -> Failure:
     """The `node_lost` failure of one row of `_lost`: the most telling of its flags."""
     who = f"worker {found.worker or '?'}"
     if found.restarted:
-        reason = f"{who} restarted at {_aware(found.incarnation):%H:%M:%S} UTC; its trainers died"
+        reason = f"{who} restarted at {aware(found.incarnation):%H:%M:%S} UTC; its trainers died"
     elif found.worker_silent:
-        silence = (now - _aware(found.worker_seen)).total_seconds()
+        silence = (now - aware(found.worker_seen)).total_seconds()
         reason = f"{who} gone: no worker heartbeat for {int(silence)} s"
     else:
         seen = found.seen if found.seen is not None else now
-        silence = (now - _aware(seen)).total_seconds()
+        silence = (now - aware(seen)).total_seconds()
         reason = f"{who}: no heartbeat of the attempt for {int(silence)} s"
     return Failure(
         FailureClass.NODE_LOST, reason, node_rank=found.node_rank, host=found.host or None
@@ -351,21 +351,16 @@ def _reap(
             session=session,
             job=job,
             decision=decision,
-            runtime_s=_seconds_between(job.started_at, _aware(last_seen)),
+            runtime_s=_seconds_between(job.started_at, aware(last_seen)),
         )
         session.commit()
         return decision.outcome, pool
 
 
-def _aware(when: datetime) -> datetime:
-    """SQLite hands back naive UTC."""
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
 def _seconds_between(start: datetime | None, end: datetime) -> float:
     if start is None:
         return 0.0
-    return max(0.0, (end - _aware(start)).total_seconds())
+    return max(0.0, (end - aware(start)).total_seconds())
 
 
 def _send(dispatch: Dispatch, job_id: int, pool: str) -> None:

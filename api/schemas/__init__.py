@@ -9,7 +9,7 @@ sibling module of this package reuses; each other resource has its own module he
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,7 +30,7 @@ from core.attempts.retry_budget import RetryPolicy, retry_policy
 from core.datasets.stats import DatasetStats
 from core.jobs import progress
 from core.platform import models
-from core.platform.models import JobState
+from core.platform.models import JobState, aware
 from dataformat.records import Format
 from jobspec.job import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
@@ -38,12 +38,8 @@ from jobspec.job import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 
 
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 # SQLite hands back naive datetimes; every timestamp the API sends is UTC with its offset.
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Timestamp = Annotated[datetime, AfterValidator(aware)]
 
 
 class _Out(BaseModel):

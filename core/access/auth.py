@@ -12,13 +12,13 @@ import enum
 import hashlib
 import secrets
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from core.platform.errors import Conflict, Forbidden, Unauthorized
-from core.platform.models import ApiKey, Project, ProjectMember, ServiceAccount, utcnow
+from core.platform.models import ApiKey, Project, ProjectMember, ServiceAccount, aware, utcnow
 
 KEY_PREFIX = "ty_"
 
@@ -144,10 +144,6 @@ def new_key_row(*, project_id: str, name: str) -> tuple[str, ApiKey]:
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def authenticate(*, session: Session, secret: str | None) -> Principal:
     """The principal for `secret`: its project, its owner's current role (or the key's own
     role when owner-less) and its scopes. Raises Unauthorized for a missing, unknown, revoked or
@@ -167,7 +163,7 @@ def authenticate(*, session: Session, secret: str | None) -> Principal:
         raise Unauthorized("invalid or revoked API key")
     key, project, member_role, account_role, disabled_at = row
     now = utcnow()
-    expires_at = _aware(key.expires_at)
+    expires_at = None if key.expires_at is None else aware(key.expires_at)
     if expires_at is not None and expires_at <= now:
         raise Unauthorized("expired API key")
     if disabled_at is not None:
@@ -188,7 +184,7 @@ def authenticate(*, session: Session, secret: str | None) -> Principal:
         member_id=key.member_id,
         service_account_id=key.service_account_id,
     )
-    last_used = _aware(key.last_used_at)
+    last_used = None if key.last_used_at is None else aware(key.last_used_at)
     if last_used is None or now - last_used >= LAST_USED_RESOLUTION:
         _touch(session=session, key_id=key.id, now=now)
     return principal

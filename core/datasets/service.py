@@ -170,8 +170,13 @@ def create(
 
 
 def get(*, session: Session, dataset_id: str, project_id: str) -> Dataset | None:
+    """The project's dataset whose id, or else whose name (unique in a project), is
+    `dataset_id`; None when there is none."""
     dataset = session.get(Dataset, dataset_id)
-    return dataset if dataset is not None and dataset.project_id == project_id else None
+    if dataset is not None and dataset.project_id == project_id:
+        return dataset
+    by_name = select(Dataset).where(Dataset.project_id == project_id, Dataset.name == dataset_id)
+    return session.execute(by_name).scalar_one_or_none()
 
 
 def get_or_raise(*, session: Session, dataset_id: str, project_id: str) -> Dataset:

@@ -60,7 +60,8 @@ def _detail(
 def check(
     *, session: Session, settings: Settings, project_id: str, spec: EvalJobSpec
 ) -> EvalJobSpec:
-    """`spec` with `evaluate.source.checkpoint` pinned (a copy).
+    """`spec` with `evaluate.source.checkpoint` pinned and each dataset named by its id (a
+    copy).
 
     Raises `NotFound` (404) for a source job, checkpoint or dataset not of `project_id`,
     `Conflict` (409) for a source with no complete checkpoint (yet), `InvalidInput` (422) for
@@ -80,12 +81,14 @@ def check(
             "have checkpoints an eval job can rebuild",
             details=_detail(("source", "job"), "not a built-in-trainer job", "invalid"),
         )
-    _check_evaluations(session, settings, project_id, spec.evaluate.evaluations, job.spec, LOC)
-    if source.initial:
-        return spec
-    checkpoint = _checkpoint(session, job, source)
-    pinned = EvalSourceSpec(job=job.id, checkpoint=checkpoint.id)
-    evaluate = spec.evaluate.model_copy(update={"source": pinned})
+    evaluations = _check_evaluations(
+        session, settings, project_id, spec.evaluate.evaluations, job.spec, LOC
+    )
+    pinned = source
+    if not source.initial:
+        checkpoint = _checkpoint(session, job, source)
+        pinned = EvalSourceSpec(job=job.id, checkpoint=checkpoint.id)
+    evaluate = spec.evaluate.model_copy(update={"source": pinned, "evaluations": evaluations})
     return spec.model_copy(update={"evaluate": evaluate})
 
 
@@ -128,13 +131,16 @@ def _check_evaluations(
     evaluations: list[PerplexityEval | GenerateEval | LmEvalEval],
     source: JobSpec,
     at: tuple[str, ...],
-) -> None:
+) -> list[PerplexityEval | GenerateEval | LmEvalEval]:
     """Each evaluation's dataset is of the project and of a format it reads (`at`: where the
-    list sits in the request, for the errors' paths)."""
+    list sits in the request, for the errors' paths). Returns the evaluations with each
+    dataset named by its id (a name is pinned to the dataset it names now)."""
     where = ".".join(at[1:])
+    pinned: list[PerplexityEval | GenerateEval | LmEvalEval] = []
     for index, evaluation in enumerate(evaluations):
         if isinstance(evaluation, LmEvalEval):
-            _check_tasks(session, settings, project_id, evaluation, (*at, "evaluations", index))
+            where_tasks: tuple[str | int, ...] = (*at, "evaluations", index)
+            pinned.append(_check_tasks(session, settings, project_id, evaluation, where_tasks))
             continue
         loc: tuple[str | int, ...] = ("evaluations", index, "dataset")
         if evaluation.dataset is None:
@@ -144,6 +150,7 @@ def _check_evaluations(
                     "evaluation split is preference pairs; give a `dataset` to score",
                     details=_detail(loc, "required for a DPO source", "missing", at),
                 )
+            pinned.append(evaluation)
             continue
         found = datasets.get(session=session, dataset_id=evaluation.dataset, project_id=project_id)
         if found is None:
@@ -164,15 +171,21 @@ def _check_evaluations(
                 "`perplexity` scores text, tokens, messages or prompt_completion data",
                 details=_detail(loc, "preference pairs", "invalid", at),
             )
+        pinned.append(evaluation.model_copy(update={"dataset": found.id}))
+    return pinned
 
 
-def check_after(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> None:
-    """The datasets of a training spec's `eval_after` exist in the project and fit their
-    evaluations. Raises `NotFound` (404) or `InvalidInput` (422) at `body.eval_after...`."""
-    if spec.eval_after is not None:
-        evaluations = spec.eval_after.evaluations
-        at = ("body", "eval_after")
-        _check_evaluations(session, settings, project_id, evaluations, spec, at)
+def check_after(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> JobSpec:
+    """`spec` with its `eval_after` datasets named by id, after checking they exist in the
+    project and fit their evaluations. Raises `NotFound` (404) or `InvalidInput` (422) at
+    `body.eval_after...`."""
+    if spec.eval_after is None:
+        return spec
+    evaluations = _check_evaluations(
+        session, settings, project_id, spec.eval_after.evaluations, spec, ("body", "eval_after")
+    )
+    after = spec.eval_after.model_copy(update={"evaluations": evaluations})
+    return spec.model_copy(update={"eval_after": after})
 
 
 def _check_tasks(
@@ -181,9 +194,11 @@ def _check_tasks(
     project_id: str,
     evaluation: LmEvalEval,
     at: tuple[str | int, ...],
-) -> None:
+) -> LmEvalEval:
     """An inline task's dataset is of the project and holds records (not tokens); a named
-    task is one of the server's local tasks (`settings.lm_eval_task_dirs`)."""
+    task is one of the server's local tasks (`settings.lm_eval_task_dirs`). Returns
+    `evaluation` with each inline task's dataset named by its id."""
+    tasks: list[str | dict[str, Any]] = []
     for index, task in enumerate(evaluation.tasks):
         loc = (*at, "tasks", index)
         if isinstance(task, str):
@@ -197,6 +212,7 @@ def _check_tasks(
                         {"loc": list(loc), "msg": f"no local task {task!r}", "type": "invalid"}
                     ],
                 )
+            tasks.append(task)
             continue
         dataset_id = str(task["dataset"])
         found = datasets.get(session=session, dataset_id=dataset_id, project_id=project_id)
@@ -207,6 +223,8 @@ def _check_tasks(
                 f"lm_eval task {task['task']!r}: dataset {dataset_id!r}: {why}",
                 details=[{"loc": [*loc, "dataset"], "msg": why, "type": "invalid"}],
             )
+        tasks.append({**task, "dataset": found.id})
+    return evaluation.model_copy(update={"tasks": tasks})
 
 
 @functools.lru_cache(maxsize=8)

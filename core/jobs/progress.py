@@ -14,14 +14,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from core.platform.models import TERMINAL_STATES, Job, JobState
+from core.platform.models import TERMINAL_STATES, Job, JobState, aware
 
 # States in which an attempt's trainer runs, so its wall time so far counts.
 LIVE = frozenset({JobState.RUNNING, JobState.PAUSING, JobState.PREEMPTING, JobState.CANCELLING})
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def trained_seconds(
@@ -32,7 +28,7 @@ def trained_seconds(
     ended = float(runtime_s or 0.0)
     if state in LIVE and started_at is not None:
         now = now or datetime.now(UTC)
-        return ended + max(0.0, (now - _aware(started_at)).total_seconds())
+        return ended + max(0.0, (now - aware(started_at)).total_seconds())
     if started_at is None and ended == 0.0:
         return None
     return ended

@@ -43,7 +43,9 @@ def check_references(
             session=session, settings=settings, project_id=project_id, spec=spec
         )
     spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
-    evaluations.check_after(session=session, settings=settings, project_id=project_id, spec=spec)
+    spec = evaluations.check_after(
+        session=session, settings=settings, project_id=project_id, spec=spec
+    )
     return init_from.pin(session=session, project_id=project_id, spec=spec)
 
 
@@ -87,6 +89,10 @@ def _check_data(*, session: Session, settings: Settings, project_id: str, spec: 
                 "eval_dataset", f"format {found.format!r} differs from the training data's "
                 f"{spec.data.format!r}",
             )  # fmt: skip
+        # a name is pinned to the dataset's id: the job reads what it named at submission
+        spec = spec.model_copy(
+            update={"data": spec.data.model_copy(update={"eval_dataset": found.id})}
+        )
     for field in ("uri", "eval_uri"):
         uri = getattr(spec.data, field)
         if uri is not None:
@@ -116,7 +122,11 @@ def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) ->
         raise _data_error("dataset", msg)
     token_dtype = (found.stats or {}).get("token_dtype") if found.format == "tokens" else None
     data = spec.data.model_copy(
-        update={"format": found.format, "token_dtype": spec.data.token_dtype or token_dtype}
+        update={
+            "dataset": found.id,  # a name, pinned to the id it names now
+            "format": found.format,
+            "token_dtype": spec.data.token_dtype or token_dtype,
+        }
     )
     return spec.model_copy(update={"data": data})
 

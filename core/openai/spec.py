@@ -19,7 +19,14 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
-from core.openai.view import BASE_LABEL, LR_LABEL, META_PREFIX, SUFFIX_LABEL, base_model
+from core.openai.view import (
+    BASE_LABEL,
+    FULL_VALID,
+    LR_LABEL,
+    META_PREFIX,
+    SUFFIX_LABEL,
+    base_model,
+)
 from core.platform.errors import InvalidInput
 from core.platform.settings import BaseModelEntry, Settings
 from jobspec.job import JobSpec
@@ -105,7 +112,9 @@ class FineTuneCreate(_Open):
     `data.dataset`."""
     validation_file: _ID | None = None
     """The id of a file like `training_file`, evaluated during training (`valid_loss` in the
-    result file); the job's `data.eval_dataset`. Null: no validation."""
+    result file); the job's `data.eval_dataset`. Null: no validation. For `supervised`, the
+    final checkpoint is also scored on all of it by an eval job (`eval_after`, evaluation
+    `full_valid`): its checkpoint's `metrics.full_valid_loss`."""
     suffix: (
         Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None
     ) = None
@@ -163,6 +172,15 @@ def build(
         "train": {"micro_batch_size": hyper["batch_size"], "epochs": hyper["n_epochs"]},
         "resources": {**entry.resources, "pool": entry.pool},
     }
+    if body.validation_file is not None and kind != "dpo":
+        # OpenAI's `full_valid_loss` of the final checkpoint: its loss on the whole validation
+        # file (the trainer's `eval_loss` reads `eval.num_batches` batches of it)
+        ours["eval_after"] = {
+            "evaluations": [
+                {"kind": "perplexity", "name": FULL_VALID, "dataset": body.validation_file}
+            ],
+            "baseline": False,
+        }
     merged = _merge(entry.spec, ours)
     try:
         return JobSpec.model_validate(merged), hyper

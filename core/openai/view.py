@@ -18,7 +18,15 @@ from sqlalchemy.orm import Session
 from core.jobs import service as jobs
 from core.openai.results import result_file_id, trained_tokens
 from core.platform.errors import InvalidInput, NotFound
-from core.platform.models import Checkpoint, Dataset, Job, JobEvent, JobState, MetricPoint
+from core.platform.models import (
+    Checkpoint,
+    Dataset,
+    Evaluation,
+    Job,
+    JobEvent,
+    JobState,
+    MetricPoint,
+)
 from core.platform.settings import BaseModelEntry, Settings
 from jobspec.job import JobSpec
 
@@ -26,6 +34,7 @@ JOB_PREFIX = "ftjob-"
 EVENT_PREFIX = "ftevent-"
 CHECKPOINT_PREFIX = "ftckpt-"
 BASE_LABEL = "openai.base"
+FULL_VALID = "full_valid"  # the eval_after evaluation behind `full_valid_loss`
 SUFFIX_LABEL = "openai.suffix"
 LR_LABEL = "openai.lr_multiplier"
 META_PREFIX = "openai.meta."
@@ -264,7 +273,16 @@ def _checkpoint(session: Session, job: Job, ckpt: Checkpoint) -> dict[str, Any]:
     for ours, theirs in (("loss", "train_loss"), ("eval_loss", "valid_loss")):
         if ours in values:
             metrics[theirs] = values[ours]
-    metrics["full_valid_loss"] = values.get("eval_loss")
+    # the final checkpoint's loss on the whole validation file, once its eval job scored it
+    # (`core.openai.spec.FULL_VALID`); before that, the trainer's eval loss at the step
+    full = session.execute(
+        select(Evaluation.metrics).where(
+            Evaluation.source_job_id == job.id,
+            Evaluation.checkpoint_id == ckpt.id,
+            Evaluation.name == FULL_VALID,
+        )
+    ).scalar_one_or_none()
+    metrics["full_valid_loss"] = (full or {}).get("loss", values.get("eval_loss"))
     return {
         "id": f"{CHECKPOINT_PREFIX}{ckpt.id}",
         "object": "fine_tuning.job.checkpoint",

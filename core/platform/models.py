@@ -100,6 +100,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def aware(value: datetime) -> datetime:
+    """`value` with its timezone: SQLite hands back naive datetimes, which are UTC here."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
         datetime: DateTime(timezone=True),

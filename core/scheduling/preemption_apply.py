@@ -23,7 +23,7 @@ is a candidate too: its own project's jobs of lower priority yield to it, no oth
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.platform.errors import Conflict
-from core.platform.models import Job, JobEvent, JobNode, JobState, Worker, utcnow
+from core.platform.models import Job, JobEvent, JobNode, JobState, Worker, aware, utcnow
 from core.platform.settings import Settings
 from core.scheduling import quotas
 from core.scheduling.preemption_policy import Holder, Waiting, choose
@@ -72,10 +72,6 @@ def candidate_pools(*, session: Session, settings: Settings) -> list[str]:
     return sorted(p for p in rows if enabled(settings, p))
 
 
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def _nodes(session: Session) -> dict[int, list[str]]:
     """{active job id: the workers of its current attempt's live nodes}."""
     out: dict[int, list[str]] = {}
@@ -100,7 +96,7 @@ def _free(session: Session, pool: str, settings: Settings, now: datetime) -> dic
                 Worker.stopping.is_(False)
             )
         )
-        if pool in pools.split(",") and _aware(beat) >= cutoff
+        if pool in pools.split(",") and aware(beat) >= cutoff
     }
     nodes = _nodes(session)
     rows = session.execute(
@@ -124,7 +120,7 @@ def _holders(session: Session, pool: str, now: datetime) -> list[Holder]:
     out = []
     for job_id, project_id, priority, slots, worker, started_at, state in rows:
         workers = nodes.get(job_id) or ([worker] if worker else [])
-        ran = 0.0 if started_at is None else (now - _aware(started_at)).total_seconds()
+        ran = 0.0 if started_at is None else (now - aware(started_at)).total_seconds()
         out.append(
             Holder(
                 id=job_id,

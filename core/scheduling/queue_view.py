@@ -23,14 +23,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.jobs import progress
-from core.platform.models import Job, JobNode, JobState, Worker, utcnow
+from core.platform.models import Job, JobNode, JobState, Worker, aware, utcnow
 from core.scheduling import preemption_apply as preempt
 from core.scheduling import quotas
 
@@ -70,10 +70,6 @@ class Release:
     devices: tuple[tuple[str, int], ...]  # (worker, devices) per node
 
 
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def _live_workers(
     session: Session, pool: str, now: datetime, worker_timeout_s: float
 ) -> dict[str, int]:
@@ -87,7 +83,7 @@ def _live_workers(
     return {
         name: int(free or 0)
         for name, pools, free, beat in rows
-        if pool in pools.split(",") and _aware(beat) >= cutoff
+        if pool in pools.split(",") and aware(beat) >= cutoff
     }
 
 

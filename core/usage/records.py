@@ -20,7 +20,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job, JobNode, utcnow
+from core.platform.models import Job, JobNode, aware, utcnow
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def day_start(day: date) -> datetime:
 def split_days(start: datetime, end: datetime) -> list[tuple[date, float]]:
     """[start, end) cut at each UTC midnight: (day, seconds in it), oldest first; [] when
     end <= start. Naive datetimes are UTC."""
-    start, end = _aware(start).astimezone(UTC), _aware(end).astimezone(UTC)
+    start, end = aware(start).astimezone(UTC), aware(end).astimezone(UTC)
     out = []
     while start < end:
         next_midnight = day_start(start.date() + timedelta(days=1))
@@ -127,13 +127,9 @@ def cost(slot_seconds: float, pool: str, prices: Mapping[str, float]) -> float:
     return slot_seconds / 3600.0 * (price_of(pool, prices) or 0.0)
 
 
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # SQLite: naive UTC
-
-
 def as_utc(value: datetime) -> datetime:
     """`value` in UTC; a naive value is taken to be UTC already."""
-    return _aware(value).astimezone(UTC)
+    return aware(value).astimezone(UTC)
 
 
 def node_usage(
@@ -179,8 +175,8 @@ def node_usage(
                 attempt=node.attempt,
                 node_rank=node.node_rank,
                 slots=len(node.devices) if node.devices else job_slots,
-                started_at=_aware(node.joined_at),
-                ended_at=_aware(ended_at) if ended_at is not None else None,
+                started_at=aware(node.joined_at),
+                ended_at=aware(ended_at) if ended_at is not None else None,
                 cpu_seconds=float(node.cpu_seconds or 0.0),
             )
         )
@@ -196,8 +192,8 @@ def slot_seconds(
     until: datetime | None = None,
 ) -> float:
     """Slot-seconds the project's jobs (of `pool`, or all pools) used in [since, until)."""
-    since_aware = _aware(since) if since is not None else None
-    until_aware = _aware(until) if until is not None else None
+    since_aware = aware(since) if since is not None else None
+    until_aware = aware(until) if until is not None else None
     return sum(
         n.slot_seconds(since=since_aware, until=until_aware)
         for n in node_usage(

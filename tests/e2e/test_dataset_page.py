@@ -118,3 +118,23 @@ def test_the_preview_in_dark_mode_fits_a_laptop_and_keeps_supervised_tokens_mark
         )
         assert background != plain, (background, plain)  # the mask bit is visible
         assert dash.fits_width()
+
+
+def test_the_list_and_the_page_show_the_id_a_spec_takes_and_a_name_opens_the_page(
+    laptop: Dash, chat_dataset: dict[str, Any]
+) -> None:
+    """Issue 28, item 2: the id (`ds_...`) is on the list and the page, with a Copy button
+    that puts it on the clipboard; the page opens by the dataset's name too."""
+    page = laptop.page
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    laptop.open("/datasets")
+    row = page.locator(f"#datasets-body tr[data-dataset-id='{chat_dataset['id']}']")
+    expect(row.locator("code.dataset-id")).to_have_text(chat_dataset["id"])
+    row.locator("button.copy").click()
+    page.wait_for_function(
+        f"async () => (await navigator.clipboard.readText()) === {chat_dataset['id']!r}"
+    )
+    assert laptop.fits_width()
+    laptop.open(f"/datasets/{chat_dataset['name']}")
+    expect(page.locator("#dataset-id")).to_have_text(chat_dataset["id"])
+    expect(page.locator("#dataset-ref")).to_contain_text(f"data.dataset: {chat_dataset['name']}")

@@ -3,7 +3,7 @@
 // would learn from before it runs.
 
 import { api } from "./api.js";
-import { fmtBytes, fmtNumber, fmtTime, h, showError } from "./util.js";
+import { copyButton, fmtBytes, fmtNumber, fmtTime, h, showError } from "./util.js";
 
 const PREVIEWABLE = new Set(["messages", "prompt_completion", "jsonl_text"]);
 
@@ -13,18 +13,19 @@ export function datasetsPage(root) {
   root.append(
     h("h1", {}, "Datasets"),
     h("div", { class: "table-wrap" }, h("table", {},
-      h("thead", {}, h("tr", {}, ["Name", "Format", "Records", "Size", "Created"].map(
+      h("thead", {}, h("tr", {}, ["Name", "Id", "Format", "Records", "Size", "Created"].map(
         (c) => h("th", { class: c === "Records" || c === "Size" ? "num" : "" }, c)))),
       body)));
   api("/v1/datasets").then(({ items }) => {
     if (stopped) return;
     if (!items.length) {
-      body.append(h("tr", {}, h("td", { colspan: 5, class: "muted" },
+      body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" },
         "No datasets yet: upload one with `torchyard datasets upload NAME FILE`.")));
     }
     for (const ds of items) {
       body.append(h("tr", { dataset: { datasetId: ds.id } },
         h("td", {}, h("a", { href: `#/datasets/${ds.id}`, class: "dataset-name" }, ds.name)),
+        idCell(ds.id),
         h("td", {}, ds.format),
         h("td", { class: "num" }, fmtNumber(ds.stats?.records)),
         h("td", { class: "num" }, fmtBytes(ds.size_bytes)),
@@ -33,6 +34,12 @@ export function datasetsPage(root) {
     root.dataset.loaded = "true";
   }).catch(showError);
   return () => { stopped = true; };
+}
+
+/** A dataset's id, which a spec's `data.dataset` takes (its name does too), with Copy. */
+function idCell(id) {
+  const code = h("code", { class: "dataset-id" }, id);
+  return h("td", { class: "nowrap" }, code, " ", copyButton(id, code));
 }
 
 function percentiles(l) {
@@ -179,9 +186,12 @@ export function datasetPage(root, datasetId) {
   let stopped = false;
   api(`/v1/datasets/${encodeURIComponent(datasetId)}`).then((ds) => {
     if (stopped) return;
+    const id = h("code", { id: "dataset-id" }, ds.id);
     root.append(
       h("h1", {}, h("a", { href: "#/datasets" }, "Datasets"), " / ",
         h("span", { id: "dataset-name" }, ds.name)),
+      h("p", { id: "dataset-ref", class: "muted" }, "A spec names it as ",
+        h("code", {}, `data.dataset: ${ds.name}`), " or by its id ", id, " ", copyButton(ds.id, id)),
       h("div", { class: "panel" }, statsList(ds)),
       h("h2", {}, "Warnings"), warningsList(ds),
       h("h2", {}, "Mask preview"),

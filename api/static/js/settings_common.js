@@ -1,7 +1,7 @@
 // Building blocks of the settings pages: errors shown next to the form they answer (422 field
 // paths, 403, 409), a two-click confirm button, a secret shown once with a copy button, tables.
 
-import { h } from "./util.js";
+import { copyButton, h } from "./util.js";
 
 /** True when `me` (GET /v1/me) may use the admin routes: role admin and the admin scope. */
 export function isAdmin(me) {
@@ -74,15 +74,7 @@ export function confirmButton(label, action, attrs = {}) {
 export function secretOnce(id, title, secret, note) {
   const status = h("span", { class: "muted copy-status" });
   const code = h("code", { class: "secret", id }, secret);
-  const copy = h("button", { type: "button", class: "copy", onclick: async () => {
-    try {
-      await navigator.clipboard.writeText(secret);
-      status.textContent = "Copied.";
-    } catch {
-      getSelection().selectAllChildren(code); // the user copies it with Ctrl+C
-      status.textContent = "Selected: press Ctrl+C to copy.";
-    }
-  } }, "Copy");
+  const copy = copyButton(secret, code, status);
   return h("div", { class: "secret-once", role: "status" },
     h("strong", {}, title), h("div", { class: "secret-line" }, code, copy, status),
     h("p", { class: "muted" }, note ?? "It is shown only now: store it somewhere safe."));

@@ -162,3 +162,19 @@ export function toYaml(value, indent = "") {
   }
   return yamlScalar(value);
 }
+
+/**
+ * A Copy button for `text`: onto the clipboard, or else `node` selected for Ctrl+C (a page
+ * without clipboard access); `status` (optional) says which happened.
+ */
+export function copyButton(text, node, status) {
+  return h("button", { type: "button", class: "copy", title: `copy ${text}`, onclick: async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      if (status) status.textContent = "Copied.";
+    } catch {
+      getSelection().selectAllChildren(node);
+      if (status) status.textContent = "Selected: press Ctrl+C to copy.";
+    }
+  } }, "Copy");
+}

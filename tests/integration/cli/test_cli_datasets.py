@@ -44,6 +44,9 @@ def test_upload_with_a_format_then_show_its_stats(cli: Any, tmp_path: Path) -> N
     assert "chars (supervised)" in shown.stdout
     assert "p50 1 / p90 5 / p99 5 / max 5" in shown.stdout  # "4" and "hello"
     assert "assistant 2, user 2" in shown.stdout
+    by_name = cli("datasets", "show", "chat", "--json")  # its name works as its id does
+    assert by_name.exit_code == 0, by_name.output
+    assert json.loads(by_name.stdout)["id"] == dataset["id"]
 
     detected = cli("datasets", "upload", "auto", str(_jsonl(tmp_path / "a.jsonl", CHAT)))
     assert detected.exit_code == 0, detected.output

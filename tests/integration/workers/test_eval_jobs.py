@@ -140,37 +140,36 @@ def test_eval_after_scores_periodic_and_final_checkpoints_and_the_starting_weigh
     worker: Worker,
 ) -> None:
     """`eval_after` makes one eval job per scored checkpoint (every checkpoint here: steps 6
-    and 12, the final one once) and one for the starting weights; each perplexity equals the
-    trainer's own eval_loss at that step (step 0: `eval.at_start`)."""
+    and 12, the final one once); each perplexity equals the trainer's own eval_loss at that
+    step. (The starting weights' eval job, `baseline`, is tests/e2e/test_evals.py's: this host
+    runs the suite 4 tests at a time, and each eval job is a torchrun of its own.)"""
     spec = tiny_spec(
         pool=worker.queue,
         dataset_id=dataset_id,
         train={"max_steps": 12},
-        eval={"interval_steps": 6, "num_batches": 2, "at_start": True},
+        eval={"interval_steps": 6, "num_batches": 2},
         checkpoint={"interval_steps": 6},
     ).model_dump(mode="json", exclude_none=True)
-    spec["eval_after"] = {"evaluations": ["perplexity"], "every_checkpoints": 1}
+    spec["eval_after"] = {"evaluations": ["perplexity"], "every_checkpoints": 1, "baseline": False}
     trained = submit(client, project, spec)
     done = wait_state(engine, trained["id"], TERMINAL, RUN_S, worker)
     assert done.state == "succeeded", done.error
     listed = client.get("/v1/jobs", headers=project.headers).json()["items"]
     mine = str(trained["id"])
     made = {j["labels"]["eval_at"]: j for j in listed if j["labels"].get("eval_of") == mine}
-    assert set(made) == {"initial", "6", "12"}
+    assert set(made) == {"6", "12"}
     for job in made.values():
         ended = wait_state(engine, job["id"], TERMINAL, RUN_S, worker)
         assert ended.state == "succeeded", ended.error
     eval_loss = {p.step: p.value for p in metric_series(engine, trained["id"], "eval_loss")}
-    assert set(eval_loss) >= {0, 6, 12}
+    assert set(eval_loss) >= {6, 12}
     answer = client.get(f"/v1/jobs/{trained['id']}/evals", headers=project.headers)
     assert answer.status_code == 200, answer.text
     by_step = {e["step"]: e for e in answer.json()["items"]}
-    assert sorted(by_step) == [0, 6, 12]
-    assert by_step[0]["checkpoint_id"] is None and by_step[12]["checkpoint_id"] is not None
+    assert sorted(by_step) == [6, 12]
     for step, result in by_step.items():
-        assert result["source_job_id"] == trained["id"]
+        assert result["source_job_id"] == trained["id"] and result["checkpoint_id"] is not None
         assert result["metrics"]["loss"] == pytest.approx(eval_loss[step], rel=1e-5), step
-    assert by_step[12]["metrics"]["loss"] < by_step[0]["metrics"]["loss"]
 
 
 def test_eval_specs_that_cannot_run_are_refused_with_the_fields_path(

@@ -477,6 +477,39 @@ def test_a_job_can_use_an_uploaded_dataset(client: TestClient, project: ProjectK
     assert answer.status_code == 201, answer.text
 
 
+def test_a_dataset_is_named_by_its_name_or_its_id_and_a_job_pins_the_id(
+    client: TestClient, project: ProjectKey, other_project: ProjectKey
+) -> None:
+    """Issue 28, item 2: `GET /v1/datasets/{name}`, `data.dataset: NAME` and an eval
+    evaluation's `dataset: NAME` work like the id; the stored spec holds the id, so the job
+    reads what the name named at submission. Another project's name is a 404."""
+    name = f"named-{uuid.uuid4().hex[:6]}"
+    records = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(3)]
+    body = "".join(json.dumps(r) + "\n" for r in records).encode()
+    ds = client.post(
+        "/v1/datasets/upload",
+        content=_multipart(name, "qa.jsonl", body),
+        headers={**project.headers, **MULTIPART},
+    ).json()
+    shown = client.get(f"/v1/datasets/{name}", headers=project.headers)
+    assert shown.status_code == 200 and shown.json()["id"] == ds["id"], shown.text
+    assert_error(
+        client.get(f"/v1/datasets/{name}", headers=other_project.headers), 404, "not_found"
+    )
+    spec = {
+        "name": "j",
+        "data": {"dataset": name, "eval_dataset": name},
+        "eval_after": [{"kind": "generate", "dataset": name}],
+    }
+    answer = client.post("/v1/jobs", json=spec, headers=project.headers)
+    assert answer.status_code == 201, answer.text
+    stored = answer.json()["spec"]
+    assert (stored["data"]["dataset"], stored["data"]["eval_dataset"]) == (ds["id"], ds["id"])
+    assert stored["eval_after"]["evaluations"][0]["dataset"] == ds["id"]
+    elsewhere = client.post("/v1/jobs", json=spec, headers=other_project.headers)
+    assert_error(elsewhere, 422, "validation_error", ["body", "data", "dataset"])
+
+
 def test_dataset_ids_that_cannot_exist_are_404(client: TestClient, project: ProjectKey) -> None:
     for bad in ("ds_missing", "ds%00x", "x" * 100):
         assert_error(client.get(f"/v1/datasets/{bad}", headers=project.headers), 404, "not_found")

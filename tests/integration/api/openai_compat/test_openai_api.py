@@ -161,6 +161,20 @@ def _check_trained_tokens(server: str, project: ProjectKey, done: Any) -> None:
     assert done.trained_tokens == reports[-1]["tokens"] * done.hyperparameters.n_epochs
 
 
+def _full_valid_loss(server: str, project: ProjectKey, job_id: str, worker: Worker) -> float:
+    """The loss the fine-tune's `eval_after` eval job found on the validation file, once it
+    succeeded (it is queued when the fine-tune succeeds)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = _native(server, project, f"/v1/jobs/{job_id}/evals")["items"]
+        if found:
+            (full,) = found
+            assert full["name"] == "full_valid" and full["checkpoint_id"] is not None
+            return float(full["metrics"]["loss"])
+        time.sleep(0.5)
+    pytest.fail(f"no eval of job {job_id} in {JOB_TIMEOUT_S}s: {worker.log[-4000:]}")
+
+
 def _has_fields(obj: Any, *names: str) -> None:
     dumped = obj.model_dump()
     missing = [n for n in names if n not in dumped]
@@ -245,9 +259,11 @@ def test_supervised_fine_tune_trains_to_completion(
 ) -> None:
     client = _client(server, project.api_key)
     training = client.files.create(file=data.messages.open("rb"), purpose="fine-tune")
+    validation = client.files.create(file=data.messages.open("rb"), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
         model=BASE,
         training_file=training.id,
+        validation_file=validation.id,
         suffix="docs",
         seed=7,
         metadata={"team": "ml"},
@@ -272,6 +288,10 @@ def test_supervised_fine_tune_trains_to_completion(
     assert checkpoints, "no checkpoint"
     assert checkpoints[0].fine_tuned_model_checkpoint.startswith(done.fine_tuned_model)
     assert checkpoints[0].step_number > 0 and checkpoints[0].fine_tuning_job_id == job.id
+    # the final checkpoint's full_valid_loss: its eval job's loss on the whole validation file
+    full = _full_valid_loss(server, project, job.id[6:], worker)
+    final = client.fine_tuning.jobs.checkpoints.list(job.id).data[0]
+    assert final.metrics.full_valid_loss == pytest.approx(full)
 
     # The same job in Torchyard's own view.
     native = _native(server, project, f"/v1/jobs/{job.id[6:]}")
