@@ -28,6 +28,7 @@ from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.s3server import s3, s3_env, s3_settings
 from tests.integration.webhooks.receiver import Receiver
 from tests.integration.workers.controllers import Controller
+from tests.integration.workers.helpers import Worker
 
 __all__ = ["s3", "s3_env", "s3_settings"]  # fixtures (tests/integration/s3server.py)
 from torchyard.cli import app
@@ -172,6 +173,17 @@ def receiver() -> Iterator[Receiver]:
     found = Receiver()
     yield found
     found.stop()
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[Worker]]:
+    """The workers a test starts; each is stopped (or already dead) at the end. A worker left
+    running consumes its pool's and the control queue's messages for later tests of the same
+    broker database (the reconciler's among them), or for another run's."""
+    holder: list[Worker] = []
+    yield holder
+    for w in holder:
+        w.stop()
 
 
 @pytest.fixture

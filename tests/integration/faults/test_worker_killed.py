@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -56,15 +55,6 @@ DETECTED_WITHIN_S = 60.0
 @pytest.fixture
 def queue() -> str:
     return unique_queue("kill")
-
-
-@pytest.fixture
-def fleet() -> Iterator[list[Worker]]:
-    """The workers a test starts; each is stopped (or already dead) at the end."""
-    holder: list[Worker] = []
-    yield holder
-    for w in holder:
-        w.stop()
 
 
 def _start(

@@ -9,7 +9,6 @@ values they reported before it (the examples resume model, optimizer and data or
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +44,6 @@ COMMANDS = {
     "fsdp2": ["python", "train.py", "--max-steps", "250", "--checkpoint-every", "60"],
     "hf_trainer": ["python", "train.py", "--max-steps", "250", "--save-steps", "60"],
 }
-
-
-@pytest.fixture
-def fleet() -> Iterator[list[Worker]]:
-    """The workers a test starts; each is stopped (or already dead) at the end."""
-    holder: list[Worker] = []
-    yield holder
-    for w in holder:
-        w.stop()
 
 
 def example_spec(name: str, pool: str) -> dict[str, Any]:
