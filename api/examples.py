@@ -274,6 +274,29 @@ DATASET: dict[str, Any] = {
     "created_at": "2026-11-24T16:20:45.871003Z",
 }
 DATASET_LIST: dict[str, Any] = {"items": [DATASET]}
+DATASET_FILES: dict[str, Any] = {
+    "items": [
+        {"path": "asyncio/base_events.py", "size_bytes": 78812},
+        {"path": "asyncio/events.py", "size_bytes": 28770},
+    ],
+    "next_cursor": "asyncio/events.py",
+}
+DATASET_SAMPLE: dict[str, Any] = {
+    "dataset_id": CHAT_DATASET_ID,
+    "format": "messages",
+    "items": [
+        {
+            "where": "support-chats.jsonl:1",
+            "record": {
+                "messages": [
+                    {"role": "user", "content": "How do I reset my password?"},
+                    {"role": "assistant", "content": "Open Settings, then Security, then Reset."},
+                ]
+            },
+            "truncated": False,
+        }
+    ],
+}
 DATASET_REGISTER: dict[str, Any] = {
     "name": "python-corpus",
     "uri": "/data/corpora/python",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL (127.0.0.1:5432, trust auth for local TCP) and Redis (127.0.0.1:6379)
 # are running: start them when installed but stopped, install them with apt when absent; and
-# that bubblewrap (`bwrap`, the workers' job sandbox) is installed.
+# that bubblewrap (`bwrap`, the workers' job sandbox) and nftables (`nft`, their network
+# fence) are installed.
 # Needs root only when something has to be installed or started.
 set -euo pipefail
 
@@ -46,4 +47,10 @@ if ! command -v bwrap >/dev/null; then
   apt_install bubblewrap
 fi
 
-echo "services: postgres, redis and bwrap are up" >&2
+# ... and fence the jobs that keep the network off the control plane with nftables
+# (workers/netfence.py; needs root where the worker runs).
+if ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; then
+  echo "services: installing nftables" >&2
+  apt_install nftables
+fi
+echo "services: postgres, redis, bwrap and nft are up" >&2

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
+# A one-node Slurm cluster for the Slurm pool's tests (tests/integration/workers/test_slurm.py).
+if [ "$(id -u)" = 0 ]; then bash scripts/slurm.sh; fi
 bash scripts/browser.sh
 bash scripts/setup.sh
 . .venv/bin/activate

@@ -36,7 +36,9 @@ from torchyard.exports import Exports
 from torchyard.models import (
     Checkpoint,
     Dataset,
+    DatasetFile,
     DatasetPreview,
+    DatasetSample,
     Evaluation,
     Event,
     Job,
@@ -48,6 +50,7 @@ from torchyard.models import (
 )
 from torchyard.sweeps import Sweeps
 from torchyard.usage import Usage
+from torchyard.workers import Workers
 
 FollowItem = Job | Event | MetricPoint | LogLine
 
@@ -89,6 +92,7 @@ class Client:
         self.keys = Keys(self)
         self.members = Members(self)
         self.sweeps = Sweeps(self)
+        self.workers = Workers(self)
 
     def __enter__(self) -> Client:
         return self
@@ -185,13 +189,22 @@ class Jobs:
         *,
         state: str | Sequence[str] | None = None,
         name: str | None = None,
+        dataset: str | None = None,
         limit: int | None = None,
         cursor: str | int | None = None,
     ) -> Page[Job]:
         """One page of jobs, newest first. `state` filters (one or several), `name` matches a
-        substring, `limit` is 1-200 (server default 50)."""
+        substring, `dataset` (an id or name) keeps the jobs whose spec names that dataset,
+        `limit` is 1-200 (server default 50). Raises `NotFound` for a dataset the project
+        does not have."""
         states = [state] if isinstance(state, str) else list(state or [])
-        params = {"state": states or None, "name": name, "limit": limit, "cursor": cursor}
+        params = {
+            "state": states or None,
+            "name": name,
+            "dataset": dataset,
+            "limit": limit,
+            "cursor": cursor,
+        }
         return Page[Job].model_validate(self._client.request("GET", "/v1/jobs", params=params))
 
     def iter(
@@ -199,12 +212,15 @@ class Jobs:
         *,
         state: str | Sequence[str] | None = None,
         name: str | None = None,
+        dataset: str | None = None,
         page_size: int | None = None,
     ) -> Iterator[Job]:
         """Every matching job, newest first, fetching pages as needed."""
         cursor: str | int | None = None
         while True:
-            page = self.list(state=state, name=name, limit=page_size, cursor=cursor)
+            page = self.list(
+                state=state, name=name, dataset=dataset, limit=page_size, cursor=cursor
+            )
             yield from page.items
             if page.next_cursor is None or not page.items:
                 return
@@ -536,6 +552,25 @@ class Datasets:
     def get(self, dataset_id: str) -> Dataset:
         """One dataset. Raises `NotFound`."""
         return Dataset.model_validate(self._client.request("GET", f"/v1/datasets/{dataset_id}"))
+
+    def files(
+        self, dataset_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[DatasetFile]:
+        """One page of the dataset's files (path relative to its location, size in bytes), in
+        path order; `limit` is 1-1000 (server default 100). Raises `NotFound`, `Conflict`
+        (its location cannot be read now)."""
+        params = {"limit": limit, "cursor": cursor}
+        answer = self._client.request("GET", f"/v1/datasets/{dataset_id}/files", params=params)
+        return Page[DatasetFile].model_validate(answer)
+
+    def sample(self, dataset_id: str, *, limit: int | None = None) -> DatasetSample:
+        """The dataset's first `limit` records (1-20, server default 5) as a job reads them;
+        strings over 2,000 characters and lists over 64 items are cut. Raises `NotFound`,
+        `Conflict` (its location cannot be read now)."""
+        answer = self._client.request(
+            "GET", f"/v1/datasets/{dataset_id}/sample", params={"limit": limit}
+        )
+        return DatasetSample.model_validate(answer)
 
     def preview(
         self,

@@ -62,6 +62,17 @@ def exporter_argv(
     return argv
 
 
+def slurm_argv(pool: str, hostname: str | None = None) -> list[str]:
+    """The submitter of a Slurm pool (`TORCHYARD_SLURM_POOLS`), on a login node: a Celery worker
+    on the pool's queue that places its jobs with `sbatch` and follows them with `squeue`
+    (`workers.slurm.submitter`); no devices of its own."""
+    argv = [sys.executable, "-m", "workers", "slurm", "--pool", pool, "--without-gossip",
+            "--without-mingle"]  # fmt: skip
+    if hostname:
+        argv += ["--hostname", hostname]
+    return argv
+
+
 def controller_argv() -> list[str]:
     """The controller: the reconcile loop (lost workers, hangs, preemption, lost messages) in
     a process of its own, one leader among any number (`workers.controller`)."""

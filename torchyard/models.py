@@ -286,6 +286,31 @@ class Dataset(_Model):
     created_at: datetime | None = None
 
 
+class DatasetFile(_Model):
+    """One file of a dataset: its path relative to the dataset's location, its size."""
+
+    path: str
+    size_bytes: int
+
+
+class SampleRecord(_Model):
+    """One record of `client.datasets.sample(...)`: `where` (``file:line``, ``file:row``, a
+    text file's path, ``file:0`` for a token array), the record as a job reads it (a JSON
+    object, a text head, token ids), and whether a long value was cut (`truncated`)."""
+
+    where: str
+    record: Any = None
+    truncated: bool = False
+
+
+class DatasetSample(_Model):
+    """The first records of a dataset."""
+
+    dataset_id: str
+    format: str
+    items: list[SampleRecord] = []
+
+
 class PreviewExample(_Model):
     """One record as a job tokenizes it: per token (L of each) its id, display text, mask bit
     (a target of the loss) and the role it came from; `status`: kept, truncated or dropped."""

@@ -359,6 +359,7 @@ def _wait_for_interrupt(servers: Servers) -> None:
 
 
 def _print_access(console: Console, url: str, api_key: str, home: Path, keep: bool) -> None:
+    console.print(Text.assemble(("dashboard ", "bold"), f"{url}/ui/  (sign in with the API key)"))
     console.print(Text.assemble(("API       ", "bold"), f"{url}  (docs {url}/docs)"))
     console.print(Text.assemble(("API key   ", "bold"), api_key))
     console.print(Text.assemble(("home      ", "bold"), str(home)))

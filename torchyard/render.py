@@ -6,6 +6,7 @@ error messages) is wrapped in `Text` so square brackets in it are never read as 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -21,7 +22,9 @@ from torchyard.models import (
     Checkpoint,
     CheckpointExport,
     Dataset,
+    DatasetFile,
     DatasetPreview,
+    DatasetSample,
     DatasetStats,
     Entrypoint,
     Evaluation,
@@ -92,6 +95,19 @@ def format_rate(value: float | None) -> str:
     return f"{value:.0f}"
 
 
+def trained_text(job: Job) -> str:
+    """How long the job trained (`running_s`, all attempts), and the span from its start to its
+    end when that is longer: starting, restarts and the final save are not training.
+    ``3m38s of 3m51s from start to end``. The dashboard's `trainedText` says the same."""
+    trained = format_duration(job.running_s)
+    if job.started_at is None or job.finished_at is None or job.running_s is None:
+        return trained
+    span = (job.finished_at - job.started_at).total_seconds()
+    if round(span) - round(job.running_s) < 1:
+        return trained
+    return f"{trained} of {format_duration(span)} from start to end"
+
+
 def format_when(when: datetime | None, now: datetime | None = None) -> str:
     """``2026-11-25 12:00:03 UTC (5m00s ago)``; ``-`` when unknown."""
     if when is None:
@@ -153,12 +169,13 @@ def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
     table = Table(box=None, header_style="bold")
     columns = ("ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED", "QUEUE")
     for column in columns:
-        # On a narrow terminal the pool (and then the name) is cut short, not the state.
+        # On a narrow terminal a long name, pool or queue reason wraps onto more lines (a
+        # name is what a user types next, so it is never cut); the other columns keep a line.
         table.add_column(
             column,
             justify="right" if column in ("ID", "STEP", "LOSS") else "left",
             no_wrap=column not in ("NAME", "POOL", "QUEUE"),
-            overflow="ellipsis",
+            overflow="fold" if column in ("NAME", "POOL") else "ellipsis",
             min_width=8 if column in ("NAME", "POOL") else None,
         )
     for job in jobs:
@@ -211,7 +228,7 @@ def job_details(job: Job) -> Table:
         ("created", format_when(job.created_at)),
         ("started", format_when(job.started_at)),
         ("finished", format_when(job.finished_at)),
-        ("trained", format_duration(job.running_s)),
+        ("trained", trained_text(job)),
     ]
     if job.eta_s is not None:
         rows.append(("eta", format_duration(job.eta_s)))
@@ -330,6 +347,29 @@ def datasets_table(datasets: Iterable[Dataset], now: datetime | None = None) -> 
             format_age(ds.created_at, now),
         )
     return table
+
+
+def dataset_files_table(files: Iterable[DatasetFile]) -> Table:
+    """One row per file: its path in the dataset, its size."""
+    table = Table(box=None, header_style="bold")
+    table.add_column("PATH", overflow="fold")
+    table.add_column("SIZE", justify="right")
+    for f in files:
+        table.add_row(Text(f.path), format_bytes(f.size_bytes))
+    return table
+
+
+def sample_records(sample: DatasetSample) -> list[Text]:
+    """Each sampled record under a bold `where` line: a text head as it is, a JSON record or
+    token ids as indented JSON; `(cut)` when a long value was shortened."""
+    shown = []
+    for item in sample.items:
+        body = item.record if isinstance(item.record, str) else json.dumps(item.record, indent=2)
+        head = Text(item.where, style="bold")
+        if item.truncated:
+            head.append("  (cut)", style="yellow")
+        shown.append(Text.assemble(head, "\n", Text(body)))
+    return shown
 
 
 def dataset_stats_table(stats: DatasetStats) -> Table:

@@ -162,7 +162,8 @@ def render_summary(summary: JobSummary) -> RenderableType:
         ("steps", steps),
         *_figures(summary),
         ("duration", format_duration(summary.duration_s)),
-        ("checkpoint", Text(summary.checkpoint_uri or "-")),
+        # folded, never cut: the path is what a user copies next
+        ("checkpoint", Text(summary.checkpoint_uri or "-", overflow="fold")),
     ]
     if summary.error:
         rows.append(("error", Text(summary.error, style="red")))

@@ -59,6 +59,8 @@ class UsageReport(_Model):
     currency: str
     rows: list[UsageRow]
     total: UsageTotals
+    # pools with usage but no slot-hour price (TORCHYARD_SLOT_PRICES): their hours cost 0
+    unpriced_pools: list[str] = []
 
 
 def _params(since: str | None, until: str | None, group_by: str) -> dict[str, Any]:

@@ -145,9 +145,11 @@ def prepare(
         data=data,
         init_from=init_uri,
         eval_data=eval_data,
-        cache_dir=row_cache_dir(settings),
+        cache_dir=row_cache_dir(settings, job.project_id),
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
+    assert paths.cache_dir is not None
+    paths.cache_dir.mkdir(parents=True, exist_ok=True)  # the sandbox binds only what exists
     paths.spec.write_text(job.spec.model_dump_json(indent=2))
     return paths
 
@@ -174,11 +176,13 @@ def prepare_eval(
         data=located["source_data"],
         init_from=(located["checkpoint"] or {}).get("uri"),  # None: the starting weights
         eval_data=located["source_eval_data"],
-        cache_dir=row_cache_dir(settings),
+        cache_dir=row_cache_dir(settings, job.project_id),
         extra_inputs=tuple(uri for uri in extra if uri),
         source_model=located["source_model"],
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
+    assert paths.cache_dir is not None
+    paths.cache_dir.mkdir(parents=True, exist_ok=True)  # the sandbox binds only what exists
     paths.spec.write_text(spec.model_dump_json(indent=2))
     paths.inputs.write_text(json.dumps(located, indent=2))
     return paths

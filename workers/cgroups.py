@@ -15,7 +15,10 @@ host has the unified hierarchy and the worker's own cgroup can delegate (its pro
 moved into a `worker` leaf first: v2 allows no processes beside child groups); else v1's
 `memory` and `cpu` controllers (`memory.limit_in_bytes`, `cpu.cfs_quota_us`,
 `memory.oom_control`). None where neither is writable (no root, a read-only /sys/fs/cgroup):
-the job then runs in the worker's cgroup, as before, and the worker logs it once.
+the job then runs in the worker's cgroup, as before, and the worker logs it once. On a hybrid
+host (v1 controllers, the unified hierarchy at `/sys/fs/cgroup/unified`) the node also joins a
+group of the same name there, which holds no controller: it names the job's sockets for the
+network fence (`workers.netfence`, nftables' `socket cgroupv2`), as the v2 group does.
 
 Source: the kernel's cgroup-v1/memory.rst, cgroup-v2.rst.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ROOT = Path("/sys/fs/cgroup")
+UNIFIED = ROOT / "unified"  # the v2 hierarchy of a hybrid host (systemd's layout)
 BASE = "torchyard"  # under the worker's own cgroup
 CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "cpu")
@@ -141,6 +145,13 @@ def _create_v1(
             d.mkdir(parents=True)
             group.dirs.append(d)
         memory, cpu = dirs
+        hybrid = _hybrid_base(own)
+        if hybrid is not None:
+            try:
+                (hybrid / name).mkdir(parents=True)
+                group.dirs.append(hybrid / name)  # last: `path` stays the memory group
+            except OSError as exc:
+                log.warning("no unified cgroup for %s (its sockets are not fenced): %s", name, exc)
         if memory_bytes is not None:
             _write(memory / "memory.limit_in_bytes", str(memory_bytes))
         if cpus is not None:
@@ -152,13 +163,57 @@ def _create_v1(
     return group
 
 
-def _create_v2(own: str, name: str, memory_bytes: int | None, cpus: float | None) -> JobCgroup:
+# The hybrid layout puts every worker of the host in the same unified group (its root, as a
+# rule): each worker's jobs go one level further down, in a group named after the worker, so
+# its network fence matches its own jobs only (`workers.netfence`).
+_scope = "worker"
+
+
+def set_scope(name: str) -> None:
+    """Name this worker's group of jobs in a hybrid host's unified hierarchy (before any job)."""
+    global _scope
+    _scope = name
+
+
+def _hybrid_base(own: dict[str, str]) -> Path | None:
+    """Where a hybrid host's unified groups of this worker's jobs go; None on a host without
+    a unified hierarchy."""
+    if "" not in own or not (UNIFIED / "cgroup.procs").exists():
+        return None
+    return UNIFIED / own[""].lstrip("/") / BASE / _scope
+
+
+def _v2_base(own: str) -> Path:
+    """The worker's v2 `torchyard` group, made (with delegation) the first time."""
     top = ROOT / own.lstrip("/")
     base = top / BASE
     if not base.is_dir():
         _delegate(top)
         base.mkdir(exist_ok=True)
         _write(base / "cgroup.subtree_control", "+memory +cpu")
+    return base
+
+
+def fence_parent() -> tuple[Path, int] | None:
+    """The v2 group every job's node group of this worker lies in, made if missing, and its
+    depth in the v2 hierarchy (the root's children are at 1): what nftables' `socket cgroupv2
+    level N` matches (`workers.netfence`). None where job groups have no v2 side. Raises
+    OSError when it cannot be made."""
+    own = own_paths()
+    if "" not in own:
+        return None
+    if (ROOT / "cgroup.controllers").exists():
+        base, mount = _v2_base(own[""]), ROOT
+    elif (hybrid := _hybrid_base(own)) is not None:
+        hybrid.mkdir(parents=True, exist_ok=True)
+        base, mount = hybrid, UNIFIED
+    else:
+        return None
+    return base, len(base.relative_to(mount).parts)
+
+
+def _create_v2(own: str, name: str, memory_bytes: int | None, cpus: float | None) -> JobCgroup:
+    base = _v2_base(own)
     group = JobCgroup(dirs=[base / name], version=2)
     group.path.mkdir()
     try:
@@ -196,6 +251,10 @@ def sweep() -> int:
         tops = [ROOT / own[""].lstrip("/") / BASE]
     else:
         tops = [ROOT / c / own.get(c, "/").lstrip("/") / BASE for c in V1_CONTROLLERS]
+        hybrid = _hybrid_base(own)
+        if hybrid is not None and hybrid.parent.is_dir():  # each worker's: never removed,
+            # since a live worker's fence names its group (a new one would not match)
+            tops = [*tops, *(d for d in hybrid.parent.iterdir() if d.is_dir())]
     for top in tops:
         if not top.is_dir():
             continue

@@ -267,7 +267,7 @@ def run_round(
             sweeper.kick(settings, factory, dispatch)
     except SQLAlchemyError as exc:
         steady.broke()
-        if leadership.leading:
+        if was_leading:  # hold() has dropped the lead already when the lock's session died
             log.warning("controller: gave up the lead: %s", type(exc).__name__)
         leadership.drop()
         log.warning("controller: database unreachable: %s", exc)

@@ -120,6 +120,9 @@ class RunIngest:
                 staging=Path(paths.checkpoint_dir),
                 remote=paths.checkpoint_remote,
                 keep_last=paths.checkpoint_keep_last,
+                attempt=attempt,
+                node_rank=node_rank,
+                nnodes=paths.checkpoint_nodes,
             )
         )
         self._taken: set[int] = set()
@@ -204,6 +207,8 @@ class RunIngest:
                 if offset not in self._taken:  # a retried flush reads it again
                     self.sync.take(_clean(event))
                     self._taken.add(offset)
+            elif kind == "checkpoint_part":  # a node's part, for a worker that stages: not here
+                return
             else:
                 batch.events.append(_clean(event))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):

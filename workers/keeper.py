@@ -78,15 +78,24 @@ class _Stop:
             os.killpg(init, signal.SIGKILL)
 
 
+def _shield_bwrap() -> None:
+    """In bwrap's process before exec: the keeper's death ends it (SIGKILL), and the stop
+    signals are ignored. A signal aimed at every process of the job at once (Slurm's cancel,
+    requeue and `--signal`: `workers.slurm`; proctrack signals each PID) would otherwise kill
+    bwrap, and the namespace with it, before the ranks wrote their stop checkpoint. The ignore
+    is inherited by the namespace's init (which takes no signal it has no handler for anyway)
+    and by torchrun, which installs its own SIGTERM/SIGINT/SIGHUP handlers, so the ranks it
+    starts get the default dispositions back."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def run(argv: list[str], grace_s: float, pass_fds: tuple[int, ...]) -> int:
     """Run bwrap `argv` (handing it `pass_fds`) to its end, stopping the sandbox on SIGTERM,
     SIGINT or SIGHUP; return the exit status to exit with."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    bwrap = subprocess.Popen(
-        argv,
-        pass_fds=pass_fds,
-        preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL),  # the keeper's death ends it
-    )
+    bwrap = subprocess.Popen(argv, pass_fds=pass_fds, preexec_fn=_shield_bwrap)
     for fd in pass_fds:
         os.close(fd)
     stop = _Stop(bwrap, grace_s)

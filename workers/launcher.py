@@ -74,6 +74,9 @@ class RunPaths:
     # host, are uploaded (`workers.staging`); None when `checkpoint_dir` is the storage itself.
     checkpoint_remote: str | None = None
     checkpoint_keep_last: int | None = None  # and how many of them the bucket keeps
+    # ... and of how many nodes: with several, each node stages and uploads its ranks' part of
+    # each checkpoint (`workers.staging`; `TORCHYARD_CHECKPOINT_PARTS` in the program's env).
+    checkpoint_nodes: int = 1
     # An eval job's other inputs (its datasets, the source's `init_from`, a local model
     # directory), shown read-only in the sandbox; the locations are in `inputs`.
     extra_inputs: tuple[str, ...] = ()
@@ -440,6 +443,8 @@ def script_env(
     }
     if job.keep_last_checkpoints is not None:
         env["TORCHYARD_KEEP_LAST_CHECKPOINTS"] = str(job.keep_last_checkpoints)
+    if paths.checkpoint_remote is not None and paths.checkpoint_nodes > 1:
+        env["TORCHYARD_CHECKPOINT_PARTS"] = "1"  # each node's local rank 0 declares its part
     return env
 
 

@@ -89,20 +89,40 @@ def run_job(
     """
     if shutdown.is_set():
         return _leave_to_another_worker(factory, job_id, dispatch)
-    with devices.claimed(
-        devices.host_allocator(),
+    return claim_and_lead(
         lambda fit, reserve: _claim(settings, factory, job_id, worker, fit, reserve),
         settings=settings,
         factory=factory,
+        worker=worker,
         dispatch=dispatch,
+        shutdown=shutdown,
+        send_join=send_join,
+    )
+
+
+def claim_and_lead(
+    claim: Callable[[int | None, scheduling.Reserve], Job | None],
+    *,
+    settings: Settings,
+    factory: Callable[[], Session],
+    worker: str,
+    dispatch: Dispatch,
+    shutdown: threading.Event,
+    send_join: JoinDispatch | None,
+) -> str:
+    """Claim an attempt with `claim(max_slots, reserve)` on this host's free devices
+    (`devices.claimed`) and run its node 0 (`lead`); "not claimed" when there was none. The
+    Slurm agent's node 0 claims its own job through it (`workers.slurm.agent`)."""
+    with devices.claimed(
+        devices.host_allocator(), claim, settings=settings, factory=factory, dispatch=dispatch
     ) as claimed:
         if claimed is None:
             return "not claimed"
         job, lease = claimed
-        return _lead(job, lease, settings, factory, worker, dispatch, shutdown, send_join)
+        return lead(job, lease, settings, factory, worker, dispatch, shutdown, send_join)
 
 
-def _lead(
+def lead(
     job: Job,
     lease: devices.Lease,
     settings: Settings,

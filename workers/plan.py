@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.platform.models import Job
 from core.platform.settings import Settings
+from core.platform.storage import is_remote
 from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
 from workers import attempt, devices, launcher, sandbox, script
 from workers.launcher import GangNode, RunPaths
@@ -142,8 +143,8 @@ def sandbox_mounts(
     """What this node's sandbox shows (`workers.sandbox`): the job's own run and checkpoint
     (or staging) directories and the row cache writable; its inputs (datasets, `init_from`, a local
     model directory) read-only; the worker's home, venv root and storage root hidden; the
-    leased GPUs. No network for a single node on local storage without a hub model: its ranks
-    reach each other on loopback, and nothing else."""
+    leased GPUs. No network for a single node on local storage without a hub model or an input
+    in an object store: its ranks reach each other on loopback, and nothing else."""
     spec = job.spec
     inputs = (paths.data, paths.init_from, paths.eval_data, *paths.extra_inputs)
     local = [_local(uri) for uri in inputs]
@@ -169,15 +170,16 @@ def sandbox_mounts(
         writable=tuple(p for p in writable if p),
         hidden=tuple(hidden),
         devices=sandbox.nvidia_devices(lease.devices) if device == "cuda" else (),
-        network=node is not None or not settings.is_local_storage or hub_model,
+        network=node is not None
+        or not settings.is_local_storage
+        or hub_model
+        or any(uri and is_remote(uri) for uri in inputs),
         python=sandbox.python_paths([paths.python] if paths.python else []),
     )
 
 
 def _local(uri: str | None) -> str:
     """The local path of `uri` (a path or `file://`), "" for a remote one or none."""
-    if not uri:
+    if not uri or is_remote(uri):
         return ""
-    if uri.startswith("file://"):
-        return uri.removeprefix("file://")
-    return "" if "://" in uri else uri
+    return uri.removeprefix("file://")

@@ -126,6 +126,9 @@ def bwrap_path() -> str | None:
     return shutil.which(BWRAP)
 
 
+STOP_SIGNALS = "HUP,INT,TERM"  # what `workers.keeper` shields bwrap from
+
+
 def argv(mounts: Mounts, command: Sequence[str], *, cwd: Path | None, info_fd: int) -> list[str]:
     """`bwrap` with its options, then `command`; `cwd` (None: `/`) inside the sandbox;
     `info_fd`: an inherited descriptor bwrap writes `{"child-pid": N}` to."""
@@ -173,7 +176,9 @@ def argv(mounts: Mounts, command: Sequence[str], *, cwd: Path | None, info_fd: i
             out += ["--bind", path, path]
     if cwd is not None:
         out += ["--chdir", str(cwd)]
-    return [*out, "--", *command]
+    # The keeper starts bwrap with the stop signals ignored (`workers.keeper._shield_bwrap`);
+    # coreutils' env gives the job's own command the default dispositions back.
+    return [*out, "--", "env", f"--default-signal={STOP_SIGNALS}", *command]
 
 
 def _real(paths: Iterable[str]) -> list[str]:

@@ -63,15 +63,9 @@ def prepare(
     `node_rank`: the run dir's node part (None: a single node); `node_index`: the node's rank
     in the gang (0 for a single node: its logs' ranks); `nproc`: its ranks; `beat`: the job's
     heartbeat, called while requirements install (False: the attempt is over; stop). Raises
-    InvalidInput (the archive is gone, remote storage), Unlaunched (the install failed: its
+    InvalidInput (the archive is gone), Unlaunched (the install failed: its
     output is stored as the job's rank -1 log first; or it was stopped), OSError.
     """
-    if not settings.is_local_storage and spec.resources.nodes > 1:
-        raise InvalidInput(
-            "resources.nodes: an entrypoint job on a worker with remote storage "
-            f"({settings.storage_url.split('://')[0]}://) runs on one node: each host would "
-            "stage a part of each checkpoint (multi-node staging is not supported yet)"
-        )
     archive = with_db_retry(
         factory,
         lambda s: code_archives.get(
@@ -102,6 +96,7 @@ def prepare(
         checkpoint_dir=checkpoint_dir,
         checkpoint_remote=remote,
         checkpoint_keep_last=spec.entrypoint.keep_last_checkpoints,
+        checkpoint_nodes=spec.resources.nodes,
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.model_dump_json(indent=2))

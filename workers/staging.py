@@ -16,6 +16,17 @@ bucket itself, so checkpoints of earlier attempts are pruned too.
 Before an attempt starts, `stage_latest` empties this host's staging directory and downloads the
 job's newest recorded checkpoint into it, so `torchyard.train.latest_checkpoint()` finds it on
 whichever host the attempt runs.
+
+A job of several nodes stages a part of each checkpoint on each host (the files its ranks
+wrote there). Local rank 0 of every node but rank 0's declares its part with a
+`checkpoint_part` event in its own node's run directory (`TORCHYARD_CHECKPOINT_PARTS`); that
+node's worker uploads the part into the same remote step directory, then a marker
+`.torchyard_node_<k>.attempt_<a>` (`k`: the gang's node index), and empties its staged copy (the
+bucket is the checkpoint; the host's copy was only in transit). The worker of rank 0's node
+uploads its own part, waits for every other node's marker of this attempt and only then writes
+the completion marker and records the checkpoint; a part that never arrives (its host lost)
+leaves the checkpoint unrecorded. Every node downloads the whole checkpoint
+before an attempt, so a resumed rank finds whatever files it reads, on any host.
 """
 
 from __future__ import annotations
@@ -23,7 +34,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,7 +54,14 @@ log = logging.getLogger(__name__)
 
 #: `torchyard.train`'s completion marker: uploaded last, so a remote directory holding it is whole.
 COMPLETE_MARKER = ".torchyard_complete"
-SYNCED_KINDS = ("checkpoint", "checkpoint_deleted")
+SYNCED_KINDS = ("checkpoint", "checkpoint_deleted", "checkpoint_part")
+PARTS_TIMEOUT_S = 120.0  # node 0 waits this long for the other nodes' parts of a checkpoint
+_PARTS_POLL_S = 0.5
+
+
+def part_marker(node_rank: int, attempt: int) -> str:
+    """The name of the marker node `node_rank` uploads after its part of a checkpoint."""
+    return f".torchyard_node_{node_rank}.attempt_{attempt}"
 
 
 def staging_dir(settings: Settings, job_id: int) -> Path:
@@ -49,19 +69,31 @@ def staging_dir(settings: Settings, job_id: int) -> Path:
     return settings.home.resolve() / "staging" / "jobs" / str(job_id) / "checkpoints"
 
 
-def upload_dir(local: Path, remote: str) -> int:
-    """Copy the directory `local` to `remote` (an fsspec URI), replacing what is there, with
-    `COMPLETE_MARKER` last; returns the bytes copied. Raises OSError (or the filesystem's
-    error) when a transfer fails: `remote` is then incomplete, never marked."""
+def upload_dir(
+    local: Path,
+    remote: str,
+    *,
+    replace: bool = True,
+    before_marker: Callable[[], None] = lambda: None,
+) -> int:
+    """Copy the directory `local` to `remote` (an fsspec URI), with `COMPLETE_MARKER` last
+    (`before_marker` runs just before it: node 0 waits there for the other nodes' parts);
+    `replace`: delete what is there first (a single node's checkpoint; not a part, whose
+    directory the other nodes fill at the same time). Returns the bytes copied. Raises OSError
+    (or the filesystem's error, or `before_marker`'s) when a transfer fails: `remote` is then
+    incomplete, never marked."""
     fs, root = fsspec.core.url_to_fs(remote)
-    if fs.exists(root):
+    if replace and fs.exists(root):
         fs.rm(root, recursive=True)
     files = sorted(p for p in local.rglob("*") if p.is_file())
-    files.sort(key=lambda p: p.name == COMPLETE_MARKER)  # stable: the marker goes last
+    marker = [p for p in files if p.relative_to(local).as_posix() == COMPLETE_MARKER]
     size = 0
-    for path in files:
+    for path in [p for p in files if p not in marker]:
         fs.put_file(str(path), f"{root}/{path.relative_to(local).as_posix()}")
         size += path.stat().st_size
+    if marker:
+        before_marker()
+        fs.put_file(str(marker[0]), f"{root}/{COMPLETE_MARKER}")
     return size
 
 
@@ -77,12 +109,25 @@ class CheckpointSync:
     `info` event saying so: the checkpoint stays unrecorded (a resume uses the previous one)."""
 
     def __init__(
-        self, *, job_id: int, staging: Path, remote: str, keep_last: int | None = None
+        self,
+        *,
+        job_id: int,
+        staging: Path,
+        remote: str,
+        keep_last: int | None = None,
+        attempt: int = 1,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        parts_timeout_s: float = PARTS_TIMEOUT_S,
     ) -> None:
+        """`attempt`, `node_rank`, `nnodes`: this node's place (several nodes: each uploads its
+        part; node 0 records a checkpoint once every part of this attempt is in)."""
         self.job_id = job_id
         self.staging = Path(os.path.normpath(staging))
         self.remote = remote
         self.keep_last = keep_last
+        self.attempt, self.node_rank, self.nnodes = attempt, node_rank, nnodes
+        self.parts_timeout_s = parts_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ckpt-sync-{job_id}")
         self._pending: deque[tuple[dict[str, Any], Future[list[dict[str, Any]]]]] = deque()
 
@@ -119,8 +164,17 @@ class CheckpointSync:
         remote = join(self.remote, local.relative_to(self.staging).as_posix())
         pruned: list[dict[str, Any]] = []
         try:
+            if event["type"] == "checkpoint_part":
+                self._upload_part(local, remote)
+                return []  # node 0 records the checkpoint
             if event["type"] == "checkpoint":
-                size = upload_dir(local, remote)
+                several = self.nnodes > 1
+                size = upload_dir(
+                    local,
+                    remote,
+                    replace=not several,
+                    before_marker=(lambda: self._await_parts(remote)) if several else lambda: None,
+                )
                 log.info("job %s: checkpoint %s uploaded (%d bytes)", self.job_id, remote, size)
                 pruned = self._prune()
             else:
@@ -131,6 +185,38 @@ class CheckpointSync:
             log.warning("job %s: checkpoint transfer to %s failed: %s", self.job_id, remote, exc)
             return [_failed(event, exc)]
         return [{**event, "uri": remote}, *pruned]
+
+    def _upload_part(self, local: Path, remote: str) -> None:
+        """This node's part of a checkpoint: its files, then its marker; the staged copy is
+        deleted (it was only in transit: a resume downloads the whole checkpoint)."""
+        size = upload_dir(local, remote, replace=False)
+        fs, root = fsspec.core.url_to_fs(remote)
+        fs.pipe_file(f"{root}/{part_marker(self.node_rank, self.attempt)}", b"")
+        shutil.rmtree(local, ignore_errors=True)
+        log.info("job %s: node %d's part of %s uploaded (%d bytes)", self.job_id,
+                 self.node_rank, remote, size)  # fmt: skip
+
+    def _await_parts(self, remote: str) -> None:
+        """Wait until every other node's part of this attempt is in `remote`. Raises
+        TimeoutError after `parts_timeout_s` naming the nodes still missing.
+
+        The node whose rank 0 records the checkpoint need not be the gang's node 0: torchrun's
+        c10d rendezvous numbers the nodes in the order they joined, not by `--node-rank`."""
+        fs, root = fsspec.core.url_to_fs(remote)
+        deadline = time.monotonic() + self.parts_timeout_s
+        missing = [k for k in range(self.nnodes) if k != self.node_rank]
+        while True:
+            fs.invalidate_cache(root)
+            missing = [
+                k for k in missing if not fs.exists(f"{root}/{part_marker(k, self.attempt)}")
+            ]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no part from node(s) {missing} after {self.parts_timeout_s:.0f} s"
+                )
+            time.sleep(_PARTS_POLL_S)  # polling the bucket, with a deadline
 
     def _prune(self) -> list[dict[str, Any]]:
         """Delete the complete checkpoints in the bucket beyond the newest `keep_last`; their

@@ -103,7 +103,12 @@ class Supervisor:
 
     def run(self) -> Exit:
         try:
-            self._watch()
+            returncode = self._watch()
+            if self.stop is None and self.shutdown.is_set() and returncode != 0:
+                # The host's stop reached torchrun before this loop did: Slurm signals every
+                # process of the step (`workers.slurm.agent`). The trainer took the same SIGTERM
+                # (it checkpoints at the step boundary): the exit is the shutdown's, not a failure.
+                self.stop = Stop.SHUTDOWN
         finally:
             for watcher in self.watchers:
                 try:

@@ -336,7 +336,11 @@ class SysMetrics:
         return None
 
     def _store(self, values: list[Reading], when: float) -> None:
-        """Store at the latest step (module docstring), if the job is still this attempt's."""
+        """Store at the latest step (module docstring), if the job is still this attempt's and
+        its trainer has not reported its end: a sample taken while it tears down (processes
+        exiting, memory freed) would overwrite the last step's and chart a drop at the end."""
+        if self.ingest.reported.completed is not None or self.ingest.reported.stopped:
+            return
         job_id, attempt = self.ingest.job_id, self.ingest.attempt
         with self.session_factory() as session:
             ours = session.execute(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,18 +16,22 @@ from core.platform.db import get_engine, session_factory
 from core.platform.logs import job_id_var
 from core.platform.models import utcnow
 from core.platform.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
-from core.platform.settings import get_settings
-from workers import devices, exports, liveness, node, sandbox
+from core.platform.settings import Settings, get_settings
+from workers import devices, exports, liveness, netfence, node, sandbox
 from workers import reconcile as reconciler
 from workers.app import CONTROL_QUEUE, app
+from workers.slurm import submitter
 
 # Set when this worker starts a warm or cold shutdown: a running job is stopped (the trainer
 # checkpoints) and handed back to the queue instead of being orphaned or waited for.
 shutting_down = threading.Event()
 
 
+log = logging.getLogger(__name__)
 # This process's row in `workers`, kept fresh by a thread from `worker_ready` to shutdown.
 heartbeat: liveness.WorkerHeartbeat | None = None
+fence: netfence.Fence | None = None  # the network fence this worker installed
+watcher: submitter.Watcher | None = None  # a Slurm pool's submitter follows its Slurm jobs
 
 
 @signals.worker_ready.connect
@@ -45,6 +50,13 @@ def _start_heartbeat(sender: Any, **_: Any) -> None:
         scope = reconciler.Scope(now=utcnow(), silence=False, worker=name)
         reconciler.reap(settings=settings, session_factory=factory, dispatch=dispatch, scope=scope)
 
+    slurm = submitter.slurm_pools_served(settings, queues)
+    if slurm:  # a Slurm pool's submitter: the node agents run (and contain) the jobs
+        global watcher
+        watcher = submitter.Watcher(
+            settings=settings, factory=factory, dispatch=dispatch, pools=slurm
+        )
+        watcher.start()
     heartbeat = liveness.WorkerHeartbeat(
         name=name,
         pool=",".join(queues) or CONTROL_QUEUE,
@@ -56,10 +68,27 @@ def _start_heartbeat(sender: Any, **_: Any) -> None:
         sandbox=(
             None  # an exporter's or a control worker's: no job's code runs there
             if set(queues) <= {settings.export_queue}
-            else sandbox.describe(settings.sandbox, settings.env)
+            else "slurm submitter: the node agents contain the jobs"
+            if slurm
+            else _contain(settings, name)
         ),
     )
     heartbeat.start()
+
+
+def _contain(settings: Settings, name: str) -> str:
+    """How this worker contains its jobs, for its row (`GET /v1/workers`): the sandbox and,
+    sandboxed, the network fence it installs now (`workers.netfence`) or why there is none."""
+    global fence
+    described = sandbox.describe(settings.sandbox, settings.env)
+    if described != "bwrap":
+        return described
+    installed = netfence.install(settings, name, settings.fenced_destinations)
+    if isinstance(installed, str):
+        log.warning("jobs with the network are not fenced off the control plane: %s", installed)
+        return f"bwrap, network not fenced: {installed}"[:500]
+    fence = installed
+    return "bwrap, network fenced"
 
 
 @signals.worker_shutting_down.connect
@@ -73,6 +102,8 @@ def _on_worker_shutting_down(**_: Any) -> None:
 def _stop_heartbeat(**_: Any) -> None:
     if heartbeat is not None:
         heartbeat.stop()
+    if fence is not None:
+        fence.remove()
 
 
 def _worker_name(task: Any) -> str:
@@ -113,11 +144,15 @@ def send_join(job_id: int, attempt: int, queue: str) -> None:
 def run_job(self: Any, job_id: int) -> str:
     """Run the job if it is still queued (assert the world: the claim re-reads the row)."""
     settings = get_settings()
+    factory = session_factory(get_engine(settings))
+    if settings.slurm_pools and submitter.pool_of(factory, job_id) in settings.slurm_pools:
+        with _job_logs(job_id):
+            return submitter.place(job_id, settings=settings, factory=factory)
     with _job_logs(job_id):
         return node.run_job(
             job_id,
             settings=settings,
-            factory=session_factory(get_engine(settings)),
+            factory=factory,
             worker=_worker_name(self),
             dispatch=dispatch,
             shutdown=shutting_down,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api import schemas, uploads, views
@@ -18,15 +20,19 @@ from api.deps import (
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import require_storable, unstorable
 from core.access.auth import Principal, new_id
+from core.datasets import browse
 from core.datasets import preview as dataset_preview
 from core.datasets import service as datasets
 from core.platform import models, storage
-from core.platform.errors import InvalidInput, NotFound
+from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.server_paths import ServerPaths
+from dataformat.errors import InvalidJobError
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)
 
-DatasetId = Annotated[str, Path(max_length=100, description="The dataset's id (`ds_...`).")]
+DatasetId = Annotated[
+    str, Path(max_length=200, description="The dataset's id (`ds_...`) or its name.")
+]
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "The project has a dataset of that name"}
 }
@@ -130,13 +136,89 @@ def list_datasets(
 def get_dataset(
     dataset_id: DatasetId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> schemas.Dataset:
-    """Read one dataset."""
+    """Read one dataset (by its id or its name)."""
+    return _out(_dataset(session, principal, dataset_id), paths, principal)
+
+
+_UNREADABLE: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "The dataset's location cannot be read now"}
+}
+
+
+@router.get("/{dataset_id}/files", response_model=schemas.DatasetFilePage, responses=_UNREADABLE)
+def list_dataset_files(
+    dataset_id: DatasetId,
+    principal: ReadPrincipal,
+    session: SessionDep,
+    paths: ServerPathsDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Files per page.")] = 100,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=4096, description="`next_cursor` of the previous page."),
+    ] = None,
+) -> schemas.DatasetFilePage:
+    """The dataset's files with their sizes, in relative-path order, a page at a time (a
+    registered directory lists what its `num_files` counts)."""
+    dataset = _detached(session, principal, dataset_id)
+    found, after = _readable(paths, lambda: browse.files(dataset, limit=limit, after=cursor))
+    return schemas.DatasetFilePage(
+        items=[schemas.DatasetFile(path=f.path, size_bytes=f.size_bytes) for f in found],
+        next_cursor=after,
+    )
+
+
+@router.get("/{dataset_id}/sample", response_model=schemas.DatasetSample, responses=_UNREADABLE)
+def sample_dataset(
+    dataset_id: DatasetId,
+    principal: ReadPrincipal,
+    session: SessionDep,
+    paths: ServerPathsDep,
+    limit: Annotated[int, Query(ge=1, le=20, description="Records to read.")] = 5,
+) -> schemas.DatasetSample:
+    """The dataset's first records as a job reads them (JSON records, the head of each of the
+    first text files, or the first token ids), long values cut (`truncated`)."""
+    dataset = _detached(session, principal, dataset_id)
+    items = _readable(paths, lambda: browse.sample(dataset, limit=limit))
+    return schemas.DatasetSample(
+        dataset_id=dataset.id,
+        format=dataset.format,
+        items=[
+            schemas.DatasetSampleItem(where=i.where, record=i.record, truncated=i.truncated)
+            for i in items
+        ],
+    )
+
+
+T = TypeVar("T")
+
+
+def _dataset(session: Session, principal: Principal, dataset_id: str) -> models.Dataset:
     if unstorable(dataset_id):  # cannot be in the database, so it is not there
         raise NotFound(f"dataset {dataset_id!r} not found")
-    dataset = datasets.get_or_raise(
+    return datasets.get_or_raise(
         session=session, dataset_id=dataset_id, project_id=principal.project_id
     )
-    return _out(dataset, paths, principal)
+
+
+def _detached(session: Session, principal: Principal, dataset_id: str) -> models.Dataset:
+    """The dataset, out of the session, whose connection is given back while its files are
+    read (seconds for a large directory on an object store)."""
+    dataset = _dataset(session, principal, dataset_id)
+    session.expunge(dataset)
+    session.rollback()
+    return dataset
+
+
+def _readable(paths: ServerPaths, read: Callable[[], T]) -> T:
+    """`read()`, with a location gone or changed since registration as a 409 that names no
+    server directory."""
+    try:
+        return read()
+    except (OSError, InvalidJobError, ValueError) as exc:
+        raise Conflict(
+            paths.hide(f"the dataset's files cannot be read now: {exc}"),
+            details=[{"loc": ["path", "dataset_id"], "msg": "unreadable", "type": "conflict"}],
+        ) from None
 
 
 @router.post(

@@ -20,12 +20,13 @@ from api.deps import (
     SettingsDep,
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.validation import MAX_ID, require_storable
+from api.validation import MAX_ID, require_storable, unstorable
+from core.datasets import service as datasets
 from core.jobs import details as job_details
 from core.jobs import listing as job_list
 from core.jobs import service as jobs
 from core.jobs import submission
-from core.platform.errors import InvalidInput
+from core.platform.errors import InvalidInput, NotFound
 from core.platform.models import Job, JobState
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
@@ -200,6 +201,15 @@ def list_jobs(
             description="`key=value`: only jobs with this label (repeatable: all must match).",
         ),
     ] = None,
+    dataset: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            pattern=r"^[^\x00]*$",
+            description="Id or name of a dataset of the project: only jobs whose spec names it "
+            "(`data.dataset`, `data.eval_dataset` or an evaluation's `dataset`).",
+        ),
+    ] = None,
     sort: Annotated[
         Literal[job_list.SORTS],  # type: ignore[valid-type]
         Query(description="Order: `created`, `name` or `state`; `-` first for descending."),
@@ -216,6 +226,7 @@ def list_jobs(
         states=[str(s) for s in state or ()],
         name=name or None,
         labels=_labels(label or []),
+        dataset_id=_dataset_id(session, principal.project_id, dataset) if dataset else None,
         sort=sort,
         limit=limit,
         after=_decode_cursor(cursor, sort) if cursor is not None else None,
@@ -224,6 +235,22 @@ def list_jobs(
         items=_out(session, settings, paths, items, log_tail=False),
         next_cursor=_encode_cursor(after) if after is not None else None,
     )
+
+
+def _dataset_id(session: Session, project_id: str, dataset: str) -> str:
+    """The id of the project's dataset named `dataset` (its id or name). Raises NotFound when
+    there is none (another project's too): a mistyped name would otherwise list no job."""
+    found = (
+        None
+        if unstorable(dataset)
+        else datasets.get(session=session, dataset_id=dataset, project_id=project_id)
+    )
+    if found is None:
+        raise NotFound(
+            f"dataset: no dataset {dataset[:100]!r} in this project",
+            details=[{"loc": ["query", "dataset"], "msg": "no such dataset", "type": "not_found"}],
+        )
+    return found.id
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:

@@ -39,6 +39,7 @@ _EXAMPLE = {
         {"day": "2026-11-25", "slot_seconds": 3600.0, "cpu_seconds": 2710.0, "cost": 2.0},
     ],
     "total": {"slot_seconds": 10800.0, "cpu_seconds": 8110.5, "cost": 6.0},
+    "unpriced_pools": [],
 }
 _CSV_EXAMPLE = (
     "day,slot_seconds,cpu_seconds,cost,currency\n"
@@ -113,6 +114,7 @@ def get_usage(
         currency=found.currency,
         rows=[UsageRow.model_validate(r) for r in found.rows],
         total=UsageTotals.model_validate(found.total),
+        unpriced_pools=found.unpriced_pools,
     )
     wants_csv = format == "csv" or (format is None and "text/csv" in (accept or ""))
     if wants_csv:

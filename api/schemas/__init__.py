@@ -489,6 +489,50 @@ class DatasetList(BaseModel):
     items: list[Dataset] = Field(description="The project's datasets, oldest first.")
 
 
+class DatasetFile(BaseModel):
+    """One file of a dataset."""
+
+    path: str = Field(description="Its path relative to the dataset's location.")
+    size_bytes: int = Field(description="Its size in bytes.")
+
+
+class DatasetFilePage(BaseModel):
+    """A page of a dataset's files, in path order."""
+
+    model_config = examples.config(examples.DATASET_FILES)
+
+    items: list[DatasetFile] = Field(description="The files, in relative-path order.")
+    next_cursor: str | None = Field(
+        description="`cursor` of the next page (the last path of this one); null at the end."
+    )
+
+
+class DatasetSampleItem(BaseModel):
+    """One record of a sample."""
+
+    where: str = Field(
+        description="`file:line` (JSONL), `file:row` (Parquet), a text file's path, or "
+        "`file:0` (a flat token array)."
+    )
+    record: Any = Field(
+        description="The record as a job reads it: a JSON object, the head of a text file, or "
+        "the first token ids."
+    )
+    truncated: bool = Field(
+        description="A value was cut: strings to 2,000 characters, lists to 64 items."
+    )
+
+
+class DatasetSample(BaseModel):
+    """The first records of a dataset, as a job reads them."""
+
+    model_config = examples.config(examples.DATASET_SAMPLE)
+
+    dataset_id: str = Field(description="The dataset sampled.")
+    format: Format = Field(description="The dataset's format.")
+    items: list[DatasetSampleItem] = Field(description="Its first records, in order.")
+
+
 DatasetName = Annotated[
     str,
     Field(min_length=1, max_length=200, pattern=PRINTABLE, description="Unique in the project."),
@@ -523,7 +567,8 @@ class DatasetRegister(BaseModel):
         min_length=1,
         max_length=4096,
         pattern=PRINTABLE,
-        description="A path under one of the server's allowed data roots.",
+        description="A path under one of the server's allowed data roots, or an object or "
+        "prefix in an object store under a data root that is a URI (`s3://corpora/stdlib`).",
     )
     format: Format | None = Field(
         default=None,

@@ -54,3 +54,8 @@ class UsageReport(BaseModel):
         description="One row per day, pool or job with usage in the window, ordered by key."
     )
     total: UsageTotals = Field(description="Every row together.")
+    unpriced_pools: list[str] = Field(
+        default_factory=list,
+        description="Pools with usage in the window but no slot-hour price "
+        "(`TORCHYARD_SLOT_PRICES`): their slot-hours cost 0.",
+    )

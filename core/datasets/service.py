@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
+import fsspec
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -13,10 +15,10 @@ from sqlalchemy.orm import Session
 from core.access.auth import new_id
 from core.datasets import formats as dataset_formats
 from core.datasets.stats import DatasetStats
-from core.platform.errors import Conflict, InvalidInput, NotFound
+from core.platform import storage
+from core.platform.errors import Conflict, InvalidInput, NotFound, Unavailable
 from core.platform.models import Dataset, utcnow
 from core.platform.settings import Settings
-from core.platform.storage import allowed_data_roots, resolve_under
 
 _CHUNK = 1 << 20
 # Not part of a corpus: byte-code caches, VCS data, and the third-party packages that live
@@ -45,6 +47,36 @@ def digest_path(path: Path) -> tuple[int, str, int]:
     return total, tree.hexdigest(), len(files)
 
 
+def tree_files(fs: Any, root: str) -> list[tuple[str, int]]:
+    """(path relative to `root`, size in bytes) of every file under the directory `root` of the
+    fsspec filesystem `fs`, in path order, without `SKIP_DIRS` (as `digest_path` counts them)."""
+    root = root.rstrip("/")
+    return sorted(
+        (path[len(root) + 1 :], int(info.get("size") or 0))
+        for path, info in fs.find(root, detail=True).items()
+        if not SKIP_DIRS.intersection(path[len(root) + 1 :].split("/"))
+    )
+
+
+def digest_remote(uri: str) -> tuple[int, str, int] | None:
+    """(size_bytes, sha256 hex, num_files) of the object or prefix at `uri` (an object-store
+    URI), hashed as `digest_path` hashes a local file or tree (every byte read, streamed); None
+    when nothing is there. Raises OSError (or the store client's error) when it cannot be read."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    if fs.isfile(root):
+        size, digest = storage.sha256_of(uri)
+        return size, digest, 1
+    if not fs.isdir(root):
+        return None
+    tree, total = hashlib.sha256(), 0
+    listed = tree_files(fs, root)
+    for rel, _ in listed:
+        size, digest = storage.sha256_of(f"{uri.rstrip('/')}/{rel}")
+        total += size
+        tree.update(f"{rel}\0{digest}\n".encode())
+    return total, tree.hexdigest(), len(listed)
+
+
 def _file_digest(path: Path) -> tuple[int, str]:
     h, size = hashlib.sha256(), 0
     with path.open("rb") as f:
@@ -64,32 +96,46 @@ def register(
     format: str | None = None,
     token_dtype: str | None = None,
 ) -> Dataset:
-    """Register a server-side file or directory under an allowed root. Commits.
+    """Register a server-side file or directory under an allowed root, or an object or prefix
+    of an object store under a data root that is a URI (`s3://corpora/`: read through fsspec
+    with the server's credentials, as jobs read it). Commits.
 
     A file is checked record by record as `format` (None: detected; a `text` file must be
     UTF-8 text without NUL bytes); a directory is `text`, its files chosen per job by the spec's
     `data.include` / `exclude` (so a directory may hold other files: the quickstart registers the
     standard library's directory, static archives and icons included).
     Raises Forbidden (escapes the roots), InvalidInput (missing, empty, a record format on a
-    directory, or invalid records: line/row and field path per detail), Conflict (name taken).
+    directory, or invalid records: line/row and field path per detail), Conflict (name taken),
+    Unavailable (the object store cannot be read).
     """
-    path = resolve_under(uri, allowed_data_roots(settings))
-    if not path.exists():
+    if storage.is_remote(uri):
+        location = storage.remote_under(uri, settings)
+        try:
+            fs, root = fsspec.core.url_to_fs(location)
+            is_file = bool(fs.isfile(root))
+            digest = digest_remote(location)
+        except Exception as exc:  # botocore's connection errors are no OSError
+            raise Unavailable(f"cannot read {uri!r}: {type(exc).__name__}: {exc}") from None
+    else:
+        path = storage.resolve_under(uri, storage.allowed_data_roots(settings))
+        digest = digest_path(path) if path.exists() else None
+        location, is_file = str(path), path.is_file()
+    if digest is None:
         raise InvalidInput(
             f"{uri!r} does not exist on the server",
             details=[{"loc": ["body", "uri"], "msg": "does not exist", "type": "value_error"}],
         )
-    size, sha256, num_files = digest_path(path)
+    size, sha256, num_files = digest
     if size == 0:
         raise InvalidInput(
             f"{uri!r} is empty",
             details=[{"loc": ["body", "uri"], "msg": "no data", "type": "value_error"}],
         )
     checked = dataset_formats.Checked("text", None)
-    if path.is_file():
+    if is_file:
         checked = check(
             settings=settings,
-            uri=str(path),
+            uri=location,
             format=format,
             token_dtype=token_dtype,
             where=("body", "uri"),
@@ -103,7 +149,7 @@ def register(
         session=session,
         project_id=project_id,
         name=name,
-        uri=str(path),
+        uri=location,
         size_bytes=size,
         sha256=sha256,
         num_files=num_files,

@@ -137,8 +137,15 @@ def request(
         with session.begin_nested():
             session.add(export)
     except IntegrityError:  # a concurrent request made it first
-        found = _find(session, job.id, checkpoint_id)
-        assert found is not None
+        session.rollback()  # a fresh transaction sees what that request committed
+        found = session.scalar(  # by the unique key alone
+            select(CheckpointExport).where(CheckpointExport.checkpoint_id == checkpoint_id)
+        )
+        if found is None or found.job_id != job_id:  # never a 500, never another job's
+            raise Conflict(
+                f"another request for the export of checkpoint {checkpoint_id} is under way; "
+                "ask again"
+            ) from None
         return Requested(export=found, created=False, dispatch=False)
     return Requested(export=export, created=True, dispatch=True)
 

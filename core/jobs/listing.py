@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import Select, select
 
-from core.platform.models import Job
+from core.platform.models import Job, JobDataset
 
 # Sort keys a client may ask for; "created" is the id (ids grow with creation time). Each has
 # an index on (project_id, column, id) (migration 0003), so a page is an index range scan.
@@ -67,13 +67,15 @@ def list_page(
     states: Sequence[str] = (),
     name: str | None = None,
     labels: Mapping[str, str] | None = None,
+    dataset_id: str | None = None,
     sort: str = DEFAULT_SORT,
     limit: int = 50,
     after: After | None = None,
 ) -> tuple[list[Job], After | None]:
     """One page of the project's jobs in `sort` order (a key of SORT_COLUMNS, "-" first for
     descending; ties by id in the same direction), with every filter applied: `states` (any
-    of), `name` (case-insensitive substring), `labels` (all of these key=value pairs).
+    of), `name` (case-insensitive substring), `labels` (all of these key=value pairs),
+    `dataset_id` (its spec names this dataset, in any field: `job_datasets`).
 
     Returns (jobs, where the next page starts or None at the end). Raises ValueError for an
     unknown sort or an `after` of another sort.
@@ -90,6 +92,9 @@ def list_page(
         query = query.where(Job.name.ilike(f"%{escaped}%", escape="\\"))
     for key, value in (labels or {}).items():
         query = query.where(_has_label(session, key, value))
+    if dataset_id is not None:
+        used = select(1).where(JobDataset.job_id == Job.id, JobDataset.dataset_id == dataset_id)
+        query = query.where(used.exists())
     if after is not None:
         query = _after(query, after)
     column = SORT_COLUMNS[sort.lstrip("-")]

@@ -133,14 +133,13 @@ def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) ->
 
 def _check_data_uri(uri: str, settings: Settings, field: str = "uri") -> None:
     loc = ["body", "data", field]
-    if "://" in uri and not uri.startswith("file://"):
-        # A remote URI is allowed only under a data root that is itself a URI.
-        prefixes = [r.rstrip("/") + "/" for r in settings.data_roots if "://" in r]
-        if ".." in uri.split("/") or not any(uri.startswith(p) for p in prefixes):
+    if storage.is_remote(uri):
+        try:
+            storage.remote_under(uri, settings)
+        except Forbidden as exc:
             raise Forbidden(
-                f"data.{field} {uri!r} is outside the allowed data roots",
-                details=[{"loc": loc, "msg": "outside allowed roots", "type": "forbidden"}],
-            )
+                f"data.{field}: {exc.message}", details=[{**d, "loc": loc} for d in exc.details]
+            ) from None
         return
     try:
         path = storage.resolve_under(

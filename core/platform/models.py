@@ -370,6 +370,20 @@ class Checkpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class JobDataset(Base):
+    """A dataset a job's spec names (`field`: where, e.g. `data.dataset`,
+    `data.eval_dataset`, `evaluate.evaluations.0.dataset`), written with the job at submission
+    (`core.jobs.service.add_queued`), so a dataset's page lists the jobs that used it."""
+
+    __tablename__ = "job_datasets"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    field: Mapped[str] = mapped_column(String(200), primary_key=True)
+
+
 class Evaluation(Base):
     """One evaluation an eval job ran (`jobspec.evaluate`) on a checkpoint of `source_job_id`:
     its `metrics` ({name: value}) and, for `generate`, its `samples` (prompt, reference,
@@ -491,6 +505,33 @@ class Worker(Base):
     stopping: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
     # How it contains its jobs' ranks: `bwrap`, or `none: <why>` (workers/sandbox.py, 0018).
     sandbox: Mapped[str | None] = mapped_column(String(500), default=None)
+
+
+class SlurmJob(Base):
+    """A job placed on a Slurm pool: one `sbatch` of it (`workers.slurm`, 0022).
+
+    The submitter writes the row (`state` SUBMITTING) before it calls `sbatch`, so a repeated
+    `workers.run_job` delivery finds a live placement (`ended_at` IS NULL) and submits nothing;
+    its watcher keeps `state` (Slurm's `job_state`), `reason` (Slurm's `state_reason`) and
+    `start_at` (the actual or expected start) fresh from `squeue --json`, and sets `ended_at`
+    once Slurm says the job is over. The node agents of the allocation claim the job
+    themselves (`jobs.worker` = `slurm-<slurm_job_id>.<requeues>@<host>`); `claimed` says one did.
+    """
+
+    __tablename__ = "slurm_jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    pool: Mapped[str] = mapped_column(String(200))
+    slurm_job_id: Mapped[int | None] = mapped_column(Integer, default=None, index=True)
+    state: Mapped[str] = mapped_column(String(40), default="SUBMITTING")
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    start_at: Mapped[datetime | None] = mapped_column(default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    claimed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Controller(Base):

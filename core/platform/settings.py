@@ -11,6 +11,42 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
+class SlurmPool(BaseModel):
+    """A pool whose jobs Slurm places (`TORCHYARD_SLURM_POOLS`): the submitter
+    (`python -m workers slurm --pool NAME`, on a login node) turns each claimed job into an
+    `sbatch` script with these settings (`workers.slurm`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str | None = Field(default=None, description="`--partition`; None: the default.")
+    account: str | None = Field(default=None, description="`--account`.")
+    qos: str | None = Field(default=None, description="`--qos`.")
+    time_limit: str | None = Field(
+        default=None,
+        description="`--time` (Slurm's formats, e.g. `04:00:00`); None: the partition's.",
+    )
+    gpus: bool = Field(
+        default=False,
+        description="Devices are GPUs (`--gres=gpu:K`, K = `resources.procs_per_node`); else each "
+        "rank gets a CPU (`--cpus-per-task=K`).",
+    )
+    memory_mb_per_slot: int | None = Field(
+        default=None, ge=1, description="`--mem` per node = this x the node's slots (MiB)."
+    )
+    signal_s: int = Field(
+        default=120,
+        ge=1,
+        description="`--signal=TERM@<s>`: seconds before the time limit when the node agents hand "
+        "the job back (checkpointed) so it runs on in a new allocation.",
+    )
+    sbatch_args: list[str] = Field(
+        default_factory=list, description="Further `sbatch` flags, one per item (`--exclusive`)."
+    )
+    poll_s: float = Field(
+        default=2.0, gt=0, description="How often the submitter asks Slurm for its jobs' state."
+    )
+
+
 class BaseModelEntry(BaseModel):
     """A base model the OpenAI-compatible view offers (`TORCHYARD_BASE_MODELS`)."""
 
@@ -79,6 +115,12 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Server-side directories that `POST /v1/datasets` may register, besides the "
         "Python standard library and the storage root.",
+    )
+    fenced_destinations: list[str] = Field(
+        default_factory=list,
+        description="`host:port` destinations a job's processes may not connect to, besides the "
+        "database, the broker and link-local addresses, which are always fenced (e.g. the API's "
+        "admin listener, the object store's console): `workers.netfence`.",
     )
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1, description="Upload size limit.")
     code_max_bytes: int = Field(
@@ -188,6 +230,11 @@ class Settings(BaseSettings):
         description="JSON: pool -> price of one slot-hour (one GPU, or one CPU slot, for an "
         "hour) in `currency`; usage of a pool without a price costs 0, and a job on it cannot "
         "set `limits.max_cost`.",
+    )
+    slurm_pools: dict[str, SlurmPool] = Field(
+        default_factory=dict,
+        description="JSON: pool -> its Slurm settings (`SlurmPool`); such a pool's jobs are placed "
+        "by Slurm through `python -m workers slurm --pool NAME` instead of Celery workers.",
     )
     currency: str = Field(
         default="USD", min_length=1, max_length=10, description="The unit of `slot_prices`."

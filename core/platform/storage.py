@@ -62,10 +62,13 @@ def sha256_of(uri: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def row_cache_dir(settings: Settings) -> Path:
-    """The worker host's cache of tokenized training rows (`trainer.data.prep`): local, since
-    the trainer memory-maps them; shared by every job and attempt on the host."""
-    return settings.home.resolve() / "cache" / "rows"
+def row_cache_dir(settings: Settings, project_id: str) -> Path:
+    """The worker host's cache of tokenized training rows of project `project_id`
+    (`trainer.data.prep`): local, since the trainer memory-maps them; shared by the project's
+    jobs and attempts on the host. One per project: a job's sandbox may write its cache
+    (`workers.plan`), so a shared one would let one team's program plant rows that another
+    team's job then trains on."""
+    return settings.home.resolve() / "cache" / "rows" / project_id
 
 
 def job_run_dir(
@@ -101,6 +104,26 @@ def resolve_under(path: str | os.PathLike[str], roots: list[Path]) -> Path:
         f"path {str(path)!r} is outside the allowed data roots",
         details=[{"loc": ["body", "uri"], "msg": "outside allowed roots", "type": "forbidden"}],
     )
+
+
+def is_remote(uri: str) -> bool:
+    """Whether `uri` names an object store or other fsspec location (`s3://...`), not a
+    local path or `file://` URI."""
+    return "://" in uri and not uri.startswith("file://")
+
+
+def remote_under(uri: str, settings: Settings) -> str:
+    """`uri` (an object-store URI), without a trailing `/`, when it lies under a data root that
+    is itself a URI (`TORCHYARD_DATA_ROOTS`, e.g. `s3://corpora/`); the storage bucket is
+    deliberately not one (every project's uploads and checkpoints are there). Raises Forbidden
+    (at `["body", "uri"]`) outside every such root or with a `..` segment."""
+    prefixes = [r.rstrip("/") + "/" for r in settings.data_roots if is_remote(r)]
+    if ".." in uri.split("/") or not any(uri.startswith(p) for p in prefixes):
+        raise Forbidden(
+            f"{uri!r} is outside the allowed data roots",
+            details=[{"loc": ["body", "uri"], "msg": "outside allowed roots", "type": "forbidden"}],
+        )
+    return uri.rstrip("/")
 
 
 def model_path(path_or_id: str, settings: Settings) -> Path | None:

@@ -12,10 +12,11 @@ not exist). Jobs it places never end in the replay: their runtime is unknown.
 
 Reasons: `quota gpus 2/2`, `quota running jobs 3/3`, `budget exhausted` (a quota of the
 project), `behind priority 50` (the highest priority ahead of it), `no free worker`,
-`claimable now` (a free worker fits it; a claim is under way), `preempting job 12` (jobs of
-lower priority checkpoint and yield their devices to it, `core.scheduling.preemption_apply`), and
-for jobs that are not queued: `gang assembling 1/2` (a claimed multi-node job waiting for its other
-nodes), `paused`.
+`claimable now` (a free worker fits it; a claim is under way), `slurm PENDING (Resources), Slurm
+job 12` (a job of a Slurm pool that Slurm holds, with Slurm's start estimate: `workers.slurm`),
+`preempting job 12` (jobs of lower priority checkpoint and yield their devices to it,
+`core.scheduling.preemption_apply`), and for jobs that are not queued: `gang assembling 1/2` (a
+claimed multi-node job waiting for its other nodes), `paused`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.jobs import progress
-from core.platform.models import Job, JobNode, JobState, Worker, aware, utcnow
+from core.platform.models import Job, JobNode, JobState, SlurmJob, Worker, aware, utcnow
 from core.scheduling import preemption_apply as preempt
 from core.scheduling import quotas
 
@@ -265,6 +266,30 @@ def pool_queue(
     return out
 
 
+def _slurm_held(
+    session: Session, queued: Sequence[Job], infos: dict[int, QueueInfo]
+) -> dict[int, QueueInfo]:
+    """Queued jobs that Slurm holds (a live `slurm_jobs` row, `workers.slurm`): Slurm's state
+    and reason (`slurm PENDING (Resources)`) and its start estimate, the position kept."""
+    if not queued:
+        return {}
+    rows = session.execute(
+        select(SlurmJob.job_id, SlurmJob.slurm_job_id, SlurmJob.state, SlurmJob.reason,
+               SlurmJob.start_at)
+        .where(SlurmJob.job_id.in_([j.id for j in queued]), SlurmJob.ended_at.is_(None))
+    ).all()  # fmt: skip
+    out = {}
+    for row in rows:
+        why = f" ({row.reason})" if row.reason else ""
+        where = f", Slurm job {row.slurm_job_id}" if row.slurm_job_id is not None else ""
+        known = infos.get(row.job_id)
+        start = aware(row.start_at) if row.start_at is not None else None
+        out[row.job_id] = QueueInfo(
+            known.position if known else None, f"slurm {row.state}{why}{where}", start
+        )
+    return out
+
+
 def queue_infos(
     *, session: Session, jobs: Sequence[Job], worker_timeout_s: float
 ) -> dict[int, QueueInfo]:
@@ -278,6 +303,7 @@ def queue_infos(
             session=session, pool=pool, worker_timeout_s=worker_timeout_s, now=now, wanted=wanted
         )
         out.update({k: v for k, v in view.items() if k in wanted})
+    out.update(_slurm_held(session, [j for j in jobs if j.state == JobState.QUEUED], out))
     gangs = [j for j in jobs if j.state == JobState.STARTING and j.spec.resources.nodes > 1]
     for job, joined in _joined(session, gangs).items():
         nodes = job.spec.resources.nodes

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.jobs import submission
-from core.platform.errors import DomainError, QuotaExceeded
+from core.platform.errors import Conflict, DomainError, QuotaExceeded
 from core.platform.models import (
     TERMINAL_STATES,
     Job,
@@ -111,6 +111,8 @@ def advance(
     rows = list(
         session.execute(select(SweepTrial).where(SweepTrial.sweep_id == sweep_id)).scalars()
     )
+    if sweep.state == SweepState.RUNNING and spec.limits.max_cost is not None:
+        _stop_over_budget(session, sweep, spec, rows, settings.slot_prices)
     if not _has_work(session, sweep, spec, rows):
         return  # nothing ended, nothing to start: Optuna is not asked (a round stays cheap)
     the_study = study.load(database_url, sweep.study_name, spec, len(rows))
@@ -307,7 +309,7 @@ def _outcome(
     if job.state == JobState.CANCELLED:
         if row.pruned_step is not None:
             return TrialState.PRUNED, value, None
-        return TrialState.CANCELLED, None, "its job was cancelled"
+        return TrialState.CANCELLED, None, row.error or "its job was cancelled"
     return TrialState.FAILED, None, job.error or f"its job {job.state}"
 
 
@@ -345,6 +347,48 @@ def _budget_left(
     ids = [r.job_id for r in rows if r.job_id is not None]
     used = usage_report.job_usage(session=session, job_ids=ids, prices=prices)
     return sum(t.cost for t in used.values()) < spec.limits.max_cost
+
+
+def _stop_over_budget(
+    session: Session,
+    sweep: Sweep,
+    spec: SweepSpec,
+    rows: list[SweepTrial],
+    prices: Mapping[str, float],
+) -> None:
+    """Stop the running trials once the trials' cost together reached `limits.max_cost`: a
+    running job goes to `cancelling` (its trainer checkpoints and stops at its next step), one
+    not started yet is cancelled; each trial then ends `cancelled` saying why, and the sweep
+    ends. Without this, trials under way ran to their end past the budget. Commits."""
+    live = [
+        (row, job)
+        for row in rows
+        if row.state == TrialState.RUNNING and row.job_id is not None
+        for job in [session.get(Job, row.job_id)]
+        if job is not None and job.state not in (*TERMINAL_STATES, JobState.CANCELLING)
+    ]
+    if not live or _budget_left(session, spec, rows, prices):
+        return
+    why = f"sweep {sweep.id}: limits.max_cost {spec.limits.max_cost:g} reached"
+    for row, job in live:
+        try:
+            if job.state in (JobState.STARTING, JobState.RUNNING, JobState.PAUSING):
+                jobs.transition(
+                    session=session,
+                    job_id=job.id,
+                    to=JobState.CANCELLING,
+                    from_states=[JobState(job.state)],
+                    message=why,
+                    data={"cause": "sweep_budget", "sweep": sweep.id, "trial": row.number},
+                )
+            else:
+                jobs.cancel(session=session, job_id=job.id)
+        except Conflict:  # it moved on meanwhile (ended, or a worker took it): next round
+            session.rollback()
+            continue
+        row.error = "stopped: the sweep's limits.max_cost was reached"
+        session.commit()
+    log.info("%s: %d trial(s) stopped", why, len(live))
 
 
 def _finish(session: Session, sweep: Sweep, rows: list[SweepTrial], why: str) -> None:

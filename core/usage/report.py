@@ -60,6 +60,9 @@ class Report:
     currency: str
     rows: list[UsageRow]
     total: Totals = field(default_factory=Totals)
+    # Pools with usage in the window and no slot-hour price (TORCHYARD_SLOT_PRICES): their
+    # slot-hours cost 0, which a report must say rather than chart as a cost of zero.
+    unpriced_pools: list[str] = field(default_factory=list)
 
 
 def report(
@@ -88,14 +91,17 @@ def report(
     names = _job_names(session, {n.job_id for n in nodes}) if group_by == "job" else {}
     rows: dict[tuple[str, int], UsageRow] = {}
     total = Totals()
+    unpriced: set[str] = set()
     for node in nodes:
+        if usage.price_of(node.pool, prices) is None:
+            unpriced.add(node.pool)
         for part in node.by_day(since=since, until=until, now=now):
             key, row = _row(group_by, node, part.day, names)
             price = usage.cost(part.slot_seconds, node.pool, prices)
             rows.setdefault(key, row).add(part.slot_seconds, part.cpu_seconds, price)
             total.add(part.slot_seconds, part.cpu_seconds, price)
     ordered = [rows[k] for k in sorted(rows)]
-    return Report(since, until, group_by, currency, ordered, total)
+    return Report(since, until, group_by, currency, ordered, total, sorted(unpriced))
 
 
 def _row(

@@ -136,6 +136,18 @@ def owner(engine: Engine) -> ProjectKey:
     return make_project(engine)
 
 
+@pytest.fixture(params=["light", "dark"])
+def laptop_scheme(
+    request: pytest.FixtureRequest,
+    browser: Browser,
+    live_api: str,  # noqa: F811
+    owner: ProjectKey,
+) -> Iterator[Dash]:
+    """The dashboard at 1366x768 (the most common laptop), once light and once dark."""
+    with new_dash(browser, live_api, owner.api_key, request.param, LAPTOP) as dash:
+        yield dash
+
+
 @pytest.fixture
 def dash(browser: Browser, live_api: str, owner: ProjectKey) -> Iterator[Dash]:  # noqa: F811
     """A signed-in page (fresh context) that fails the test on a console error."""

@@ -9,6 +9,7 @@ Playwright's `wait_for_*` (or polling) against deadlines, never sleeps.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -240,12 +241,29 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     expect(page.locator("#system-charts #chart-sys-cpu_percent")).to_be_visible()
     memory = page.evaluate("document.getElementById('chart-sys-rss_bytes').data.map(t => t.name)")
     assert {"rank0", "node0"} <= set(memory), memory
+    # Human units on the axes (issue 28, item 5): 600MB, 0.05 s, 40.0k tokens/s; not 6e+8.
+    units = page.evaluate(
+        "['chart-sys-rss_bytes', 'chart-step_time_s', 'chart-tokens_per_second'].map(id => {"
+        " const y = document.getElementById(id).layout.yaxis;"
+        " return [y.tickformat ?? '', y.ticksuffix ?? '']; })"
+    )
+    assert units == [[".3s", "B"], ["", " s"], [".3s", ""]], units
     expect(page.locator("#events")).to_contain_text("running → succeeded")
     expect(page.locator("#checkpoints tr")).to_have_count(2)  # half way and at the end
 
     # Export the last checkpoint from its row: the exporter makes it, the button turns into a
     # Download link, and the link downloads the safetensors with the API key (fetch + blob).
     row = page.locator(f"#checkpoints tr[data-step='{RUN_STEPS}']")
+    # Its place, cut to fit the table (issue 28, item 10), is whole in the tooltip and the Copy.
+    shown = api.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"][1]
+    uri = row.locator("td.uri")
+    expect(uri).to_have_attribute("title", shown["server_uri"] or shown["uri"])
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    uri.locator("button.copy").click()
+    page.wait_for_function(
+        "async (want) => (await navigator.clipboard.readText()) === want",
+        arg=shown["server_uri"] or shown["uri"],
+    )
     row.locator("button.export-checkpoint").click()
     link = row.locator("a.download-export")
     expect(link).to_be_visible(timeout=RUN_TIMEOUT_MS)
@@ -263,8 +281,10 @@ def test_a_job_submitted_from_the_editor_plots_loss_points_while_it_runs(
     page.evaluate("Plotly.relayout('chart-loss', {'xaxis.autorange': true})")
     page.wait_for_function(f"({POINTS})('chart-lr') === {RUN_STEPS}")
 
-    # The spec reads as YAML that parses back to the submitted spec.
+    # The spec (folded at the end of the page) reads as YAML that parses back to the spec.
     spec = api.get(f"/v1/jobs/{job_id}").json()["spec"]
+    page.locator("#spec-box > summary").click(position={"x": 4, "y": 4})
+    expect(page.locator("#spec")).to_be_visible()
     assert yaml.safe_load(page.locator("#spec").inner_text()) == spec
     page.select_option("#spec-format", "json")
     assert json.loads(page.locator("#spec").inner_text()) == spec
@@ -448,16 +468,27 @@ def test_compare_two_runs_smoothed_on_a_log_scale_by_tokens_and_time_and_share_t
     for job_id in (run, short):
         page.check(f"#jobs-body tr[data-job-id='{job_id}'] input.pick")
     page.click("#compare-selected")
-    page.wait_for_function(
-        f"(({TRACES})('compare-chart-loss')).length === 2"
-        f" && (({TRACES})('compare-chart-eval_loss')).length === 2"
-    )
-    loss = page.evaluate(f"({TRACES})('compare-chart-loss')")
+    # loss and eval_loss share a chart, as on the job page (issue 28, item 6), eval dotted.
+    page.wait_for_function(f"(({TRACES})('compare-chart-loss')).length === 4")
+    expect(page.locator("#compare-chart-eval_loss")).to_have_count(0)
+    both = page.evaluate(f"({TRACES})('compare-chart-loss')")
+    assert [t["meta"]["metric"] for t in both] == ["loss", "loss", "eval_loss", "eval_loss"]
+    loss = [t for t in both if t["meta"]["metric"] == "loss"]
     assert [(t["name"], len(t["x"]), t["meta"]["kind"]) for t in loss] == [
         (f"#{run} long-run (ddp)", FINISHED_STEPS, "raw"),
         (f"#{short} short-run (ddp)", 12, "raw"),
     ]
     assert loss[0]["x"] == list(range(1, FINISHED_STEPS + 1))
+    # The tooltip lists every run at that x; the legend sits under the plot, clear of the toolbar.
+    layout = page.evaluate(
+        "(() => { const l = document.getElementById('compare-chart-loss').layout;"
+        " return [l.hovermode, l.legend.y]; })()"
+    )
+    assert layout[0] == "x unified" and layout[1] < 0, layout
+    groups = page.eval_on_selector_all(
+        "#compare-metrics .metric-group", "gs => gs.map(g => g.dataset.group)"
+    )
+    assert groups[:2] == ["train", "eval"], groups
 
     # The config table holds exactly the fields whose values differ (name is each column's).
     flat = [_flat(spec) for spec in specs]
@@ -477,8 +508,12 @@ def test_compare_two_runs_smoothed_on_a_log_scale_by_tokens_and_time_and_share_t
 
     # Smoothing: a faint raw line behind each debiased EMA line.
     page.fill("#compare-smooth", "0.9")
-    page.wait_for_function(f"(({TRACES})('compare-chart-loss')).length === 4")
-    smoothed = page.evaluate(f"({TRACES})('compare-chart-loss')")
+    page.wait_for_function(f"(({TRACES})('compare-chart-loss')).length === 8")
+    smoothed = [
+        t
+        for t in page.evaluate(f"({TRACES})('compare-chart-loss')")
+        if t["meta"]["metric"] == "loss"
+    ]
     assert [(t["meta"]["kind"], t["opacity"]) for t in smoothed] == [
         ("raw", 0.25),
         ("smoothed", 1),
@@ -502,9 +537,11 @@ def test_compare_two_runs_smoothed_on_a_log_scale_by_tokens_and_time_and_share_t
     assert times[0] >= 0 and times[-1] > times[0]
     assert times == sorted(times)
 
-    # Another metric, picked from the list, gets a chart of its own.
+    # Another metric, picked from the list, gets a chart of its own; a schedule is never smoothed.
     page.check("#compare-metrics input[value='lr']")
-    page.wait_for_function(f"(({TRACES})('compare-chart-lr')).length === 4")
+    page.wait_for_function(f"(({TRACES})('compare-chart-lr')).length === 2")
+    lr = page.evaluate(f"({TRACES})('compare-chart-lr')")
+    assert [t["meta"]["kind"] for t in lr] == ["raw", "raw"] and lr[0]["opacity"] == 1
 
     # The address holds the whole view: a fresh page opened on it shows the same charts.
     url = page.url
@@ -517,7 +554,7 @@ def test_compare_two_runs_smoothed_on_a_log_scale_by_tokens_and_time_and_share_t
     ):
         assert part in url, (part, url)
     view = page.evaluate("document.querySelector('main').dataset.view")
-    charts = ("compare-chart-loss", "compare-chart-eval_loss", "compare-chart-lr")
+    charts = ("compare-chart-loss", "compare-chart-lr")
     before = {c: page.evaluate(f"[({TRACES})('{c}'), ({AXES})('{c}')]") for c in charts}
     reader.shot("compare", full_page=True)
     with new_dash(browser, live_api, finished.owner.api_key) as other:
@@ -528,6 +565,26 @@ def test_compare_two_runs_smoothed_on_a_log_scale_by_tokens_and_time_and_share_t
         expect(other.page.locator("#compare-x")).to_have_value("time")
         expect(other.page.locator("#compare-smooth")).to_have_value("0.9")
         expect(other.page.locator("#compare-log")).to_be_checked()
+
+    # Runs are picked by name, label or state in a searchable list, not only by typing ids.
+    with new_dash(browser, live_api, finished.owner.api_key) as picker:
+        picker.open(f"/compare?ids={run}")
+        picker.page.wait_for_selector("main[data-loaded]")
+        label = f"#{short} short-run \u00b7 succeeded"
+        options = "#compare-run-options option"
+        picker.page.wait_for_function(
+            "(want) => [...document.querySelectorAll('#compare-run-options option')]"
+            ".some(o => o.value.startsWith(want))",
+            arg=label,
+        )
+        value = next(
+            v
+            for v in picker.page.eval_on_selector_all(options, "os => os.map(o => o.value)")
+            if v.startswith(label)
+        )
+        picker.page.fill("#compare-add", value)
+        picker.page.dispatch_event("#compare-add", "change")
+        picker.page.wait_for_url(re.compile(rf"ids={run},{short}"))
 
 
 PAGE_BUDGET = 800_000  # bytes a cold job page may transfer (issue 15)

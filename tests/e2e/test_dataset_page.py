@@ -4,6 +4,7 @@ coloured, so a user sees what the model will learn from"). Waits are Playwright'
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from playwright.sync_api import Browser, expect
 
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, WAIT_MS, Dash, new_dash
+from tests.integration.conftest import UNSERVED_POOL
 
 CHAT = [
     {
@@ -29,6 +31,7 @@ CHAT = [
 # The first preview of a fresh API process imports `transformers` (seconds; more on a loaded
 # host): the page's own wait budget, not `expect`'s 5 s default.
 PREVIEW_MS = WAIT_MS
+ACCEPTED = "POST /v1/jobs would accept this spec."
 # Each span's class, role and text, in order, for one previewed example.
 SPANS = """el => [...el.querySelectorAll('pre.tokens span.tok')]
   .map(s => [s.className, s.dataset.role, s.textContent])"""
@@ -138,3 +141,61 @@ def test_the_list_and_the_page_show_the_id_a_spec_takes_and_a_name_opens_the_pag
     laptop.open(f"/datasets/{chat_dataset['name']}")
     expect(page.locator("#dataset-id")).to_have_text(chat_dataset["id"])
     expect(page.locator("#dataset-ref")).to_contain_text(f"data.dataset: {chat_dataset['name']}")
+
+
+def test_the_page_shows_files_a_sample_the_jobs_that_used_it_and_starts_a_job_on_it(
+    laptop_scheme: Dash, api: httpx.Client, chat_dataset: dict[str, Any]
+) -> None:
+    """Issue 28, item 2: the dataset's files, its first records as a job reads them, the jobs
+    whose spec names it (linked), and "Use in a new job": the editor opens on a spec that
+    names it (by name) and that the API finds nothing wrong with."""
+    spec = {"name": "used-chat", "data": {"dataset": chat_dataset["name"]},
+            "resources": {"pool": UNSERVED_POOL}}  # fmt: skip
+    job = api.post("/v1/jobs", json=spec)
+    assert job.status_code == 201, job.text
+    try:  # cancelled after: a queued job of the shared pool moves others' queue positions
+        _page_of_a_used_dataset(laptop_scheme, chat_dataset, job.json()["id"])
+    finally:
+        api.post(f"/v1/jobs/{job.json()['id']}/cancel")
+
+
+def _page_of_a_used_dataset(laptop: Dash, chat_dataset: dict[str, Any], job_id: int) -> None:
+    page = laptop.page
+    laptop.open(f"/datasets/{chat_dataset['id']}")
+    page.wait_for_selector("main[data-loaded]")
+    expect(page.locator("#dataset-files tr[data-path='chat.jsonl'] td.num")).to_have_text(
+        f"{chat_dataset['size_bytes']} B"
+    )
+    records = page.locator("#dataset-sample .sample-record")
+    expect(records).to_have_count(len(CHAT))
+    expect(records.first).to_have_attribute("data-where", "chat.jsonl:1")
+    shown = orjson.loads(records.nth(2).locator("pre").inner_text())
+    assert shown == CHAT[2]
+    used = page.locator(f"#dataset-jobs tr[data-job-id='{job_id}'] a").first
+    expect(used).to_have_attribute("href", f"#/jobs/{job_id}")
+    assert laptop.fits_width()
+    laptop.shot("dataset-page", full_page=True)
+
+    page.click("#dataset-use")
+    expect(page.locator("#spec-errors li.ok")).to_have_text(ACCEPTED)  # the editor's check ran
+    expect(page.locator("#spec-errors li")).to_have_count(1)
+    editor = page.locator("#spec-editor")
+    expect(editor).to_have_value(re.compile(rf"\n  dataset: {re.escape(chat_dataset['name'])}\n"))
+
+
+def test_use_in_a_new_job_on_preference_pairs_starts_from_dpo(
+    laptop: Dash, api: httpx.Client
+) -> None:
+    pairs = [{"prompt": f"Say {i}.", "chosen": f"{i}.", "rejected": "No."} for i in range(4)]
+    answer = api.post(
+        "/v1/datasets/upload",
+        data={"name": f"pairs-{secrets.token_hex(4)}"},
+        files={"file": ("pairs.jsonl", b"".join(orjson.dumps(p) + b"\n" for p in pairs))},
+    )
+    assert answer.status_code == 201, answer.text
+    laptop.open(f"/submit?dataset={answer.json()['id']}")
+    laptop.page.wait_for_selector("main[data-loaded] #spec-editor")
+    text = laptop.page.locator("#spec-editor").input_value()
+    assert "kind: dpo" in text and "packing: false" in text, text
+    expect(laptop.page.locator("#spec-errors li.ok")).to_have_text(ACCEPTED)
+    expect(laptop.page.locator("#spec-errors li")).to_have_count(1)

@@ -7,17 +7,15 @@ runs. Waits are Playwright's, no sleeps."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import expect
 from sqlalchemy import Engine, update
 
 from core.platform.db import session_scope
-from core.platform.models import Job, JobState
+from core.platform.models import Job, JobState, LogLine
 from tests.conftest import ProjectKey
-from tests.e2e.conftest import LAPTOP, Dash, new_dash
-from tests.integration.failures import INFRA, OOM, RETRIES, fail_job
+from tests.e2e.conftest import LAPTOP, Dash
+from tests.integration.failures import INFRA, OOM, RETRIES, USER_ERROR, fail_job
 from tests.integration.workers.helpers import create_job, tiny_spec, unique_queue
 
 # Where the card sits: the element right after the page's title bar, and its box.
@@ -56,12 +54,10 @@ def failed_job(engine: Engine, owner: ProjectKey, dataset_id: str) -> int:
     return job_id
 
 
-@pytest.fixture(params=["light", "dark"])
-def laptop(
-    request: pytest.FixtureRequest, browser: Browser, live_api: str, owner: ProjectKey
-) -> Iterator[Dash]:
-    with new_dash(browser, live_api, owner.api_key, request.param, LAPTOP) as dash:
-        yield dash
+@pytest.fixture
+def laptop(laptop_scheme: Dash) -> Dash:
+    """The dashboard at 1366x768, light and dark (`laptop_scheme`)."""
+    return laptop_scheme
 
 
 def test_a_failed_jobs_page_starts_with_class_reason_where_budget_and_log_tail(
@@ -80,7 +76,7 @@ def test_a_failed_jobs_page_starts_with_class_reason_where_budget_and_log_tail(
     )
     expect(card).to_contain_text("Last log lines of rank 3")
     expect(card.locator("pre.log-tail")).to_have_text("\n".join(OOM.log_tail))
-    expect(page.locator("#log-rank")).to_have_value("")
+    expect(page.locator("#log-rank")).to_have_value("3")  # the logs open on the failing rank
 
     layout = page.evaluate(LAYOUT)
     assert layout["after_title"], "the failure card is the first thing under the title"
@@ -94,7 +90,8 @@ def test_a_failed_jobs_page_starts_with_class_reason_where_budget_and_log_tail(
     # The error text (which repeats the log tail) is not listed again in the summary.
     expect(page.locator("#job-summary dd[data-field='error']")).to_have_count(0)
     laptop.shot("job-failed-dark" if layout["dark"] else "job-failed")
-    # "all its logs": the page's log view, filtered to the failing rank.
+    # "all its logs": the page's log view, filtered to the failing rank, even after another.
+    page.select_option("#log-rank", "")
     card.locator("#failing-rank-logs").click()
     expect(page.locator("#log-rank")).to_have_value("3")
     expect(page.locator("#logs")).to_contain_text("No log lines yet.")  # this job never ran
@@ -145,3 +142,49 @@ def test_a_failed_job_without_a_recorded_failure_starts_with_its_error(
     expect(card.locator(".fclass")).to_have_count(0)
     expect(card.locator("pre.log-tail")).to_have_text("checkpointed at step 120")
     assert laptop.page.evaluate(LAYOUT)["after_title"]
+
+
+def test_a_user_error_leads_with_clone_renders_code_and_opens_on_the_failing_ranks_logs(
+    laptop: Dash, engine: Engine, owner: ProjectKey, dataset_id: str
+) -> None:
+    """Issue 28, item 9: Retry was offered first for a user error that fails the same way;
+    backticks showed literally; the logs opened on all ranks, whose end is torchrun's own report,
+    with a doubled prefix (`[rank 1] [rank1]: ...`)."""
+    job_id = _job(engine, owner, dataset_id, "user-error-run")
+    fail_job(engine, job_id, USER_ERROR)
+    lines = [
+        (1, "[rank1]: Traceback (most recent call last):"),
+        (1, "[rank1]: KeyError: 'labels'"),
+        (0, "[rank0]: step 3 | loss 2.1"),
+        (-1, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED"),
+    ]
+    with session_scope(engine) as session:
+        session.add_all(
+            LogLine(job_id=job_id, attempt=1, rank=rank, stream="stderr", offset=i, line=line)
+            for i, (rank, line) in enumerate(lines)
+        )
+    page = laptop.page
+    laptop.open(f"/jobs/{job_id}")
+    card = page.locator("#failure")
+    expect(card.locator(".fclass")).to_have_text("user_error")
+    reason = card.locator(".reason")
+    expect(reason).to_have_text(
+        "KeyError: 'labels' (the spec's data.format reads no labels column)"
+    )
+    expect(reason.locator("code")).to_have_text(["data.format", "labels"])
+    expect(card.locator("#retry-advice")).to_contain_text("fails the same way when retried")
+    expect(page.locator("#retry-job")).to_have_class("subtle")
+    expect(page.locator(f"a[href='#/submit?from={job_id}'] button")).to_have_class("primary")
+
+    # It never reported a figure: no row of dashes (issue 28, item 5).
+    expect(page.locator("#summary-card")).to_be_hidden()
+    expect(page.locator("#log-rank")).to_have_value("1")
+    logs = page.locator("#logs > div")
+    expect(logs).to_have_text(
+        ["[rank 1] Traceback (most recent call last):", "[rank 1] KeyError: 'labels'"]
+    )
+    page.select_option("#log-rank", "")  # the user's choice holds while the page refreshes
+    expect(logs).to_have_count(len(lines))
+    expect(logs.nth(2)).to_have_text("[rank 0] step 3 | loss 2.1")
+    expect(page.locator("#log-rank")).to_have_value("")
+    assert laptop.fits_width()

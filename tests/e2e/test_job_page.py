@@ -10,6 +10,7 @@ A test that writes (labels, note) works on its own parked job. Waits are Playwri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from core.jobs.exports import NO_EXPORTER
 from core.platform.db import session_scope
 from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
+from tests.integration.conftest import cli_invoker
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
 
 RUN_TIMEOUT_S = 180
@@ -328,3 +330,97 @@ def test_a_job_that_is_not_the_projects_shows_not_found_and_no_live_buttons(
         expect(dash.page.locator("#charts")).to_have_count(0)
         missing.locator("a", has_text="All jobs").click()
         expect(dash.page.locator("#jobs-body")).to_be_visible()
+
+
+CHART_DATA = "(id) => document.getElementById(id).data.map(t => [t.name, t.x, t.y, t.opacity ?? 1])"
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_the_page_opens_on_its_charts_with_smoothing_and_an_x_axis_as_in_compare(
+    browser: Browser, live_api: str, run: Run, scheme: str
+) -> None:
+    with new_dash(browser, live_api, run.owner.api_key, scheme, LAPTOP) as dash:
+        _charts_first(dash, live_api, run)
+        dash.shot(f"job-detail-charts-first-{scheme}")
+
+
+def _charts_first(reader: Dash, live_api: str, run: Run) -> None:
+    """Issue 28, item 4: at 1366x768 the first chart was below the fold behind the summary,
+    sample, labels and hyperparameters, with ~130 lines of spec at the end of a ~4,400 px
+    page; Compare had smoothing and x axes the job page lacked."""
+    job = run.job
+    with api_client(live_api, run.owner) as api:
+        loss = next(
+            s
+            for s in api.get(f"/v1/jobs/{job['id']}/metrics").json()["series"]
+            if s["name"] == "loss"
+        )
+        per_step = next(
+            e["data"]["tokens_per_step"]
+            for e in _events(api, job["id"])
+            if "tokens_per_step" in (e["data"] or {})
+        )
+    page = reader.page
+    reader.open(f"/jobs/{job['id']}")
+    chart = page.locator("#chart-loss")
+    expect(chart).to_be_visible()
+    top = chart.evaluate("el => el.getBoundingClientRect().top")
+    assert top < LAPTOP["height"] - 120, f"the loss chart starts at {top} px, below the fold"
+    expect(page.locator("#spec-box")).not_to_have_attribute("open", "")  # folded
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 4000, height
+    # One rank: no per-rank step-time statistics repeating the step time.
+    expect(page.locator("#chart-step_time_s")).to_be_visible()
+    names = page.evaluate("document.getElementById('chart-step_time_s').data.map(t => t.name)")
+    assert names == ["step_time_s"], names
+
+    page.locator("#job-smoothing").fill("0.9")
+    page.wait_for_function(
+        "document.getElementById('chart-loss').data.some(t => t.name === 'loss (raw)')"
+    )
+    traces = {t[0]: t for t in page.evaluate(CHART_DATA, "chart-loss")}
+    raw, smooth = traces["loss (raw)"], traces["loss"]
+    assert raw[2] == pytest.approx(loss["values"]) and raw[3] < 1
+    assert smooth[2] != pytest.approx(loss["values"])  # smoothed
+    assert smooth[2][0] == pytest.approx(loss["values"][0])  # debiased: starts at the first
+    lr = page.evaluate(CHART_DATA, "chart-lr")
+    assert [t[0] for t in lr] == ["lr"], lr  # a schedule is never smoothed
+
+    page.select_option("#job-x-axis", "tokens")
+    page.wait_for_function("document.querySelector('main').dataset.xAxis === 'tokens'")
+    page.wait_for_function(
+        "(n) => document.getElementById('chart-loss').data.find(t => t.name === 'loss').x[0] === n",
+        arg=loss["steps"][0] * per_step,
+    )
+    assert reader.fits_width()
+
+
+def test_the_page_and_the_cli_show_a_job_with_the_same_figures(
+    reader: Dash, live_api: str, run: Run, tmp_path: Path
+) -> None:
+    """Issue 28, item 8: 102.3 MB in the CLI was 97.5 MB on the page (binary units labelled
+    MB), "3m 05s" was "3m05s", times had no zone, and "trained" sat beside a longer span with
+    no word on the difference. One rule each, in both clients."""
+    job = run.job
+    cli = cli_invoker(live_api, run.owner.api_key, tmp_path, COLUMNS="200")
+    shown = cli("show", str(job["id"]))
+    assert shown.exit_code == 0, shown.output
+    trained = re.search(r"^trained\s+(.+?)\s*$", shown.stdout, re.MULTILINE)
+    assert trained is not None, shown.stdout
+    table = cli("checkpoints", str(job["id"]))
+    assert table.exit_code == 0, table.output
+    sizes = {
+        int(cells[1]): f"{cells[3]} {cells[4]}"  # ID STEP ATTEMPT SIZE(number unit) ...
+        for cells in (line.split() for line in table.stdout.splitlines()[1:])
+        if len(cells) > 4 and cells[1].isdigit()
+    }
+    assert sizes, table.stdout
+
+    page = reader.page
+    reader.open(f"/jobs/{job['id']}")
+    expect(page.locator("#job-summary dd[data-field='trained']")).to_have_text(trained.group(1))
+    for step, size in sizes.items():
+        cell = page.locator(f"#checkpoints tr[data-step='{step}'] td").nth(2)
+        expect(cell).to_have_text(size)
+    created = page.locator("#job-summary dd[data-field='created']").inner_text()
+    assert re.search(r"\b(UTC|GMT)", created), created  # the zone is named

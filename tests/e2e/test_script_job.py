@@ -26,6 +26,7 @@ from tests.integration.script_jobs import (
     script_spec,
 )
 from tests.integration.workers.helpers import tiny_spec, unique_queue
+from torchyard.render import format_bytes
 
 POINTS = "id => document.getElementById(id)?.data?.[0]?.x?.length ?? 0"
 STEPS = 30
@@ -34,14 +35,6 @@ STEPS = 30
 @pytest.fixture
 def laptop(browser: Browser, live_api: str, owner: ProjectKey) -> Iterator[Dash]:
     with new_dash(browser, live_api, owner.api_key, "light", LAPTOP) as dash:
-        yield dash
-
-
-@pytest.fixture(params=["light", "dark"])
-def laptop_scheme(
-    request: pytest.FixtureRequest, browser: Browser, live_api: str, owner: ProjectKey
-) -> Iterator[Dash]:
-    with new_dash(browser, live_api, owner.api_key, request.param, LAPTOP) as dash:
         yield dash
 
 
@@ -66,7 +59,7 @@ def running_script(api: httpx.Client, engine: Engine, code_id: str) -> dict[str,
 
 
 def test_a_script_jobs_page_shows_its_code_its_own_metrics_logs_and_checkpoints(
-    laptop_scheme: Dash, running_script: dict[str, Any], code_id: str
+    laptop_scheme: Dash, running_script: dict[str, Any], code_id: str, api: httpx.Client
 ) -> None:
     laptop = laptop_scheme
     page = laptop.page
@@ -82,7 +75,8 @@ def test_a_script_jobs_page_shows_its_code_its_own_metrics_logs_and_checkpoints(
     expect(card.locator("dd[data-field='requirements'] li")).to_have_text(["numpy>=1.26"])
     expect(card.locator("dd[data-field='checkpoints kept']")).to_have_text("the last 2")
     info = card.locator("#code-archive-info")  # GET /v1/code/{id}
-    expect(info).to_have_text("mnist-code · tar.gz · 2.0 KB · 2 files")
+    size = format_bytes(api.get(f"/v1/code/{code_id}").json()["size_bytes"])  # as the CLI says
+    expect(info).to_have_text(f"mnist-code · tar.gz · {size} · 2 files")
     card.locator("#code-files summary").click()
     expect(card.locator("#code-files li")).to_have_text(["train.py", "util/data.py"])
 

@@ -6,6 +6,7 @@ tests/integration/workers/test_sweeps.py."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -125,6 +126,16 @@ def test_a_sweep_page_shows_the_best_trial_every_curve_and_the_trials_on_a_lapto
             assert all(0 <= y <= 1 for y in ys)
         assert dash.fits_width()
         dash.shot(f"sweep-{scheme}", full_page=True)
+        expect(page.locator("#sweep-export")).to_be_enabled()  # (the rows are made up: no files)
+        # the best checkpoint opens its job's page on that checkpoint's row
+        checkpoint = page.locator(f"#checkpoint-{sweep['best']['checkpoint_id']}")
+        page.locator("#sweep-best-checkpoint").click()
+        expect(checkpoint).to_have_class(re.compile(r"\bchosen\b"))
+        expect(checkpoint).to_be_in_viewport()
+        expect(checkpoint).to_contain_text("20")
+        expect(page.locator("#checkpoints tr.chosen")).to_have_count(1)
+        page.go_back()
+        page.wait_for_selector("#sweep-compare")
         page.locator("#sweep-compare").click()
         page.wait_for_selector("main[data-loaded]")
         expect(page.locator("#compare-ids")).to_have_value(top.split("ids=")[1].split("&")[0])

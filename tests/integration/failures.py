@@ -46,6 +46,16 @@ INFRA = Failure(
     log_tail=("[rank1] Watchdog caught collective operation timeout",),
 )
 
+USER_ERROR = Failure(
+    failure_class=FailureClass.USER_ERROR,
+    reason="KeyError: 'labels' (the spec's `data.format` reads no `labels` column)",
+    rank=1,
+    node_rank=0,
+    host="host-a",
+    exit_code=1,
+    log_tail=("[rank1]: KeyError: 'labels'",),
+)
+
 
 def fail_job(
     engine: Engine,

@@ -22,6 +22,7 @@ from torchyard.cli.jobs import jobs_cli
 from torchyard.cli.servers import admin_app, servers_cli
 from torchyard.cli.sweeps import sweep_app
 from torchyard.cli.usage import usage_command
+from torchyard.cli.workers import workers_command
 from torchyard.client import Client
 from torchyard.config import save_config
 from torchyard.errors import TorchyardError
@@ -104,6 +105,7 @@ app.add_typer(sweep_app, name="sweep")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 app.command("usage")(usage_command)
+app.command("workers")(workers_command)
 app.registered_commands += jobs_cli.registered_commands  # submit, jobs, show, ... metrics
 
 
@@ -163,7 +165,7 @@ def whoami(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
 app.registered_commands += (
     servers_cli.registered_commands
-)  # api, worker, exporter, controller, beat
+)  # api, worker, exporter, slurm-submitter, controller, beat
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""`torchyard datasets list|register|upload|show|preview`: the project's training data."""
+"""`torchyard datasets list|register|upload|show|files|sample|preview`: the project's training
+data."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import Annotated
 import typer
 
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
-from torchyard.models import DATASET_FORMATS, Dataset
+from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile
 from torchyard.render import (
+    dataset_files_table,
     dataset_stats_table,
     datasets_table,
     preview_report,
     preview_tokens,
     preview_verdict,
+    sample_records,
 )
 
 datasets_app = typer.Typer(no_args_is_help=True, help="Training text of the project.")
@@ -82,12 +85,11 @@ def datasets_upload(
     _print_dataset(datasets.upload(name, path, format=format, token_dtype=token_dtype), json_out)
 
 
+DatasetArg = Annotated[str, typer.Argument(help="Dataset id (ds_...) or name.", metavar="DATASET")]
+
+
 @datasets_app.command("show")
-def datasets_show(
-    ctx: typer.Context,
-    dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
-    json_out: JsonOpt = False,
-) -> None:
+def datasets_show(ctx: typer.Context, dataset_id: DatasetArg, json_out: JsonOpt = False) -> None:
     """Show one dataset with its stats (records, lengths, roles, duplicates, warnings).
 
     Example: `torchyard datasets show ds_0123abcd`
@@ -95,10 +97,59 @@ def datasets_show(
     _print_dataset(command_client(ctx).datasets.get(dataset_id), json_out)
 
 
+@datasets_app.command("files")
+def datasets_files(
+    ctx: typer.Context,
+    dataset_id: DatasetArg,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
+    json_out: JsonOpt = False,
+) -> None:
+    """List a dataset's files with their sizes, in path order.
+
+    Example: `torchyard datasets files stdlib --limit 20`
+    """
+    datasets = command_client(ctx).datasets
+    found: list[DatasetFile] = []
+    cursor: str | None = None
+    while True:
+        page = datasets.files(dataset_id, limit=min(limit - len(found), 1000), cursor=cursor)
+        found += page.items
+        cursor = None if page.next_cursor is None else str(page.next_cursor)
+        if cursor is None or len(found) >= limit:
+            break
+    if json_out:
+        print_json(found)
+        return
+    out.print(dataset_files_table(found))
+    if cursor is not None:
+        out.print(f"(the first {len(found)} files; --limit N shows more)")
+
+
+@datasets_app.command("sample")
+def datasets_sample(
+    ctx: typer.Context,
+    dataset_id: DatasetArg,
+    num_records: Annotated[
+        int, typer.Option("-n", "--num-records", min=1, max=20, help="Records to show (1-20).")
+    ] = 3,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a dataset's first records as a job reads them (long values cut).
+
+    Example: `torchyard datasets sample chat -n 2`
+    """
+    sample = command_client(ctx).datasets.sample(dataset_id, limit=num_records)
+    if json_out:
+        print_json(sample)
+        return
+    for record in sample_records(sample):
+        out.print(record, "\n")
+
+
 @datasets_app.command("preview")
 def datasets_preview(
     ctx: typer.Context,
-    dataset_id: Annotated[str, typer.Argument(help="Dataset id (ds_...).", metavar="ID")],
+    dataset_id: DatasetArg,
     template: Annotated[
         str | None,
         typer.Option("--template", help="chatml, or a Jinja template (default: the model's)."),

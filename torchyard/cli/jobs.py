@@ -102,6 +102,10 @@ def list_jobs(
         list[str] | None, typer.Option("--state", help="Only these states (repeatable).")
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Name contains this.")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option("--dataset", help="Only jobs whose spec names this dataset (id or name)."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 20,
     json_out: JsonOpt = False,
 ) -> None:
@@ -110,7 +114,10 @@ def list_jobs(
     Example: `torchyard jobs --state running --state queued`
     """
     jobs = []
-    for job in command_client(ctx).jobs.iter(state=state, name=name, page_size=min(limit, 200)):
+    found = command_client(ctx).jobs.iter(
+        state=state, name=name, dataset=dataset, page_size=min(limit, 200)
+    )
+    for job in found:
         jobs.append(job)
         if len(jobs) >= limit:
             break

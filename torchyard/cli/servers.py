@@ -1,5 +1,5 @@
-"""`torchyard api`, `worker`, `exporter`, `controller` (`beat`) and `admin migrate|bootstrap`:
-the server side (each execs the process `torchyard.launch` describes)."""
+"""`torchyard api`, `worker`, `exporter`, `slurm-submitter`, `controller` (`beat`) and `admin
+migrate|bootstrap`: the server side (each execs the process `torchyard.launch` describes)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,21 @@ def exporter(
     Example: `torchyard exporter --concurrency 4`
     """
     launch.exec_argv(launch.exporter_argv(queue, concurrency, hostname))
+
+
+@servers_cli.command("slurm-submitter")
+def slurm_submitter(
+    pool: Annotated[str, typer.Option(help="A pool of TORCHYARD_SLURM_POOLS.")],
+    hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
+) -> None:
+    """Run a Slurm pool's submitter on a login node (`sbatch`, `squeue`, `scancel` on its PATH):
+    it places the pool's jobs on the Slurm partition and follows them; `srun` starts a node
+    agent per node that trains as a worker would (README, "Running on Slurm"). The pool is
+    declared in TORCHYARD_SLURM_POOLS, e.g. `{"h100": {"partition": "gpu", "gpus": true}}`.
+
+    Example: `torchyard slurm-submitter --pool h100`
+    """
+    launch.exec_argv(launch.slurm_argv(pool, hostname))
 
 
 @servers_cli.command()

@@ -87,3 +87,21 @@ def usage_command(
         )
     )
     out.print(usage_table(report) if report.rows else "no usage in this window")
+    if report.unpriced_pools:
+        out.print(Text(no_price_note(report.unpriced_pools), style="yellow"))
+    out.print(Text(SLOT_HOURS, style="dim"))
+
+
+SLOT_HOURS = (
+    "slot-hours: devices (GPUs, or CPU slots) x hours held by a job's nodes; "
+    "a running job counts up to now"
+)
+
+
+def no_price_note(pools: list[str]) -> str:
+    """What a report says of `pools` used without a slot-hour price."""
+    named = ", ".join(pools)
+    return (
+        f"no price set for pool{'s' if len(pools) > 1 else ''} {named} "
+        "(TORCHYARD_SLOT_PRICES): their slot-hours cost 0"
+    )

@@ -64,6 +64,7 @@ class _State:
 
     def __init__(self) -> None:
         self.reporter: Reporter | None = None
+        self.part_writer: EventWriter | None = None  # another node's local rank 0: its parts
         self.stop_requested = False
         self.last_step: int | None = None
         self.last_loss: float | None = None
@@ -75,6 +76,10 @@ _state = _State()
 def rank() -> int:
     """This process's global rank: torchrun's `RANK`, 0 when unset (a plain `python` run)."""
     return int(os.environ.get("RANK") or 0)
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK") or 0)
 
 
 def run_dir() -> Path:
@@ -164,8 +169,11 @@ def completed_checkpoint(path: str | os.PathLike[str]) -> None:
     barriers first, so rank 0 marks it only when all ranks are done. Rank 0 then writes
     `path/.torchyard_complete`, a `checkpoint` event (`step`, `uri`, `size_bytes`) and
     deletes the oldest complete checkpoints beyond `TORCHYARD_KEEP_LAST_CHECKPOINTS` (a
-    `checkpoint_deleted` event each). Raises `ValueError` when `path` is not a `step_XXXXXXXX`
-    directory, `OSError` when it cannot be written.
+    `checkpoint_deleted` event each). Where each node stages its own part
+    (`TORCHYARD_CHECKPOINT_PARTS`: several nodes on remote storage), local rank 0 of every
+    other node writes a `checkpoint_part` event to its node's run directory, for its worker to
+    upload. Raises `ValueError` when `path` is not a `step_XXXXXXXX` directory, `OSError` when
+    it cannot be written.
     """
     directory = Path(path)
     step = checkpoint_step(directory)
@@ -173,6 +181,10 @@ def completed_checkpoint(path: str | os.PathLike[str]) -> None:
         raise ValueError(f"{directory} is not a checkpoint_dir(step) directory")
     _barrier()
     if rank() != 0:
+        if os.environ.get("TORCHYARD_CHECKPOINT_PARTS") == "1" and _local_rank() == 0:
+            if _state.part_writer is None:
+                _state.part_writer = EventWriter(run_dir())
+            _state.part_writer.emit("checkpoint_part", step=step, uri=str(directory.resolve()))
         return
     (directory / COMPLETE_MARKER).write_text("")
     size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())

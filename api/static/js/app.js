@@ -88,7 +88,7 @@ function route() {
   for (const a of document.querySelectorAll("#nav a")) {
     a.classList.toggle("active", a.dataset.nav === (parts[0] ?? "jobs"));
   }
-  if (parts[0] === "jobs" && parts[1]) stopPage = detailPage(view, Number(parts[1]));
+  if (parts[0] === "jobs" && parts[1]) stopPage = detailPage(view, Number(parts[1]), query);
   else if (parts[0] === "compare") stopPage = comparePage(view, query);
   else if (parts[0] === "submit") stopPage = submitPage(view, query);
   else if (parts[0] === "datasets" && parts[1]) stopPage = datasetPage(view, parts[1]);

@@ -15,15 +15,23 @@ export function plotlyReady() {
   });
 }
 
+/** Plotly's default colour cycle: one colour per run or series, its smoothed and raw traces alike. */
+export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+  "#7f7f7f", "#bcbd22", "#17becf"];
+
 /**
  * Draw or update the chart in `node`: `traces` is [{name, x, y}], each optionally with `color`,
  * `opacity`, `legend` (false: left out of the legend), `hover` (false: no hover label) and
- * `meta` (kept on the trace, for tests). Keeps the user's zoom across updates while
+ * `meta` (kept on the trace, for tests), `dash` (Plotly's line dash, e.g. "dot").
+ * `hovermode`: "closest" (one trace), or "x unified" (every trace at that x, as Compare wants).
+ * Keeps the user's zoom across updates while
  * `uirevision` stays the same, so live points do not reset a zoomed view. `yFormat`/`xFormat`:
- * d3 formats for the values (ticks and hover), e.g. ".3s" for bytes as 365M.
+ * d3 formats for the values (ticks and hover), e.g. ".3s" for bytes as 365M; `ySuffix` a unit
+ * after each (" s", "B": 365MB).
  */
 export async function lineChart(node, traces, {
-  title, xTitle = "step", yLog = false, yFormat, xFormat, uirevision = "keep",
+  title, xTitle = "step", yLog = false, yFormat, xFormat, uirevision = "keep", hovermode = "closest",
+  ySuffix = "",
 } = {}) {
   const Plotly = await plotlyReady();
   const { fg, grid } = themeColors();
@@ -34,28 +42,31 @@ export async function lineChart(node, traces, {
     name: t.name,
     x: t.x,
     y: t.y,
-    line: { width: 1.5, ...(t.color ? { color: t.color } : {}) },
+    line: { width: 1.5, ...(t.color ? { color: t.color } : {}), ...(t.dash ? { dash: t.dash } : {}) },
     ...(t.opacity !== undefined ? { opacity: t.opacity } : {}),
     ...(t.legend === false ? { showlegend: false } : {}),
     ...(t.meta !== undefined ? { meta: t.meta } : {}),
     ...(t.hover === false ? { hoverinfo: "skip" } : {
-      hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}} @ ${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}<extra></extra>`,
+      hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}}${ySuffix} @ ${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}<extra></extra>`,
     }),
   }));
+  const legend = traces.filter((t) => t.legend !== false).length > 1;
   const layout = {
     title: { text: title, font: { size: 13 }, x: 0.02, xanchor: "left" },
     uirevision,
-    margin: { l: 52, r: 12, t: 32, b: 36 },
-    height: 240,
+    margin: { l: 52, r: 12, t: 32, b: legend ? 64 : 36 },
+    height: legend ? 272 : 240,
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { color: fg, size: 11 },
     xaxis: { title: { text: xTitle }, gridcolor: grid, zerolinecolor: grid,
       ...(xFormat ? { tickformat: xFormat } : {}) },
     yaxis: { gridcolor: grid, zerolinecolor: grid, type: yLog ? "log" : "linear",
-      exponentformat: "e", ...(yFormat ? { tickformat: yFormat } : {}) },
-    showlegend: traces.filter((t) => t.legend !== false).length > 1,
-    legend: { orientation: "h", y: 1.12, x: 1, xanchor: "right" },
+      exponentformat: "e", ...(yFormat ? { tickformat: yFormat } : {}), ticksuffix: ySuffix },
+    hovermode,
+    // The legend under the plot: at its top right, Plotly's toolbar covered it on hover.
+    showlegend: legend,
+    legend: { orientation: "h", x: 0, y: -0.3, yanchor: "top" },
   };
   await Plotly.react(node, data, layout, { displaylogo: false, responsive: true });
 }

@@ -4,18 +4,16 @@
 // (#/compare?ids=3,4&metrics=loss,lr&x=tokens&smooth=0.6&log=1): a link shows the same view.
 
 import { api } from "./api.js";
-import { lineChart, purge } from "./charts.js";
+import { COLORS, lineChart, purge } from "./charts.js";
 import { entrypointOf } from "./code.js";
 import {
-  X_AXES, configDiff, ema, finals, plotValue, startTime, tokensPerStep, xValues,
+  SCHEDULES, X_AXES, configDiff, ema, finals, plotValue, startTime, tokensPerStep, xValues,
 } from "./compare_data.js";
 import { latestScoresOf } from "./evals.js";
 import { TERMINAL, fmtNumber, h, poll, showError, stateBadge } from "./util.js";
 
 const REFRESH_MS = 2000;
 const MAX_POINTS = 2000;
-const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-  "#7f7f7f", "#bcbd22", "#17becf"];
 const DEFAULT_METRICS = ["loss", "eval_loss"];
 // Always fetched: the results table's losses and what the tokens axis is derived from.
 const SUPPORT = ["loss", "eval_loss", "tokens_per_second", "step_time_s"];
@@ -48,6 +46,33 @@ function address(state) {
 function runLabel(job) {
   const strategy = entrypointOf(job) ? "script" : (job.spec?.parallelism?.strategy ?? "");
   return `#${job.id} ${job.name}${strategy ? ` (${strategy})` : ""}`;
+}
+
+// A chosen metric drawn in another's chart (dotted), as on the job page: eval_loss with loss.
+const JOINS = { eval_loss: "loss" };
+const PICKER_RUNS = 200; // the newest jobs offered by the run picker
+
+/** The metric's group in the picker: train, eval or system. */
+export function metricGroup(name) {
+  if (name.startsWith("sys/")) return "system";
+  return name.startsWith("eval") || name.includes("eval_") ? "eval" : "train";
+}
+
+/** The charts for `metrics`: [chart metric, [metrics drawn in it]], in the picker's order. */
+export function chartGroups(metrics) {
+  const groups = new Map();
+  for (const metric of metrics) {
+    const host = metrics.includes(JOINS[metric]) ? JOINS[metric] : metric;
+    if (!groups.has(host)) groups.set(host, []);
+    groups.get(host).push(metric);
+  }
+  return [...groups].map(([host, drawn]) => [host, [host, ...drawn.filter((m) => m !== host)]]);
+}
+
+/** "#7 long-run · succeeded · team=nlp": what the run picker lists and searches. */
+function pickerLabel(job) {
+  const labels = Object.entries(job.labels ?? {}).map(([k, v]) => `${k}=${v}`);
+  return [`#${job.id} ${job.name}`, job.state, ...labels].join(" · ");
 }
 
 function metricNames(runs) {
@@ -109,6 +134,21 @@ export function comparePage(root, query) {
     const ids = readState(new URLSearchParams({ ids: idsInput.value.replace(/\s+/g, "") })).ids;
     window.location.hash = address({ ...state, ids });
   });
+  // A searchable run picker: the newest jobs by id, name, state and labels (the browser's own
+  // datalist search); picking one adds it to the view.
+  const runOptions = h("datalist", { id: "compare-run-options" });
+  const runSearch = h("input", { id: "compare-add", list: "compare-run-options", size: 36,
+    placeholder: "add a run: name, label or state…", "aria-label": "add a run" });
+  const byLabel = new Map();
+  api("/v1/jobs", { query: { limit: PICKER_RUNS } }).then(({ items }) => {
+    for (const job of items) byLabel.set(pickerLabel(job), job.id);
+    runOptions.replaceChildren(...items.map((job) => h("option", { value: pickerLabel(job) })));
+  }).catch(showError);
+  runSearch.addEventListener("change", () => {
+    const id = byLabel.get(runSearch.value) ?? Number((/^#?(\d+)/.exec(runSearch.value) ?? [])[1]);
+    if (!id || state.ids.includes(id)) return;
+    window.location.hash = address({ ...state, ids: [...state.ids, id] });
+  });
   const metricsBox = h("fieldset", { id: "compare-metrics", class: "toolbar" }, h("legend", {}, "metrics"));
   const xSel = h("select", { id: "compare-x", "aria-label": "x axis" },
     Object.entries(X_AXES).map(([v, a]) => h("option", { value: v, selected: v === state.x }, a.title)));
@@ -147,7 +187,7 @@ export function comparePage(root, query) {
     const chosen = chosenMetrics(names);
     const shown = [...metricsBox.querySelectorAll("input")].map((i) => i.value);
     if (JSON.stringify(shown) === JSON.stringify(names)) return;
-    metricsBox.replaceChildren(h("legend", {}, "metrics"), ...names.map((name) => {
+    const item = (name) => {
       const box = h("input", { type: "checkbox", name: "metric", value: name, checked: chosen.includes(name) });
       box.addEventListener("change", () => {
         const picked = [...metricsBox.querySelectorAll("input:checked")].map((i) => i.value);
@@ -155,18 +195,24 @@ export function comparePage(root, query) {
         changed({ refetch: true });
       });
       return h("label", {}, box, ` ${name}`);
-    }));
+    };
+    metricsBox.replaceChildren(h("legend", {}, "metrics"), ...["train", "eval", "system"]
+      .map((group) => [group, names.filter((n) => metricGroup(n) === group)])
+      .filter(([, members]) => members.length)
+      .map(([group, members]) => h("span", { class: "metric-group", dataset: { group } },
+        h("strong", { class: "muted" }, group), ...members.map(item))));
   }
 
   async function render() {
     if (stopped || !runs.length) return;
-    const metrics = chosenMetrics(metricNames(runs));
+    const groups = chartGroups(chosenMetrics(metricNames(runs)));
+    const hosts = groups.map(([host]) => host);
     for (const [metric, node] of chartNodes) {
-      if (!metrics.includes(metric)) { purge(node); node.remove(); chartNodes.delete(metric); }
+      if (!hosts.includes(metric)) { purge(node); node.remove(); chartNodes.delete(metric); }
     }
     const axis = X_AXES[state.x];
     const lacking = new Set();
-    for (const metric of metrics) {
+    for (const [metric, drawn] of groups) {
       let node = chartNodes.get(metric);
       if (!node) {
         node = h("div", { class: "panel chart", id: `compare-chart-${metric.replace(/[^A-Za-z0-9_-]/g, "_")}`,
@@ -174,21 +220,23 @@ export function comparePage(root, query) {
         chartNodes.set(metric, node);
       }
       charts.append(node); // in the picker's order
-      const traces = runs.flatMap((run, i) => {
-        const s = run.byName.get(metric);
+      const traces = drawn.flatMap((name, k) => runs.flatMap((run, i) => {
+        const s = run.byName.get(name);
         const x = s && xValues(run, s, state.x);
         if (!s) return [];
         if (!x) { lacking.add(run.job.id); return []; }
         const y = s.values.map(plotValue);
-        const base = { name: runLabel(run.job), x, color: COLORS[i % COLORS.length] };
-        const raw = { ...base, y, meta: { job: run.job.id, kind: "raw" } };
-        if (!(state.smooth > 0)) return [raw];
+        const base = { name: k ? `${runLabel(run.job)} ${name}` : runLabel(run.job), x,
+          color: COLORS[i % COLORS.length], ...(k ? { dash: "dot" } : {}) };
+        const meta = { job: run.job.id, metric: name };
+        const raw = { ...base, y, meta: { ...meta, kind: "raw" } };
+        if (!(state.smooth > 0) || SCHEDULES.has(name)) return [raw];
         return [{ ...raw, opacity: 0.25, legend: false, hover: false },
-          { ...base, y: ema(y, state.smooth), meta: { job: run.job.id, kind: "smoothed" } }];
-      });
+          { ...base, y: ema(y, state.smooth), meta: { ...meta, kind: "smoothed" } }];
+      }));
       await lineChart(node, traces, {
-        title: metric, xTitle: axis.title, xFormat: axis.format, yLog: state.log,
-        uirevision: `${state.x}|${state.log}`,
+        title: drawn.join(" and "), xTitle: axis.title, xFormat: axis.format, yLog: state.log,
+        uirevision: `${state.x}|${state.log}`, hovermode: "x unified",
       });
     }
     note.textContent = lacking.size ? `No ${axis.title} for ${[...lacking].map((id) => `#${id}`).join(", ")}: `
@@ -226,6 +274,7 @@ export function comparePage(root, query) {
   root.append(
     h("h1", {}, "Compare"),
     h("div", { class: "toolbar" }, h("label", { for: "compare-ids" }, "jobs"), idsInput, apply,
+      runSearch, runOptions,
       h("label", { for: "compare-x" }, "x axis"), xSel,
       h("label", { for: "compare-smooth" }, "smoothing"), smooth, smoothOut,
       h("label", {}, log, " log scale")),

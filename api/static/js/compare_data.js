@@ -8,6 +8,9 @@ export const X_AXES = {
   time: { title: "wall time (s)" },
 };
 
+/** Schedules are what the spec set, not noise: never smoothed (Compare, the job page). */
+export const SCHEDULES = new Set(["lr", "epoch"]);
+
 /** A value of the API as a number to plot: "NaN"/"Infinity" strings and non-finite -> null. */
 export function plotValue(v) {
   const y = Number(v);

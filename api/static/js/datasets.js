@@ -1,11 +1,15 @@
-// Datasets: the project's list, and one dataset's page with its stats and the mask preview
+// Datasets: the project's list, and one dataset's page: its stats, files, a sample of its
+// records, the jobs that used it, "Use in a new job", and the mask preview
 // (POST /v1/datasets/{id}/preview): tokens coloured by mask bit, so a user sees what a job
 // would learn from before it runs.
 
 import { api } from "./api.js";
-import { copyButton, fmtBytes, fmtNumber, fmtTime, h, showError } from "./util.js";
+import { copyButton, fmtBytes, fmtNumber, fmtTime, h, showError, stateBadge } from "./util.js";
 
 const PREVIEWABLE = new Set(["messages", "prompt_completion", "jsonl_text"]);
+const FILES_SHOWN = 100;
+const RECORDS_SHOWN = 3;
+const JOBS_SHOWN = 20;
 
 export function datasetsPage(root) {
   let stopped = false; // an answer that comes after the user left is not shown
@@ -182,6 +186,60 @@ function previewPanel(ds) {
     jinja, out);
 }
 
+/** The dataset's first files with their sizes; how many more there are. */
+function filesPanel(ds) {
+  const out = h("div", { id: "dataset-files" }, h("p", { class: "muted" }, "Listing…"));
+  api(`/v1/datasets/${ds.id}/files?limit=${FILES_SHOWN}`).then(({ items, next_cursor }) => {
+    out.replaceChildren(
+      h("div", { class: "table-wrap scroll-y" }, h("table", {},
+        h("thead", {}, h("tr", {}, h("th", {}, "Path"), h("th", { class: "num" }, "Size"))),
+        h("tbody", {}, items.map((f) => h("tr", { dataset: { path: f.path } },
+          h("td", { class: "wrap" }, h("code", {}, f.path)),
+          h("td", { class: "num" }, fmtBytes(f.size_bytes))))))),
+      next_cursor ? h("p", { class: "muted", id: "dataset-files-more" },
+        `The first ${items.length} of ${fmtNumber(ds.num_files)} files; `,
+        h("code", {}, `torchyard datasets files ${ds.name} --limit ${ds.num_files}`),
+        " lists them all.") : "");
+  }).catch((err) => out.replaceChildren(h("p", { class: "muted" }, err.message)));
+  return out;
+}
+
+/** The dataset's first records as a job reads them (long values cut). */
+function samplePanel(ds) {
+  const out = h("div", { id: "dataset-sample" }, h("p", { class: "muted" }, "Reading…"));
+  api(`/v1/datasets/${ds.id}/sample?limit=${RECORDS_SHOWN}`).then(({ items }) => {
+    out.replaceChildren(...items.map((item) => h("div", {
+      class: "sample-record", dataset: { where: item.where },
+    },
+    h("div", { class: "muted" }, item.where, item.truncated ? " · long values cut" : ""),
+    h("pre", { class: "record" }, typeof item.record === "string"
+      ? item.record : JSON.stringify(item.record)))));
+  }).catch((err) => out.replaceChildren(h("p", { class: "muted" }, err.message)));
+  return out;
+}
+
+/** The newest jobs whose spec names this dataset (GET /v1/jobs?dataset=). */
+function jobsPanel(ds) {
+  const out = h("div", { id: "dataset-jobs" }, h("p", { class: "muted" }, "Loading…"));
+  api(`/v1/jobs?dataset=${encodeURIComponent(ds.id)}&limit=${JOBS_SHOWN}`).then(
+    ({ items, next_cursor }) => {
+      if (!items.length) {
+        out.replaceChildren(h("p", { class: "muted" }, "No job has used it yet."));
+        return;
+      }
+      out.replaceChildren(h("div", { class: "table-wrap" }, h("table", {},
+        h("thead", {}, h("tr", {}, ["Job", "Name", "State", "Created"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, items.map((job) => h("tr", { dataset: { jobId: job.id } },
+          h("td", {}, h("a", { href: `#/jobs/${job.id}` }, `#${job.id}`)),
+          h("td", {}, h("a", { href: `#/jobs/${job.id}` }, job.name)),
+          h("td", {}, stateBadge(job.state)),
+          h("td", {}, fmtTime(job.created_at))))))),
+      next_cursor ? h("p", { class: "muted" }, `The newest ${items.length}; `,
+        h("code", {}, `torchyard jobs --dataset ${ds.name}`), " lists them all.") : "");
+    }).catch((err) => out.replaceChildren(h("p", { class: "muted" }, err.message)));
+  return out;
+}
+
 export function datasetPage(root, datasetId) {
   let stopped = false;
   api(`/v1/datasets/${encodeURIComponent(datasetId)}`).then((ds) => {
@@ -191,9 +249,16 @@ export function datasetPage(root, datasetId) {
       h("h1", {}, h("a", { href: "#/datasets" }, "Datasets"), " / ",
         h("span", { id: "dataset-name" }, ds.name)),
       h("p", { id: "dataset-ref", class: "muted" }, "A spec names it as ",
-        h("code", {}, `data.dataset: ${ds.name}`), " or by its id ", id, " ", copyButton(ds.id, id)),
+        h("code", {}, `data.dataset: ${ds.name}`), " or by its id ", id, " ", copyButton(ds.id, id),
+        " ", h("a", {
+          id: "dataset-use", class: "button primary",
+          href: `#/submit?dataset=${encodeURIComponent(ds.id)}`,
+        }, "Use in a new job")),
       h("div", { class: "panel" }, statsList(ds)),
       h("h2", {}, "Warnings"), warningsList(ds),
+      h("h2", {}, "Jobs that used it"), jobsPanel(ds),
+      h("h2", {}, "Sample"), samplePanel(ds),
+      h("h2", {}, `Files (${fmtNumber(ds.num_files)})`), filesPanel(ds),
       h("h2", {}, "Mask preview"),
       h("div", { class: "panel", id: "preview-panel" }, previewPanel(ds)));
     root.dataset.loaded = "true";

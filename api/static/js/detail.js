@@ -1,15 +1,18 @@
 // Job detail: live metric charts, events, log tail, checkpoints, the spec, and control buttons.
 
 import { api, capabilities, download, pageAfter } from "./api.js";
-import { lineChart, onZoom, purge } from "./charts.js";
+import { COLORS, lineChart, onZoom, purge } from "./charts.js";
 import { codeCard, entrypointOf, scriptBadge } from "./code.js";
+import {
+  SCHEDULES, X_AXES, ema, plotValue, startTime, tokensPerStep, xValues,
+} from "./compare_data.js";
 import { evalsCard } from "./evals.js";
 import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import { summaryCard } from "./summary.js";
 import {
-  TERMINAL, etaSeconds, queueText, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll, runSeconds,
-  showError, stateBadge, toYaml,
+  TERMINAL, etaSeconds, queueText, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll,
+  copyButton, ownPrefixDropped, prose, showError, stateBadge, toYaml, trainedText,
 } from "./util.js";
 
 const REFRESH_MS = 1000; // polling, while no event stream is open
@@ -23,25 +26,32 @@ const CHARTS = [
   { id: "loss", title: "loss", series: ["loss", "eval_loss"] },
   { id: "lr", title: "learning rate", series: ["lr"] },
   { id: "grad_norm", title: "grad norm", series: ["grad_norm"] },
-  { id: "tokens_per_second", title: "tokens / s", series: ["tokens_per_second"] },
-  { id: "step_time_s", title: "step time (s)", series: ["step_time_s"] },
+  { id: "tokens_per_second", title: "tokens / s", series: ["tokens_per_second"], yFormat: ".3s" },
+  { id: "step_time_s", title: "step time", series: ["step_time_s"], ySuffix: " s" },
 ];
 
 // The worker's `sys/<quantity>/<rank|node|gpu>` series: one chart per quantity, one trace each.
 const SYSTEM = {
   cpu_percent: { title: "CPU % (100 = one core)" },
-  rss_bytes: { title: "memory (RSS)", yFormat: ".3s" },
+  rss_bytes: { title: "memory (RSS)", yFormat: ".3s", ySuffix: "B" },
   gpu_util_percent: { title: "GPU utilisation %" },
-  gpu_memory_bytes: { title: "GPU memory used", yFormat: ".3s" },
+  gpu_memory_bytes: { title: "GPU memory used", yFormat: ".3s", ySuffix: "B" },
   gpu_power_watts: { title: "GPU power (W)" },
 };
 const isSystem = (name) => name.startsWith("sys/");
 
-function chartsFor(names) {
+/** The charts of the trainer's series `names`. A series `<name>/<stat>` (the step time's
+ * `/max`, `/median` across ranks) joins `<name>`'s chart, and only when the job has more than
+ * one rank (`world`): with one they repeat it. */
+function chartsFor(names, world) {
   const known = new Set(CHARTS.flatMap((c) => c.series));
-  const extra = names.filter((n) => !known.has(n) && !isSystem(n)).sort()
+  const baseOf = (n) => n.split("/")[0];
+  const perRank = (n) => n.includes("/") && known.has(baseOf(n));
+  const extra = names.filter((n) => !known.has(n) && !isSystem(n) && !perRank(n)).sort()
     .map((n) => ({ id: n.replace(/[^A-Za-z0-9_-]/g, "_"), title: n, series: [n] }));
-  return [...CHARTS.filter((c) => c.series.some((s) => names.includes(s))), ...extra];
+  const withStats = CHARTS.map((c) => ({ ...c, series: [...c.series,
+    ...(world > 1 ? names.filter((n) => perRank(n) && c.series.includes(baseOf(n))).sort() : [])] }));
+  return [...withStats.filter((c) => c.series.some((s) => names.includes(s))), ...extra];
 }
 
 function systemChartsFor(names) {
@@ -83,7 +93,8 @@ function eventText(e) {
   return e.message || e.kind;
 }
 
-export function detailPage(root, jobId) {
+// `query`: `checkpoint=<id>` opens the page on that checkpoint's row, marked (a sweep's best).
+export function detailPage(root, jobId, query = new URLSearchParams()) {
   const title = h("span", { id: "job-title" }, `Job #${jobId}`);
   const badge = h("span", { id: "job-state" });
   const cancel = h("button", { id: "cancel-job", class: "danger", type: "button" }, "Cancel");
@@ -116,6 +127,20 @@ export function detailPage(root, jobId) {
   const evals = evalsCard(jobId); // its evaluations, or an eval job's results
   const kindSlot = h("span", { id: "job-kind" });
   const charts = h("div", { class: "grid2", id: "charts" });
+  // Smoothing and the x axis, as in Compare (TensorBoard's EMA; schedules never smoothed).
+  const smoothing = h("input", { id: "job-smoothing", type: "range", min: 0, max: 0.99,
+    step: 0.01, value: 0, "aria-label": "smoothing" });
+  const smoothingValue = h("span", { class: "muted", id: "job-smoothing-value" }, "0");
+  const xAxisSel = h("select", { id: "job-x-axis", "aria-label": "x axis" },
+    Object.entries(X_AXES).map(([v, a]) => h("option", { value: v }, a.title)));
+  const axisNote = h("span", { class: "muted", id: "job-x-note" });
+  const redraw = () => {
+    smoothingValue.textContent = Number(smoothing.value).toFixed(2);
+    zoom = null;
+    loadMetrics().catch(showError);
+  };
+  smoothing.addEventListener("input", redraw);
+  xAxisSel.addEventListener("change", redraw);
   const systemHeading = h("h2", { id: "system-heading", hidden: true }, "System");
   const systemCharts = h("div", { class: "grid2", id: "system-charts" });
   const chartNodes = new Map();
@@ -137,6 +162,7 @@ export function detailPage(root, jobId) {
   let eventsAfter;
   let logsAfter;
   let logLines = [];
+  let rankChosen = false; // the log filter was set (by the user, or to a failed job's rank)
   let finalPass = false;
 
   async function act(name, button) {
@@ -168,6 +194,12 @@ export function detailPage(root, jobId) {
       action.button.hidden = !offered.includes(name) || !action.when.includes(job.state);
       action.button.disabled = false;
     }
+    // A user error fails the same way when retried: the page leads with Clone and edit.
+    const userError = job.state === "failed" && job.failure?.failure_class === "user_error";
+    actions.retry.button.classList.toggle("subtle", userError);
+    actions.retry.button.title = userError
+      ? "A user error fails the same way when retried: change the spec, data or code first" : "";
+    clone.firstElementChild.classList.toggle("primary", userError);
     const res = job.spec?.resources ?? {};
     const script = Boolean(entrypointOf(job));
     if (!codeSlot.childElementCount && script) {
@@ -180,11 +212,11 @@ export function detailPage(root, jobId) {
       ...(script ? [["kind", "script"]] : [["strategy", job.spec?.parallelism?.strategy ?? "–"]]),
       ["nodes × procs", `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`],
       ["pool", job.pool], ["created", fmtTime(job.created_at)],
-      ["started", fmtTime(job.started_at)], ["duration", fmtDuration(runSeconds(job))],
+      ["started", fmtTime(job.started_at)], ["trained", trainedText(job)],
       ["worker", job.worker ?? "–"],
     ];
     if (job.queue) rows.push(["queue", queueText(job)]);
-    if (job.waiting_for) rows.push(["waiting for", job.waiting_for]);
+    if (job.waiting_for) rows.push(["waiting for", h("span", {}, prose(job.waiting_for))]);
     if (job.exit_code !== null && job.exit_code !== undefined) rows.push(["exit code", job.exit_code]);
     // The failure card shows a failure's error (with its log tail); other errors stay here.
     if (job.error && !job.failure && job.state !== "failed") rows.push(["error", job.error]);
@@ -225,6 +257,13 @@ export function detailPage(root, jobId) {
         ...Array.from({ length: world }, (_, r) => h("option", { value: String(r) }, `rank ${r}`)));
       rankSel.value = sel;
     }
+    // A failed job's logs open on the failing rank (its traceback last), not on all ranks,
+    // whose end is torchrun's own error report; the user's choice is kept after that.
+    const failedRank = job.failure?.rank;
+    if (!rankChosen && job.state === "failed" && Number.isInteger(failedRank)) {
+      rankChosen = true;
+      showRankLogs(failedRank, false);
+    }
   }
 
   // Zooming a chart's steps refetches every series for that range only, downsampled to
@@ -232,19 +271,30 @@ export function detailPage(root, jobId) {
   let zoom = null;
   async function loadMetrics() {
     const range = zoom;
+    const axis = xAxisSel.value;
+    const weight = Number(smoothing.value);
     const { series } = await api(`/v1/jobs/${jobId}/metrics`, {
       query: {
         max_points: MAX_POINTS,
         start: range ? Math.max(0, Math.floor(range[0])) : undefined,
         end: range ? Math.max(0, Math.ceil(range[1])) : undefined,
+        times: axis === "time" ? true : undefined,
       },
     });
-    if (range !== zoom) return; // the zoom changed while this answer was on its way
+    if (range !== zoom || axis !== xAxisSel.value) return; // changed while this was on its way
     root.dataset.zoom = range ? `${Math.floor(range[0])}-${Math.ceil(range[1])}` : "";
     const byName = new Map(series.map((s) => [s.name, s]));
     const names = [...byName.keys()];
-    const placed = [...chartsFor(names).map((c) => [charts, c]),
+    const res = job?.spec?.resources ?? {};
+    const world = (res.nodes ?? 1) * (res.procs_per_node ?? 1);
+    const run = { byName, tokensPerStep: tokensPerStep(byName), t0: startTime(series) };
+    const trainCharts = chartsFor(names, world);
+    const placed = [...trainCharts.map((c) => [charts, c]),
       ...systemChartsFor(names).map((c) => [systemCharts, c])];
+    // An x axis the run cannot give (no tokens per step, e.g. a script's own metrics): steps.
+    const shownAxis = series.every((s) => xValues(run, s, axis) !== null) ? axis : "step";
+    axisNote.textContent = shownAxis === axis ? "" : `(no ${X_AXES[axis].title} for this run: by step)`;
+    root.dataset.xAxis = shownAxis;
     for (const [box, chart] of placed) {
       let node = chartNodes.get(chart.id);
       const fresh = !node;
@@ -253,12 +303,24 @@ export function detailPage(root, jobId) {
         chartNodes.set(chart.id, node);
         box.append(node);
       }
-      const traces = chart.series.filter((n) => byName.has(n)).map((n) => ({
-        name: chart.label ? chart.label(n) : n, x: byName.get(n).steps, y: byName.get(n).values,
-      }));
+      const smooth = weight > 0 && box === charts;
+      const traces = chart.series.filter((n) => byName.has(n)).flatMap((n, i) => {
+        const s = byName.get(n);
+        const name = chart.label ? chart.label(n) : n;
+        const x = xValues(run, s, shownAxis);
+        const color = COLORS[i % COLORS.length];
+        if (!smooth || SCHEDULES.has(n)) return [{ name, x, y: s.values, color }];
+        const y = s.values.map(plotValue);
+        return [{ name: `${name} (raw)`, x, y, color, opacity: 0.25, legend: false, hover: false },
+          { name, x, y: ema(y, weight), color }];
+      });
       if (!traces.length) continue; // nothing in the zoomed range
-      await lineChart(node, traces, { title: chart.title, yFormat: chart.yFormat });
-      if (fresh) onZoom(node, (r) => { zoom = r; loadMetrics().catch(showError); });
+      await lineChart(node, traces, {
+        title: chart.title, yFormat: chart.yFormat, ySuffix: chart.ySuffix,
+        xTitle: X_AXES[shownAxis].title, xFormat: X_AXES[shownAxis].format,
+      });
+      // Zooming refetches a range of steps: on the step axis only.
+      if (fresh) onZoom(node, (r) => { if (xAxisSel.value !== "step") return; zoom = r; loadMetrics().catch(showError); });
     }
     systemHeading.hidden = !systemCharts.childElementCount;
     if (!series.length && !charts.childElementCount) {
@@ -286,7 +348,7 @@ export function detailPage(root, jobId) {
     const shown = needle ? logLines.filter((l) => l.line.toLowerCase().includes(needle)) : logLines;
     const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4;
     logBox.replaceChildren(...shown.map((l) => {
-      const text = l.line;
+      const text = ownPrefixDropped(l.rank, l.line);
       let body = [text];
       const at = needle ? text.toLowerCase().indexOf(needle) : -1;
       if (at >= 0) body = [text.slice(0, at), h("mark", {}, text.slice(at, at + needle.length)), text.slice(at + needle.length)];
@@ -297,12 +359,27 @@ export function detailPage(root, jobId) {
     if (atBottom) logBox.scrollTop = logBox.scrollHeight;
   }
 
-  async function loadLogs() {
+  // One page of logs at a time: two loads from the same cursor would show its lines twice (the
+  // poll and a change of filter can both ask); a load from before a reset is dropped.
+  let logsLoading = Promise.resolve();
+  let logsEpoch = 0;
+  function loadLogs() {
+    logsLoading = logsLoading.then(loadLogsPage, loadLogsPage);
+    return logsLoading;
+  }
+  function resetLogs() {
+    logsEpoch += 1;
+    logsAfter = undefined; logLines = []; logBox.replaceChildren();
+    return loadLogs();
+  }
+
+  async function loadLogsPage() {
     const rank = rankSel.value;
+    const epoch = logsEpoch;
     const { items, last } = await pageAfter(`/v1/jobs/${jobId}/logs`, {
       after: logsAfter, query: { rank: rank === "" ? undefined : rank }, limit: 5000,
     });
-    if (rank !== rankSel.value) return; // the filter changed while this page was in flight
+    if (epoch !== logsEpoch) return; // the filter changed while this page was in flight
     logsAfter = last;
     if (items.length || !logBox.childElementCount) {
       logLines = logLines.concat(items).slice(-MAX_LOG_LINES);
@@ -313,19 +390,33 @@ export function detailPage(root, jobId) {
   // Checkpoints, each with its safetensors export: "Export" asks a worker for one (POST), the
   // state shows while it is made, "Download" fetches it with the key once ready.
   let exportTimer = null;
+  let shownWanted = false; // scrolled to the checkpoint the URL names, once
   async function loadCheckpoints() {
     const { items } = await api(`/v1/jobs/${jobId}/checkpoints`);
-    ckptBody.replaceChildren(...items.map((c) => h("tr", { dataset: { step: c.step } },
+    const wanted = query.get("checkpoint");
+    ckptBody.replaceChildren(...items.map((c) => h("tr", {
+      id: `checkpoint-${c.id}`, class: String(c.id) === wanted ? "chosen" : "", dataset: { step: c.step },
+    },
       h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
       h("td", { class: "num" }, fmtBytes(c.size_bytes)), h("td", {}, fmtTime(c.created_at)),
-      exportCell(c),
-      h("td", { class: "uri", title: c.server_uri ?? c.uri }, h("code", {}, c.uri)))));
+      exportCell(c), uriCell(c))));
     if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "None yet.")));
+    if (wanted && !shownWanted) {
+      const row = ckptBody.querySelector(`#checkpoint-${CSS.escape(wanted)}`);
+      if (row) { shownWanted = true; row.scrollIntoView({ block: "center" }); }
+    }
     // The page stops polling once the job has ended; an export in the making is still followed.
     clearTimeout(exportTimer);
     if (items.some((c) => ["pending", "running"].includes(c.export?.state))) {
       exportTimer = setTimeout(() => loadCheckpoints().catch(showError), EXPORT_POLL_MS);
     }
+  }
+
+  /** A checkpoint's place, cut to fit the table, whole in its tooltip and its Copy button. */
+  function uriCell(c) {
+    const where = c.server_uri ?? c.uri;
+    const code = h("code", {}, c.uri);
+    return h("td", { class: "uri nowrap", title: where }, code, " ", copyButton(where, code));
   }
 
   function exportCell(c) {
@@ -372,17 +463,18 @@ export function detailPage(root, jobId) {
   }
 
   /** The log view, filtered to `rank` (the failure card's "all its logs"), scrolled to. */
-  function showRankLogs(rank) {
+  function showRankLogs(rank, scroll = true) {
     if (![...rankSel.options].some((o) => o.value === String(rank))) {
       rankSel.append(h("option", { value: String(rank) }, `rank ${rank}`));
     }
     rankSel.value = String(rank);
     rankSel.dispatchEvent(new Event("change"));
-    logBox.scrollIntoView({ block: "center" });
+    if (scroll) logBox.scrollIntoView({ block: "center" });
   }
 
   rankSel.addEventListener("change", () => {
-    logsAfter = undefined; logLines = []; logBox.replaceChildren(); loadLogs().catch(showError);
+    rankChosen = true;
+    resetLogs().catch(showError);
   });
   search.addEventListener("input", renderLogs);
 
@@ -452,17 +544,25 @@ export function detailPage(root, jobId) {
     root.dataset.loaded = "true";
   }
 
+  // Charts first (issue 28, item 4): the title, why it failed, the figures, then the metrics;
+  // the run's details, events, checkpoints, logs and its spec (folded) after them.
   root.append(
     h("h1", {}, title, kindSlot, badge, h("span", { class: "spacer" }), compareLink, clone,
       ...Object.values(actions).map((a) => a.button), cancel),
     failureSlot,
     specProblems,
-    h("div", { class: "panel" }, summary),
     card.node,
-    codeSlot,
-    h("h2", {}, "Metrics"), charts,
+    h("div", { class: "section-head" }, h("h2", {}, "Metrics"),
+      h("div", { class: "toolbar", id: "metrics-toolbar" },
+        h("label", {}, "smoothing ", smoothing, " ", smoothingValue),
+        h("label", {}, "x axis ", xAxisSel), axisNote)),
+    charts,
     systemHeading, systemCharts,
     evals.node,
+    h("h2", { id: "overview-heading" }, "Overview"),
+    h("div", { class: "panel" }, summary),
+    card.details,
+    codeSlot,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
       h("section", {}, h("h2", {}, "Checkpoints"), h("div", { class: "table-wrap" }, h("table", {},
@@ -473,7 +573,7 @@ export function detailPage(root, jobId) {
     h("h2", {}, "Logs"),
     h("div", { class: "toolbar" }, rankSel, search),
     logBox,
-    h("h2", {}, "Spec ", specFormat), specBox);
+    h("details", { id: "spec-box" }, h("summary", {}, h("h2", {}, "Spec ", specFormat)), specBox));
   return () => {
     stop();
     stopStream?.();

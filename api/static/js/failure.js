@@ -2,7 +2,7 @@
 // retry policy did, the failing rank's last log lines), and the warning line of a job that
 // restarted after a failure. Everything comes from the job itself (`failure`, `retry_policy`).
 
-import { h } from "./util.js";
+import { h, prose } from "./util.js";
 
 /** "rank 3 on host-b": the failing rank and its host (or node), as far as known. */
 function place(f) {
@@ -32,9 +32,12 @@ function failedCard(job, onRankLogs) {
     h("div", { class: "failure-head" },
       h("span", { class: "failure-title" }, "Failed"),
       f ? failureClassBadge(f.failure_class) : null,
-      h("span", { class: "reason" }, reason)),
+      h("span", { class: "reason" }, prose(reason))),
     f ? whereList(f, f.exit_code ?? job.exit_code) : null,
-    job.retry_policy ? h("p", { class: "retry-summary" }, job.retry_policy.summary) : null,
+    job.retry_policy ? h("p", { class: "retry-summary" }, prose(job.retry_policy.summary)) : null,
+    f?.failure_class === "user_error" ? h("p", { class: "muted", id: "retry-advice" },
+      "A user error fails the same way when retried: Clone and edit the spec, or fix the "
+      + "data or code first.") : null,
     tail.length ? [
       h("div", { class: "muted tail-title" },
         f && f.rank !== null && f.rank !== undefined ? `Last log lines of rank ${f.rank}` : "Last log lines",
@@ -50,9 +53,10 @@ function warningLine(job) {
   const where = place(f);
   return h("div", { id: "failure", class: "failure-warning", "aria-label": "last failure" },
     h("strong", {}, "Last failure "), failureClassBadge(f.failure_class), " ",
-    h("span", { class: "reason" }, f.reason),
+    h("span", { class: "reason" }, prose(f.reason)),
     where ? h("span", { class: "muted" }, ` (${where})`) : null,
-    job.retry_policy ? h("span", { class: "muted retry-summary" }, ` · ${job.retry_policy.summary}`) : null);
+    job.retry_policy ? h("span", { class: "muted retry-summary" }, " · ",
+      prose(job.retry_policy.summary)) : null);
 }
 
 /** The failure card of a failed job, the warning line of a job restarted after a failure, or

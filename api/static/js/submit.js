@@ -23,6 +23,15 @@ const SCRIPT_TEMPLATE = {
 };
 const CHECK_DELAY_MS = 250;
 
+/** The trainer template on one dataset (by name, as a user would write it): a preference
+ * dataset trains with DPO, which scores whole answers (no packing). */
+async function templateFor(datasetId) {
+  const ds = await api(`/v1/datasets/${encodeURIComponent(datasetId)}`);
+  const data = { dataset: ds.name, ...(ds.format === "preference" ? { packing: false } : {}) };
+  const method = ds.format === "preference" ? { method: { kind: "dpo" } } : {};
+  return { ...TEMPLATE, name: `${ds.name}-run`.slice(0, 100), data, ...method };
+}
+
 /** The trainer template with the project's newest dataset, or the script one with its newest
  * code archive (when the API lists archives). */
 async function template(kind) {
@@ -229,6 +238,8 @@ export function submitPage(root, query) {
     if (from) {
       const job = await api(`/v1/jobs/${from}`);
       spec = { ...job.spec, name: `${job.spec.name}-copy` };
+    } else if (query.get("dataset")) {
+      spec = await templateFor(query.get("dataset"));
     } else {
       spec = await template(kind);
     }

@@ -9,7 +9,7 @@
 // FLOP/s), reported only on a GPU whose peak it knows (none on CPU), so omitted otherwise.
 
 import { api } from "./api.js";
-import { fmtNumber, h, showError } from "./util.js";
+import { TERMINAL, fmtNumber, h, showError } from "./util.js";
 
 const HYPER_SECTIONS = ["model", "train", "optim"];
 
@@ -101,10 +101,12 @@ export function summaryCard(jobId, onSaved) {
     const m = job.latest_metrics ?? {};
     const perStep = runInfo.tokens_per_step;
     const tokensPerSecond = completed?.tokens_per_second ?? m.tokens_per_second;
+    // "final" once the job has ended; while it runs the value is its latest
+    const last = TERMINAL.has(job.state) ? "final" : "latest";
     const rows = [
-      stat("final_loss", "final train loss", fmtNumber(m.loss)),
+      stat("final_loss", `${last} train loss`, fmtNumber(m.loss)),
       stat("best_loss", "best train loss", fmtNumber(job.best_loss)),
-      stat("final_eval_loss", "final eval loss", fmtNumber(m.eval_loss)),
+      stat("final_eval_loss", `${last} eval loss`, fmtNumber(m.eval_loss)),
       stat("best_eval_loss", "best eval loss", fmtNumber(job.best_eval_loss)),
       stat("tokens_seen", "tokens seen",
         perStep && job.current_step ? fmtNumber(perStep * job.current_step) : "–",
@@ -118,7 +120,11 @@ export function summaryCard(jobId, onSaved) {
         "tokens/s × (6·N + 12·L·d·T) FLOPs per token / (world size × the GPU's peak bf16 FLOP/s)"));
     }
     if (runInfo.num_params) rows.push(stat("params", "parameters", fmtNumber(runInfo.num_params)));
-    stats.replaceChildren(...rows);
+    // A figure the run has not reported (yet, or ever: a crashed run) is left out, not shown
+    // as a dash; with none the row is hidden.
+    const known = rows.filter((row) => row.querySelector("dd").textContent !== "–");
+    stats.replaceChildren(...known);
+    node.hidden = !known.length;
     if (sampleEvent) {
       sample.hidden = false;
       sample.replaceChildren(
@@ -141,10 +147,13 @@ export function summaryCard(jobId, onSaved) {
 
   const hyperBox = h("details", { id: "hparams-box", open: true },
     h("summary", {}, "Hyperparameters"), hyper);
-  const node = h("section", { class: "panel summary-card", id: "summary-card" },
-    stats, sample, form, hyperBox);
+  // The figures lead the page, above the charts; the rest sits in the page's Overview.
+  const node = h("section", { class: "panel summary-card", id: "summary-card" }, stats);
+  const details = h("section", { class: "panel summary-card", id: "summary-details" },
+    sample, form, hyperBox);
   return {
     node,
+    details,
     /** The job as last read. */
     job(next) { job = next; render(); },
     /** New events, oldest first: the trainer's reports and samples. */

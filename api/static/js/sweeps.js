@@ -4,15 +4,13 @@
 // and the trials table. "Compare top k" opens Compare with the best trials' jobs.
 
 import { api } from "./api.js";
-import { lineChart, plotlyReady, purge } from "./charts.js";
+import { COLORS, lineChart, plotlyReady, purge } from "./charts.js";
 import { TERMINAL, fmtNumber, fmtTime, h, poll, showError, stateBadge } from "./util.js";
 
 const REFRESH_MS = 3000;
 const TOP_K = 4;
 const MAX_POINTS = 500;
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
-const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-  "#7f7f7f", "#bcbd22", "#17becf"];
 
 function trialCounts(sweep) {
   const ended = Object.entries(sweep.trials).filter(([s]) => s !== "running")
@@ -66,7 +64,8 @@ function bestCard(sweep, trials) {
       h("dt", {}, "job"), h("dd", {}, best.job_id
         ? h("a", { href: `#/jobs/${best.job_id}`, id: "sweep-best-job" }, `#${best.job_id}`) : "–"),
       h("dt", {}, "checkpoint"), h("dd", {}, best.checkpoint_id
-        ? `#${best.checkpoint_id} (step ${best.checkpoint_step})` : "none kept"),
+        ? h("a", { id: "sweep-best-checkpoint", href: `#/jobs/${best.job_id}?checkpoint=${best.checkpoint_id}` },
+          `#${best.checkpoint_id} (step ${best.checkpoint_step})`) : "none kept"),
       ...Object.entries(best.params).flatMap(([path, value]) => [h("dt", {}, path), h("dd", {}, paramText(value))])),
     h("div", { class: "toolbar" },
       best.checkpoint_id ? h("button", { type: "button", id: "sweep-export", onclick: async (event) => {

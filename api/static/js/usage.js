@@ -1,5 +1,6 @@
 // Usage: the project's slot-hours, CPU-hours and cost per day, pool or job (GET /v1/usage),
-// a bar chart of cost per day, and the same report as CSV. Default window: this month (UTC).
+// a bar chart of cost per day (of slot-hours when no pool used has a price, saying so), and
+// the same report as CSV. Default window: this month (UTC).
 
 import { api, download } from "./api.js";
 import { barChart, purge } from "./charts.js";
@@ -42,6 +43,12 @@ function reportTable(report) {
   return h("table", { id: "usage-table" }, h("thead", {}, head), h("tbody", {}, rows), h("tfoot", {}, total));
 }
 
+/** What the page says of pools used without a slot-hour price (as the CLI says it). */
+export function noPriceNote(pools) {
+  return `No price set for pool${pools.length > 1 ? "s" : ""} ${pools.join(", ")} `
+    + "(TORCHYARD_SLOT_PRICES): their slot-hours cost 0.";
+}
+
 export function usagePage(root) {
   let stopped = false;
   const since = h("input", { id: "usage-since", type: "date", value: monthStart() });
@@ -49,6 +56,7 @@ export function usagePage(root) {
   const by = h("select", { id: "usage-by" },
     ["day", "pool", "job"].map((v) => h("option", { value: v }, `per ${v}`)));
   const summary = h("span", { class: "muted", id: "usage-summary" });
+  const priceNote = h("p", { class: "warning", id: "usage-price-note", hidden: true });
   const chart = h("div", { id: "usage-chart", class: "chart" });
   const wrap = h("div", { class: "table-wrap" });
   const query = () => ({ since: since.value, until: until.value });
@@ -63,9 +71,16 @@ export function usagePage(root) {
       wrap.replaceChildren(reportTable(report));
       summary.textContent = `${hours(report.total.slot_seconds)} slot-hours · `
         + `${report.total.cost.toFixed(2)} ${report.currency}`;
-      await barChart(chart, days.rows.map((r) => r.day), days.rows.map((r) => r.cost), {
-        title: `Cost per day (${days.currency})`, yTitle: days.currency,
-      });
+      const unpriced = days.unpriced_pools ?? [];
+      priceNote.hidden = !unpriced.length;
+      priceNote.textContent = unpriced.length ? noPriceNote(unpriced) : "";
+      // Nothing priced: a cost chart would be all zeros, so chart what was used.
+      const byCost = days.total.cost > 0 || !days.rows.length;
+      await barChart(chart, days.rows.map((r) => r.day),
+        days.rows.map((r) => (byCost ? r.cost : r.slot_seconds / 3600)), byCost
+          ? { title: `Cost per day (${days.currency})`, yTitle: days.currency }
+          : { title: "Slot-hours per day", yTitle: "slot-hours" });
+      chart.dataset.series = byCost ? "cost" : "slot_hours";
       root.dataset.loaded = "true";
     } catch (err) {
       showError(err);
@@ -82,10 +97,11 @@ export function usagePage(root) {
     h("div", { class: "toolbar" },
       h("label", {}, "From ", since), h("label", {}, "to ", until), by, summary,
       h("span", { class: "spacer" }), csv),
+    h("p", { class: "muted", id: "usage-explain" }, "Slot-hours: devices (GPUs, or CPU slots) "
+      + "× hours held by a job's nodes; a running job counts up to now. Days are UTC."),
+    priceNote,
     h("div", { class: "panel" }, chart),
-    wrap,
-    h("p", { class: "muted" }, "Slot-hours: devices (GPUs, or CPU slots) x hours held by a job's "
-      + "nodes; a running job counts up to now. Days are UTC."));
+    wrap);
   load();
   return () => { stopped = true; purge(chart); };
 }

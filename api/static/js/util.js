@@ -17,6 +17,24 @@ export function h(tag, attrs = {}, ...children) {
   return node;
 }
 
+/** The API's prose with `code` in backticks (a reason, a retry summary) as text and <code>
+ * nodes: the backticks are markup, not characters to show. An unpaired one stays as it is. */
+export function prose(text) {
+  const parts = String(text ?? "").split("`");
+  if (parts.length < 3) return [String(text ?? "")];
+  return parts.map((part, i) => {
+    if (i % 2 === 0) return part;
+    return i === parts.length - 1 ? `\`${part}` : h("code", {}, part);
+  });
+}
+
+/** A log line without the rank prefix its process wrote itself (`[rank0]:`, torchrun's), as the
+ * page puts `[rank N]` before each line already (torchyard.render.log_line does the same). */
+export function ownPrefixDropped(rank, line) {
+  const own = new RegExp(`^\\[rank ?${Number(rank)}\\]:? ?`).exec(line);
+  return own ? line.slice(own[0].length) : line;
+}
+
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 export const STATES = [
   "queued", "starting", "running", "pausing", "paused", "preempting", "restarting", "cancelling",
@@ -37,27 +55,48 @@ export function fmtNumber(value, digits = 4) {
   return value.toPrecision(digits);
 }
 
+// Durations and sizes read as the CLI prints them (torchyard/render.py: format_duration,
+// format_bytes), so a job shows the same figures in the terminal and on its page.
+
+/** `42s`, `3m05s`, `1h02m`, `2d03h`; `–` when unknown. */
 export function fmtDuration(seconds) {
   if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
   const s = Math.max(0, Math.round(seconds));
+  const two = (n) => String(n).padStart(2, "0");
   if (s < 60) return `${s}s`;
-  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
-  return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${two(s % 60)}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h${two(Math.floor((s % 3600) / 60))}m`;
+  return `${Math.floor(s / 86400)}d${two(Math.floor((s % 86400) / 3600))}h`;
 }
 
+/** A moment in the browser's own locale and time zone, the zone named (the CLI prints UTC);
+ * the same locale as the browser's date pickers. */
 export function fmtTime(iso) {
   if (!iso) return "–";
-  const d = new Date(iso);
-  return d.toLocaleString("en-GB", { dateStyle: "short", timeStyle: "medium" });
+  return new Date(iso).toLocaleString(undefined, {
+    year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short",
+  });
 }
 
+/** Decimal units, as the CLI: `812 B`, `8.0 kB`, `1.2 GB`; `–` when unknown. */
 export function fmtBytes(n) {
   if (n === null || n === undefined) return "–";
-  const units = ["B", "KB", "MB", "GB", "TB"];
+  const units = ["B", "kB", "MB", "GB", "TB"];
   let i = 0;
   let v = n;
-  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
-  return `${v.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
+  while (Math.abs(v) >= 1000 && i < units.length - 1) { v /= 1000; i += 1; }
+  return i === 0 ? `${Math.trunc(v)} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+/** How long the job trained and, when longer, its span from start to end (as the CLI's
+ * `trained_text`): "3m38s of 3m51s from start to end". */
+export function trainedText(job) {
+  const trained = fmtDuration(runSeconds(job));
+  if (!job.started_at || !job.finished_at || runSeconds(job) === null) return trained;
+  const span = (Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000;
+  if (Math.round(span) - Math.round(runSeconds(job)) < 1) return trained;
+  return `${trained} of ${fmtDuration(span)} from start to end`;
 }
 
 /**

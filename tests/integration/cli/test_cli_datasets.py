@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from dataformat.records import FORMATS
+from tests.integration.conftest import UNSERVED_POOL
 from torchyard import Client, ValidationFailed
 from torchyard.models import DATASET_FORMATS
 from torchyard.render import SUPERVISED_STYLE, preview_tokens
@@ -103,3 +104,37 @@ def test_preview_highlights_the_supervised_tokens_and_prints_shares(
     refused = cli("datasets", "preview", dataset["id"], "--seq-len", "8")
     assert refused.exit_code == 1
     assert "verdict: refused: data sample: 2 of 2 examples" in refused.stdout
+
+
+def test_files_sample_and_the_jobs_that_used_a_dataset_by_its_name(
+    cli: Any, tmp_path: Path, live_api: str, api_key: str
+) -> None:
+    """Issue 28, item 2, from the terminal: what a dataset holds and who trained on it."""
+    path = _jsonl(tmp_path / "chat.jsonl", CHAT)
+    dataset = json.loads(cli("datasets", "upload", "support", str(path), "--json").stdout)
+
+    files = cli("datasets", "files", "support")
+    assert files.exit_code == 0, files.output
+    assert "chat.jsonl" in files.stdout and f"{path.stat().st_size} B" in files.stdout
+
+    sample = cli("datasets", "sample", "support", "-n", "1")
+    assert sample.exit_code == 0, sample.output
+    assert sample.stdout.startswith("chat.jsonl:1\n")
+    assert json.loads(sample.stdout.split("\n", 1)[1]) == CHAT[0]
+    as_json = json.loads(cli("datasets", "sample", "support", "--json").stdout)
+    assert [i["record"] for i in as_json["items"]] == CHAT
+
+    spec = {"name": "on-support", "data": {"dataset": "support"},
+            "resources": {"pool": UNSERVED_POOL}}  # fmt: skip
+    with Client(live_api, api_key) as client:
+        job = client.jobs.create(spec)
+        try:  # cancelled after: a queued job of the shared pool moves others' queue positions
+            assert [j.id for j in client.jobs.list(dataset=dataset["id"]).items] == [job.id]
+            listed = cli("jobs", "--dataset", "support", "--json")
+            assert listed.exit_code == 0, listed.output
+            assert [j["id"] for j in json.loads(listed.stdout)] == [job.id]
+        finally:
+            client.jobs.cancel(job.id)
+    unknown = cli("jobs", "--dataset", "nope")
+    assert unknown.exit_code != 0
+    assert "no dataset 'nope'" in unknown.output

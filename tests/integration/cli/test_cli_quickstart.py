@@ -144,6 +144,9 @@ def test_quickstart_trains_reports_and_stops_everything(first_run: FirstRun) -> 
     ):
         assert expected in output, f"{expected!r} missing from:\n{output}"
     assert re.search(r"API key\s+\S+", output)
+    port = _api_port(output)
+    # where the dashboard is, and how to get in (issue 28, item 10)
+    assert re.search(rf"dashboard\s+http://127\.0\.0\.1:{port}/ui/", output), output
     eval_loss = float(re.search(r"eval loss\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
     unigram = float(re.search(r"unigram baseline\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
     assert 0 < eval_loss < 8 and 0 < unigram < 8

@@ -7,7 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,22 @@ def test_usage_prints_a_table_per_day_with_hours_cost_and_total(cli: Any, job_id
     assert "COST (EUR)" in result.stdout
     total = next(line for line in lines if line.strip().startswith("total"))
     assert total.split() == ["total", "6.00", "0.50", "12.00"]
+
+
+def test_usage_says_which_pools_have_no_price_and_what_a_slot_hour_is(
+    cli: Any, job_id: int, engine: Engine, project: ProjectKey
+) -> None:
+    priced_only = cli("usage", *WINDOW)
+    assert "no price set" not in priced_only.stdout
+    assert "slot-hours: devices (GPUs, or CPU slots) x hours held" in priced_only.stdout
+    start = datetime(2026, 3, 12, 9, tzinfo=UTC)
+    make_job(engine, project, "cpu-free", [(1, start, start + timedelta(hours=1), 1, 5.0)])
+    result = cli("usage", *WINDOW)
+    assert result.exit_code == 0, result.output
+    assert (
+        "no price set for pool cpu-free (TORCHYARD_SLOT_PRICES): their slot-hours cost 0"
+        in " ".join(result.stdout.split())
+    )
 
 
 def test_usage_json_and_csv_by_job(cli: Any, job_id: int) -> None:

@@ -12,7 +12,6 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import psutil
 import pytest
 from celery import Celery
 from sqlalchemy import Engine
@@ -30,6 +29,7 @@ from tests.integration.workers.helpers import (
     group_gone,
     job_events,
     job_row,
+    kill_tree,
     launches,
     metric_series,
     run_to_success,
@@ -83,20 +83,6 @@ def _spec(queue: str, dataset_id: str, steps: int) -> JobSpec:
         checkpoint={"interval_steps": 5, "keep_last": 10},
         retries={"max_restarts": 1},
     )
-
-
-def _kill_tree(worker: Worker) -> float:
-    """SIGKILL the worker and every process under it (torchrun, its ranks) at once, from
-    outside; returns the time (unix seconds) of the kill."""
-    root = psutil.Process(worker.proc.pid)
-    tree = [root, *root.children(recursive=True)]
-    assert len(tree) >= 3, f"no trainer under the worker: {tree}"  # worker, torchrun, rank
-    killed_at = time.time()
-    for proc in tree:
-        proc.send_signal(signal.SIGKILL)
-    worker.proc.wait()
-    psutil.wait_procs(tree, timeout=10)
-    return killed_at
 
 
 def _requeue(engine: Engine, job_id: int) -> JobEvent | None:
@@ -225,7 +211,7 @@ def test_a_worker_killed_with_its_trainers_is_requeued_within_15_s_and_trains_ag
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, kill_at, 120)
     (victim,) = [w for w in fleet if w.name == job_row(engine, job_id).worker]
-    killed_at = _kill_tree(victim)
+    killed_at = kill_tree(victim, at_least=3)
     step_at_kill = job_row(engine, job_id).current_step
 
     requeue = wait_for(
@@ -280,7 +266,7 @@ def test_a_restarted_worker_requeues_its_predecessor_s_job_at_once_and_it_runs_o
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, 7, 120)
     (first_launch,) = launches(job_events(engine, job_id))
-    killed_at = _kill_tree(first)
+    killed_at = kill_tree(first, at_least=3)
     assert group_gone(first_launch.data["pgid"])
 
     restarted_at = time.time()

@@ -1,16 +1,21 @@
 """Hosts as Linux network namespaces, for tests of a deployment whose hosts share only the
 network, Postgres, Redis and object storage.
 
-`Network` makes a bridge in the root namespace with a /24 of its own (10.200-249.x.0/24, one no
-route of this machine uses), and each `add_host` a namespace with a veth pair on that bridge:
-the namespace's `eth0` gets `.2`, `.3`, ... and its own loopback. Postgres, Redis and the S3
-server (which listen on 127.0.0.1 only) are reached through TCP proxies the test runs on the
-bridge's own address (`.1`). `cut(host)` sets the root end of a host's link down, as a pulled
-cable; `restore(host)` brings it back. Everything the network made is deleted by `close()`,
-every `ip` command bounded in time. Needs root (CI runs as root) and `ip` (iproute2).
+`Network` makes a switch: a namespace of its own holding a bridge with a /24 of its own
+(10.200-249.x.0/24, one no route of this machine uses), and each `add_host` a namespace with a
+veth pair to that bridge: the namespace's `eth0` gets `.2`, `.3`, ... and its own loopback.
+Postgres, Redis and the S3 server (which listen on 127.0.0.1 only) are reached through TCP
+proxies the test runs on the bridge's own address (`.1`): their listening sockets are made in
+the switch's namespace, their upstream connections from the root one. `cut(host)` sets the
+switch's end of a host's link down, as a pulled cable; `restore(host)` brings it back.
+Everything the network made goes with its namespaces in `close()`, every `ip` command bounded in
+time. Needs root (CI runs as root) and `ip` (iproute2).
 
-Traffic stays on these interfaces: a host's only route is its /24, so a process in it can reach
-the bridge's address and the other hosts, nothing else.
+The root namespace gains no interface and no address, and sees no link go down or up: a browser
+of another test (Chromium) aborts its requests in flight with ERR_NETWORK_CHANGED when this
+machine's addresses change, which a bridge in the root namespace did. Traffic stays on these
+interfaces: a host's only route is its /24, so a process in it can reach the bridge's address
+and the other hosts, nothing else.
 """
 
 from __future__ import annotations
@@ -87,12 +92,16 @@ class Network:
         self.gateway = str(addresses[0])
         self._next = iter(addresses[1:])
         self.bridge = f"tybr{self.tag}"
+        self.switch = f"ty{self.tag}sw"
         self.hosts: list[Host] = []
         self.proxies: list[TcpProxy] = []
-        ip("link", "add", self.bridge, "type", "bridge")
+        ip("netns", "add", self.switch)
         try:
-            ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
-            ip("link", "set", self.bridge, "up")
+            sw = ("-n", self.switch)
+            ip(*sw, "link", "add", self.bridge, "type", "bridge")
+            ip(*sw, "addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+            ip(*sw, "link", "set", self.bridge, "up")
+            ip(*sw, "link", "set", "lo", "up")
         except BaseException:
             self.close()
             raise
@@ -102,8 +111,9 @@ class Network:
         host = Host(ns=f"ty{self.tag}h{n}", address=str(next(self._next)), link=f"ty{self.tag}v{n}")
         ip("netns", "add", host.ns)
         self.hosts.append(host)
-        ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.ns)
-        ip("link", "set", host.link, "master", self.bridge, "up")
+        sw = ("-n", self.switch)  # both ends made where they live: nothing in the root namespace
+        ip(*sw, "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.ns)
+        ip(*sw, "link", "set", host.link, "master", self.bridge, "up")
         ip("-n", host.ns, "addr", "add", f"{host.address}/{self.subnet.prefixlen}", "dev", "eth0")
         ip("-n", host.ns, "link", "set", "eth0", "up")
         ip("-n", host.ns, "link", "set", "lo", "up")
@@ -112,26 +122,25 @@ class Network:
     def expose(self, port: int) -> int:
         """Make 127.0.0.1:`port` (a service of this machine) reachable from the hosts at the
         bridge's address; returns the port there."""
-        proxy = TcpProxy(("127.0.0.1", port), listen_host=self.gateway)
+        proxy = TcpProxy(("127.0.0.1", port), listen_host=self.gateway, namespace=self.switch)
         self.proxies.append(proxy)
         return proxy.port
 
     def cut(self, host: Host) -> None:
-        """Pull `host`'s cable: its link's root end goes down (its processes keep running)."""
-        ip("link", "set", host.link, "down")
+        """Pull `host`'s cable: its link's switch end goes down (its processes keep running)."""
+        ip("-n", self.switch, "link", "set", host.link, "down")
 
     def restore(self, host: Host) -> None:
-        ip("link", "set", host.link, "up")
+        ip("-n", self.switch, "link", "set", host.link, "up")
 
     def close(self) -> None:
-        """Delete every namespace, link and the bridge (a namespace's processes must be gone
-        first: the caller stops them)."""
+        """Delete every namespace, with their links and the bridge (a namespace's processes
+        must be gone first: the caller stops them)."""
         for proxy in self.proxies:
             proxy.close()
         for host in self.hosts:
-            ip("link", "del", host.link, check=False)
             ip("netns", "del", host.ns, check=False)
-        ip("link", "del", self.bridge, check=False)
+        ip("netns", "del", self.switch, check=False)
 
 
 def require_namespaces() -> None:

@@ -156,9 +156,11 @@ def test_ranks_running_alike_have_close_compute_times_and_no_straggler(
     assert len(reports) == MAX_STEPS // LOG_INTERVAL
     assert all(e["measure"] == "compute" for e in reports)
     compute = [max(e["seconds"]) / min(e["seconds"]) for e in reports]
-    # Alike: typically within 10 % (a loaded host adds noise), never straggler-like.
+    # Alike over the run: typically within 10 %, never straggler-like in the median. Not "the
+    # detector flags nothing": on CI's 2 cores shared by 4 test workers one rank can be starved
+    # for 3 reports in a row (1.8x, 1.5x, 1.5x at steps 45-55 of a run), and a rank its host
+    # starves is a straggler; that noise shorter than the streak passes is a unit test
+    # (tests/unit/workers/test_stragglers.py).
     assert statistics.median(compute) < STRAGGLER_RATIO, (compute, reports)
     for e in reports:  # compute is the part of the step before the gradients are synced
         assert all(0 < c <= w for c, w in zip(e["seconds"], e["wall_seconds"], strict=True))
-    detector = StragglerDetector()
-    assert [s for e in reports for s in detector.observe(e["step"], e["seconds"])] == []

@@ -11,10 +11,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core.jobs import exports
+from core.jobs import exports, ingest
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import CheckpointExport, JobState, WebhookDelivery, WebhookEvent
+from core.platform.models import (
+    Checkpoint,
+    CheckpointExport,
+    JobState,
+    WebhookDelivery,
+    WebhookEvent,
+)
 from core.platform.settings import Settings
 from core.webhooks import delivery as webhook_delivery
 from tests.conftest import ProjectKey
@@ -288,9 +294,18 @@ def test_a_finished_export_is_announced(
     hook = subscribe(wh_client, project, receiver.url, ["export.ready"])
     job_id = new_job(engine, project)
     with session_scope(engine) as s:
-        export = CheckpointExport(
-            job_id=job_id, checkpoint_id=job_id, step=10, source_uri="/srv/ckpt", uri="/srv/out"
+        # A real checkpoint's id: export rows are unique per checkpoint id, and a made-up one
+        # (the job's id, once) collided with another test's real checkpoint in the same database.
+        ingest.checkpoint(
+            session=s, job_id=job_id, attempt=1, step=10, uri="/srv/ckpt", size_bytes=10
         )
+        checkpoint_id = s.scalars(
+            select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step == 10)
+        ).one()
+        export = CheckpointExport(
+            job_id=job_id, checkpoint_id=checkpoint_id, step=10, source_uri="/srv/ckpt",
+            uri="/srv/out",
+        )  # fmt: skip
         s.add(export)
         s.flush()
         claimed = exports.claim(session=s, export_id=export.id, worker="w1")

@@ -55,6 +55,15 @@ def store_archive(
         return archive.id
 
 
+# Grows by 32 MiB of touched pages at a time up to 3 GiB (a bound, should no limit stop it).
+OVER_PY = """
+import sys
+import torchyard.train as ty
+ty.report(1, loss=1.0)
+chunks = [bytearray(32 * 2**20) for _ in range(96)]
+sys.exit(3)
+"""
+
 # A training program that trains nothing, for tests of the control plane (scheduling, slots, cancel,
 # preemption): its ranks import no torch, so a job costs torchrun's start and little more, where the
 # built-in trainer costs every rank about 6 CPU-s of imports and model set-up. `--steps` steps

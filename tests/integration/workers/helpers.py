@@ -76,6 +76,23 @@ def log_tails(log_dir: Path, lines: int = 40) -> str:
     )
 
 
+def kill_tree(worker: Worker, *, at_least: int = 1) -> float:
+    """SIGKILL the worker and every process under it (torchrun, the sandbox, the ranks) at
+    once, from outside, as a host dies; returns the time (unix seconds) of the kill. A process
+    of the tree that ended by itself meanwhile is skipped (the last CI run raced one). Raises
+    AssertionError when the tree has fewer than `at_least` processes (e.g. no trainer yet)."""
+    root = psutil.Process(worker.proc.pid)
+    tree = [root, *root.children(recursive=True)]
+    assert len(tree) >= at_least, f"fewer than {at_least} processes under the worker: {tree}"
+    killed_at = time.time()
+    for proc in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
+    worker.proc.wait()
+    psutil.wait_procs(tree, timeout=10)
+    return killed_at
+
+
 def unique_queue(label: str) -> str:
     return f"test-{label}-{secrets.token_hex(3)}"
 

@@ -8,11 +8,9 @@ values they reported before it (the examples resume model, optimizer and data or
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
 from celery import Celery
@@ -23,6 +21,7 @@ from tests.conftest import REPO_ROOT, ProjectKey
 from tests.integration.workers.helpers import (
     Worker,
     job_events,
+    kill_tree,
     metric_series,
     start_worker,
     unique_queue,
@@ -85,17 +84,6 @@ def step_passed(client: Client, job_id: int, step: int) -> Job:
     return wait_for(f"the run to pass step {step}", probe, TIMEOUT_S, 0.05)
 
 
-def kill_tree(worker: Worker) -> None:
-    """SIGKILL the worker and every process under it (torchrun, its ranks) at once."""
-    root = psutil.Process(worker.proc.pid)
-    tree = [root, *root.children(recursive=True)]
-    assert len(tree) >= 4, f"no trainer under the worker: {tree}"  # worker, torchrun, 2 ranks
-    for proc in tree:
-        proc.send_signal(signal.SIGKILL)
-    worker.proc.wait()
-    psutil.wait_procs(tree, timeout=10)
-
-
 def first_step(points: list[Any], attempt: int) -> int:
     return min(p.step for p in points if p.attempt == attempt)
 
@@ -139,7 +127,7 @@ def test_an_example_is_paused_resumed_and_survives_a_killed_worker_from_its_own_
         every = int(COMMANDS[example][5])
         past = checkpoint_after(client, job_id, paused_at) + every // 3
         resumed = step_passed(client, job_id, past)
-        kill_tree(fleet[0])
+        kill_tree(fleet[0], at_least=4)  # worker, torchrun, 2 ranks
         before_kill = {p.step: p.value for p in metric_series(engine, job_id, "loss")}
         recorded = max(c.step for c in client.jobs.checkpoints(job_id))
         assert recorded < max_steps, "the run ended before the kill: give it more steps"

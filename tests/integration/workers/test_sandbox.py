@@ -6,9 +6,8 @@ probe is able to see what it looks for.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from celery import Celery
 from fastapi.testclient import TestClient
@@ -26,7 +26,7 @@ from core.platform.settings import Settings
 from core.platform.storage import job_run_dir
 from jobspec.job import ScriptJobSpec
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
-from tests.integration.workers.archives import store_archive
+from tests.integration.workers.archives import OVER_PY, store_archive
 from tests.integration.workers.helpers import (
     Worker,
     create_job,
@@ -38,83 +38,12 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
+from tests.integration.workers.probe import WORKER_SECRET, run_probe
 from workers import cgroups, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None, reason=str(sandbox.probe()))
 
 TIMEOUT_S = 120.0
-WORKER_SECRET = f"postgresql://torchyard:{secrets.token_hex(8)}@db/torchyard"
-
-# Prints what it could reach as JSON in its run dir: True where a probe got through.
-PROBE_PY = r"""
-import json, os, socket, sys
-
-facts = json.loads(sys.argv[1])
-reached = {}
-
-def environ_of_others():
-    mine = os.getpid()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            text = open(f"/proc/{pid}/environ", "rb").read()
-        except OSError:
-            continue
-        if facts["secret"].encode() in text:
-            return True
-    return False
-
-def readable(path):
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-        return True
-    except OSError:
-        return False
-
-def listable(path):
-    try:
-        return bool(set(os.listdir(path)) - set(facts["own"].get(path, [])))
-    except OSError:
-        return False
-
-def connects(host, port):
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
-
-def other_processes():
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"celery" in cmd:
-            return True
-    return False
-
-def writes(path):
-    try:
-        with open(path, "w") as f:
-            f.write("escaped")
-        return True
-    except OSError:
-        return False
-
-reached["ancestor_environ"] = environ_of_others()
-reached["other_projects_file"] = readable(facts["other_file"])
-reached["worker_home_file"] = readable(facts["home_file"])
-reached["storage_root_listing"] = listable(facts["storage_root"])
-reached["postgres"] = connects("127.0.0.1", 5432)
-reached["redis"] = connects("127.0.0.1", 6379)
-reached["metadata"] = connects("169.254.169.254", 80)
-reached["other_processes"] = other_processes()
-for name, path in facts["writes"].items():
-    writes(path)
-with open(os.path.join(os.environ["TORCHYARD_RUN_DIR"], "probe.json"), "w") as f:
-    json.dump(reached, f)
-"""
 
 
 def _worker(
@@ -143,53 +72,6 @@ def unsandboxed(settings: Settings, celery_client: Celery, worker_logs: Path) ->
     w.stop()
 
 
-def _probe(
-    engine: Engine,
-    settings: Settings,
-    client: Celery,
-    worker: Worker,
-    project: ProjectKey,
-    tmp_path: Path,
-) -> tuple[dict[str, bool], dict[str, Path]]:
-    """Run the probe as project `project`'s job; (what it reached, the files it tried to write
-    outside its directories)."""
-    storage = settings.storage_path
-    other = storage / "datasets" / f"prj_other_{secrets.token_hex(4)}" / "train.jsonl"
-    other.parent.mkdir(parents=True, exist_ok=True)
-    other.write_text('{"text": "project A\'s data"}\n')
-    home_file = settings.home / f"secret-{secrets.token_hex(4)}.txt"
-    home_file.write_text("the worker's own")
-    tag = secrets.token_hex(4)
-    escapes = {
-        "storage_root": storage / f"escape-{tag}",
-        "worker_home": settings.home / f"escape-{tag}",
-        "source_tree": Path(sys.prefix) / f"escape-{tag}",
-        "elsewhere": tmp_path / f"escape-{tag}",
-    }
-    facts = {
-        "secret": WORKER_SECRET,
-        "other_file": str(other),
-        "home_file": str(home_file),
-        "storage_root": str(storage),
-        "own": {str(storage): ["jobs"]},
-        "writes": {k: str(v) for k, v in escapes.items()},
-    }
-    code = store_archive(engine, settings, project, {"probe.py": PROBE_PY})
-    spec = ScriptJobSpec.model_validate(
-        {
-            "name": "curious",
-            "resources": {"procs_per_node": 1, "pool": worker.queue},
-            "entrypoint": {"code": code, "command": ["python", "probe.py", json.dumps(facts)]},
-        }
-    )
-    job_id = create_job(engine, project, spec)
-    send(client, job_id, worker.queue)
-    job = wait_state(engine, job_id, ("succeeded", "failed"), TIMEOUT_S, worker)
-    assert job.state == "succeeded", job.failure
-    reached = json.loads((job_run_dir(settings, job_id, 1) / "probe.json").read_text())
-    return reached, escapes
-
-
 def test_inside_the_sandbox_a_job_reaches_nothing_of_the_worker_or_another_project(
     engine: Engine,
     settings: Settings,
@@ -198,7 +80,7 @@ def test_inside_the_sandbox_a_job_reaches_nothing_of_the_worker_or_another_proje
     project: ProjectKey,
     tmp_path: Path,
 ) -> None:
-    reached, escapes = _probe(engine, settings, celery_client, sandboxed, project, tmp_path)
+    reached, escapes = run_probe(engine, settings, celery_client, sandboxed, project, tmp_path)
     assert not any(reached.values()), {k: v for k, v in reached.items() if v}
     assert not [name for name, path in escapes.items() if path.exists()]
 
@@ -212,7 +94,7 @@ def test_without_the_sandbox_the_same_probe_reaches_them(
     tmp_path: Path,
 ) -> None:
     """The probe's checks can fail: unsandboxed, it finds what the sandbox hides."""
-    reached, escapes = _probe(engine, settings, celery_client, unsandboxed, project, tmp_path)
+    reached, escapes = run_probe(engine, settings, celery_client, unsandboxed, project, tmp_path)
     expected = {
         "ancestor_environ",
         "other_projects_file",
@@ -227,6 +109,65 @@ def test_without_the_sandbox_the_same_probe_reaches_them(
     for path in escapes.values():
         path.unlink(missing_ok=True)
     assert written == set(escapes), written
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, int]]:
+    """A TCP listener on loopback: what a job that keeps the network does reach."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0), backlog=16)
+    yield ("127.0.0.1", server.getsockname()[1])
+    server.close()
+
+
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
+def test_a_job_that_keeps_the_network_cannot_reach_the_control_plane(
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    worker_logs: Path,
+    fleet: list[Worker],
+    project: ProjectKey,
+    tmp_path: Path,
+    listener: tuple[str, int],
+    fenced: bool,
+) -> None:
+    """A 2-node gang keeps the host's network (its ranks meet over it), so the sandbox's
+    `--unshare-net` cannot fence it: the worker's nftables rules on the jobs' cgroups do
+    (`workers.netfence`). Fenced, the probe reaches its own listener but not Postgres, Redis
+    or the metadata address; on a worker that cannot fence (no `nft` on its PATH), the same
+    probe reaches Postgres and Redis, so the checks can fail."""
+    if fenced and os.geteuid() != 0:
+        pytest.skip("installing nftables rules needs root")
+    path = os.environ["PATH"] if fenced else "/usr/local/bin:/usr/bin:/bin"  # no /usr/sbin/nft
+    worker = start_worker(
+        settings=settings, client=celery_client, queue=unique_queue("netfence"),
+        log_dir=worker_logs, slots=2,
+        extra_env={"TORCHYARD_DATABASE_URL_NOTE": WORKER_SECRET, "TORCHYARD_SANDBOX": "bwrap",
+                   "PATH": path},
+    )  # fmt: skip
+    fleet.append(worker)
+
+    def row() -> dict[str, Any] | None:
+        with TestClient(create_app(settings)) as client:
+            items = client.get("/v1/workers", headers=project.headers).json()["items"]
+        return next((w for w in items if w["name"] == worker.name and w["sandbox"]), None)
+
+    described = wait_for("the worker's row", row, 30)["sandbox"]
+    reached, _ = run_probe(
+        engine, settings, celery_client, worker, project, tmp_path, nodes=2, listener=listener,
+        metadata=fenced,  # unfenced, a connection to 169.254.169.254 would leave this host
+    )  # fmt: skip
+    assert reached["own_listener"], reached  # the job has the network
+    control_plane = {k: reached.get(k, False) for k in ("postgres", "redis", "metadata")}
+    if fenced:
+        assert described == "bwrap, network fenced", described
+        assert not any(control_plane.values()), control_plane
+        assert not any(v for k, v in reached.items() if k != "own_listener"), reached
+    else:
+        assert described.startswith("bwrap, network not fenced: nft not installed"), described
+        assert control_plane["postgres"] and control_plane["redis"], control_plane
 
 
 def test_a_host_that_cannot_sandbox_refuses_production_and_bwrap_but_runs_with_none(
@@ -263,14 +204,6 @@ def test_a_worker_that_must_sandbox_and_cannot_refuses_to_start_and_says_why(
     assert "TORCHYARD_SANDBOX=none" in done.stderr + done.stdout
 
 
-# Grows by 32 MiB of touched pages at a time up to 3 GiB (a bound, should no limit stop it).
-OVER_PY = """
-import sys
-import torchyard.train as ty
-ty.report(1, loss=1.0)
-chunks = [bytearray(32 * 2**20) for _ in range(96)]
-sys.exit(3)
-"""
 # Reports steps until the test's `go` file appears in its run dir, then one more and ends.
 NEIGHBOUR_PY = """
 import os, time
@@ -362,7 +295,11 @@ def test_get_workers_says_which_worker_sandboxes_its_jobs(
 
     found = wait_for("both workers' rows", rows, 30)
     on, off = found[sandboxed.name], found[unsandboxed.name]
-    assert (on["sandbox"], on["alive"], on["pool"]) == ("bwrap", True, sandboxed.queue)
+    assert (on["alive"], on["pool"]) == (True, sandboxed.queue)
+    assert on["sandbox"] in (
+        "bwrap, network fenced",
+        "bwrap, network not fenced: nft not installed (Debian: nftables)",
+    )
     assert off["sandbox"] == "none: TORCHYARD_SANDBOX=none"
 
 
@@ -390,3 +327,31 @@ def test_the_keeper_passes_a_stop_on_and_kills_what_outlives_the_grace(tmp_path:
         assert proc.wait(timeout=30) == code
         with pytest.raises(ProcessLookupError):
             os.killpg(proc.pgid, 0)
+
+
+def test_a_stop_signal_sent_to_every_process_of_the_job_leaves_bwrap_standing(
+    tmp_path: Path,
+) -> None:
+    """Slurm's cancel, requeue and `--signal` SIGTERM every process of a step at once (bwrap
+    included). bwrap ignores it (`workers.keeper._shield_bwrap`), so the namespace lives on and
+    the job's command, which has the default dispositions back (`env --default-signal`), takes
+    the same signal through its own trap: its status comes back, nothing was SIGKILLed."""
+    mounts = sandbox.Mounts(network=False, writable=(str(tmp_path),), python=())
+    started = tmp_path / "started"
+    proc = sandbox.start(
+        mounts,
+        ["/bin/sh", "-c", f"trap 'exit 7' TERM; touch {started}; sleep 60 & wait"],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=None,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        grace_s=30.0,
+    )
+    wait_for("the job's trap", started.exists, 30)
+    keeper = psutil.Process(proc.bwrap.pid)  # `.bwrap` is the keeper, bwrap's parent
+    tree = [keeper, *keeper.children(recursive=True)]
+    assert any(p.name() == "bwrap" for p in tree), tree
+    for process in tree:  # as slurmstepd signals every process of a step
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7

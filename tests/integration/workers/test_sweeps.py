@@ -148,24 +148,32 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
         assert last >= trained_to, (t, decision.data, last)
         if trained_to <= 40 - 4 * interval:
             assert last < 40, (t, decision.data, last)
+        # it stopped at a checkpoint boundary, not killed mid-write: its stop checkpoint
+        saved = [e.data["step"] for e in job_events(engine, t["job_id"]) if e.kind == "checkpoint"]
+        assert saved and max(saved) >= last, (t, saved, last)
         assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
         assert decision.message.startswith(f"pruned by sweep {sweep_id} at step {t['pruned_step']}")
 
 
 PARAMS_PY = """
 import math
+import time
+
 import torchyard.train as ty
 
 values = ty.params()
 lr = float(values["lr"])
-for step in range(1, 6):
+for step in range(1, 26):
+    if ty.should_stop():  # pruned: the job is cancelling
+        break
+    time.sleep(0.2)
     # the closer lr is to 1e-3, the lower the loss
     ty.report(step, loss=(math.log10(lr) + 3) ** 2 + 1.0 / step)
-ty.report(5, loss=(math.log10(lr) + 3) ** 2 + 0.2)
 """
+SCRIPT_STEPS = 25
 
 
-def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params(
+def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params_and_prunes_it(
     client: TestClient,
     engine: Engine,
     settings: Settings,
@@ -175,8 +183,13 @@ def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params(
     controllers: list[Controller],
     fleet: list[Worker],
 ) -> None:
+    """A team's own program as the trial: its values come through `ty.params()`, its reported
+    `loss` goes to the ASHA pruner as it is ingested, and a pruned trial's program sees
+    `should_stop()` and ends before its last step. One trial at a time, so every trial after
+    the first meets a rung with a value to lose to."""
     queue = unique_queue("sweep-script")
     code_id = store_archive(engine, settings, project, {"train.py": PARAMS_PY})
+    choices = [1e-5, 1e-4, 1e-3, 1e-1]
     spec = {
         "name": "script-lr",
         "base": {
@@ -184,11 +197,12 @@ def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params(
             "entrypoint": {"code": code_id, "command": ["python", "train.py"]},
             "resources": {"pool": queue},
         },
-        "space": {"entrypoint.params.lr": {"choice": [1e-5, 1e-3, 1e-1]}},
+        "space": {"entrypoint.params.lr": {"choice": choices}},
         "metric": "loss",
         "searcher": "grid",
-        "max_trials": 3,
-        "max_concurrent_trials": 2,
+        "pruner": {"kind": "asha", "min_resource": 5, "reduction_factor": 2},
+        "max_trials": len(choices),
+        "max_concurrent_trials": 1,
     }
     fleet.append(
         start_worker(
@@ -202,13 +216,26 @@ def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params(
     sweep = wait_for(
         "the script sweep to end",
         lambda: ((s := _sweep(client, project, sweep_id))["state"] != "running" and s) or None,
-        START_S * 2,
+        START_S * 3,
         poll_s=0.5,
     )
     trials = _trials(client, project, sweep_id)
     assert sweep["state"] == "succeeded", (sweep, trials)
-    assert sorted(t["params"]["entrypoint.params.lr"] for t in trials) == [1e-5, 1e-3, 1e-1]
-    for t in trials:
-        lr = t["params"]["entrypoint.params.lr"]
-        assert t["value"] == pytest.approx((math.log10(lr) + 3) ** 2 + 0.2)
+    assert sorted(t["params"]["entrypoint.params.lr"] for t in trials) == choices
     assert sweep["best"]["params"] == {"entrypoint.params.lr": 1e-3}
+    completed = [t for t in trials if t["state"] == "succeeded"]
+    pruned = [t for t in trials if t["state"] == "pruned"]
+    assert len(completed) + len(pruned) == len(choices), trials
+    for t in completed:
+        lr = t["params"]["entrypoint.params.lr"]
+        assert t["value"] == pytest.approx((math.log10(lr) + 3) ** 2 + 1.0 / SCRIPT_STEPS)
+    assert pruned, trials  # the grid's order is the seed's; it is not best-first
+    for t in pruned:  # stopped by the pruner: well before the end (3 s), before its last step
+        last = metric_series(engine, t["job_id"], "loss")[-1].step
+        assert t["pruned_step"] < SCRIPT_STEPS, t
+        if t["pruned_step"] <= SCRIPT_STEPS - 15:
+            assert last < SCRIPT_STEPS, (t, last)
+        print(f"lr {t['params']['entrypoint.params.lr']}: pruned at {t['pruned_step']}, "
+              f"last step {last}")  # fmt: skip
+        assert t["params"]["entrypoint.params.lr"] != 1e-3
+        assert job_row(engine, t["job_id"]).state == JobState.CANCELLED

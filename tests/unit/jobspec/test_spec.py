@@ -37,6 +37,36 @@ def test_negative_size_is_rejected() -> None:
     assert ("train", "micro_batch_size") in _locs(exc.value)
 
 
+def test_true_or_false_is_no_number_and_is_refused_at_its_path() -> None:
+    """Pydantic's lax mode read `max_steps: true` as 1 and `dropout: false` as 0.0."""
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(
+            _spec(train={"max_steps": True}, model={"dropout": False}, optim={"lr": True})
+        )
+    assert sorted(_locs(exc.value)) == [
+        ("model", "dropout"),
+        ("optim", "lr"),
+        ("train", "max_steps"),
+    ]
+    assert all("true" in str(e["input"]) or "false" in str(e["input"]) for e in exc.value.errors())
+
+
+def test_true_or_false_is_no_string_either() -> None:
+    """Found by the contract fuzzer: `revision: false` was passed on as the text "false", a
+    valid hub revision, so the mask preview answered 200 to a body its schema refuses."""
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(
+            _spec(model={"kind": "hf", "hf": {"path_or_id": "gpt2", "revision": False}})
+        )
+    assert _locs(exc.value) == [("model", "hf", "revision")]
+    assert exc.value.errors()[0]["type"] == "string_type"
+
+
+def test_a_boolean_field_still_takes_true_and_false() -> None:
+    spec = JobSpec.model_validate(_spec(data={"dataset": "ds_1", "packing": False}))
+    assert spec.data.packing is False
+
+
 def test_heads_must_divide_width_and_error_names_n_heads() -> None:
     with pytest.raises(ValidationError) as exc:
         JobSpec.model_validate(_spec(model={"d_model": 128, "n_heads": 3}))

@@ -30,6 +30,10 @@ def test_worker_argv_is_a_threads_pool_sized_by_the_worker_on_its_pool() -> None
 
 def test_controller_and_admin_argv() -> None:
     assert launch.controller_argv()[1:] == ["-m", "workers", "controller"]
+    assert launch.slurm_argv("h100", "sub@login")[1:] == [
+        "-m", "workers", "slurm", "--pool", "h100", "--without-gossip", "--without-mingle",
+        "--hostname", "sub@login",
+    ]  # fmt: skip
     assert launch.admin_argv("bootstrap", "--project", "p")[1:] == [
         "-m", "core.admin", "bootstrap", "--project", "p",
     ]  # fmt: skip

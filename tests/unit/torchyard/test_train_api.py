@@ -25,12 +25,13 @@ ROOT = Path(__file__).resolve().parents[3]
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A process's state of its own for each test, and none of the platform's variables."""
     for name in list(os.environ):
-        if name.startswith("TORCHYARD_") or name == "RANK":
+        if name.startswith("TORCHYARD_") or name in ("RANK", "LOCAL_RANK"):
             monkeypatch.delenv(name)
     monkeypatch.setattr(ty, "_state", ty._State())
     yield
-    if ty._state.reporter is not None:
-        ty._state.reporter.close()
+    for writer in (ty._state.reporter, ty._state.part_writer):
+        if writer is not None:
+            writer.close()
 
 
 @pytest.fixture
@@ -130,6 +131,25 @@ def test_only_rank_0_writes_events_and_marks_checkpoints(
     path = complete(1)
     assert not (platform / "run" / "events.jsonl").exists()
     assert not (path / ".torchyard_complete").exists()
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "parts", "declared"), [(0, True, True), (1, True, False), (0, False, False)]
+)
+def test_another_nodes_local_rank_0_declares_its_part_where_nodes_stage_their_own(
+    platform: Path, monkeypatch: pytest.MonkeyPatch, local_rank: int, parts: bool, declared: bool
+) -> None:
+    """Several nodes on remote storage: each host stages its ranks' files, and its worker
+    uploads them on a `checkpoint_part` event of its own node (workers.staging)."""
+    monkeypatch.setenv("RANK", str(2 + local_rank))  # node 1 of 2-process nodes
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    if parts:
+        monkeypatch.setenv("TORCHYARD_CHECKPOINT_PARTS", "1")
+    path = complete(7)
+    written = events(platform / "run")
+    expected = [("checkpoint_part", 7, str(path.resolve()))] if declared else []
+    assert [(e["type"], e["step"], e["uri"]) for e in written] == expected
+    assert not (path / ".torchyard_complete").exists()  # node 0's worker marks it
 
 
 def test_report_keeps_finite_values_and_log_event_one_line(platform: Path) -> None:

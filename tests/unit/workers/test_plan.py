@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.platform.models import Job
+from core.platform.settings import Settings
 from jobspec.job import ScriptJobSpec
 from workers import launcher, plan
 from workers.devices import Lease
@@ -42,3 +43,25 @@ def test_a_command_the_runner_does_not_wrap_is_plain() -> None:
         launch = plan.command(_job(command), PATHS, 29500, None, Lease((0,), 1))
         assert launch.plain_command, command
         assert launch.argv[launch.argv.index("--no-python") + 1 :] == command
+
+
+def _mounts(tmp_path: Path, **paths: str) -> plan.sandbox.Mounts:
+    settings = Settings(home=tmp_path / "home", storage_url=str(tmp_path / "storage"))
+    run = launcher.RunPaths(run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"), **paths)
+    return plan.sandbox_mounts(settings, _job(["python", "t.py"]), run, None, Lease((0,), 1))
+
+
+def test_a_single_node_on_local_storage_with_local_inputs_has_no_network(tmp_path: Path) -> None:
+    mounts = _mounts(tmp_path, data=str(tmp_path / "corpus"), init_from="file:///srv/ck/step_1")
+    assert not mounts.network
+    assert mounts.read_only == (str(tmp_path / "corpus"), "/srv/ck/step_1")
+
+
+def test_an_input_in_an_object_store_keeps_the_network_even_on_local_storage(
+    tmp_path: Path,
+) -> None:
+    """A dataset registered from `s3://` under a data root: the ranks read it over the network
+    (they had none, and failed to reach the store, when only the storage URL decided)."""
+    mounts = _mounts(tmp_path, data="s3://corpora/stdlib", eval_data=str(tmp_path / "held"))
+    assert mounts.network
+    assert mounts.read_only == (str(tmp_path / "held"),)  # the URI is no path to mount

@@ -33,7 +33,8 @@ def test_the_job_sees_its_own_directories_and_the_hidden_ones_are_masked(tmp_pat
         python=(str(source), str(venv)),
     )
     argv = sandbox.argv(mounts, ["torchrun", "x"], cwd=run, info_fd=9)
-    assert argv[-3:] == ["--", "torchrun", "x"]
+    # The command starts with the stop signals' default dispositions (bwrap ignores them).
+    assert argv[-5:] == ["--", "env", "--default-signal=HUP,INT,TERM", "torchrun", "x"]
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net"):
         assert flag in argv
     assert _pairs(argv, "--cap-drop") == ["ALL"] and _pairs(argv, "--info-fd") == ["9"]

@@ -216,3 +216,25 @@ def test_a_node_whose_ranks_report_no_metrics_samples_at_the_jobs_current_step(
     with factory() as s:
         names = set(s.execute(select(MetricPoint.name)).scalars())
     assert {"sys/rss_bytes/node1", "sys/rss_bytes/rank0", "sys/rss_bytes/rank1"} <= names
+
+
+def test_no_sample_is_stored_once_the_trainer_reported_its_end(
+    tree: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """Issue 28, item 5: a sample taken during teardown overwrote the last step's, so the
+    memory chart dropped at the end. After the trainer's `completed` report none is stored."""
+    factory, job_id = _job(tmp_path, current_step=12)
+    paths = RunPaths(run_dir=tmp_path / "run", checkpoint_dir="ckpt", data="data")
+    ingest = RunIngest(paths=paths, job_id=job_id, attempt=1)
+    watcher = SysMetrics(
+        settings=Settings(home=tmp_path), session_factory=factory, root_pid=tree.pid, ingest=ingest
+    )
+    try:
+        ingest.reported.completed = {"trainer_state": "completed", "step": 12}
+        watcher.tick(time.monotonic())
+        assert _sys_steps(factory, job_id) == set()
+        ingest.reported.completed = None  # still training: stored as before
+        watcher.tick(time.monotonic())
+        assert _sys_steps(factory, job_id) == {12}
+    finally:
+        watcher.close()

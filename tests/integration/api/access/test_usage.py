@@ -99,6 +99,22 @@ def test_pools_and_jobs_add_up_every_attempt_and_node(
     assert shown["usage"] == {"slot_seconds": 9000.0, "cpu_seconds": 200.0, "cost": 7.5}
 
 
+def test_a_report_names_the_pools_used_without_a_price(
+    priced: TestClient, project: ProjectKey, two_jobs: tuple[int, int], engine: Engine
+) -> None:
+    """Issue 28, item 7: slot-hours on a pool with no price cost 0, and the report says which
+    pools those are, so a page can say why instead of charting a cost of zero."""
+    assert usage(priced, project, **MARCH)["unpriced_pools"] == []
+    make_job(engine, project, "cpu-free", [(1, _at(12, 9), _at(12, 10), 4, 60.0)])
+    make_job(engine, project, "another-free", [(1, _at(12, 9), _at(12, 9, 30), 1, 6.0)])
+    body = usage(priced, project, **MARCH, group_by="pool")
+    assert body["unpriced_pools"] == ["another-free", "cpu-free"]
+    free = next(r for r in body["rows"] if r["pool"] == "cpu-free")
+    assert _totals(free) == (14400.0, 60.0, 0.0)
+    april = usage(priced, project, since="2026-04-01T00:00:00Z", until="2026-05-01T00:00:00Z")
+    assert april["unpriced_pools"] == []  # no usage in the window: nothing to say
+
+
 def test_a_window_counts_only_its_part_of_a_node(
     priced: TestClient, project: ProjectKey, two_jobs: tuple[int, int]
 ) -> None:

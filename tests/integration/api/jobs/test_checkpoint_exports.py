@@ -306,3 +306,44 @@ def test_torchyard_export_with_no_exporter_warns_and_gives_up_at_its_timeout_wit
     assert f"warning: {NO_EXPORTER}" in done.output
     assert f"still pending after 2 s: {NO_EXPORTER}" in done.output
     assert not out.exists()
+
+
+def test_two_requests_racing_for_one_export_both_get_it_and_no_500(
+    client: TestClient,
+    engine: Engine,
+    project: ProjectKey,
+    exportable: Exportable,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another request commits the export between this request's lookup and its insert (the
+    dashboard's Export clicked twice; found by the dashboard test as a 500): this one answers
+    with that export, and one row exists."""
+    from core.jobs import exports as exports_module
+
+    complete = exports_module.storage.checkpoint_complete
+    raced: list[int] = []
+
+    def racing_request(uri: str) -> bool:
+        if not raced:  # the other request, in a session (and connection) of its own
+            with session_scope(engine) as s:
+                row = CheckpointExport(
+                    job_id=exportable.job_id, checkpoint_id=exportable.checkpoint_id, step=10,
+                    source_uri=uri, uri=uri + "-export", state="pending", attempt=0,
+                    created_at=utcnow(),
+                )  # fmt: skip
+                s.add(row)
+                s.flush()
+                raced.append(row.id)
+        return complete(uri)
+
+    monkeypatch.setattr(exports_module.storage, "checkpoint_complete", racing_request)
+    answer = client.post(exportable.path, headers=project.headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == raced[0]
+    with session_scope(engine) as s:
+        rows = s.scalars(
+            select(CheckpointExport.id).where(
+                CheckpointExport.checkpoint_id == exportable.checkpoint_id
+            )
+        ).all()
+    assert rows == raced

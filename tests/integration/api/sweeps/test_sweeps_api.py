@@ -17,9 +17,9 @@ from core.jobs import ingest
 from core.jobs import service as jobs
 from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Job, JobNode, JobState
+from core.platform.models import Job, JobNode, JobState, Sweep, SweepTrial
 from core.platform.settings import Settings
-from core.sweeps import drive
+from core.sweeps import drive, study
 from core.sweeps import service as sweeps
 from jobspec.sweep import SweepSpec
 from tests.conftest import ProjectKey
@@ -78,6 +78,25 @@ def _trials(client: TestClient, project: ProjectKey, sweep_id: int) -> list[dict
     answer = client.get(f"/v1/sweeps/{sweep_id}/trials", headers=project.headers)
     assert answer.status_code == 200, answer.text
     return list(answer.json()["items"])
+
+
+def _held_a_slot(engine: Engine, job_id: int, *, seconds: float) -> None:
+    """The job's first attempt held one slot for `seconds` (until now), as its worker records
+    it: what its usage, and so its cost, counts."""
+    now = datetime.now(UTC)
+    with session_scope(engine) as s:
+        s.add(
+            JobNode(
+                job_id=job_id,
+                attempt=1,
+                node_rank=0,
+                worker="w",
+                devices=[0],
+                cpu_seconds=1.0,
+                joined_at=now - timedelta(seconds=seconds),
+                ended_at=now,
+            )
+        )
 
 
 def _finish(engine: Engine, job_id: int, eval_losses: dict[int, float]) -> None:
@@ -296,25 +315,96 @@ def test_a_sweeps_budget_stops_new_trials_and_needs_a_priced_pool(
     priced = Rounds(engine, settings, prices={pool: 3600.0})  # 1 per slot-second
     priced.run()
     (first,) = _trials(client, project, sweep.id)
-    now = datetime.now(UTC)
-    with session_scope(engine) as s:  # it held one slot for 2 s: cost 2 > 1
-        s.add(
-            JobNode(
-                job_id=first["job_id"],
-                attempt=1,
-                node_rank=0,
-                worker="w",
-                joined_at=now - timedelta(seconds=2),
-                ended_at=now,
-                devices=[0],
-                cpu_seconds=1.0,
-            )
-        )
+    _held_a_slot(engine, first["job_id"], seconds=2)  # cost 2 > 1
     _finish(engine, first["job_id"], {10: 4.0})
     priced.run()
     shown = client.get(f"/v1/sweeps/{sweep.id}", headers=project.headers).json()
     assert [t["state"] for t in _trials(client, project, sweep.id)] == ["succeeded"]
     assert shown["state"] == "succeeded" and shown["error"] == "limits.max_cost reached"
+
+
+def test_a_spent_budget_stops_the_trials_under_way_and_a_sweep_with_none_completed_failed(
+    client: TestClient,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    engine: Engine,
+    settings: Settings,
+) -> None:
+    """`limits.max_cost` holds over all trials: the trials under way when it is spent stop
+    (they ran on past the budget to their end before), and a sweep none of whose trials
+    completed ends `failed` saying so."""
+    spec = sweep_spec(dataset["id"], pool, limits={"max_cost": 1.0}, max_concurrent_trials=2)
+    with session_factory(engine)() as s:  # as a server pricing `pool` would have made it
+        sweep = sweeps.create(
+            session=s,
+            database_url=settings.database_url,
+            project_id=project.project_id,
+            spec=SweepSpec.model_validate(spec),
+        )
+    priced = Rounds(engine, settings, prices={pool: 3600.0})  # 1 per slot-second
+    priced.run()
+    running, waiting = _trials(client, project, sweep.id)
+    set_running(engine, running["job_id"])
+    _held_a_slot(engine, running["job_id"], seconds=2)  # so far: cost 2 > 1
+    priced.run()
+    with session_factory(engine)() as s:
+        states = {j: s.get(Job, j).state for j in (running["job_id"], waiting["job_id"])}  # type: ignore[union-attr]
+    assert states == {running["job_id"]: "cancelling", waiting["job_id"]: "cancelled"}
+    events = client.get(f"/v1/jobs/{running['job_id']}/events", headers=project.headers).json()
+    stop = next(e for e in events["items"] if e.get("state_to") == "cancelling")
+    assert stop["message"] == f"sweep {sweep.id}: limits.max_cost 1 reached"
+    assert stop["data"]["cause"] == "sweep_budget"
+
+    with session_scope(engine) as s:  # its trainer checkpointed and stopped
+        jobs.transition(session=s, job_id=running["job_id"], to=JobState.CANCELLED)
+    priced.run()
+    trials = _trials(client, project, sweep.id)
+    assert [(t["state"], t["error"]) for t in trials] == [
+        ("cancelled", "stopped: the sweep's limits.max_cost was reached")
+    ] * 2
+    shown = client.get(f"/v1/sweeps/{sweep.id}", headers=project.headers).json()
+    assert shown["state"] == "failed"
+    assert shown["error"] == "no trial completed (limits.max_cost reached)"
+    assert len(priced.to(pool)) == 2  # no trial started once the budget was spent
+
+
+def test_a_round_that_crashed_after_asking_or_after_making_the_job_is_replayed_once(
+    client: TestClient,
+    project: ProjectKey,
+    dataset: dict[str, Any],
+    pool: str,
+    engine: Engine,
+    settings: Settings,
+    rounds: Rounds,
+) -> None:
+    """The controller can die anywhere in a round; the next round (any controller's) makes
+    each trial's job once: a trial Optuna holds without a row (died after the ask) is adopted,
+    and a row whose job was made but not recorded on it (died before that commit) gets the
+    same job back through the trial's idempotency key, dispatched once."""
+    sweep = _create(client, project, sweep_spec(dataset["id"], pool))
+    spec = SweepSpec.model_validate(sweep["spec"])
+    with session_factory(engine)() as s:
+        name = s.get(Sweep, sweep["id"]).study_name  # type: ignore[union-attr]
+    asked = study.load(settings.database_url, name, spec).ask(study.distributions(spec))
+    rounds.run()  # died after the ask: trial 0 has no row until this round
+    first = _trials(client, project, sweep["id"])
+    assert [t["number"] for t in first] == [0, 1]  # adopted, then one more asked for
+    assert first[0]["params"] == {"optim.lr": asked.params["optim.lr"]}
+    assert all(t["job_id"] for t in first) and len(rounds.to(pool)) == 2
+
+    with session_scope(engine) as s:  # died after making trial 1's job, before recording it
+        row = s.get(SweepTrial, (sweep["id"], 1))
+        assert row is not None
+        row.job_id = None
+    rounds.run()
+    again = _trials(client, project, sweep["id"])
+    assert [t["job_id"] for t in again] == [t["job_id"] for t in first]
+    assert len(rounds.to(pool)) == 2  # nothing dispatched twice
+    listed = client.get(
+        "/v1/jobs", params={"label": f"sweep={sweep['id']}"}, headers=project.headers
+    ).json()
+    assert sorted(j["id"] for j in listed["items"]) == sorted(t["job_id"] for t in first)
 
 
 def test_a_drawn_reference_the_project_may_not_use_fails_its_trial_without_a_job(

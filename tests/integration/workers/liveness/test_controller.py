@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
 import pytest
 from celery import Celery
 from sqlalchemy import Engine, select, text
@@ -31,6 +30,7 @@ from tests.integration.workers.helpers import (
     Worker,
     job_events,
     job_row,
+    kill_tree,
     start_worker,
     submit,
     unique_queue,
@@ -123,10 +123,7 @@ def test_a_busy_workers_killed_job_is_requeued_within_15_s_by_the_controller_alo
         )
         job_id = submit(engine, celery_client, project, spec)
         wait_step(engine, job_id, 2, START_S, "the job")
-        tree = [psutil.Process(worker.proc.pid), *psutil.Process(worker.proc.pid).children(True)]
-        for proc in tree:
-            proc.send_signal(signal.SIGKILL)
-        worker.proc.wait()
+        kill_tree(worker)
         killed = time.monotonic()
         job = wait_state(engine, job_id, ("queued",), REQUEUE_WITHIN_S, worker)
         took = time.monotonic() - killed
