@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,10 +242,20 @@ def _delegate(top: Path) -> None:
     _write(top / "cgroup.subtree_control", "+memory +cpu")
 
 
-def sweep() -> int:
+# A group younger than this is never swept: every worker of a host shares the cgroup its jobs'
+# groups go under, and a group just made for a node stays empty until the node's first process
+# joins it; another worker starting in that instant removed it (seen in CI: "cannot launch: No
+# such file or directory: .../cgroup.procs"). A group is made the instant before its process
+# joins, so a minute is far more than the window.
+SWEEP_MIN_AGE_S = 60.0
+
+
+def sweep(*, min_age_s: float = SWEEP_MIN_AGE_S) -> int:
     """Remove the empty groups earlier workers of this cgroup left (a worker killed while
-    its jobs ran); returns how many."""
+    its jobs ran) that are older than `min_age_s` seconds (a directory's mtime is its
+    creation); returns how many."""
     removed = 0
+    cutoff = time.time() - min_age_s
     own = own_paths()
     tops: Iterable[Path]
     if "" in own and (ROOT / "cgroup.controllers").exists():
@@ -259,8 +270,8 @@ def sweep() -> int:
         if not top.is_dir():
             continue
         for d in top.iterdir():
-            if d.is_dir():
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):
+                if d.is_dir() and d.stat().st_mtime < cutoff:
                     d.rmdir()
                     removed += 1
     return removed
