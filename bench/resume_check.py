@@ -27,8 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import smoke  # noqa: E402
-from bench.trainer_methods import _free_port, build_corpus  # noqa: E402
+from bench.trainer_methods import build_corpus  # noqa: E402
 from jobspec.job import JobSpec  # noqa: E402
+from workers.launcher import free_port  # noqa: E402
 
 # The built-in GPT, or a Llama built by transformers from a config (byte vocabulary, no
 # download), which also exercises the Hugging Face and (with --lora) peft paths.
@@ -70,7 +71,7 @@ def _train(args: argparse.Namespace, spec: JobSpec, work: Path, ckpt: Path) -> d
     trainer += ["--checkpoint-dir", str(ckpt)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
            str(args.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-           f"127.0.0.1:{_free_port()}", *trainer]  # fmt: skip
+           f"127.0.0.1:{free_port()}", *trainer]  # fmt: skip
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": path}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench import smoke  # noqa: E402
 from jobspec.job import JobSpec  # noqa: E402
+from workers.launcher import free_port  # noqa: E402
 
 # name: (processes, parallelism, extra train options); global batch is always --batch.
 METHODS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
@@ -78,12 +78,6 @@ FINETUNE: dict[str, dict[str, Any]] = {
     if "lora" in name
 } | {"qat_single": {"qat": {}}}
 _PEAK = re.compile(r"peak memory (\d+) bytes")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def method_spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int, JobSpec]:
@@ -145,7 +139,7 @@ def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
         cmd += ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
-        cmd += ["--rdzv-endpoint", f"127.0.0.1:{_free_port()}", *trainer]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", *trainer]
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": path}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -448,8 +449,30 @@ def script_env(
     return env
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on `host` (the rendezvous store binds it moments later)."""
+# Listening ports are drawn below the kernel's ephemeral range: a port the kernel hands out
+# for `bind(0)` is in that range, and so is the local port of every outgoing connection, so on a
+# busy host another process's connection could take it between the draw and the rendezvous
+# store's bind (torchrun exits 1, no rank ever ran). Below the range only another explicit bind
+# can; the draw is random so two draws rarely meet, and a port in use is skipped.
+LISTEN_PORTS_FROM = 20_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(host: str = "127.0.0.1", *, tries: int = 64) -> int:
+    """A TCP port free right now on `host`, outside the kernel's ephemeral range where it can
+    be (the rendezvous store binds it moments later); the kernel's pick after `tries` draws."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768  # Linux's default
+    for _ in range(tries if low - LISTEN_PORTS_FROM > 1_000 else 0):
+        port = LISTEN_PORTS_FROM + secrets.randbelow(low - LISTEN_PORTS_FROM)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -32,16 +31,11 @@ from tests.integration.workers.helpers import Worker
 
 __all__ = ["s3", "s3_env", "s3_settings"]  # fixtures (tests/integration/s3server.py)
 from torchyard.cli import app
+from workers.launcher import free_port
 
 # A bounded wait, not a speed claim: a CI host running four test processes, trainers and
 # Chromium once kept a uvicorn in its startup for over 60 s.
 _START_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until_ready(

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.training import REPO_ROOT, free_port, trainer_env
+from tests.support.training import REPO_ROOT, trainer_env
+from workers.launcher import free_port
 
 EXAMPLES = REPO_ROOT / "examples"
 RUN_TIMEOUT_S = 300

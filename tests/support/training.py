@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from trainer.events import NullReporter, Reporter
 from trainer.loop import Run
 from trainer.models.hf import load_tokenizer
 from trainer.train import build_run
+from workers.launcher import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 180
@@ -113,12 +113,6 @@ def validation_spec(nproc: int, parallelism: dict[str, Any], **sections: dict[st
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     return JobSpec.model_validate(raw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer_env(**extra: str) -> dict[str, str]:

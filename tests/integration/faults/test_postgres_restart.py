@@ -32,7 +32,6 @@ from core.datasets import service as datasets
 from core.platform.db import make_engine, upgrade
 from core.platform.settings import Settings
 from tests.conftest import make_project
-from tests.integration.conftest import free_port
 from tests.integration.faults.outages import assert_stored_once
 from tests.integration.workers.controllers import Controller, start_controller
 from tests.integration.workers.helpers import (
@@ -47,6 +46,7 @@ from tests.integration.workers.helpers import (
     wait_state,
     wait_step,
 )
+from workers.launcher import free_port
 
 pytestmark = pytest.mark.long
 

@@ -16,10 +16,9 @@ from sqlalchemy.orm import Session
 from core.jobs import service as jobs
 from core.platform.db import session_factory
 from core.platform.models import MetricPoint
-from tests.integration.conftest import free_port
 from workers import observability
 from workers.ingest import RunIngest
-from workers.launcher import RunPaths
+from workers.launcher import RunPaths, free_port
 
 
 def _claim(engine: Engine, job_id: int) -> None:

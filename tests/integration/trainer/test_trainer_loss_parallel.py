@@ -32,13 +32,13 @@ from tests.support.tolerances import ATOL, RTOL
 from tests.support.training import (
     build_rows_run,
     cpu_world_of_one,
-    free_port,
     tiny_spec,
     uneven_rows,
 )
 from trainer.data.rows import IGNORE_INDEX, Rows
 from trainer.distributed import DistInfo, init_distributed
 from trainer.loop import Run, agree, train_step
+from workers.launcher import free_port
 
 SEQ_LEN, NUM_ROWS, SEED = 64, 48, 3
 PIPELINE = {"strategy": "pipeline", "pipeline": {"schedule": "1f1b", "num_microbatches": 2}}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
+from workers import launcher
 from workers.launcher import (
     GangNode,
     RunPaths,
@@ -347,3 +349,15 @@ def test_script_env_on_cuda_sees_only_the_leased_devices() -> None:
     assert "TORCHYARD_KEEP_LAST_CHECKPOINTS" not in env
     secrets = ("pw", "secret", "sk-")
     assert not [k for k, v in env.items() if any(s in v for s in secrets)]
+
+
+def test_a_free_port_is_drawn_below_the_kernels_ephemeral_range_and_is_bindable() -> None:
+    """Outgoing connections take their local port from the ephemeral range: a rendezvous port
+    drawn there could be taken before torchrun binds it (a busy CI host, exit 1)."""
+    low = int(launcher.EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {launcher.free_port() for _ in range(20)}
+    assert all(launcher.LISTEN_PORTS_FROM <= p < low for p in ports), ports
+    assert len(ports) > 1, "drawn at random, so that two workers rarely meet"
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
