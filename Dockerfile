@@ -3,8 +3,8 @@
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
-# bubblewrap: workers run every job's ranks in a sandbox (workers/sandbox.py); nftables: the
-# jobs that keep the network are fenced off the control plane (workers/netfence.py).
+# bubblewrap: workers run every job's ranks in a sandbox (workers/isolation/sandbox.py); nftables: the
+# jobs that keep the network are fenced off the control plane (workers/isolation/netfence.py).
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap nftables \
     && rm -rf /var/lib/apt/lists/*
 RUN pip install "torch==2.13.0"

@@ -5,7 +5,7 @@
 Starts a CUDA process that holds ~2 GiB and multiplies matrices, then asks the worker's own
 code what a worker on this host would see: `workers.devices.gpu_indices`, `inventory`,
 `busy_gpus` (the GPU must be busy while the process runs and free after it), and
-`workers.sysmetrics.GpuSampler` + `readings` for the process's pid (utilisation, memory and
+`workers.watchers.sysmetrics.GpuSampler` + `readings` for the process's pid (utilisation, memory and
 power of its GPU, as `sys/gpu_*` series). Prints one JSON document with each figure and a
 `checks` map of name -> bool; exits 1 if any check is false.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.platform.settings import Settings
-from workers import devices, sysmetrics
+from workers import devices
+from workers.watchers import sysmetrics
 
 BUSY = """
 import sys, time, torch

@@ -41,14 +41,14 @@ if ! redis_up; then
   for _ in $(seq 1 60); do redis_up && break; sleep 0.25; done
   redis_up || { echo "services: Redis did not start" >&2; exit 1; }
 fi
-# Workers run every job's ranks in a bubblewrap sandbox (workers/sandbox.py).
+# Workers run every job's ranks in a bubblewrap sandbox (workers/isolation/sandbox.py).
 if ! command -v bwrap >/dev/null; then
   echo "services: installing bubblewrap" >&2
   apt_install bubblewrap
 fi
 
 # ... and fence the jobs that keep the network off the control plane with nftables
-# (workers/netfence.py; needs root where the worker runs).
+# (workers/isolation/netfence.py; needs root where the worker runs).
 if ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; then
   echo "services: installing nftables" >&2
   apt_install nftables

@@ -28,7 +28,8 @@ from core.platform.control import RECONCILE_INTERVAL_S
 from core.platform.logs import configure_json_logging
 from core.platform.queue import RECONCILE_TASK, celery_config
 from core.platform.settings import Settings, get_settings
-from workers import cgroups, devices, sandbox
+from workers import devices
+from workers.isolation import cgroups, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ def _size_pool(conf: Any, options: dict[str, Any], **_: Any) -> None:
 @signals.celeryd_init.connect
 def _refuse_unsandboxed(options: dict[str, Any], **_: Any) -> None:
     """A worker that runs jobs decides at startup whether it sandboxes them
-    (`workers.sandbox.enabled`), and refuses to start where it must and cannot; an exporter
-    or a control worker (no job's code) starts anyway. Said once, in the worker's log."""
+    (`workers.isolation.sandbox.enabled`), and refuses to start where it must and cannot; an
+    exporter or a control worker (no job's code) starts anyway. Said once, in the worker's log."""
     queues = options.get("queues") or []
     names = set(queues.split(",") if isinstance(queues, str) else queues)
     settings = get_settings()

@@ -55,9 +55,9 @@ class BudgetSpent(Exception):
 
 class Unlaunched(Exception):
     """An attempt that cannot launch, with its own failure class and the log lines that say
-    why (a failed `requirements` install: `workers.script`). `retryable`: the attempt's end goes
-    through the retry policy like a failed run's (storage unreachable while preparing), instead
-    of failing the job."""
+    why (a failed `requirements` install: `workers.entrypoint.script`). `retryable`: the attempt's
+    end goes through the retry policy like a failed run's (storage unreachable while preparing),
+    instead of failing the job."""
 
     def __init__(
         self,
@@ -86,7 +86,7 @@ def budget_spent(
 
     Counted up to this attempt's claim (`job.started_at`), so the time between the claim and
     this check (data preparation on a busy host) is not spent before the trainer starts: the
-    running attempt's cost is the supervisor's to watch (`workers.usage_watch`)."""
+    running attempt's cost is the supervisor's to watch (`workers.watchers.usage_watch`)."""
     limit = job.spec.limits.max_cost
     if limit is None:
         return None
@@ -108,7 +108,7 @@ def prepare(
     node_rank: int | None = None,
 ) -> RunPaths:
     """Resolve the data, create the run dir and write the spec the trainer reads (an
-    entrypoint job's attempt is prepared by `workers.script.prepare`).
+    entrypoint job's attempt is prepared by `workers.entrypoint.script.prepare`).
 
     `node_rank`: the node of a multi-node attempt (its own run dir; only node 0 sets aside the
     checkpoints no earlier attempt recorded)."""

@@ -33,8 +33,8 @@ import orjson
 
 from core.attempts.lifecycle_policy import Failure, NodeEnd, Stop
 from dataformat.failures import PEER_LOST_MESSAGES, FailureClass, classify, error_type_names
-from workers.cgroups import JobCgroup
 from workers.ingest import last_lines, stderr_tail
+from workers.isolation.cgroups import JobCgroup
 from workers.launcher import RunPaths
 from workers.supervisor import Exit
 

@@ -35,10 +35,10 @@ from core.platform.errors import Conflict
 from core.platform.models import Job, JobState
 from workers import observability
 from workers.attempt import Dispatch, dispatch_safely
+from workers.entrypoint.staging import SYNCED_KINDS, CheckpointSync
 from workers.launcher import LAUNCHER_RANK, RunPaths
-from workers.progress import StepProgress, Straggler, StragglerDetector
-from workers.staging import SYNCED_KINDS, CheckpointSync
 from workers.tail import FileTail
+from workers.watchers.progress import StepProgress, Straggler, StragglerDetector
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ class RunIngest:
         self.progress = StepProgress()
         self.stragglers = StragglerDetector()
         # An entrypoint job on remote storage: its staged checkpoints are uploaded before their
-        # events are stored (`workers.staging`); `_taken` are the offsets of the events handed
-        # over, `_synced` the transferred ones not yet committed.
+        # events are stored (`workers.entrypoint.staging`); `_taken` are the offsets of the events
+        # handed over, `_synced` the transferred ones not yet committed.
         self.sync = (
             None
             if paths.checkpoint_remote is None

@@ -70,13 +70,15 @@ class RunPaths:
     init_from: str | None = None  # checkpoint URI of `model.init_from`, resolved by the worker
     eval_data: str | None = None  # `data.eval_dataset`, resolved by the worker
     cache_dir: Path | None = None  # the host's row cache (local: rows are memory-mapped)
-    python: str | None = None  # an entrypoint job's interpreter (`workers.venvs`)
+    python: str | None = None  # an entrypoint job's interpreter (`workers.entrypoint.venvs`)
     # Remote storage: where an entrypoint job's checkpoints, staged in `checkpoint_dir` on this
-    # host, are uploaded (`workers.staging`); None when `checkpoint_dir` is the storage itself.
+    # host, are uploaded (`workers.entrypoint.staging`); None when `checkpoint_dir` is the storage
+    # itself.
     checkpoint_remote: str | None = None
     checkpoint_keep_last: int | None = None  # and how many of them the bucket keeps
     # ... and of how many nodes: with several, each node stages and uploads its ranks' part of
-    # each checkpoint (`workers.staging`; `TORCHYARD_CHECKPOINT_PARTS` in the program's env).
+    # each checkpoint (`workers.entrypoint.staging`; `TORCHYARD_CHECKPOINT_PARTS` in the program's
+    # env).
     checkpoint_nodes: int = 1
     # An eval job's other inputs (its datasets, the source's `init_from`, a local model
     # directory), shown read-only in the sandbox; the locations are in `inputs`.
@@ -292,7 +294,8 @@ def script_argv(
 ) -> list[str]:
     """The exact command that runs an `entrypoint` job's `command` (docs/CONTRACTS.md section
     5): torchrun's arguments as for the trainer, then `--no-python` and `script_command`.
-    `python`: the job's interpreter (`workers.venvs`); `torchrun_python` runs torchrun itself."""
+    `python`: the job's interpreter (`workers.entrypoint.venvs`); `torchrun_python` runs torchrun
+    itself."""
     head = _torchrun_head(
         job_id=job_id,
         attempt=attempt,

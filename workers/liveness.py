@@ -109,7 +109,7 @@ class WorkerHeartbeat:
         sandbox: str | None = None,
     ) -> None:
         """`slots()`: the worker's (total, free) devices at each beat (`workers.devices`);
-        `sandbox`: how it contains its jobs (`workers.sandbox.describe`)."""
+        `sandbox`: how it contains its jobs (`workers.isolation.sandbox.describe`)."""
         self.name, self.pool, self.started_at = name, pool, started_at
         self.sandbox = sandbox
         self._slots = slots

@@ -45,7 +45,7 @@ from core.platform.errors import DomainError, InvalidInput
 from core.platform.models import Job, JobState
 from core.platform.settings import Settings
 from core.scheduling import claim as scheduling
-from workers import cgroups, devices, exits, launcher, plan, processes, sandbox, sysmetrics, trials
+from workers import devices, exits, launcher, plan, processes
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -59,10 +59,12 @@ from workers.attempt import (
     with_db_retry,
 )
 from workers.ingest import RunIngest
+from workers.isolation import cgroups, sandbox
 from workers.launcher import RunPaths
 from workers.supervisor import PEER_STOPS, Exit, Supervisor
-from workers.usage_watch import UsageWatch
-from workers.watchdog import hang_watchdog
+from workers.watchers import sysmetrics, trials
+from workers.watchers.usage_watch import UsageWatch
+from workers.watchers.watchdog import hang_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -424,8 +426,8 @@ def _run_node(
     lease: devices.Lease,
 ) -> str:
     """Launch and supervise this node's torchrun of the assembled attempt on the leased
-    devices, in a cgroup of its own where the host gives one (`workers.cgroups`); record its
-    end; remove the cgroup."""
+    devices, in a cgroup of its own where the host gives one (`workers.isolation.cgroups`); record
+    its end; remove the cgroup."""
     memory, cpus = cgroups.lease_limits(
         leased=len(lease.devices),
         host_slots=lease.host_devices,

@@ -12,7 +12,7 @@ per worker; 0 or unset: no exporter). The series (rates come from PromQL `rate()
 - `torchyard_worker_ingest_flush_seconds`: one read-parse-write-commit flush;
 - `torchyard_worker_heartbeats_total{outcome}` and `torchyard_worker_last_heartbeat_seconds`.
 
-Per running job (`workers.sysmetrics`, one label set per job and rank, node or GPU, removed
+Per running job (`workers.watchers.sysmetrics`, one label set per job and rank, node or GPU, removed
 when the job's attempt ends on this worker):
 
 - `torchyard_job_cpu_percent{job_id,rank}`: percent of one core (200 = two cores busy);

@@ -17,9 +17,11 @@ from core.platform.models import Job
 from core.platform.settings import Settings
 from core.platform.storage import is_remote
 from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
-from workers import attempt, devices, launcher, sandbox, script
+from workers import attempt, devices, launcher
+from workers.entrypoint import script
+from workers.entrypoint.script import venv_root
+from workers.isolation import sandbox
 from workers.launcher import GangNode, RunPaths
-from workers.script import venv_root
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,7 @@ def prepare(
     beat: Callable[[], bool],
 ) -> RunPaths:
     """This node's run dir: the trainer's (`workers.attempt.prepare`) or an entrypoint job's
-    (`workers.script.prepare`: code, Python; `beat` while requirements install).
+    (`workers.entrypoint.script.prepare`: code, Python; `beat` while requirements install).
     `node_rank`: the run dir's node part (None for a single node); `node_index`: the node."""
     spec = job.spec
     if isinstance(spec, ScriptJobSpec):
@@ -140,11 +142,11 @@ def command(
 def sandbox_mounts(
     settings: Settings, job: Job, paths: RunPaths, node: GangNode | None, lease: devices.Lease
 ) -> sandbox.Mounts:
-    """What this node's sandbox shows (`workers.sandbox`): the job's own run and checkpoint
-    (or staging) directories and the row cache writable; its inputs (datasets, `init_from`, a local
-    model directory) read-only; the worker's home, venv root and storage root hidden; the
-    leased GPUs. No network for a single node on local storage without a hub model or an input
-    in an object store: its ranks reach each other on loopback, and nothing else."""
+    """What this node's sandbox shows (`workers.isolation.sandbox`): the job's own run and
+    checkpoint (or staging) directories and the row cache writable; its inputs (datasets,
+    `init_from`, a local model directory) read-only; the worker's home, venv root and storage root
+    hidden; the leased GPUs. No network for a single node on local storage without a hub model or an
+    input in an object store: its ranks reach each other on loopback, and nothing else."""
     spec = job.spec
     inputs = (paths.data, paths.init_from, paths.eval_data, *paths.extra_inputs)
     local = [_local(uri) for uri in inputs]

@@ -1,8 +1,8 @@
 """Start a node's torchrun and signal its process tree.
 
 The process starts in a new session (its own process group, pgid == pid; in a sandbox,
-`workers.sandbox`, the namespace's init leads the group): cancel and shutdown SIGTERM that group
-and torchrun forwards the signal to every rank; a SIGKILL goes to torchrun's group and to each
+`workers.isolation.sandbox`, the namespace's init leads the group): cancel and shutdown SIGTERM that
+group and torchrun forwards the signal to every rank; a SIGKILL goes to torchrun's group and to each
 rank's own group (`kill_tree`: torchrun starts ranks in new sessions when it redirects their
 output).
 """
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from workers import sandbox
+from workers.isolation import sandbox
 from workers.launcher import RunPaths
 
 _PR_SET_PDEATHSIG = 1
@@ -49,10 +49,11 @@ def spawn(
 ) -> subprocess.Popen[bytes] | sandbox.SandboxedProcess:
     """Start `argv` in a new session (own process group) with its output in the run dir, in
     the directory `cwd` (None: the worker's); with `mounts`, inside the sandbox they describe
-    (`workers.sandbox`: the result's `pid` is torchrun's, the leader of its own group);
-    `join_fds`: open `cgroup.procs` files the child joins before it execs (`workers.cgroups`),
-    so everything it starts is born in that cgroup; `grace_s`: a sandbox's keeper waits this
-    long after the worker's death before it SIGKILLs the job (`workers.keeper`).
+    (`workers.isolation.sandbox`: the result's `pid` is torchrun's, the leader of its own group);
+    `join_fds`: open `cgroup.procs` files the child joins before it execs
+    (`workers.isolation.cgroups`), so everything it starts is born in that cgroup; `grace_s`: a
+    sandbox's keeper waits this long after the worker's death before it SIGKILLs the job
+    (`workers.isolation.keeper`).
 
     On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
     and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
@@ -69,7 +70,7 @@ def spawn(
     ):
         if mounts is not None:
             # The parent-death SIGTERM goes to the sandbox's keeper, which stops the job as a
-            # cancel does (workers.keeper).
+            # cancel does (workers.isolation.keeper).
             return sandbox.start(
                 mounts,
                 argv,

@@ -25,8 +25,8 @@ from core.platform.models import JobState
 from core.platform.settings import Settings
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
+from workers.isolation.sandbox import SandboxedProcess
 from workers.processes import kill_tree, signal_group
-from workers.sandbox import SandboxedProcess
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from core.platform.logs import job_id_var
 from core.platform.models import utcnow
 from core.platform.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.platform.settings import Settings, get_settings
-from workers import devices, exports, liveness, netfence, node, sandbox
+from workers import devices, exports, liveness, node
 from workers import reconcile as reconciler
 from workers.app import CONTROL_QUEUE, app
+from workers.isolation import netfence, sandbox
 from workers.slurm import submitter
 
 # Set when this worker starts a warm or cold shutdown: a running job is stopped (the trainer
@@ -78,7 +79,8 @@ def _start_heartbeat(sender: Any, **_: Any) -> None:
 
 def _contain(settings: Settings, name: str) -> str:
     """How this worker contains its jobs, for its row (`GET /v1/workers`): the sandbox and,
-    sandboxed, the network fence it installs now (`workers.netfence`) or why there is none."""
+    sandboxed, the network fence it installs now (`workers.isolation.netfence`) or why there is
+    none."""
     global fence
     described = sandbox.describe(settings.sandbox, settings.env)
     if described != "bwrap":

@@ -120,7 +120,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="`host:port` destinations a job's processes may not connect to, besides the "
         "database, the broker and link-local addresses, which are always fenced (e.g. the API's "
-        "admin listener, the object store's console): `workers.netfence`.",
+        "admin listener, the object store's console): `workers.isolation.netfence`.",
     )
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1, description="Upload size limit.")
     code_max_bytes: int = Field(
@@ -248,9 +248,9 @@ class Settings(BaseSettings):
 
     sandbox: Literal["auto", "bwrap", "none"] = Field(
         default="auto",
-        description="How a worker contains a job's ranks (workers/sandbox.py): `bwrap` runs "
-        "every rank in a bubblewrap sandbox (own PID, user, IPC and mount namespaces; only the "
-        "job's own files) and refuses to start where the host cannot make one; `none` runs "
+        description="How a worker contains a job's ranks (workers/isolation/sandbox.py): `bwrap` "
+        "runs every rank in a bubblewrap sandbox (own PID, user, IPC and mount namespaces; only "
+        "the job's own files) and refuses to start where the host cannot make one; `none` runs "
         "them as the worker's children, seeing what the worker sees (accepts that risk); "
         "`auto`: `bwrap` where the host can, else `none` with a warning, except in "
         "production, where a worker that cannot sandbox refuses to start.",
@@ -258,14 +258,14 @@ class Settings(BaseSettings):
     slot_memory_mb: int | None = Field(
         default=None,
         gt=0,
-        description="Memory of one slot in MiB (workers/cgroups.py): a job's node may use its "
-        "leased slots' worth in a cgroup of its own, past which the kernel's OOM killer ends "
-        "it alone (`oom`); default the host's memory divided by its slots.",
+        description="Memory of one slot in MiB (workers/isolation/cgroups.py): a job's node may "
+        "use its leased slots' worth in a cgroup of its own, past which the kernel's OOM "
+        "killer ends it alone (`oom`); default the host's memory divided by its slots.",
     )
     venv_dir: Path | None = Field(
         default=None,
         description="Where a worker keeps the virtual environments of entrypoint jobs' "
-        "`requirements` (workers/venvs.py), one per requirement set, reused; default "
+        "`requirements` (workers/entrypoint/venvs.py), one per requirement set, reused; default "
         "`TORCHYARD_HOME/venvs`.",
     )
     # Quotas, preemption and request rates (issue 14): core/scheduling/quotas.py,

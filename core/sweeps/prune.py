@@ -1,7 +1,7 @@
 """A trial's reports to Optuna, and the pruner's verdict, as the worker ingests its metric.
 
-The worker that supervises a trial's node 0 (`workers.trials.TrialPruner`) calls `report` with
-the metric's points it has not sent yet; Optuna's pruner (successive halving or median, on the
+The worker that supervises a trial's node 0 (`workers.watchers.trials.TrialPruner`) calls `report`
+with the metric's points it has not sent yet; Optuna's pruner (successive halving or median, on the
 study in our database) decides. A `Verdict` stops the trial: its job goes to `cancelling` with
 the cause, the trainer checkpoints and stops at its next step boundary (SIGTERM), and the
 controller then tells Optuna the trial was pruned (`core.sweeps.drive`).

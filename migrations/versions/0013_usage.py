@@ -5,7 +5,7 @@ Revises: 0012_webhooks
 Create Date: 2026-11-25 11:45:00
 
 `job_nodes.cpu_seconds`: user + system CPU time of the node's torchrun process tree, written by
-its worker while the node runs and at its end (`workers.usage_watch`); usage reports
+its worker while the node runs and at its end (`workers.watchers.usage_watch`); usage reports
 (`GET /v1/usage`) add it up per project, pool, job and day.
 """
 

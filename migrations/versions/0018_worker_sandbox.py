@@ -1,11 +1,11 @@
-"""workers.sandbox: how a worker contains its jobs' ranks, as it said at startup
+"""workers.isolation.sandbox: how a worker contains its jobs' ranks, as it said at startup
 
 Revision ID: 0018_worker_sandbox
 Revises: 0017_controllers
 Create Date: 2026-11-27 19:20:00
 
 `bwrap`, or `none: <why>` (the setting, or what the host lacks); `GET /v1/workers` shows it
-(workers/sandbox.py).
+(workers/isolation/sandbox.py).
 """
 
 from collections.abc import Sequence

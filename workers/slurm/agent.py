@@ -16,12 +16,12 @@ sees a silent worker.
 
 SIGTERM sets the shutdown event: Slurm sends it to every process of the step on `scancel`, its
 own preemption, `scontrol requeue`, and `--signal=TERM@<s>` before the time limit. torchrun and
-the ranks take the same signal (the sandbox's bwrap ignores it: `workers.keeper`), the trainer
-checkpoints at the step boundary, and the node's end is the shutdown's (`workers.supervisor`):
-the job is handed back to the queue without spending a restart, as when a worker shuts down.
-A requeued Slurm job's agent claims it again; otherwise the submitter places it again once this
-allocation is over. Slurm's `KillWait` (and `GraceTime` of a preemptable partition) must leave
-the ranks time to write that checkpoint before SIGKILL.
+the ranks take the same signal (the sandbox's bwrap ignores it: `workers.isolation.keeper`), the
+trainer checkpoints at the step boundary, and the node's end is the shutdown's
+(`workers.supervisor`): the job is handed back to the queue without spending a restart, as when a
+worker shuts down. A requeued Slurm job's agent claims it again; otherwise the submitter places it
+again once this allocation is over. Slurm's `KillWait` (and `GraceTime` of a preemptable partition)
+must leave the ranks time to write that checkpoint before SIGKILL.
 """
 
 from __future__ import annotations
@@ -180,8 +180,9 @@ def node_address() -> str:
 
 def _memory_from_slurm() -> None:
     """The node's cgroup gets the allocation's memory (`--mem`, Slurm's `SLURM_MEM_PER_NODE`,
-    MiB) shared by its slots (`TORCHYARD_SLOT_MEMORY_MB`, `workers.cgroups`), so a rank over it
-    is OOM-killed in the job's own cgroup and the attempt fails as `oom`, as on any worker."""
+    MiB) shared by its slots (`TORCHYARD_SLOT_MEMORY_MB`, `workers.isolation.cgroups`), so a rank
+    over it is OOM-killed in the job's own cgroup and the attempt fails as `oom`, as on any
+    worker."""
     memory = os.environ.get("SLURM_MEM_PER_NODE")
     slots = int(os.environ.get("TORCHYARD_WORKER_SLOTS", "1"))
     if memory and memory.isdigit() and int(memory) > 0:

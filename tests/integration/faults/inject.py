@@ -183,7 +183,8 @@ def cgroup_for(name: str) -> Iterator[MemoryCgroup]:
         for pid in (group.path / "cgroup.procs").read_text().split():
             with suppress(OSError):  # gone meanwhile
                 (group.path.parent / "cgroup.procs").write_text(pid)
-        # The worker's own job groups (workers.cgroups) below it, once empty, deepest first.
+        # The worker's own job groups (workers.isolation.cgroups) below it, once empty, deepest
+        # first.
         for child in sorted(group.path.rglob("*/"), key=lambda p: -len(p.parts)):
             if child.is_dir():
                 with suppress(OSError):

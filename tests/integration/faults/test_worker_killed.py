@@ -127,7 +127,7 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
 ) -> None:
     """Only the worker is killed: its trainer gets the parent-death SIGTERM and writes a stop
     checkpoint the database never hears of, which the next attempt sets aside. In the sandbox
-    the signal reaches the sandbox's keeper, which passes it on (`workers.keeper`)."""
+    the signal reaches the sandbox's keeper, which passes it on (`workers.isolation.keeper`)."""
     steps = 24
     spec = _spec(queue, dataset_id, steps)
     victim = _start(fleet, settings, celery_client, queue, worker_logs)

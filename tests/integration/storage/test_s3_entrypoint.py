@@ -2,8 +2,8 @@
 
 The program never holds the storage credentials: it writes its checkpoints to a local staging
 directory and the worker uploads each one it completes, recording it only once it is whole in
-the bucket (`workers.staging`). Here host A (a worker with a home of its own) runs the first
-attempt until a checkpoint is recorded, and is then SIGKILLed with its program, as a lost host
+the bucket (`workers.entrypoint.staging`). Here host A (a worker with a home of its own) runs the
+first attempt until a checkpoint is recorded, and is then SIGKILLed with its program, as a lost host
 is; host B (another home: none of A's local files) takes the requeued job, downloads the newest
 recorded checkpoint into its own staging directory, and the program resumes from it."""
 
@@ -28,6 +28,7 @@ from tests.integration.workers.helpers import (
     Worker,
     job_events,
     kill_tree,
+    kill_trees,
     metric_series,
     start_worker,
     submit,
@@ -35,7 +36,7 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
-from workers.staging import COMPLETE_MARKER, part_marker, staging_dir
+from workers.entrypoint.staging import COMPLETE_MARKER, part_marker, staging_dir
 
 pytestmark = pytest.mark.s3
 
@@ -207,8 +208,7 @@ def test_a_two_node_entrypoint_job_stages_a_part_per_host_and_resumes_on_two_oth
             180,
         )
     finally:
-        for worker in hosts_a:
-            kill_tree(worker)
+        kill_trees(hosts_a)
     resume_step = _newest_recorded(engine, job_id)
     assert resume_step is not None and resume_step % EVERY == 0, resume_step
     root = job_checkpoint_uri(s3_settings, job_id)

@@ -81,15 +81,29 @@ def kill_tree(worker: Worker, *, at_least: int = 1) -> float:
     once, from outside, as a host dies; returns the time (unix seconds) of the kill. A process
     of the tree that ended by itself meanwhile is skipped (the last CI run raced one). Raises
     AssertionError when the tree has fewer than `at_least` processes (e.g. no trainer yet)."""
-    root = psutil.Process(worker.proc.pid)
-    tree = [root, *root.children(recursive=True)]
-    assert len(tree) >= at_least, f"fewer than {at_least} processes under the worker: {tree}"
+    return kill_trees([worker], at_least=at_least)
+
+
+def kill_trees(workers: list[Worker], *, at_least: int = 1) -> float:
+    """`kill_tree` of several workers in one instant, as hosts that die together: killed one
+    after the other, a worker still alive saw its peer node fail, recorded the attempt's end
+    and claimed the next attempt itself before its own kill (the S3 two-host test did)."""
+    trees = []
+    for worker in workers:
+        root = psutil.Process(worker.proc.pid)
+        tree = [root, *root.children(recursive=True)]
+        assert len(tree) >= at_least, f"fewer than {at_least} processes under the worker: {tree}"
+        trees += tree
+    for proc in trees:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.suspend()  # nothing of any tree acts on another's death while the kill goes on
     killed_at = time.time()
-    for proc in tree:
+    for proc in trees:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGKILL)
-    worker.proc.wait()
-    psutil.wait_procs(tree, timeout=10)
+    for worker in workers:
+        worker.proc.wait()
+    psutil.wait_procs(trees, timeout=10)
     return killed_at
 
 

@@ -1,6 +1,6 @@
-"""Job cgroups on this host's real cgroup filesystem (`workers/cgroups.py`): what a starting
-worker's sweep may remove. Every worker of a host puts its jobs' groups under the same parent,
-and a node's group is empty from its creation until its first process joins it; a sweep that
+"""Job cgroups on this host's real cgroup filesystem (`workers/isolation/cgroups.py`): what a
+starting worker's sweep may remove. Every worker of a host puts its jobs' groups under the same
+parent, and a node's group is empty from its creation until its first process joins it; a sweep that
 removed it then made the node's launch fail (CI: "cannot launch: No such file or directory:
 .../cgroup.procs")."""
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers import cgroups
+from workers.isolation import cgroups
 
 
 @pytest.fixture

@@ -63,7 +63,7 @@ def test_ddp_job_succeeds_with_falling_loss_checkpoints_logs_of_both_ranks_and_a
     assert sum(p.value for p in last) < sum(p.value for p in first) - 0.5
     assert job.latest_metrics["loss"] == pytest.approx(losses[-1].value)
     assert [p.step for p in metric_series(engine, job_id, "eval_loss")] == [10, 20, 30]
-    # The worker sampled both ranks' processes (workers.sysmetrics) while they trained.
+    # The worker sampled both ranks' processes (workers.watchers.sysmetrics) while they trained.
     for rank in (0, 1):
         rss = metric_series(engine, job_id, f"sys/rss_bytes/rank{rank}")
         assert rss and all(p.value > 10 * 1024**2 for p in rss), [(p.step, p.value) for p in rss]

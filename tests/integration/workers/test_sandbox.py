@@ -1,5 +1,5 @@
 """A curious tenant's program, run as an entrypoint job on a real worker, probes what a job can
-reach (issue 32; `workers/sandbox.py`). Each probe must fail inside the sandbox and each
+reach (issue 32; `workers/isolation/sandbox.py`). Each probe must fail inside the sandbox and each
 succeeds on a worker without it (`TORCHYARD_SANDBOX=none`): the test of that worker shows the
 probe is able to see what it looks for.
 """
@@ -39,7 +39,7 @@ from tests.integration.workers.helpers import (
     wait_state,
 )
 from tests.integration.workers.probe import WORKER_SECRET, run_probe
-from workers import cgroups, sandbox
+from workers.isolation import cgroups, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None, reason=str(sandbox.probe()))
 
@@ -135,8 +135,8 @@ def test_a_job_that_keeps_the_network_cannot_reach_the_control_plane(
 ) -> None:
     """A 2-node gang keeps the host's network (its ranks meet over it), so the sandbox's
     `--unshare-net` cannot fence it: the worker's nftables rules on the jobs' cgroups do
-    (`workers.netfence`). Fenced, the probe reaches its own listener but not Postgres, Redis
-    or the metadata address; on a worker that cannot fence (no `nft` on its PATH), the same
+    (`workers.isolation.netfence`). Fenced, the probe reaches its own listener but not Postgres,
+    Redis or the metadata address; on a worker that cannot fence (no `nft` on its PATH), the same
     probe reaches Postgres and Redis, so the checks can fail."""
     if fenced and os.geteuid() != 0:
         pytest.skip("installing nftables rules needs root")
@@ -304,8 +304,8 @@ def test_get_workers_says_which_worker_sandboxes_its_jobs(
 
 
 def test_the_keeper_passes_a_stop_on_and_kills_what_outlives_the_grace(tmp_path: Path) -> None:
-    """The sandbox's keeper (`workers.keeper`) gets the worker's parent-death SIGTERM: a job
-    that handles SIGTERM ends by itself (its status comes back); one that ignores it is
+    """The sandbox's keeper (`workers.isolation.keeper`) gets the worker's parent-death SIGTERM: a
+    job that handles SIGTERM ends by itself (its status comes back); one that ignores it is
     SIGKILLed after the grace, and no process of its group is left either way."""
     mounts = sandbox.Mounts(network=False, writable=(str(tmp_path),), python=())
     started = tmp_path / "started"
@@ -333,9 +333,9 @@ def test_a_stop_signal_sent_to_every_process_of_the_job_leaves_bwrap_standing(
     tmp_path: Path,
 ) -> None:
     """Slurm's cancel, requeue and `--signal` SIGTERM every process of a step at once (bwrap
-    included). bwrap ignores it (`workers.keeper._shield_bwrap`), so the namespace lives on and
-    the job's command, which has the default dispositions back (`env --default-signal`), takes
-    the same signal through its own trap: its status comes back, nothing was SIGKILLed."""
+    included). bwrap ignores it (`workers.isolation.keeper._shield_bwrap`), so the namespace lives
+    on and the job's command, which has the default dispositions back (`env --default-signal`),
+    takes the same signal through its own trap: its status comes back, nothing was SIGKILLed."""
     mounts = sandbox.Mounts(network=False, writable=(str(tmp_path),), python=())
     started = tmp_path / "started"
     proc = sandbox.start(

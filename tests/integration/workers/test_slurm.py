@@ -47,7 +47,7 @@ from tests.integration.workers.helpers import (
 )
 from tests.integration.workers.probe import WORKER_SECRET, run_probe
 from tests.support.tolerances import RTOL
-from workers import cgroups
+from workers.isolation import cgroups
 from workers.slurm import batch
 from workers.slurm.submitter import claimed_run
 

@@ -140,7 +140,7 @@ def test_another_nodes_local_rank_0_declares_its_part_where_nodes_stage_their_ow
     platform: Path, monkeypatch: pytest.MonkeyPatch, local_rank: int, parts: bool, declared: bool
 ) -> None:
     """Several nodes on remote storage: each host stages its ranks' files, and its worker
-    uploads them on a `checkpoint_part` event of its own node (workers.staging)."""
+    uploads them on a `checkpoint_part` event of its own node (workers.entrypoint.staging)."""
     monkeypatch.setenv("RANK", str(2 + local_rank))  # node 1 of 2-process nodes
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
     if parts:

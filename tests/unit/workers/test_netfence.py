@@ -1,4 +1,4 @@
-"""`workers.netfence`: which destinations a worker fences off its jobs, and the nftables
+"""`workers.isolation.netfence`: which destinations a worker fences off its jobs, and the nftables
 script that does it (the rules in force: tests/integration/workers/test_sandbox.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.platform.settings import Settings
-from workers.netfence import Target, ruleset, table_name, targets
+from workers.isolation.netfence import Target, ruleset, table_name, targets
 
 
 def _settings(tmp_path: Path, database_url: str, broker_url: str) -> Settings:

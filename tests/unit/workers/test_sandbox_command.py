@@ -1,6 +1,6 @@
-"""The sandbox's bwrap command (`workers.sandbox.argv`), its exit statuses, and a job cgroup's
-limits (`workers.cgroups.lease_limits`): the pure parts; the sandbox and the cgroups
-themselves are tested on a real worker (tests/integration/workers/test_sandbox.py)."""
+"""The sandbox's bwrap command (`workers.isolation.sandbox.argv`), its exit statuses, and a job
+cgroup's limits (`workers.isolation.cgroups.lease_limits`): the pure parts; the sandbox and the
+cgroups themselves are tested on a real worker (tests/integration/workers/test_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workers import cgroups, exits, sandbox
+from workers import exits
+from workers.isolation import cgroups, sandbox
 
 
 def _pairs(argv: list[str], flag: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""`workers.watchdog.dump_stacks` on real processes: a stand-in for torchrun (its own process
-group) with one stopped rank child, dumped by py-spy, or by its faulthandler when py-spy
+"""`workers.watchers.watchdog.dump_stacks` on real processes: a stand-in for torchrun (its own
+process group) with one stopped rank child, dumped by py-spy, or by its faulthandler when py-spy
 fails."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workers.watchdog import dump_stacks, py_spy
+from workers.watchers.watchdog import dump_stacks, py_spy
 
 # A rank: registers faulthandler as the trainer does, then waits in a function of its own.
 RANK = """

@@ -1,4 +1,4 @@
-"""`workers.staging.CheckpointSync` from local staging directories to fsspec's in-memory
+"""`workers.entrypoint.staging.CheckpointSync` from local staging directories to fsspec's in-memory
 filesystem, which stands in for the bucket (tests/integration/storage runs it against a real S3
 server): a single node's checkpoint, and a checkpoint whose parts several nodes stage."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from workers.staging import COMPLETE_MARKER, CheckpointSync, part_marker
+from workers.entrypoint.staging import COMPLETE_MARKER, CheckpointSync, part_marker
 
 
 def stage(staging: Path, step: int, files: dict[str, bytes], *, complete: bool) -> Path:

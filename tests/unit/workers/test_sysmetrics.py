@@ -25,7 +25,7 @@ from core.platform.settings import Settings
 from jobspec.job import JobSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
-from workers.sysmetrics import ProcessSample, ProcessSampler, SysMetrics, readings
+from workers.watchers.sysmetrics import ProcessSample, ProcessSampler, SysMetrics, readings
 
 BIG_BYTES = 200 * 1024**2
 T = TypeVar("T")

@@ -1,5 +1,5 @@
-"""The virtual environments of `entrypoint.requirements` (workers/venvs.py), built for real
-with uv: cached by the requirement set, layered over the worker's site-packages."""
+"""The virtual environments of `entrypoint.requirements` (workers/entrypoint/venvs.py), built for
+real with uv: cached by the requirement set, layered over the worker's site-packages."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.venvs import (
+from workers.entrypoint.venvs import (
     READY,
     InstallFailed,
     InstallStopped,

@@ -41,7 +41,7 @@ from tests.integration.workers.helpers import (
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 from workers.supervisor import Stop
-from workers.watchdog import Watchdog
+from workers.watchers.watchdog import Watchdog
 
 HANG_TIMEOUT_S = 6.0
 # Ingest (0.5 s) and watchdog (1 s) ticks, two py-spy dumps, the SIGTERM stop (or the 8 s

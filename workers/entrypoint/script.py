@@ -3,14 +3,14 @@
 The job's code archive is fetched from storage (fsspec) and unpacked into `RUN_DIR/code/`
 (`core.jobs.code_archives.unpack`, which checks it again) for each attempt on each node; the job's
 Python is the worker's, or with `requirements` a cached virtual environment
-(`workers.venvs`), whose installer writes into the job's logs as torchrun's own output does
-(rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
+(`workers.entrypoint.venvs`), whose installer writes into the job's logs as torchrun's own output
+does (rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
 
 Checkpoints: with local storage the job's checkpoint directory is handed to the program as a
 local path. With remote storage the program gets a local staging directory, holding the job's
 newest recorded checkpoint downloaded before the attempt starts, and the worker uploads each
-checkpoint the program completes (`workers.staging`); a multi-node entrypoint job on remote
-storage is refused at launch (each host would stage a part of each checkpoint).
+checkpoint the program completes (`workers.entrypoint.staging`); a multi-node entrypoint job on
+remote storage is refused at launch (each host would stage a part of each checkpoint).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from core.platform.storage import job_checkpoint_uri, job_run_dir
 from jobspec.job import ScriptJobSpec
 from workers.attempt import Unlaunched, with_db_retry
 from workers.checkpoints import set_aside_unrecorded
+from workers.entrypoint.staging import stage_latest, staging_dir
+from workers.entrypoint.venvs import InstallFailed, InstallStopped, ensure_venv
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
-from workers.staging import stage_latest, staging_dir
-from workers.venvs import InstallFailed, InstallStopped, ensure_venv
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""`python -m workers.torchrun ARGS`: torchrun (`torch.distributed.run ARGS`) for a node that runs
-in a sandbox of its own (`workers.sandbox`).
+"""`python -m workers.isolation.torchrun ARGS`: torchrun (`torch.distributed.run ARGS`) for a node
+that runs in a sandbox of its own (`workers.isolation.sandbox`).
 
 torch's c10d rendezvous tells its participants apart by (address, pid, local id) (`_NodeDesc`
 in `torch.distributed.elastic.rendezvous.dynamic_rendezvous`). In a PID namespace of its own

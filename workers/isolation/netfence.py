@@ -2,11 +2,11 @@
 object store, a model from the hub) cannot open connections to the control plane.
 
 A single node on local storage needs no fence: its sandbox has no network at all
-(`workers.sandbox`, `--unshare-net`). The others share the host's network namespace, where the
-worker's database and broker listen (or are reached). The worker installs one nftables table in
+(`workers.isolation.sandbox`, `--unshare-net`). The others share the host's network namespace, where
+the worker's database and broker listen (or are reached). The worker installs one nftables table in
 that namespace when it starts, `inet torchyard_<worker>`, whose `output` chain rejects, for
 every socket of a process in its jobs' cgroups (`socket cgroupv2 level N "<path>"`: the v2
-group that holds every node group of this worker, `workers.cgroups.fence_parent`):
+group that holds every node group of this worker, `workers.isolation.cgroups.fence_parent`):
 
 - TCP to each address of the database and the broker (`TORCHYARD_DATABASE_URL`,
   `TORCHYARD_BROKER_URL`, their host names resolved when the worker starts) at their ports,
@@ -40,7 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from core.platform.settings import Settings
-from workers import cgroups
+from workers.isolation import cgroups
 
 log = logging.getLogger(__name__)
 

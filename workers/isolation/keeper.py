@@ -1,5 +1,6 @@
-"""`python -m workers.keeper --grace S -- BWRAP_ARGV`: the process between a worker and one
-sandbox (`workers.sandbox`), so that a worker's death stops its jobs as gently as a cancel.
+"""`python -m workers.isolation.keeper --grace S -- BWRAP_ARGV`: the process between a worker and
+one sandbox (`workers.isolation.sandbox`), so that a worker's death stops its jobs as gently as a
+cancel.
 
 Unsandboxed, torchrun gets SIGTERM when its worker dies (the parent-death signal) and the ranks
 write a stop checkpoint before they exit. bwrap cannot pass that on: a signal kills it, and
@@ -113,7 +114,7 @@ def run(argv: list[str], grace_s: float, pass_fds: tuple[int, ...]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m workers.keeper", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m workers.isolation.keeper", description=__doc__)
     parser.add_argument("--grace", type=float, required=True, help="seconds before SIGKILL")
     parser.add_argument("--pass-fd", type=int, action="append", default=[], help="for bwrap")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then bwrap's argv")

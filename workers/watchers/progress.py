@@ -1,5 +1,5 @@
 """What the trainer's reports say about its pace: step progress (for hang detection,
-`workers.watchdog`) and stragglers among the ranks (from the `rank_step_times` events).
+`workers.watchers.watchdog`) and stragglers among the ranks (from the `rank_step_times` events).
 
 Both are pure: they are fed what `workers.ingest` reads from `events.jsonl` and keep no
 handle on processes, files or the database.

@@ -23,10 +23,10 @@ session and process group; torchrun is its only child. The worker signals that g
 signalled torchrun's own before (init ignores what it has no handler for), so pause,
 preemption and kills work unchanged (a SIGKILL of init ends the whole namespace); bwrap's exit
 status is torchrun's, a death by signal N reported as 128 + N, which `SandboxedProcess` turns
-back into -N like `Popen`. Between the worker and bwrap stands a keeper (`workers.keeper`):
-the worker's death reaches it as SIGTERM (the parent-death signal), and it stops the sandbox
-as a cancel does (SIGTERM to the group, the ranks write a stop checkpoint; SIGKILL after the
-grace), where bwrap alone would die and take the namespace down with SIGKILL.
+back into -N like `Popen`. Between the worker and bwrap stands a keeper
+(`workers.isolation.keeper`): the worker's death reaches it as SIGTERM (the parent-death signal),
+and it stops the sandbox as a cancel does (SIGTERM to the group, the ranks write a stop checkpoint;
+SIGKILL after the grace), where bwrap alone would die and take the namespace down with SIGKILL.
 
 Source: bubblewrap(1), https://github.com/containers/bubblewrap.
 """
@@ -126,7 +126,7 @@ def bwrap_path() -> str | None:
     return shutil.which(BWRAP)
 
 
-STOP_SIGNALS = "HUP,INT,TERM"  # what `workers.keeper` shields bwrap from
+STOP_SIGNALS = "HUP,INT,TERM"  # what `workers.isolation.keeper` shields bwrap from
 
 
 def argv(mounts: Mounts, command: Sequence[str], *, cwd: Path | None, info_fd: int) -> list[str]:
@@ -176,8 +176,9 @@ def argv(mounts: Mounts, command: Sequence[str], *, cwd: Path | None, info_fd: i
             out += ["--bind", path, path]
     if cwd is not None:
         out += ["--chdir", str(cwd)]
-    # The keeper starts bwrap with the stop signals ignored (`workers.keeper._shield_bwrap`);
-    # coreutils' env gives the job's own command the default dispositions back.
+    # The keeper starts bwrap with the stop signals ignored
+    # (`workers.isolation.keeper._shield_bwrap`); coreutils' env gives the job's own command the
+    # default dispositions back.
     return [*out, "--", "env", f"--default-signal={STOP_SIGNALS}", *command]
 
 
@@ -200,12 +201,14 @@ def _outermost(paths: Sequence[str]) -> list[str]:
 
 
 TORCHRUN_MODULE = "torch.distributed.run"
-SANDBOXED_TORCHRUN_MODULE = "workers.torchrun"  # its rendezvous ids survive a PID namespace
+SANDBOXED_TORCHRUN_MODULE = (
+    "workers.isolation.torchrun"  # its rendezvous ids survive a PID namespace
+)
 
 
 def torchrun_command(argv: Sequence[str]) -> list[str]:
     """`argv` (`python -m torch.distributed.run ...`) with torchrun run as
-    `workers.torchrun`, whose rendezvous participants stay distinct in PID namespaces."""
+    `workers.isolation.torchrun`, whose rendezvous participants stay distinct in PID namespaces."""
     out = list(argv)
     if out[1:3] == ["-m", TORCHRUN_MODULE]:
         out[2] = SANDBOXED_TORCHRUN_MODULE
@@ -240,11 +243,11 @@ def probe() -> str | None:
     return None
 
 
-KEEPER_MODULE = "workers.keeper"
+KEEPER_MODULE = "workers.isolation.keeper"
 
 
 class SandboxedProcess:
-    """A sandbox's keeper process (`workers.keeper`, bwrap's parent) seen as the torchrun
+    """A sandbox's keeper process (`workers.isolation.keeper`, bwrap's parent) seen as the torchrun
     inside: `pid` is torchrun's host PID, `pgid`
     its process group's (the namespace's init leads the sandbox's session and group: a signal
     to the group reaches torchrun, and init ignores it, having no handler, as a PID namespace's
@@ -285,8 +288,8 @@ def start(
     preexec_fn: Callable[[], None] | None = None,
     grace_s: float = 30.0,
 ) -> SandboxedProcess:
-    """Start `command` in the sandbox, under its keeper (`workers.keeper`: a worker's death
-    stops the job with SIGTERM, then SIGKILL after `grace_s`), and find torchrun's host PID.
+    """Start `command` in the sandbox, under its keeper (`workers.isolation.keeper`: a worker's
+    death stops the job with SIGTERM, then SIGKILL after `grace_s`), and find torchrun's host PID.
 
     Raises OSError when the keeper cannot be started. A sandbox that fails to set up exits
     non-zero with bwrap's message on `stderr`; the process is then the keeper itself."""

@@ -3,7 +3,7 @@ scoped to it, its `oom_kill` counter read for the failure class.
 
 Without it a job's ranks share the worker's cgroup: one job over its memory can get its
 neighbour killed, and an OOM kill is told apart only by the worker's own counter. With it the
-node's torchrun (or the sandbox around it, `workers.sandbox`) is born in
+node's torchrun (or the sandbox around it, `workers.isolation.sandbox`) is born in
 `<the worker's cgroup>/torchyard/<job>-<attempt>-<node>-<random>` (the spawned child joins it
 between fork and exec: `join_fds`), so every rank and every process they start is in it and
 counted there; the kernel's OOM killer, at the group's limit, kills inside the group only.
@@ -18,7 +18,7 @@ moved into a `worker` leaf first: v2 allows no processes beside child groups); e
 the job then runs in the worker's cgroup, as before, and the worker logs it once. On a hybrid
 host (v1 controllers, the unified hierarchy at `/sys/fs/cgroup/unified`) the node also joins a
 group of the same name there, which holds no controller: it names the job's sockets for the
-network fence (`workers.netfence`, nftables' `socket cgroupv2`), as the v2 group does.
+network fence (`workers.isolation.netfence`, nftables' `socket cgroupv2`), as the v2 group does.
 
 Source: the kernel's cgroup-v1/memory.rst, cgroup-v2.rst.
 """
@@ -166,7 +166,7 @@ def _create_v1(
 
 # The hybrid layout puts every worker of the host in the same unified group (its root, as a
 # rule): each worker's jobs go one level further down, in a group named after the worker, so
-# its network fence matches its own jobs only (`workers.netfence`).
+# its network fence matches its own jobs only (`workers.isolation.netfence`).
 _scope = "worker"
 
 
@@ -198,7 +198,7 @@ def _v2_base(own: str) -> Path:
 def fence_parent() -> tuple[Path, int] | None:
     """The v2 group every job's node group of this worker lies in, made if missing, and its
     depth in the v2 hierarchy (the root's children are at 1): what nftables' `socket cgroupv2
-    level N` matches (`workers.netfence`). None where job groups have no v2 side. Raises
+    level N` matches (`workers.isolation.netfence`). None where job groups have no v2 side. Raises
     OSError when it cannot be made."""
     own = own_paths()
     if "" not in own:
