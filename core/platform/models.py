@@ -503,8 +503,8 @@ class Worker(Base):
     slots_free: Mapped[int | None] = mapped_column(Integer, default=None)
     # Set once its warm shutdown began: it takes no new work and hands its jobs back.
     stopping: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
-    # How it contains its jobs' ranks: `bwrap`, or `none: <why>` (workers/isolation/sandbox.py,
-    # 0018).
+    # How it contains its jobs' ranks (workers/isolation/sandbox.py, 0018): `bwrap`, or
+    # `none: <why>`.
     sandbox: Mapped[str | None] = mapped_column(String(500), default=None)
 
 
