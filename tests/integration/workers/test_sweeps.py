@@ -83,9 +83,13 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
         "max_trials": 8,
         "max_concurrent_trials": 2,
     }
+    # A pruned trial stops through SIGTERM and writes its stop checkpoint (asserted below); the
+    # suite's 5 s cancel grace ran out on a loaded CI host and SIGKILLed three of them before it.
+    patient = {"TORCHYARD_CANCEL_GRACE_S": "60"}
     worker = start_worker(
-        settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2
-    )
+        settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2,
+        extra_env=patient,
+    )  # fmt: skip
     fleet.append(worker)
     start_controller(controllers, settings, worker_logs)
     answer = client.post("/v1/sweeps", json=spec, headers=project.headers)
@@ -109,7 +113,12 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
     worker.proc.wait()
     fleet.append(
         start_worker(
-            settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2
+            settings=settings,
+            client=celery_client,
+            queue=queue,
+            log_dir=worker_logs,
+            slots=2,
+            extra_env=patient,
         )
     )
 
