@@ -13,6 +13,10 @@ per-rank or per-micro-batch mean, or a stage that dropped the segment ids, would
 
 Tolerance as in tests/unit/trainer/test_trainer_loss.py: 16 x 64 token terms summed in another order
 in fp32, rtol = 1024 x 2^-23 ~ 1.2e-4, atol 1e-7 for gradient entries near 0.
+
+The two ranks are started once for the module and take every layout's step in turn in the same
+gloo group (each layout builds its own run, meshes and groups), so the imports (~3 CPU-s per
+process) are paid once instead of once per layout.
 """
 
 from __future__ import annotations
@@ -61,20 +65,26 @@ def _rows() -> Rows:
     return uneven_rows(NUM_ROWS, SEQ_LEN, seed=SEED, segments=2)
 
 
-def _rank(rank: int, port: int, layout: str, corpus_dir: str, out: str) -> None:
-    """One rank of `layout`: one step; rank 0 saves (loss, grad_norm, gradients)."""
+def _rank(rank: int, port: int, corpus_dir: str, out: str) -> None:
+    """One rank: one step of every layout in turn, in one process group; rank 0 saves each
+    layout's (loss, grad_norm, gradients) as OUT/LAYOUT/result.pt."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         LOCAL_RANK=str(rank), WORLD_SIZE="2",
     )  # fmt: skip
     torch.set_num_threads(1)
     info = init_distributed("cpu")
-    result = _step(info, layout, Path(corpus_dir), Path(out))
-    if rank == 0:
-        torch.save(result, Path(out) / "result.pt")
-    # free the run's gloo work before the group goes (docs/ARCHITECTURE.md, 'Torch traps')
-    gc.collect()
-    dist.barrier()
+    for layout in LAYOUTS:
+        workdir = Path(out) / layout
+        workdir.mkdir(exist_ok=True)
+        result = _step(info, layout, Path(corpus_dir), workdir)
+        if rank == 0:
+            torch.save(result, workdir / "result.pt")
+        del result
+        # free the run's gloo work before the next layout and before the group goes
+        # (docs/ARCHITECTURE.md, 'Torch traps')
+        gc.collect()
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -124,17 +134,21 @@ def single(layout: str, corpus_dir: Path, workdir: Path) -> dict[str, Any]:
     return _SINGLE[key]
 
 
+@pytest.fixture(scope="module")
+def two_rank_results(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory where the two ranks left every layout's result (one spawn per module)."""
+    out = tmp_path_factory.mktemp("loss_parallel")
+    mp.start_processes(
+        _rank, args=(free_port(), str(corpus_dir), str(out)), nprocs=2, start_method="spawn"
+    )
+    return out
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_processes_take_the_step_of_one_on_packed_rows_of_unequal_lengths(
-    layout: str, corpus_dir: Path, tmp_path: Path
+    layout: str, corpus_dir: Path, tmp_path: Path, two_rank_results: Path
 ) -> None:
-    mp.start_processes(
-        _rank,
-        args=(free_port(), layout, str(corpus_dir), str(tmp_path)),
-        nprocs=2,
-        start_method="spawn",
-    )
-    got = torch.load(tmp_path / "result.pt")
+    got = torch.load(two_rank_results / layout / "result.pt")
     want = single(layout, corpus_dir, tmp_path / "single")
     assert got["loss"] == pytest.approx(want["loss"], rel=RTOL)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=RTOL)
