@@ -24,6 +24,7 @@ from tests.integration.workers.controllers import Controller, start_controller
 from tests.integration.workers.helpers import (
     Worker,
     job_events,
+    job_nodes,
     job_row,
     metric_series,
     start_worker,
@@ -157,9 +158,14 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
         assert last >= trained_to, (t, decision.data, last)
         if trained_to <= 40 - 4 * interval:
             assert last < 40, (t, decision.data, last)
-        # it stopped at a checkpoint boundary, not killed mid-write: its stop checkpoint
+        # it stopped at a checkpoint boundary, not killed mid-write: its stop checkpoint. Not
+        # for a trial whose trainer died with the SIGKILLed worker (the victim's neighbour in
+        # the other slot, pruned afterwards from what it had reported): nothing stopped it.
+        died = any(
+            n.worker == worker.name and n.exit_code is None for n in job_nodes(engine, t["job_id"])
+        )
         saved = [e.data["step"] for e in job_events(engine, t["job_id"]) if e.kind == "checkpoint"]
-        assert saved and max(saved) >= last, (t, saved, last)
+        assert died or (saved and max(saved) >= last), (t, saved, last)
         assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
         assert decision.message.startswith(f"pruned by sweep {sweep_id} at step {t['pruned_step']}")
 
