@@ -63,6 +63,7 @@ from trainer.events import NullReporter
 from trainer.loop import train_loop
 from trainer.optim import build_optimizer
 from trainer.train import build_run
+from workers.launcher import free_port
 
 MODEL = {"n_layers": 4, "n_heads": 4, "d_model": 128, "seq_len": 128}  # quickstart's GPT
 LLAMA = {
@@ -339,7 +340,7 @@ def trainer_memory(spec_path: Path, corpus: Path, cache: Path, tmp: Path) -> dic
     """Peak VmHWM and peak RssAnon (bytes) per rank of a 2-process torchrun trainer."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-port", str(_free_port()), "-m", "trainer", "--spec", str(spec_path),
+        "--master-port", str(free_port()), "-m", "trainer", "--spec", str(spec_path),
         "--run-dir", str(tmp / "run"), "--checkpoint-dir", str(tmp / "ckpt"),
         "--data", str(corpus), "--cache-dir", str(cache),
     ]  # fmt: skip
@@ -367,14 +368,6 @@ def trainer_memory(spec_path: Path, corpus: Path, cache: Path, tmp: Path) -> dic
         "peak_rss_anon_mib": [round(r.get("RssAnon", 0) / mib, 1) for r in ranks],
         "peak_rss_file_mib": [round(r.get("RssFile", 0) / mib, 1) for r in ranks],
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- main -------------------------------------------------------------------------------------
