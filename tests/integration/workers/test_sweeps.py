@@ -147,6 +147,7 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
     # (by 4 report intervals) does not train to its end. How soon after the decision it stops
     # is a latency (README: 0-3 steps on an idle host; 10 seen under the suite's load).
     pruned = [t for t in trials if t["state"] == "pruned"]
+    stopped_with_checkpoint = 0  # pruned trials whose stop checkpoint was asserted
     assert any(t["pruned_step"] < 40 for t in pruned), trials  # one at least before its end
     for t in pruned:  # (a trial may also lose at its last report: pruned at step 40)
         assert t["pruned_step"] <= 40 and t["pruned_rung"] is not None
@@ -166,8 +167,10 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
         )
         saved = [e.data["step"] for e in job_events(engine, t["job_id"]) if e.kind == "checkpoint"]
         assert died or (saved and max(saved) >= last), (t, saved, last)
+        stopped_with_checkpoint += not died
         assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
         assert decision.message.startswith(f"pruned by sweep {sweep_id} at step {t['pruned_step']}")
+    assert stopped_with_checkpoint, "every pruned trial died with the worker: nothing checked"
 
 
 PARAMS_PY = """
