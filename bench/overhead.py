@@ -3,11 +3,13 @@ through the API + a Celery worker (uvicorn + Postgres + Redis, loopback).
 
     python -m bench.overhead [--steps 200] [--repeats 2]
 
-Both runs use the worker's own command line and environment builders
-(`workers.launcher.torchrun_argv` / `trainer_env`, one OpenMP thread), so the only difference
-is the control plane. Steps/s comes from the trainer's own metric-line times (first to last
-`loss` line); "to first step" is wall time from launch (bare: `Popen`; platform: the
-`POST /v1/jobs` request) to the trainer's `time` of its first metric line. The two are
+Bare is `torchrun` with the worker's own command line and environment builders
+(`workers.launcher.torchrun_argv` / `trainer_env`, one OpenMP thread), as a user runs it by
+hand; the worker runs the same one-process job without torchrun
+(`workers.lone_rank`), so "to first step" also shows what that saves. Steps/s
+comes from the trainer's own metric-line times (first to last `loss` line); "to first step"
+is wall time from launch (bare: `Popen`; platform: the `POST /v1/jobs` request) to the
+trainer's `time` of its first metric line. The two are
 interleaved `--repeats` times and the medians reported (the host is shared and noisy).
 Prints one JSON document.
 """

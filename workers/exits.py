@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -184,8 +185,11 @@ def node_failure(
     oom_kills_before: int | None = None,
     oom_kills_after: int | None = None,
     plain_command: bool = False,
+    single_rank: bool = False,
 ) -> Failure:
     """How this node failed, its torchrun having exited `returncode` (non-zero) by itself.
+    `single_rank`: the node ran its one rank without torchrun
+    (`workers.lone_rank`): `returncode` is the rank's own (-N: killed by signal N).
 
     `nproc`: ranks on this node; a rank is numbered `node_rank * nproc + local_rank`, as its
     stored log lines are. `oom_kills_*`: `oom_kills()` at launch and now (evidence for `oom`
@@ -249,13 +253,14 @@ def node_failure(
     elif plain_command:
         cls = FailureClass.USER_ERROR
         reason = (
-            f"a rank exited non-zero without recording an exception; torchrun exited {returncode}"
+            "a rank exited non-zero without recording an exception; "
+            f"{_launch_exit(returncode, single_rank)}"
         )
     else:
         cls = FailureClass.INFRA
         reason = (
             "a rank exited without recording an exception (a signal or a hard exit); "
-            f"torchrun exited {returncode}"
+            f"{_launch_exit(returncode, single_rank)}"
         )
     return Failure(
         failure_class=cls,
@@ -265,6 +270,19 @@ def node_failure(
         exit_code=returncode,
         log_tail=_tail(paths, restart, None),
     )
+
+
+def _launch_exit(returncode: int, single_rank: bool) -> str:
+    """How the node's launch ended, in words: torchrun's exit code, or the rank's own exit
+    (its signal by name) when it ran without torchrun."""
+    if not single_rank:
+        return f"torchrun exited {returncode}"
+    if returncode < 0:
+        try:
+            return f"the rank was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"the rank was killed by signal {-returncode}"
+    return f"the rank exited {returncode}"
 
 
 def _one_line(message: str) -> str:
@@ -299,6 +317,7 @@ class NodeRun:
     nproc: int
     oom_kills: int | None
     plain_command: bool = False  # an entrypoint command the runner does not wrap (node_failure)
+    single_rank: bool = False  # its one rank ran without torchrun (node_failure)
     oom_counter: Callable[[], int | None] = _WORKER_COUNTER  # read at the end (`oom_counter`)
 
 
@@ -329,6 +348,7 @@ def node_end(end: Exit, facts: NodeRun) -> NodeEnd:
             oom_kills_before=facts.oom_kills,
             oom_kills_after=facts.oom_counter(),
             plain_command=facts.plain_command,
+            single_rank=facts.single_rank,
         )
         code = end.returncode if failure.exit_code is None else failure.exit_code
     return NodeEnd(

@@ -182,8 +182,12 @@ def eval_argv(
         gang=None,
         max_restarts=max_restarts,
     )
+    return [*head, *eval_program(paths)]
+
+
+def eval_program(paths: RunPaths) -> list[str]:
+    """An eval job's program and its arguments, after the interpreter (`-m trainer.evaluate`)."""
     return [
-        *head,
         "-m",
         EVAL_MODULE,
         "--spec",
@@ -261,8 +265,12 @@ def torchrun_argv(
         gang=gang,
         max_restarts=max_restarts,
     )
+    return [*head, *trainer_program(paths)]
+
+
+def trainer_program(paths: RunPaths) -> list[str]:
+    """The trainer and its arguments, after the interpreter (`-m trainer --spec ...`)."""
     return [
-        *head,
         "-m",
         TRAINER_MODULE,
         "--spec",

@@ -494,6 +494,7 @@ def _launch_node(
             mounts=mounts,
             join_fds=joins,
             grace_s=settings.cancel_grace_s,
+            rank_dir=launch.rank_dir,
         )
     except (OSError, sandbox.SandboxUnavailable) as exc:
         return _fail_unlaunched(factory, job, exc)
@@ -536,6 +537,7 @@ def _launch_node(
         nproc=nproc,
         oom_kills=oom_kills,
         plain_command=launch.plain_command,
+        single_rank=launch.rank_dir is not None,
         oom_counter=counter,
     )
     try:

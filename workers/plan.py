@@ -17,7 +17,7 @@ from core.platform.models import Job
 from core.platform.settings import Settings
 from core.platform.storage import is_remote
 from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
-from workers import attempt, devices, launcher
+from workers import attempt, devices, launcher, lone_rank
 from workers.entrypoint import script
 from workers.entrypoint.script import venv_root
 from workers.isolation import sandbox
@@ -28,12 +28,15 @@ from workers.launcher import GangNode, RunPaths
 class Launch:
     """This node's torchrun: its argv, environment and working directory (None: the
     worker's); `plain_command`: an entrypoint command the runner does not wrap, whose ranks
-    record no exception (`workers.exits.node_failure`)."""
+    record no exception (`workers.exits.node_failure`); `rank_dir`: set when the node's one
+    rank runs without torchrun (`workers.lone_rank`), where its stdout and stderr
+    go (torchrun redirects its ranks' output itself)."""
 
     argv: list[str]
     env: dict[str, str]
     cwd: Path | None
     plain_command: bool
+    rank_dir: Path | None = None
 
 
 def prepare(
@@ -69,24 +72,15 @@ def command(
     job: Job, paths: RunPaths, port: int, node: GangNode | None, lease: devices.Lease
 ) -> Launch:
     """This node's torchrun command: the trainer's, or the entrypoint's command over the
-    allow-listed environment in the unpacked code. `port`: the local rendezvous port (one
-    node); `node`: its place in a gang."""
+    allow-listed environment in the unpacked code; the program alone, without torchrun, when
+    it is the node's one rank (`workers.lone_rank`). `port`: the local rendezvous
+    port (one node; a lone rank's `MASTER_PORT`); `node`: its place in a gang."""
     spec = job.spec
     nproc, device = spec.resources.procs_per_node, spec.resources.device
     restarts = spec.retries.max_inplace_restarts
+    single = lone_rank.applies(nproc_per_node=nproc, gang=node, max_restarts=restarts)
     if isinstance(spec, ScriptJobSpec):
         entry, python = spec.entrypoint, paths.python or sys.executable
-        argv = launcher.script_argv(
-            job_id=job.id,
-            attempt=job.attempt,
-            nproc_per_node=nproc,
-            rdzv_port=port,
-            paths=paths,
-            command=entry.command,
-            python=python,
-            gang=node,
-            max_restarts=restarts,
-        )
         facts = launcher.ScriptJob(
             job_id=job.id,
             job_name=spec.name,
@@ -106,8 +100,47 @@ def command(
             devices=lease.devices,
             host_devices=lease.host_devices,
         )
+        if single:
+            program = launcher.script_command(entry.command, python)
+            env |= lone_rank.env(job_id=job.id, attempt=job.attempt, rdzv_port=port, paths=paths)
+            return Launch(
+                program,
+                env,
+                paths.code_dir,
+                plain_command=launcher.RUNNER_MODULE not in program,
+                rank_dir=lone_rank.rank_dir(paths, job.id, job.attempt),
+            )
+        argv = launcher.script_argv(
+            job_id=job.id,
+            attempt=job.attempt,
+            nproc_per_node=nproc,
+            rdzv_port=port,
+            paths=paths,
+            command=entry.command,
+            python=python,
+            gang=node,
+            max_restarts=restarts,
+        )
         plain = launcher.RUNNER_MODULE not in argv[argv.index("--no-python") :]
         return Launch(argv, env, paths.code_dir, plain_command=plain)
+    env = launcher.trainer_env(
+        base=os.environ,
+        attempt=job.attempt,
+        nproc_per_node=nproc,
+        device=device,
+        cpu_count=os.cpu_count(),
+        devices=lease.devices,
+        host_devices=lease.host_devices,
+    )
+    if single:
+        env |= lone_rank.env(job_id=job.id, attempt=job.attempt, rdzv_port=port, paths=paths)
+        program = (
+            launcher.eval_program(paths)
+            if isinstance(spec, EvalJobSpec)
+            else launcher.trainer_program(paths)
+        )
+        rank_dir = lone_rank.rank_dir(paths, job.id, job.attempt)
+        return Launch([sys.executable, *program], env, None, False, rank_dir=rank_dir)
     if isinstance(spec, EvalJobSpec):
         argv = launcher.eval_argv(
             job_id=job.id,
@@ -127,15 +160,6 @@ def command(
             gang=node,
             max_restarts=restarts,
         )
-    env = launcher.trainer_env(
-        base=os.environ,
-        attempt=job.attempt,
-        nproc_per_node=nproc,
-        device=device,
-        cpu_count=os.cpu_count(),
-        devices=lease.devices,
-        host_devices=lease.host_devices,
-    )
     return Launch(argv, env, None, plain_command=False)
 
 

@@ -4,7 +4,8 @@ The process starts in a new session (its own process group, pgid == pid; in a sa
 `workers.isolation.sandbox`, the namespace's init leads the group): cancel and shutdown SIGTERM that
 group and torchrun forwards the signal to every rank; a SIGKILL goes to torchrun's group and to each
 rank's own group (`kill_tree`: torchrun starts ranks in new sessions when it redirects their
-output).
+output). A node's single rank started without torchrun (`workers.lone_rank`) leads
+the group itself and takes the signals directly.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def spawn(
     mounts: sandbox.Mounts | None = None,
     join_fds: Sequence[int] = (),
     grace_s: float = 30.0,
+    rank_dir: Path | None = None,
 ) -> subprocess.Popen[bytes] | sandbox.SandboxedProcess:
     """Start `argv` in a new session (own process group) with its output in the run dir, in
     the directory `cwd` (None: the worker's); with `mounts`, inside the sandbox they describe
@@ -53,7 +55,9 @@ def spawn(
     `join_fds`: open `cgroup.procs` files the child joins before it execs
     (`workers.isolation.cgroups`), so everything it starts is born in that cgroup; `grace_s`: a
     sandbox's keeper waits this long after the worker's death before it SIGKILLs the job
-    (`workers.isolation.keeper`).
+    (`workers.isolation.keeper`); `rank_dir`: where the output of a process that is itself
+    the node's one rank goes (`workers.lone_rank`: `stdout.log`, `stderr.log`),
+    instead of the launcher's files (`RunPaths.launcher_log`).
 
     On Linux torchrun also gets SIGTERM if the worker dies without cleaning up (even SIGKILL),
     and forwards it to the ranks, which checkpoint and stop: no orphaned trainers.
@@ -64,10 +68,14 @@ def spawn(
     (the `preexec_fn` only makes system calls, no lock another thread could hold).
     """
     paths.log_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        open(paths.launcher_log("stdout"), "ab") as out,
-        open(paths.launcher_log("stderr"), "ab") as err,
-    ):
+    if rank_dir is not None:
+        rank_dir.mkdir(parents=True, exist_ok=True)
+    outputs = (
+        (paths.launcher_log("stdout"), paths.launcher_log("stderr"))
+        if rank_dir is None
+        else (rank_dir / "stdout.log", rank_dir / "stderr.log")
+    )
+    with open(outputs[0], "ab") as out, open(outputs[1], "ab") as err:
         if mounts is not None:
             # The parent-death SIGTERM goes to the sandbox's keeper, which stops the job as a
             # cancel does (workers.isolation.keeper).

@@ -153,7 +153,8 @@ class Job(_Out):
         "was not finite (NaN, +/-inf: JSON has no such numbers)."
     )
     exit_code: int | None = Field(
-        description="The launcher's exit code once the attempt ended; else null."
+        description="The launcher's exit code once the attempt ended (torchrun's; a lone "
+        "rank launched without torchrun: its own, -N for a death by signal N); else null."
     )
     error: str | None = Field(
         description="Why the job failed or was cancelled, in one line; else null."

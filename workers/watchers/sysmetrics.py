@@ -115,8 +115,12 @@ class ProcessSampler:
         ranks: dict[int, list[_Member]] = {}
         fresh: set[int] = set()  # ranks whose own process is new: no CPU interval yet
         devices: set[str] = set()
+        # The ranks: torchrun's children, or the root itself when it is the node's one rank,
+        # started without torchrun (`workers.lone_rank`).
+        root_is_rank = root in known and self._rank_env(root)[0] is not None
         for proc in known:
-            if members[proc.pid].ppid != self.root_pid:
+            parent = proc.pid if root_is_rank else members[proc.pid].ppid
+            if parent != self.root_pid:
                 continue
             rank, visible = self._rank_env(proc)
             if rank is not None:

@@ -86,9 +86,11 @@ def py_spy() -> str | None:
 
 def rank_processes(pgid: int) -> list[tuple[int, int, psutil.Process]]:
     """(LOCAL_RANK, RANK, process) of each rank of the torchrun whose pid is `pgid`: its
-    children (their own children, e.g. a DCP checkpoint process, are not ranks)."""
+    children (their own children, e.g. a DCP checkpoint process, are not ranks); or `pgid`
+    itself when it is a rank, started without torchrun (`workers.lone_rank`)."""
     try:
-        children = psutil.Process(pgid).children()
+        root = psutil.Process(pgid)
+        children = [root] if "LOCAL_RANK" in root.environ() else root.children()
     except psutil.Error:
         return []
     found = []

@@ -211,7 +211,7 @@ def test_a_worker_killed_with_its_trainers_is_requeued_within_15_s_and_trains_ag
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, kill_at, 120)
     (victim,) = [w for w in fleet if w.name == job_row(engine, job_id).worker]
-    killed_at = kill_tree(victim, at_least=3)
+    killed_at = kill_tree(victim, at_least=2)  # the worker and its one rank
     step_at_kill = job_row(engine, job_id).current_step
 
     requeue = wait_for(
@@ -266,7 +266,7 @@ def test_a_restarted_worker_requeues_its_predecessor_s_job_at_once_and_it_runs_o
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, 7, 120)
     (first_launch,) = launches(job_events(engine, job_id))
-    killed_at = kill_tree(first, at_least=3)
+    killed_at = kill_tree(first, at_least=2)  # the worker and its one rank
     assert group_gone(first_launch.data["pgid"])
 
     restarted_at = time.time()

@@ -363,16 +363,19 @@ def group_gone(pgid: int) -> bool:
 
 
 def rank_processes(pgid: int) -> list[psutil.Process]:
-    """The rank processes under the launch's group leader `pgid` (torchrun, or the sandbox's
-    init above it): those with a `RANK` whose parent has none (a rank's own children inherit
-    it)."""
-    found = []
-    for child in psutil.Process(pgid).children(recursive=True):
+    """The rank processes of the launch whose group leader is `pgid` (torchrun, the sandbox's
+    init above it, or a lone rank started without torchrun): the topmost processes from the
+    leader down with a `RANK` in their environment (a rank's own children inherit it), bwrap's
+    excepted (a lone rank's environment is the sandbox's too)."""
+
+    def ranks_from(proc: psutil.Process) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
-            parent = child.parent()
-            if "RANK" in child.environ() and (parent is None or "RANK" not in parent.environ()):
-                found.append(child)
-    return found
+            if "RANK" in proc.environ() and proc.name() != "bwrap":
+                return [proc]
+            return [rank for child in proc.children() for rank in ranks_from(child)]
+        return []
+
+    return ranks_from(psutil.Process(pgid))
 
 
 def rank_process(pgid: int, rank: int) -> psutil.Process | None:

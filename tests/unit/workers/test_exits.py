@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,9 +20,10 @@ import torch.distributed
 from core.attempts.lifecycle_policy import Failure, NodeEnd, Stop
 from dataformat.errors import CheckpointWriteError, InvalidJobError
 from dataformat.failures import FailureClass, classify_exception, error_type_names
-from workers import exits
+from workers import exits, lone_rank
 from workers.ingest import Reported
 from workers.launcher import RunPaths
+from workers.processes import spawn
 from workers.supervisor import Exit
 
 C = FailureClass
@@ -315,3 +318,58 @@ def test_a_plain_command_rank_that_exits_non_zero_without_an_exception_is_user_e
     assert exited.failure_class is C.USER_ERROR and "without recording" in exited.reason
     assert exited.log_tail
     assert failure(4).failure_class is C.OOM
+
+
+SINGLE_RANK = """
+import os, signal, sys
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} starting", file=sys.stderr)
+    if sys.argv[1] == "raise":
+        raise MemoryError("could not allocate the activations")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _single_rank(tmp_path: Path, mode: str) -> tuple[RunPaths, int]:
+    """Run SINGLE_RANK as the worker runs a node's one rank without torchrun
+    (`workers.lone_rank`): its environment, its output and error files."""
+    paths = RunPaths(run_dir=tmp_path / "run", checkpoint_dir="", data="")
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SINGLE_RANK))
+    env = {**os.environ, **lone_rank.env(job_id=7, attempt=2, rdzv_port=29500, paths=paths)}
+    rank_dir = lone_rank.rank_dir(paths, 7, 2)
+    proc = spawn([sys.executable, str(script), mode], env, paths, rank_dir=rank_dir)
+    return paths, proc.wait(timeout=120)
+
+
+def test_a_single_rank_s_exception_comes_from_its_error_file_as_under_torchrun(
+    tmp_path: Path,
+) -> None:
+    paths, returncode = _single_rank(tmp_path, "raise")
+    assert returncode == 1
+    assert exits.last_restart(paths) == 0
+    (error,) = exits.rank_errors(paths, 0)
+    assert error.local_rank == 0 and error.message.startswith("MemoryError: could not")
+    failure = exits.node_failure(
+        paths=paths, returncode=returncode, node_rank=0, nproc=1, host="h", single_rank=True
+    )
+    assert failure.failure_class is C.OOM and failure.rank == 0
+    assert "rank 0 of 1 starting" in failure.log_tail  # its stderr, in torchrun's layout
+    assert not paths.launcher_log("stderr").exists()  # no launcher: nothing of rank -1
+
+
+def test_a_single_rank_killed_by_a_signal_is_infra_and_names_the_signal(tmp_path: Path) -> None:
+    paths, returncode = _single_rank(tmp_path, "kill")
+    assert returncode == -signal.SIGKILL
+    failure = exits.node_failure(
+        paths=paths, returncode=returncode, node_rank=0, nproc=1, host="h", single_rank=True
+    )
+    assert failure.failure_class is C.INFRA and failure.exit_code == -9
+    assert failure.reason.endswith("the rank was killed by SIGKILL"), failure.reason
+    assert failure.log_tail == ("rank 0 of 1 starting",)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from core.platform.models import Job
 from core.platform.settings import Settings
-from jobspec.job import ScriptJobSpec
-from workers import launcher, plan
+from jobspec.job import JobSpec, ScriptJobSpec
+from workers import launcher, lone_rank, plan
 from workers.devices import Lease
 
 PATHS = launcher.RunPaths(
@@ -17,12 +17,12 @@ PATHS = launcher.RunPaths(
 )
 
 
-def _job(command: list[str]) -> Job:
+def _job(command: list[str], procs: int = 2) -> Job:
     spec = ScriptJobSpec.model_validate(
         {
             "name": "s",
             "entrypoint": {"code": "code_0123456789abcdef", "command": command},
-            "resources": {"procs_per_node": 1},
+            "resources": {"procs_per_node": procs},
         }
     )
     return Job(id=7, attempt=1, spec=spec)
@@ -45,6 +45,17 @@ def test_a_command_the_runner_does_not_wrap_is_plain() -> None:
         assert launch.argv[launch.argv.index("--no-python") + 1 :] == command
 
 
+def test_a_one_process_script_job_runs_its_command_without_torchrun() -> None:
+    wrapped = plan.command(_job(["python", "train.py"], 1), PATHS, 29500, None, Lease((0,), 1))
+    assert wrapped.argv == ["/venvs/k/bin/python", "-m", "torchyard.train", "train.py"]
+    assert not wrapped.plain_command and wrapped.cwd == PATHS.code_dir
+    assert (wrapped.env["RANK"], wrapped.env["WORLD_SIZE"]) == ("0", "1")
+    assert wrapped.env["TORCHYARD_JOB_ID"] == "7"
+    assert wrapped.rank_dir == lone_rank.rank_dir(PATHS, 7, 1)
+    plain = plan.command(_job(["bash", "run.sh"], 1), PATHS, 29500, None, Lease((0,), 1))
+    assert plain.argv == ["bash", "run.sh"] and plain.plain_command
+
+
 def _mounts(tmp_path: Path, **paths: str) -> plan.sandbox.Mounts:
     settings = Settings(home=tmp_path / "home", storage_url=str(tmp_path / "storage"))
     run = launcher.RunPaths(run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"), **paths)
@@ -65,3 +76,45 @@ def test_an_input_in_an_object_store_keeps_the_network_even_on_local_storage(
     mounts = _mounts(tmp_path, data="s3://corpora/stdlib", eval_data=str(tmp_path / "held"))
     assert mounts.network
     assert mounts.read_only == (str(tmp_path / "held"),)  # the URI is no path to mount
+
+
+def _trainer_job(procs: int = 1, **retries: int) -> Job:
+    spec = JobSpec.model_validate(
+        {
+            "name": "t",
+            "data": {"dataset": "corpus"},
+            "resources": {"procs_per_node": procs},
+            "retries": retries,
+        }
+    )
+    return Job(id=7, attempt=1, spec=spec)
+
+
+def test_a_one_process_trainer_runs_without_torchrun_with_torchrun_s_environment() -> None:
+    launch = plan.command(_trainer_job(), PATHS, 29500, None, Lease((0,), 1))
+    assert launch.argv[1:3] == ["-m", "trainer"]  # no `torch.distributed.run` in front
+    assert launch.argv[1:] == launcher.trainer_program(PATHS)
+    rank_dir = Path("/srv/ty/jobs/7/runs/attempt_1/logs/job7-a1_single/attempt_0/0")
+    assert launch.rank_dir == rank_dir
+    env = launch.env
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == (
+        "0",
+        "0",
+        "1",
+        "29500",
+    )
+    assert env["TORCHELASTIC_ERROR_FILE"] == str(rank_dir / "error.json")
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert env["TORCHYARD_ATTEMPT"] == "1" and "OMP_NUM_THREADS" in env  # as under torchrun
+
+
+def test_several_processes_a_gang_or_in_place_restarts_keep_torchrun() -> None:
+    gang = launcher.GangNode(nnodes=2, node_rank=1, host="h0", port=29400, local_addr="h1")
+    for job, node in (
+        (_trainer_job(procs=2), None),
+        (_trainer_job(), gang),
+        (_trainer_job(max_inplace_restarts=1), None),
+    ):
+        launch = plan.command(job, PATHS, 29500, node, Lease((0, 1), 2))
+        assert launch.argv[1:3] == ["-m", "torch.distributed.run"], launch.argv
+        assert launch.rank_dir is None and "RANK" not in launch.env

@@ -4,6 +4,7 @@ fails."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -83,3 +84,25 @@ def test_without_py_spy_the_stacks_go_to_the_ranks_stderr_by_faulthandler_once_i
         assert time.monotonic() < deadline, stderr.read_text()
         time.sleep(0.05)
     assert rank.is_running()  # faulthandler dumps and goes on
+
+
+def test_a_launch_that_is_itself_the_one_rank_is_dumped_as_that_rank(tmp_path: Path) -> None:
+    """A node's one rank started without torchrun (`workers.lone_rank`) leads
+    its own process group: the group leader is the rank to dump."""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0"}
+    with open(tmp_path / "stdout", "wb") as out:
+        rank = subprocess.Popen(
+            [sys.executable, "-c", RANK], env=env, stdout=out, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while (tmp_path / "stdout").read_text() != "ready\n":
+            assert time.monotonic() < deadline, "the rank never started"
+            time.sleep(0.05)
+        rank.send_signal(signal.SIGSTOP)
+        (stacks,) = dump_stacks(rank.pid, 0, py_spy_path=py_spy())
+        assert (stacks.rank, stacks.global_rank, stacks.pid) == (0, 0, rank.pid)
+        assert stacks.text is not None and "waiting_for_a_peer" in stacks.text
+    finally:
+        rank.kill()
+        rank.wait()

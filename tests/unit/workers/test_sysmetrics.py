@@ -7,6 +7,7 @@ torchrun's ranks do; rank 1 holds ~200 MB, rank 0 spins on a core.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -105,6 +106,28 @@ def test_sampler_gives_each_rank_its_rss_and_cpu_percent(
     assert sample.rss_bytes[1] > 150 * 1024**2 > sample.rss_bytes[0]
     assert sample.node_rss_bytes > sample.rss_bytes[0] + sample.rss_bytes[1]  # + the launcher
     assert tree.pid in sample.pids and len(sample.pids) == 3
+
+
+def test_a_root_that_is_itself_the_one_rank_is_sampled_as_that_rank() -> None:
+    """A node's one rank started without torchrun (`workers.lone_rank`): the
+    sampled tree's root is rank 0 itself, with its own child counted in its figures."""
+    child = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'input()'])"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, env=env)
+    try:
+        sampler = ProcessSampler(proc.pid)
+
+        def both() -> ProcessSample | None:
+            sample = sampler.sample()
+            return sample if len(sample.pids) == 2 else None
+
+        sample = _poll("the rank's child to start", both)
+        assert set(sample.rss_bytes) == {0}
+        assert sample.rss_bytes[0] == sample.node_rss_bytes  # the rank is the whole tree
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # its child reads EOF and ends, then it does
+        proc.wait(timeout=30)
 
 
 def test_sampler_of_a_process_that_is_gone_is_empty_and_gives_no_readings() -> None:

@@ -112,20 +112,21 @@ def test_crashed_attempt_restarts_from_checkpoint_and_matches_an_uninterrupted_r
         (2, "running", "succeeded"),
     ]
     restarting = next(e for e in events if e.state_to == "restarting")
-    # The rank died by SIGKILL without an exception (no error event, no error file); torchrun
-    # exits 1: `infra`, retried while max_restarts lasts.
+    # The rank died by SIGKILL without an exception (no error event, no error file); a single
+    # rank runs without torchrun, so its own status is the node's: `infra`, retried while
+    # max_restarts lasts.
     assert restarting.data == {
         "cause": "failure",
         "attempt": 1,
-        "exit_code": 1,
+        "exit_code": -9,
         "failure_class": "infra",
         "reason": "a rank exited without recording an exception (a signal or a hard exit); "
-        "torchrun exited 1",
+        "the rank was killed by SIGKILL",
     }
     assert restarting.message.startswith("attempt 1 failed (infra): a rank exited without")
     assert (job.restarts_used, job.restarts_by_class) == (1, {"infra": 1})
     first, second = job_nodes(engine, crashing)  # one node slot per attempt
-    assert (first.attempt, first.exit_code, second.attempt, second.exit_code) == (1, 1, 2, 0)
+    assert (first.attempt, first.exit_code, second.attempt, second.exit_code) == (1, -9, 2, 0)
     assert first.failure is not None and first.failure["class"] == "infra"
     # The second attempt did not fail; the job keeps the failure it recovered from.
     assert second.failure is None and job.failure == first.failure
