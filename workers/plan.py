@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -102,14 +102,8 @@ def command(
         )
         if single:
             program = launcher.script_command(entry.command, python)
-            env |= lone_rank.env(job_id=job.id, attempt=job.attempt, rdzv_port=port, paths=paths)
-            return Launch(
-                program,
-                env,
-                paths.code_dir,
-                plain_command=launcher.RUNNER_MODULE not in program,
-                rank_dir=lone_rank.rank_dir(paths, job.id, job.attempt),
-            )
+            plain = launcher.RUNNER_MODULE not in program
+            return _lone_rank(job, paths, port, Launch(program, env, paths.code_dir, plain))
         argv = launcher.script_argv(
             job_id=job.id,
             attempt=job.attempt,
@@ -133,14 +127,12 @@ def command(
         host_devices=lease.host_devices,
     )
     if single:
-        env |= lone_rank.env(job_id=job.id, attempt=job.attempt, rdzv_port=port, paths=paths)
         program = (
             launcher.eval_program(paths)
             if isinstance(spec, EvalJobSpec)
             else launcher.trainer_program(paths)
         )
-        rank_dir = lone_rank.rank_dir(paths, job.id, job.attempt)
-        return Launch([sys.executable, *program], env, None, False, rank_dir=rank_dir)
+        return _lone_rank(job, paths, port, Launch([sys.executable, *program], env, None, False))
     if isinstance(spec, EvalJobSpec):
         argv = launcher.eval_argv(
             job_id=job.id,
@@ -161,6 +153,17 @@ def command(
             max_restarts=restarts,
         )
     return Launch(argv, env, None, plain_command=False)
+
+
+def _lone_rank(job: Job, paths: RunPaths, port: int, launch: Launch) -> Launch:
+    """`launch`, a node's lone rank's own command, run without torchrun (`workers.lone_rank`):
+    with torchrun's environment for it and its output in torchrun's place."""
+    return replace(
+        launch,
+        env=launch.env
+        | lone_rank.env(job_id=job.id, attempt=job.attempt, rdzv_port=port, paths=paths),
+        rank_dir=lone_rank.rank_dir(paths, job.id, job.attempt),
+    )
 
 
 def sandbox_mounts(
