@@ -143,7 +143,11 @@ def _upsert_points(session: Session, job_id: int, attempt: int, points: Sequence
 
 
 def _update_latest(session: Session, job_id: int, points: Sequence[Metric]) -> None:
-    job = session.get(Job, job_id)
+    """The job row's summary of `points`: the latest value of each series, `current_step`
+    (never lowered), the best losses. The row is read locked (`FOR UPDATE`): the nodes of a
+    gang ingest into one job at once (each its ranks' `sys/*` series), and two unlocked
+    read-modify-writes lost an update (a gang that ended at step 16 showed step 13)."""
+    job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
     if job is not None:
         latest = dict(job.latest_metrics or {})
         # JSON has no NaN/inf; the series keeps the true value, the summary says null.

@@ -3,15 +3,19 @@ step order, within `start`..`end`; unknown names are absent."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
 from core.jobs import ingest
 from core.platform.db import session_scope
+from core.platform.models import Job
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import job_spec, submit
+from tests.integration.workers.helpers import wait_for
 
 
 def test_every_point_of_the_named_series_within_the_step_range_in_step_order(
@@ -41,3 +45,48 @@ def test_every_point_of_the_named_series_within_the_step_range_in_step_order(
     assert picked["eval_loss"]["steps"] == [3, 5, 7]
     assert picked["eval_loss"]["values"] == [6.0, 10.0, 14.0]
     assert series(names="loss", start=10) == {}
+
+
+def test_two_nodes_ingesting_at_once_never_lower_the_jobs_current_step(
+    client: TestClient, engine: Engine, project: ProjectKey, dataset: dict[str, Any]
+) -> None:
+    """A gang's nodes flush into one job at once: node 0 its loss at step 16 (not yet
+    committed), node 1 its `sys/*` sample at step 13 meanwhile. The second waits for the
+    first's row lock and must not write back the step it read before (it did: 13)."""
+    job_id = submit(client, project, job_spec(dataset["id"]))["id"]
+    with session_scope(engine) as s:
+        ingest.metrics(
+            session=s, job_id=job_id, attempt=1, points=[ingest.Metric("loss", 12, 1.0, 1.0)]
+        )
+    first = Session(engine)
+    ingest.metrics(
+        session=first, job_id=job_id, attempt=1, points=[ingest.Metric("loss", 16, 0.5, 2.0)]
+    )
+
+    def second() -> None:
+        with session_scope(engine) as s:
+            sample = ingest.Metric("sys/rss_bytes/node1", 13, 1e9, 2.0)
+            ingest.metrics(session=s, job_id=job_id, attempt=1, points=[sample])
+
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(second)
+
+        def waiting() -> bool:  # the second flush blocks on the first's lock of the job row
+            with engine.connect() as c:
+                query = (
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                return bool(c.execute(text(query)).scalar())
+
+        wait_for("the second flush to wait for the row lock", waiting, 30)
+        first.commit()
+        first.close()
+        done.result(timeout=30)
+    with session_scope(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.current_step == 16
+        assert job.latest_metrics is not None and set(job.latest_metrics) == {
+            "loss",
+            "sys/rss_bytes/node1",
+        }
