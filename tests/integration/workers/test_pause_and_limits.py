@@ -27,7 +27,10 @@ from tests.integration.workers.helpers import (
     wait_step,
 )
 
-STEPS = 20
+# Enough steps that the pause lands mid-run: a tiny step takes ~12 ms on an idle host, so 20
+# steps ended before a pause asked at step 5 reached the trainer. Checkpoints and evals only at
+# the end: the pause's own checkpoint is the only one before it.
+STEPS = 300
 
 
 def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(
@@ -37,7 +40,8 @@ def test_pause_checkpoints_and_stops_and_resume_finishes_with_every_step_once(
         pool=worker.queue,
         dataset_id=dataset_id,
         train={"max_steps": STEPS},
-        checkpoint={"interval_steps": 100},  # the pause's own checkpoint is the only one
+        checkpoint={"interval_steps": STEPS},  # the pause's own checkpoint is the only one
+        eval={"interval_steps": STEPS},
     )
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, 5, 120)

@@ -53,7 +53,9 @@ from workers.slurm.submitter import claimed_run
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 240.0
-STEPS = 20
+# A pause must land mid-run: a tiny step takes ~12 ms on an idle host (20 steps ended before a
+# pause asked at step 5 reached the trainer, in CI).
+STEPS = 300
 
 
 def _slurm_up() -> bool:
@@ -216,8 +218,9 @@ def test_pause_on_slurm_checkpoints_and_ends_the_allocation_and_resume_places_a_
     """Pause reaches the node agent as on any worker: the trainer checkpoints and stops, the job
     is `paused`, the allocation ends; resume sends it to the submitter again, a second sbatch's
     agent resumes from the pause's checkpoint, and every step is trained and reported once."""
+    at_the_end = {"interval_steps": STEPS}  # the pause's checkpoint is the only one before it
     spec = tiny_spec(pool=submitter.queue, dataset_id=dataset_id, train={"max_steps": STEPS},
-                     checkpoint={"interval_steps": 100})  # fmt: skip
+                     checkpoint=at_the_end, eval=at_the_end)  # fmt: skip
     job_id = submit(engine, celery_client, project, spec)
     wait_step(engine, job_id, 5, TIMEOUT_S)
     with Session(engine) as s:
