@@ -110,6 +110,8 @@ def test_a_sweep_page_shows_the_best_trial_every_curve_and_the_trials_on_a_lapto
         assert first == ["succeeded", "succeeded", "pruned", "running"]
         expect(page.locator("#sweep-trials tr[data-trial='2']")).to_contain_text("step 10 (rung 0)")
         assert top.startswith(f"#/compare?ids={best_job},") and "metrics=eval_loss" in top
+        # The chart draws after the table (its series come in a request of their own).
+        page.wait_for_function("document.getElementById('sweep-metric-chart')?.data?.length > 0")
         curves = page.evaluate(
             "document.getElementById('sweep-metric-chart').data"
             ".map(t => [t.meta.trial, t.opacity, t.y])"
