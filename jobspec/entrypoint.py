@@ -18,6 +18,7 @@ from packaging.requirements import Requirement as Pep508
 from pydantic import Field, JsonValue, field_validator
 
 from jobspec.base import StrictSpec
+from jobspec.inputs import MAX_INPUTS, Inputs
 
 CODE_ID_PATTERN: Final = r"^code_[0-9a-f]{16}$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -55,8 +56,9 @@ class EntrypointSpec(StrictSpec):
     What the program sees (docs/CONTRACTS.md section 5): torchrun's `RANK`, `LOCAL_RANK`,
     `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; the unpacked archive as its working directory;
     `TORCHYARD_RUN_DIR`, `TORCHYARD_CHECKPOINT_DIR`, `TORCHYARD_JOB_ID`, `TORCHYARD_ATTEMPT`,
-    `TORCHYARD_PARAMS` (`params`);
-    an environment built from an allow-list plus `env` (no secret of the worker's). It reports
+    `TORCHYARD_PARAMS` (`params`); each of `inputs` read-only at `/inputs/<name>`, named by
+    `TORCHYARD_INPUT_<NAME>`; an environment built from an allow-list plus `env` (no secret of
+    the worker's). It reports
     through the `torchyard.train` module (`report`, `checkpoint_dir`, `latest_checkpoint`,
     `should_stop`, `completed_checkpoint`).
     """
@@ -112,6 +114,18 @@ class EntrypointSpec(StrictSpec):
         description="The program's own hyperparameters (`lr: 0.001`), given to every rank as "
         "`TORCHYARD_PARAMS` (a JSON object) and read with `torchyard.train.params()`; a sweep "
         "sets them at `entrypoint.params.<name>`.",
+    )
+    inputs: Inputs = Field(
+        default_factory=dict,
+        max_length=MAX_INPUTS,
+        description="What the program reads, by name (`[a-z][a-z0-9_]*`): a dataset of the "
+        "project (`{dataset: ID_OR_NAME}`), a registered base model (`{base_model: NAME}`), a "
+        "checkpoint of a job of the project (`{job: ID}` for its latest, or `{job: ID, "
+        "checkpoint: CHECKPOINT_ID}`), or a path under the data roots (`{path: ...}`, local or "
+        "`s3://`). Each is placed read-only at `/inputs/<name>` before the ranks start and named "
+        "by `TORCHYARD_INPUT_<NAME>` and `torchyard.train.inputs()`; nothing else of the host is "
+        "visible to the job.",
+        json_schema_extra={"propertyNames": {"pattern": r"^[a-z][a-z0-9_]{0,62}$"}},
     )
     keep_last_checkpoints: int | None = Field(
         default=None,

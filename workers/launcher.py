@@ -23,6 +23,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from jobspec.inputs import env_name as input_env_name
 
 TRAINER_MODULE = "trainer"
 EVAL_MODULE = "trainer.evaluate"
@@ -86,6 +89,11 @@ class RunPaths:
     # An eval job's source model when it is a Hugging Face `path_or_id` (a local directory,
     # shown read-only, or a hub id, for which the sandbox keeps the network and the hub cache).
     source_model: str | None = None
+    # An entrypoint job's declared inputs on this host (`workers.inputs.place`): (name, host
+    # path), shown read-only at `/inputs/<name>` in the sandbox; and the cache locks that keep
+    # them from eviction while the node runs (released when this object goes).
+    placed_inputs: tuple[tuple[str, str], ...] = ()
+    input_holds: Any = field(default=None, compare=False, repr=False)
 
     @property
     def code_dir(self) -> Path:
@@ -433,10 +441,12 @@ def script_env(
     cpu_count: int | None,
     devices: Sequence[int] | None = None,
     host_devices: int | None = None,
+    inputs: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """An entrypoint job's environment (docs/CONTRACTS.md section 5): the allow-list of the
     worker's `base`, with `python`'s `bin/` first on `PATH`; the lease's devices and threads as
-    for the trainer (`trainer_env`); the spec's `env`; then the platform's variables. No
+    for the trainer (`trainer_env`); the spec's `env`; then the platform's variables, among them
+    `TORCHYARD_INPUT_<NAME>` for each of `inputs` (name -> the path the program sees). No
     database, broker or storage URL, credential or API key of the worker's gets through."""
     env = allowed_env(base)
     env |= _device_env(base, nproc_per_node, device, cpu_count, devices, host_devices)
@@ -453,6 +463,7 @@ def script_env(
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "TORCHYARD_PARAMS": json.dumps(dict(job.params)),
     }
+    env |= {input_env_name(name): path for name, path in (inputs or {}).items()}
     if job.keep_last_checkpoints is not None:
         env["TORCHYARD_KEEP_LAST_CHECKPOINTS"] = str(job.keep_last_checkpoints)
     if paths.checkpoint_remote is not None and paths.checkpoint_nodes > 1:

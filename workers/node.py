@@ -444,6 +444,8 @@ def _run_node(
     finally:
         if group is not None:
             group.remove()
+        if paths.input_holds is not None:  # the inputs' cache entries may be evicted again
+            paths.input_holds.release()
 
 
 def _launch_node(
@@ -476,13 +478,17 @@ def _launch_node(
             local_addr=settings.advertise_host,
             join_timeout_s=max(60, int(settings.gang_assemble_timeout_s)),
         )
-    launch = plan.command(job, paths, head.port, node, lease)
+    try:
+        sandboxed = sandbox.enabled(settings.sandbox, settings.env)
+    except sandbox.SandboxUnavailable as exc:
+        return _fail_unlaunched(factory, job, exc)
+    launch = plan.command(job, paths, head.port, node, lease, sandboxed=sandboxed)
     argv = launch.argv
     counter = exits.oom_counter(group)
     oom_kills = counter()
     try:
         mounts = None
-        if sandbox.enabled(settings.sandbox, settings.env):
+        if sandboxed:
             mounts = plan.sandbox_mounts(settings, job, paths, node, lease)
         joins = group.join_fds() if group is not None else ()
         command = argv if mounts is None else sandbox.torchrun_command(argv)

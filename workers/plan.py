@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from core.platform.models import Job
 from core.platform.settings import Settings
 from core.platform.storage import is_remote
+from jobspec.inputs import mount_path
 from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
 from workers import attempt, devices, launcher, lone_rank
 from workers.entrypoint import script
@@ -69,12 +70,20 @@ def prepare(
 
 
 def command(
-    job: Job, paths: RunPaths, port: int, node: GangNode | None, lease: devices.Lease
+    job: Job,
+    paths: RunPaths,
+    port: int,
+    node: GangNode | None,
+    lease: devices.Lease,
+    *,
+    sandboxed: bool = False,
 ) -> Launch:
     """This node's torchrun command: the trainer's, or the entrypoint's command over the
     allow-listed environment in the unpacked code; the program alone, without torchrun, when
     it is the node's one rank (`workers.lone_rank`). `port`: the local rendezvous
-    port (one node; a lone rank's `MASTER_PORT`); `node`: its place in a gang."""
+    port (one node; a lone rank's `MASTER_PORT`); `node`: its place in a gang; `sandboxed`:
+    the ranks run in the sandbox, where the declared inputs lie at `/inputs/<name>` (else
+    where they lie on the host)."""
     spec = job.spec
     nproc, device = spec.resources.procs_per_node, spec.resources.device
     restarts = spec.retries.max_inplace_restarts
@@ -99,6 +108,10 @@ def command(
             cpu_count=os.cpu_count(),
             devices=lease.devices,
             host_devices=lease.host_devices,
+            inputs={
+                name: mount_path(name) if sandboxed else host_path
+                for name, host_path in paths.placed_inputs
+            },
         )
         if single:
             program = launcher.script_command(entry.command, python)
@@ -171,7 +184,8 @@ def sandbox_mounts(
 ) -> sandbox.Mounts:
     """What this node's sandbox shows (`workers.isolation.sandbox`): the job's own run and
     checkpoint (or staging) directories and the row cache writable; its inputs (datasets,
-    `init_from`, a local model directory) read-only; the worker's home, venv root and storage root
+    `init_from`, a local model directory) read-only, an entrypoint job's declared inputs at
+    `/inputs/<name>`; the worker's home, venv root and storage root
     hidden; the leased GPUs. No network for a single node on local storage without a hub model or an
     input in an object store: its ranks reach each other on loopback, and nothing else."""
     spec = job.spec
@@ -196,6 +210,7 @@ def sandbox_mounts(
     device = spec.resources.device
     return sandbox.Mounts(
         read_only=tuple(p for p in local if p),
+        placed=tuple((host, mount_path(name)) for name, host in paths.placed_inputs),
         writable=tuple(p for p in writable if p),
         hidden=tuple(hidden),
         devices=sandbox.nvidia_devices(lease.devices) if device == "cuda" else (),

@@ -74,8 +74,14 @@ def _walk(
             if not isinstance(key, yaml.ScalarNode):
                 line, column = _mark(key)
                 raise _error("mapping keys must be plain strings", line, column, "yaml")
-            positions.setdefault((*path, str(key.value)), _mark(key))
-            _walk(value, (*path, str(key.value)), positions, seen)
+            here = (*path, str(key.value))
+            if here in positions:  # PyYAML keeps the last silently; a spec says each once
+                line, column = _mark(key)
+                first = positions[here][0]
+                msg = f"{key.value!r} is given twice in this mapping (first on line {first})"
+                raise _error(msg, line, column, "yaml")
+            positions[here] = _mark(key)
+            _walk(value, here, positions, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             positions.setdefault((*path, i), _mark(item))

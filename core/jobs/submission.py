@@ -4,11 +4,11 @@
 run on a spec that validated (after the API's own check of a priced pool for
 `limits.max_cost`, `core.usage.report.check_max_cost`): data the project may use (a
 dataset of the project, of the method's format; a path under the data roots), a model
-directory the server may read, a code archive of the project for `entrypoint`, and a
-`model.init_from` of the project (pinned to a checkpoint). `problems` is every problem of a
-spec as submitted in one list (issue 28): its fields (an unknown one with the one it most
-likely meant), the rules across fields the field errors hid (`jobspec.problems`), and the
-references of the spec with those repaired.
+directory the server may read, a code archive of the project for `entrypoint` and the inputs
+it declares (`core.jobs.inputs`, pinned), and a `model.init_from` of the project (pinned to a
+checkpoint). `problems` is every problem of a spec as submitted in one list (issue 28): its
+fields (an unknown one with the one it most likely meant), the rules across fields the field
+errors hid (`jobspec.problems`), and the references of the spec with those repaired.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
-from core.jobs import code_archives, evaluations, init_from
+from core.jobs import code_archives, evaluations, init_from, inputs
 from core.platform import storage
 from core.platform.errors import DomainError, Forbidden, InvalidInput
 from core.platform.settings import Settings
@@ -36,8 +36,9 @@ def check_references(
     field's `["body", ...]` path.
     """
     if isinstance(spec, ScriptJobSpec):
-        code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
-        return spec
+        return _check_entrypoint(
+            session=session, settings=settings, project_id=project_id, spec=spec
+        )
     if isinstance(spec, EvalJobSpec):
         return evaluations.check(
             session=session, settings=settings, project_id=project_id, spec=spec
@@ -68,6 +69,23 @@ def problems(
         seen = {tuple(d["loc"]) for d in details}
         details += [d for d in exc.details if tuple(d.get("loc", ())) not in seen]
     return details
+
+
+def _check_entrypoint(
+    *, session: Session, settings: Settings, project_id: str, spec: ScriptJobSpec
+) -> ScriptJobSpec:
+    """The code archive and every declared input (`core.jobs.inputs`), all problems in one
+    error (`core.jobs.inputs.combine`); returns the spec with its inputs pinned."""
+    problems: list[DomainError] = []
+    try:
+        code_archives.check_entrypoint(session=session, project_id=project_id, spec=spec)
+    except DomainError as exc:
+        problems.append(exc)
+    spec, found = inputs.pin(session=session, settings=settings, project_id=project_id, spec=spec)
+    problems += found
+    if problems:
+        raise inputs.combine(problems)
+    return spec
 
 
 def _check_data(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> JobSpec:

@@ -182,6 +182,13 @@ class Settings(BaseSettings):
         "`sys/*` series and Prometheus gauges (seconds).",
     )
     worker_hostname: str = Field(default="", description="Name a worker records on claimed jobs.")
+    input_cache_gb: float = Field(
+        default=50.0,
+        ge=0,
+        description="Gigabytes of remote inputs (`entrypoint.inputs` on object storage) a worker "
+        "host keeps in its cache (`<home>/cache/inputs`); beyond it the least recently used "
+        "entries not in use are evicted (workers.inputs).",
+    )
     worker_slots: int | None = Field(
         default=None,
         ge=1,

@@ -3,6 +3,7 @@
     import torchyard.train as ty
 
     start = ty.latest_checkpoint()          # Path of the newest complete checkpoint, or None
+    corpus = ty.input_path("corpus")        # a declared input: /inputs/corpus in the sandbox
     ty.set_max_steps(max_steps)             # optional: the job's progress and ETA
     for step in range(first_step, max_steps + 1):
         ...
@@ -40,6 +41,8 @@ __all__ = [
     "checkpoint_root",
     "checkpoint_step",
     "completed_checkpoint",
+    "input_path",
+    "inputs",
     "install_stop_handler",
     "latest_checkpoint",
     "log_event",
@@ -54,6 +57,8 @@ __all__ = [
 COMPLETE_MARKER = ".torchyard_complete"
 DCP_METADATA = ".metadata"
 MESSAGE_LIMIT = 2000  # characters of an `info` message the worker keeps
+INPUT_ENV_PREFIX = "TORCHYARD_INPUT_"  # `jobspec.inputs.ENV_PREFIX` (this module stays light)
+INPUTS_FILE = "inputs.json"  # off-platform: `./torchyard_run/inputs.json`, {name: path}
 # `checkpoint_dir(step)`'s names, and those `transformers.Trainer` saves to (`checkpoint-N`)
 _STEP_DIR = re.compile(r"^(?:step_(\d{8,})|checkpoint-(\d+))$")
 
@@ -102,6 +107,43 @@ def params() -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"TORCHYARD_PARAMS holds no JSON object: {raw[:100]!r}")
     return values
+
+
+def inputs() -> dict[str, Path]:
+    """The job's declared inputs (`entrypoint.inputs`): name -> path, a file or a directory,
+    read-only (`/inputs/<name>` in the job's sandbox), from `TORCHYARD_INPUT_<NAME>`.
+
+    Off-platform (no `TORCHYARD_RUN_DIR`) they come from `./torchyard_run/inputs.json` (a JSON
+    object `{"corpus": "/data/corpus.txt"}`), and a `TORCHYARD_INPUT_<NAME>` set by hand wins.
+    Raises `ValueError` when that file holds no JSON object of strings."""
+    found: dict[str, Path] = {}
+    listed = run_dir() / INPUTS_FILE
+    if "TORCHYARD_RUN_DIR" not in os.environ and listed.is_file():
+        values = json.loads(listed.read_text())
+        if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+            raise ValueError(f"{listed} holds no JSON object of paths")
+        found = {str(name): Path(path) for name, path in values.items()}
+    for key, value in os.environ.items():
+        if key.startswith(INPUT_ENV_PREFIX) and value:
+            found[key.removeprefix(INPUT_ENV_PREFIX).lower()] = Path(value)
+    return dict(sorted(found.items()))
+
+
+def input_path(name: str, default: str | os.PathLike[str] | None = None) -> Path:
+    """The path of input `name` (`inputs()`), else `default` (a path given on the command line
+    when the script runs off-platform). Raises `KeyError` naming the inputs there are when
+    neither exists."""
+    found = inputs()
+    if name in found:
+        return found[name]
+    if default is not None:
+        return Path(default)
+    declared = ", ".join(found) or "none"
+    raise KeyError(
+        f"no input {name!r} (declared: {declared}); declare it in the spec's entrypoint.inputs, "
+        f"or off-platform give its path in {run_dir() / INPUTS_FILE} or {INPUT_ENV_PREFIX}"
+        f"{name.upper()}"
+    )
 
 
 def reporter() -> Reporter:

@@ -5,6 +5,8 @@ The job's code archive is fetched from storage (fsspec) and unpacked into `RUN_D
 Python is the worker's, or with `requirements` a cached virtual environment
 (`workers.entrypoint.venvs`), whose installer writes into the job's logs as torchrun's own output
 does (rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
+Then the job's declared inputs are placed on the host (`workers.inputs`: fetched into the host's
+cache from an object store); a fetch that fails is retried as an `infra` failure.
 
 Checkpoints: with local storage the job's checkpoint directory is handed to the program as a
 local path. With remote storage the program gets a local staging directory, holding the job's
@@ -32,6 +34,7 @@ from core.platform.models import Job
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri, job_run_dir
 from jobspec.job import ScriptJobSpec
+from workers import inputs
 from workers.attempt import Unlaunched, with_db_retry
 from workers.checkpoints import set_aside_unrecorded
 from workers.entrypoint.staging import stage_latest, staging_dir
@@ -102,7 +105,18 @@ def prepare(
     paths.spec.write_text(spec.model_dump_json(indent=2))
     _unpack(archive.uri, archive.format, archive.unpacked_bytes, paths)
     python = _python(settings, factory, job, spec, paths, node_index, nproc, beat)
-    return dataclasses.replace(paths, python=python)
+    try:  # last: the cache entries it holds are released with the returned paths
+        placed = inputs.place(settings, factory, job, spec, beat=beat)
+    except inputs.FetchStopped as exc:  # fail_unlaunched: cancelled, paused or lost
+        raise Unlaunched(str(exc), FailureClass.INFRA) from None
+    except inputs.FetchFailed as exc:  # the object store, or a copy that differs: retried
+        raise Unlaunched(str(exc), FailureClass.INFRA, retryable=True) from None
+    return dataclasses.replace(
+        paths,
+        python=python,
+        placed_inputs=tuple(placed.paths.items()),
+        input_holds=placed,
+    )
 
 
 def _unpack(uri: str, fmt: str, unpacked_bytes: int, paths: RunPaths) -> None:

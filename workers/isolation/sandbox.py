@@ -13,7 +13,8 @@ must see its own job and nothing else. The worker wraps the node's whole `torchr
   needs (the worker's `sys.path`, the job's venv) read-only; the worker's home, the storage
   root and the venv root hidden behind empty tmpfs where they lie under those;
 - writable: the run directory, the checkpoint directory (or its staging directory) and the row
-  cache; read-only: the job's own inputs (datasets, `init_from`, a local model directory);
+  cache; read-only: the job's own inputs (datasets, `init_from`, a local model directory; an
+  entrypoint job's declared `entrypoint.inputs` at `/inputs/<name>`);
 - no network at all (`--unshare-net`: loopback only, where torchrun's rendezvous and gloo run)
   for a single-node job that needs none: local storage, no hub model. Other jobs share the
   host's network (README, "Security": what a job can reach).
@@ -93,10 +94,13 @@ class Mounts:
     does not exist is skipped. `hidden`: replaced by an empty tmpfs where they lie under a
     read-only mount (the worker's home under the project's source tree, say), before the
     job's own paths are bound back in. `devices`: extra device nodes (`/dev/nvidia0`).
-    `network`: share the host's network; False gives the job loopback only.
+    `network`: share the host's network; False gives the job loopback only. `placed`: (host
+    path, path inside) pairs bound read-only elsewhere than where they lie: a job's declared
+    inputs at `/inputs/<name>` (`workers.inputs`).
     """
 
     read_only: tuple[str, ...] = ()
+    placed: tuple[tuple[str, str], ...] = ()
     writable: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()
     devices: tuple[str, ...] = ()
@@ -174,6 +178,8 @@ def argv(mounts: Mounts, command: Sequence[str], *, cwd: Path | None, info_fd: i
     for path in _real(mounts.writable):
         if os.path.exists(path):
             out += ["--bind", path, path]
+    for source, inside in mounts.placed:  # last: nothing bound after may cover them
+        out += ["--ro-bind", os.path.realpath(source), inside]
     if cwd is not None:
         out += ["--chdir", str(cwd)]
     # The keeper starts bwrap with the stop signals ignored

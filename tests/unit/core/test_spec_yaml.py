@@ -58,6 +58,7 @@ def test_json_text_is_read_too() -> None:
         ("a: &x [1]\nb: *x\n", 2, "aliases"),
         ("name: x\ntrain:\n  max_steps: .inf\n", 3, "finite"),
         ("name: x\n---\nname: y\n", 2, "not YAML"),
+        ("name: x\nentrypoint:\n  inputs:\n    a: {path: /x}\n    a: {path: /y}\n", 5, "twice"),
     ],
 )
 def test_texts_that_are_no_spec_are_refused_at_their_line(text: str, line: int, says: str) -> None:

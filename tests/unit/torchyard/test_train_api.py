@@ -265,3 +265,34 @@ def test_the_runner_runs_a_module_as_python_m_would(tmp_path: Path) -> None:
     running, completed = events(tmp_path / "run")
     assert running["message"] == "running -m pkg.job"
     assert completed["data"] == {"steps": 0}
+
+
+def test_inputs_on_the_platform_are_its_variables(
+    platform: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHYARD_INPUT_CORPUS", "/inputs/corpus")
+    monkeypatch.setenv("TORCHYARD_INPUT_BASE_MODEL", "/inputs/base_model")
+    assert ty.inputs() == {
+        "base_model": Path("/inputs/base_model"),
+        "corpus": Path("/inputs/corpus"),
+    }
+    assert ty.input_path("corpus") == Path("/inputs/corpus")
+    # A path given on the command line is only the fallback.
+    assert ty.input_path("corpus", "/elsewhere") == Path("/inputs/corpus")
+    with pytest.raises(KeyError, match=r"no input 'model' \(declared: base_model, corpus\)"):
+        ty.input_path("model")
+
+
+def test_inputs_off_platform_come_from_inputs_json_then_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert ty.inputs() == {}
+    assert ty.input_path("model", "/models/llama") == Path("/models/llama")
+    (tmp_path / "torchyard_run").mkdir()
+    (tmp_path / "torchyard_run" / "inputs.json").write_text('{"corpus": "/data/corpus.txt"}')
+    monkeypatch.setenv("TORCHYARD_INPUT_MODEL", "/models/by-hand")
+    assert ty.inputs() == {"corpus": Path("/data/corpus.txt"), "model": Path("/models/by-hand")}
+    (tmp_path / "torchyard_run" / "inputs.json").write_text('["not", "a", "map"]')
+    with pytest.raises(ValueError, match="no JSON object of paths"):
+        ty.inputs()

@@ -307,6 +307,7 @@ def test_script_env_is_the_allow_list_then_spec_env_then_the_platforms() -> None
         nproc_per_node=2,
         device="cpu",
         cpu_count=8,
+        inputs={"corpus": "/inputs/corpus", "base_model": "/inputs/base_model"},
     )
     assert env == {
         "PATH": "/venvs/abc/bin:/usr/bin:/bin",
@@ -325,6 +326,8 @@ def test_script_env_is_the_allow_list_then_spec_env_then_the_platforms() -> None
         "TORCHYARD_CHECKPOINT_DIR": "/srv/ty/jobs/7/checkpoints",
         "TORCHYARD_KEEP_LAST_CHECKPOINTS": "3",
         "TORCHYARD_PARAMS": '{"lr": 0.0003, "layers": 4}',
+        "TORCHYARD_INPUT_CORPUS": "/inputs/corpus",
+        "TORCHYARD_INPUT_BASE_MODEL": "/inputs/base_model",
         "PYTHONUNBUFFERED": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }

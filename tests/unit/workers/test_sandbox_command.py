@@ -51,6 +51,30 @@ def test_the_job_sees_its_own_directories_and_the_hidden_ones_are_masked(tmp_pat
     assert "/etc/shadow" not in argv and "/etc/passwd" in _pairs(argv, "--ro-bind-try")
 
 
+def test_declared_inputs_are_bound_read_only_at_their_names_after_everything_else(
+    tmp_path: Path,
+) -> None:
+    """`/inputs/<name>` binds the input's real path (a symlink followed), read-only, after the
+    writable binds, so no later mount covers it; the host path itself is not shown."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(corpus)
+    run = tmp_path / "run"
+    run.mkdir()
+    mounts = sandbox.Mounts(
+        writable=(str(run),),
+        placed=((str(link), "/inputs/corpus"), (str(tmp_path), "/inputs/dir")),
+        network=False,
+        python=(),
+    )
+    argv = sandbox.argv(mounts, ["x"], cwd=None, info_fd=3)
+    binds = [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == "--ro-bind"]
+    assert (str(corpus), "/inputs/corpus") in binds and (str(tmp_path), "/inputs/dir") in binds
+    assert argv.index("/inputs/corpus") > argv.index("--bind")
+    assert str(link) not in argv
+
+
 def test_a_job_that_needs_the_network_shares_it_and_sees_only_its_leased_gpus() -> None:
     mounts = sandbox.Mounts(network=True, devices=sandbox.nvidia_devices((2,)), python=())
     argv = sandbox.argv(mounts, ["x"], cwd=None, info_fd=3)

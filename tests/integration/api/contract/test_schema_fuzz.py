@@ -140,6 +140,9 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "data", "dataset"): "value_error",
     ("body", "data", "eval_dataset"): "value_error",
     ("body", "entrypoint", "code"): "entrypoint",
+    # `entrypoint.inputs` name datasets, jobs, base models and paths the project and server
+    # must hold (each alone a 403, 404 or 409; with others, one 422 listing all).
+    ("body", "entrypoint", "inputs"): None,
     # A refused spec lists its references' problems beside its fields' (issue 28): a data path
     # the server's roots must hold, a model directory it may read, an `init_from` of the
     # project (each alone is a 403, 404 or 409; beside a field error, one more detail).
@@ -164,6 +167,7 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "base", "data", "dataset"): "value_error",
     ("body", "base", "data", "eval_dataset"): "value_error",
     ("body", "base", "entrypoint", "code"): "entrypoint",
+    ("body", "base", "entrypoint", "inputs"): None,
     ("body", "base", "entrypoint", "requirements"): "value_error",
     ("body", "base", "limits", "max_cost"): None,
     ("body", "base"): "spec_conflict",
