@@ -93,8 +93,11 @@ if facts.get("metadata", True):  # never tried where nothing fences it: it is no
 reached["other_processes"] = other_processes()
 if facts.get("listener"):  # a job that keeps the network: it does reach what is not fenced
     network = connects(*facts["listener"])
+declared = os.environ.get("TORCHYARD_INPUT_MINE", "")
+if facts.get("declared"):  # its own input: readable where the platform says, never writable
+    reached["declared_input"] = listable(declared)
 for name, path in facts["writes"].items():
-    writes(path)
+    writes(path.replace("{declared}", declared))
 with open(os.path.join(os.environ["TORCHYARD_RUN_DIR"], "probe.json"), "w") as f:
     json.dump({**reached, **({"own_listener": network} if facts.get("listener") else {})}, f)
 """
@@ -110,10 +113,13 @@ def run_probe(
     nodes: int = 1,
     listener: tuple[str, int] | None = None,
     metadata: bool = True,
+    declared: tuple[str, Path] | None = None,
 ) -> tuple[dict[str, bool], dict[str, Path]]:
     """Run the probe as project `project`'s job of `nodes` nodes (a gang keeps the network);
     (what it reached, on any node, the files it tried to write outside its directories).
-    `listener`: an address the job should reach (`own_listener`)."""
+    `listener`: an address the job should reach (`own_listener`). `declared`: a dataset of the
+    project (id, its directory on the host) the job declares as input `mine`: it reads it
+    (`declared_input`) and tries to write into it."""
     storage = settings.storage_path
     other = storage / "datasets" / f"prj_other_{secrets.token_hex(4)}" / "train.jsonl"
     other.parent.mkdir(parents=True, exist_ok=True)
@@ -139,13 +145,23 @@ def run_probe(
         "writes": {k: str(v) for k, v in escapes.items()},
         "listener": listener,
         "metadata": metadata,
+        "declared": declared is not None,
     }
+    inputs = {}
+    if declared is not None:
+        inputs = {"mine": {"dataset": declared[0]}}
+        escapes["declared_input"] = declared[1] / f"escape-{tag}"
+        facts["writes"]["declared_input"] = "{declared}/" + f"escape-{tag}"
     code = store_archive(engine, settings, project, {"probe.py": PROBE_PY})
     spec = ScriptJobSpec.model_validate(
         {
             "name": "curious",
             "resources": {"procs_per_node": 1, "pool": worker.queue, "nodes": nodes},
-            "entrypoint": {"code": code, "command": ["python", "probe.py", json.dumps(facts)]},
+            "entrypoint": {
+                "code": code,
+                "command": ["python", "probe.py", json.dumps(facts)],
+                "inputs": inputs,
+            },
         }
     )
     job_id = create_job(engine, project, spec)

@@ -79,8 +79,16 @@ def test_inside_the_sandbox_a_job_reaches_nothing_of_the_worker_or_another_proje
     sandboxed: Worker,
     project: ProjectKey,
     tmp_path: Path,
+    dataset_id: str,
+    corpus_dir: Path,
 ) -> None:
-    reached, escapes = run_probe(engine, settings, celery_client, sandboxed, project, tmp_path)
+    """The probe declares a dataset of its project as an input (`entrypoint.inputs`): it reads
+    that, read-only, and still nothing else."""
+    reached, escapes = run_probe(
+        engine, settings, celery_client, sandboxed, project, tmp_path,
+        declared=(dataset_id, corpus_dir),
+    )  # fmt: skip
+    assert reached.pop("declared_input") is True
     assert not any(reached.values()), {k: v for k, v in reached.items() if v}
     assert not [name for name, path in escapes.items() if path.exists()]
 
