@@ -99,18 +99,19 @@ def place(
     spec: ScriptJobSpec,
     *,
     beat: Beat | None = None,
+    worker: str = "",
 ) -> PlacedInputs:
     """Locate the job's pinned inputs and make each available on this host: local ones where
-    they lie, remote ones through the cache (events of the job say which were fetched and which
-    came from the cache). Raises InvalidInput (an input gone since submission, or a local one
-    missing on this host), FetchStopped, FetchFailed."""
+    they lie, remote ones through the cache (events of the job, naming `worker`, say which were
+    fetched and which came from the cache). Raises InvalidInput (an input gone since submission,
+    or a local one missing on this host), FetchStopped, FetchFailed."""
     placed = PlacedInputs()
     if not spec.entrypoint.inputs:
         return placed
     located = with_db_retry(
         factory, lambda s: job_inputs.locate(session=s, project_id=job.project_id, spec=spec)
     )
-    report = _reporter(factory, job, settings.worker_hostname or os.uname().nodename)
+    report = _reporter(factory, job, worker or settings.worker_hostname or os.uname().nodename)
     cache = InputCache(cache_root(settings), int(settings.input_cache_gb * GB))
     try:
         for item in located:
@@ -139,7 +140,7 @@ def _reporter(factory: Callable[[], Session], job: Job, host: str) -> Report:
                     job=job,
                     kind="info",
                     message=message,
-                    data={**data, "host": host},
+                    data={**data, "worker": host},
                 )
                 session.commit()
         except Exception:  # the fetch matters more than its event

@@ -156,7 +156,7 @@ def lead(
     if refused is not None:
         return _fail_unlaunched(factory, job, refused)
     try:
-        paths = _prepare(settings, factory, job, 0)
+        paths = _prepare(settings, factory, job, 0, worker)
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
     except Exception as exc:  # storage unreachable (botocore's errors are no OSError), a bug
@@ -231,7 +231,7 @@ def _join(
     if waited is not None:
         return waited
     try:
-        paths = _prepare(settings, factory, job, node_rank)
+        paths = _prepare(settings, factory, job, node_rank, worker)
     except LAUNCH_ERRORS as exc:
         return _fail_unlaunched(factory, job, exc)
     except Exception as exc:  # as run_job's
@@ -240,7 +240,7 @@ def _join(
 
 
 def _prepare(
-    settings: Settings, factory: Callable[[], Session], job: Job, node_rank: int
+    settings: Settings, factory: Callable[[], Session], job: Job, node_rank: int, worker: str
 ) -> RunPaths:
     """This node's run dir (`workers.plan.prepare`), heartbeating while it takes long (an
     entrypoint job's requirements install)."""
@@ -257,7 +257,13 @@ def _prepare(
         return state not in (None, JobState.CANCELLING, JobState.PAUSING, JobState.PREEMPTING)
 
     return plan.prepare(
-        settings, factory, job, node_rank=_node_dir(job, node_rank), node_index=node_rank, beat=beat
+        settings,
+        factory,
+        job,
+        node_rank=_node_dir(job, node_rank),
+        node_index=node_rank,
+        beat=beat,
+        worker=worker,
     )
 
 

@@ -48,10 +48,12 @@ def prepare(
     node_rank: int | None,
     node_index: int,
     beat: Callable[[], bool],
+    worker: str = "",
 ) -> RunPaths:
     """This node's run dir: the trainer's (`workers.attempt.prepare`) or an entrypoint job's
-    (`workers.entrypoint.script.prepare`: code, Python; `beat` while requirements install).
-    `node_rank`: the run dir's node part (None for a single node); `node_index`: the node."""
+    (`workers.entrypoint.script.prepare`: code, Python, declared inputs; `beat` while
+    requirements install or inputs are fetched). `node_rank`: the run dir's node part (None for
+    a single node); `node_index`: the node; `worker`: this worker's name (the inputs' events)."""
     spec = job.spec
     if isinstance(spec, ScriptJobSpec):
         return script.prepare(
@@ -63,6 +65,7 @@ def prepare(
             node_index=node_index,
             nproc=spec.resources.procs_per_node,
             beat=beat,
+            worker=worker,
         )
     if isinstance(spec, EvalJobSpec):
         return attempt.prepare_eval(settings, factory, job, spec)

@@ -60,12 +60,14 @@ def prepare(
     node_index: int,
     nproc: int,
     beat: Callable[[], bool] | None = None,
+    worker: str = "",
 ) -> RunPaths:
     """Create the run dir of this node's attempt, unpack the code, resolve the Python.
 
     `node_rank`: the run dir's node part (None: a single node); `node_index`: the node's rank
     in the gang (0 for a single node: its logs' ranks); `nproc`: its ranks; `beat`: the job's
-    heartbeat, called while requirements install (False: the attempt is over; stop). Raises
+    heartbeat, called while requirements install or inputs are fetched (False: the attempt is
+    over; stop); `worker`: this worker's name, in the inputs' events. Raises
     InvalidInput (the archive is gone), Unlaunched (the install failed: its
     output is stored as the job's rank -1 log first; or it was stopped), OSError.
     """
@@ -106,7 +108,7 @@ def prepare(
     _unpack(archive.uri, archive.format, archive.unpacked_bytes, paths)
     python = _python(settings, factory, job, spec, paths, node_index, nproc, beat)
     try:  # last: the cache entries it holds are released with the returned paths
-        placed = inputs.place(settings, factory, job, spec, beat=beat)
+        placed = inputs.place(settings, factory, job, spec, beat=beat, worker=worker)
     except inputs.FetchStopped as exc:  # fail_unlaunched: cancelled, paused or lost
         raise Unlaunched(str(exc), FailureClass.INFRA) from None
     except inputs.FetchFailed as exc:  # the object store, or a copy that differs: retried

@@ -4,7 +4,7 @@ bwrap sandbox, through a real API (with a base-model registry) and a real worker
 read at `/inputs/model` and `/inputs/corpus`, is paused and resumed, survives a SIGKILL of its
 worker by resuming from its own checkpoint, and trains exactly as the same program with those
 files in its code archive; a later job reads an earlier job's checkpoint and continues from it,
-read-only. The same over S3 storage and two hosts: tests/integration/storage/test_s3_inputs.py.
+read-only. The same over S3 storage and two hosts: tests/integration/hosts/test_host_inputs.py.
 """
 
 from __future__ import annotations

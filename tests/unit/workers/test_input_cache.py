@@ -1,7 +1,7 @@
 """The host's cache of remote inputs (`workers.inputs.InputCache`), over fsspec's in-memory
 filesystem (a real fsspec filesystem, remote as an object store is: `memory://`): one fetch per
 content, checked, renamed into place whole; hits after; least recently used entries evicted,
-never one in use. The same cache over the S3 server: tests/integration/storage/test_s3_inputs.py.
+never one in use. The same cache over the S3 server: tests/integration/hosts/test_host_inputs.py.
 """
 
 from __future__ import annotations
