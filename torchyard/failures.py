@@ -60,6 +60,8 @@ def failure_block(job: Job) -> Group | None:
     if job.retry_policy is not None:
         parts.append(Text(f"restarts: {job.retry_policy.summary}"))
     failure = job.failure
+    if failure is not None:
+        parts.extend(Text(f"hint: {hint}", style=WARNING_STYLE) for hint in failure.hints)
     if failure is not None and failure.log_tail:
         who = "" if failure.rank is None else f" of rank {failure.rank}"
         parts.append(Text(f"last log lines{who}:", style="bold"))

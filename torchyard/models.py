@@ -31,6 +31,7 @@ class Failure(_Model):
     host: str | None = None
     exit_code: int | None = None
     log_tail: list[str] | None = None
+    hints: list[str] = Field(default_factory=list)
 
 
 class ClassBudget(_Model):

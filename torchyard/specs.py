@@ -113,3 +113,25 @@ def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any
         path, value = parse_override(text)
         set_path(result, path, value)
     return result
+
+
+def unseen_local_paths(spec: dict[str, Any]) -> list[str]:
+    """Warnings for an `entrypoint` spec whose command names an absolute path (alone or as
+    `--flag=/path`) that exists on this machine: the job sees only its code archive and its
+    declared `entrypoint.inputs`, so such a path is most likely meant as an input."""
+    entry = spec.get("entrypoint")
+    command = entry.get("command") if isinstance(entry, dict) else None
+    if not isinstance(command, list):
+        return []
+    found = []
+    for arg in command[1:]:
+        if not isinstance(arg, str):
+            continue
+        path = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if path.startswith("/") and Path(path).exists():
+            found.append(
+                f"`{path}` exists on this machine, but a job sees only its code and its declared "
+                "inputs: declare it in `entrypoint.inputs` (e.g. a dataset or a path under the "
+                "server's data roots) and read it at /inputs/<name>"
+            )
+    return list(dict.fromkeys(found))

@@ -230,6 +230,19 @@ def record_launch(
         log.exception("job %s: could not record the launch", job.id)
 
 
+def record_hints(factory: Callable[[], Session], job: Job, hints: Sequence[str]) -> None:
+    """A `warning` event per hint the launch found (`workers.plan.unseen_paths`)."""
+    try:
+        with factory() as session:
+            for hint in hints:
+                jobs.add_event(
+                    session=session, job=job, kind="warning", message=hint, data={"hint": hint}
+                )
+            session.commit()
+    except Exception:  # the run matters more than these rows
+        log.exception("job %s: could not record the launch's hints", job.id)
+
+
 def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     """End an attempt whose trainer never started: cancelled, paused or requeued (preempted)
     when that was asked for, else failed with `exc` as a `user_error` (an unknown dataset, an

@@ -21,6 +21,7 @@ or `oom` when the kernel's OOM killer struck this worker's cgroup during the att
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -318,6 +319,7 @@ class NodeRun:
     oom_kills: int | None
     plain_command: bool = False  # an entrypoint command the runner does not wrap (node_failure)
     single_rank: bool = False  # its one rank ran without torchrun (node_failure)
+    hints: tuple[str, ...] = ()  # what the launch noticed (`Failure.hints`), on its failure
     oom_counter: Callable[[], int | None] = _WORKER_COUNTER  # read at the end (`oom_counter`)
 
 
@@ -351,6 +353,8 @@ def node_end(end: Exit, facts: NodeRun) -> NodeEnd:
             single_rank=facts.single_rank,
         )
         code = end.returncode if failure.exit_code is None else failure.exit_code
+    if failure is not None and facts.hints:
+        failure = dataclasses.replace(failure, hints=facts.hints)
     return NodeEnd(
         node_rank=facts.node_rank,
         exit_code=code,

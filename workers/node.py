@@ -54,6 +54,7 @@ from workers.attempt import (
     budget_spent,
     dispatch_safely,
     fail_unlaunched,
+    record_hints,
     record_launch,
     runtime_budget,
     with_db_retry,
@@ -492,10 +493,12 @@ def _launch_node(
     argv = launch.argv
     counter = exits.oom_counter(group)
     oom_kills = counter()
+    hints: list[str] = []
     try:
         mounts = None
         if sandboxed:
             mounts = plan.sandbox_mounts(settings, job, paths, node, lease)
+            hints = plan.unseen_paths(job, mounts)
         joins = group.join_fds() if group is not None else ()
         command = argv if mounts is None else sandbox.torchrun_command(argv)
         proc = processes.spawn(
@@ -513,6 +516,8 @@ def _launch_node(
     gang_rank = None if node is None else node_rank
     pgid = proc.pgid if isinstance(proc, sandbox.SandboxedProcess) else proc.pid
     record_launch(factory, job, pgid, argv, worker, node_rank=gang_rank, devices=lease.devices)
+    if hints:
+        record_hints(factory, job, hints)
     ingest = RunIngest(
         paths=paths,
         job_id=job.id,
@@ -551,6 +556,7 @@ def _launch_node(
         plain_command=launch.plain_command,
         single_rank=launch.rank_dir is not None,
         oom_counter=counter,
+        hints=tuple(hints),
     )
     try:
         end = supervisor.run()

@@ -225,6 +225,24 @@ def sandbox_mounts(
     )
 
 
+def unseen_paths(job: Job, mounts: sandbox.Mounts) -> list[str]:
+    """Hints for an entrypoint job whose command names a host path its sandbox does not show
+    (an absolute path, alone or as `--flag=/path`, that exists on this host): one line each,
+    "`/data/llama` is not visible to the job: declare it in `entrypoint.inputs`"."""
+    spec = job.spec
+    if not isinstance(spec, ScriptJobSpec):
+        return []
+    found = []
+    for arg in spec.entrypoint.command[1:]:
+        path = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if path.startswith("/") and os.path.exists(path) and not sandbox.shows(mounts, path):
+            found.append(
+                f"`{path}` is not visible to the job: declare it in `entrypoint.inputs` "
+                "(it is then at /inputs/<name>)"
+            )
+    return list(dict.fromkeys(found))
+
+
 def _local(uri: str | None) -> str:
     """The local path of `uri` (a path or `file://`), "" for a remote one or none."""
     if not uri or is_remote(uri):

@@ -67,6 +67,12 @@ class Failure(BaseModel):
         description="The failing rank's last log lines, oldest first. Null in the jobs list "
         "(`GET /v1/jobs`), which leaves them out to stay light; read the job for them.",
     )
+    hints: list[str] = Field(
+        default_factory=list,
+        description="What the platform noticed that may explain the failure, one line each "
+        "(e.g. a command argument naming a host path the job's sandbox does not show: declare "
+        "it in `entrypoint.inputs`).",
+    )
 
 
 class JobUsage(_Out):
@@ -272,7 +278,8 @@ class Event(_Out):
     job_id: int = Field(description="The job it belongs to.")
     attempt: int = Field(description="The attempt it happened in.")
     kind: str = Field(
-        description="`state` | `checkpoint` | `sample` | `info` | `error` | `hang` | `straggler`"
+        description="`state` | `checkpoint` | `sample` | `info` | `warning` | `error` | `hang` | "
+        "`straggler`"
     )
     state_from: str | None = Field(description="`state` events: the state left; else null.")
     state_to: str | None = Field(description="`state` events: the state entered; else null.")

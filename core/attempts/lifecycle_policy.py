@@ -60,7 +60,9 @@ class Stop(enum.StrEnum):
 class Failure:
     """How an attempt failed: its class, a one-line reason, and where.
 
-    `rank`: the global rank that failed first, when known; `log_tail`: its last log lines.
+    `rank`: the global rank that failed first, when known; `log_tail`: its last log lines;
+    `hints`: what the platform noticed that may explain it (a command argument naming a host
+    path the job's sandbox does not show).
     """
 
     failure_class: FailureClass
@@ -70,6 +72,7 @@ class Failure:
     host: str | None = None
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    hints: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The `failure` column / event data (JSON)."""
@@ -81,6 +84,7 @@ class Failure:
             "host": self.host,
             "exit_code": self.exit_code,
             "log_tail": list(self.log_tail),
+            "hints": list(self.hints),
         }
 
     @classmethod
@@ -93,6 +97,7 @@ class Failure:
             host=data.get("host"),
             exit_code=data.get("exit_code"),
             log_tail=tuple(data.get("log_tail") or ()),
+            hints=tuple(data.get("hints") or ()),
         )
 
 

@@ -7,6 +7,8 @@ runs. Waits are Playwright's, no sleeps."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from playwright.sync_api import expect
 from sqlalchemy import Engine, update
@@ -37,6 +39,7 @@ LAYOUT = """() => {
 }"""
 
 LIMIT_ERROR = "max_runtime_s exceeded (60 s)\ncheckpointed at step 120"
+HINT = "`/data/labels.jsonl` is not visible to the job: declare it in `entrypoint.inputs`"
 
 
 def _job(engine: Engine, owner: ProjectKey, dataset_id: str, name: str) -> int:
@@ -151,7 +154,7 @@ def test_a_user_error_leads_with_clone_renders_code_and_opens_on_the_failing_ran
     backticks showed literally; the logs opened on all ranks, whose end is torchrun's own report,
     with a doubled prefix (`[rank 1] [rank1]: ...`)."""
     job_id = _job(engine, owner, dataset_id, "user-error-run")
-    fail_job(engine, job_id, USER_ERROR)
+    fail_job(engine, job_id, dataclasses.replace(USER_ERROR, hints=(HINT,)))
     lines = [
         (1, "[rank1]: Traceback (most recent call last):"),
         (1, "[rank1]: KeyError: 'labels'"),
@@ -172,6 +175,10 @@ def test_a_user_error_leads_with_clone_renders_code_and_opens_on_the_failing_ran
         "KeyError: 'labels' (the spec's data.format reads no labels column)"
     )
     expect(reason.locator("code")).to_have_text(["data.format", "labels"])
+    # What the platform noticed at launch (`Failure.hints`), a line of its own, code rendered.
+    hint = card.locator("#failure-hints li")
+    expect(hint).to_have_text(HINT.replace("`", ""))
+    expect(hint.locator("code")).to_have_text(["/data/labels.jsonl", "entrypoint.inputs"])
     expect(card.locator("#retry-advice")).to_contain_text("fails the same way when retried")
     expect(page.locator("#retry-job")).to_have_class("subtle")
     expect(page.locator(f"a[href='#/submit?from={job_id}'] button")).to_have_class("primary")

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from torchyard.cli.common import JsonOpt, command_client, out, print_json
+from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
 from torchyard.client import Client
 from torchyard.failures import failure_block
 from torchyard.follow import follow_job
@@ -25,7 +25,7 @@ from torchyard.render import (
     log_line,
     metrics_table,
 )
-from torchyard.specs import apply_overrides, load_spec, set_path
+from torchyard.specs import apply_overrides, load_spec, set_path, unseen_local_paths
 from torchyard.summary import render_summary
 
 jobs_cli = typer.Typer()
@@ -78,6 +78,8 @@ def submit(
     Example: `torchyard submit spec.yaml --set train.max_steps=500 --follow`
     """
     spec = apply_overrides(load_spec(spec_path), overrides or [])
+    for warning in unseen_local_paths(spec):
+        err.print(Text(f"warning: {warning}", style="yellow"))
     client = command_client(ctx)
     if code is not None:
         archive = client.code.upload(code)

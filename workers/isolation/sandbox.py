@@ -188,6 +188,25 @@ def argv(mounts: Mounts, command: Sequence[str], *, cwd: Path | None, info_fd: i
     return [*out, "--", "env", f"--default-signal={STOP_SIGNALS}", *command]
 
 
+def shows(mounts: Mounts, path: str) -> bool:
+    """Whether the host path `path` (symlinks followed) is visible at the same place inside the
+    sandbox `argv` makes of `mounts`: under a bound directory (the job's own, its Pythons not
+    hidden, the system's) or an allowed file of `/etc`. `/proc` and `/dev` count as shown (the
+    job's own are there); the host's `/tmp` and `/dev/shm` do not (the job's are empty)."""
+    real = os.path.realpath(path)
+    if any(_under(real, p) for p in (*_real(mounts.read_only), *_real(mounts.writable))):
+        return True
+    if real.startswith("/etc/"):
+        return real.split("/")[2] in ETC_ALLOWED
+    if _under(real, "/proc") or (_under(real, "/dev") and not _under(real, "/dev/shm")):
+        return True
+    shown = [p for p in mounts.python if not p.startswith(SYSTEM_DIRS)]
+    masked = [p for p in _real(mounts.hidden) if any(_under(p, top) for top in shown)]
+    if any(_under(real, m) for m in masked):  # hidden, unless a job's venv bound back over it
+        return any(_under(real, p) for p in shown if any(_under(p, m) for m in masked))
+    return any(_under(real, p) for p in (*shown, *SYSTEM_DIRS) if os.path.isdir(p))
+
+
 def _real(paths: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(os.path.realpath(p) for p in paths if p))
 

@@ -34,6 +34,9 @@ function failedCard(job, onRankLogs) {
       f ? failureClassBadge(f.failure_class) : null,
       h("span", { class: "reason" }, prose(reason))),
     f ? whereList(f, f.exit_code ?? job.exit_code) : null,
+    // What the platform noticed (a host path named on the command line that the sandbox hides).
+    f?.hints?.length ? h("ul", { class: "failure-hints", id: "failure-hints" },
+      ...f.hints.map((hint) => h("li", {}, prose(hint)))) : null,
     job.retry_policy ? h("p", { class: "retry-summary" }, prose(job.retry_policy.summary)) : null,
     f?.failure_class === "user_error" ? h("p", { class: "muted", id: "retry-advice" },
       "A user error fails the same way when retried: Clone and edit the spec, or fix the "

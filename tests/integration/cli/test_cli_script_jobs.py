@@ -75,3 +75,22 @@ def test_show_and_jobs_print_a_script_jobs_kind_command_and_code(
     as_json = json.loads(_cli(live_api, project, tmp_path, "show", str(job_id), "--json").stdout)
     assert as_json["spec"]["entrypoint"]["command"] == COMMAND
     assert "kind" not in as_json and "entrypoint" not in as_json, "--json is the API's job"
+
+
+def test_submit_warns_of_a_local_path_on_the_command_line_and_sends_the_job(
+    live_api: str, project: ProjectKey, engine: Engine, tmp_path: Path
+) -> None:
+    """A path that exists on the submitting machine is most likely meant as an input: the job
+    will not see it. `submit` says so (stderr) before sending, and sends the job all the same
+    (the path may exist on the workers too)."""
+    code_id = insert_archive(engine, project.project_id)
+    spec = script_spec(code_id, unique_queue("nowhere"))
+    model = tmp_path / "llama"
+    model.mkdir()
+    spec["entrypoint"]["command"] = ["python", "train.py", "--model", str(model), "--lr=1"]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    result = _cli(live_api, project, tmp_path, "submit", str(tmp_path / "spec.json"))
+    assert result.exit_code == 0, result.output
+    assert f"warning: `{model}` exists on this machine" in result.stderr
+    assert "entrypoint.inputs" in result.stderr and "/inputs/<name>" in result.stderr
+    assert "submitted job" in result.stdout

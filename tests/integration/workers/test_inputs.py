@@ -250,3 +250,39 @@ def test_a_checkpoint_of_an_earlier_job_is_read_only_and_continued(
     assert {p.value for p in metric_series(engine, continuer, "wrote_input")} == {0.0}
     written = Path(job_checkpoint_uri(settings, writer).removeprefix("file://")) / "step_00000010"
     assert json.loads((written / "state.json").read_text())["value"] == 30, "left as written"
+
+
+READS_PY = """
+import sys
+from pathlib import Path
+print((Path(sys.argv[1]) / "config.json").read_text()[:100])
+"""
+
+
+def test_a_host_path_on_the_command_line_that_the_job_cannot_see_is_named_in_its_failure(
+    api: str,
+    engine: Engine,
+    worker: list[Worker],
+    project: ProjectKey,
+    model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """The model directory exists on the worker host, but the sandbox shows only what the job
+    declares: the program fails, and its failure (and an event at launch) says what to do."""
+    pool = worker[-1].queue
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "reads.py").write_text(READS_PY)
+    with Client(api, project.api_key) as client:
+        code = client.code.upload(tmp_path / "code").id
+        spec = _spec(code, pool, ["python", "reads.py", str(model_dir)], {})
+        job_id = client.jobs.create(spec).id
+        failed = _wait(client, job_id, worker[-1], ("failed",))
+        events = client.jobs.events(job_id).items
+    hint = (
+        f"`{model_dir}` is not visible to the job: declare it in `entrypoint.inputs` "
+        "(it is then at /inputs/<name>)"
+    )
+    assert failed.failure is not None and failed.failure.failure_class == "user_error"
+    assert "FileNotFoundError" in failed.failure.reason, failed.failure
+    assert failed.failure.hints == [hint]
+    assert [e.message for e in events if e.kind == "warning"] == [hint]

@@ -257,3 +257,19 @@ def test_trained_says_the_span_from_start_to_end_when_it_is_longer() -> None:
     )
     assert trained_text(ended.model_copy(update={"running_s": 230.8})) == "3m51s"
     assert trained_text(_job(running_s=42.0)) == "42s"  # still running: no end yet
+
+
+def test_a_failures_hints_print_under_its_headline() -> None:
+    failure = Failure.model_validate(
+        {
+            "failure_class": "user_error",
+            "reason": "FileNotFoundError: /data/llama/config.json",
+            "hints": ["`/data/llama` is not visible to the job: declare it in `entrypoint.inputs`"],
+            "log_tail": ["Traceback"],
+        }
+    )
+    lines = _text(failure_block(_job(state="failed", failure=failure))).splitlines()
+    assert lines[1] == (
+        "hint: `/data/llama` is not visible to the job: declare it in `entrypoint.inputs`"
+    )
+    assert lines[-1].strip() == "Traceback"

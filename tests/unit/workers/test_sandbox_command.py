@@ -75,6 +75,29 @@ def test_declared_inputs_are_bound_read_only_at_their_names_after_everything_els
     assert str(link) not in argv
 
 
+def test_shows_tells_which_host_paths_the_sandbox_shows_where_they_lie(tmp_path: Path) -> None:
+    """`shows` follows `argv`: the job's own and read-only paths, its Pythons (not the hidden
+    home beneath them, but a venv bound back), the system and allowed `/etc` files; nothing of
+    the host's `/tmp`, nor a declared input's host path (it lies at `/inputs/<name>`)."""
+    source = tmp_path / "src"
+    home, data, run = source / ".torchyard", tmp_path / "data", tmp_path / "run"
+    venv = home / "venvs" / "abc"
+    model = tmp_path / "models" / "llama"
+    for d in (venv, data, run, model):
+        d.mkdir(parents=True)
+    mounts = sandbox.Mounts(
+        read_only=(str(data),),
+        writable=(str(run),),
+        placed=((str(model), "/inputs/model"),),
+        hidden=(str(home),),
+        python=(str(source), str(venv)),
+    )
+    for shown in (data / "x", run, source / "pkg.py", venv / "bin", "/usr/lib", "/etc/passwd"):
+        assert sandbox.shows(mounts, str(shown)), shown
+    for hidden in (home / "secret", model, tmp_path, "/etc/shadow", "/root", "/tmp/x"):
+        assert not sandbox.shows(mounts, str(hidden)), hidden
+
+
 def test_a_job_that_needs_the_network_shares_it_and_sees_only_its_leased_gpus() -> None:
     mounts = sandbox.Mounts(network=True, devices=sandbox.nvidia_devices((2,)), python=())
     argv = sandbox.argv(mounts, ["x"], cwd=None, info_fd=3)

@@ -226,3 +226,33 @@ def test_the_spec_check_names_an_input_given_twice_by_its_line(
     assert answer.status_code == 422, answer.text
     (detail,) = answer.json()["error"]["details"]
     assert detail["line"] == 7 and "given twice" in detail["msg"], detail
+
+
+def test_a_sweeps_base_pins_its_inputs_and_a_bad_one_is_refused_under_base(
+    registry_client: TestClient, engine: Engine, project: ProjectKey, corpus_dir: Path
+) -> None:
+    """`entrypoint.inputs` belong to the sweep's base spec: pinned there once, so every trial
+    reads the same data; the space searches the program's own `params`."""
+    client = registry_client
+    code = insert_archive(engine, project.project_id)
+    dataset = client.post(
+        "/v1/datasets", json={"name": "swept", "uri": str(corpus_dir)}, headers=project.headers
+    ).json()
+    base = _spec(code, {"corpus": {"dataset": "swept"}})
+    base["entrypoint"]["params"] = {"lr": 0.001}
+    sweep = {
+        "name": "lr-with-inputs",
+        "base": base,
+        "space": {"entrypoint.params.lr": {"log_uniform": [1e-4, 1e-2]}},
+        "searcher": "random",
+        "max_trials": 2,
+    }
+    answer = client.post("/v1/sweeps", json=sweep, headers=project.headers)
+    assert answer.status_code == 201, answer.text
+    stored = answer.json()["spec"]["base"]["entrypoint"]["inputs"]
+    assert stored == {"corpus": {"dataset": dataset["id"], "sha256": dataset["sha256"]}}
+
+    sweep["base"] = _spec(code, {"corpus": {"dataset": "no-such-dataset"}})
+    sweep["base"]["entrypoint"]["params"] = {"lr": 0.001}
+    refused = client.post("/v1/sweeps", json=sweep, headers=project.headers)
+    assert_error(refused, 404, "not_found", ["body", "base", *LOC[1:], "corpus", "dataset"])

@@ -39,6 +39,7 @@ def test_a_failed_job_carries_its_failure_counters_and_budget(
         "host": "host-b",
         "exit_code": 1,
         "log_tail": list(OOM.log_tail),
+        "hints": [],
     }
     assert (job["restarts_used"], job["restarts_by_class"]) == (2, {"infra": 2})
     policy = job["retry_policy"]
