@@ -185,6 +185,10 @@ def _list(uri: str) -> _Listing:
     return _Listing(fs, root, False, files)
 
 
+def _signature(listing: _Listing | None) -> str:
+    return "" if listing is None else listing.signature()
+
+
 def _etag(info: dict[str, Any]) -> str:
     return str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
 
@@ -237,14 +241,11 @@ class InputCache:
         self, item: Located, placed: PlacedInputs, *, report: Report, beat: Beat | None = None
     ) -> str:
         """The local path of `item`'s content, fetched unless cached; the entry is held (a
-        shared lock in `placed.held`) until the node ends. Raises FetchFailed, FetchStopped."""
-        try:
-            listing = _list(item.source)
-        except Exception as exc:  # botocore's errors are no OSError
-            raise FetchFailed(
-                f"input {item.name}: cannot list {item.source}: {type(exc).__name__}: {exc}"
-            ) from exc
-        key = item.sha256 or job_inputs.content_key(item.key, listing.signature())
+        shared lock in `placed.held`) until the node ends. A dataset's key is its sha256, so a
+        hit asks the object store nothing; another input's key needs its listing. Raises
+        FetchFailed, FetchStopped."""
+        listing = None if item.sha256 else self._listing(item)
+        key = item.sha256 or job_inputs.content_key(item.key, _signature(listing))
         base = {"input": item.name, "kind": item.kind, "key": key}
         with self._lock(key, "fetch", fcntl.LOCK_EX):
             entry = self.entry(key)
@@ -255,6 +256,7 @@ class InputCache:
                     {**base, "cache": "hit", "bytes": size},
                 )
             else:
+                listing = listing or self._listing(item)
                 started = time.monotonic()
                 self._fetch(item, listing, key, report=report, beat=beat)
                 seconds = time.monotonic() - started
@@ -271,6 +273,15 @@ class InputCache:
             now = time.time_ns()  # not the kernel's coarse clock: two uses in a tick differ
             os.utime(entry / SIZE_FILE, ns=(now, now))  # the recency eviction orders by
         return str(entry / CONTENT)
+
+    @staticmethod
+    def _listing(item: Located) -> _Listing:
+        try:
+            return _list(item.source)
+        except Exception as exc:  # botocore's errors are no OSError
+            raise FetchFailed(
+                f"input {item.name}: cannot list {item.source}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _fetch(
         self, item: Located, listing: _Listing, key: str, *, report: Report, beat: Beat | None

@@ -63,6 +63,16 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         ["-m", "bench.checkpoint"],
         ["saved_bytes", "sync_blocking_s", "async_blocking_s", "async_complete_s"],
     ),
+    "inputs": (
+        ["-m", "bench.inputs"],
+        [
+            "fetch.mb_per_s",
+            "s3fs_get.mb_per_s",
+            "fetch_vs_s3fs_get",
+            "hit_ms.dataset.p50",
+            "hit_ms.path.p50",
+        ],
+    ),
     "overhead": (
         ["-m", "bench.overhead"],
         [
