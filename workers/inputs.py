@@ -39,6 +39,7 @@ from typing import IO, Any
 
 import fsspec
 from fsspec.callbacks import Callback
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from core.datasets.service import SKIP_DIRS, digest_path
@@ -46,7 +47,7 @@ from core.jobs import inputs as job_inputs
 from core.jobs import service as jobs
 from core.jobs.inputs import Located
 from core.platform.errors import InvalidInput
-from core.platform.models import Job
+from core.platform.models import Job, JobState
 from core.platform.settings import Settings
 from jobspec.job import ScriptJobSpec
 from workers.attempt import with_db_retry
@@ -113,10 +114,12 @@ def place(
     )
     report = _reporter(factory, job, worker or settings.worker_hostname or os.uname().nodename)
     cache = InputCache(cache_root(settings), int(settings.input_cache_gb * GB))
+    fetched = False
     try:
         for item in located:
             if item.remote:
                 placed.paths[item.name] = cache.get(item, placed, report=report, beat=beat)
+                fetched = True
                 continue
             path = item.local_path
             if not os.path.exists(path):
@@ -125,6 +128,8 @@ def place(
                 )
             placed.paths[item.name] = path
         cache.evict()
+        if fetched:  # the starting job waits for nothing more of its inputs
+            _clear_wait_reason(factory, job)
     except BaseException:
         placed.release()
         raise
@@ -132,9 +137,14 @@ def place(
 
 
 def _reporter(factory: Callable[[], Session], job: Job, host: str) -> Report:
+    """An event of the job per report; a fetch's progress is also what the starting job
+    waits for (`waiting_for`, from `jobs.wait_reason`), cleared once its inputs are placed."""
+
     def report(message: str, data: dict[str, Any]) -> None:
         try:
             with factory() as session:
+                if data.get("cache") == "fetching":
+                    _set_wait_reason(session, job, message)
                 jobs.add_event(
                     session=session,
                     job=job,
@@ -147,6 +157,23 @@ def _reporter(factory: Callable[[], Session], job: Job, host: str) -> Report:
             log.exception("job %s: could not record an input event", job.id)
 
     return report
+
+
+def _set_wait_reason(session: Session, job: Job, reason: str | None) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.attempt == job.attempt, Job.state == JobState.STARTING)
+        .values(wait_reason=reason)
+    )
+
+
+def _clear_wait_reason(factory: Callable[[], Session], job: Job) -> None:
+    try:
+        with factory() as session:
+            _set_wait_reason(session, job, None)
+            session.commit()
+    except Exception:  # a stale reason of a starting job is cosmetic; the run matters more
+        log.exception("job %s: could not clear its starting reason", job.id)
 
 
 @dataclass(frozen=True, slots=True)

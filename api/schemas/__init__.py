@@ -194,7 +194,10 @@ class Job(_Out):
         "jobs; null for the others, and in the submit response (read the job for it).",
     )
     waiting_for: str | None = Field(
-        default=None, description="What a queued or paused job waits for, in words."
+        default=None,
+        description="What a queued or paused job waits for, in words; for a starting job, what "
+        'its worker prepares when that takes long ("fetching input corpus: 1.2 GB of 3.4 '
+        'GB").',
     )
     failure: Failure | None = Field(
         default=None,

@@ -260,4 +260,6 @@ def waiting_for(job: Job) -> str | None:
         return "a resume request (POST /v1/jobs/{id}/resume)".replace("{id}", str(job.id))
     if job.state == JobState.RESTARTING:
         return f"requeue after a failed attempt, then a free worker on pool {job.pool!r}"
+    if job.state == JobState.STARTING:  # what its worker prepares ("fetching input corpus: ...")
+        return job.wait_reason
     return None

@@ -16,7 +16,8 @@ import pytest
 
 from core.datasets.service import digest_path
 from core.jobs.inputs import Located
-from workers.inputs import FetchFailed, InputCache, PlacedInputs
+from workers import inputs
+from workers.inputs import FetchFailed, FetchStopped, InputCache, PlacedInputs
 
 
 def _remote(files: dict[str, bytes]) -> str:
@@ -145,3 +146,28 @@ def test_eviction_removes_the_least_recently_used_entries_never_one_in_use(
     )
     assert cache.evict() == [old.key]
     assert not (tmp_path / "cache" / old.key).exists()
+
+
+def test_a_long_fetch_reports_its_progress_and_stops_when_the_attempt_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every `PROGRESS_EVERY_S` a fetch reports the bytes it has (and asks the heartbeat whether
+    the attempt still stands): a cancelled attempt stops its fetch and leaves nothing behind."""
+    monkeypatch.setattr(inputs, "PROGRESS_EVERY_S", 0.0)
+    files = {f"part-{i}.bin": bytes([i]) * 300_000 for i in range(4)}
+    item = _dataset(_remote(files), files, tmp_path)
+    events = Events()
+    InputCache(tmp_path / "cache", 10**9).get(item, PlacedInputs(), report=events)
+    progress = [d["bytes"] for _, d in events.items if d["cache"] == "fetching"]
+    assert progress and progress == sorted(progress) and progress[-1] <= 1_200_000
+    assert all(d["total_bytes"] == 1_200_000 for _, d in events.items if d["cache"] == "fetching")
+    assert events.items[-1][1]["cache"] == "miss"
+
+    other = {"x.bin": b"x" * 300_000, "y.bin": b"y" * 300_000}
+    stopped = _dataset(_remote(other), other, tmp_path, "stopped")
+    with pytest.raises(FetchStopped):
+        InputCache(tmp_path / "cache", 10**9).get(
+            stopped, PlacedInputs(), report=Events(), beat=lambda: False
+        )
+    assert not (tmp_path / "cache" / stopped.key).exists()
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")]

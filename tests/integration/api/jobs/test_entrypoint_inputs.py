@@ -256,3 +256,35 @@ def test_a_sweeps_base_pins_its_inputs_and_a_bad_one_is_refused_under_base(
     sweep["base"]["entrypoint"]["params"] = {"lr": 0.001}
     refused = client.post("/v1/sweeps", json=sweep, headers=project.headers)
     assert_error(refused, 404, "not_found", ["body", "base", *LOC[1:], "corpus", "dataset"])
+
+
+def test_a_starting_job_fetching_an_input_says_so_until_its_inputs_are_placed(
+    registry_client: TestClient, engine: Engine, project: ProjectKey
+) -> None:
+    """The worker's progress report of a fetch (`workers.inputs`) is the starting job's
+    `waiting_for` and an event; once the inputs are placed the job waits for nothing."""
+    from core.jobs import service as job_service
+    from workers import inputs as worker_inputs
+
+    code = insert_archive(engine, project.project_id)
+    job_id = submit(registry_client, project, _spec(code, {}))["id"]
+    with Session(engine) as session:
+        claimed = job_service.claim(session=session, job_id=job_id, worker="w-inputs")
+        assert claimed is not None
+        session.commit()
+        session.refresh(claimed)
+        session.expunge(claimed)
+
+    def factory() -> Session:
+        return Session(engine)
+
+    said = "fetching input corpus: 0.4 GB of 1.2 GB"
+    report = worker_inputs._reporter(factory, claimed, "w-inputs")
+    report(said, {"input": "corpus", "cache": "fetching", "bytes": 1, "total_bytes": 3})
+    shown = registry_client.get(f"/v1/jobs/{job_id}", headers=project.headers).json()
+    assert (shown["state"], shown["waiting_for"]) == ("starting", said)
+    events = registry_client.get(f"/v1/jobs/{job_id}/events", headers=project.headers).json()
+    assert said in [e["message"] for e in events["items"]]
+    worker_inputs._clear_wait_reason(factory, claimed)
+    shown = registry_client.get(f"/v1/jobs/{job_id}", headers=project.headers).json()
+    assert shown["waiting_for"] is None
