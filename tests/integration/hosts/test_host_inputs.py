@@ -2,8 +2,8 @@
 only the network, Postgres, Redis and the S3 server each fetch an input into their own cache
 once, with the worker's credentials (the program holds none: it reads `/inputs/corpus`), and a
 host's next job reads the cached copy. Host A runs the job until a checkpoint is in the bucket
-and is SIGKILLed; host B, a home of its own, fetches the dataset again and resumes; B's next job
-with the same input reads it from B's cache."""
+and is SIGKILLed; host B, a home of its own, started after the kill, fetches the dataset again
+and resumes; B's next job with the same input reads it from B's cache."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from tests.integration.workers.helpers import (
 
 pytestmark = [pytest.mark.hosts, pytest.mark.s3]
 
-STEPS, EVERY = 16, 4
+STEPS, EVERY = 24, 4
 START_S = 60.0
 
 # Reads its declared corpus, reports its size and a digest of its bytes each step, checkpoints
@@ -129,8 +129,9 @@ def test_each_host_fetches_an_input_once_and_its_next_job_reads_its_cache(
         lambda: _newest_recorded(engine, first) >= EVERY,
         180,
     )
+    kill_tree(on_a)  # then B starts: the job cannot end on A meanwhile
+    assert _newest_recorded(engine, first) < STEPS, "the job ended before the kill"
     on_b = host_worker(b, queue)
-    kill_tree(on_a)
     done = wait_state(engine, first, TERMINAL, 240, on_b)
     assert done.state == "succeeded", f"{done.error}\n{on_b.log[-4000:]}"
     second = submit()

@@ -25,15 +25,11 @@ from tests.integration.workers.helpers import (
     metric_series,
     start_worker,
     unique_queue,
-    wait_for,
 )
+from tests.integration.workers.sdk_waits import checkpoint_after, step_passed, wait_job
 from torchyard import Client
-from torchyard.models import Job
 
 EXAMPLES = REPO_ROOT / "examples"
-# Each wait; the hf_trainer example (now in test_inputs.py) took 163 s from upload to success on
-# a quiet host and one wait passed 120 s on a loaded CI host.
-TIMEOUT_S = 240.0
 # Each example's command, shortened: checkpoints often, and enough steps after a resume that
 # the test can kill the worker between the resumed attempt's first checkpoint and the end (the
 # kill lands a third of an interval past the second checkpoint; the end is more than one more
@@ -53,36 +49,6 @@ def example_spec(name: str, pool: str) -> dict[str, Any]:
     spec["entrypoint"]["command"] = COMMANDS[name]
     spec["resources"]["pool"] = pool
     return spec
-
-
-def wait_job(client: Client, job_id: int, states: tuple[str, ...], worker: Worker) -> Job:
-    def probe() -> Job | None:
-        job = client.jobs.get(job_id)
-        if job.state in ("failed", "cancelled") and job.state not in states:
-            pytest.fail(f"job {job_id} {job.state}: {job.failure}\n{worker.log[-4000:]}")
-        return job if job.state in states else None
-
-    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, TIMEOUT_S, 0.2)
-
-
-def checkpoint_after(client: Client, job_id: int, step: int) -> int:
-    """The step of the job's first recorded checkpoint past `step` (polled)."""
-
-    def probe() -> int | None:
-        later = [c.step for c in client.jobs.checkpoints(job_id) if c.step > step]
-        return min(later) if later else None
-
-    return wait_for(f"a checkpoint past step {step}", probe, TIMEOUT_S, 0.1)
-
-
-def step_passed(client: Client, job_id: int, step: int) -> Job:
-    """The job once its run has reported step `step` (polled)."""
-
-    def probe() -> Job | None:
-        job = client.jobs.get(job_id)
-        return job if (job.current_step or 0) >= step else None
-
-    return wait_for(f"the run to pass step {step}", probe, TIMEOUT_S, 0.05)
 
 
 def first_step(points: list[Any], attempt: int) -> int:

@@ -30,14 +30,12 @@ from tests.integration.workers.helpers import (
     metric_series,
     start_worker,
     unique_queue,
-    wait_for,
 )
+from tests.integration.workers.sdk_waits import checkpoint_after, step_passed, wait_job
 from torchyard import Client
-from torchyard.models import Job
 
 EXAMPLE = REPO_ROOT / "examples" / "hf_trainer"
 BASE = "tiny-llama"
-TIMEOUT_S = 240.0
 MAX_STEPS, SAVE_STEPS = 120, 30
 COMMAND = ["python", "train.py", "--max-steps", str(MAX_STEPS), "--save-steps", str(SAVE_STEPS)]
 COMMAND += ["--max-bytes", "200000"]
@@ -81,16 +79,6 @@ def worker(settings: Settings, celery_client: Celery, worker_logs: Path) -> Iter
         w.stop()
 
 
-def _wait(client: Client, job_id: int, worker: Worker, states: tuple[str, ...]) -> Job:
-    def probe() -> Job | None:
-        job = client.jobs.get(job_id)
-        if job.state in ("failed", "cancelled") and job.state not in states:
-            pytest.fail(f"job {job_id} {job.state}: {job.failure}\n{worker.log[-4000:]}")
-        return job if job.state in states else None
-
-    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, TIMEOUT_S, 0.2)
-
-
 def _spec(code: str, pool: str, command: list[str], inputs: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load((EXAMPLE / "spec.yaml").read_text())
     spec["entrypoint"] |= {"code": code, "command": command, "inputs": inputs}
@@ -119,21 +107,16 @@ def test_the_hf_trainer_example_reads_its_inputs_and_resumes_after_a_killed_work
         assert pinned["model"] == {"base_model": BASE, "uri": str(model_dir)}
 
         # Pause once a first checkpoint is recorded: the Trainer saves where it stops.
-        _checkpoint_past(client, job_id, 0)
+        checkpoint_after(client, job_id, 0)
         assert client.jobs.pause(job_id).state in ("pausing", "paused")
-        paused = _wait(client, job_id, worker[0], ("paused",))
+        paused = wait_job(client, job_id, ("paused",), worker[0])
         paused_at = max(c.step for c in client.jobs.checkpoints(job_id))
         assert paused_at == paused.current_step, "the stop saved the step it stopped at"
         assert client.jobs.resume(job_id).state == "queued"
 
         # SIGKILL the worker a third of an interval past the resumed run's next checkpoint.
-        past = _checkpoint_past(client, job_id, paused_at) + SAVE_STEPS // 3
-        wait_for(
-            f"the run to pass step {past}",
-            lambda: (client.jobs.get(job_id).current_step or 0) >= past,
-            TIMEOUT_S,
-            0.05,
-        )
+        past = checkpoint_after(client, job_id, paused_at) + SAVE_STEPS // 3
+        step_passed(client, job_id, past)
         kill_tree(worker[0], at_least=2)
         before_kill = {p.step: p.value for p in metric_series(engine, job_id, "loss")}
         recorded = max(c.step for c in client.jobs.checkpoints(job_id))
@@ -144,7 +127,7 @@ def test_the_hf_trainer_example_reads_its_inputs_and_resumes_after_a_killed_work
                 name=worker[0].name, slots=2, extra_env={"TORCHYARD_SANDBOX": "bwrap"},
             )
         )  # fmt: skip
-        done = _wait(client, job_id, worker[-1], ("succeeded",))
+        done = wait_job(client, job_id, ("succeeded",), worker[-1])
 
         # The same program with the model and the corpus in its code archive, named on its
         # command line: what the inputs held is what it trained on.
@@ -155,7 +138,7 @@ def test_the_hf_trainer_example_reads_its_inputs_and_resumes_after_a_killed_work
         archive = client.code.upload(bundled).id
         command = [*COMMAND, "--model", "model", "--corpus", "corpus"]
         reference_id = client.jobs.create(_spec(archive, pool, command, {})).id
-        reference = _wait(client, reference_id, worker[-1], ("succeeded",))
+        reference = wait_job(client, reference_id, ("succeeded",), worker[-1])
 
     assert done.attempt == 3 and done.failure is not None
     assert done.failure.failure_class == "node_lost", done.failure
@@ -170,16 +153,6 @@ def test_the_hf_trainer_example_reads_its_inputs_and_resumes_after_a_killed_work
     assert reference.attempt == 1 and sorted(expected) == list(range(1, MAX_STEPS + 1))
     assert {p.step: p.value for p in loss} == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert expected[MAX_STEPS] < expected[1] - 0.5, "the example shows learning"
-
-
-def _checkpoint_past(client: Client, job_id: int, step: int) -> int:
-    """The step of the job's first recorded checkpoint past `step` (polled)."""
-
-    def probe() -> int | None:
-        later = [c.step for c in client.jobs.checkpoints(job_id) if c.step > step]
-        return min(later) if later else None
-
-    return wait_for(f"a checkpoint past step {step}", probe, TIMEOUT_S, 0.05)
 
 
 def _example_inputs() -> dict[str, Any]:
@@ -235,7 +208,7 @@ def test_a_checkpoint_of_an_earlier_job_is_read_only_and_continued(
         code = client.code.upload(tmp_path / "writer").id
         spec = _spec(code, pool, ["python", "writer.py"], {})
         writer = client.jobs.create(spec).id
-        _wait(client, writer, worker[-1], ("succeeded",))
+        wait_job(client, writer, ("succeeded",), worker[-1])
         latest = client.jobs.checkpoints(writer)[-1]
         code = client.code.upload(tmp_path / "continuer").id
         spec = _spec(code, pool, ["python", "continuer.py"], {"start": {"job": writer}})
@@ -244,7 +217,7 @@ def test_a_checkpoint_of_an_earlier_job_is_read_only_and_continued(
             "job": writer,
             "checkpoint": latest.id,
         }
-        _wait(client, continuer, worker[-1], ("succeeded",))
+        wait_job(client, continuer, ("succeeded",), worker[-1])
     values = {p.step: p.value for p in metric_series(engine, continuer, "value")}
     assert values == {11: 33.0, 12: 36.0, 13: 39.0}
     assert {p.value for p in metric_series(engine, continuer, "wrote_input")} == {0.0}
@@ -276,7 +249,7 @@ def test_a_host_path_on_the_command_line_that_the_job_cannot_see_is_named_in_its
         code = client.code.upload(tmp_path / "code").id
         spec = _spec(code, pool, ["python", "reads.py", str(model_dir)], {})
         job_id = client.jobs.create(spec).id
-        failed = _wait(client, job_id, worker[-1], ("failed",))
+        failed = wait_job(client, job_id, ("failed",), worker[-1])
         events = client.jobs.events(job_id).items
     hint = (
         f"`{model_dir}` is not visible to the job: declare it in `entrypoint.inputs` "

@@ -1,0 +1,47 @@
+"""Waits through the SDK (`torchyard.Client`) for the tests that drive jobs as a user does
+(test_examples.py, test_inputs.py): a job's state, its next checkpoint, its step."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.workers.helpers import Worker, wait_for
+from torchyard import Client
+from torchyard.models import Job
+
+# Each wait; the hf_trainer example took 163 s from upload to success on a quiet host and one
+# wait passed 120 s on a loaded CI host.
+TIMEOUT_S = 240.0
+
+
+def wait_job(client: Client, job_id: int, states: tuple[str, ...], worker: Worker) -> Job:
+    """The job once it is in one of `states`; fails the test at once, with the worker's log,
+    when it failed or was cancelled instead."""
+
+    def probe() -> Job | None:
+        job = client.jobs.get(job_id)
+        if job.state in ("failed", "cancelled") and job.state not in states:
+            pytest.fail(f"job {job_id} {job.state}: {job.failure}\n{worker.log[-4000:]}")
+        return job if job.state in states else None
+
+    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, TIMEOUT_S, 0.2)
+
+
+def checkpoint_after(client: Client, job_id: int, step: int) -> int:
+    """The step of the job's first recorded checkpoint past `step` (polled)."""
+
+    def probe() -> int | None:
+        later = [c.step for c in client.jobs.checkpoints(job_id) if c.step > step]
+        return min(later) if later else None
+
+    return wait_for(f"a checkpoint past step {step}", probe, TIMEOUT_S, 0.05)
+
+
+def step_passed(client: Client, job_id: int, step: int) -> Job:
+    """The job once its run has reported step `step` (polled)."""
+
+    def probe() -> Job | None:
+        job = client.jobs.get(job_id)
+        return job if (job.current_step or 0) >= step else None
+
+    return wait_for(f"the run to pass step {step}", probe, TIMEOUT_S, 0.05)
