@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from celery import Celery
 from sqlalchemy import Engine
@@ -29,8 +30,6 @@ from tests.conftest import ProjectKey, make_project, settings_env
 from tests.integration.conftest import serve_api
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from torchyard.examples.docstrings import ExampleData, write_example_data
-
-openai = pytest.importorskip("openai")
 
 JOB_TIMEOUT_S = 400
 BASE = "tiny-llama"
