@@ -2,8 +2,15 @@
 # The test suite, on a fresh machine too: services up, venv installed, ruff and mypy (config
 # in pyproject.toml), then pytest.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`).
+# `bash scripts/test.sh --repeat N MODULE...`: the flake ledger: runs the modules N times, each
+# time in another random order (pytest-randomly's seed), and prints each one's pass rate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repeat=0
+if [ "${1:-}" = "--repeat" ]; then
+  repeat=$2
+  shift 2
+fi
 bash scripts/services.sh
 # A one-node Slurm cluster for the Slurm pool's tests (tests/integration/workers/test_slurm.py).
 if [ "$(id -u)" = 0 ]; then bash scripts/slurm.sh; fi
@@ -14,6 +21,9 @@ bash scripts/setup.sh
 # now rather than as skips at the end; and a test that skips anyway fails the run (issue 44).
 python -m tests.support.capabilities "$@"
 export TORCHYARD_TEST_NO_SKIPS=1
+if [ "$repeat" -gt 0 ]; then
+  exec python -m tests.support.flakes --repeat "$repeat" "$@"
+fi
 # Lint and types first: mypy takes about a minute cold, seconds with its cache (.mypy_cache/).
 ruff check .
 ruff format --check .
