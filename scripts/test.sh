@@ -21,6 +21,9 @@ bash scripts/setup.sh
 # now rather than as skips at the end; and a test that skips anyway fails the run (issue 44).
 python -m tests.support.capabilities "$@"
 export TORCHYARD_TEST_NO_SKIPS=1
+# The fault tests' latency figures (tests/support/figures.py), printed in the summary.
+export TORCHYARD_TEST_FIGURES="$PWD/.test-figures.jsonl"
+rm -f "$TORCHYARD_TEST_FIGURES"
 if [ "$repeat" -gt 0 ]; then
   exec python -m tests.support.flakes --repeat "$repeat" "$@"
 fi

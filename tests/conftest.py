@@ -72,6 +72,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if hasattr(terminalreporter.config, "workerinput"):
         return
+    from tests.support import figures
+
+    measured = figures.read(figures.FIGURES) if figures.FIGURES else []
+    if measured:
+        terminalreporter.section("latency figures (measured / goal; the suite asserts 3x)")
+        for f in measured:
+            met = "met" if f["met"] else "MISSED"
+            terminalreporter.write_line(
+                f"{f['figure']}: {f['value_s']:.1f} s / {f['goal_s']:.0f} s {met} ({f['test']})"
+            )
     if not _SKIPPED:
         terminalreporter.write_line("skips: none (every selected test ran)")
         return

@@ -27,6 +27,7 @@ from tests.integration.workers.helpers import (
     wait_for,
     wait_state,
 )
+from tests.support.figures import bound, record
 
 GONE_WITHIN_S = 10.0
 
@@ -39,14 +40,16 @@ def _cancel(engine: Engine, job_id: int) -> str:
 
 
 def _cancelled_and_gone(engine: Engine, job_id: int, worker: Worker) -> None:
-    """Within GONE_WITHIN_S of the cancel: state cancelled and every trainer process gone."""
-    started = time.monotonic()
-    assert wait_state(engine, job_id, ("cancelled",), GONE_WITHIN_S, worker).state == "cancelled"
+    """State cancelled and every trainer process gone, within `bound(GONE_WITHIN_S)` of the
+    cancel; how long it took is a figure against GONE_WITHIN_S (`tests.support.figures`)."""
+    started, limit = time.monotonic(), bound(GONE_WITHIN_S)
+    assert wait_state(engine, job_id, ("cancelled",), limit, worker).state == "cancelled"
     for launch in launches(job_events(engine, job_id)):
-        left = max(0.1, GONE_WITHIN_S - (time.monotonic() - started))
+        left = max(0.1, limit - (time.monotonic() - started))
         wait_for(
             "the trainer's processes to be gone", lambda p=launch.data["pgid"]: group_gone(p), left
         )
+    record("cancel -> cancelled, processes gone", time.monotonic() - started, GONE_WITHIN_S)
 
 
 def test_a_higher_priority_job_queued_later_runs_first(

@@ -41,6 +41,7 @@ from tests.integration.workers.helpers import (
     wait_state,
     wait_step,
 )
+from tests.support.figures import bound, record
 from workers.checkpoints import ASIDE
 
 pytestmark = pytest.mark.long
@@ -139,7 +140,7 @@ def test_a_killed_worker_s_job_resumes_elsewhere_with_every_step_once_and_the_sa
     # Parent-death signal: torchrun and its ranks go with the worker (no orphaned trainer).
     pgid = first_launch.data["pgid"]
     wait_for("the victim's trainer to be gone", lambda: group_gone(pgid), 30)
-    assert job_row(engine, job_id).state in ("starting", "running")  # nobody knows yet
+    assert job_row(engine, job_id).state == "running"  # it had reached step 7; nobody knows yet
 
     # A rescuer, and the reconciler as deployed (beat in a control worker).
     rescuer = _start(fleet, settings, celery_client, queue, worker_logs)
@@ -236,7 +237,8 @@ def test_a_worker_killed_with_its_trainers_is_requeued_within_15_s_and_trains_ag
         f"{running:.1f} s; worker_timeout_s {settings.worker_timeout_s:.0f} s)"
     )
     print(figures)
-    assert requeue_s < REQUEUE_WITHIN_S, figures
+    record("worker killed -> job requeued", requeue_s, REQUEUE_WITHIN_S)
+    assert requeue_s < bound(REQUEUE_WITHIN_S), figures
 
     (rescuer,) = [w for w in fleet if w.queue == queue and w is not victim]
     job = wait_state(engine, job_id, TERMINAL, 120, rescuer)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from jobspec.job import JobSpec
+from jobspec.job import InitFromSpec, JobSpec, LoRASpec
 from tests.support.spec_errors import raw_spec, spec_errors
 
 LLAMA = {
@@ -106,7 +106,8 @@ def test_lora_with_fsdp_is_valid() -> None:
     spec = JobSpec.model_validate(
         raw_spec(lora={}, parallelism={"strategy": "fsdp"}, resources={"procs_per_node": 2})
     )
-    assert spec.lora is not None
+    assert spec.lora == LoRASpec()  # the documented defaults, nothing else
+    assert (spec.parallelism.strategy, spec.world_size, spec.qlora) == ("fsdp", 2, None)
 
 
 def test_hf_kind_needs_the_hf_block() -> None:
@@ -189,4 +190,5 @@ def test_hf_model_init_from_an_earlier_job_is_valid() -> None:
 
 def test_lora_fine_tune_of_an_earlier_job_is_valid() -> None:
     spec = JobSpec.model_validate(raw_spec(model={"init_from": {"job": 1}}, lora={}))
-    assert spec.model.init_from is not None and spec.lora is not None
+    assert spec.model.init_from == InitFromSpec(job=1)  # the checkpoint is pinned at submission
+    assert spec.lora == LoRASpec()

@@ -13,11 +13,14 @@ import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from api.main import create_app
+from core.jobs import service as jobs
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts
+from workers import attempt
 
 BOUNDARY = "torchyard-test-boundary"
 MULTIPART = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
@@ -463,10 +466,15 @@ def test_upload_with_a_taken_name_is_409_and_its_file_is_removed(
     assert _stored(settings) == files
 
 
-def test_a_job_can_use_an_uploaded_dataset(client: TestClient, project: ProjectKey) -> None:
+def test_a_job_can_use_an_uploaded_dataset(
+    client: TestClient, project: ProjectKey, engine: Engine, settings: Settings
+) -> None:
+    """The job pins the upload, and what its worker hands the trainer (`--data`, prepared by
+    `workers.attempt.prepare` as for a run) is the uploaded file, byte for byte."""
+    uploaded = b"hello world\n" * 100
     ds = client.post(
         "/v1/datasets/upload",
-        content=_multipart("up", "up.txt", b"hello world\n" * 100),
+        content=_multipart("up", "up.txt", uploaded),
         headers={**project.headers, **MULTIPART},
     ).json()
     answer = client.post(
@@ -475,6 +483,17 @@ def test_a_job_can_use_an_uploaded_dataset(client: TestClient, project: ProjectK
         headers=project.headers,
     )
     assert answer.status_code == 201, answer.text
+    job = answer.json()
+    assert (job["spec"]["data"]["dataset"], job["spec"]["data"]["format"]) == (ds["id"], "text")
+    with Session(engine) as session:
+        claimed = jobs.claim(session=session, job_id=job["id"], worker="w-datasets")
+        assert claimed is not None
+        session.commit()
+        session.refresh(claimed)
+        session.expunge(claimed)
+    paths = attempt.prepare(settings, lambda: Session(engine), claimed, claimed.spec)
+    assert Path(paths.data.removeprefix("file://")).read_bytes() == uploaded
+    assert json.loads(paths.spec.read_text())["data"]["dataset"] == ds["id"]
 
 
 def test_a_dataset_is_named_by_its_name_or_its_id_and_a_job_pins_the_id(

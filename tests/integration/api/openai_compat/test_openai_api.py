@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -319,6 +320,19 @@ def test_dpo_fine_tune_trains_to_completion(
     assert job.method.type == "dpo" and job.method.dpo.hyperparameters.beta == 0.2
     done = _wait(client, job.id, worker)
     assert done.fine_tuned_model and done.fine_tuned_model.endswith(f"::{job.id[6:]}")
+    # It trained DPO: the untrained policy is the reference (LoRA's B starts at zero), where
+    # every pair's loss is -log sigmoid(0) = ln 2 and no reward is ahead; by its last logged
+    # step the loss is below that and the chosen answers' rewards lead (margin, accuracy).
+    names = "loss,rewards/accuracy,rewards/margin"
+    metrics = _native(server, project, f"/v1/jobs/{done.id[6:]}/metrics?names={names}")
+    series = {s["name"]: dict(zip(s["steps"], s["values"], strict=True)) for s in metrics["series"]}
+    loss, accuracy = series["loss"], series["rewards/accuracy"]
+    last = max(loss)
+    assert loss[last] < math.log(2) - 0.01, loss
+    assert series["rewards/margin"][last] > 0 and 0.0 < accuracy[last] <= 1.0, series
+    assert sorted(accuracy) == sorted(loss)  # reported at every logged step
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+    assert checkpoints and max(c.step_number for c in checkpoints) >= max(loss), checkpoints
 
 
 def test_pause_resume_cancel_a_queued_job(
