@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 CONTENT = "content"  # an entry's file or directory, as the job sees it
 SIZE_FILE = ".size"  # its bytes, written before the entry is renamed into place
-PROGRESS_EVERY_S = 2.0  # a long fetch's progress event, at most this often
+PROGRESS_EVERY_S = 2.0  # a long fetch's progress (the starting job's reason), this often
+PROGRESS_EVENT_EVERY_S = 30.0  # ... and as an event of the job, at most this often per input
 GB = 1024**3
 
 
@@ -137,14 +138,23 @@ def place(
 
 
 def _reporter(factory: Callable[[], Session], job: Job, host: str) -> Report:
-    """An event of the job per report; a fetch's progress is also what the starting job
-    waits for (`waiting_for`, from `jobs.wait_reason`), cleared once its inputs are placed."""
+    """An event of the job per report; a fetch's progress is what the starting job waits for
+    (`waiting_for`, from `jobs.wait_reason`, cleared once its inputs are placed), and an event
+    only every `PROGRESS_EVENT_EVERY_S` per input (an hour's fetch is not 1,800 events)."""
+    said: dict[str, float] = {}
 
     def report(message: str, data: dict[str, Any]) -> None:
+        progress = data.get("cache") == "fetching"
+        name = str(data.get("input"))
+        quiet = progress and time.monotonic() - said.get(name, -1e9) < PROGRESS_EVENT_EVERY_S
         try:
             with factory() as session:
-                if data.get("cache") == "fetching":
+                if progress:
                     _set_wait_reason(session, job, message)
+                if quiet:
+                    session.commit()
+                    return
+                said[name] = time.monotonic()
                 jobs.add_event(
                     session=session,
                     job=job,

@@ -278,13 +278,15 @@ def test_a_starting_job_fetching_an_input_says_so_until_its_inputs_are_placed(
     def factory() -> Session:
         return Session(engine)
 
-    said = "fetching input corpus: 0.4 GB of 1.2 GB"
+    said = ["fetching input corpus: 0.4 GB of 1.2 GB", "fetching input corpus: 0.8 GB of 1.2 GB"]
     report = worker_inputs._reporter(factory, claimed, "w-inputs")
-    report(said, {"input": "corpus", "cache": "fetching", "bytes": 1, "total_bytes": 3})
+    for message, done in zip(said, (1, 2), strict=True):
+        report(message, {"input": "corpus", "cache": "fetching", "bytes": done, "total_bytes": 3})
     shown = registry_client.get(f"/v1/jobs/{job_id}", headers=project.headers).json()
-    assert (shown["state"], shown["waiting_for"]) == ("starting", said)
+    assert (shown["state"], shown["waiting_for"]) == ("starting", said[1])
     events = registry_client.get(f"/v1/jobs/{job_id}/events", headers=project.headers).json()
-    assert said in [e["message"] for e in events["items"]]
+    fetching = [e["message"] for e in events["items"] if e["data"].get("cache") == "fetching"]
+    assert fetching == said[:1], "one progress event per input every 30 s, the reason each time"
     worker_inputs._clear_wait_reason(factory, claimed)
     shown = registry_client.get(f"/v1/jobs/{job_id}", headers=project.headers).json()
     assert shown["waiting_for"] is None
