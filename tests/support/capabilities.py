@@ -37,7 +37,7 @@ def _bwrap() -> str | None:
 def _cgroup() -> str | None:
     from workers.isolation import cgroups
 
-    made = cgroups.create("capability-probe", memory_bytes=None, cpus=None)
+    made = cgroups.create(f"capability-probe-{os.getpid()}", memory_bytes=None, cpus=None)
     if made is None:
         return "no writable cgroup hierarchy (v1 memory+cpu, or v2 with delegation)"
     made.remove()
