@@ -42,7 +42,7 @@ def pin(*, session: Session, project_id: str, spec: JobSpec) -> JobSpec:
     if source is None:
         return spec
     if source.checkpoint is not None:
-        found = _checkpoint_of_project(session, project_id, source.checkpoint)
+        found = checkpoint_of_project(session, project_id, source.checkpoint)
         if found is None:
             raise NotFound(
                 f"model.init_from.checkpoint: no checkpoint {source.checkpoint} in this project",
@@ -58,13 +58,13 @@ def pin(*, session: Session, project_id: str, spec: JobSpec) -> JobSpec:
     else:
         assert source.job is not None  # InitFromSpec asks for one of the two
         job = _job_of_project(session, project_id, source.job)
-        latest = _latest(session, job.id)
-        if latest is None:
+        newest = latest(session, job.id)
+        if newest is None:
             raise Conflict(
                 f"model.init_from.job: job {job.id} ({job.state}) has no complete checkpoint",
                 details=_detail("job", "no complete checkpoint", "conflict"),
             )
-        checkpoint = latest
+        checkpoint = newest
     _check_shapes(spec, job)
     pinned = InitFromSpec(job=job.id, checkpoint=checkpoint.id)
     return spec.model_copy(update={"model": spec.model.model_copy(update={"init_from": pinned})})
@@ -74,11 +74,11 @@ def checkpoint_uri(*, session: Session, project_id: str, source: InitFromSpec) -
     """The URI of the pinned checkpoint `source.checkpoint` (or, for a spec stored without
     one, the latest of `source.job`). Raises `InvalidInput` when it no longer exists."""
     if source.checkpoint is not None:
-        found = _checkpoint_of_project(session, project_id, source.checkpoint)
+        found = checkpoint_of_project(session, project_id, source.checkpoint)
         checkpoint = found[0] if found else None
     else:
         assert source.job is not None
-        checkpoint = _latest(session, source.job)
+        checkpoint = latest(session, source.job)
     if checkpoint is None:
         raise InvalidInput(
             f"model.init_from: checkpoint {source.checkpoint or '(latest)'} of job "
@@ -112,9 +112,10 @@ def _job_of_project(session: Session, project_id: str, job_id: int) -> Job:
     return job
 
 
-def _checkpoint_of_project(
+def checkpoint_of_project(
     session: Session, project_id: str, checkpoint_id: int
 ) -> tuple[Checkpoint, Job] | None:
+    """Checkpoint `checkpoint_id` and its job, when that job is of `project_id`; else None."""
     row = session.execute(
         select(Checkpoint, Job)
         .join(Job, Job.id == Checkpoint.job_id)
@@ -123,7 +124,9 @@ def _checkpoint_of_project(
     return (row[0], row[1]) if row else None
 
 
-def _latest(session: Session, job_id: int) -> Checkpoint | None:
+def latest(session: Session, job_id: int) -> Checkpoint | None:
+    """The job's complete checkpoint of the highest step (a row exists exactly while one is
+    complete and kept); also `entrypoint.inputs`' `{job: N}` (`core.jobs.inputs`)."""
     return session.execute(
         select(Checkpoint)
         .where(Checkpoint.job_id == job_id)

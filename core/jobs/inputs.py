@@ -18,10 +18,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
+from core.jobs import init_from
 from core.platform import storage
 from core.platform.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from core.platform.models import Checkpoint, Dataset, Job
@@ -101,32 +101,20 @@ def _checkpoint(session: Session, project_id: str, name: str, given: CheckpointI
     if job is None or job.project_id != project_id:
         raise _problem(NotFound, name, "job", f"no job {given.job} in this project", "not_found")
     if given.checkpoint is None:
-        latest = latest_checkpoint(session, job.id)
+        latest = init_from.latest(session, job.id)
         if latest is None:
             msg = f"job {job.id} ({job.state}) has no complete checkpoint"
             raise _problem(Conflict, name, "job", msg, "conflict")
         return latest
-    found = session.get(Checkpoint, given.checkpoint)
-    owner = session.get(Job, found.job_id) if found is not None else None
-    if found is None or owner is None or owner.project_id != project_id:
+    found = init_from.checkpoint_of_project(session, project_id, given.checkpoint)
+    if found is None:
         msg = f"no checkpoint {given.checkpoint} in this project"
         raise _problem(NotFound, name, "checkpoint", msg, "not_found")
-    if found.job_id != job.id:
-        msg = f"checkpoint {found.id} belongs to job {found.job_id}, not job {job.id}"
+    checkpoint, owner = found
+    if owner.id != job.id:
+        msg = f"checkpoint {checkpoint.id} belongs to job {owner.id}, not job {job.id}"
         raise _problem(InvalidInput, name, "checkpoint", msg, "mismatch")
-    return found
-
-
-def latest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
-    """The job's complete checkpoint of the highest step (a row exists exactly while one is
-    complete and kept)."""
-    query = (
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job_id)
-        .order_by(Checkpoint.step.desc())
-        .limit(1)
-    )
-    return session.execute(query).scalar_one_or_none()
+    return checkpoint
 
 
 def _check_path(settings: Settings, name: str, path: str) -> None:
@@ -216,7 +204,7 @@ def _locate_one(session: Session, project_id: str, name: str, given: AnyInput) -
         checkpoint = (
             session.get(Checkpoint, given.checkpoint)
             if given.checkpoint is not None
-            else latest_checkpoint(session, given.job)
+            else init_from.latest(session, given.job)
         )
         if checkpoint is None or checkpoint.job_id != given.job:
             raise InvalidInput(
