@@ -43,9 +43,9 @@ MB = 1024**2
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     """A moto S3 server on a free loopback port (its endpoint URL); stopped at the end."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from workers.launcher import free_port  # outside the ephemeral range (bench.data's note)
+
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
