@@ -141,20 +141,28 @@ class ProcessSampler:
         )
 
     def _rank_env(self, proc: psutil.Process) -> tuple[int | None, str]:
-        """(global rank, CUDA_VISIBLE_DEVICES) of a rank process, read once; rank None when
-        its environment is unreadable or names none."""
-        if proc not in self._env:
-            try:
-                env = proc.environ()
-            except psutil.Error:
-                env = {}
-            rank: int | None = None
-            if env.get("RANK", "").isdigit():
-                rank = int(env["RANK"])
-            elif env.get("LOCAL_RANK", "").isdigit():
-                rank = self.rank_offset + int(env["LOCAL_RANK"])
-            self._env[proc] = (rank, env.get("CUDA_VISIBLE_DEVICES", ""))
-        return self._env[proc]
+        """(global rank, CUDA_VISIBLE_DEVICES) of a rank process; rank None when its
+        environment is unreadable or names none.
+
+        A readable, non-empty environment is read once and kept. An empty or unreadable one
+        is read again at the next sample: a process caught in `execve` (after its parent's
+        `Popen` returned, before the kernel set up the new image's environment) reads as
+        empty, and keeping that would leave the rank unrecognised for its whole life."""
+        if proc in self._env:
+            return self._env[proc]
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            env = {}
+        rank: int | None = None
+        if env.get("RANK", "").isdigit():
+            rank = int(env["RANK"])
+        elif env.get("LOCAL_RANK", "").isdigit():
+            rank = self.rank_offset + int(env["LOCAL_RANK"])
+        found = (rank, env.get("CUDA_VISIBLE_DEVICES", ""))
+        if env:
+            self._env[proc] = found
+        return found
 
 
 def _measure(proc: psutil.Process, *, fresh: bool) -> _Member | None:

@@ -130,6 +130,35 @@ def test_a_root_that_is_itself_the_one_rank_is_sampled_as_that_rank() -> None:
         proc.wait(timeout=30)
 
 
+def test_an_environment_read_mid_exec_as_empty_is_read_again_at_the_next_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`Popen` returns once the child's `execve` has begun, before the kernel has set up the
+    new image's environment: a first read can see it empty. That read must not stick."""
+    import psutil
+
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE, env=env)
+    real = psutil.Process.environ
+    reads: list[int] = []
+
+    def environ(self: psutil.Process) -> dict[str, str]:
+        reads.append(self.pid)
+        return {} if len(reads) == 1 else real(self)
+
+    monkeypatch.setattr(psutil.Process, "environ", environ)
+    try:
+        sampler = ProcessSampler(proc.pid)
+        assert sampler.sample().rss_bytes == {}  # the empty read: no rank yet
+        assert set(sampler.sample().rss_bytes) == {0}  # read again: the process is rank 0
+        assert set(sampler.sample().rss_bytes) == {0}
+        assert reads == [proc.pid, proc.pid]  # a real environment is read once and kept
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
 def test_sampler_of_a_process_that_is_gone_is_empty_and_gives_no_readings() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
