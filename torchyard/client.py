@@ -489,17 +489,30 @@ class Datasets:
         *,
         format: str | None = None,
         token_dtype: str | None = None,
+        include: list[str] | None = None,
+        exclude: list[str] | None = None,
     ) -> Dataset:
         """Register a file or directory the server can read, under one of its allowed roots.
 
         A file is checked record by record as `format` (None: the server detects it; a
         directory is `text`); `token_dtype` (`uint16`/`uint32`) reads a `.bin` token file.
+        A directory's files are those `include` (glob patterns; server default `**/*`)
+        selects minus `exclude` (fnmatch; server default: installed packages, byte-code
+        caches, `.git`): kept with the dataset, every job on it reads only those, and of them
+        only the UTF-8 text (the rest is listed in `left_out`).
         The server hashes every file before answering, so this waits at least five minutes
         (or the client's timeout, if longer). Raises `PermissionDenied` outside the roots,
         `ValidationFailed` for a missing or empty path or invalid records (each bad record's
         line and field path in `details`), `Conflict` when the name is taken.
         """
-        body = {"name": name, "uri": uri, "format": format, "token_dtype": token_dtype}
+        body = {
+            "name": name,
+            "uri": uri,
+            "format": format,
+            "token_dtype": token_dtype,
+            "include": include,
+            "exclude": exclude,
+        }
         answer = self._client.request(
             "POST",
             "/v1/datasets",

@@ -104,15 +104,12 @@ def with_data_root(env: dict[str, str], path: Path) -> dict[str, str]:
 
 def build_spec(base: dict[str, Any], opts: Options) -> dict[str, Any]:
     """The spec to submit: the example with the options and ``--set`` overrides applied.
+    Which files of a directory it reads is the dataset's (`corpus_include`), not the spec's.
 
     `--steps` also caps the eval and checkpoint intervals (an eval interval beyond
     `max_steps` is a spec error); `--procs 1` switches the strategy to ``single``.
     """
     spec = copy.deepcopy(base)
-    if opts.include:
-        spec["data"]["include"] = list(opts.include)
-    elif opts.data is not None:
-        spec["data"]["include"] = ["**/*"]
     if opts.steps is not None:
         spec["train"]["max_steps"] = opts.steps
         for section in ("eval", "checkpoint"):
@@ -235,14 +232,32 @@ class Servers:
             signal.signal(signal.SIGINT, previous)
 
 
-def register_corpus(client: Client, path: Path) -> Dataset:
-    """The dataset for `path` (file or directory): the one a previous run registered under
-    the same name, else a new registration (which makes the server hash every file)."""
+def corpus_include(path: Path, include: list[str]) -> list[str] | None:
+    """The files of the corpus directory `path` the dataset holds: `--include`, else the
+    standard library's Python sources, else every file (None: the server's default). The
+    server leaves out what is not UTF-8 text in any case. None for a file."""
+    if path.is_file():
+        return None
+    return list(include) or (["**/*.py"] if path == STDLIB else None)
+
+
+def register_corpus(client: Client, path: Path, include: list[str] | None = None) -> Dataset:
+    """The dataset for `path` (file or directory) and its `include`: the one a previous run
+    registered under the same name with the same filter, else a new registration (which
+    makes the server read every file). A dataset of that name with another filter (or one
+    registered before filters were kept with datasets) is left alone: the new one's name
+    ends in the filter's digest."""
+    found = {d.name: d for d in client.datasets.list()}
+
+    def fits(dataset: Dataset) -> bool:
+        return path.is_file() or dataset.include == (include or ["**/*"])
+
     name = dataset_name(path)
-    for dataset in client.datasets.list():
-        if dataset.name == name:
-            return dataset
-    return client.datasets.register(name, str(path))
+    if name in found and not fits(found[name]):
+        name = f"{name}-{hashlib.sha256(repr(include).encode()).hexdigest()[:8]}"
+    if name in found and fits(found[name]):
+        return found[name]
+    return client.datasets.register(name, str(path), include=include)
 
 
 @contextlib.contextmanager
@@ -314,7 +329,7 @@ def run(opts: Options, console: Console) -> int:
                     )
                     job_id = jobs[-1]
                 else:
-                    dataset = register_corpus(client, data)
+                    dataset = register_corpus(client, data, corpus_include(data, opts.include))
                     console.print(Text(f"dataset {dataset.id}: {dataset.uri}", style="dim"))
                     spec["data"]["dataset"] = dataset.id
                     job_id = client.jobs.create(spec).id

@@ -484,8 +484,15 @@ def _data_message(data: dict[str, Any]) -> str:
     sides = [data.get(name) for name in ("train", "eval")]
     train, held = (side if isinstance(side, dict) else {} for side in sides)
     source = "from cache" if data.get("cached") else "tokenized"
-    return (
+    line = (
         f"data {source}: {data.get('format')}, loss on {data.get('loss_on')}; "
         f"{train.get('rows', train.get('pairs'))} training and "
         f"{held.get('rows', held.get('pairs'))} evaluation rows"
     )
+    left_out = data.get("left_out")
+    if isinstance(left_out, dict) and left_out.get("files"):
+        mb = (left_out.get("bytes") or 0) / 1e6
+        line += f"; {left_out['files']} files not text, not read ({mb:.1f} MB)"
+    if isinstance(left_out, dict) and left_out.get("cut"):
+        line += f"; {len(left_out['cut'])} read up to where they stop being text"
+    return line

@@ -54,7 +54,9 @@ def register_dataset(
     settings: SettingsDep,
     paths: ServerPathsDep,
 ) -> schemas.Dataset:
-    """Register a server-side file or directory (under an allowed data root) as a dataset."""
+    """Register a server-side file or directory (under an allowed data root) as a dataset.
+    A directory's `include` / `exclude` choose its files and stay with it; its files that are
+    not UTF-8 text are left out (`left_out`) and never read by a job."""
     require_storable(body.model_dump(), ("body",))
     try:
         dataset = datasets.register(
@@ -65,6 +67,8 @@ def register_dataset(
             uri=body.uri,
             format=body.format,
             token_dtype=body.token_dtype,
+            include=body.include,
+            exclude=body.exclude,
         )
     except (OSError, RuntimeError) as exc:  # unreadable file, unknown ~user, name too long
         raise InvalidInput(

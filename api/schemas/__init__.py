@@ -469,6 +469,26 @@ class EvaluationList(BaseModel):
     )
 
 
+class NotTextFile(BaseModel):
+    """A file of a directory left out as not UTF-8 text."""
+
+    path: str = Field(description="Its path relative to the dataset's location.")
+    size_bytes: int = Field(description="Its size in bytes.")
+    reason: str = Field(
+        description="Where and why it stops being text (`byte 9 (line 2) is a NUL byte ...`)."
+    )
+
+
+class LeftOut(BaseModel):
+    """What a directory's text left out: counts over every selected file, and the first few."""
+
+    files: int = Field(description="Selected files that are not UTF-8 text.")
+    bytes: int = Field(description="Their bytes.")
+    of_files: int = Field(description="Files the filter selects.")
+    of_bytes: int = Field(description="Their bytes.")
+    examples: list[NotTextFile] = Field(description="The first 20 left out, in path order.")
+
+
 class Dataset(_Out):
     """Training data in a project: a registered server-side path or an uploaded file, its
     `format` (declared or detected) and, for record and token formats, its `stats`."""
@@ -490,6 +510,23 @@ class Dataset(_Out):
     format: Format = Field(description="How it is read: declared at registration or detected.")
     stats: DatasetStats | None = Field(
         description="What validation learned (record and token formats); else null."
+    )
+    include: list[str] | None = Field(
+        default=None,
+        description="A directory's files: glob patterns it was registered with, filled into "
+        "the `data.include` of every job on it (a job that sets its own replaces them). Null "
+        "for a file, and for a directory registered before filters were kept.",
+    )
+    exclude: list[str] | None = Field(
+        default=None,
+        description="A directory's `fnmatch` patterns of files not part of it; a job's "
+        "`data.exclude` adds to them.",
+    )
+    left_out: LeftOut | None = Field(
+        default=None,
+        description="The selected files of a directory that are not UTF-8 text (binary, NUL "
+        "bytes, not UTF-8): never read by a job. Null for a file (one that is not text is "
+        "refused).",
     )
     created_at: Timestamp = Field(description="When it was registered or uploaded; UTC, ISO 8601.")
 
@@ -544,6 +581,7 @@ class DatasetSample(BaseModel):
     items: list[DatasetSampleItem] = Field(description="Its first records, in order.")
 
 
+FilePattern = Annotated[str, StringConstraints(min_length=1, max_length=500, pattern=PRINTABLE)]
 DatasetName = Annotated[
     str,
     Field(min_length=1, max_length=200, pattern=PRINTABLE, description="Unique in the project."),
@@ -588,6 +626,20 @@ class DatasetRegister(BaseModel):
     )
     token_dtype: TokenDtype | None = Field(
         default=None, description="`tokens` in a `.bin` file: uint16 (default) or uint32."
+    )
+    include: list[FilePattern] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description='A directory\'s files: glob patterns relative to it (default `["**/*"]`). '
+        "Kept with the dataset: every job on it reads only these files.",
+    )
+    exclude: list[FilePattern] | None = Field(
+        default=None,
+        max_length=100,
+        description="`fnmatch` patterns of a directory's files that are not part of it, matched "
+        "against the path relative to it (default: a job's default `data.exclude`: installed "
+        "packages, byte-code caches, `.git`).",
     )
 
 

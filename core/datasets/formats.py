@@ -9,7 +9,7 @@ A file is read once, in chunks (never whole in memory), from storage (local or f
   `tokens` (core/datasets/tokens.py);
 - `.npy` / `.bin` token arrays (`tokens`, core/datasets/tokens.py);
 - anything else is `text`: UTF-8 text without NUL bytes, checked block by block
-  (core/datasets/text.py).
+  (dataformat/text.py).
 
 Each record is validated with the models of `dataformat.records` (the trainer renders from the same
 models). Problems name the line (JSONL, 1-based) or row (Parquet, 1-based) and the field path:
@@ -31,10 +31,10 @@ import pyarrow.parquet as pq
 import zstandard
 from pydantic import ValidationError
 
-from core.datasets import text as dataset_text
 from core.datasets import tokens as dataset_tokens
 from core.datasets.stats import DatasetStats, StatsAccumulator
 from core.platform.errors import InvalidInput
+from dataformat import text as dataset_text
 from dataformat.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
 from dataformat.records import (
     RECORD_FORMATS,

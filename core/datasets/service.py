@@ -19,8 +19,15 @@ from core.platform import storage
 from core.platform.errors import Conflict, InvalidInput, NotFound, Unavailable
 from core.platform.models import Dataset, utcnow
 from core.platform.settings import Settings
+from dataformat import text as dataset_text
+from dataformat.errors import InvalidJobError
+from dataformat.readers import list_files
+from jobspec.data import DataSpec
 
 _CHUNK = 1 << 20
+DEFAULT_INCLUDE: list[str] = DataSpec.model_fields["include"].default
+DEFAULT_EXCLUDE: list[str] = DataSpec.model_fields["exclude"].default
+LEFT_OUT_EXAMPLES = 20  # files named in `left_out.examples`; the counts cover all
 # Not part of a corpus: byte-code caches, VCS data, and the third-party packages that live
 # inside the standard library directory of an installed Python.
 SKIP_DIRS = frozenset({"__pycache__", ".git", "site-packages", "dist-packages"})
@@ -95,18 +102,24 @@ def register(
     uri: str,
     format: str | None = None,
     token_dtype: str | None = None,
+    include: list[str] | None = None,
+    exclude: list[str] | None = None,
 ) -> Dataset:
     """Register a server-side file or directory under an allowed root, or an object or prefix
     of an object store under a data root that is a URI (`s3://corpora/`: read through fsspec
     with the server's credentials, as jobs read it). Commits.
 
     A file is checked record by record as `format` (None: detected; a `text` file must be
-    UTF-8 text without NUL bytes); a directory is `text`, its files chosen per job by the spec's
-    `data.include` / `exclude` (so a directory may hold other files: the quickstart registers the
-    standard library's directory, static archives and icons included).
-    Raises Forbidden (escapes the roots), InvalidInput (missing, empty, a record format on a
-    directory, or invalid records: line/row and field path per detail), Conflict (name taken),
-    Unavailable (the object store cannot be read).
+    UTF-8 text without NUL bytes). A directory is `text`: its files are those `include` (glob
+    patterns; default `**/*`) selects minus `exclude` (fnmatch; default the spec's: installed
+    packages, byte-code caches, `.git`), a filter kept with the dataset that every job on it
+    applies; each selected file is read whole, and those that are not UTF-8 text (a static
+    library, a wheel, an icon: the standard library's directory holds all three) are left out
+    and listed in `left_out`, never read by a job.
+    Raises Forbidden (escapes the roots), InvalidInput (missing, empty, a record format or a
+    filter on a single file, a filter that selects no text file, or invalid records: line/row
+    and field path per detail), Conflict (name taken), Unavailable (the object store cannot be
+    read).
     """
     if storage.is_remote(uri):
         location = storage.remote_under(uri, settings)
@@ -145,6 +158,25 @@ def register(
             f"format: a {format} dataset is one file; {uri!r} is a directory",
             details=[{"loc": ["body", "format"], "msg": "needs a file", "type": "value_error"}],
         )
+    left_out: dict[str, Any] | None = None
+    if is_file:
+        for field, given in (("include", include), ("exclude", exclude)):
+            if given is not None:
+                raise InvalidInput(
+                    f"{field}: chooses files of a directory; {uri!r} is a file",
+                    details=[
+                        {"loc": ["body", field], "msg": "needs a directory", "type": "value_error"}
+                    ],
+                )
+    else:
+        include = list(include if include is not None else DEFAULT_INCLUDE)
+        exclude = list(exclude if exclude is not None else DEFAULT_EXCLUDE)
+        try:
+            left_out = text_files(location, include, exclude)
+        except (InvalidInput, OSError):
+            raise
+        except Exception as exc:  # botocore's connection errors are no OSError
+            raise Unavailable(f"cannot read {uri!r}: {type(exc).__name__}: {exc}") from None
     return create(
         session=session,
         project_id=project_id,
@@ -155,7 +187,38 @@ def register(
         num_files=num_files,
         format=checked.format,
         stats=checked.stats,
+        include=include,
+        exclude=exclude,
+        left_out=left_out,
     )
+
+
+def text_files(location: str, include: list[str], exclude: list[str]) -> dict[str, Any]:
+    """What `include` minus `exclude` selects under the directory `location`, read whole:
+    `{"files", "bytes"}` left out as not UTF-8 text, of `{"of_files", "of_bytes"}` selected,
+    and the first `LEFT_OUT_EXAMPLES` of them (`{"path", "size_bytes", "reason"}`).
+    Raises InvalidInput when the filter selects no file or no text file, Unavailable (as
+    OSError) when a file cannot be read."""
+    where = {"loc": ["body", "include"], "type": "value_error"}
+    try:
+        files = list_files(location, include, exclude)
+    except InvalidJobError:
+        msg = f"no file matches include {include} minus exclude {exclude}"
+        raise InvalidInput(f"include: {msg}", details=[{**where, "msg": msg}]) from None
+    not_text, total = dataset_text.classify(files)
+    if len(not_text) == len(files):
+        msg = f"none of the {len(files)} selected files is UTF-8 text ({not_text[0].reason})"
+        raise InvalidInput(f"include: {msg}", details=[{**where, "msg": msg}])
+    return {
+        "files": len(not_text),
+        "bytes": sum(f.size_bytes for f in not_text),
+        "of_files": len(files),
+        "of_bytes": total,
+        "examples": [
+            {"path": f.path, "size_bytes": f.size_bytes, "reason": f.reason}
+            for f in not_text[:LEFT_OUT_EXAMPLES]
+        ],
+    }
 
 
 def check(
@@ -189,9 +252,15 @@ def create(
     format: str = "text",
     stats: DatasetStats | None = None,
     dataset_id: str | None = None,
+    include: list[str] | None = None,
+    exclude: list[str] | None = None,
+    left_out: dict[str, Any] | None = None,
 ) -> Dataset:
     """Insert a dataset row. Commits; raises Conflict when the project has the name already."""
     dataset = Dataset(
+        include=include,
+        exclude=exclude,
+        left_out=left_out,
         id=dataset_id or new_id("ds"),
         project_id=project_id,
         name=name,

@@ -21,7 +21,9 @@ from core.datasets import service as datasets
 from core.jobs import code_archives, evaluations, init_from, inputs
 from core.platform import storage
 from core.platform.errors import DomainError, Forbidden, InvalidInput
+from core.platform.models import Dataset
 from core.platform.settings import Settings
+from jobspec.data import DataSpec
 from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec
 from jobspec.problems import spec_errors
 
@@ -139,14 +141,26 @@ def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) ->
         )
         raise _data_error("dataset", msg)
     token_dtype = (found.stats or {}).get("token_dtype") if found.format == "tokens" else None
-    data = spec.data.model_copy(
-        update={
-            "dataset": found.id,  # a name, pinned to the id it names now
-            "format": found.format,
-            "token_dtype": spec.data.token_dtype or token_dtype,
-        }
-    )
-    return spec.model_copy(update={"data": data})
+    update: dict[str, Any] = {
+        "dataset": found.id,  # a name, pinned to the id it names now
+        "format": found.format,
+        "token_dtype": spec.data.token_dtype or token_dtype,
+    }
+    update |= dataset_filter(found, spec.data)
+    return spec.model_copy(update={"data": spec.data.model_copy(update=update)})
+
+
+def dataset_filter(found: Dataset, data: DataSpec) -> dict[str, list[str]]:
+    """The `include` / `exclude` a job on the directory dataset `found` reads with: the
+    dataset's filter travels with it. The job's `include`, when its spec sets one, replaces
+    the dataset's; the excludes it sets add to the dataset's. Empty for a dataset without a kept
+    filter (a file, or registered before filters were kept)."""
+    if found.include is None or found.exclude is None:
+        return {}
+    include = data.include if "include" in data.model_fields_set else list(found.include)
+    own = data.exclude if "exclude" in data.model_fields_set else []
+    exclude = list(found.exclude) + [x for x in own if x not in found.exclude]
+    return {"include": include, "exclude": exclude}
 
 
 def _check_data_uri(uri: str, settings: Settings, field: str = "uri") -> None:

@@ -193,6 +193,12 @@ class Dataset(Base):
     format: Mapped[str] = mapped_column(String(20), default="text", server_default="text")
     # core.datasets.stats.DatasetStats as JSON; None for `text` (nothing counted record-wise).
     stats: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    # A `text` directory's file filter, part of the dataset: a job on it reads only these files
+    # (0023). None for a file, and for a directory registered before 0023.
+    include: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
+    exclude: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
+    # The selected files that are not UTF-8 text, never read: core.datasets.service.LeftOut.
+    left_out: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

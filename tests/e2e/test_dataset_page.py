@@ -199,3 +199,40 @@ def test_use_in_a_new_job_on_preference_pairs_starts_from_dpo(
     assert "kind: dpo" in text and "packing: false" in text, text
     expect(laptop.page.locator("#spec-errors li.ok")).to_have_text(ACCEPTED)
     expect(laptop.page.locator("#spec-errors li")).to_have_count(1)
+
+
+def test_a_directorys_files_that_are_not_text_are_named_on_its_page(
+    laptop_scheme: Dash, api: httpx.Client
+) -> None:
+    """Issue 45, item 1: the page of a directory said "No warnings" while 64% of its bytes were
+    binary. It shows the filter the directory was registered with and what was left out."""
+    import sysconfig
+    from pathlib import Path
+
+    ensurepip = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip"  # sources and two wheels
+    caches = "*__pycache__/*"
+    answer = api.post(
+        "/v1/datasets",
+        json={"name": f"pip-{secrets.token_hex(4)}", "uri": str(ensurepip), "exclude": [caches]},
+    )
+    assert answer.status_code == 201, answer.text
+    ds = answer.json()
+    left = ds["left_out"]
+    wheels = sorted(p.relative_to(ensurepip).as_posix() for p in ensurepip.rglob("*.whl"))
+    assert [e["path"] for e in left["examples"]] == wheels and wheels
+    page = laptop_scheme.page
+    laptop_scheme.open(f"/datasets/{ds['id']}")
+    page.wait_for_selector("main[data-loaded]")
+    stats = page.locator("#dataset-stats")
+    expect(stats.locator("dd[data-stat='Include']")).to_have_text("**/*")
+    expect(stats.locator("dd[data-stat='Exclude']")).to_have_text(caches)
+    share = round(100 * left["bytes"] / left["of_bytes"])
+    expect(page.locator("#dataset-left-out")).to_contain_text(
+        f"Not text, never read by a job: {len(wheels)} of {left['of_files']} files, "
+        f"{share}% of bytes"
+    )
+    files = page.locator("#dataset-left-out li.left-out-file")
+    expect(files).to_have_count(len(wheels))
+    expect(files.first).to_contain_text(wheels[0])
+    expect(files.first).to_contain_text(left["examples"][0]["reason"].split(": ", 1)[1])
+    assert laptop_scheme.fits_width()

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
-from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile
+from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile, LeftOut
 from torchyard.render import (
     dataset_files_table,
     dataset_stats_table,
@@ -57,14 +57,26 @@ def datasets_register(
     uri: Annotated[str, typer.Argument(help="A path the server can read (allowed roots).")],
     format: FormatOpt = None,
     token_dtype: TokenDtypeOpt = None,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(help="A directory's files: glob relative to it (repeatable; default **/*)."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(help="fnmatch pattern of a directory's files to leave out (repeatable)."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Register a server-side file or directory as a dataset (a file's records are checked).
+    """Register a server-side file or directory as a dataset (a file's records are checked;
+    a directory's files that are not UTF-8 text are left out and listed).
 
-    Example: `torchyard datasets register stdlib /usr/lib/python3.11`
+    Example: `torchyard datasets register stdlib /usr/lib/python3.11 --include '**/*.py'`
     """
     datasets = command_client(ctx).datasets
-    _print_dataset(datasets.register(name, uri, format=format, token_dtype=token_dtype), json_out)
+    dataset = datasets.register(
+        name, uri, format=format, token_dtype=token_dtype, include=include, exclude=exclude
+    )
+    _print_dataset(dataset, json_out)
 
 
 @datasets_app.command("upload")
@@ -200,5 +212,23 @@ def _print_dataset(dataset: Dataset, json_out: bool) -> None:
         print_json(dataset)
         return
     out.print(datasets_table([dataset]))
+    if dataset.include is not None:
+        out.print(f"files: include {', '.join(dataset.include)}", markup=False)
+        if dataset.exclude:
+            out.print(f"       exclude {', '.join(dataset.exclude)}", markup=False)
+    if dataset.left_out is not None and dataset.left_out.files:
+        out.print(left_out_line(dataset.left_out), markup=False)
+        for f in dataset.left_out.examples[:5]:
+            why = f.reason.removeprefix(f"{f.path}: ")
+            out.print(f"  {f.path}: {why}", markup=False, overflow="fold")
     if dataset.stats is not None:
         out.print(dataset_stats_table(dataset.stats))
+
+
+def left_out_line(left: LeftOut) -> str:
+    """`not text, not read: 80 of 2,450 files, 64% of bytes` for a directory dataset."""
+    share = left.bytes / left.of_bytes if left.of_bytes else 0.0
+    return (
+        f"not text, not read: {left.files:,} of {left.of_files:,} files, "
+        f"{share:.0%} of bytes ({left.bytes / 1e6:,.1f} MB)"
+    )

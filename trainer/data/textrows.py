@@ -7,10 +7,13 @@ is `input_ids = chunk[:-1]`, `labels = chunk[1:]` (all supervised), positions 0.
 segment. The tail shorter than a chunk is dropped.
 
 - `text`: files are read in 1 MiB blocks (never a whole file in memory), decoded as UTF-8
-  (U+FFFD for invalid bytes) and tokenized at line boundaries; bytes are the ids of the
-  byte-level GPT. A directory's whole files go to evaluation by a hash of their relative
-  path (`trainer.data.plan.document_sides`), a single file's last `eval_fraction` of bytes;
-  at most `data.max_bytes` bytes are read, in sorted relative-path order.
+  and tokenized at line boundaries; bytes are the ids of the byte-level GPT. Only text is
+  read (`dataformat.text`): a file whose first block is not UTF-8 text (a NUL byte, bytes that
+  do not decode: a static library, a wheel, an image) is left out and counted in the
+  report's `left_out`; one that stops being text later is read up to that byte (`cut`).
+  A directory's whole files go to evaluation by a hash of their relative path
+  (`trainer.data.plan.document_sides`), a single file's last `eval_fraction` of bytes; at most
+  `data.max_bytes` bytes of text are read, in sorted relative-path order.
 - `jsonl_text` (without packing): each record's text, then the tokenizer's EOS (or a newline
   byte for bytes), split by example (`trainer.data.plan.ExampleSplit`).
 - `tokens` (`.npy`, `.bin` of `data.token_dtype`): the last `eval_fraction` of each file's
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import numpy as np
 
+from dataformat import text as text_check
 from dataformat.errors import InvalidJobError
 from dataformat.masks import Example, Tokenizer
 from dataformat.readers import DataFile, iter_records, token_array
@@ -115,10 +119,21 @@ def build_text_rows(
         _feed_records(files, eval_files, tok, chunkers, data.eval_fraction)
     elif plan.format == "tokens":
         _feed_tokens(files, eval_files, chunkers, data)
-    else:
-        for side, blocks in _text_sides(files, eval_files, data):
+    skipped = LeftOut()
+    if plan.format == "text":
+        files = skipped.sniff(files)
+        eval_files = skipped.sniff(eval_files) if eval_files is not None else None
+        if not files:
+            why = skipped.files[0][2]
+            raise InvalidJobError(
+                f"none of the {len(skipped.files)} data files is UTF-8 text ({why}); a text "
+                "dataset is read as text: choose its text files with data.include"
+            )
+        for side, blocks in _text_sides(files, eval_files, data, skipped):
             _feed_text(blocks, tok, chunkers[side])
     report: dict[str, Any] = {"format": plan.format, "loss_on": "all"}
+    if skipped.files or skipped.cut:
+        report["left_out"] = skipped.report()
     for name, writer, chunker in zip(("train", "eval"), writers, chunkers, strict=True):
         if writer.count == 0:
             raise InvalidJobError(
@@ -178,11 +193,12 @@ def _feed_tokens(
 
 
 def _text_sides(
-    files: list[DataFile], eval_files: list[DataFile] | None, data: DataSpec
+    files: list[DataFile], eval_files: list[DataFile] | None, data: DataSpec, text: LeftOut
 ) -> Iterator[tuple[int, Iterator[bytes]]]:
     """(side, byte blocks) per document. The documents are those within the `max_bytes`
     budget (in order, the last one cut); the split is then made among them, so a held-out
     document always lies within the budget and one document splits by position.
+    Each document's blocks stop where it stops being text (`text`).
     Raises `InvalidJobError` when they hold no byte."""
     budget = data.max_bytes if data.max_bytes is not None else math.inf
     taken: list[tuple[DataFile, int]] = []
@@ -196,8 +212,8 @@ def _text_sides(
         raise InvalidJobError(f"the text data ({', '.join(f.rel for f, _ in taken)}) is empty")
     if eval_files is None and len(taken) == 1:
         (f, size), n_eval = taken[0], max(1, math.floor(taken[0][1] * data.eval_fraction))
-        yield 0, _blocks(f, 0, size - n_eval)
-        yield 1, _blocks(f, size - n_eval, size)
+        yield 0, text.blocks(f, 0, size - n_eval)
+        yield 1, text.blocks(f, size - n_eval, size)
         return
     held = (
         document_sides([f.rel for f, _ in taken], data.eval_fraction)
@@ -205,9 +221,68 @@ def _text_sides(
         else [False] * len(taken)
     )
     for (f, take), is_eval in zip(taken, held, strict=True):
-        yield int(is_eval), _blocks(f, 0, take)
+        yield int(is_eval), text.blocks(f, 0, take)
     for f in eval_files or []:
-        yield 1, _blocks(f, 0, _size(f))
+        yield 1, text.blocks(f, 0, _size(f))
+
+
+class LeftOut:
+    """What of the `text` files is not read as text: files whose first block is not UTF-8
+    text (`sniff`), and files cut where they stop being text (`blocks`)."""
+
+    EXAMPLES = 20
+
+    def __init__(self) -> None:
+        self.files: list[tuple[str, int, str]] = []  # (relative path, bytes, reason)
+        self.cut: list[tuple[str, int, str]] = []  # (relative path, bytes read, reason)
+
+    def sniff(self, files: list[DataFile]) -> list[DataFile]:
+        """`files` without those whose first block is not text."""
+        kept = []
+        for f in files:
+            problem = text_check.sniff(f.url, f.rel)
+            if problem is None:
+                kept.append(f)
+            else:
+                self.files.append((f.rel, _size(f), problem[0]))
+        return kept
+
+    def blocks(self, f: DataFile, start: int, stop: int) -> Iterator[bytes]:
+        """`f`'s bytes `start:stop` in blocks, ending before the first byte that is not text.
+        A `start` inside the file may cut a character: its continuation bytes are dropped."""
+        check = text_check.TextCheck(f.rel)
+        offset = start
+        for block in _blocks(f, start, stop):
+            if offset == start and start > 0:
+                lead = len(block) - len(block.lstrip(_CONTINUATION))
+                block, offset = block[lead:], offset + lead
+            check.feed(block)
+            if check.problem is not None and check.at is not None:
+                keep = max(0, check.at - (offset - start))
+                self.cut.append((f.rel, offset + keep - start, check.problem[0]))
+                if keep:
+                    yield block[:keep]
+                return
+            offset += len(block)
+            yield block
+
+    def report(self) -> dict[str, Any]:
+        """`{"files", "bytes", "examples", "cut"}` for the data report."""
+        return {
+            "files": len(self.files),
+            "bytes": sum(size for _, size, _ in self.files),
+            "examples": [
+                {"path": rel, "size_bytes": size, "reason": why}
+                for rel, size, why in self.files[: self.EXAMPLES]
+            ],
+            "cut": [
+                {"path": rel, "bytes_read": read, "reason": why}
+                for rel, read, why in self.cut[: self.EXAMPLES]
+            ],
+        }
+
+
+_CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes
 
 
 def _size(f: DataFile) -> int:

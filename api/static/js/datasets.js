@@ -55,6 +55,8 @@ function statsList(ds) {
   const rows = [
     ["Format", ds.format], ["Records", fmtNumber(s.records)], ["Size", fmtBytes(ds.size_bytes)],
     ["Files", ds.num_files], ["Duplicates", fmtNumber(s.duplicates)],
+    ...(ds.include ? [["Include", ds.include.join(", ")]] : []),
+    ...(ds.exclude?.length ? [["Exclude", ds.exclude.join(", ")]] : []),
     ["Created", fmtTime(ds.created_at)],
   ];
   if (s.roles && Object.keys(s.roles).length) {
@@ -73,9 +75,29 @@ function statsList(ds) {
 
 function warningsList(ds) {
   const warnings = ds.stats?.warnings ?? [];
-  if (!warnings.length) return h("p", { class: "muted", id: "dataset-warnings" }, "No warnings.");
-  return h("ul", { class: "errors", id: "dataset-warnings" }, warnings.map((w) =>
+  const left = leftOut(ds);
+  if (!warnings.length && !left) {
+    return h("p", { class: "muted", id: "dataset-warnings" }, "No warnings.");
+  }
+  return h("ul", { class: "errors", id: "dataset-warnings" }, left ?? "", warnings.map((w) =>
     h("li", {}, `${w.message}: ${w.count} (first ${w.first})`)));
+}
+
+/** A directory's files that are not UTF-8 text: counted, the first few named; no job reads
+ * them. Null when there are none. */
+function leftOut(ds) {
+  const left = ds.left_out;
+  if (!left?.files) return null;
+  const count = (n) => n.toLocaleString("en");
+  const share = left.of_bytes ? Math.round((100 * left.bytes) / left.of_bytes) : 0;
+  const more = left.files - left.examples.length;
+  return h("li", { id: "dataset-left-out" },
+    `Not text, never read by a job: ${count(left.files)} of ${count(left.of_files)} files, `,
+    `${share}% of bytes (${fmtBytes(left.bytes)}).`,
+    h("ul", {}, left.examples.map((e) => h("li", { class: "left-out-file" },
+      h("code", {}, e.path), ` ${fmtBytes(e.size_bytes)}: `,
+      e.reason.slice(e.path.length + 2))),
+    more > 0 ? h("li", { class: "muted" }, `and ${count(more)} more`) : ""));
 }
 
 function choice(id, label, values, selected) {

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from dataformat.records import FORMATS
-from tests.integration.conftest import UNSERVED_POOL
+from tests.integration.conftest import UNSERVED_POOL, cli_invoker
 from torchyard import Client, ValidationFailed
 from torchyard.models import DATASET_FORMATS
 from torchyard.render import SUPERVISED_STYLE, preview_tokens
@@ -138,3 +138,37 @@ def test_files_sample_and_the_jobs_that_used_a_dataset_by_its_name(
     unknown = cli("jobs", "--dataset", "nope")
     assert unknown.exit_code != 0
     assert "no dataset 'nope'" in unknown.output
+
+
+def test_register_a_directory_with_a_filter_shows_it_and_what_is_not_text(
+    live_api: str, api_key: str, tmp_path: Path
+) -> None:
+    """Issue 45, item 1: the filter given at registration is the dataset's, and `show` says
+    which of the directory's files are not text (the wheels of `ensurepip`)."""
+    import sysconfig
+
+    cli = cli_invoker(live_api, api_key, tmp_path, COLUMNS="80")
+    ensurepip = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip"
+    result = cli(
+        "datasets", "register", "pip", str(ensurepip),
+        "--include", "**/*", "--exclude", "*__pycache__/*", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    dataset = json.loads(result.stdout)
+    assert (dataset["include"], dataset["exclude"]) == (["**/*"], ["*__pycache__/*"])
+    wheels = sorted(p.relative_to(ensurepip).as_posix() for p in ensurepip.rglob("*.whl"))
+    assert [e["path"] for e in dataset["left_out"]["examples"]] == wheels and wheels
+
+    shown = cli("datasets", "show", "pip")
+    assert shown.exit_code == 0, shown.output
+    assert "files: include **/*" in shown.stdout
+    assert "exclude *__pycache__/*" in shown.stdout
+    left = dataset["left_out"]
+    share = left["bytes"] / left["of_bytes"]
+    assert f"not text, not read: {len(wheels)} of {left['of_files']} files, {share:.0%}" in (
+        shown.stdout
+    )
+    lines = [line.strip() for line in shown.stdout.splitlines()]
+    for wheel in wheels:  # each named whole, once, at the start of a line, at 80 columns
+        assert sum(line.startswith(f"{wheel}: byte ") for line in lines) == 1, shown.stdout
+        assert shown.stdout.count(wheel) == 1

@@ -18,6 +18,7 @@ from torchyard.quickstart import (
     Options,
     QuickstartError,
     build_spec,
+    corpus_include,
     dataset_name,
     embedded_env,
     example_spec,
@@ -38,7 +39,8 @@ def test_default_spec_is_the_documented_gpt_run() -> None:
     assert spec.model.seq_len == 128
     assert (spec.train.max_steps, spec.train.micro_batch_size, spec.optim.lr) == (600, 16, 2e-3)
     assert (spec.eval.interval_steps, spec.checkpoint.interval_steps) == (100, 200)
-    assert spec.data.include == ["**/*.py"] and spec.data.max_bytes == 8_000_000
+    assert "include" not in spec.data.model_fields_set  # the dataset's filter applies
+    assert spec.data.max_bytes == 8_000_000
     assert spec.parallelism.strategy == "ddp" and spec.resources.procs_per_node == 2
 
 
@@ -54,11 +56,18 @@ def test_one_proc_trains_a_single_process() -> None:
     assert (spec.parallelism.strategy, spec.world_size) == ("single", 1)
 
 
-def test_user_data_reads_every_file_unless_include_is_given(tmp_path: Path) -> None:
-    spec = build_spec(example_spec(), Options(data=tmp_path))
-    assert spec["data"]["include"] == ["**/*"]
-    spec = build_spec(example_spec(), Options(data=tmp_path, include=["*.md"]))
-    assert spec["data"]["include"] == ["*.md"]
+def test_the_corpus_filter_is_the_datasets_stdlib_sources_else_every_file(
+    tmp_path: Path,
+) -> None:
+    """The quickstart registers its corpus with the filter, so it travels with the dataset
+    to every job on it (issue 45, item 1), and the spec leaves `include` alone."""
+    assert corpus_include(STDLIB, []) == ["**/*.py"]
+    assert corpus_include(tmp_path, []) is None  # the server's default: every text file
+    assert corpus_include(tmp_path, ["*.md"]) == ["*.md"]
+    (tmp_path / "one.txt").write_text("text\n")
+    assert corpus_include(tmp_path / "one.txt", ["*.md"]) is None  # a file has no filter
+    for opts in (Options(data=tmp_path), Options(data=tmp_path, include=["*.md"])):
+        assert "include" not in build_spec(example_spec(), opts)["data"]
 
 
 def test_set_overrides_apply_last() -> None:

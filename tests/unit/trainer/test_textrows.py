@@ -65,7 +65,7 @@ def test_few_documents_still_hold_one_out_for_eval(tmp_path: Path) -> None:
 
 def test_single_file_splits_by_position(tmp_path: Path) -> None:
     path = tmp_path / "one.txt"
-    data = bytes(range(256)) * 40
+    data = bytes(range(1, 128)) * 80  # every ASCII byte but NUL: text
     path.write_bytes(data)
     prepared = prepare(tmp_path, data_spec(path, eval_fraction=0.25, seq_len=SEQ_LEN))
     cut = len(data) * 3 // 4
@@ -78,7 +78,7 @@ def test_raw_text_rows_are_contiguous_chunks_and_batches_shift_targets_by_one(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "corpus.txt"
-    data = bytes(range(100)) * 10
+    data = bytes(range(1, 101)) * 10  # control characters but no NUL: text
     path.write_bytes(data)
     train = prepare(tmp_path, data_spec(path, eval_fraction=0.25, seq_len=9)).train
     assert len(train) == 750 // 10  # non-overlapping chunks of seq_len + 1, tail dropped
@@ -91,7 +91,7 @@ def test_raw_text_rows_are_contiguous_chunks_and_batches_shift_targets_by_one(
     batch = train.batch(np.array([3, 0]), torch.device("cpu"))
     x, y = batch.input_ids, batch.labels
     assert x.dtype == torch.long and x.shape == (2, 9)
-    assert torch.equal(x[0], torch.arange(30, 39)) and torch.equal(y[0], torch.arange(31, 40))
+    assert torch.equal(x[0], torch.arange(31, 40)) and torch.equal(y[0], torch.arange(32, 41))
 
 
 def test_a_split_shorter_than_one_chunk_is_an_invalid_job(tmp_path: Path) -> None:
@@ -140,3 +140,79 @@ def test_unusable_data_is_an_invalid_job(tmp_path: Path, where: str) -> None:
         location.write_bytes(b"")
     with pytest.raises(InvalidJobError):
         prepare(tmp_path, data_spec(location, include=include, seq_len=SEQ_LEN))
+
+
+def test_files_that_are_not_text_are_never_read_and_are_reported(tmp_path: Path) -> None:
+    """Issue 45, item 1: the standard library's directory holds a static library, shared
+    objects and wheels among its sources; a `text` job reads only the text."""
+    data = tmp_path / "data"
+    _write_docs(data, 6)
+    (data / "libpython.a").write_bytes(b"!<arch>\n" + b"\x7fELF\x02\x01\x01\x00" * 5000)
+    (data / "tool.whl").write_bytes(b"PK\x03\x04\xb3\xd9\x14\x08\x08\x01" + b"z" * 4000)
+    lead = b"# document 999\n" + b"y = 2\n" * ((1 << 20) // 6 + 100)  # past the first block
+    (data / "later.py").write_bytes(lead + b"\x00\x01binary tail\n" * 50)
+    spec = data_spec(data, eval_fraction=0.2, seq_len=SEQ_LEN)
+    prepared = prepare(tmp_path / "cache", spec)
+    read = _stream(prepared.train) + _stream(prepared.eval)
+    assert b"\x00" not in read and b"ELF" not in read and b"PK" not in read
+    assert b"binary tail" not in read
+    assert read.count(b"y = 2\n") >= (len(lead) - SEQ_LEN * 4) // 6 - 2  # read up to the NUL
+    left = prepared.report["left_out"]
+    assert (left["files"], left["bytes"]) == (2, 8 + 8 * 5000 + 10 + 4000)
+    assert [e["path"] for e in left["examples"]] == ["libpython.a", "tool.whl"]
+    assert "NUL byte" in left["examples"][0]["reason"]
+    assert "not UTF-8" in left["examples"][1]["reason"]
+    assert left["cut"] == [
+        {"path": "later.py", "bytes_read": len(lead), "reason": left["cut"][0]["reason"]}
+    ]
+    assert f"byte {len(lead) + 1} " in left["cut"][0]["reason"]
+
+
+def test_a_corpus_with_no_text_file_is_an_invalid_job_saying_so(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.dat").write_bytes(b"\x00" * 100)
+    with pytest.raises(InvalidJobError, match="none of the 1 data files is UTF-8 text"):
+        prepare(tmp_path / "cache", data_spec(data, seq_len=SEQ_LEN))
+
+
+def test_a_single_files_eval_tail_that_starts_inside_a_character_is_still_text(
+    tmp_path: Path,
+) -> None:
+    """The split of one file falls at a byte; the held-out tail may begin with a character's
+    continuation bytes, which belong to the training side's last character."""
+    path = tmp_path / "one.txt"
+    data = "é".encode() * 4001  # 8,002 bytes; the eval tail (25%) starts at byte 6,001
+    path.write_bytes(data)
+    prepared = prepare(tmp_path / "cache", data_spec(path, eval_fraction=0.25, seq_len=SEQ_LEN))
+    assert "left_out" not in prepared.report  # nothing cut: the tail's first byte is skipped
+    assert len(_stream(prepared.eval)) >= 2000 - SEQ_LEN - 1
+
+
+def test_the_quickstarts_unfiltered_stdlib_trains_on_its_text_only(tmp_path: Path) -> None:
+    """The Submit page's template, a dataset's "Use in a new job" and README's sweep base read
+    the standard library's directory whole; its binaries sort early (`config-3.11-*/libpython
+    3.11.a`, 45 MB) and used to be read as text."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    spec = data_spec(stdlib, include=["**/*"], max_bytes=4_000_000, seq_len=64)
+    prepared = prepare(tmp_path, spec)
+    read = _stream(prepared.train) + _stream(prepared.eval)
+    assert b"\x00" not in read
+    read.decode("utf-8")  # whole: no replacement was needed
+    left = prepared.report["left_out"]
+    assert left["files"] >= len(left["examples"]) > 0
+    for example in left["examples"]:
+        data = (stdlib / example["path"]).read_bytes()[: 1 << 20]
+        assert b"\x00" in data or not _decodes(data), example
+    static = {p.relative_to(stdlib).as_posix() for p in stdlib.glob("config-*/libpython*.a")}
+    assert static <= {e["path"] for e in left["examples"]}  # sorted early: among the first 20
+
+
+def _decodes(block: bytes) -> bool:
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(block) - 3  # a character cut by the block's end
+    return True

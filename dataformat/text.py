@@ -1,18 +1,30 @@
-"""Raw `text` datasets are UTF-8 text: each file checked block by block as it streams.
+"""Raw `text` data is UTF-8 text: each file checked block by block as it streams.
 
-The trainer reads a `text` dataset's files in 1 MiB blocks and decodes them as UTF-8, replacing
-what does not decode with U+FFFD (trainer/data/textrows.py): a PNG, a UTF-16 file or a stray binary
-would train on replacement characters and NUL bytes without a word. So registration and upload
-refuse a file holding a NUL byte or bytes that are not UTF-8 (Python's strict incremental
-decoder: a character split across two blocks is fine), naming the file, the byte (1-based) and
-the line where the text stops being text. Memory is one block, whatever the file's size.
+A PNG, a UTF-16 file, a static library or a stray wheel read as text would train on
+replacement characters and NUL bytes without a word. A file holding a NUL byte or bytes that
+are not UTF-8 (Python's strict incremental decoder: a character split across two blocks is
+fine) is not text:
+
+- upload and registration of one file refuse it, naming the file, the byte (1-based) and the
+  line where the text stops being text;
+- registration of a directory leaves such files out of the dataset and says which
+  (`classify`: `LeftOut`);
+- the trainer never reads one (trainer/data/textrows.py): a file whose first block is not text
+  is skipped, one that stops being text later is read up to that byte.
+
+Memory is one block, whatever the file's size.
 """
 
 from __future__ import annotations
 
 import codecs
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import fsspec
+
+if TYPE_CHECKING:  # dataformat.readers imports numpy, which the API's imports leave out
+    from dataformat.readers import DataFile
 
 BLOCK_BYTES = 1 << 20
 
@@ -24,6 +36,7 @@ class TextCheck:
     def __init__(self, name: str) -> None:
         self.name = name
         self.problem: tuple[str, str] | None = None
+        self.at: int | None = None  # the 0-based file offset of the first byte that is not text
         self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self._offset = 0  # bytes fed before the current block
         self._lines = 1  # the line the current block starts on
@@ -60,6 +73,7 @@ class TextCheck:
         """The problem at `block[at]` (`at` < 0: in the character begun before `block`)."""
         line = self._lines + block.count(b"\n", 0, max(at, 0))
         byte = self._offset + at + 1
+        self.at = byte - 1
         message = f"{self.name}: byte {byte} (line {line}) is {what}; a text dataset is UTF-8 text"
         self.problem = (message, type_)
 
@@ -72,3 +86,39 @@ def check_file(uri: str, name: str) -> tuple[str, str] | None:
         while check.problem is None and (block := fh.read(BLOCK_BYTES)):
             check.feed(block)
     return check.finish()
+
+
+def sniff(uri: str, name: str) -> tuple[str, str] | None:
+    """The problem of the file at `uri` within its first block (`BLOCK_BYTES`), or None: a
+    binary file shows itself there (a NUL byte, a zip's or an ELF header's non-UTF-8 bytes).
+    A last character cut by the block's end is not a problem. Raises OSError when the file
+    cannot be read."""
+    check = TextCheck(name)
+    with fsspec.open(uri, "rb") as fh:
+        check.feed(fh.read(BLOCK_BYTES))
+    return check.problem
+
+
+@dataclass(frozen=True)
+class NotText:
+    """A file a directory's text left out: its path relative to the directory, its size in
+    bytes and why (`check_file`'s message and type)."""
+
+    path: str
+    size_bytes: int
+    reason: str
+    type: str
+
+
+def classify(files: list[DataFile]) -> tuple[list[NotText], int]:
+    """Of `files`, those that are not UTF-8 text, each read whole (`check_file`) in the order
+    given, and the bytes of all `files`. Raises OSError when one cannot be read."""
+    left_out, total = [], 0
+    for f in files:
+        fs, path = fsspec.core.url_to_fs(f.url)
+        size = int(fs.size(path))
+        total += size
+        problem = check_file(f.url, f.rel)
+        if problem is not None:
+            left_out.append(NotText(f.rel, size, *problem))
+    return left_out, total
