@@ -1,16 +1,19 @@
 """Raw `text` data is UTF-8 text: each file checked block by block as it streams.
 
 A PNG, a UTF-16 file, a static library or a stray wheel read as text would train on
-replacement characters and NUL bytes without a word. A file holding a NUL byte or bytes that
-are not UTF-8 (Python's strict incremental decoder: a character split across two blocks is
-fine) is not text:
+replacement characters and NUL bytes without a word. A NUL byte, or bytes that are not UTF-8
+(Python's strict incremental decoder: a character split across two blocks is fine), are not
+text:
 
-- upload and registration of one file refuse it, naming the file, the byte (1-based) and the
-  line where the text stops being text;
-- registration of a directory leaves such files out of the dataset and says which
-  (`classify`: `LeftOut`);
-- the trainer never reads one (trainer/data/textrows.py): a file whose first block is not text
-  is skipped, one that stops being text later is read up to that byte.
+- upload and registration of one file refuse a file holding any, naming the file, the byte
+  (1-based) and the line where the text stops being text;
+- in a directory, a file is **binary** when its first block (`BLOCK_BYTES`) holds one
+  (`sniff`): a static library, a wheel, an image shows itself there. Registration leaves such
+  files out of the dataset and lists them (`classify`), and the trainer never reads them
+  (trainer/data/textrows.py), by the same rule, so what the dataset's page says is what a job
+  reads. A file that is text in its first block and holds stray bytes later (a Latin-1
+  comment in a source file) is text with those bytes dropped when read (`clean_blocks`),
+  listed as `repaired` at registration and counted in the job's `data` event.
 
 Memory is one block, whatever the file's size.
 """
@@ -36,7 +39,6 @@ class TextCheck:
     def __init__(self, name: str) -> None:
         self.name = name
         self.problem: tuple[str, str] | None = None
-        self.at: int | None = None  # the 0-based file offset of the first byte that is not text
         self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self._offset = 0  # bytes fed before the current block
         self._lines = 1  # the line the current block starts on
@@ -73,7 +75,6 @@ class TextCheck:
         """The problem at `block[at]` (`at` < 0: in the character begun before `block`)."""
         line = self._lines + block.count(b"\n", 0, max(at, 0))
         byte = self._offset + at + 1
-        self.at = byte - 1
         message = f"{self.name}: byte {byte} (line {line}) is {what}; a text dataset is UTF-8 text"
         self.problem = (message, type_)
 
@@ -101,8 +102,8 @@ def sniff(uri: str, name: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class NotText:
-    """A file a directory's text left out: its path relative to the directory, its size in
-    bytes and why (`check_file`'s message and type)."""
+    """A file of a directory that is not all UTF-8 text: its path relative to the directory,
+    its size in bytes and where and why (`check_file`'s message and type)."""
 
     path: str
     size_bytes: int
@@ -110,15 +111,56 @@ class NotText:
     type: str
 
 
-def classify(files: list[DataFile]) -> tuple[list[NotText], int]:
-    """Of `files`, those that are not UTF-8 text, each read whole (`check_file`) in the order
-    given, and the bytes of all `files`. Raises OSError when one cannot be read."""
-    left_out, total = [], 0
+@dataclass(frozen=True)
+class Classified:
+    """A directory's selected files by content: `binary` (left out), `repaired` (text with
+    stray bytes that are dropped when read), and the bytes of all of them."""
+
+    binary: list[NotText]
+    repaired: list[NotText]
+    total_bytes: int
+
+
+def classify(files: list[DataFile]) -> Classified:
+    """Read each of `files` whole, in the order given: binary when its first block is not
+    text (`sniff`), repaired when a later one is not. Raises OSError when one cannot be read."""
+    binary, repaired, total = [], [], 0
     for f in files:
         fs, path = fsspec.core.url_to_fs(f.url)
         size = int(fs.size(path))
         total += size
-        problem = check_file(f.url, f.rel)
-        if problem is not None:
-            left_out.append(NotText(f.rel, size, *problem))
-    return left_out, total
+        if (problem := sniff(f.url, f.rel)) is not None:
+            binary.append(NotText(f.rel, size, *problem))
+        elif (problem := check_file(f.url, f.rel)) is not None:
+            repaired.append(NotText(f.rel, size, *problem))
+    return Classified(binary, repaired, total)
+
+
+class CleanBlocks:
+    """A text file's blocks with what is not text dropped: bytes that are not UTF-8 and NUL
+    bytes. Feed blocks in order (`clean`), then `finish()`; `dropped` counts the bytes
+    removed. A first block that begins inside a character (a read from the middle of a file,
+    `mid_file`) loses those continuation bytes without counting them."""
+
+    def __init__(self, *, mid_file: bool = False) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("ignore")
+        self._skip_lead = mid_file
+        self.dropped = 0
+
+    def clean(self, block: bytes) -> bytes:
+        if self._skip_lead:
+            self._skip_lead = False
+            block = block[len(block) - len(block.lstrip(_CONTINUATION)) :]
+        pending = len(self._decoder.getstate()[0])
+        out = self._decoder.decode(block).replace("\x00", "").encode()
+        self.dropped += pending + len(block) - len(self._decoder.getstate()[0]) - len(out)
+        return out
+
+    def finish(self) -> bytes:
+        pending = len(self._decoder.getstate()[0])
+        out = self._decoder.decode(b"", final=True).encode()
+        self.dropped += pending - len(out)
+        return out
+
+
+_CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes

@@ -280,14 +280,17 @@ class NotTextFile(_Model):
 
 
 class LeftOut(_Model):
-    """What a directory dataset left out as not text: `files` of `of_files` selected, `bytes`
-    of `of_bytes`, the first few in `examples`. A job never reads them."""
+    """What a directory dataset left out as binary (its first MiB is not UTF-8 text): `files`
+    of `of_files` selected, `bytes` of `of_bytes`, the first few in `examples`; a job never
+    reads them. `repaired_files`: text files a job reads without their stray bytes."""
 
     files: int
     bytes: int
     of_files: int
     of_bytes: int
     examples: list[NotTextFile] = []
+    repaired_files: int = 0
+    repaired: list[NotTextFile] = []
 
 
 class Dataset(_Model):

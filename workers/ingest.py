@@ -492,7 +492,7 @@ def _data_message(data: dict[str, Any]) -> str:
     left_out = data.get("left_out")
     if isinstance(left_out, dict) and left_out.get("files"):
         mb = (left_out.get("bytes") or 0) / 1e6
-        line += f"; {left_out['files']} files not text, not read ({mb:.1f} MB)"
-    if isinstance(left_out, dict) and left_out.get("cut"):
-        line += f"; {len(left_out['cut'])} read up to where they stop being text"
+        line += f"; {left_out['files']} files not UTF-8 text, not read ({mb:.1f} MB)"
+    if isinstance(left_out, dict) and left_out.get("repaired_files"):
+        line += f"; stray bytes dropped from {left_out['repaired_files']} text files"
     return line

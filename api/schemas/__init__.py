@@ -480,13 +480,23 @@ class NotTextFile(BaseModel):
 
 
 class LeftOut(BaseModel):
-    """What a directory's text left out: counts over every selected file, and the first few."""
+    """What a directory's text left out: binary files (their first MiB is not UTF-8 text),
+    counted over every selected file, the first few named; and the text files a job reads
+    without their stray bytes."""
 
     files: int = Field(description="Selected files that are not UTF-8 text.")
     bytes: int = Field(description="Their bytes.")
     of_files: int = Field(description="Files the filter selects.")
     of_bytes: int = Field(description="Their bytes.")
     examples: list[NotTextFile] = Field(description="The first 20 left out, in path order.")
+    repaired_files: int = Field(
+        default=0,
+        description="Text files (their first MiB is text) holding stray NUL or non-UTF-8 bytes "
+        "further on: a job reads them without those bytes.",
+    )
+    repaired: list[NotTextFile] = Field(
+        default=[], description="The first 20 of them, each with its first stray byte."
+    )
 
 
 class Dataset(_Out):
@@ -524,9 +534,9 @@ class Dataset(_Out):
     )
     left_out: LeftOut | None = Field(
         default=None,
-        description="The selected files of a directory that are not UTF-8 text (binary, NUL "
-        "bytes, not UTF-8): never read by a job. Null for a file (one that is not text is "
-        "refused).",
+        description="The selected files of a directory that are binary (their first MiB is not "
+        "UTF-8 text: NUL bytes, bytes that do not decode): never read by a job. Null for a "
+        "file (one that is not text is refused).",
     )
     created_at: Timestamp = Field(description="When it was registered or uploaded; UTC, ISO 8601.")
 

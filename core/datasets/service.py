@@ -194,30 +194,38 @@ def register(
 
 
 def text_files(location: str, include: list[str], exclude: list[str]) -> dict[str, Any]:
-    """What `include` minus `exclude` selects under the directory `location`, read whole:
-    `{"files", "bytes"}` left out as not UTF-8 text, of `{"of_files", "of_bytes"}` selected,
-    and the first `LEFT_OUT_EXAMPLES` of them (`{"path", "size_bytes", "reason"}`).
-    Raises InvalidInput when the filter selects no file or no text file, Unavailable (as
-    OSError) when a file cannot be read."""
+    """What `include` minus `exclude` selects under the directory `location`, read whole
+    (`dataformat.text.classify`): `{"files", "bytes"}` left out as binary of `{"of_files",
+    "of_bytes"}` selected, the first `LEFT_OUT_EXAMPLES` of them (`examples`: `{"path",
+    "size_bytes", "reason"}`), and the text files with stray bytes a job drops
+    (`repaired_files`, the first few in `repaired`).
+    Raises InvalidInput when the filter selects no file or only binary ones, OSError when a
+    file cannot be read."""
     where = {"loc": ["body", "include"], "type": "value_error"}
     try:
         files = list_files(location, include, exclude)
     except InvalidJobError:
         msg = f"no file matches include {include} minus exclude {exclude}"
         raise InvalidInput(f"include: {msg}", details=[{**where, "msg": msg}]) from None
-    not_text, total = dataset_text.classify(files)
-    if len(not_text) == len(files):
-        msg = f"none of the {len(files)} selected files is UTF-8 text ({not_text[0].reason})"
+    found = dataset_text.classify(files)
+    if len(found.binary) == len(files):
+        msg = f"none of the {len(files)} selected files is UTF-8 text ({found.binary[0].reason})"
         raise InvalidInput(f"include: {msg}", details=[{**where, "msg": msg}])
-    return {
-        "files": len(not_text),
-        "bytes": sum(f.size_bytes for f in not_text),
-        "of_files": len(files),
-        "of_bytes": total,
-        "examples": [
+
+    def named(files: list[dataset_text.NotText]) -> list[dict[str, Any]]:
+        return [
             {"path": f.path, "size_bytes": f.size_bytes, "reason": f.reason}
-            for f in not_text[:LEFT_OUT_EXAMPLES]
-        ],
+            for f in files[:LEFT_OUT_EXAMPLES]
+        ]
+
+    return {
+        "files": len(found.binary),
+        "bytes": sum(f.size_bytes for f in found.binary),
+        "of_files": len(files),
+        "of_bytes": found.total_bytes,
+        "examples": named(found.binary),
+        "repaired_files": len(found.repaired),
+        "repaired": named(found.repaired),
     }
 
 

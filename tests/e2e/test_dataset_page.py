@@ -228,7 +228,7 @@ def test_a_directorys_files_that_are_not_text_are_named_on_its_page(
     expect(stats.locator("dd[data-stat='Exclude']")).to_have_text(caches)
     share = round(100 * left["bytes"] / left["of_bytes"])
     expect(page.locator("#dataset-left-out")).to_contain_text(
-        f"Not text, never read by a job: {len(wheels)} of {left['of_files']} files, "
+        f"Not UTF-8 text, never read by a job: {len(wheels)} of {left['of_files']} files, "
         f"{share}% of bytes"
     )
     files = page.locator("#dataset-left-out li.left-out-file")

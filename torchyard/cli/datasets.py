@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
-from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile, LeftOut
+from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile, LeftOut, NotTextFile
 from torchyard.render import (
     dataset_files_table,
     dataset_stats_table,
@@ -216,19 +216,30 @@ def _print_dataset(dataset: Dataset, json_out: bool) -> None:
         out.print(f"files: include {', '.join(dataset.include)}", markup=False)
         if dataset.exclude:
             out.print(f"       exclude {', '.join(dataset.exclude)}", markup=False)
-    if dataset.left_out is not None and dataset.left_out.files:
-        out.print(left_out_line(dataset.left_out), markup=False)
-        for f in dataset.left_out.examples[:5]:
-            why = f.reason.removeprefix(f"{f.path}: ")
-            out.print(f"  {f.path}: {why}", markup=False, overflow="fold")
+    left = dataset.left_out
+    if left is not None and left.files:
+        out.print(left_out_line(left), markup=False)
+        _print_files(left.examples[:5], left.files)
+    if left is not None and left.repaired_files:
+        out.print(f"text with stray bytes a job drops: {left.repaired_files:,} files", markup=False)
+        _print_files(left.repaired[:5], left.repaired_files)
     if dataset.stats is not None:
         out.print(dataset_stats_table(dataset.stats))
 
 
 def left_out_line(left: LeftOut) -> str:
-    """`not text, not read: 80 of 2,450 files, 64% of bytes` for a directory dataset."""
+    """`not UTF-8 text, not read: 80 of 2,450 files, 64% of bytes` for a directory dataset."""
     share = left.bytes / left.of_bytes if left.of_bytes else 0.0
     return (
-        f"not text, not read: {left.files:,} of {left.of_files:,} files, "
+        f"not UTF-8 text, not read: {left.files:,} of {left.of_files:,} files, "
         f"{share:.0%} of bytes ({left.bytes / 1e6:,.1f} MB)"
     )
+
+
+def _print_files(shown: list[NotTextFile], total: int) -> None:
+    """Each file's path whole at the start of its line, then why (wrapped, never the path)."""
+    for f in shown:
+        why = f.reason.removeprefix(f"{f.path}: ")
+        out.print(f"  {f.path}: {why}", markup=False, overflow="fold")
+    if total > len(shown):
+        out.print(f"  and {total - len(shown):,} more", markup=False)

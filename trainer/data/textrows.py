@@ -9,8 +9,9 @@ segment. The tail shorter than a chunk is dropped.
 - `text`: files are read in 1 MiB blocks (never a whole file in memory), decoded as UTF-8
   and tokenized at line boundaries; bytes are the ids of the byte-level GPT. Only text is
   read (`dataformat.text`): a file whose first block is not UTF-8 text (a NUL byte, bytes that
-  do not decode: a static library, a wheel, an image) is left out and counted in the
-  report's `left_out`; one that stops being text later is read up to that byte (`cut`).
+  do not decode: a static library, a wheel, an image) is binary, left out and counted in the
+  report's `left_out`; from the others, stray NUL and non-UTF-8 bytes are dropped (counted
+  in `left_out.repaired`).
   A directory's whole files go to evaluation by a hash of their relative path
   (`trainer.data.plan.document_sides`), a single file's last `eval_fraction` of bytes; at most
   `data.max_bytes` bytes of text are read, in sorted relative-path order.
@@ -132,7 +133,7 @@ def build_text_rows(
         for side, blocks in _text_sides(files, eval_files, data, skipped):
             _feed_text(blocks, tok, chunkers[side])
     report: dict[str, Any] = {"format": plan.format, "loss_on": "all"}
-    if skipped.files or skipped.cut:
+    if skipped.files or skipped.repaired:
         report["left_out"] = skipped.report()
     for name, writer, chunker in zip(("train", "eval"), writers, chunkers, strict=True):
         if writer.count == 0:
@@ -198,7 +199,7 @@ def _text_sides(
     """(side, byte blocks) per document. The documents are those within the `max_bytes`
     budget (in order, the last one cut); the split is then made among them, so a held-out
     document always lies within the budget and one document splits by position.
-    Each document's blocks stop where it stops being text (`text`).
+    Each document's blocks are cleaned of what is not text (`text`).
     Raises `InvalidJobError` when they hold no byte."""
     budget = data.max_bytes if data.max_bytes is not None else math.inf
     taken: list[tuple[DataFile, int]] = []
@@ -227,17 +228,18 @@ def _text_sides(
 
 
 class LeftOut:
-    """What of the `text` files is not read as text: files whose first block is not UTF-8
-    text (`sniff`), and files cut where they stop being text (`blocks`)."""
+    """What of the `text` files is not read as text: binary files, whose first block is not
+    UTF-8 text (`sniff`, the rule registration lists them by), and the stray bytes dropped
+    from the others (`blocks`)."""
 
     EXAMPLES = 20
 
     def __init__(self) -> None:
         self.files: list[tuple[str, int, str]] = []  # (relative path, bytes, reason)
-        self.cut: list[tuple[str, int, str]] = []  # (relative path, bytes read, reason)
+        self.repaired: dict[str, int] = {}  # relative path -> bytes dropped
 
     def sniff(self, files: list[DataFile]) -> list[DataFile]:
-        """`files` without those whose first block is not text."""
+        """`files` without the binary ones."""
         kept = []
         for f in files:
             problem = text_check.sniff(f.url, f.rel)
@@ -248,26 +250,19 @@ class LeftOut:
         return kept
 
     def blocks(self, f: DataFile, start: int, stop: int) -> Iterator[bytes]:
-        """`f`'s bytes `start:stop` in blocks, ending before the first byte that is not text.
-        A `start` inside the file may cut a character: its continuation bytes are dropped."""
-        check = text_check.TextCheck(f.rel)
-        offset = start
+        """`f`'s bytes `start:stop` in blocks, without NUL bytes and bytes that are not UTF-8
+        (`dataformat.text.CleanBlocks`; a `start` inside a character drops its rest)."""
+        clean = text_check.CleanBlocks(mid_file=start > 0)
         for block in _blocks(f, start, stop):
-            if offset == start and start > 0:
-                lead = len(block) - len(block.lstrip(_CONTINUATION))
-                block, offset = block[lead:], offset + lead
-            check.feed(block)
-            if check.problem is not None and check.at is not None:
-                keep = max(0, check.at - (offset - start))
-                self.cut.append((f.rel, offset + keep - start, check.problem[0]))
-                if keep:
-                    yield block[:keep]
-                return
-            offset += len(block)
-            yield block
+            if out := clean.clean(block):
+                yield out
+        if out := clean.finish():
+            yield out
+        if clean.dropped:
+            self.repaired[f.rel] = self.repaired.get(f.rel, 0) + clean.dropped
 
     def report(self) -> dict[str, Any]:
-        """`{"files", "bytes", "examples", "cut"}` for the data report."""
+        """`{"files", "bytes", "examples", "repaired"}` for the data report."""
         return {
             "files": len(self.files),
             "bytes": sum(size for _, size, _ in self.files),
@@ -275,14 +270,12 @@ class LeftOut:
                 {"path": rel, "size_bytes": size, "reason": why}
                 for rel, size, why in self.files[: self.EXAMPLES]
             ],
-            "cut": [
-                {"path": rel, "bytes_read": read, "reason": why}
-                for rel, read, why in self.cut[: self.EXAMPLES]
+            "repaired": [
+                {"path": rel, "bytes_dropped": dropped}
+                for rel, dropped in list(self.repaired.items())[: self.EXAMPLES]
             ],
+            "repaired_files": len(self.repaired),
         }
-
-
-_CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes
 
 
 def _size(f: DataFile) -> int:

@@ -76,15 +76,17 @@ function statsList(ds) {
 function warningsList(ds) {
   const warnings = ds.stats?.warnings ?? [];
   const left = leftOut(ds);
-  if (!warnings.length && !left) {
+  const fixed = repaired(ds);
+  if (!warnings.length && !left && !fixed) {
     return h("p", { class: "muted", id: "dataset-warnings" }, "No warnings.");
   }
-  return h("ul", { class: "errors", id: "dataset-warnings" }, left ?? "", warnings.map((w) =>
+  return h("ul", { class: "errors", id: "dataset-warnings" }, left ?? "", fixed ?? "",
+    warnings.map((w) =>
     h("li", {}, `${w.message}: ${w.count} (first ${w.first})`)));
 }
 
-/** A directory's files that are not UTF-8 text: counted, the first few named; no job reads
- * them. Null when there are none. */
+/** A directory's binary files (their first MiB is not UTF-8 text): counted, the first few
+ * named; no job reads them. Null when there are none. */
 function leftOut(ds) {
   const left = ds.left_out;
   if (!left?.files) return null;
@@ -92,12 +94,24 @@ function leftOut(ds) {
   const share = left.of_bytes ? Math.round((100 * left.bytes) / left.of_bytes) : 0;
   const more = left.files - left.examples.length;
   return h("li", { id: "dataset-left-out" },
-    `Not text, never read by a job: ${count(left.files)} of ${count(left.of_files)} files, `,
+    `Not UTF-8 text, never read by a job: ${count(left.files)} of ${count(left.of_files)} files, `,
     `${share}% of bytes (${fmtBytes(left.bytes)}).`,
     h("ul", {}, left.examples.map((e) => h("li", { class: "left-out-file" },
       h("code", {}, e.path), ` ${fmtBytes(e.size_bytes)}: `,
       e.reason.slice(e.path.length + 2))),
     more > 0 ? h("li", { class: "muted" }, `and ${count(more)} more`) : ""));
+}
+
+/** Text files holding stray bytes further on, which a job drops as it reads. */
+function repaired(ds) {
+  const left = ds.left_out;
+  if (!left?.repaired_files) return null;
+  const more = left.repaired_files - left.repaired.length;
+  return h("li", { id: "dataset-repaired" },
+    `Text with stray bytes a job drops: ${left.repaired_files.toLocaleString("en")} files.`,
+    h("ul", {}, left.repaired.map((e) => h("li", { class: "repaired-file" },
+      h("code", {}, e.path), `: ${e.reason.slice(e.path.length + 2)}`)),
+    more > 0 ? h("li", { class: "muted" }, `and ${more.toLocaleString("en")} more`) : ""));
 }
 
 function choice(id, label, values, selected) {

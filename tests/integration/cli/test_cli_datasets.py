@@ -165,7 +165,7 @@ def test_register_a_directory_with_a_filter_shows_it_and_what_is_not_text(
     assert "exclude *__pycache__/*" in shown.stdout
     left = dataset["left_out"]
     share = left["bytes"] / left["of_bytes"]
-    assert f"not text, not read: {len(wheels)} of {left['of_files']} files, {share:.0%}" in (
+    assert f"not UTF-8 text, not read: {len(wheels)} of {left['of_files']} files, {share:.0%}" in (
         shown.stdout
     )
     lines = [line.strip() for line in shown.stdout.splitlines()]

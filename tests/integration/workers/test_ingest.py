@@ -219,3 +219,28 @@ def test_step_progress_is_read_from_the_files_even_while_the_database_is_unreach
     with pytest.raises(OSError):
         ingest.flush(unreachable)
     assert ingest.progress.step == 2 and ingest.progress.observed_at is not None
+
+
+def test_the_data_event_says_what_of_the_text_was_not_read(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    """Issue 45, item 1: a `text` job on a directory names in its events the files it left
+    out as not UTF-8 text and the files it read without their stray bytes."""
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    left_out = {
+        "files": 189,
+        "bytes": 65_077_704,
+        "examples": [{"path": "a.whl", "size_bytes": 9, "reason": "a.whl: byte 6 ..."}],
+        "repaired": [{"path": "b.py", "bytes_dropped": 2}],
+        "repaired_files": 1,
+    }
+    sides = {"train": {"rows": 272_209}, "eval": {"rows": 16_130}}
+    event = _event("data", format="text", loss_on="all", cached=False, left_out=left_out, **sides)
+    paths.events.write_bytes(event)
+    RunIngest(paths=paths, job_id=claimed_job, attempt=1).flush(session_factory(engine))
+    (data,) = [e for e in job_events(engine, claimed_job) if e.data.get("format") == "text"]
+    assert data.message == (
+        "data tokenized: text, loss on all; 272209 training and 16130 evaluation rows; "
+        "189 files not UTF-8 text, not read (65.1 MB); stray bytes dropped from 1 text files"
+    )
+    assert data.data["left_out"] == left_out

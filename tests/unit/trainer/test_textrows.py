@@ -144,28 +144,27 @@ def test_unusable_data_is_an_invalid_job(tmp_path: Path, where: str) -> None:
 
 def test_files_that_are_not_text_are_never_read_and_are_reported(tmp_path: Path) -> None:
     """Issue 45, item 1: the standard library's directory holds a static library, shared
-    objects and wheels among its sources; a `text` job reads only the text."""
+    objects and wheels among its sources; a `text` job reads only the text. A file whose
+    first MiB is text is read without the stray bytes it holds further on."""
     data = tmp_path / "data"
     _write_docs(data, 6)
     (data / "libpython.a").write_bytes(b"!<arch>\n" + b"\x7fELF\x02\x01\x01\x00" * 5000)
     (data / "tool.whl").write_bytes(b"PK\x03\x04\xb3\xd9\x14\x08\x08\x01" + b"z" * 4000)
     lead = b"# document 999\n" + b"y = 2\n" * ((1 << 20) // 6 + 100)  # past the first block
-    (data / "later.py").write_bytes(lead + b"\x00\x01binary tail\n" * 50)
+    (data / "later.py").write_bytes(lead + b"# caf\xe9 \x00tail\n" * 50)
     spec = data_spec(data, eval_fraction=0.2, seq_len=SEQ_LEN)
     prepared = prepare(tmp_path / "cache", spec)
     read = _stream(prepared.train) + _stream(prepared.eval)
     assert b"\x00" not in read and b"ELF" not in read and b"PK" not in read
-    assert b"binary tail" not in read
-    assert read.count(b"y = 2\n") >= (len(lead) - SEQ_LEN * 4) // 6 - 2  # read up to the NUL
+    read.decode("utf-8")  # whole: every byte read is text
+    assert read.count(b"# caf tail\n") >= 50 - 2  # the stray bytes dropped, the text kept
     left = prepared.report["left_out"]
     assert (left["files"], left["bytes"]) == (2, 8 + 8 * 5000 + 10 + 4000)
     assert [e["path"] for e in left["examples"]] == ["libpython.a", "tool.whl"]
     assert "NUL byte" in left["examples"][0]["reason"]
     assert "not UTF-8" in left["examples"][1]["reason"]
-    assert left["cut"] == [
-        {"path": "later.py", "bytes_read": len(lead), "reason": left["cut"][0]["reason"]}
-    ]
-    assert f"byte {len(lead) + 1} " in left["cut"][0]["reason"]
+    assert left["repaired"] == [{"path": "later.py", "bytes_dropped": 2 * 50}]
+    assert left["repaired_files"] == 1
 
 
 def test_a_corpus_with_no_text_file_is_an_invalid_job_saying_so(tmp_path: Path) -> None:
@@ -200,7 +199,7 @@ def test_the_quickstarts_unfiltered_stdlib_trains_on_its_text_only(tmp_path: Pat
     prepared = prepare(tmp_path, spec)
     read = _stream(prepared.train) + _stream(prepared.eval)
     assert b"\x00" not in read
-    read.decode("utf-8")  # whole: no replacement was needed
+    read.decode("utf-8")  # whole: every byte read is text
     left = prepared.report["left_out"]
     assert left["files"] >= len(left["examples"]) > 0
     for example in left["examples"]:
