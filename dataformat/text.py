@@ -152,6 +152,8 @@ class CleanBlocks:
             self._skip_lead = False
             block = block[len(block) - len(block.lstrip(_CONTINUATION)) :]
         pending = len(self._decoder.getstate()[0])
+        if not pending and b"\x00" not in block and _whole_utf8(block):
+            return block  # the common case, without a copy
         out = self._decoder.decode(block).replace("\x00", "").encode()
         self.dropped += pending + len(block) - len(self._decoder.getstate()[0]) - len(out)
         return out
@@ -164,3 +166,13 @@ class CleanBlocks:
 
 
 _CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes
+
+
+def _whole_utf8(block: bytes) -> bool:
+    """Whether `block` is UTF-8 that ends on a character's end."""
+    if block.isascii():
+        return True
+    try:
+        return codecs.utf_8_decode(block, "strict", False)[1] == len(block)
+    except UnicodeDecodeError:
+        return False
