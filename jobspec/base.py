@@ -41,11 +41,29 @@ class StrictSpec(BaseModel):
         wrong = [
             k
             for k, v in data.items()
-            if isinstance(v, bool) and k in fields and not _takes_bool(fields[k].annotation)
+            if isinstance(v, bool)
+            and k in fields
+            and not _takes_bool(fields[k].annotation)
+            and not _takes_section(fields[k].annotation)
         ]
         if not wrong:
             return data
         return {k: (Boolean(v) if k in wrong else v) for k, v in data.items()}
+
+
+def _takes_section(annotation: Any) -> bool:
+    """Whether a field of type `annotation` takes a spec section (a model, alone or in a union
+    or `Annotated`). A boolean stays a boolean there: FastAPI validates a body with
+    `from_attributes`, which would read a `Boolean` as a section of defaults (`model.hf: false`
+    was accepted as an empty `hf`), and a plain boolean is refused as no object."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _takes_section(typing.get_args(annotation)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_takes_section(arg) for arg in typing.get_args(annotation))
+    return False
 
 
 def _takes_bool(annotation: Any) -> bool:

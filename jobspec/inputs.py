@@ -122,7 +122,10 @@ def _parse(value: Any) -> Any:
     errors: list[InitErrorDetails] = []
     for name, item in value.items():
         if not isinstance(name, str) or not re.match(INPUT_NAME, name):
-            msg = "an input's name is [a-z][a-z0-9_]* (at most 63 characters): {name}"
+            msg = (
+                "an input's name is lower-case letters, digits and '_', starting with a letter "
+                "(at most 63 characters): {name}"
+            )
             error = PydanticCustomError("input_name", msg, {"name": repr(name)})
             errors.append(InitErrorDetails(type=error, loc=(str(name),), input=name))
             continue

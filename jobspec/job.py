@@ -45,12 +45,13 @@ from jobspec.method import MethodSpec as MethodSpec
 SPEC_VERSION: Final = 1
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+NAME_FIELD_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # with the length checked apart
 Name = Annotated[
     str,
     Field(
         min_length=1,
         max_length=100,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=NAME_FIELD_PATTERN,
         description="Letters, digits, '.', '_' and '-'; starts with a letter or digit.",
     ),
 ]

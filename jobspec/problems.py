@@ -7,7 +7,10 @@ field errors, then the cross-field conflicts of the spec with those fields repai
 `jobspec.stored` repairs them (an unknown or invalid field dropped so its default applies, a
 missing one filled), leaving out a conflict at a field already reported. It also returns that
 repaired spec, so the server can check its references (datasets, code, `init_from`) in the same
-answer. An unknown field says which known one it most likely meant.
+answer. An unknown field says which known one it most likely meant, and so does a value that is
+not one of a field's choices (`strategy: dpp`: did you mean `ddp`?); a name that breaks its
+pattern says in words what a name may hold instead of quoting the regular expression. The
+problems come in the order of the fields in the spec as written (a YAML file's line order).
 
 Pure pydantic (and the standard library's `difflib`).
 """
@@ -16,12 +19,16 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from jobspec.job import SPEC_MODELS, AnySpec, JobSpec, parse_job_spec, spec_kind
+from jobspec.entrypoint import CODE_ID_PATTERN, PARAM_NAME
+from jobspec.evaluate import EVAL_NAME
+from jobspec.inputs import INPUT_NAME, SHA256
+from jobspec.job import NAME_FIELD_PATTERN, SPEC_MODELS, AnySpec, JobSpec, parse_job_spec, spec_kind
 from jobspec.stored import repair
 
 # Names from other trainers that mean one of ours (TRL, transformers, the OpenAI API); a typo
@@ -46,6 +53,17 @@ SYNONYMS = {
     "logging_steps": "log_interval_steps",
 }
 _MAX_REPAIRS = 8
+# What each of the spec's name patterns allows, in words (pydantic quotes the regex).
+PATTERN_WORDS = {
+    NAME_FIELD_PATTERN: "letters, digits, '.', '_' and '-', starting with a letter or digit",
+    INPUT_NAME: "lower-case letters, digits and '_', starting with a letter (at most 63)",
+    SHA256: "a sha256: 64 lower-case hexadecimal digits",
+    CODE_ID_PATTERN: "an uploaded code archive's id: `code_` and 16 hexadecimal digits",
+    PARAM_NAME: "letters, digits, '_', '.' and '-', starting with a letter or '_'",
+    EVAL_NAME: "a letter, then letters, digits, '_' and '-' (at most 40)",
+}
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
+_LAST = (10**9,)  # the place of a field the spec does not have: after those it has
 
 
 @dataclass
@@ -72,9 +90,11 @@ def spec_errors(data: Any) -> SpecErrors:
     reported = {tuple(e["loc"]) for e in errors}
     repaired = copy.deepcopy(data)
     conflicts_seen = False
+    fixed: AnySpec | None = None
     for _ in range(_MAX_REPAIRS):
         try:
-            return SpecErrors(errors, parse_job_spec(repaired))
+            fixed = parse_job_spec(repaired)
+            break
         except ValidationError as exc:
             found = exc.errors()
             if not conflicts_seen and all(e["type"] == "spec_conflict" for e in found):
@@ -83,7 +103,24 @@ def spec_errors(data: Any) -> SpecErrors:
                 errors += [dict(e) for e in found if not _covered(tuple(e["loc"]), reported)]
             if not repair(repaired, exc, [], None):
                 break
-    return SpecErrors(errors)
+    errors.sort(key=lambda e: spec_order(data, e["loc"]))
+    return SpecErrors(errors, fixed)
+
+
+def spec_order(data: Any, loc: Any) -> tuple[int, ...]:
+    """Where the field at `loc` is written in `data` (the key order of each mapping, as
+    parsed from the file's lines); a field it lacks sorts after its section's own."""
+    place, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            place.append(list(node).index(part))
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            place.append(part)
+            node = node[part]
+        else:
+            return (*place, *_LAST)
+    return tuple(place)
 
 
 def _covered(loc: tuple[Any, ...], reported: set[tuple[Any, ...]]) -> bool:
@@ -94,6 +131,16 @@ def _covered(loc: tuple[Any, ...], reported: set[tuple[Any, ...]]) -> bool:
 def _hinted(error: Any, model: type[BaseModel]) -> dict[str, Any]:
     """`error` as a dict; an unknown field's message names the field it most likely meant."""
     out = {k: error[k] for k in ("loc", "msg", "type", "input") if k in error}
+    ctx = error.get("ctx") or {}
+    if error["type"] == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_WORDS:
+        out["msg"] = f"should be {PATTERN_WORDS[ctx['pattern']]}; got {error['input']!r}"
+        return out
+    if error["type"] in ("literal_error", "enum") and isinstance(error.get("input"), str):
+        choices = _QUOTED.findall(str(ctx.get("expected", "")))
+        close = difflib.get_close_matches(error["input"], choices, n=1, cutoff=0.6)
+        if close:
+            out["msg"] = f"{error['msg']}; did you mean `{close[0]}`?"
+        return out
     if error["type"] != "extra_forbidden":
         return out
     *parents, name = error["loc"]

@@ -229,7 +229,11 @@ def _readable(paths: ServerPaths, read: Callable[[], T]) -> T:
     "/{dataset_id}/preview",
     response_model=schemas.DatasetPreview,
     responses={
-        409: {"model": ErrorBody, "description": "The dataset's format has no records to render"},
+        409: {
+            "model": ErrorBody,
+            "description": "The dataset's format has no records to render, or `loss_on` does "
+            "not apply to it",
+        },
         403: {"model": ErrorBody, "description": "`model.hf.path_or_id` is outside the data roots"},
     },
 )

@@ -86,7 +86,8 @@ def validate_spec(
             session=session, settings=settings, project_id=principal.project_id, data=doc.data
         )
         first = details[0]
-        where = ".".join(str(p) for p in first["loc"])
+        loc = list(first["loc"])
+        where = ".".join(str(p) for p in (loc[1:] if loc[:1] == ["body"] else loc))
         more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
         raise InvalidInput(
             f"invalid spec: {where}: {first['msg']}{more}", details=_placed(doc, details)

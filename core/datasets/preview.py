@@ -62,7 +62,7 @@ def preview(
     records (see `dataformat.masks.preview` for the shape). `seq_len` None: `model.seq_len`.
 
     Raises NotFound (not the project's dataset), Conflict (a format without renderable
-    records), InvalidInput (a `loss_on` the format cannot honour, a chat template that does not
+    records, a `loss_on` the format cannot honour), InvalidInput (a chat template that does not
     parse, a model path without a loadable tokenizer; each at its `["body", ...]` path) or
     Forbidden (a model path outside the allowed data roots).
     """
@@ -116,10 +116,13 @@ def _tokenizer_name(tokenizer: Tokenizer) -> str:
 
 
 def _check_loss_on(format: str, loss_on: str | None) -> None:
+    """A `loss_on` this dataset's format cannot honour is a Conflict (409) at `body.loss_on`:
+    the request is well formed, and valid for a dataset of another format."""
     allowed = LOSS_ON_BY_FORMAT[format]
     if loss_on is not None and loss_on not in allowed:
         msg = f"loss_on {loss_on!r} does not apply to format {format!r}; choose among {allowed}"
-        raise _invalid(["body", "loss_on"], msg)
+        detail = {"loc": ["body", "loss_on"], "msg": msg, "type": "conflict"}
+        raise Conflict(f"loss_on: {msg}", details=[detail])
 
 
 def load_tokenizer(model: ModelSpec, settings: Settings) -> Tokenizer:

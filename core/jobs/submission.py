@@ -25,7 +25,7 @@ from core.platform.models import Dataset
 from core.platform.settings import Settings
 from jobspec.data import DataSpec
 from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec
-from jobspec.problems import spec_errors
+from jobspec.problems import spec_errors, spec_order
 
 
 def check_references(
@@ -56,9 +56,9 @@ def problems(
     *, session: Session | None, settings: Settings, project_id: str | None, data: Any
 ) -> list[dict[str, Any]]:
     """Every problem of `data`, a job spec as submitted, as error details (`loc` from `body`,
-    `msg`, `type`): fields, rules across fields, then (given a session and project) the first
-    reference problem of the spec with its fields repaired. Empty when it is valid and every
-    reference holds."""
+    `msg`, `type`): fields, rules across fields, and (given a session and project) the first
+    reference problem of the spec with its fields repaired, in the order the spec writes its
+    fields. Empty when it is valid and every reference holds."""
     found = spec_errors(data)
     details = [{**e, "loc": ["body", *e["loc"]]} for e in found.errors]
     if found.repaired is None or session is None or project_id is None:
@@ -70,6 +70,7 @@ def problems(
     except DomainError as exc:
         seen = {tuple(d["loc"]) for d in details}
         details += [d for d in exc.details if tuple(d.get("loc", ())) not in seen]
+        details.sort(key=lambda d: spec_order(data, list(d.get("loc", ()))[1:]))
     return details
 
 

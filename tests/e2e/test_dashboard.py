@@ -186,6 +186,14 @@ def test_a_bad_spec_shows_the_apis_field_paths_beside_the_yaml_lines_as_you_type
     # ... and the schema says what the field under the cursor is.
     expect(page.locator("#field-help")).to_contain_text("train.micro_batch_size integer ≥ 1")
     dash.shot("submit")
+    # A section is a section, not its class's name (issue 45, item 8: "eval EvalSpec").
+    page.fill("#spec-editor", "name: x\neval:\n  interval_steps: 5\n")
+    page.evaluate(
+        "(e => { e.focus(); e.setSelectionRange(9, 9); e.dispatchEvent(new Event('keyup')); })"
+        "(document.getElementById('spec-editor'))"
+    )
+    expect(page.locator("#field-help")).to_contain_text("eval section · ")
+    expect(page.locator("#field-help")).not_to_contain_text("Spec")
 
     page.fill("#spec-editor", "name: x\nnonsense: 1\n")
     expect(page.locator("#spec-errors li[data-loc='nonsense']")).to_contain_text("line 2")

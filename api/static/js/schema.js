@@ -39,7 +39,8 @@ export function describe(field, root) {
       a.minimum !== undefined ? `≥ ${a.minimum}` : "", a.exclusiveMinimum !== undefined ? `> ${a.exclusiveMinimum}` : "",
       a.maximum !== undefined ? `≤ ${a.maximum}` : "", a.exclusiveMaximum !== undefined ? `< ${a.exclusiveMaximum}` : "",
     ].filter(Boolean).join(" ");
-    return [a.type === "object" && a.title ? a.title : a.type, bounds].filter(Boolean).join(" ");
+    // A spec section is an object whose title is the model's class name: say "section".
+    return [a.type === "object" && a.title ? "section" : a.type, bounds].filter(Boolean).join(" ");
   });
   const s = resolve(field, root);
   const parts = [[...new Set(kinds)].join(" or ")];

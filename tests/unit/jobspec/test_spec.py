@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from jobspec.job import JobSpec, json_schema
 
@@ -60,6 +60,17 @@ def test_true_or_false_is_no_string_either() -> None:
         )
     assert _locs(exc.value) == [("model", "hf", "revision")]
     assert exc.value.errors()[0]["type"] == "string_type"
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_true_or_false_is_no_section_even_read_from_attributes(value: bool) -> None:
+    """Found by the contract fuzzer (an order-dependent CI failure): FastAPI validates a body
+    with `from_attributes`, which read the wrapped `model.hf: false` as an `hf` section of
+    defaults, so the mask preview answered 200 to a body its schema refuses."""
+    adapter = TypeAdapter(JobSpec)
+    with pytest.raises(ValidationError) as exc:
+        adapter.validate_python(_spec(model={"hf": value}), from_attributes=True)
+    assert _locs(exc.value) == [("model", "hf")]
 
 
 def test_a_boolean_field_still_takes_true_and_false() -> None:

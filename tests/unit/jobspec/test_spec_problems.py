@@ -70,3 +70,67 @@ def test_an_unknown_top_level_field_and_one_of_a_script_job() -> None:
 def test_the_repaired_spec_keeps_what_was_valid_for_the_reference_checks() -> None:
     found = spec_errors({"name": "a", "data": {"dataset": "ds_x"}, "train": {"max_steps": -1}})
     assert found.repaired is not None and found.repaired.data.dataset == "ds_x"
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "wrong", "meant"),
+    [
+        ("parallelism", "strategy", "dpp", "ddp"),
+        ("train", "precision", "bf61", "bf16"),
+        ("model", "kind", "gtp", "gpt"),
+    ],
+)
+def test_a_value_that_is_not_one_of_the_choices_names_the_one_it_most_likely_meant(
+    section: str, field: str, wrong: str, meant: str
+) -> None:
+    """Issue 45, item 8: `strategy: dpp` had no did-you-mean; an unknown field had."""
+    msg = _locs({**BASE, section: {field: wrong}})[(section, field)]
+    assert msg.startswith("Input should be ") and msg.endswith(f"; did you mean `{meant}`?")
+
+
+def test_a_value_far_from_every_choice_lists_them_without_a_guess() -> None:
+    msg = _locs({**BASE, "parallelism": {"strategy": "zzzz"}})[("parallelism", "strategy")]
+    assert msg == "Input should be 'single', 'ddp', 'fsdp', 'tensor' or 'pipeline'"
+
+
+@pytest.mark.parametrize(
+    ("spec", "loc", "words"),
+    [
+        ({"name": "my run"}, ("name",), "letters, digits, '.', '_' and '-', starting with"),
+        (
+            {"entrypoint": {"command": ["x"], "inputs": {"Corpus": {"path": "/d"}}}},
+            ("entrypoint", "inputs", "Corpus"),
+            "lower-case letters, digits and '_', starting with a letter",
+        ),
+    ],
+)
+def test_a_name_that_breaks_its_pattern_is_told_in_words_not_a_regex(
+    spec: dict[str, Any], loc: tuple[Any, ...], words: str
+) -> None:
+    data = {**BASE, **spec}
+    if "entrypoint" in spec:
+        data.pop("data")
+    found = {tuple(e["loc"]): e for e in spec_errors(data).errors}
+    msg = next(e["msg"] for at, e in found.items() if at[: len(loc)] == loc)
+    assert words in msg and "pattern" not in msg and "^" not in msg
+
+
+def test_problems_come_in_the_order_the_spec_writes_its_fields() -> None:
+    """A YAML file's problems listed by line: the order of the keys as parsed, whatever the
+    order pydantic or the cross-field rules found them in."""
+    data = {
+        "name": "a",
+        "train": {"precision": "fp8", "max_steps": -1},
+        "model": {"n_heads": 3, "d_model": 128},
+        "optim": {"lrr": 1},
+        "data": {"uri": "/d"},
+        "parallelism": {"strategy": "dpp"},
+    }
+    found = [tuple(e["loc"]) for e in spec_errors(data).errors]
+    assert found == [
+        ("train", "precision"),
+        ("train", "max_steps"),
+        ("model", "n_heads"),  # the divisibility rule, found after every field error
+        ("optim", "lrr"),
+        ("parallelism", "strategy"),
+    ]

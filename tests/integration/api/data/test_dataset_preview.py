@@ -241,12 +241,14 @@ def test_another_projects_dataset_is_404_like_an_unknown_one(
         "hub_id",
     ],
 )
-def test_bad_options_are_422_or_403_with_the_field_path(
+def test_bad_options_are_422_403_or_409_with_the_field_path(
     client: TestClient, project: ProjectKey, body: dict[str, Any], loc: list[str] | None
 ) -> None:
     ds = upload(client, project, "chat.jsonl", jsonl(*CHAT))
     answer = preview(client, project, ds, **body)
-    if loc is None:  # a model path: outside the roots is 403, a hub id not cached is 422
+    if body.get("loss_on"):  # well formed, but not for this dataset's format (the fuzzer's)
+        assert_error(answer, 409, "conflict", loc)
+    elif loc is None:  # a model path: outside the roots is 403, a hub id not cached is 422
         status = 403 if body["model"]["hf"]["path_or_id"].startswith("/") else 422
         code = "forbidden" if status == 403 else "validation_error"
         assert_error(answer, status, code, ["body", "model", "hf", "path_or_id"])

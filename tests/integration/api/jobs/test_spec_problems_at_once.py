@@ -64,6 +64,11 @@ def test_spec_validate_gives_every_mistake_with_its_line(
     for detail in error["details"]:
         field = str(detail["loc"][-1])
         assert field in lines[detail["line"] - 1], (detail, lines)
+    # In the file's order (issue 45, item 8), though the dataset is checked last and the
+    # n_heads rule only once every field is valid.
+    found = [d["line"] for d in error["details"]]
+    assert found == sorted(found) and len(set(found)) == len(found), error["details"]
+    assert error["message"].startswith("invalid spec: data.dataset: ")
 
 
 def test_an_unknown_field_without_a_close_name_lists_the_sections_fields(
