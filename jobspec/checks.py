@@ -77,6 +77,43 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
+def submission_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """(path, message) for the rules a spec is held to when submitted but not when read back
+    (`jobspec.job.STORED`): they came after specs that break them were accepted and stored, and
+    a stored job, its checkpoints and exports must still read (issue 45)."""
+    errors: list[tuple[tuple[str, ...], str]] = []
+    if (spec.lora is not None or spec.qlora is not None) and not has_pretrained_weights(spec):
+        field = "lora" if spec.lora is not None else "qlora"
+        errors.append(
+            (
+                (field,),
+                "LoRA adapts pretrained weights; this model starts from random initialisation: "
+                f"give model.init_from or a pretrained Hugging Face model (model.hf.path_or_id), "
+                f"or drop {field}",
+            )
+        )
+    steps, warmup = spec.train.max_steps, spec.optim.warmup_steps
+    if steps is not None and warmup > steps:  # with `epochs` the length is known at launch
+        errors.append(
+            (
+                ("optim", "warmup_steps"),
+                f"warmup_steps ({warmup}) exceeds train.max_steps ({steps}): the run would end "
+                f"before its learning rate reaches optim.lr; use at most {steps}",
+            )
+        )
+    return errors
+
+
+def has_pretrained_weights(spec: JobSpec) -> bool:
+    """Whether the model starts from trained weights: an earlier job's checkpoint
+    (`model.init_from`) or a saved Hugging Face model (`model.hf.path_or_id`), not from a
+    random initialisation (`gpt`, `model.hf.from_config`)."""
+    model = spec.model
+    if model.init_from is not None:
+        return True
+    return model.kind == "hf" and model.hf is not None and model.hf.path_or_id is not None
+
+
 def _stopping_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     """Exactly one of `train.max_steps` and `train.epochs` says when training ends."""
     train = spec.train

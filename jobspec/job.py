@@ -28,13 +28,14 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dataformat.failures import FailureClass as FailureClass
 from jobspec.base import StrictSpec, given
-from jobspec.checks import cross_field_errors, get_path
+from jobspec.checks import cross_field_errors, get_path, submission_errors
 from jobspec.data import DataSpec as DataSpec
 from jobspec.entrypoint import EntrypointSpec as EntrypointSpec
 from jobspec.evaluate import EvalAfterSpec as EvalAfterSpec
@@ -43,6 +44,17 @@ from jobspec.method import DPOSpec as DPOSpec
 from jobspec.method import MethodSpec as MethodSpec
 
 SPEC_VERSION: Final = 1
+
+STORED: Final = {"stored": True}
+"""Validation context of a spec read back (a database row, the spec file a worker wrote for the
+trainer, the spec saved with a checkpoint): `jobspec.checks.submission_errors` is not applied, so
+a spec accepted before one of those rules existed is still read as it was written."""
+
+
+def is_stored(info: ValidationInfo) -> bool:
+    """Whether the spec being validated is read back (`STORED`), not submitted."""
+    return isinstance(info.context, dict) and bool(info.context.get("stored"))
+
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 NAME_FIELD_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # with the length checked apart
@@ -311,7 +323,12 @@ class OptimSpec(StrictSpec):
     weight_decay: float = Field(default=0.1, ge=0.0, description="Decoupled weight decay.")
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1.")
     beta2: float = Field(default=0.95, ge=0.0, lt=1.0, description="Adam beta2.")
-    warmup_steps: int = Field(default=50, ge=0, description="Linear warmup length in steps.")
+    warmup_steps: int = Field(
+        default=50,
+        ge=0,
+        description="Linear warmup length in steps, at most `train.max_steps`; left out, 50 "
+        "or `train.max_steps` when the run is shorter.",
+    )
     schedule: Literal["cosine", "linear", "constant"] = Field(
         default="cosine", description="Decay after warmup, down to `min_lr_ratio` x `lr`."
     )
@@ -611,21 +628,26 @@ class JobSpec(JobBase):
     @model_validator(mode="after")
     def _defaults_fit(self) -> JobSpec:
         """A default never makes a valid spec invalid: `eval.interval_steps` left out (100)
-        with a shorter `train.max_steps` evaluates every `max_steps` steps (at the end)."""
+        with a shorter `train.max_steps` evaluates every `max_steps` steps (at the end), and
+        `optim.warmup_steps` left out (50) warms up over the whole of a shorter run."""
         steps = self.train.max_steps
-        evaluation = self.eval
-        if (
-            steps is not None
-            and "interval_steps" not in evaluation.model_fields_set
-            and evaluation.interval_steps > steps
-        ):
+        evaluation, optim = self.eval, self.optim
+        if steps is None:
+            return self
+        interval_given = "interval_steps" in evaluation.model_fields_set
+        if not interval_given and evaluation.interval_steps > steps:
             evaluation.interval_steps = steps
+        if "warmup_steps" not in optim.model_fields_set and optim.warmup_steps > steps:
+            optim.warmup_steps = steps
         return self
 
     @model_validator(mode="after")
-    def _cross_field_checks(self) -> JobSpec:
-        """Checks that span fields; each error names the JSON path of the field to change."""
+    def _cross_field_checks(self, info: ValidationInfo) -> JobSpec:
+        """Checks that span fields; each error names the JSON path of the field to change.
+        A spec read back (`STORED`) skips the rules of `submission_errors`."""
         errors = list(cross_field_errors(self))
+        if not is_stored(info):
+            errors += submission_errors(self)
         if errors:
             raise ValidationError.from_exception_data(
                 type(self).__name__,
@@ -653,8 +675,9 @@ class JobSpec(JobBase):
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:
-        """Read a spec from a JSON file. Raises `pydantic.ValidationError` when invalid."""
-        return cls.model_validate(json.loads(Path(path).read_text()))
+        """Read a spec from a JSON file written from an accepted spec (the worker's spec file,
+        a checkpoint's), as `STORED`. Raises `pydantic.ValidationError` when invalid."""
+        return cls.model_validate(json.loads(Path(path).read_text()), context=STORED)
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(self.model_dump_json(indent=2))
@@ -782,14 +805,14 @@ AnyJobSpec = Annotated[
 `eval`) as the first element of their `loc`; `parse_job_spec` and the API leave it out."""
 
 
-def parse_job_spec(data: Any) -> AnySpec:
+def parse_job_spec(data: Any, *, stored: bool = False) -> AnySpec:
     """Validate `data` (a dict or a spec) as the kind of job it is: `ScriptJobSpec` when it
-    has `entrypoint`, `EvalJobSpec` when it has `evaluate`, else `JobSpec`. Raises
-    `pydantic.ValidationError` with the JSON paths of the bad fields."""
+    has `entrypoint`, `EvalJobSpec` when it has `evaluate`, else `JobSpec`; `stored`: read back,
+    as `STORED`. Raises `pydantic.ValidationError` with the JSON paths of the bad fields."""
     if isinstance(data, JobSpec | ScriptJobSpec | EvalJobSpec):
         return data
     model = SPEC_MODELS[spec_kind(data)]
-    parsed = model.model_validate(data)
+    parsed = model.model_validate(data, context=STORED if stored else None)
     assert isinstance(parsed, JobSpec | ScriptJobSpec | EvalJobSpec)
     return parsed
 

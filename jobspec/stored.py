@@ -6,7 +6,8 @@ submitting one:
 
 1. `upgrade` turns a spec of an older `spec_version` into the current one, one version at a
    time (`UPGRADES`), as a database migration does for a table;
-2. the result is validated as a submission is (`parse_job_spec`);
+2. the result is validated as a submission is (`parse_job_spec`), less the rules added since
+   specs were stored (`jobspec.job.STORED`);
 3. what still fails is read leniently (`read_stored_spec`): an unknown field is dropped, an
    invalid value falls back to its default, a missing required value gets a placeholder, and
    each such repair is recorded as a problem (`stored_problems`). The API shows the problems
@@ -93,7 +94,7 @@ def read_stored_spec(raw: Any, *, name: str | None = None) -> AnySpec:
     if isinstance(raw, JobSpec | ScriptJobSpec | EvalJobSpec):
         return raw
     try:
-        return parse_job_spec(raw)
+        return parse_job_spec(raw, stored=True)
     except (ValidationError, TypeError, ValueError):
         pass
     if not isinstance(raw, dict):
@@ -103,7 +104,7 @@ def read_stored_spec(raw: Any, *, name: str | None = None) -> AnySpec:
         data, problems = upgrade(raw)
     for _ in range(_MAX_REPAIRS):
         try:
-            spec = parse_job_spec(data)
+            spec = parse_job_spec(data, stored=True)
         except ValidationError as exc:
             if not repair(data, exc, problems, name):
                 break

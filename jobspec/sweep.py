@@ -16,7 +16,7 @@ import math
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dataformat.metrics import trainer_metrics
@@ -28,6 +28,7 @@ from jobspec.job import (
     JobSpec,
     Name,
     ScriptJobSpec,
+    is_stored,
     parse_job_spec,
 )
 
@@ -184,8 +185,11 @@ class SweepSpec(StrictSpec):
     )
 
     @model_validator(mode="after")
-    def _space_fits_base(self) -> SweepSpec:
-        """Every problem with the space, the metric and the grid, each at its JSON path."""
+    def _space_fits_base(self, info: ValidationInfo) -> SweepSpec:
+        """Every problem with the space, the metric and the grid, each at its JSON path; a
+        sweep read back (`jobspec.job.STORED`) was checked when it was submitted."""
+        if is_stored(info):
+            return self
         problems = space_problems(self)
         if problems:
             raise ValidationError.from_exception_data(
@@ -221,6 +225,7 @@ def space_problems(sweep: SweepSpec) -> list[Problem]:
             error = _probe_error(sweep.base, path, dim)
         if error is not None:
             problems.append((loc, error, dim.model_dump(exclude_none=True)))
+    problems += _warmup_problems(sweep)
     if isinstance(sweep.base, JobSpec):
         known = trainer_metrics(sweep.base.method.kind, qat=sweep.base.qat is not None)
         if sweep.metric not in known:
@@ -243,6 +248,30 @@ def space_problems(sweep: SweepSpec) -> list[Problem]:
     if sweep.searcher == "grid":
         problems += _grid_problems(sweep)
     return problems
+
+
+WARMUP, MAX_STEPS = "optim.warmup_steps", "train.max_steps"
+
+
+def _warmup_problems(sweep: SweepSpec) -> list[Problem]:
+    """A space that draws both `optim.warmup_steps` and `train.max_steps` so that some trial
+    would warm up longer than it runs; each dimension alone is probed against the base."""
+    warmup, steps = sweep.space.get(WARMUP), sweep.space.get(MAX_STEPS)
+    if warmup is None or steps is None:
+        return []
+    highest = max((v for v in warmup.probes() if _is_number(v)), default=None)
+    lowest = min((v for v in steps.probes() if _is_number(v)), default=None)
+    if highest is None or lowest is None or highest <= lowest:
+        return []
+    message = (
+        f"{WARMUP} goes up to {highest} but {MAX_STEPS} down to {lowest}: a trial would warm "
+        f"up longer than it runs; keep the largest warmup at most the smallest max_steps"
+    )
+    return [(("space", WARMUP), message, warmup.model_dump(exclude_none=True))]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _grid_problems(sweep: SweepSpec) -> list[Problem]:

@@ -57,7 +57,7 @@ from dataformat.readers import iter_records, list_files
 from dataformat.records import MessagesRecord, PromptCompletionRecord, parse_record
 from jobspec.data import DataSpec
 from jobspec.evaluate import GenerateEval, LmEvalEval, PerplexityEval
-from jobspec.job import EvalJobSpec, JobSpec
+from jobspec.job import STORED, EvalJobSpec, JobSpec
 from trainer.checkpoint.checkpointer import load_model_only
 from trainer.checkpoint.export import checkpoint_spec
 from trainer.data.byte_tokenizer import decode
@@ -133,7 +133,7 @@ def run_evaluations(
     checkpoint has no spec this trainer reads, or the data does not fit."""
     checkpoint = inputs["checkpoint"]
     if checkpoint is None:  # `source.initial`: the job's starting weights
-        source = JobSpec.model_validate(inputs["source_spec"])
+        source = JobSpec.model_validate(inputs["source_spec"], context=STORED)
         step, what = 0, "starting weights"
     else:
         source = source_spec(checkpoint["uri"])

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.models import Checkpoint, Job
-from jobspec.job import InitFromSpec, JobSpec
+from jobspec.job import STORED, InitFromSpec, JobSpec
 
 LOC = ("body", "model", "init_from")
 # Fields that do not change the shapes of the weights.
@@ -145,7 +145,7 @@ def _shapes(spec: JobSpec) -> dict[str, Any]:
 def _check_shapes(spec: JobSpec, source: Job) -> None:
     """The weights of `source` fit `spec`'s model: the same architecture fields."""
     try:
-        theirs = _shapes(JobSpec.model_validate(source.spec))
+        theirs = _shapes(JobSpec.model_validate(source.spec, context=STORED))
     except ValidationError:  # a spec stored under older rules: the trainer checks shapes
         return
     ours = _shapes(spec)

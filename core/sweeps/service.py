@@ -22,6 +22,7 @@ from core.platform.models import (
     utcnow,
 )
 from core.sweeps import study
+from jobspec.job import STORED
 from jobspec.sweep import SweepSpec
 
 ENDED = frozenset({SweepState.SUCCEEDED, SweepState.FAILED, SweepState.CANCELLED})
@@ -54,7 +55,8 @@ def create(
 
 
 def spec_of(sweep: Sweep) -> SweepSpec:
-    return SweepSpec.model_validate(sweep.spec)
+    """The sweep's spec as stored (`STORED`: accepted at submission, not checked again)."""
+    return SweepSpec.model_validate(sweep.spec, context=STORED)
 
 
 def get_or_raise(*, session: Session, sweep_id: int, project_id: str | None = None) -> Sweep:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from jobspec.job import JobSpec
+from jobspec.job import STORED, JobSpec
 from trainer.checkpoint.checkpointer import SPEC_FILE, _reader
 from trainer.data.byte_tokenizer import is_uri
 from trainer.models.gpt import GPT, GPTConfig
@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 def checkpoint_spec(checkpoint_uri: str) -> JobSpec:
     """The `JobSpec` stored with a checkpoint (`spec.json`). Raises `FileNotFoundError`."""
     fs, path = fsspec.core.url_to_fs(checkpoint_uri)
-    return JobSpec.model_validate_json(fs.cat_file(f"{path.rstrip('/')}/{SPEC_FILE}"))
+    text = fs.cat_file(f"{path.rstrip('/')}/{SPEC_FILE}")
+    return JobSpec.model_validate_json(text, context=STORED)
 
 
 def load_model_weights(

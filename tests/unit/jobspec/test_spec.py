@@ -148,3 +148,31 @@ def test_exactly_one_of_max_steps_and_epochs_ends_training(
     with pytest.raises(ValidationError) as exc:
         JobSpec.model_validate(_spec(train=train, eval={"interval_steps": 10}))
     assert _locs(exc.value) == [loc]
+
+
+def test_warmup_longer_than_the_run_is_refused_at_warmup_steps_naming_both_numbers() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_spec(optim={"warmup_steps": 75}, train={"max_steps": 60}))
+    assert _locs(exc.value) == [("optim", "warmup_steps")]
+    message = exc.value.errors()[0]["msg"]
+    assert "warmup_steps (75) exceeds train.max_steps (60)" in message
+
+
+def test_warmup_as_long_as_the_run_is_valid() -> None:
+    spec = JobSpec.model_validate(_spec(optim={"warmup_steps": 60}, train={"max_steps": 60}))
+    assert spec.optim.warmup_steps == 60
+
+
+def test_the_default_warmup_fits_a_shorter_run_and_survives_a_round_trip() -> None:
+    """A default never makes a valid spec invalid: 50 warmup steps left out of a 20-step run
+    warm up over the 20 (and the stored spec, every field written out, reads back)."""
+    spec = JobSpec.model_validate(_spec(train={"max_steps": 20}))
+    assert spec.optim.warmup_steps == 20
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert JobSpec.model_validate(_spec()).optim.warmup_steps == 50
+
+
+def test_warmup_of_a_run_by_epochs_is_not_checked_at_submission() -> None:
+    """Its step count depends on the dataset's rows, known when the run starts."""
+    spec = JobSpec.model_validate(_spec(optim={"warmup_steps": 5000}, train={"epochs": 1}))
+    assert (spec.optim.warmup_steps, spec.train.max_steps) == (5000, None)

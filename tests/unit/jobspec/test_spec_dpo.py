@@ -84,6 +84,7 @@ def test_dpo_runs_with_single_ddp_and_fsdp_with_or_without_lora(strategy: str) -
     for lora in (None, {"r": 4}):
         JobSpec.model_validate(
             raw_spec(
+                model={"init_from": {"job": 1}},  # LoRA adapts trained weights
                 method={"kind": "dpo"},
                 parallelism={"strategy": strategy},
                 resources={"procs_per_node": procs},

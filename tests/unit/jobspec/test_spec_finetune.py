@@ -18,11 +18,15 @@ LLAMA = {
     "intermediate_size": 128,
     "vocab_size": 256,
 }
+# Trained weights to adapt: an earlier job's checkpoint (LoRA on a random init is refused).
+PRETRAINED = {"init_from": {"job": 1}}
 
 
 def test_lora_defaults_and_hf_model_from_config_are_valid() -> None:
     spec = JobSpec.model_validate(
-        raw_spec(model={"kind": "hf", "hf": {"from_config": LLAMA}}, lora={}, qlora={})
+        raw_spec(
+            model={"kind": "hf", "hf": {"from_config": LLAMA}, **PRETRAINED}, lora={}, qlora={}
+        )
     )
     assert spec.lora is not None and spec.lora.r == 8 and spec.lora.target_modules is None
     assert spec.qlora is not None and spec.qlora.quant_type == "nf4" and spec.qlora.double_quant
@@ -33,12 +37,16 @@ def test_lora_defaults_and_hf_model_from_config_are_valid() -> None:
     "targets", [["wq", "wv"], ["attn.wo", "mlp.fc"], ["blocks.1.mlp.proj"]], ids=str
 )
 def test_gpt_lora_targets_match_linear_names_or_dotted_suffixes(targets: list[str]) -> None:
-    spec = JobSpec.model_validate(raw_spec(model={"n_layers": 2}, lora={"target_modules": targets}))
+    spec = JobSpec.model_validate(
+        raw_spec(model={"n_layers": 2, **PRETRAINED}, lora={"target_modules": targets})
+    )
     assert spec.lora is not None and spec.lora.target_modules == targets
 
 
 def test_gpt_lora_target_that_does_not_exist_names_target_modules() -> None:
-    errors = spec_errors(raw_spec(model={"n_layers": 2}, lora={"target_modules": ["wq", "q_proj"]}))
+    errors = spec_errors(
+        raw_spec(model={"n_layers": 2, **PRETRAINED}, lora={"target_modules": ["wq", "q_proj"]})
+    )
     assert list(errors) == [("lora", "target_modules")]
     assert "q_proj" in errors[("lora", "target_modules")]
     assert "'wq'" in errors[("lora", "target_modules")]  # the message lists the valid names
@@ -46,14 +54,14 @@ def test_gpt_lora_target_that_does_not_exist_names_target_modules() -> None:
 
 def test_gpt_lora_target_in_a_block_the_model_lacks_is_rejected() -> None:
     errors = spec_errors(
-        raw_spec(model={"n_layers": 2}, lora={"target_modules": ["blocks.2.attn.wq"]})
+        raw_spec(model={"n_layers": 2, **PRETRAINED}, lora={"target_modules": ["blocks.2.attn.wq"]})
     )
     assert list(errors) == [("lora", "target_modules")]
 
 
 def test_gpt_modules_to_save_must_be_a_non_linear_module_of_the_model() -> None:
-    JobSpec.model_validate(raw_spec(lora={"modules_to_save": ["ln_f", "ln_1"]}))
-    errors = spec_errors(raw_spec(lora={"modules_to_save": ["wte"]}))
+    JobSpec.model_validate(raw_spec(model=PRETRAINED, lora={"modules_to_save": ["ln_f", "ln_1"]}))
+    errors = spec_errors(raw_spec(model=PRETRAINED, lora={"modules_to_save": ["wte"]}))
     assert list(errors) == [("lora", "modules_to_save")]
 
 
@@ -75,6 +83,7 @@ def test_lora_with_tensor_or_pipeline_parallelism_is_rejected(
         parallelism["tensor_parallel_size"] = extra.pop("tensor_parallel_size")
     raw = raw_spec(
         **{field: {}},
+        model=PRETRAINED,
         parallelism=parallelism,
         resources={"procs_per_node": procs},
         **extra,
@@ -86,7 +95,12 @@ def test_lora_with_tensor_or_pipeline_parallelism_is_rejected(
 
 def test_qlora_with_fsdp_is_rejected_and_says_why() -> None:
     errors = spec_errors(
-        raw_spec(qlora={}, parallelism={"strategy": "fsdp"}, resources={"procs_per_node": 2})
+        raw_spec(
+            model=PRETRAINED,
+            qlora={},
+            parallelism={"strategy": "fsdp"},
+            resources={"procs_per_node": 2},
+        )
     )
     assert list(errors) == [("qlora",)]
     assert "4-bit" in errors[("qlora",)]
@@ -96,15 +110,20 @@ def test_qlora_with_fsdp_is_rejected_and_says_why() -> None:
 def test_qlora_runs_with_single_and_ddp(strategy: str) -> None:
     procs = 1 if strategy == "single" else 2
     spec = JobSpec.model_validate(
-        raw_spec(qlora={"compute_dtype": "fp32"}, lora={"r": 4}, parallelism={"strategy": strategy},
-              resources={"procs_per_node": procs})
+        raw_spec(model=PRETRAINED, qlora={"compute_dtype": "fp32"}, lora={"r": 4},
+              parallelism={"strategy": strategy}, resources={"procs_per_node": procs})
     )  # fmt: skip
     assert spec.qlora is not None and spec.qlora.compute_dtype == "fp32"
 
 
 def test_lora_with_fsdp_is_valid() -> None:
     spec = JobSpec.model_validate(
-        raw_spec(lora={}, parallelism={"strategy": "fsdp"}, resources={"procs_per_node": 2})
+        raw_spec(
+            model=PRETRAINED,
+            lora={},
+            parallelism={"strategy": "fsdp"},
+            resources={"procs_per_node": 2},
+        )
     )
     assert spec.lora == LoRASpec()  # the documented defaults, nothing else
     assert (spec.parallelism.strategy, spec.world_size, spec.qlora) == ("fsdp", 2, None)
@@ -164,7 +183,7 @@ def test_hf_lora_targets_are_left_to_the_trainer() -> None:
 def test_lora_with_qat_or_checkpoint_export_is_rejected(
     extra: dict[str, Any], loc: tuple[str, ...]
 ) -> None:
-    assert list(spec_errors(raw_spec(lora={}, **extra))) == [loc]
+    assert list(spec_errors(raw_spec(model=PRETRAINED, lora={}, **extra))) == [loc]
 
 
 @pytest.mark.parametrize(
@@ -192,3 +211,39 @@ def test_lora_fine_tune_of_an_earlier_job_is_valid() -> None:
     spec = JobSpec.model_validate(raw_spec(model={"init_from": {"job": 1}}, lora={}))
     assert spec.model.init_from == InitFromSpec(job=1)  # the checkpoint is pinned at submission
     assert spec.lora == LoRASpec()
+
+
+RANDOM_INIT = {
+    "gpt": {"n_layers": 2},
+    "hf_from_config": {"kind": "hf", "hf": {"from_config": LLAMA}},
+}
+
+
+@pytest.mark.parametrize("field", ["lora", "qlora"])
+@pytest.mark.parametrize("model", list(RANDOM_INIT))
+def test_lora_on_a_randomly_initialised_model_is_refused_at_its_field(
+    field: str, model: str
+) -> None:
+    """Adapters on random weights train a model that ends worse than plain training (issue 45):
+    the refusal names the field and what to give instead."""
+    errors = spec_errors(raw_spec(model=RANDOM_INIT[model], **{field: {}}))
+    assert list(errors) == [(field,)]
+    message = errors[(field,)]
+    assert message.startswith("LoRA adapts pretrained weights; this model starts from random")
+    assert "model.init_from" in message and "model.hf.path_or_id" in message
+    assert f"drop {field}" in message
+
+
+def test_lora_and_qlora_on_a_random_init_are_one_error_at_lora() -> None:
+    errors = spec_errors(raw_spec(lora={"r": 4}, qlora={}))
+    assert list(errors) == [("lora",)]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [PRETRAINED, {"kind": "hf", "hf": {"path_or_id": "/models/x"}}],
+    ids=["init_from", "hf_path_or_id"],
+)
+def test_lora_on_pretrained_weights_is_valid(model: dict[str, Any]) -> None:
+    spec = JobSpec.model_validate(raw_spec(model=model, lora={"r": 4}))
+    assert spec.lora is not None and spec.lora.r == 4

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from jobspec.job import JobSpec, ScriptJobSpec, parse_job_spec
 from jobspec.stored import read_stored_spec, stored_problems, upgrade
 
@@ -72,3 +75,22 @@ def test_anything_else_reads_as_a_placeholder_that_says_so() -> None:
     for junk in (None, [], "text", 3, {"name": {"nested": True}, "data": 7}):
         spec = read_stored_spec(junk)
         assert stored_problems(spec), junk
+
+
+def test_a_stored_spec_is_read_without_the_rules_added_since_it_was_accepted() -> None:
+    """LoRA on a random init and warmup past max_steps were accepted before issue 45: such a
+    row (its checkpoints, its exports) still reads as written, with no problem, while a
+    submission of the same spec is refused."""
+    raw = {
+        "name": "old",
+        "data": {"dataset": "ds_1"},
+        "lora": {"r": 8},
+        "optim": {"warmup_steps": 50},
+        "train": {"max_steps": 20},
+    }
+    spec = read_stored_spec(raw)
+    assert isinstance(spec, JobSpec) and stored_problems(spec) == []
+    assert spec.lora is not None and spec.optim.warmup_steps == 50
+    with pytest.raises(ValidationError) as exc:
+        parse_job_spec(raw)
+    assert {tuple(e["loc"]) for e in exc.value.errors()} == {("lora",), ("optim", "warmup_steps")}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from jobspec.job import JobSpec, ScriptJobSpec
+from jobspec.job import STORED, JobSpec, ScriptJobSpec
 from jobspec.sweep import SweepSpec, grid_points, with_values
 
 BASE: dict[str, Any] = {
@@ -17,6 +17,8 @@ BASE: dict[str, Any] = {
     "train": {"max_steps": 100},
     "eval": {"interval_steps": 10},
 }
+# LoRA adapts trained weights: an earlier job's checkpoint.
+TUNED: dict[str, Any] = {**BASE, "model": {"init_from": {"job": 1}}}
 SCRIPT: dict[str, Any] = {
     "name": "s",
     "entrypoint": {"code": "code_0123456789abcdef", "command": ["python", "train.py"]},
@@ -41,7 +43,8 @@ def test_a_valid_space_over_trainer_fields_parses() -> None:
                 "lora.r": {"choice": [8, 16, 32]},
                 "train.micro_batch_size": {"int": [4, 16, 4]},
                 "optim.schedule": {"choice": ["cosine", "linear"]},
-            }
+            },
+            TUNED,
         )
     )
     assert sweep.space["train.micro_batch_size"].grid_values() == [4, 8, 12, 16]
@@ -130,9 +133,54 @@ def test_an_entrypoint_sweep_sets_its_programs_params_and_refuses_trainer_paths(
 
 
 def test_with_values_revalidates_the_whole_spec() -> None:
-    base = JobSpec.model_validate({**BASE, "model": {"n_heads": 4, "d_model": 96}})
+    base = JobSpec.model_validate(
+        {**TUNED, "model": {**TUNED["model"], "n_heads": 4, "d_model": 96}}
+    )
     trial = with_values(base, {"lora.r": 16, "optim.lr": 0.002})
     assert isinstance(trial, JobSpec)
     assert trial.lora is not None and trial.lora.r == 16 and trial.optim.lr == 0.002
     with pytest.raises(ValidationError, match="n_heads"):
         with_values(base, {"model.n_heads": 3, "model.d_model": 64})
+
+
+def test_lora_r_in_the_space_of_a_base_without_pretrained_weights_is_refused() -> None:
+    errors = _errors(_sweep({"lora.r": {"choice": [8, 16]}}))
+    assert list(errors) == [("space", "lora.r")]
+    assert "LoRA adapts pretrained weights" in errors[("space", "lora.r")]
+
+
+def test_warmup_in_the_space_longer_than_the_base_run_is_refused_naming_both() -> None:
+    errors = _errors(_sweep({"optim.warmup_steps": {"int": [0, 150, 50]}}))
+    assert list(errors) == [("space", "optim.warmup_steps")]
+    assert (
+        "warmup_steps (150) exceeds train.max_steps (100)"
+        in errors[("space", "optim.warmup_steps")]
+    )
+
+
+def test_a_space_whose_warmup_can_outlast_its_max_steps_is_refused_up_front() -> None:
+    space = {
+        "optim.warmup_steps": {"int": [0, 60, 20]},
+        "train.max_steps": {"choice": [40, 100]},
+    }
+    errors = _errors(_sweep(space))
+    message = errors[("space", "optim.warmup_steps")]
+    assert "goes up to 60" in message and "down to 40" in message
+    space["train.max_steps"] = {"choice": [60, 100]}
+    SweepSpec.model_validate(_sweep(space))  # every combination warms up within its run
+
+
+def test_a_trial_whose_values_warm_up_longer_than_it_runs_is_refused() -> None:
+    base = JobSpec.model_validate(BASE)
+    with pytest.raises(ValidationError, match=r"warmup_steps \(120\) exceeds train.max_steps"):
+        with_values(base, {"optim.warmup_steps": 120})
+
+
+def test_a_stored_sweep_is_read_without_the_rules_added_since() -> None:
+    """A sweep accepted before LoRA needed pretrained weights still reads (its next trials are
+    refused, each with the reason, when they are made)."""
+    old = _sweep({"lora.r": {"choice": [8, 16]}}, {**BASE, "lora": {"r": 8}})
+    sweep = SweepSpec.model_validate(old, context=STORED)
+    assert isinstance(sweep.base, JobSpec) and sweep.base.lora is not None
+    with pytest.raises(ValidationError, match="LoRA adapts pretrained weights"):
+        with_values(sweep.base, {"lora.r": 16})
