@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
+from core.jobs import spec_yaml
 from core.platform.models import JobState
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
@@ -32,6 +33,7 @@ from tests.integration.workers.helpers import (
     unique_queue,
     wait_for,
 )
+from tests.support.doc_blocks import README, yaml_blocks
 
 SWEEP_S = 600.0  # 8 trials, 2 at a time, on 2 shared cores, with a worker's death in the middle
 START_S = 120.0
@@ -257,3 +259,60 @@ def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params_and_prun
               f"last step {last}")  # fmt: skip
         assert t["params"]["entrypoint.params.lr"] != 1e-3
         assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
+
+
+README_SWEEP_S = 300.0
+
+
+def test_the_readme_sweep_runs_as_written_at_a_small_scale(
+    client: TestClient,
+    settings: Settings,
+    celery_client: Celery,
+    project: ProjectKey,
+    dataset_id: str,
+    worker_logs: Path,
+    controllers: list[Controller],
+    fleet: list[Worker],
+) -> None:
+    """The README's sweep text itself (issue 45: as written it was refused), on the embedded
+    default's unpriced pool, with only its scale overridden: 2 trials of a 2-layer GPT, 20
+    steps each. It is accepted and ends with a best trial and a checkpoint to export."""
+    block = next(text for _, text in yaml_blocks(README) if "space:" in text)
+    spec = spec_yaml.parse(block).data
+    queue = unique_queue("readme-sweep")
+    small = tiny_spec(pool=queue, dataset_id=dataset_id).model_dump(mode="json", include={"model"})
+    spec["base"] = {
+        **spec["base"],
+        **small,
+        "data": {"dataset": dataset_id},
+        "train": {**spec["base"]["train"], "max_steps": 20, "micro_batch_size": 8},
+        "eval": {"interval_steps": 5, "num_batches": 2},
+        "resources": {"pool": queue},
+    }
+    spec["space"]["optim.warmup_steps"] = {"int": [0, 10, 5]}  # within the 20 steps
+    spec |= {"max_trials": 2, "max_concurrent_trials": 2}
+    spec["pruner"] |= {"min_resource": 5}
+    worker = start_worker(
+        settings=settings, client=celery_client, queue=queue, log_dir=worker_logs, slots=2
+    )
+    fleet.append(worker)
+    start_controller(controllers, settings, worker_logs)
+    answer = client.post("/v1/sweeps", json=spec, headers=project.headers)
+    assert answer.status_code == 201, answer.text
+    sweep_id = answer.json()["id"]
+
+    def ended() -> dict[str, Any] | None:
+        sweep = _sweep(client, project, sweep_id)
+        return sweep if sweep["state"] != "running" else None
+
+    sweep = wait_for("the README sweep to end", ended, README_SWEEP_S, poll_s=1.0)
+    trials = _trials(client, project, sweep_id)
+    assert sweep["state"] == "succeeded", sweep
+    assert [t["number"] for t in trials] == [0, 1]
+    assert set(trials[0]["params"]) == set(spec["space"])
+    assert sweep["best"]["checkpoint_id"] is not None
+    export = client.post(
+        f"/v1/jobs/{sweep['best']['job_id']}/checkpoints/{sweep['best']['checkpoint_id']}/export",
+        headers=project.headers,
+    )
+    assert export.status_code == 202, export.text  # what `torchyard sweep best` suggests

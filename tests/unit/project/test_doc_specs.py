@@ -10,8 +10,6 @@ is the API's to test, not this."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,23 +18,14 @@ from pydantic import ValidationError
 from core.jobs import spec_yaml
 from jobspec.problems import spec_errors
 from jobspec.sweep import SweepSpec
+from tests.support.doc_blocks import README, ROOT, yaml_blocks
 
-ROOT = Path(__file__).resolve().parents[3]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SPEC_FILES = sorted((ROOT / "examples").glob("*/spec.yaml"))
 # What `torchyard submit --code DIR` sets: the uploaded archive's id.
 CODE = "code_0123456789abcdef"
 # The rest of a job around a block that shows a part of one.
 TRAINER_REST: dict[str, Any] = {"name": "doc", "data": {"dataset": "ds_1"}}
-
-
-def yaml_blocks(path: Path) -> list[tuple[str, str]]:
-    """(`file:line`, text) of every ```yaml block of `path`."""
-    text = path.read_text()
-    return [
-        (f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}", m.group(1))
-        for m in re.finditer(r"```ya?ml\n(.*?)```", text, re.S)
-    ]
 
 
 BLOCKS = [b for doc in DOCS for b in yaml_blocks(doc)] + [
