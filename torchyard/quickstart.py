@@ -106,14 +106,18 @@ def build_spec(base: dict[str, Any], opts: Options) -> dict[str, Any]:
     """The spec to submit: the example with the options and ``--set`` overrides applied.
     Which files of a directory it reads is the dataset's (`corpus_include`), not the spec's.
 
-    `--steps` also caps the eval and checkpoint intervals (an eval interval beyond
-    `max_steps` is a spec error); `--procs 1` switches the strategy to ``single``.
+    `--steps` also caps the eval and checkpoint intervals and the warmup (an eval interval or
+    a warmup beyond `max_steps` is a spec error); `--procs 1` switches the strategy to
+    ``single``.
     """
     spec = copy.deepcopy(base)
     if opts.steps is not None:
         spec["train"]["max_steps"] = opts.steps
         for section in ("eval", "checkpoint"):
             spec[section]["interval_steps"] = min(spec[section]["interval_steps"], opts.steps)
+        optim = spec.get("optim", {})
+        if "warmup_steps" in optim:
+            optim["warmup_steps"] = min(optim["warmup_steps"], opts.steps)
     if opts.procs is not None:
         spec["resources"]["procs_per_node"] = opts.procs
         spec["parallelism"]["strategy"] = "single" if opts.procs == 1 else "ddp"

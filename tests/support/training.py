@@ -44,6 +44,14 @@ TINY_LLAMA: dict[str, Any] = {
 }
 
 
+# The `model` section of a LoRA/QLoRA test's spec: a fine-tune of job 1's checkpoint, as a
+# submission must say (LoRA on a random initialisation is refused). A test that builds the
+# network in this process without `init_from=URI` keeps the seeded base weights, which is all
+# that what it checks needs: which parameters train, what a checkpoint holds, the errors raised
+# before any weight is read. A test of what a fine-tune learns starts from a real checkpoint.
+FINE_TUNE: dict[str, Any] = {"init_from": {"job": 1, "checkpoint": 1}}
+
+
 def hf_model_with_tokenizer(corpus_dir: Path, out: Path, *, model_type: str = "llama") -> int:
     """A 2-layer `model_type` (`gpt2` or `llama`) and a 400-id byte-level BPE tokenizer
     trained on a few corpus files, saved to `out` with `save_pretrained` (no downloads).

@@ -44,11 +44,12 @@ def test_default_spec_is_the_documented_gpt_run() -> None:
     assert spec.parallelism.strategy == "ddp" and spec.resources.procs_per_node == 2
 
 
-def test_few_steps_cap_the_eval_and_checkpoint_intervals() -> None:
+def test_few_steps_cap_the_eval_and_checkpoint_intervals_and_the_warmup() -> None:
     spec = _valid(build_spec(example_spec(), Options(steps=30)))
     assert (spec.train.max_steps, spec.eval.interval_steps, spec.checkpoint.interval_steps) == (
         30, 30, 30,
     )  # fmt: skip
+    assert spec.optim.warmup_steps == 30  # the example's 50 would outlast the run (a 422)
 
 
 def test_one_proc_trains_a_single_process() -> None:

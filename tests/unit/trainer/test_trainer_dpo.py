@@ -18,7 +18,7 @@ from torch import nn
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec
 from tests.support.dpo import stdlib_pairs, write_preference_rows
-from tests.support.training import TINY_LLAMA, cpu_world_of_one, tiny_spec
+from tests.support.training import FINE_TUNE, TINY_LLAMA, cpu_world_of_one, tiny_spec
 from trainer.data.rows import Batch, Rows
 from trainer.methods.dpo_train import (
     DPOMethod,
@@ -53,6 +53,7 @@ def _spec(model: str = "gpt", lora: bool = False, precision: str = "fp32", **dpo
         sections["model"] |= {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}
     if lora:
         sections["lora"] = {"r": 4}
+        sections["model"] |= FINE_TUNE
     return tiny_spec(Path("/unused"), **sections)
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec, QLoRASpec
-from tests.support.training import TINY_LLAMA, build_local_run, tiny_spec
+from tests.support.training import FINE_TUNE, TINY_LLAMA, build_local_run, tiny_spec
 from trainer.loop import train_step
 from trainer.models.gpt import GPTConfig, build_model
 from trainer.models.network import (
@@ -26,13 +26,16 @@ CPU = torch.device("cpu")
 
 
 def _hf_spec(data: Path, config: dict[str, Any], **sections: dict[str, Any]) -> JobSpec:
-    return tiny_spec(data, model={"kind": "hf", "hf": {"from_config": config}}, **sections)
+    model = {"kind": "hf", "hf": {"from_config": config}}
+    if "lora" in sections or "qlora" in sections:
+        model |= FINE_TUNE
+    return tiny_spec(data, model=model, **sections)
 
 
 def test_lora_trains_only_adapter_parameters_and_counts_them(
     corpus_dir: Path, tmp_path: Path
 ) -> None:
-    run = build_local_run(tiny_spec(corpus_dir, lora={"r": 4}), tmp_path)
+    run = build_local_run(tiny_spec(corpus_dir, model=FINE_TUNE, lora={"r": 4}), tmp_path)
     params = dict(run.model.named_parameters())
     trainable = {n for n, p in params.items() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
@@ -49,7 +52,9 @@ def test_lora_trains_only_adapter_parameters_and_counts_them(
 
 
 def test_lora_checkpoint_state_holds_only_the_adapters(corpus_dir: Path, tmp_path: Path) -> None:
-    run = build_local_run(tiny_spec(corpus_dir, lora={"r": 4, "target_modules": ["wq"]}), tmp_path)
+    run = build_local_run(
+        tiny_spec(corpus_dir, model=FINE_TUNE, lora={"r": 4, "target_modules": ["wq"]}), tmp_path
+    )
     state = AdapterOptimizerState(run.model, run.optimizer).state_dict()
     assert sorted(state["model"]) == [
         f"blocks.{i}.attn.wq.lora_{ab}.default.weight" for i in (0, 1) for ab in "AB"
@@ -59,7 +64,7 @@ def test_lora_checkpoint_state_holds_only_the_adapters(corpus_dir: Path, tmp_pat
 def test_adapters_are_drawn_from_the_job_seed_whatever_the_global_rng(
     corpus_dir: Path,
 ) -> None:
-    spec = tiny_spec(corpus_dir, lora={"r": 4})
+    spec = tiny_spec(corpus_dir, model=FINE_TUNE, lora={"r": 4})
     torch.manual_seed(1)
     a = build_network(spec, device=CPU).model.state_dict()
     torch.manual_seed(2)  # another rank seeds its dropout differently
@@ -90,7 +95,9 @@ def test_qlora_layers_take_and_give_the_autocast_dtype(corpus_dir: Path) -> None
     """Under bf16 autocast each 4-bit layer (and peft's LoRA layer around it) sees a bf16
     input and returns bf16, as autocast's `nn.Linear` does; bitsandbytes alone would hand
     back the fp32 a LayerNorm gives it (checked first: the test can fail)."""
-    spec = tiny_spec(corpus_dir, qlora={"compute_dtype": "bf16"}, train={"precision": "bf16"})
+    spec = tiny_spec(
+        corpus_dir, model=FINE_TUNE, qlora={"compute_dtype": "bf16"}, train={"precision": "bf16"}
+    )
     model = build_network(spec, device=CPU).model
     layers = {n: m for n, m in model.named_modules() if _is_4bit_linear(m)}
     assert len(layers) == 2 * 12  # 6 linears per block: peft's layer and bnb's inside it
