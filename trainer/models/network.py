@@ -210,6 +210,11 @@ def autocast_4bit_inputs(model: nn.Module) -> int:
     for module in model.modules():
         if _is_4bit_linear(module):
             module.register_forward_pre_hook(_autocast_input)
+            # bitsandbytes repacks a CPU layer's weight for inference at its first forward in
+            # eval mode without grad (an evaluation at step 0: `eval.at_start`, `init_from`)
+            # and never back, and its training forward then fails (`result += bias` on a
+            # view); a training job keeps the training layout.
+            module.support_avx512bf16_for_cpu = False
             count += 1
     return count
 

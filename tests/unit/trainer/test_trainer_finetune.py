@@ -115,6 +115,24 @@ def test_qlora_layers_take_and_give_the_autocast_dtype(corpus_dir: Path) -> None
     assert set(seen.values()) == {(torch.bfloat16, torch.bfloat16)}
 
 
+def test_a_qlora_model_still_trains_after_an_evaluation(corpus_dir: Path) -> None:
+    """An evaluation before training (step 0 of a fine-tune, `eval.at_start`) left the 4-bit
+    layers in bitsandbytes' CPU inference layout, and the next training forward failed."""
+    spec = tiny_spec(corpus_dir, model=FINE_TUNE, qlora={"compute_dtype": "fp32"})
+    model = build_network(spec, device=CPU).model
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    with torch.no_grad():
+        before = model(x)
+    model.train()
+    model(x).float().mean().backward()  # raised RuntimeError (an in-place add on a view)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert trained and all(p.grad is not None for p in trained)
+    with torch.no_grad():
+        model.eval()
+        assert torch.equal(model(x), before)  # the same weights, read the same way
+
+
 def test_hf_model_from_config_is_built_from_the_seed(corpus_dir: Path) -> None:
     spec = _hf_spec(corpus_dir, TINY_LLAMA)
     a, b = (build_network(spec, device=CPU) for _ in range(2))
