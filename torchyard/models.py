@@ -491,6 +491,7 @@ class BestTrial(_Model):
     job_id: int | None = None
     checkpoint_id: int | None = None
     checkpoint_step: int | None = None
+    export_refused: str | None = None  # why `torchyard export` would refuse that checkpoint
 
 
 class Sweep(_Model):

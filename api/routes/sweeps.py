@@ -26,6 +26,7 @@ from api.schemas.sweeps import (
     TrialOut,
 )
 from api.validation import MAX_ID, require_storable
+from core.jobs import exports
 from core.platform.errors import DomainError
 from core.platform.models import Checkpoint, Sweep
 from core.platform.server_paths import ServerPaths
@@ -197,6 +198,9 @@ def _best(session: Session, sweep: Sweep) -> BestTrial | None:
         job_id=trial.job_id,
         checkpoint_id=checkpoint.id if checkpoint is not None else None,
         checkpoint_step=checkpoint.step if checkpoint is not None else None,
+        export_refused=(
+            exports.not_exportable(job) if job is not None and checkpoint is not None else None
+        ),
     )
 
 

@@ -114,6 +114,12 @@ class BestTrial(BaseModel):
         "`POST /v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export`); null when none is kept."
     )
     checkpoint_step: int | None = Field(description="That checkpoint's step.")
+    export_refused: str | None = Field(
+        default=None,
+        description="Why that export would be refused (409), and what the job offers instead: "
+        "a LoRA/QLoRA or Hugging Face trial's checkpoints hold no full built-in GPT, its run "
+        "wrote its adapter and merged model at its end. Null when the export works.",
+    )
 
 
 class SweepOut(BaseModel):

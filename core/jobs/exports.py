@@ -66,25 +66,34 @@ class Claimed:
     uri: str
 
 
-def _require_full_gpt(job: Job) -> None:
-    """`trainer.checkpoint.export` consolidates the built-in GPT's full weights; LoRA/QLoRA
-    runs write their adapter and merged model at the end of the run instead, and Hugging Face
-    models are saved by `transformers`. Raises `Conflict` (409) for those jobs."""
+def not_exportable(job: Job) -> str | None:
+    """Why `POST .../export` refuses `job`'s checkpoints (409), or None when it takes them:
+    `trainer.checkpoint.export` consolidates the built-in GPT's full weights; LoRA/QLoRA runs
+    write their adapter and merged model at the end of the run instead, and Hugging Face models
+    are saved by `transformers`. What the API's sweep view and the CLI offer follows it."""
     spec = job.spec
     if isinstance(spec, ScriptJobSpec):
-        raise Conflict(
+        return (
             f"job {job.id} runs its own code: its checkpoints are the script's own files "
             "(kept in the server's storage at the checkpoint's `uri`), not a built-in model to "
             "export"
         )
     if isinstance(spec, EvalJobSpec):
-        raise Conflict(f"job {job.id} is an eval job: it writes scores, not checkpoints")
+        return f"job {job.id} is an eval job: it writes scores, not checkpoints"
     if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
-        raise Conflict(
+        return (
             f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "
             "built-in GPT to export; use the adapter and merged model the run wrote at its end "
             "(events `export`, `completed` data `lora_adapter_uri` / `lora_merged_uri`)"
         )
+    return None
+
+
+def _require_full_gpt(job: Job) -> None:
+    """Raises `Conflict` (409) for a job whose checkpoints are `not_exportable`."""
+    why = not_exportable(job)
+    if why is not None:
+        raise Conflict(why)
 
 
 def request(

@@ -141,3 +141,55 @@ def test_a_sweep_page_shows_the_best_trial_every_curve_and_the_trials_on_a_lapto
         page.locator("#sweep-compare").click()
         page.wait_for_selector("main[data-loaded]")
         expect(page.locator("#compare-ids")).to_have_value(top.split("ids=")[1].split("&")[0])
+
+
+def test_a_lora_sweeps_best_trial_offers_no_export_and_says_why(
+    browser: Browser,
+    live_api: str,
+    owner: ProjectKey,
+    api: httpx.Client,
+    dataset_id: str,
+    engine: Engine,
+    settings: Settings,
+) -> None:
+    """Issue 45: the Export button of a LoRA trial answered 409 (its checkpoints hold the
+    adapters only); the page says why and what the run wrote instead, as the job page does."""
+    base = {
+        "name": "src",
+        "data": {"dataset": dataset_id},
+        "train": {"max_steps": 20},
+        "eval": {"interval_steps": 10},
+        "resources": {"pool": "dash-sweep-unserved"},
+    }
+    source = api.post("/v1/jobs", json=base)
+    assert source.status_code == 201, source.text
+    with session_scope(engine) as s:  # the weights the trials adapt
+        s.add(Checkpoint(job_id=source.json()["id"], attempt=1, step=20, uri="/nowhere"))
+    spec = {
+        "name": "dash-lora",
+        "base": {**base, "model": {"init_from": {"job": source.json()["id"]}}},
+        "space": {"lora.r": {"choice": [4, 8]}},
+        "searcher": "grid",
+        "max_trials": 2,
+        "max_concurrent_trials": 2,
+    }
+    answer = api.post("/v1/sweeps", json=spec)
+    assert answer.status_code == 201, answer.text
+    sweep_id = answer.json()["id"]
+    round_ = {
+        "session_factory": session_factory(engine),
+        "settings": settings,
+        "dispatch": lambda job_id, pool: None,
+    }
+    drive.advance_all(**round_)
+    trials = api.get(f"/v1/sweeps/{sweep_id}/trials").json()["items"]
+    _job_ran(engine, trials[0]["job_id"], [3.0, 2.0], JobState.SUCCEEDED)
+    drive.advance_all(**round_)
+    with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+        dash.open(f"/sweeps/{sweep_id}")
+        page = dash.page
+        page.wait_for_selector("main[data-loaded]")
+        expect(page.locator("#sweep-best h2")).to_have_text("Best trial: #0")
+        expect(page.locator("#sweep-export")).to_have_count(0)
+        expect(page.locator("#sweep-export-refused")).to_contain_text("LoRA/QLoRA")
+        expect(page.locator("#sweep-export-refused")).to_contain_text("adapter and merged model")

@@ -164,13 +164,14 @@ def sweep_best(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = False
     out.print(Text(f"trial {best.number}: {metric} {format_value(best.value)}, job {best.job_id}"))
     for path, value in best.params.items():
         out.print(Text(f"  {path} = {_param(value)}"))
-    if best.checkpoint_id is not None:
-        out.print(
-            Text(
-                f"checkpoint {best.checkpoint_id} (step {best.checkpoint_step}): "
-                f"torchyard export {best.job_id} {best.checkpoint_id} --out model.safetensors"
-            )
-        )
+    if best.checkpoint_id is None:
+        return
+    where = f"checkpoint {best.checkpoint_id} (step {best.checkpoint_step})"
+    if best.export_refused is not None:  # a LoRA/QLoRA, Hugging Face or script trial
+        out.print(Text(f"{where}: not exported by `torchyard export`: {best.export_refused}"))
+        return
+    command = f"torchyard export {best.job_id} {best.checkpoint_id} --out model.safetensors"
+    out.print(Text(f"{where}: {command}"))
 
 
 @sweep_app.command("cancel")

@@ -68,7 +68,11 @@ function bestCard(sweep, trials) {
           `#${best.checkpoint_id} (step ${best.checkpoint_step})`) : "none kept"),
       ...Object.entries(best.params).flatMap(([path, value]) => [h("dt", {}, path), h("dd", {}, paramText(value))])),
     h("div", { class: "toolbar" },
-      best.checkpoint_id ? h("button", { type: "button", id: "sweep-export", onclick: async (event) => {
+      // A LoRA/QLoRA, Hugging Face or script trial's checkpoint is refused by the export (409):
+      // the API says why, and what the run wrote instead, as the job page does.
+      best.checkpoint_id && best.export_refused
+        ? h("span", { id: "sweep-export-refused", class: "muted" }, `No export: ${best.export_refused}`) : null,
+      best.checkpoint_id && !best.export_refused ? h("button", { type: "button", id: "sweep-export", onclick: async (event) => {
         event.target.disabled = true;
         try {
           const exp = await api(`/v1/jobs/${best.job_id}/checkpoints/${best.checkpoint_id}/export`, { method: "POST" });

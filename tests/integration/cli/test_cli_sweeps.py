@@ -87,6 +87,8 @@ def test_sweep_commands_submit_show_trials_best_and_cancel(
     assert best.exit_code == 0, best.output
     assert f"trial {done['number']}: eval_loss 2.5, job {done['job_id']}" in best.stdout
     assert f"torchyard export {done['job_id']} " in best.stdout
+    shown_best = json.loads(cli("sweep", "best", str(sweep["id"]), "--json").stdout)
+    assert shown_best["export_refused"] is None  # a full GPT's checkpoint exports
     shown = cli("sweep", "show", str(sweep["id"]))
     assert "1/2 ended, 1 running" in shown.stdout
 
@@ -100,3 +102,46 @@ def test_sweep_commands_submit_show_trials_best_and_cancel(
     assert cancelled.exit_code == 0 and json.loads(cancelled.stdout)["state"] == "cancelled"
     with Client(live_api, api_key) as client, pytest.raises(Conflict):
         client.sweeps.cancel(sweep["id"])
+
+
+def test_sweep_best_of_a_lora_sweep_says_why_its_checkpoint_is_not_exported(
+    cli: Any,
+    spec_file: Path,
+    tmp_path: Path,
+    engine: Engine,
+    settings: Settings,
+) -> None:
+    """Issue 45: `sweep best` suggested `torchyard export J C` for a LoRA trial, a 409. It now
+    says why (the adapters-only checkpoint) and what the run wrote instead, as the export does."""
+    submitted = cli("submit", str(spec_file), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    source = json.loads(submitted.stdout)["id"]  # the weights the trials adapt
+    with session_scope(engine) as s:
+        s.add(Checkpoint(job_id=source, attempt=1, step=10, uri=str(tmp_path / "source")))
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text(
+        spec_file.read_text().replace("model: {", f"model: {{init_from: {{job: {source}}}, ")
+    )
+    sweep_file = _sweep_file(tmp_path, tuned, "{lora.r: {choice: [4, 8]}}")
+    created = cli("sweep", "submit", str(sweep_file), "--json")
+    assert created.exit_code == 0, created.output
+    sweep = json.loads(created.stdout)
+    _round(engine, settings)
+    done = json.loads(cli("sweep", "trials", str(sweep["id"]), "--json").stdout)[0]
+    set_running(engine, done["job_id"])
+    with session_scope(engine) as s:
+        points = [Metric("eval_loss", 10, 2.5, 0.0)]
+        ingest.metrics(session=s, job_id=done["job_id"], attempt=1, points=points)
+        s.add(Checkpoint(job_id=done["job_id"], attempt=1, step=10, uri="/nowhere"))
+        jobs.transition(session=s, job_id=done["job_id"], to=JobState.SUCCEEDED)
+    _round(engine, settings)
+
+    best = cli("sweep", "best", str(sweep["id"]))
+    assert best.exit_code == 0, best.output
+    assert "torchyard export" not in best.stdout.replace("`torchyard export`", "")
+    assert "LoRA/QLoRA" in best.stdout and "adapter and merged model" in best.stdout
+    shown = json.loads(cli("sweep", "best", str(sweep["id"]), "--json").stdout)
+    assert shown["export_refused"].startswith(f"job {done['job_id']} is a LoRA/QLoRA")
+    refused = cli("export", str(done["job_id"]), str(shown["checkpoint_id"]), "--out", "m.st")
+    assert refused.exit_code != 0 and "LoRA/QLoRA" in refused.output  # what it spared the user
+    assert cli("sweep", "cancel", str(sweep["id"])).exit_code == 0
