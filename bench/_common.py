@@ -227,7 +227,7 @@ def tiny_spec(dataset_id: str, pool: str, max_steps: int = 60) -> dict[str, Any]
         "seed": 1,
         "data": {"dataset": dataset_id},
         "model": {"n_layers": 2, "n_heads": 2, "d_model": 64, "seq_len": 64},
-        "optim": {"warmup_steps": 5},
+        "optim": {"warmup_steps": min(5, max_steps)},  # a warmup past the run is refused
         "train": {"micro_batch_size": 8, "max_steps": max_steps, "log_interval_steps": 1},
         "eval": {"interval_steps": max_steps, "num_batches": 2},
         "checkpoint": {"interval_steps": max_steps},

@@ -43,13 +43,14 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def _spec(args: argparse.Namespace, corpus: Path, steps: int) -> JobSpec:
+def _spec(args: argparse.Namespace, corpus: Path, steps: int, lora: bool) -> JobSpec:
+    """`steps` steps of `args.model`; `lora`: adapters on an earlier run's checkpoint."""
     return JobSpec.model_validate(
         {
             "name": "bench-resume",
             "seed": 0,
             "data": {"uri": str(corpus)},
-            "model": MODELS[args.model],
+            "model": MODELS[args.model] | ({"init_from": {"job": 1}} if lora else {}),
             "parallelism": {"strategy": args.strategy},
             "resources": {"procs_per_node": args.nproc, "device": args.device},
             "optim": {"warmup_steps": 1, "schedule": "constant"},
@@ -58,17 +59,20 @@ def _spec(args: argparse.Namespace, corpus: Path, steps: int) -> JobSpec:
             "eval": {"interval_steps": steps, "num_batches": 1},
             "checkpoint": {"interval_steps": args.steps, "keep_last": 2},
             "sample": {"max_new_tokens": 0},
-            **({"lora": {"r": 8, "alpha": 16.0}} if args.lora else {}),
+            **({"lora": {"r": 8, "alpha": 16.0}} if lora else {}),
         }
     )  # fmt: skip
 
 
-def _train(args: argparse.Namespace, spec: JobSpec, work: Path, ckpt: Path) -> dict[int, float]:
-    """Run the trainer; {step: loss} of its metric events."""
+def _train(
+    args: argparse.Namespace, spec: JobSpec, work: Path, ckpt: Path, start: tuple[str, ...] = ()
+) -> dict[int, float]:
+    """Run the trainer (`start`: its `--init-from URI`, if any); {step: loss} of its metric
+    events."""
     work.mkdir(parents=True)
     spec.dump(work / "spec.json")
     trainer = ["-m", "trainer", "--spec", str(work / "spec.json"), "--run-dir", str(work / "run")]
-    trainer += ["--checkpoint-dir", str(ckpt)]
+    trainer += ["--checkpoint-dir", str(ckpt), *start]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
            str(args.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint",
            f"127.0.0.1:{free_port()}", *trainer]  # fmt: skip
@@ -95,10 +99,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         corpus = build_corpus(root, 2_000_000)
-        n = args.steps
-        straight = _train(args, _spec(args, corpus, 2 * n), root / "straight", root / "c1")
-        first = _train(args, _spec(args, corpus, n), root / "first", root / "c2")
-        resumed = _train(args, _spec(args, corpus, 2 * n), root / "resumed", root / "c2")
+        n, lora = args.steps, args.lora
+        start: tuple[str, ...] = ()
+        if lora:  # LoRA adapts trained weights: those of a full run of n steps
+            _train(args, _spec(args, corpus, n, lora=False), root / "pre", root / "c0")
+            start = ("--init-from", str(root / "c0" / f"step_{n:08d}"))
+        spec, half = _spec(args, corpus, 2 * n, lora), _spec(args, corpus, n, lora)
+        straight = _train(args, spec, root / "straight", root / "c1", start)
+        first = _train(args, half, root / "first", root / "c2", start)
+        resumed = _train(args, spec, root / "resumed", root / "c2", start)
     later = range(n + 1, 2 * n + 1)
     out: dict[str, Any] = {
         "config": vars(args),

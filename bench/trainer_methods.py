@@ -7,7 +7,9 @@ process for `single`); the timings are the median `step_time_s` of the steps aft
 tokens/s = global tokens per step / that median; peak memory is the largest per-rank peak the
 trainer logs (`torch.cuda.max_memory_allocated` on CUDA, peak RSS on CPU). The `lora_*` and
 `qlora_*` rows train rank-8 adapters on every block linear of the same GPT (QLoRA: NF4 base,
-compute in `--precision`) and report `trainable_params`; `qat_single` fake-quantizes (torchao)
+compute in `--precision`), fine-tuning its seeded weights saved as a checkpoint
+(`model.init_from`, `--init-from`: LoRA adapts pretrained weights), and report
+`trainable_params`; `qat_single` fake-quantizes (torchao)
 and `compile_single` compiles each block. On CUDA of known peak, `mfu` is the median of the
 trainer's own `mfu`. Prints one JSON object:
 {"config": {...}, "methods": {name: {...}}}. Not a test: numbers vary run to run.
@@ -77,6 +79,8 @@ FINETUNE: dict[str, dict[str, Any]] = {
     for name in METHODS
     if "lora" in name
 } | {"qat_single": {"qat": {}}}
+# The LoRA rows' `model.init_from` (the trainer gets its checkpoint as `--init-from`).
+FROM_START = {"init_from": {"job": 1}}
 _PEAK = re.compile(r"peak memory (\d+) bytes")
 
 
@@ -102,7 +106,8 @@ def method_spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int,
             "seed": 0,
             "data": {"uri": str(corpus)},
             "model": {"n_layers": args.n_layers, "n_heads": args.n_heads,
-                      "d_model": args.d_model, "seq_len": args.seq_len},
+                      "d_model": args.d_model, "seq_len": args.seq_len,
+                      **(FROM_START if "lora" in finetune else {})},
             "parallelism": parallelism,
             "resources": {"procs_per_node": nproc, "device": args.device},
             "optim": {"warmup_steps": 1, "schedule": "constant"},
@@ -127,13 +132,34 @@ def median_timed(values_by_step: dict[int, float], args: argparse.Namespace) -> 
     return statistics.median(kept) if kept else None
 
 
-def run_method(args: argparse.Namespace, corpus: Path, name: str, workdir: Path) -> dict:
-    """Train `name` for `args.steps` steps; its timings and peak memory."""
+def starting_checkpoint(args: argparse.Namespace, corpus: Path, out: Path) -> str:
+    """The LoRA rows' `--init-from`: the bench GPT's seeded weights saved as a full checkpoint
+    (as the trainer saves one: DCP, `model_optim.model.<name>`). Their values do not move the
+    timings; the spec must name weights to adapt all the same."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.models.gpt import GPTConfig, build_model
+
+    spec = method_spec(args, corpus, "single")[1]
+    model = build_model(GPTConfig.from_spec(spec.model), device=torch.device("cpu"), seed=0)
+    dcp.save({"model_optim": {"model": model.state_dict()}}, checkpoint_id=str(out), no_dist=True)
+    return str(out)
+
+
+def run_method(
+    args: argparse.Namespace, corpus: Path, name: str, workdir: Path, init_from: str | None = None
+) -> dict:
+    """Train `name` for `args.steps` steps (from the checkpoint `init_from`, given for a LoRA
+    row); its timings and peak memory."""
     nproc, spec = method_spec(args, corpus, name)
     workdir.mkdir(parents=True)
     spec.dump(workdir / "spec.json")
     trainer = ["-m", "trainer", "--spec", str(workdir / "spec.json")]
     trainer += ["--run-dir", str(workdir / "run"), "--checkpoint-dir", str(workdir / "ckpt")]
+    if spec.model.init_from is not None:
+        assert init_from is not None, f"{name} fine-tunes a checkpoint: give init_from"
+        trainer += ["--init-from", init_from]
     if nproc == 1 and spec.parallelism.strategy == "single":
         cmd = [sys.executable, *trainer]
     else:
@@ -222,8 +248,12 @@ def main() -> None:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         corpus = build_corpus(Path(tmp), 2_000_000)
-        for name in args.methods.split(","):
-            results[name] = run_method(args, corpus, name, Path(tmp) / name)
+        names = args.methods.split(",")
+        start = None
+        if any("lora" in name for name in names):
+            start = starting_checkpoint(args, corpus, Path(tmp) / "start")
+        for name in names:
+            results[name] = run_method(args, corpus, name, Path(tmp) / name, start)
     config = {k: v for k, v in vars(args).items() if k != "methods"}
     print(json.dumps({"config": config, "methods": results}, indent=2))
 

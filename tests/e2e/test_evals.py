@@ -7,6 +7,7 @@ beside the trained one's."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, new_dash
 from tests.integration.workers.helpers import Worker, metric_series, tiny_spec, wait_state
-from tests.support.training import TINY_LLAMA
+from tests.support.training import tiny_llama_dir
 from torchyard.cli import app
 
 RUN_S = 240.0
@@ -36,12 +37,13 @@ def _qa_dataset(api: httpx.Client) -> str:
     return str(answer.json()["id"])
 
 
-def _spec(pool: str, dataset_id: str, qa: str) -> dict[str, Any]:
+def _spec(pool: str, dataset_id: str, qa: str, llama: Path) -> dict[str, Any]:
+    """LoRA on the Llama saved at `llama` (under a data root: weights to adapt)."""
     spec = tiny_spec(
         pool=pool,
         dataset_id=dataset_id,
         name="llama-lora",
-        model={"kind": "hf", "hf": {"from_config": TINY_LLAMA}, "seq_len": 64},
+        model={"kind": "hf", "hf": {"path_or_id": str(llama)}, "seq_len": 64},
         lora={"r": 4, "alpha": 8.0},
         optim={"lr": 1e-2, "warmup_steps": 0},
         train={"max_steps": STEPS, "micro_batch_size": 8},
@@ -74,9 +76,11 @@ def test_a_lora_llama_with_eval_after_shows_its_scores_beside_the_base_models_ev
     engine: Engine,
     dataset_id: str,
     worker: Worker,
+    models_root: Path,
 ) -> None:
     qa = _qa_dataset(api)
-    created = api.post("/v1/jobs", json=_spec(worker.queue, dataset_id, qa))
+    llama = tiny_llama_dir(models_root / "e2e-evals-llama")
+    created = api.post("/v1/jobs", json=_spec(worker.queue, dataset_id, qa, llama))
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
     done = wait_state(engine, job_id, TERMINAL, RUN_S, worker)

@@ -52,6 +52,18 @@ TINY_LLAMA: dict[str, Any] = {
 FINE_TUNE: dict[str, Any] = {"init_from": {"job": 1, "checkpoint": 1}}
 
 
+def tiny_llama_dir(out: Path) -> Path:
+    """`TINY_LLAMA` with seeded weights saved to `out` (`save_pretrained`, no tokenizer: byte
+    ids): a Hugging Face model whose weights come from files, for a LoRA test to fine-tune
+    (`model.hf.path_or_id`; LoRA on `from_config`'s random init is refused). Returns `out`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = {k: v for k, v in TINY_LLAMA.items() if k != "model_type"}
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **shape)).save_pretrained(out)
+    return out
+
+
 def hf_model_with_tokenizer(corpus_dir: Path, out: Path, *, model_type: str = "llama") -> int:
     """A 2-layer `model_type` (`gpt2` or `llama`) and a 400-id byte-level BPE tokenizer
     trained on a few corpus files, saved to `out` with `save_pretrained` (no downloads).
@@ -104,6 +116,10 @@ def tiny_spec(data: Path, **sections: dict[str, Any]) -> JobSpec:
     }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
+    steps = raw["train"].get("max_steps")
+    if "warmup_steps" not in sections.get("optim", {}) and steps is not None:
+        # this spec's 5 warmup steps, at most the run (a longer warmup is refused)
+        raw["optim"]["warmup_steps"] = min(raw["optim"]["warmup_steps"], steps)
     return JobSpec.model_validate(raw)
 
 

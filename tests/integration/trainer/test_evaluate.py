@@ -18,12 +18,12 @@ import pytest
 
 from jobspec.job import JobSpec
 from tests.support.training import (
-    TINY_LLAMA,
     evaluate_in_process,
     explain,
     read_events,
     run_trainer,
     statuses,
+    tiny_llama_dir,
     tiny_spec,
 )
 from trainer.evaluate import closing_marker, last_supervised_span
@@ -82,7 +82,7 @@ def test_perplexity_of_a_lora_llamas_checkpoint_uses_its_adapters_unmerged(
 ) -> None:
     spec = tiny_spec(
         corpus_dir,
-        model={"kind": "hf", "hf": {"from_config": TINY_LLAMA}},
+        model={"kind": "hf", "hf": {"path_or_id": str(tiny_llama_dir(tmp_path / "llama"))}},
         lora={"r": 4, "alpha": 8.0},
         optim={"lr": 1e-2},
         train={"max_steps": 4, "micro_batch_size": 8},

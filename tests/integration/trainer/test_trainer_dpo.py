@@ -27,11 +27,11 @@ import pytest
 from jobspec.job import JobSpec
 from tests.support.dpo import stdlib_pairs
 from tests.support.training import (
-    TINY_LLAMA,
     Scenario,
     read_events,
     run_plans,
     statuses,
+    tiny_llama_dir,
     tiny_spec,
 )
 from tests.support.training import train_losses as losses_of
@@ -48,7 +48,8 @@ LOG_2 = math.log(2)
 MODELS: dict[str, dict[str, Any]] = {
     "gpt_full": {"model": {"seq_len": SEQ_LEN}, "optim": {"lr": 3e-3}},
     "llama_lora": {
-        "model": {"seq_len": SEQ_LEN, "kind": "hf", "hf": {"from_config": TINY_LLAMA}},
+        # LoRA adapts weights from files (`path_or_id`, filled in by `_spec`)
+        "model": {"seq_len": SEQ_LEN, "kind": "hf", "hf": {"path_or_id": None}},
         "lora": {"r": 8},
         "optim": {"lr": 1e-2},
     },
@@ -56,9 +57,12 @@ MODELS: dict[str, dict[str, Any]] = {
 LAYOUTS = {"single": (1, 8, 1), "ddp": (2, 2, 2), "fsdp": (2, 2, 2)}  # procs, mbs, accum
 
 
-def _spec(pairs: Path, model: str, strategy: str) -> JobSpec:
+def _spec(pairs: Path, model: str, strategy: str, llama: Path) -> JobSpec:
+    """The run of `model` under `strategy`; `llama`: the saved Llama `llama_lora` adapts."""
     procs, mbs, accum = LAYOUTS[strategy]
     sections = dict(MODELS[model])
+    if sections["model"].get("kind") == "hf":
+        sections["model"] = {**sections["model"], "hf": {"path_or_id": str(llama)}}
     optim = sections.pop("optim")
     dp = 1 if strategy == "single" else procs
     spec = tiny_spec(
@@ -90,11 +94,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for p, c, r in stdlib_pairs(NUM_PAIRS, SEQ_LEN - room)
     ]
     pairs.write_text("\n".join(lines) + "\n")
+    llama = tiny_llama_dir(root / "llama")
     plans: dict[int, list[Scenario]] = {1: [], 2: []}
     for model in MODELS:
         for strategy, (procs, _, _) in LAYOUTS.items():
             name = f"{model}_{strategy}"
-            plans[procs].append(Scenario(name, _spec(pairs, model, strategy), root / name))
+            plans[procs].append(Scenario(name, _spec(pairs, model, strategy, llama), root / name))
     return run_plans([(None, plans[1]), (2, plans[2])], root)
 
 

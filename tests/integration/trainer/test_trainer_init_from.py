@@ -23,12 +23,12 @@ import torch
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec
 from tests.support.training import (
-    TINY_LLAMA,
     cpu_world_of_one,
     explain,
     read_events,
     run_trainer,
     statuses,
+    tiny_llama_dir,
     tiny_spec,
 )
 from trainer.checkpoint.checkpointer import load_model_only
@@ -36,14 +36,20 @@ from trainer.checkpoint.export import checkpoint_spec
 from trainer.checkpoint.init_from import load_starting_weights
 from trainer.models.network import build_network, merged_source, trainable_names
 
-MODEL = {"kind": "hf", "hf": {"from_config": TINY_LLAMA}}
 REL_TOLERANCE = 1e-5
 
 
-def _spec(corpus_dir: Path, **sections: dict[str, Any] | None) -> JobSpec:
-    """The LoRA Llama, 4 steps; `sections` update its parts (None removes one)."""
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The saved Llama the LoRA source adapts (LoRA needs weights from files or a checkpoint)."""
+    return tiny_llama_dir(tmp_path_factory.mktemp("llama"))
+
+
+def _spec(corpus_dir: Path, llama: Path, **sections: dict[str, Any] | None) -> JobSpec:
+    """The LoRA Llama of `llama`'s files, 4 steps; `sections` update its parts (None removes
+    one)."""
     raw: dict[str, dict[str, Any] | None] = {
-        "model": MODEL,
+        "model": {"kind": "hf", "hf": {"path_or_id": str(llama)}},
         "lora": {"r": 4, "alpha": 8.0},
         "optim": {"lr": 1e-2},
         "train": {"max_steps": 4, "micro_batch_size": 8},
@@ -57,10 +63,12 @@ def _spec(corpus_dir: Path, **sections: dict[str, Any] | None) -> JobSpec:
 
 
 @pytest.fixture(scope="module")
-def lora_source(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, float]:
+def lora_source(
+    corpus_dir: Path, llama: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, float]:
     """A finished LoRA run of the Llama: (its final checkpoint's URI, its final eval loss)."""
     workdir = tmp_path_factory.mktemp("lora_source")
-    spec = _spec(corpus_dir, lora={"modules_to_save": ["lm_head"]})
+    spec = _spec(corpus_dir, llama, lora={"modules_to_save": ["lm_head"]})
     proc = run_trainer(spec, workdir, nproc=None)
     assert proc.returncode == 0, explain(proc)
     done = statuses(read_events(workdir / "run"))[-1]["data"]
@@ -77,10 +85,10 @@ def _logits(model: torch.nn.Module) -> torch.Tensor:
 
 
 def test_a_lora_fine_tune_of_a_lora_checkpoint_starts_at_the_sources_trained_model(
-    corpus_dir: Path, lora_source: tuple[str, float], tmp_path: Path
+    corpus_dir: Path, llama: Path, lora_source: tuple[str, float], tmp_path: Path
 ) -> None:
     uri, source_eval_loss = lora_source
-    spec = _spec(corpus_dir, model={"init_from": {"job": 1}})
+    spec = _spec(corpus_dir, llama, model={"init_from": {"job": 1}})
     proc = run_trainer(spec, tmp_path, nproc=None, args=("--init-from", uri))
     assert proc.returncode == 0, explain(proc)
     events = read_events(tmp_path / "run")
@@ -91,7 +99,7 @@ def test_a_lora_fine_tune_of_a_lora_checkpoint_starts_at_the_sources_trained_mod
 
 
 def test_with_its_adapters_disabled_the_new_model_is_the_sources_merged_model(
-    corpus_dir: Path, lora_source: tuple[str, float]
+    corpus_dir: Path, llama: Path, lora_source: tuple[str, float]
 ) -> None:
     uri, _ = lora_source
     world = cpu_world_of_one()
@@ -99,7 +107,7 @@ def test_with_its_adapters_disabled_the_new_model_is_the_sources_merged_model(
     trained = build_network(source, device=world.device, dist_info=world)  # unmerged adapters
     load_model_only(trained.model, uri, dist_info=world, names=trainable_names(trained.model))
     merged = merged_source(source, uri, world)
-    spec = _spec(corpus_dir, model={"init_from": {"job": 1}})
+    spec = _spec(corpus_dir, llama, model={"init_from": {"job": 1}})
     network = build_network(spec, device=world.device, init_from=uri, dist_info=world)
     assert network.peft_model is not None
     with torch.no_grad():
@@ -115,20 +123,22 @@ def test_with_its_adapters_disabled_the_new_model_is_the_sources_merged_model(
 
 
 def test_a_full_fine_tune_of_a_lora_checkpoint_starts_from_the_merged_weights(
-    corpus_dir: Path, lora_source: tuple[str, float]
+    corpus_dir: Path, llama: Path, lora_source: tuple[str, float]
 ) -> None:
     uri, _ = lora_source
     world = cpu_world_of_one()
     merged = merged_source(checkpoint_spec(uri), uri, world)
-    full = _spec(corpus_dir, model={"init_from": {"job": 1}}, lora=None)
+    full = _spec(corpus_dir, llama, model={"init_from": {"job": 1}}, lora=None)
     network = build_network(full, device=world.device, init_from=uri, dist_info=world)
     assert network.peft_model is None
     with torch.no_grad():
         assert torch.equal(network.model(_ids()), _logits(merged))
 
 
-def test_adapters_of_a_chained_lora_run_are_refused(corpus_dir: Path, tmp_path: Path) -> None:
-    chained = _spec(corpus_dir, model={"init_from": {"job": 7, "checkpoint": 9}})
+def test_adapters_of_a_chained_lora_run_are_refused(
+    corpus_dir: Path, llama: Path, tmp_path: Path
+) -> None:
+    chained = _spec(corpus_dir, llama, model={"init_from": {"job": 7, "checkpoint": 9}})
     (tmp_path / "spec.json").write_text(json.dumps(chained.model_dump(mode="json")))
     with pytest.raises(InvalidJobError, match="chains of LoRA fine-tunes"):
         load_starting_weights(

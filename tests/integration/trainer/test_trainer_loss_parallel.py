@@ -34,6 +34,7 @@ import torch.multiprocessing as mp
 
 from tests.support.tolerances import ATOL, RTOL
 from tests.support.training import (
+    FINE_TUNE,
     build_rows_run,
     cpu_world_of_one,
     tiny_spec,
@@ -49,7 +50,8 @@ PIPELINE = {"strategy": "pipeline", "pipeline": {"schedule": "1f1b", "num_microb
 LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": SEQ_LEN}  # fmt: skip
-HF_LORA = {"model": {"kind": "hf", "hf": {"from_config": LLAMA}}, "lora": {"r": 4}}
+# A fine-tune's spec (`FINE_TUNE`); built in process, its base keeps the seeded weights.
+HF_LORA = {"model": {"kind": "hf", "hf": {"from_config": LLAMA}, **FINE_TUNE}, "lora": {"r": 4}}
 # name: (parallelism, micro_batch_size, grad_accum_steps, other spec sections); 16 rows per
 # step in each
 LAYOUTS: dict[str, tuple[dict[str, Any], int, int, dict[str, Any]]] = {

@@ -230,6 +230,10 @@ def tiny_spec(*, pool: str, dataset_id: str, **overrides: Any) -> JobSpec:
             spec[section] = {**spec.get(section, {}), **values}
         else:
             spec[section] = values
+    steps = spec["train"].get("max_steps")
+    if "warmup_steps" not in overrides.get("optim", {}) and steps is not None:
+        # this spec's 5 warmup steps, at most the run (a longer warmup is refused)
+        spec["optim"]["warmup_steps"] = min(spec["optim"]["warmup_steps"], steps)
     return JobSpec.model_validate(spec)
 
 

@@ -131,6 +131,20 @@ SPEC_CASES: list[tuple[str, Callable[[str, Path], Any], int, str, list[Any]]] = 
         ["body", "lora", "target_modules"],
     ),
     (
+        "lora_on_a_randomly_initialised_gpt",
+        lambda d, _: job_spec(d, lora={"r": 8}),
+        422,
+        "validation_error",
+        ["body", "lora"],
+    ),
+    (
+        "warmup_longer_than_the_run",
+        lambda d, _: job_spec(d, optim={"warmup_steps": 75}, train={"max_steps": 60}),
+        422,
+        "validation_error",
+        ["body", "optim", "warmup_steps"],
+    ),
+    (
         "qlora_with_fsdp",
         lambda d, _: job_spec(
             d, qlora={}, parallelism={"strategy": "fsdp"}, resources={"procs_per_node": 2}

@@ -222,7 +222,11 @@ def test_a_lora_jobs_checkpoint_is_409_naming_the_adapter_export_instead(
     pool: str,
     tmp_path: Path,
 ) -> None:
-    spec = job_spec(dataset["id"], resources={"pool": pool}, lora={"r": 4})
+    source = int(submit(client, project, job_spec(dataset["id"], resources={"pool": pool}))["id"])
+    _checkpoint(engine, source, 20, tmp_path / "source")  # the weights LoRA adapts
+    spec = job_spec(
+        dataset["id"], resources={"pool": pool}, model={"init_from": {"job": source}}, lora={"r": 4}
+    )
     job_id = int(submit(client, project, spec)["id"])
     checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
     answer = client.post(_path(job_id, checkpoint_id), headers=project.headers)
