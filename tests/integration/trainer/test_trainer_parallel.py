@@ -171,10 +171,12 @@ def test_fsdp_checkpoint_reshards_to_another_strategy_with_the_same_eval_loss(
 
 
 def _with_steps(spec: JobSpec, max_steps: int) -> JobSpec:
-    """`spec` training `max_steps` steps, evaluating and checkpointing at the last."""
+    """`spec` training `max_steps` steps, evaluating and checkpointing at the last, warming up
+    for at most those (a longer warmup is refused)."""
     raw = spec.model_dump(mode="json")
     raw["train"]["max_steps"] = max_steps
     raw["eval"]["interval_steps"] = raw["checkpoint"]["interval_steps"] = max_steps
+    raw["optim"]["warmup_steps"] = min(raw["optim"]["warmup_steps"], max_steps)
     return JobSpec.model_validate(raw)
 
 
