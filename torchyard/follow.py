@@ -17,6 +17,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -24,6 +25,7 @@ from rich.progress import (
 from rich.text import Text
 
 from torchyard.client import Client
+from torchyard.eval_results import fetch_evaluations
 from torchyard.models import Event, Job, LogLine, MetricPoint
 from torchyard.render import STATE_STYLES, format_duration, format_rate, format_value, log_line
 from torchyard.summary import JobSummary, summarize
@@ -121,13 +123,13 @@ class _View:
         self.max_steps: int | None = None
         self.step = 0
         self.warned_stale = False
-        self.script = False  # a script job reports metrics of its own choosing
+        self.script = False  # a script or eval job reports metrics of its own choosing
         self.task: TaskID = progress.add_task(
             f"job {job_id}", total=None, loss="-", extra="- tok/s", eta="-"
         )
 
     def on_job(self, job: Job) -> None:
-        self.script = job.kind == "script"
+        self.script = job.kind in ("script", "eval")
         self.max_steps = job.max_steps or self.max_steps
         self.progress.update(
             self.task, description=f"{job.name} ({job.state})", total=self.max_steps
@@ -180,12 +182,32 @@ class _View:
         )
 
     def _extra(self) -> str:
-        """The trainer's throughput; for a script job, the other metrics it reported (the
-        first few by name, system series left out)."""
+        """The trainer's throughput; for a script or eval job, the other metrics it reported
+        (the first few by name, system series left out)."""
         if not self.script:
             return f"{format_rate(self.latest.get('tokens_per_second'))} tok/s"
         names = sorted(n for n in self.latest if n != "loss" and not n.startswith("sys/"))
         return "  ".join(f"{n} {format_value(self.latest[n])}" for n in names[:SCRIPT_METRICS])
+
+
+def _columns(job: Job) -> list[ProgressColumn]:
+    """The bar's columns: steps, loss, throughput (or a script's metrics) and ETA; an eval job,
+    which takes no steps, shows its scores as they arrive and the time it has run."""
+    if job.kind == "eval":
+        return [
+            TextColumn("{task.description}", markup=False),
+            TextColumn("{task.fields[extra]}", markup=False),
+            TimeElapsedColumn(),
+        ]
+    return [
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[extra]}", markup=False),
+        TextColumn("ETA {task.fields[eta]}"),
+        TimeElapsedColumn(),
+    ]
 
 
 def follow_job(
@@ -201,18 +223,9 @@ def follow_job(
 
     `check(job)` runs at every poll; raise from it to stop following (e.g. a worker died).
     """
-    client.jobs.get(job_id)  # fail fast (NotFound) before drawing a progress bar
+    first = client.jobs.get(job_id)  # fail fast (NotFound) before drawing a progress bar
     events: list[Event] = []
-    progress = Progress(
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[extra]}", markup=False),
-        TextColumn("ETA {task.fields[eta]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    progress = Progress(*_columns(first), console=console)
     with progress:
         view = _View(progress, job_id)
 
@@ -232,4 +245,5 @@ def follow_job(
             elif isinstance(item, LogLine):
                 progress.console.print(log_line(item), markup=False, highlight=False)
     job = client.jobs.get(job_id)
-    return summarize(job, events, client.jobs.metrics(job_id), client.jobs.checkpoints(job_id))
+    series, checkpoints = client.jobs.metrics(job_id), client.jobs.checkpoints(job_id)
+    return summarize(job, events, series, checkpoints, fetch_evaluations(client, job))

@@ -85,9 +85,19 @@ class JobQueue(_Model):
     estimated_start_at: datetime | None = None
 
 
+class EvalSource(_Model):
+    """What an eval job scores (its spec's `evaluate.source`): a checkpoint of job `job`, pinned
+    at submission (`checkpoint`: its id), or that job's starting weights (`initial`)."""
+
+    job: int
+    checkpoint: int | None = None
+    initial: bool = False
+
+
 class Job(_Model):
     """A training job as the API reports it. `spec` is the submitted spec as a dict: the
-    built-in trainer's `JobSpec`, or a `ScriptJobSpec` with `entrypoint` (see `kind`); `failure`
+    built-in trainer's `JobSpec`, a `ScriptJobSpec` with `entrypoint` or an `EvalJobSpec` with
+    `evaluate` (see `kind`); `failure`
     the latest failed attempt (None when none failed). `max_steps` is 0 or None when unknown
     (a script job's)."""
 
@@ -132,9 +142,20 @@ class Job(_Model):
 
     @property
     def kind(self) -> str:
-        """``script`` for a job that runs the user's own code (`entrypoint`), else ``trainer``
-        (the built-in trainer)."""
-        return "script" if "entrypoint" in self.spec else "trainer"
+        """``script`` for a job that runs the user's own code (`entrypoint`), ``eval`` for one
+        that scores a checkpoint of another job (`evaluate`), else ``trainer`` (the built-in
+        trainer)."""
+        if "entrypoint" in self.spec:
+            return "script"
+        return "eval" if "evaluate" in self.spec else "trainer"
+
+    @property
+    def eval_source(self) -> EvalSource | None:
+        """An eval job's source (job, checkpoint or starting weights); None for another kind."""
+        section = self.spec.get("evaluate")
+        if not isinstance(section, dict) or not isinstance(section.get("source"), dict):
+            return None
+        return EvalSource.model_validate(section["source"])
 
     @property
     def entrypoint(self) -> Entrypoint | None:

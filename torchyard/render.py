@@ -164,7 +164,7 @@ def command_line(entrypoint: Entrypoint) -> str:
 
 def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
     """One row per job: id, name, state (with the latest failure's class), step, loss, kind
-    (``trainer`` or ``script``), pool, age, and for a waiting job its place, reason and
+    (``trainer``, ``script`` or ``eval``), pool, age, and for a waiting job its place, reason and
     estimated start (`queue_text`)."""
     table = Table(box=None, header_style="bold")
     columns = ("ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED", "QUEUE")
@@ -211,7 +211,8 @@ def entrypoint_rows(entrypoint: Entrypoint) -> list[tuple[str, Text | str]]:
 
 
 def job_details(job: Job) -> Table:
-    """Two-column key/value view of one job; a script job's shows its command and code."""
+    """Two-column key/value view of one job; a script job's shows its command and code; an eval
+    job, which trains nothing, says how long it ran."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -221,14 +222,15 @@ def job_details(job: Job) -> Table:
         ("kind", job.kind),
         ("state", state_text(job.state)),
         ("attempt", str(job.attempt)),
-        ("step", step_text(job)),
+        # an eval job takes no steps: `show` prints the step it scored above (`eval_results`)
+        *([] if job.kind == "eval" else [("step", step_text(job))]),
         ("pool", Text(job.pool or "-")),
         *([("queue", Text(queue_text(job)))] if job.queue is not None else []),
         ("worker", Text(job.worker or "-")),
         ("created", format_when(job.created_at)),
         ("started", format_when(job.started_at)),
         ("finished", format_when(job.finished_at)),
-        ("trained", trained_text(job)),
+        ("ran" if job.kind == "eval" else "trained", trained_text(job)),
     ]
     if job.eta_s is not None:
         rows.append(("eta", format_duration(job.eta_s)))

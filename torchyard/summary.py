@@ -4,13 +4,15 @@
 the trainer's own final report (the ``completed`` status data, see docs/CONTRACTS.md section 2,
 as carried in an event's `data`) and falls back to the metric series. A script job (section 5)
 reports metrics of its own choosing: its summary lists those instead of the trainer's figures.
+An eval job (`evaluate`) leads with its scores, the weights it scored and the baseline beside
+them (`torchyard.eval_results`): it trains nothing and writes no checkpoint.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -18,7 +20,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from torchyard.models import Checkpoint, Event, Job, MetricSeries
+from torchyard.eval_results import EvalResult, eval_result, score_rows
+from torchyard.models import Checkpoint, Evaluation, Event, Job, MetricSeries
 from torchyard.render import (
     command_line,
     format_duration,
@@ -46,11 +49,12 @@ class JobSummary:
     sample_text: str | None
     duration_s: float | None
     error: str | None
-    kind: str = "trainer"  # or "script": the user's own code (`entrypoint`)
+    kind: str = "trainer"  # "script": the user's own code (`entrypoint`); "eval": `evaluate`
     command: str | None = None  # a script job's command, one shell line
     # The last value of each metric the job reported (None: not finite), for a script job's
     # summary, whose metric names are its own.
     metrics: dict[str, float | None] = field(default_factory=dict)
+    evaluation: EvalResult | None = None  # an eval job's scores, source and baseline
 
     @property
     def succeeded(self) -> bool:
@@ -93,8 +97,10 @@ def summarize(
     events: Sequence[Event],
     series: Iterable[MetricSeries],
     checkpoints: Iterable[Checkpoint],
+    evaluations: Iterable[Evaluation] = (),
 ) -> JobSummary:
-    """Combine a job's final record, events, metrics and checkpoints into one summary."""
+    """Combine a job's final record, events, metrics and checkpoints into one summary; for an
+    eval job, `evaluations` are its source job's (`torchyard.eval_results.fetch_evaluations`)."""
     by_name = {s.name: s for s in series}
     samples = [e for e in events if e.kind == "sample"]
     errors = [e for e in events if e.kind == "error" and e.message]
@@ -126,7 +132,20 @@ def summarize(
             **{name: s.values[-1] for name, s in by_name.items() if s.values},
             **job.latest_metrics,
         },
+        evaluation=_evaluation(job, evaluations, by_name),
     )
+
+
+def _evaluation(
+    job: Job, evaluations: Iterable[Evaluation], series: dict[str, MetricSeries]
+) -> EvalResult | None:
+    """An eval job's result; its scores from its metric series when the evals API gave none
+    (the source job deleted since)."""
+    result = eval_result(job, evaluations)
+    if result is None or result.scores:
+        return result
+    scores = {name: s.values[-1] for name, s in series.items() if "." in name and s.values}
+    return replace(result, scores=scores)
 
 
 Row = tuple[str | Text, Text | str]
@@ -153,6 +172,8 @@ def render_summary(summary: JobSummary) -> RenderableType:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
+    if summary.evaluation is not None:
+        return _render_eval(table, summary, summary.evaluation)
     steps = "-" if summary.step is None else str(summary.step)
     if summary.max_steps:
         steps += f"/{summary.max_steps}"
@@ -174,3 +195,19 @@ def render_summary(summary: JobSummary) -> RenderableType:
     sample = Text(summary.sample_prompt or "", style="bold")
     sample.append(summary.sample_text)
     return Group(table, Panel(sample, title="sample", title_align="left"))
+
+
+def _render_eval(table: Table, summary: JobSummary, result: EvalResult) -> Table:
+    """An eval job's summary: its scores first, then the weights scored and how long it ran;
+    no steps, losses, throughput or checkpoint (it trains nothing)."""
+    rows: list[Row] = [
+        ("job", Text(f"{summary.job_id} ({summary.name}), eval")),
+        ("state", state_text(summary.state)),
+        *score_rows(result),
+        ("ran", format_duration(summary.duration_s)),
+    ]
+    if summary.error:
+        rows.append(("error", Text(summary.error, style="red")))
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

@@ -19,6 +19,7 @@ from core.jobs import evaluations
 from core.jobs import service as jobs
 from core.platform.models import Job, JobState
 from core.scheduling import preemption_apply as preempt
+from jobspec.job import spec_kind
 
 LOG_TAIL_LINES = 20
 
@@ -37,6 +38,7 @@ def facts_for(
         restarts_used=job.restarts_used,
         restarts_by_class=dict(job.restarts_by_class or {}),
         lost=lost,
+        kind=spec_kind(job.spec),
     )
 
 

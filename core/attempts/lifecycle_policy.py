@@ -162,7 +162,8 @@ class AttemptFacts:
 
     `state`: the job's state now (cancelling and pausing say what the user asked for);
     `ended`: the nodes that ended so far, the reporting one included; `lost`: set by the
-    reconciler when a node went silent (its worker is gone; nothing else is known).
+    reconciler when a node went silent (its worker is gone; nothing else is known); `kind`: the
+    job's (`jobspec.job.spec_kind`), which names what its success completed.
     """
 
     attempt: int
@@ -173,6 +174,11 @@ class AttemptFacts:
     restarts_used: int = 0
     restarts_by_class: Mapping[str, int] = field(default_factory=dict)
     lost: Failure | None = None
+    kind: str = "trainer"
+
+
+#: What a job of each kind did when it succeeded (`Decision.message`, its `succeeded` event's).
+COMPLETED = {"eval": "evaluation completed"}
 
 
 class Outcome(enum.StrEnum):
@@ -211,7 +217,7 @@ def decide(facts: AttemptFacts) -> Decision:
         return Decision(Outcome.WAIT, f"{len(facts.ended)} of {facts.num_nodes} nodes ended")
     stops = {n.stop for n in facts.ended if n.stop is not None}
     if all(n.exit_code == 0 for n in facts.ended) and any(n.completed for n in facts.ended):
-        return Decision(Outcome.SUCCEEDED, "training completed")
+        return Decision(Outcome.SUCCEEDED, COMPLETED.get(facts.kind, "training completed"))
     if facts.state == JobState.CANCELLING:
         return Decision(Outcome.CANCELLED, "cancelled")
     if facts.state == JobState.PAUSING:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
 from torchyard.client import Client
+from torchyard.eval_results import eval_result, fetch_evaluations, score_table
 from torchyard.failures import failure_block
 from torchyard.follow import follow_job
 from torchyard.logfilter import compile_grep, parse_since, select
@@ -133,16 +134,21 @@ def list_jobs(
 
 @jobs_cli.command()
 def show(ctx: typer.Context, job_id: JobId, json_out: JsonOpt = False) -> None:
-    """Show one job; a failed or restarted one starts with why it failed.
+    """Show one job; a failed or restarted one starts with why it failed, an eval job with its
+    scores and the weights it scored.
 
     Example: `torchyard show 42`
     """
-    job = command_client(ctx).jobs.get(job_id)
+    client = command_client(ctx)
+    job = client.jobs.get(job_id)
     if json_out:
         print_json(job)
         return
     if (why := failure_block(job)) is not None:
         out.print(why)
+        out.print()
+    if (result := eval_result(job, fetch_evaluations(client, job))) is not None:
+        out.print(score_table(result))
         out.print()
     out.print(job_details(job))
 

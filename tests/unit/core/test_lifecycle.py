@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from core.attempts.lifecycle_policy import (
@@ -171,6 +173,13 @@ def test_a_failure_carries_its_class_and_reason_into_the_decision() -> None:
     decision = decide(facts(failed(C.INFRA, node=1), nodes=2))
     assert decision.failure is not None and decision.failure.failure_class is C.INFRA
     assert "infra happened" in decision.message and "1 infra restarts left" in decision.message
+
+
+def test_a_success_says_what_the_jobs_kind_completed() -> None:
+    """An eval job trains nothing: its `succeeded` event says it evaluated."""
+    assert decide(facts(ok())).message == "training completed"
+    evaluated = decide(replace(facts(ok()), kind="eval"))
+    assert (evaluated.outcome, evaluated.message) == (Outcome.SUCCEEDED, "evaluation completed")
 
 
 def test_a_cancelled_or_paused_attempt_records_no_failure() -> None:
