@@ -2,11 +2,15 @@
 `eval_after: [perplexity, generate, lm_eval]`; the worker runs the training job, then the two
 eval jobs it made (its final checkpoint and its starting weights); the scores are read over
 REST, with the CLI, and on the job page and the compare view in Chromium, the base model's
-beside the trained one's."""
+beside the trained one's. And an eval job's own page (issue 45, item 3), its run written
+through the core services a worker uses (`tests.integration.eval_jobs`), at 1366x768 light and
+dark: its scores lead, with the source job and checkpoint linked; no chart of one point, no
+checkpoints, no "trained"."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +21,15 @@ from sqlalchemy import Engine
 from typer.testing import CliRunner
 
 from tests.conftest import ProjectKey
-from tests.e2e.conftest import LAPTOP, new_dash
-from tests.integration.workers.helpers import Worker, metric_series, tiny_spec, wait_state
+from tests.e2e.conftest import LAPTOP, Dash, new_dash
+from tests.integration.eval_jobs import add_checkpoint, run_eval_job
+from tests.integration.workers.helpers import (
+    Worker,
+    metric_series,
+    tiny_spec,
+    unique_queue,
+    wait_state,
+)
 from tests.support.training import tiny_llama_dir
 from torchyard.cli import app
 
@@ -139,3 +150,70 @@ def test_a_lora_llama_with_eval_after_shows_its_scores_beside_the_base_models_ev
         dash.shot("job-evals")
         dash.open(f"/compare?ids={job_id}")
         expect(page.locator("#compare-diff tr[data-eval-score='perplexity.loss']")).to_be_visible()
+
+
+def test_an_eval_jobs_page_leads_with_its_scores_and_linked_source_and_charts_no_single_point(
+    laptop_scheme: Dash, api: httpx.Client, engine: Engine, dataset_id: str
+) -> None:
+    pool = unique_queue("nowhere")  # no worker: the runs are written as a worker writes them
+    source_spec = tiny_spec(pool=pool, dataset_id=dataset_id, name="source")
+    created = api.post("/v1/jobs", json=source_spec.model_dump(mode="json", exclude_none=True))
+    assert created.status_code == 201, created.text
+    source = created.json()["id"]
+    checkpoint = add_checkpoint(engine, source, STEPS)
+    made = {}
+    for name, at in (("scored", {"job": source}), ("base", {"job": source, "initial": True})):
+        spec = {"name": name, "resources": {"pool": pool},
+                "evaluate": {"source": at, "evaluations": [{"kind": "perplexity"}]}}  # fmt: skip
+        answer = api.post("/v1/jobs", json=spec)
+        assert answer.status_code == 201, answer.text
+        made[name] = answer.json()["id"]
+    run_eval_job(engine, made["base"], 0, {"perplexity": {"loss": 3.5, "perplexity": 33.12}})
+    run_eval_job(engine, made["scored"], STEPS, {"perplexity": {"loss": 2.5, "perplexity": 12.18}})
+    eval_job = made["scored"]
+
+    page = laptop_scheme.page
+    laptop_scheme.open(f"/jobs/{eval_job}")
+    expect(page.locator("#job-kind [data-kind='eval']")).to_have_text("eval")
+    scores = page.locator("#evals")
+    expect(scores.locator("h2")).to_have_text("Scores")
+    expect(scores).to_be_in_viewport()  # the page leads with them, above any metric
+    assert page.evaluate(
+        "document.getElementById('evals').compareDocumentPosition("
+        "document.getElementById('metric-values-box')) & Node.DOCUMENT_POSITION_FOLLOWING"
+    )
+    row = scores.locator("#evals-table tr[data-score='perplexity.loss']")
+    expect(row.locator(f"td[data-column='step {STEPS}']")).to_have_text("2.500")
+    expect(row.locator(f"td[data-column='step {STEPS}'] a")).to_have_count(0)  # not itself
+    expect(row.locator("td[data-column='base'] a")).to_have_attribute(
+        "href", f"#/jobs/{made['base']}"
+    )
+    expect(row.locator("td[data-change]")).to_have_text("-1")
+    expect(row.locator("td[data-change]")).to_have_class("num better")
+    expect(scores.locator(f"a[href='#/jobs/{eval_job}']")).to_have_count(0)
+    expect(scores.locator("#eval-source-job")).to_have_attribute("href", f"#/jobs/{source}")
+    to_checkpoint = scores.locator("#eval-source-checkpoint")
+    expect(to_checkpoint).to_have_attribute("href", f"#/jobs/{source}?checkpoint={checkpoint}")
+    expect(to_checkpoint).to_have_text(f"checkpoint {checkpoint} (step {STEPS})")
+
+    # one point per series: numbers, not charts; the scores only in the Scores card
+    expect(page.locator("#metric-values dd[data-metric='sys/rss_bytes/0']")).to_have_text("1.2 GB")
+    expect(page.locator("#metric-values dd[data-metric='perplexity.loss']")).to_have_count(0)
+    expect(page.locator(".chart")).to_have_count(0)
+    expect(page.locator("#metrics-toolbar")).to_be_hidden()
+    # no checkpoints of its own, and it ran rather than trained
+    expect(page.locator("#checkpoints-section")).to_have_count(0)
+    summary = page.locator("#job-summary")
+    expect(summary.locator("dd[data-field='kind']")).to_have_text("eval")
+    expect(summary.locator("dd[data-field='ran']")).to_have_text(re.compile(r"^2s"))
+    expect(summary.locator("dd[data-field='trained']")).to_have_count(0)
+    expect(summary.locator("dd[data-field='progress']")).to_have_count(0)
+    expect(summary.locator("dd[data-field='source'] #eval-source-job")).to_have_attribute(
+        "href", f"#/jobs/{source}"
+    )
+    expect(page.locator("#events")).to_contain_text("evaluation completed")
+    assert laptop_scheme.fits_width()
+    laptop_scheme.shot("eval-job")
+
+    to_checkpoint.click()  # the source's page, on the checkpoint scored
+    expect(page.locator(f"#checkpoints tr#checkpoint-{checkpoint}.chosen")).to_be_visible()

@@ -1,4 +1,7 @@
 // Job detail: live metric charts, events, log tail, checkpoints, the spec, and control buttons.
+// An eval job's (`evaluate`) leads with its scores and the checkpoint they are of; it trains
+// nothing, so it has no checkpoints and no "trained" row. A series of one point (an eval job's
+// every series) is a number beside the charts, not a chart of its own.
 
 import { api, capabilities, download, pageAfter } from "./api.js";
 import { COLORS, lineChart, onZoom, purge } from "./charts.js";
@@ -6,7 +9,7 @@ import { codeCard, entrypointOf, scriptBadge } from "./code.js";
 import {
   SCHEDULES, X_AXES, ema, plotValue, startTime, tokensPerStep, xValues,
 } from "./compare_data.js";
-import { evalsCard } from "./evals.js";
+import { evalBadge, evalSourceOf, evalsCard, sourceNode } from "./evals.js";
 import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import { summaryCard } from "./summary.js";
@@ -87,6 +90,21 @@ function progressText(job) {
   return `${job.current_step ?? 0} / ${job.max_steps}${eta !== null ? ` · ETA ${fmtDuration(eta)}` : ""}`;
 }
 
+/** Series of one point, as name and value: a number, not a chart (bytes as bytes). */
+function valueRows(byName, names) {
+  return names.map((n) => {
+    const v = byName.get(n).values[0];
+    const text = n.includes("_bytes") && typeof v === "number" ? fmtBytes(v) : fmtNumber(v);
+    return [n, text];
+  });
+}
+
+/** The evaluation names of an eval job's spec: its `<name>.<metric>` series are its scores. */
+function evalNames(job) {
+  return new Set((job?.spec?.evaluate?.evaluations ?? [])
+    .map((e) => (typeof e === "string" ? e : e.name ?? e.kind)));
+}
+
 function eventText(e) {
   if (e.kind === "state") return `${e.state_from ?? "–"} → ${e.state_to}${e.message ? `: ${e.message}` : ""}`;
   if (e.kind === "checkpoint") return `checkpoint at step ${e.data?.step ?? "?"}`;
@@ -127,6 +145,10 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
   const evals = evalsCard(jobId); // its evaluations, or an eval job's results
   const kindSlot = h("span", { id: "job-kind" });
   const charts = h("div", { class: "grid2", id: "charts" });
+  // Series of one point so far: numbers, not charts (an eval job's are all of one step).
+  const values = h("dl", { class: "kv", id: "metric-values" });
+  const valuesBox = h("div", { class: "panel", id: "metric-values-box", hidden: true }, values);
+  const leadSlot = h("div", { id: "lead-slot" }); // an eval job's scores, above its metrics
   // Smoothing and the x axis, as in Compare (TensorBoard's EMA; schedules never smoothed).
   const smoothing = h("input", { id: "job-smoothing", type: "range", min: 0, max: 0.99,
     step: 0.01, value: 0, "aria-label": "smoothing" });
@@ -134,6 +156,9 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
   const xAxisSel = h("select", { id: "job-x-axis", "aria-label": "x axis" },
     Object.entries(X_AXES).map(([v, a]) => h("option", { value: v }, a.title)));
   const axisNote = h("span", { class: "muted", id: "job-x-note" });
+  const toolbar = h("div", { class: "toolbar", id: "metrics-toolbar" },
+    h("label", {}, "smoothing ", smoothing, " ", smoothingValue),
+    h("label", {}, "x axis ", xAxisSel), axisNote);
   const redraw = () => {
     smoothingValue.textContent = Number(smoothing.value).toFixed(2);
     zoom = null;
@@ -146,6 +171,12 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
   const chartNodes = new Map();
   const timeline = h("ul", { class: "timeline", id: "events" });
   const ckptBody = h("tbody", { id: "checkpoints" });
+  const ckptSection = h("section", { id: "checkpoints-section" }, h("h2", {}, "Checkpoints"),
+    h("div", { class: "table-wrap" }, h("table", {},
+      h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
+        h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "export"),
+        h("th", {}, "uri"))),
+      ckptBody)));
   const rankSel = h("select", { id: "log-rank", "aria-label": "rank" },
     h("option", { value: "" }, "all ranks"), h("option", { value: "-1" }, "launcher (-1)"));
   const search = h("input", { id: "log-search", type: "search", placeholder: "search logs…" });
@@ -206,13 +237,22 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       codeSlot.replaceChildren(codeCard(job));
       kindSlot.replaceChildren(scriptBadge());
     }
+    const source = evalSourceOf(job);
+    if (source && !kindSlot.childElementCount) {
+      kindSlot.replaceChildren(evalBadge());
+      leadSlot.replaceChildren(evals.node); // the scores lead the page
+      ckptSection.remove(); // an eval job writes none
+    }
+    let kindRows = [["strategy", job.spec?.parallelism?.strategy ?? "–"]];
+    if (script) kindRows = [["kind", "script"]];
+    if (source) kindRows = [["kind", "eval"], ["source", sourceNode(source, job.current_step)]];
     const rows = [
       ["state", job.state], ["attempt", job.attempt],
-      ["progress", progressText(job)],
-      ...(script ? [["kind", "script"]] : [["strategy", job.spec?.parallelism?.strategy ?? "–"]]),
+      ...(source ? [] : [["progress", progressText(job)]]),
+      ...kindRows,
       ["nodes × procs", `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`],
       ["pool", job.pool], ["created", fmtTime(job.created_at)],
-      ["started", fmtTime(job.started_at)], ["trained", trainedText(job)],
+      ["started", fmtTime(job.started_at)], [source ? "ran" : "trained", trainedText(job)],
       ["worker", job.worker ?? "–"],
     ];
     if (job.queue) rows.push(["queue", queueText(job)]);
@@ -288,9 +328,19 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
     const res = job?.spec?.resources ?? {};
     const world = (res.nodes ?? 1) * (res.procs_per_node ?? 1);
     const run = { byName, tokensPerStep: tokensPerStep(byName), t0: startTime(series) };
-    const trainCharts = chartsFor(names, world);
-    const placed = [...trainCharts.map((c) => [charts, c]),
+    // A chart whose every series has one point is numbers instead (an eval job's: all of one
+    // step); one drawn already, or a zoomed range, stays a chart.
+    const onePoint = (c) => !range && !chartNodes.has(c.id)
+      && c.series.every((n) => (byName.get(n)?.values.length ?? 0) <= 1);
+    const candidates = [...chartsFor(names, world).map((c) => [charts, c]),
       ...systemChartsFor(names).map((c) => [systemCharts, c])];
+    const placed = candidates.filter(([, c]) => !onePoint(c));
+    const scores = evalNames(job); // an eval job's scores lead the page in its Scores card
+    const listed = candidates.filter(([, c]) => onePoint(c)).flatMap(([, c]) => c.series)
+      .filter((n) => byName.has(n) && !(n.includes(".") && scores.has(n.split(".")[0])));
+    values.replaceChildren(...valueRows(byName, listed).flatMap(([k, v]) => [h("dt", {}, k),
+      h("dd", { dataset: { metric: k } }, v)]));
+    valuesBox.hidden = !listed.length;
     // An x axis the run cannot give (no tokens per step, e.g. a script's own metrics): steps.
     const shownAxis = series.every((s) => xValues(run, s, axis) !== null) ? axis : "step";
     axisNote.textContent = shownAxis === axis ? "" : `(no ${X_AXES[axis].title} for this run: by step)`;
@@ -323,6 +373,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       if (fresh) onZoom(node, (r) => { if (xAxisSel.value !== "step") return; zoom = r; loadMetrics().catch(showError); });
     }
     systemHeading.hidden = !systemCharts.childElementCount;
+    toolbar.hidden = !charts.childElementCount; // smoothing and axes of no chart: none
     if (!series.length && !charts.childElementCount) {
       charts.replaceChildren(h("p", { class: "muted", id: "no-metrics" }, "No metrics reported yet."));
     } else {
@@ -520,7 +571,8 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       return;
     }
     renderJob();
-    await Promise.all([loadMetrics(), loadEvents(), loadLogs(), loadCheckpoints(), evals.load()]);
+    const checkpoints = evalSourceOf(job) ? null : loadCheckpoints();
+    await Promise.all([loadMetrics(), loadEvents(), loadLogs(), checkpoints, evals.load(job)]);
     root.dataset.loaded = "true";
     if (TERMINAL.has(job.state)) {
       if (finalPass) { // one more pass picked up what was ingested after the end
@@ -552,10 +604,9 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
     failureSlot,
     specProblems,
     card.node,
-    h("div", { class: "section-head" }, h("h2", {}, "Metrics"),
-      h("div", { class: "toolbar", id: "metrics-toolbar" },
-        h("label", {}, "smoothing ", smoothing, " ", smoothingValue),
-        h("label", {}, "x axis ", xAxisSel), axisNote)),
+    leadSlot,
+    h("div", { class: "section-head" }, h("h2", {}, "Metrics"), toolbar),
+    valuesBox,
     charts,
     systemHeading, systemCharts,
     evals.node,
@@ -565,11 +616,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
     codeSlot,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Events"), h("div", { class: "panel" }, timeline)),
-      h("section", {}, h("h2", {}, "Checkpoints"), h("div", { class: "table-wrap" }, h("table", {},
-        h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
-          h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "export"),
-          h("th", {}, "uri"))),
-        ckptBody)))),
+      ckptSection),
     h("h2", {}, "Logs"),
     h("div", { class: "toolbar" }, rankSel, search),
     logBox,

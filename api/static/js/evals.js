@@ -1,6 +1,8 @@
 // Evaluations (GET /v1/jobs/{id}/evals): the job page's Evals card (each score at each evaluated
 // step, the base model's first and the change from it; a generate evaluation's answers beside
-// their prompts and references) and the compare view's eval rows.
+// their prompts and references) and the compare view's eval rows. On an eval job's own page
+// the card leads: its scores, the job and checkpoint it scored, and the starting weights'
+// scores beside them where another eval job measured them (read from the source's evals).
 import { api } from "./api.js";
 import { fmtNumber, h } from "./util.js";
 
@@ -61,7 +63,41 @@ function change(key, base, last) {
     `${sign}${fmtNumber(delta)}`);
 }
 
-function scoresNode(items) {
+/** The kind badge of an eval job's title, as `scriptBadge` is a script job's. */
+export function evalBadge() {
+  return h("span", { class: "kind kind-eval", dataset: { kind: "eval" },
+    title: "scores a checkpoint of another job (evaluate)" }, "eval");
+}
+
+/** An eval job's `evaluate.source` ({job, checkpoint, initial}), or null for another kind. */
+export function evalSourceOf(job) {
+  const source = job?.spec?.evaluate?.source;
+  return source && typeof source === "object" ? source : null;
+}
+
+/** The weights an eval job scored, linked: the source job's page, and its checkpoint's row. */
+export function sourceNode(source, step) {
+  const jobLink = h("a", { href: `#/jobs/${source.job}`, id: "eval-source-job" }, `job #${source.job}`);
+  if (source.initial) return h("span", { id: "eval-source" }, jobLink, "'s starting weights");
+  const at = step === null || step === undefined ? "" : ` (step ${step})`;
+  return h("span", { id: "eval-source" }, jobLink, "'s ",
+    h("a", { href: `#/jobs/${source.job}?checkpoint=${source.checkpoint}`, id: "eval-source-checkpoint" },
+      `checkpoint ${source.checkpoint}${at}`));
+}
+
+/** Of the source job's evals, this eval job's and, unless it scored the starting weights
+ * itself, the baseline's (another eval job's, on the starting weights). */
+function ownAndBaseline(items, jobId, source) {
+  const own = items.filter((i) => i.job_id === jobId);
+  if (source.initial) return own;
+  const names = new Set(own.map((i) => i.name));
+  const base = items.filter((i) => i.job_id !== jobId && i.checkpoint_id === null
+    && i.step === 0 && names.has(i.name));
+  return [...base, ...own];
+}
+
+// `self`: the page's own job, whose scores are not linked (a link to the page itself).
+function scoresNode(items, self = null) {
   const { rows, columns } = scoreTable(items);
   const hasBase = columns[0] === "base" && columns.length > 1;
   const last = columns[columns.length - 1];
@@ -74,9 +110,10 @@ function scoresNode(items) {
       columns.map((c) => {
         const cell = cells.get(c);
         if (!cell) return h("td", { class: "num muted" }, "–");
-        return h("td", { class: "num", dataset: { column: c } },
-          h("a", { href: `#/jobs/${cell.job_id}`, title: `eval job #${cell.job_id}` },
-            fmtNumber(cell.value)));
+        const value = cell.job_id === self ? fmtNumber(cell.value)
+          : h("a", { href: `#/jobs/${cell.job_id}`, title: `eval job #${cell.job_id}` },
+            fmtNumber(cell.value));
+        return h("td", { class: "num", dataset: { column: c } }, value);
       }),
       hasBase ? change(key, cells.get("base")?.value, cells.get(last)?.value) : null))));
 }
@@ -108,19 +145,45 @@ function answersNode(items) {
   }));
 }
 
-/** The job page's Evals card: hidden until the job has evaluations; `load()` refreshes it. */
+/** The evals an eval job's card shows: its own and the baseline's, from its source's list
+ * (its own alone once the source job is gone). */
+async function evalJobItems(jobId, source) {
+  try {
+    const { items } = await api(`/v1/jobs/${source.job}/evals`);
+    return ownAndBaseline(items, jobId, source);
+  } catch (err) {
+    if (err.status !== 404) throw err;
+    return (await api(`/v1/jobs/${jobId}/evals`)).items;
+  }
+}
+
+/**
+ * The job page's Evals card: hidden until the job has evaluations; `load(job)` refreshes it.
+ * An eval job's (`evaluate`) is its "Scores": shown from the start, with the weights scored.
+ */
 export function evalsCard(jobId) {
   const body = h("div");
-  const node = h("section", { id: "evals", hidden: true },
-    h("h2", {}, "Evaluations"), h("div", { class: "panel" }, body));
+  const heading = h("h2", {}, "Evaluations");
+  const lead = h("p", { id: "evals-source-line", hidden: true });
+  const node = h("section", { id: "evals", hidden: true }, heading, h("div", { class: "panel" }, lead, body));
   let shown = "";
-  async function load() {
-    const { items } = await api(`/v1/jobs/${jobId}/evals`);
-    const key = JSON.stringify(items.map((i) => [i.id, i.step, i.metrics]));
+  async function load(job) {
+    const source = evalSourceOf(job);
+    const items = source ? await evalJobItems(jobId, source) : (await api(`/v1/jobs/${jobId}/evals`)).items;
+    const key = JSON.stringify([source, items.map((i) => [i.id, i.step, i.metrics])]);
     if (key === shown) return;
     shown = key;
-    node.hidden = !items.length;
-    body.replaceChildren(h("div", { class: "table-wrap" }, scoresNode(items)), answersNode(items) ?? "");
+    node.hidden = !items.length && !source;
+    if (source) {
+      heading.textContent = "Scores";
+      const own = items.find((i) => i.job_id === jobId);
+      lead.hidden = false;
+      lead.replaceChildren("Scores of ", sourceNode(source, own?.step ?? null));
+    }
+    body.replaceChildren(
+      items.length ? h("div", { class: "table-wrap" }, scoresNode(items, jobId))
+        : h("p", { class: "muted", id: "evals-none" }, "No scores reported yet."),
+      answersNode(items) ?? "");
   }
   return { node, load };
 }

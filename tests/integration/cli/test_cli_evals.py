@@ -13,14 +13,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.attempts.lifecycle_apply import apply, facts_for
-from core.attempts.lifecycle_policy import NodeEnd, decide
 from core.jobs import evaluations
-from core.jobs import service as jobs
 from core.platform.db import session_scope
 from core.platform.models import Checkpoint, Job
 from tests.conftest import ProjectKey
 from tests.integration.conftest import cli_invoker
+from tests.integration.eval_jobs import add_checkpoint, run_eval_job
 from torchyard import Client
 
 SCORES = {"exact_match": 0.5, "chrf": 61.25, "rouge_l": 0.75, "answers": 2.0}
@@ -76,28 +74,14 @@ def test_an_eval_job_prints_as_one_with_its_scores_source_and_baseline(
     submitted = cli("submit", str(spec_file), "--json")
     assert submitted.exit_code == 0, submitted.output
     source = json.loads(submitted.stdout)["id"]
-    with session_scope(engine) as session:
-        checkpoint = Checkpoint(job_id=source, attempt=1, step=8, uri="file:///nowhere/step_8")
-        session.add(checkpoint)
-        session.flush()
-        checkpoint_id = checkpoint.id
+    checkpoint_id = add_checkpoint(engine, source, 8)
     client = Client(live_api, api_key=project.api_key)
     evaluate = {"source": {"job": source}, "evaluations": [{"kind": "perplexity"}]}
     eval_job = client.jobs.create({"name": "scored", "evaluate": evaluate})
     initial = {"source": {"job": source, "initial": True}, "evaluations": [{"kind": "perplexity"}]}
     base_job = client.jobs.create({"name": "base", "evaluate": initial})
-    for job_id, step, loss in ((eval_job.id, 8, 2.5), (base_job.id, 0, 3.5)):
-        event = {"name": "perplexity", "kind": "perplexity", "step": step,
-                 "metrics": {"loss": loss, "tokens": 4096.0}}  # fmt: skip
-        with session_scope(engine) as session:
-            row = session.get(Job, job_id)
-            assert row is not None
-            evaluations.record(session=session, job=row, attempt=1, event=event)
-    with session_scope(engine) as session:  # the worker: claimed, ran, reported completion
-        claimed = jobs.claim(session=session, job_id=eval_job.id, worker="w-evals")
-        assert claimed is not None
-        ended = [NodeEnd(node_rank=0, exit_code=0, completed=True, runtime_s=2.0)]
-        apply(session=session, job=claimed, decision=decide(facts_for(claimed, ended=ended)))
+    run_eval_job(engine, base_job.id, 0, {"perplexity": {"loss": 3.5, "tokens": 4096.0}})
+    run_eval_job(engine, eval_job.id, 8, {"perplexity": {"loss": 2.5, "tokens": 4096.0}})
 
     followed = cli("follow", str(eval_job.id))
     assert followed.exit_code == 0, followed.output
@@ -127,8 +111,7 @@ def test_an_eval_job_prints_as_one_with_its_scores_source_and_baseline(
     assert listed.exit_code == 0, listed.output
     header, row = (line.split() for line in listed.output.splitlines()[:2])
     assert (row[0], row[header.index("KIND")]) == (str(eval_job.id), "eval"), listed.output
-    for job_id in (base_job.id, source):  # queued on pools other tests count their queue of
-        assert client.jobs.cancel(job_id).state == "cancelled"
+    assert client.jobs.cancel(source).state == "cancelled"  # queued on a pool others count
 
 
 def _qa_dataset(cli: Any, tmp_path: Path) -> str:
