@@ -217,3 +217,7 @@ def test_an_eval_jobs_page_leads_with_its_scores_and_linked_source_and_charts_no
 
     to_checkpoint.click()  # the source's page, on the checkpoint scored
     expect(page.locator(f"#checkpoints tr#checkpoint-{checkpoint}.chosen")).to_be_visible()
+
+    laptop_scheme.open("/jobs")  # the list marks it, as it marks a script job
+    expect(page.locator(f"tr[data-job-id='{eval_job}'] .kind-eval")).to_have_text("eval")
+    expect(page.locator(f"tr[data-job-id='{source}'] .kind-eval")).to_have_count(0)

@@ -2,6 +2,7 @@
 
 import { api, capabilities } from "./api.js";
 import { entrypointOf, scriptBadge } from "./code.js";
+import { evalBadge, evalSourceOf } from "./evals.js";
 import { failureClassBadge } from "./failure.js";
 import {
   STATES, etaSeconds, fmtDuration, fmtNumber, fmtTime, h, poll, queueText, runSeconds,
@@ -30,7 +31,8 @@ function progressCell(job) {
 function jobRow(job, onLabel) {
   const res = job.spec?.resources ?? {};
   const script = Boolean(entrypointOf(job));
-  const strategy = script ? scriptBadge() : (job.spec?.parallelism?.strategy ?? "ddp");
+  let strategy = script ? scriptBadge() : (job.spec?.parallelism?.strategy ?? "ddp");
+  if (evalSourceOf(job)) strategy = evalBadge(); // it trains nothing: no strategy
   const loss = job.latest_metrics?.loss;
   return h("tr", { dataset: { jobId: job.id } },
     h("td", { class: "num" }, h("a", { href: `#/jobs/${job.id}` }, `#${job.id}`)),
