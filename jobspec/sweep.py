@@ -259,12 +259,12 @@ def _warmup_problems(sweep: SweepSpec) -> list[Problem]:
     warmup, steps = sweep.space.get(WARMUP), sweep.space.get(MAX_STEPS)
     if warmup is None or steps is None:
         return []
-    highest = max((v for v in warmup.probes() if _is_number(v)), default=None)
-    lowest = min((v for v in steps.probes() if _is_number(v)), default=None)
+    highest = max((float(v) for v in warmup.probes() if _is_number(v)), default=None)
+    lowest = min((float(v) for v in steps.probes() if _is_number(v)), default=None)
     if highest is None or lowest is None or highest <= lowest:
         return []
     message = (
-        f"{WARMUP} goes up to {highest} but {MAX_STEPS} down to {lowest}: a trial would warm "
+        f"{WARMUP} goes up to {highest:g} but {MAX_STEPS} down to {lowest:g}: a trial would warm "
         f"up longer than it runs; keep the largest warmup at most the smallest max_steps"
     )
     return [(("space", WARMUP), message, warmup.model_dump(exclude_none=True))]
