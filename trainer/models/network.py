@@ -214,7 +214,7 @@ def autocast_4bit_inputs(model: nn.Module) -> int:
             # eval mode without grad (an evaluation at step 0: `eval.at_start`, `init_from`)
             # and never back, and its training forward then fails (`result += bias` on a
             # view); a training job keeps the training layout.
-            module.support_avx512bf16_for_cpu = False
+            setattr(module, "support_avx512bf16_for_cpu", False)  # noqa: B010 - typed as Module
             count += 1
     return count
 
