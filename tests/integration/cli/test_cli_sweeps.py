@@ -46,6 +46,17 @@ def _sweep_file(tmp_path: Path, spec_file: Path, space: str) -> Path:
     return path
 
 
+def _succeed(engine: Engine, job_id: int) -> None:
+    """End trial job `job_id` as a worker would: running, eval_loss 2.5 at step 10, a
+    checkpoint at step 10, succeeded."""
+    set_running(engine, job_id)
+    with session_scope(engine) as s:
+        points = [Metric("eval_loss", 10, 2.5, 0.0)]
+        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        s.add(Checkpoint(job_id=job_id, attempt=1, step=10, uri="/nowhere"))
+        jobs.transition(session=s, job_id=job_id, to=JobState.SUCCEEDED)
+
+
 def test_sweep_commands_submit_show_trials_best_and_cancel(
     cli: Any,
     spec_file: Path,
@@ -76,12 +87,7 @@ def test_sweep_commands_submit_show_trials_best_and_cancel(
     assert table.exit_code == 0 and "optim.lr" in table.stdout and "running" in table.stdout
 
     done = trials[0]
-    set_running(engine, done["job_id"])
-    with session_scope(engine) as s:
-        points = [Metric("eval_loss", 10, 2.5, 0.0)]
-        ingest.metrics(session=s, job_id=done["job_id"], attempt=1, points=points)
-        s.add(Checkpoint(job_id=done["job_id"], attempt=1, step=10, uri="/nowhere"))
-        jobs.transition(session=s, job_id=done["job_id"], to=JobState.SUCCEEDED)
+    _succeed(engine, done["job_id"])
     _round(engine, settings)
     best = cli("sweep", "best", str(sweep["id"]))
     assert best.exit_code == 0, best.output
@@ -128,12 +134,7 @@ def test_sweep_best_of_a_lora_sweep_says_why_its_checkpoint_is_not_exported(
     sweep = json.loads(created.stdout)
     _round(engine, settings)
     done = json.loads(cli("sweep", "trials", str(sweep["id"]), "--json").stdout)[0]
-    set_running(engine, done["job_id"])
-    with session_scope(engine) as s:
-        points = [Metric("eval_loss", 10, 2.5, 0.0)]
-        ingest.metrics(session=s, job_id=done["job_id"], attempt=1, points=points)
-        s.add(Checkpoint(job_id=done["job_id"], attempt=1, step=10, uri="/nowhere"))
-        jobs.transition(session=s, job_id=done["job_id"], to=JobState.SUCCEEDED)
+    _succeed(engine, done["job_id"])
     _round(engine, settings)
 
     best = cli("sweep", "best", str(sweep["id"]))
