@@ -82,11 +82,21 @@ class TextCheck:
 def check_file(uri: str, name: str) -> tuple[str, str] | None:
     """Stream the file at `uri` (local path or fsspec URI) through a `TextCheck` named `name`;
     its problem, or None for UTF-8 text. Raises OSError when the file cannot be read."""
+    return _check(uri, name)[0]
+
+
+def _check(uri: str, name: str) -> tuple[tuple[str, str] | None, bool]:
+    """(`check_file`'s problem, whether it lies in the first block: `sniff`'s rule), in one
+    read of the file that stops at the problem."""
     check = TextCheck(name)
+    first = True
     with fsspec.open(uri, "rb") as fh:
         while check.problem is None and (block := fh.read(BLOCK_BYTES)):
             check.feed(block)
-    return check.finish()
+            if first and check.problem is not None:
+                return check.problem, True
+            first = False
+    return check.finish(), False
 
 
 def sniff(uri: str, name: str) -> tuple[str, str] | None:
@@ -122,17 +132,19 @@ class Classified:
 
 
 def classify(files: list[DataFile]) -> Classified:
-    """Read each of `files` whole, in the order given: binary when its first block is not
-    text (`sniff`), repaired when a later one is not. Raises OSError when one cannot be read."""
-    binary, repaired, total = [], [], 0
+    """Read each of `files` once, in the order given, up to its first problem: binary when that
+    lies in its first block (`sniff`'s rule), repaired when further on. Raises OSError when one
+    cannot be read."""
+    binary: list[NotText] = []
+    repaired: list[NotText] = []
+    total = 0
     for f in files:
         fs, path = fsspec.core.url_to_fs(f.url)
         size = int(fs.size(path))
         total += size
-        if (problem := sniff(f.url, f.rel)) is not None:
-            binary.append(NotText(f.rel, size, *problem))
-        elif (problem := check_file(f.url, f.rel)) is not None:
-            repaired.append(NotText(f.rel, size, *problem))
+        problem, in_first_block = _check(f.url, f.rel)
+        if problem is not None:
+            (binary if in_first_block else repaired).append(NotText(f.rel, size, *problem))
     return Classified(binary, repaired, total)
 
 
