@@ -110,6 +110,16 @@ def build_text_rows(
     data: DataSpec,
 ) -> dict[str, Any]:
     """Write `out/{train,eval}` for `text`, unpacked `jsonl_text` and flat `tokens`."""
+    skipped = LeftOut()
+    if plan.format == "text":  # what is not text is never read, nor counted in the bound
+        files = skipped.sniff(files)
+        eval_files = skipped.sniff(eval_files) if eval_files is not None else None
+        if not files:
+            why = skipped.files[0][2]
+            raise InvalidJobError(
+                f"none of the {len(skipped.files)} data files is UTF-8 text ({why}); a text "
+                "dataset is read as text: choose its text files with data.include"
+            )
     capacity = _capacity(files + (eval_files or []), plan, data.token_dtype or "uint16")
     writers = [
         RowsWriter(out / name, seq_len=plan.seq_len, capacity=capacity)
@@ -120,16 +130,7 @@ def build_text_rows(
         _feed_records(files, eval_files, tok, chunkers, data.eval_fraction)
     elif plan.format == "tokens":
         _feed_tokens(files, eval_files, chunkers, data)
-    skipped = LeftOut()
-    if plan.format == "text":
-        files = skipped.sniff(files)
-        eval_files = skipped.sniff(eval_files) if eval_files is not None else None
-        if not files:
-            why = skipped.files[0][2]
-            raise InvalidJobError(
-                f"none of the {len(skipped.files)} data files is UTF-8 text ({why}); a text "
-                "dataset is read as text: choose its text files with data.include"
-            )
+    else:
         for side, blocks in _text_sides(files, eval_files, data, skipped):
             _feed_text(blocks, tok, chunkers[side])
     report: dict[str, Any] = {"format": plan.format, "loss_on": "all"}
