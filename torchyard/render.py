@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from rich.table import Table
 from rich.text import Text
 
+from dataformat.units import format_bytes
 from torchyard.errors import ApiError, TorchyardError, ValidationFailed
 from torchyard.failures import state_with_class
 from torchyard.models import (
@@ -61,18 +62,6 @@ def format_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def format_bytes(n: int | None) -> str:
-    """Decimal units: ``812 B``, ``8.0 MB``, ``1.2 GB``; ``-`` when unknown."""
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(size) < 1000 or unit == "TB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
 
 
 def format_value(value: float | None) -> str:

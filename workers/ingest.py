@@ -33,6 +33,7 @@ from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import Conflict
 from core.platform.models import Job, JobState
+from dataformat.units import format_bytes
 from workers import observability
 from workers.attempt import Dispatch, dispatch_safely
 from workers.entrypoint.staging import SYNCED_KINDS, CheckpointSync
@@ -491,8 +492,8 @@ def _data_message(data: dict[str, Any]) -> str:
     )
     left_out = data.get("left_out")
     if isinstance(left_out, dict) and left_out.get("files"):
-        mb = (left_out.get("bytes") or 0) / 1e6
-        line += f"; {left_out['files']} files not UTF-8 text, not read ({mb:.1f} MB)"
+        size = format_bytes(left_out.get("bytes") or 0)
+        line += f"; {left_out['files']} files not UTF-8 text, not read ({size})"
     if isinstance(left_out, dict) and left_out.get("repaired_files"):
         line += f"; stray bytes dropped from {left_out['repaired_files']} text files"
     return line

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from dataformat.units import format_bytes
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
 from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile, LeftOut, NotTextFile
 from torchyard.render import (
@@ -232,7 +233,7 @@ def left_out_line(left: LeftOut) -> str:
     share = left.bytes / left.of_bytes if left.of_bytes else 0.0
     return (
         f"not UTF-8 text, not read: {left.files:,} of {left.of_files:,} files, "
-        f"{share:.0%} of bytes ({left.bytes / 1e6:,.1f} MB)"
+        f"{share:.0%} of bytes ({format_bytes(left.bytes)})"
     )
 
 
