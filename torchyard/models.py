@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: States after which a job never changes again.
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "pruned"})
 
 
 class _Model(BaseModel):
@@ -137,7 +137,7 @@ class Job(_Model):
 
     @property
     def is_terminal(self) -> bool:
-        """True once the job is succeeded, failed or cancelled."""
+        """True once the job is succeeded, failed, cancelled or pruned."""
         return self.state in TERMINAL_STATES
 
     @property

@@ -47,6 +47,7 @@ STATE_STYLES = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
+    "pruned": "dim",
 }
 
 
@@ -231,7 +232,9 @@ def job_details(job: Job) -> Table:
         rows.append((name, format_value(metric)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
-    if job.failure is None and job.error:  # else `failures.failure_block` showed it
+    if job.state == "pruned":  # its sweep's verdict, not an error
+        rows.append(("pruned", Text(job.error or "by its sweep's pruner")))
+    elif job.failure is None and job.error:  # else `failures.failure_block` showed it
         rows.append(("error", Text(job.error, style="red")))
     if job.failure is None and job.restarts_used and job.retry_policy is not None:
         rows.append(("restarts", Text(job.retry_policy.summary)))

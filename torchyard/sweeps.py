@@ -27,7 +27,7 @@ from torchyard.models import Page, Sweep, Trial
 if TYPE_CHECKING:
     from torchyard.client import Client
 
-ENDED = frozenset({"succeeded", "failed", "cancelled"})
+ENDED = frozenset({"succeeded", "failed", "cancelled", "pruned"})
 
 
 class Sweeps:

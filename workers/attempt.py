@@ -255,7 +255,7 @@ def fail_unlaunched(session: Session, job: Job, exc: Exception) -> str:
     if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
         return "lost"
     if current.state == JobState.CANCELLING:
-        jobs.transition(session=session, job_id=job.id, to=JobState.CANCELLED, message="cancelled")
+        jobs.end_stop(session=session, job_id=job.id)
         session.commit()
         return Outcome.CANCELLED
     if current.state == JobState.PAUSING:

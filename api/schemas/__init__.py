@@ -163,7 +163,9 @@ class Job(_Out):
         "rank launched without torchrun: its own, -N for a death by signal N); else null."
     )
     error: str | None = Field(
-        description="Why the job failed or was cancelled, in one line; else null."
+        description="Why the job failed or was cancelled, in one line; for a `pruned` sweep "
+        'trial, where its sweep\'s pruner stopped it ("pruned by sweep 3 at step 20, rung 1"); '
+        "else null."
     )
     worker: str | None = Field(description="The worker running (or that last ran) the job.")
     heartbeat_at: Timestamp | None = Field(

@@ -90,10 +90,15 @@ def apply(
             values={**values, "error": None},
         )
         evaluations.after_success(session=session, job=job)  # its `eval_after`, if any
-    elif outcome in (Outcome.CANCELLED, Outcome.PAUSED):
-        to = JobState.CANCELLED if outcome is Outcome.CANCELLED else JobState.PAUSED
+    elif outcome is Outcome.CANCELLED:  # or `pruned`, when its sweep's pruner stopped it
+        jobs.end_stop(session=session, job_id=job.id, message=decision.message, values=values)
+    elif outcome is Outcome.PAUSED:
         jobs.transition(
-            session=session, job_id=job.id, to=to, message=decision.message, values=values
+            session=session,
+            job_id=job.id,
+            to=JobState.PAUSED,
+            message=decision.message,
+            values=values,
         )
     elif outcome is Outcome.PREEMPTED:
         preempt.requeue(session=session, job=job, attempt=job.attempt, values=values)

@@ -25,6 +25,7 @@ from core.platform.models import (
     JobDataset,
     JobEvent,
     JobState,
+    SweepTrial,
     utcnow,
 )
 from core.webhooks import subscriptions as webhooks
@@ -44,6 +45,7 @@ ALLOWED_FROM: dict[JobState, frozenset[JobState]] = {
     S.PAUSED: frozenset({S.PAUSING, S.QUEUED}),
     S.RESTARTING: frozenset({S.STARTING, S.RUNNING}),
     S.SUCCEEDED: frozenset({S.RUNNING, S.CANCELLING, S.PAUSING, S.PREEMPTING}),
+    S.PRUNED: frozenset({S.CANCELLING}),
     S.FAILED: frozenset(
         {S.QUEUED, S.STARTING, S.RUNNING, S.CANCELLING, S.PAUSING, S.RESTARTING, S.PREEMPTING}
     ),
@@ -232,6 +234,48 @@ def cancel(*, session: Session, job_id: int, project_id: str | None = None) -> J
             session=session, job_id=job_id, to=S.CANCELLING, message="cancel requested"
         )
     return transition(session=session, job_id=job_id, to=S.CANCELLED, message="cancelled")
+
+
+def end_stop(
+    *,
+    session: Session,
+    job_id: int,
+    message: str = "cancelled",
+    values: dict[str, Any] | None = None,
+) -> Job:
+    """End a `cancelling` job whose trainer has stopped: `pruned` when its sweep's pruner asked
+    for the stop (its trial has a `pruned_step`: core/sweeps/prune.py), with why in `error`
+    ("pruned by sweep 3 at step 20, rung 1") and the event's data naming the sweep, trial, step
+    and rung; else `cancelled` with `message`. `values` as `transition`'s. Raises NotFound or
+    Conflict as `transition`. Does not commit."""
+    trial = session.execute(
+        select(SweepTrial).where(SweepTrial.job_id == job_id, SweepTrial.pruned_step.is_not(None))
+    ).scalar_one_or_none()
+    if trial is None:
+        return transition(
+            session=session, job_id=job_id, to=S.CANCELLED, message=message, values=values
+        )
+    reason = pruned_reason(trial.sweep_id, trial.pruned_step, trial.pruned_rung)
+    return transition(
+        session=session,
+        job_id=job_id,
+        to=S.PRUNED,
+        message=reason,
+        data={
+            "sweep": trial.sweep_id,
+            "trial": trial.number,
+            "step": trial.pruned_step,
+            "rung": trial.pruned_rung,
+        },
+        # the failure of ranks that died of the stop itself is not why the job ended
+        values={**(values or {}), "error": reason},
+    )
+
+
+def pruned_reason(sweep_id: int, step: int | None, rung: int | None) -> str:
+    """Why a trial's job was stopped, in one line: "pruned by sweep 3 at step 20, rung 1"."""
+    where = f"step {step}" + (f", rung {rung}" if rung is not None else "")
+    return f"pruned by sweep {sweep_id} at {where}"
 
 
 def _illegal(job: Job, action: str) -> Conflict:

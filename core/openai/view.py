@@ -51,6 +51,7 @@ STATUS = {
     JobState.SUCCEEDED: "succeeded",
     JobState.FAILED: "failed",
     JobState.CANCELLED: "cancelled",
+    JobState.PRUNED: "cancelled",  # OpenAI's statuses have no such word
 }
 
 

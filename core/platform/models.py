@@ -129,9 +129,14 @@ class JobState(enum.StrEnum):
     RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    # A sweep trial stopped early by its sweep's pruner (core/sweeps/prune.py), through
+    # `cancelling`: a verdict on the run's promise, not a failure and not a user's cancel.
+    PRUNED = "pruned"
 
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED}
+)
 
 
 class Project(Base):

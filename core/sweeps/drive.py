@@ -303,12 +303,14 @@ def _outcome(
     # the metric's last value as ingested (`Job.latest_metrics`; null for a non-finite one)
     value = (job.latest_metrics or {}).get(spec.metric)
     if job.state == JobState.SUCCEEDED:
+        # a verdict that came too late (the run ended before it stopped) did not prune it
+        row.pruned_step = row.pruned_rung = None
         if value is None:
             return TrialState.FAILED, None, f"the job never reported {spec.metric!r}"
         return TrialState.SUCCEEDED, value, None
+    if job.state == JobState.PRUNED:
+        return TrialState.PRUNED, value, None
     if job.state == JobState.CANCELLED:
-        if row.pruned_step is not None:
-            return TrialState.PRUNED, value, None
         return TrialState.CANCELLED, None, row.error or "its job was cancelled"
     return TrialState.FAILED, None, job.error or f"its job {job.state}"
 

@@ -127,14 +127,13 @@ def stop(session: Session, job_id: int, trial: Trial, verdict: Verdict) -> bool:
         return False
     job = session.get(Job, job_id)
     trained = job.current_step if job is not None else None
-    where = f"step {verdict.step}" + (f", rung {verdict.rung}" if verdict.rung is not None else "")
     try:
         jobs.transition(
             session=session,
             job_id=job_id,
             to=JobState.CANCELLING,
             from_states=[JobState.STARTING, JobState.RUNNING],
-            message=f"pruned by sweep {trial.sweep_id} at {where}",
+            message=jobs.pruned_reason(trial.sweep_id, verdict.step, verdict.rung),
             data={
                 "cause": "pruned",
                 "sweep": trial.sweep_id,
@@ -151,6 +150,10 @@ def stop(session: Session, job_id: int, trial: Trial, verdict: Verdict) -> bool:
     row.pruned_step, row.pruned_rung = verdict.step, verdict.rung
     session.commit()
     log.info(
-        "job %s: trial %s of sweep %s pruned at %s", job_id, trial.number, trial.sweep_id, where
+        "job %s: trial %s of sweep %s pruned at step %s",
+        job_id,
+        trial.number,
+        trial.sweep_id,
+        verdict.step,
     )
     return True

@@ -6,7 +6,7 @@ committed, so no event is lost when a process dies after the commit, and a rolle
 emits nothing. `core.webhooks.delivery.deliver_due` sends what is due.
 
 Event types: `job.<state>` for every job state change (`job.queued`, `job.running`,
-`job.paused`, `job.succeeded`, `job.failed`, `job.cancelled`, ...), `job.preempted`,
+`job.paused`, `job.succeeded`, `job.failed`, `job.cancelled`, `job.pruned`, ...), `job.preempted`,
 `checkpoint.saved`, `export.ready`, `alert.<kind>` (core/jobs/alerts.py) and `ping`.
 """
 
@@ -41,6 +41,7 @@ EVENT_TYPES = (
     "job.preempting",
     "job.cancelling",
     "job.cancelled",
+    "job.pruned",
     "job.restarting",
     "job.succeeded",
     "job.failed",

@@ -35,9 +35,11 @@ def _job_ran(engine: Engine, job_id: int, values: list[float], end: JobState) ->
         points = [Metric("eval_loss", 10 * i, v, 0.0) for i, v in enumerate(values, 1)]
         ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
         s.add(Checkpoint(job_id=job_id, attempt=1, step=10 * len(values), uri="/nowhere"))
-        if end == JobState.CANCELLED:
+        if end == JobState.PRUNED:  # as the pruner and then the worker end it
             jobs.transition(session=s, job_id=job_id, to=JobState.CANCELLING)
-        jobs.transition(session=s, job_id=job_id, to=end)
+            assert jobs.end_stop(session=s, job_id=job_id).state == JobState.PRUNED
+        else:
+            jobs.transition(session=s, job_id=job_id, to=end)
 
 
 @pytest.fixture
@@ -77,7 +79,7 @@ def sweep(api: httpx.Client, dataset_id: str, engine: Engine, settings: Settings
                 row = s.get(SweepTrial, (made["id"], number))
                 assert row is not None
                 row.pruned_step, row.pruned_rung = 10, 0
-            _job_ran(engine, job_id, values, JobState.CANCELLED)
+            _job_ran(engine, job_id, values, JobState.PRUNED)
         else:
             _job_ran(engine, job_id, values, JobState.SUCCEEDED)
     drive.advance_all(**round_)
@@ -141,6 +143,38 @@ def test_a_sweep_page_shows_the_best_trial_every_curve_and_the_trials_on_a_lapto
         page.locator("#sweep-compare").click()
         page.wait_for_selector("main[data-loaded]")
         expect(page.locator("#compare-ids")).to_have_value(top.split("ids=")[1].split("&")[0])
+
+
+def test_a_pruned_trial_says_pruned_with_its_sweep_everywhere_and_offers_no_retry(
+    browser: Browser, live_api: str, owner: ProjectKey, api: httpx.Client, sweep: dict[str, Any]
+) -> None:
+    """Issue 45, item 4: a pruned trial's job read as an orange `cancelled` with a Retry button,
+    its reason only far down in the events. Its state is `pruned` on the jobs list (with why on
+    hover) and on its page, which says where its sweep's pruner stopped it, links the sweep,
+    and offers no Retry (the API refuses one)."""
+    trial = api.get(f"/v1/sweeps/{sweep['id']}/trials").json()["items"][2]
+    job = api.get(f"/v1/jobs/{trial['job_id']}").json()
+    assert (trial["state"], job["state"]) == ("pruned", "pruned")
+    assert job["error"] == f"pruned by sweep {sweep['id']} at step 10, rung 0"
+    retry = api.post(f"/v1/jobs/{job['id']}/retry")
+    assert retry.status_code == 409, retry.text
+    with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+        page = dash.page
+        dash.open("/jobs")
+        state = page.locator(f"#jobs-body tr[data-job-id='{job['id']}'] .state")
+        expect(state).to_have_text("pruned")
+        expect(state).to_have_attribute("title", job["error"])
+        dash.open(f"/jobs/{job['id']}")
+        page.wait_for_selector("main[data-loaded]")
+        expect(page.locator("#job-state")).to_have_text("pruned")
+        expect(page.locator("#job-summary dd[data-field='pruned']")).to_have_text(
+            f"sweep {sweep['id']} · trial 2 · at step 10, rung 0"
+        )
+        expect(page.locator("#pruned-by")).to_have_attribute("href", f"#/sweeps/{sweep['id']}")
+        expect(page.locator("#retry-job")).to_be_hidden()
+        expect(page.locator("#failure")).to_have_count(0)
+        page.locator("#pruned-by").click()
+        expect(page.locator("#sweep-trials tr[data-trial='2']")).to_contain_text("step 10 (rung 0)")
 
 
 def test_a_lora_sweeps_best_trial_offers_no_export_and_says_why(

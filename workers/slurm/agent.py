@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 from core.attempts import gang
 from core.jobs import service as jobs
 from core.platform.db import get_engine, session_factory
-from core.platform.models import Job, JobState, SlurmJob, utcnow
+from core.platform.models import TERMINAL_STATES, Job, JobState, SlurmJob, utcnow
 from core.platform.settings import Settings, get_settings
 from core.scheduling import quotas
 from workers import devices, launcher, liveness, node
@@ -50,7 +50,7 @@ from workers.slurm.submitter import agent_worker
 
 log = logging.getLogger(__name__)
 
-FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+FINAL = tuple(TERMINAL_STATES)
 POLL_S = 0.5  # how often a node other than 0 looks whether node 0 has claimed
 
 

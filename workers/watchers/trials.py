@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
+from core.jobs import service as jobs
 from core.platform.models import Job
 from core.platform.settings import Settings
 from core.sweeps import prune
@@ -51,7 +52,7 @@ class TrialPruner:
             self.last_step = points[-1][0]
             if verdict is None or not prune.stop(session, self.job_id, self.trial, verdict):
                 return None
-        self.reason = f"pruned by sweep {self.trial.sweep_id} at step {verdict.step}"
+        self.reason = jobs.pruned_reason(self.trial.sweep_id, verdict.step, verdict.rung)
         return Stop.CANCEL
 
     def close(self) -> None:

@@ -90,6 +90,18 @@ function progressText(job) {
   return `${job.current_step ?? 0} / ${job.max_steps}${eta !== null ? ` · ETA ${fmtDuration(eta)}` : ""}`;
 }
 
+/** Why a trial's job ended `pruned`: its sweep (linked) and where its pruner stopped it
+ * ("pruned by sweep 3 at step 20, rung 1", the job's `error`). */
+function prunedNode(job) {
+  const sweep = job.labels?.sweep;
+  const trial = job.labels?.trial;
+  const why = job.error ?? "pruned by its sweep";
+  if (!sweep) return why;
+  return h("span", {},
+    h("a", { href: `#/sweeps/${sweep}`, id: "pruned-by" }, `sweep ${sweep}`),
+    trial !== undefined ? ` · trial ${trial} · ` : " · ", why.replace(/^pruned by sweep \d+ /, ""));
+}
+
 /** Series of one point, as name and value: a number, not a chart (bytes as bytes). */
 function valueRows(byName, names) {
   return names.map((n) => {
@@ -219,7 +231,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
 
   function renderJob() {
     title.textContent = `${job.name} · #${job.id}`;
-    badge.replaceChildren(stateBadge(job.state));
+    badge.replaceChildren(stateBadge(job.state, job.state === "pruned" ? job.error : null));
     cancel.disabled = TERMINAL.has(job.state) || job.state === "cancelling";
     for (const [name, action] of Object.entries(actions)) {
       action.button.hidden = !offered.includes(name) || !action.when.includes(job.state);
@@ -259,7 +271,8 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
     if (job.waiting_for) rows.push(["waiting for", h("span", {}, prose(job.waiting_for))]);
     if (job.exit_code !== null && job.exit_code !== undefined) rows.push(["exit code", job.exit_code]);
     // The failure card shows a failure's error (with its log tail); other errors stay here.
-    if (job.error && !job.failure && job.state !== "failed") rows.push(["error", job.error]);
+    if (job.state === "pruned") rows.push(["pruned", prunedNode(job)]);
+    else if (job.error && !job.failure && job.state !== "failed") rows.push(["error", job.error]);
     if (job.restarts_used && !job.failure) rows.push(["restarts", job.retry_policy?.summary ?? job.restarts_used]);
     const used = job.usage;
     if (used?.slot_seconds) {

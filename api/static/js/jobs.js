@@ -41,7 +41,8 @@ function jobRow(job, onLabel) {
         type: "button", class: "label", title: "show only jobs with this label",
         onclick: () => onLabel(`${k}=${v}`),
       }, `${k}=${v}`))),
-    h("td", {}, stateBadge(job.state), // and why a failed one failed (the reason on hover)
+    h("td", {}, stateBadge(job.state, job.state === "pruned" ? job.error : null),
+      // and why a failed one failed (the reason on hover)
       job.state === "failed" && job.failure
         ? [" ", failureClassBadge(job.failure.failure_class, job.failure.reason)] : null),
     h("td", { class: "col-strategy" }, strategy),

@@ -10,7 +10,7 @@ import { TERMINAL, fmtNumber, fmtTime, h, poll, showError, stateBadge } from "./
 const REFRESH_MS = 3000;
 const TOP_K = 4;
 const MAX_POINTS = 500;
-const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+const ENDED = new Set(["succeeded", "failed", "cancelled", "pruned"]);
 
 function trialCounts(sweep) {
   const ended = Object.entries(sweep.trials).filter(([s]) => s !== "running")

@@ -35,14 +35,15 @@ export function ownPrefixDropped(rank, line) {
   return own ? line.slice(own[0].length) : line;
 }
 
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "pruned"]);
 export const STATES = [
   "queued", "starting", "running", "pausing", "paused", "preempting", "restarting", "cancelling",
-  "succeeded", "failed", "cancelled",
+  "succeeded", "failed", "cancelled", "pruned",
 ];
 
-export function stateBadge(state) {
-  return h("span", { class: `state state-${state}`, dataset: { state } }, state);
+/** A job's state as a coloured word; `why` (a pruned job's reason) on hover. */
+export function stateBadge(state, why = null) {
+  return h("span", { class: `state state-${state}`, dataset: { state }, ...(why ? { title: why } : {}) }, state);
 }
 
 export function fmtNumber(value, digits = 4) {

@@ -16,9 +16,9 @@ from core.jobs import ingest
 from core.jobs import service as jobs
 from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Checkpoint, JobState
+from core.platform.models import Checkpoint, Job, JobState
 from core.platform.settings import Settings
-from core.sweeps import drive
+from core.sweeps import drive, prune
 from tests.integration.api.conftest import set_running
 from torchyard import Client
 from torchyard.errors import Conflict, ValidationFailed
@@ -146,3 +146,49 @@ def test_sweep_best_of_a_lora_sweep_says_why_its_checkpoint_is_not_exported(
     refused = cli("export", str(done["job_id"]), str(shown["checkpoint_id"]), "--out", "m.st")
     assert refused.exit_code != 0 and "LoRA/QLoRA" in refused.output  # what it spared the user
     assert cli("sweep", "cancel", str(sweep["id"])).exit_code == 0
+
+
+def test_a_pruned_trial_says_pruned_in_jobs_show_and_trials_and_is_not_retried(
+    cli: Any,
+    spec_file: Path,
+    tmp_path: Path,
+    engine: Engine,
+    settings: Settings,
+) -> None:
+    """Issue 45, item 4: a pruned trial's job read `cancelled` in `torchyard jobs` and `show`
+    (no reason) while `sweep trials` said pruned. The pruner's stop (`prune.stop`) and the
+    worker's end of the stopped attempt (`jobs.end_stop`) leave it `pruned`, with where, in
+    every command; `retry` refuses it."""
+    sweep_file = _sweep_file(tmp_path, spec_file, "{optim.lr: {choice: [0.001, 0.01]}}")
+    sweep_file.write_text(
+        sweep_file.read_text() + "pruner: {kind: asha, min_resource: 5, reduction_factor: 2}\n"
+    )
+    created = cli("sweep", "submit", str(sweep_file), "--json")
+    assert created.exit_code == 0, created.output
+    sweep_id = json.loads(created.stdout)["id"]
+    _round(engine, settings)
+    trial = json.loads(cli("sweep", "trials", str(sweep_id), "--json").stdout)[0]
+    job_id = trial["job_id"]
+    set_running(engine, job_id)
+    with session_scope(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        running = prune.trial_of(s, job)
+        assert running is not None
+        assert prune.stop(s, job_id, running, prune.Verdict(step=10, rung=1))
+    with session_scope(engine) as s:  # the trainer stopped: the worker ends the attempt
+        assert jobs.end_stop(session=s, job_id=job_id).state == JobState.PRUNED
+    _round(engine, settings)
+    why = f"pruned by sweep {sweep_id} at step 10, rung 1"
+
+    shown = cli("show", str(job_id))
+    assert shown.exit_code == 0, shown.output
+    assert "cancelled" not in shown.stdout and why in shown.stdout, shown.stdout
+    listed = cli("jobs", "--json")
+    assert {j["id"]: j["state"] for j in json.loads(listed.stdout)}[job_id] == "pruned"
+    assert "pruned" in cli("jobs", "--state", "pruned").stdout
+    trials = cli("sweep", "trials", str(sweep_id))
+    assert "pruned at step 10 (rung 1)" in trials.stdout, trials.stdout
+    refused = cli("retry", str(job_id))
+    assert refused.exit_code != 0 and "pruned" in refused.output, refused.output
+    assert cli("sweep", "cancel", str(sweep_id)).exit_code == 0

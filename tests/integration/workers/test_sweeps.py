@@ -170,8 +170,10 @@ def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_
         saved = [e.data["step"] for e in job_events(engine, t["job_id"]) if e.kind == "checkpoint"]
         assert died or (saved and max(saved) >= last), (t, saved, last)
         stopped_with_checkpoint += not died
-        assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
+        ended = job_row(engine, t["job_id"])
+        assert ended.state == JobState.PRUNED, (t, ended.state)
         assert decision.message.startswith(f"pruned by sweep {sweep_id} at step {t['pruned_step']}")
+        assert ended.error == decision.message  # why, on the job itself
     assert stopped_with_checkpoint, "every pruned trial died with the worker: nothing checked"
 
 
@@ -246,11 +248,13 @@ def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params_and_prun
     completed = [t for t in trials if t["state"] == "succeeded"]
     pruned = [t for t in trials if t["state"] == "pruned"]
     assert len(completed) + len(pruned) == len(choices), trials
-    for t in completed:
+    for t in completed:  # a verdict that came after the run's end did not prune it
+        assert t["pruned_step"] is None and t["job_state"] == "succeeded", t
         lr = t["params"]["entrypoint.params.lr"]
         assert t["value"] == pytest.approx((math.log10(lr) + 3) ** 2 + 1.0 / SCRIPT_STEPS)
     assert pruned, trials  # the grid's order is the seed's; it is not best-first
     for t in pruned:  # stopped by the pruner: well before the end (3 s), before its last step
+        assert t["job_state"] == "pruned", t
         last = metric_series(engine, t["job_id"], "loss")[-1].step
         assert t["pruned_step"] < SCRIPT_STEPS, t
         if t["pruned_step"] <= SCRIPT_STEPS - 15:
@@ -258,7 +262,7 @@ def test_an_entrypoint_sweep_gives_each_trial_its_values_through_params_and_prun
         print(f"lr {t['params']['entrypoint.params.lr']}: pruned at {t['pruned_step']}, "
               f"last step {last}")  # fmt: skip
         assert t["params"]["entrypoint.params.lr"] != 1e-3
-        assert job_row(engine, t["job_id"]).state == JobState.CANCELLED
+        assert job_row(engine, t["job_id"]).state == JobState.PRUNED
 
 
 README_SWEEP_S = 300.0
