@@ -42,7 +42,11 @@ class Dispatcher:
 
     def dispatch(self, job: Job) -> bool:
         """Send the job's message; False (logged) when the broker refused or is unreachable."""
-        return self._send(RUN_JOB_TASK, job.id, job.pool, f"job {job.id} stays queued")
+        return self.send(job.id, job.pool)
+
+    def send(self, job_id: int, pool: str) -> bool:
+        """`dispatch` by id and pool: the `core.jobs.outbox.Dispatch` of the API's sessions."""
+        return self._send(RUN_JOB_TASK, job_id, pool, f"job {job_id} stays queued")
 
     def dispatch_export(self, export: CheckpointExport) -> bool:
         """Send `workers.export_checkpoint(export.id)` to the export queue (`settings.

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from core.jobs import submission
+from core.jobs import references
 from core.platform import errors as domain
 from core.platform.server_paths import ServerPaths
 from jobspec.job import SPEC_KINDS
@@ -91,6 +91,13 @@ class ErrorBody(BaseModel):
 
     error: ErrorInfo
     """What went wrong."""
+
+
+LAST_ORG_ADMIN = {
+    "model": ErrorBody,
+    "description": "It would leave the organisation no active organisation admin credential",
+}
+"""The 409 of operations that would take away the organisation's last admin credential."""
 
 
 def error_response(
@@ -163,7 +170,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, message, details=errors)
 
 
-# Operations whose body is a job spec: a refused one gets `core.jobs.submission.problems`.
+# Operations whose body is a job spec: a refused one gets `core.jobs.references.problems`.
 SPEC_BODY_OPERATIONS = frozenset({"jobs_create"})
 
 
@@ -173,9 +180,9 @@ def _spec_problems(request: Request, body: dict[str, Any]) -> list[dict[str, Any
     principal = getattr(request.state, "principal", None)
     settings = request.app.state.settings
     if principal is None:
-        return submission.problems(session=None, settings=settings, project_id=None, data=body)
+        return references.problems(session=None, settings=settings, project_id=None, data=body)
     with request.app.state.sessionmaker() as session:
-        return submission.problems(
+        return references.problems(
             session=session, settings=settings, project_id=principal.project_id, data=body
         )
 

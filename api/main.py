@@ -123,8 +123,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessionmaker = session_factory(engine)
     app.state.dispatcher = Dispatcher(settings)
+    # every job a request queues is sent after its commit (core.jobs.outbox)
+    app.state.sessionmaker = session_factory(engine, dispatch=app.state.dispatcher.send)
     app.state.server_paths = ServerPaths.of(settings)  # kept out of answers (api.views)
     app.state.streams = StreamHub(app.state.sessionmaker, paths=app.state.server_paths)
     app.state.oidc = (

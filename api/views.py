@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import TypeVar
 
 from api import schemas
+from api.schemas.access import Key, KeyOwner
+from core.access import identity
 from core.access.auth import Permission, Principal, allows
 from core.platform import models
 from core.platform.server_paths import ServerPaths
@@ -75,3 +77,21 @@ def job(row: models.Job, paths: ServerPaths) -> schemas.Job:
             update={"reason": paths.hide(failure.reason), "log_tail": paths.hide(failure.log_tail)}
         )
     return out.model_copy(update={"error": paths.hide(out.error), "failure": failure})
+
+
+def key_out(view: identity.KeyView) -> Key:
+    """The API's view of a key: never its hash."""
+    key = view.key
+    return Key(
+        id=key.id,
+        name=key.name,
+        prefix=key.prefix,
+        scopes=key.scopes,
+        role=view.role,
+        owner=KeyOwner(**view.owner) if view.owner else None,
+        org_admin=key.org_admin,
+        created_at=key.created_at,
+        expires_at=key.expires_at,
+        last_used_at=key.last_used_at,
+        revoked_at=key.revoked_at,
+    )

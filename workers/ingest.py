@@ -27,15 +27,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.attempts import gang
-from core.jobs import alerts, evaluations
+from core.jobs import alerts, evaluations, outbox
 from core.jobs import ingest as store
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import Conflict
 from core.platform.models import Job, JobState
+from core.submission import eval_after
 from dataformat.units import format_bytes
 from workers import observability
-from workers.attempt import Dispatch, dispatch_safely
+from workers.attempt import Dispatch
 from workers.entrypoint.staging import SYNCED_KINDS, CheckpointSync
 from workers.launcher import LAUNCHER_RANK, RunPaths
 from workers.tail import FileTail
@@ -155,13 +156,10 @@ class RunIngest:
                 for offset, raw in chunk.lines
             ]
         with session_factory() as session:
+            outbox.bind(session, self.dispatch)  # the eval jobs a checkpoint starts
             state = self._write(session, batch)
-            queued = evaluations.to_dispatch(session)
             session.commit()
         self._synced = []
-        if self.dispatch is not None:
-            for eval_job, pool in queued:
-                dispatch_safely(self.dispatch, eval_job, pool)
         observability.flushed(
             points=len(batch.metrics),
             log_lines=len(batch.logs),
@@ -250,7 +248,7 @@ class RunIngest:
             if recorded is not None:
                 data = {"step": step, "uri": uri, "size_bytes": size}
                 self._add(session, job, "checkpoint", f"checkpoint at step {step}", data)
-                evaluations.after_checkpoint(session=session, job=job, checkpoint=recorded)
+                eval_after.after_checkpoint(session=session, job=job, checkpoint=recorded)
         elif kind == "checkpoint_deleted":
             step = int(event["step"])
             if store.checkpoint_deleted(session=session, job_id=job.id, step=step):

@@ -38,7 +38,7 @@ from core.attempts import gang
 from core.attempts import lifecycle_apply as attempts
 from core.attempts.gang import Beat
 from core.attempts.lifecycle_policy import FailureClass, Outcome, Stop, decide
-from core.jobs import evaluations
+from core.jobs import outbox
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import DomainError, InvalidInput
@@ -593,11 +593,11 @@ def _end_node(
     node, or the last node to end); dispatch the job when it went back to the queue."""
     mine = exits.node_end(end, facts)
 
-    def write(session: Session) -> tuple[str, str | None, list[tuple[int, str]]]:
+    def write(session: Session) -> tuple[str, str | None]:
         current = gang.lock_job(session, job.id)
         if current is None or current.attempt != job.attempt or current.state not in ACTIVE_STATES:
             session.rollback()
-            return "lost", None, []
+            return "lost", None
         ended = gang.record_node_end(
             session=session,
             job_id=job.id,
@@ -608,7 +608,7 @@ def _end_node(
         decision = decide(attempts.facts_for(current, ended=ended))
         if decision.outcome is Outcome.WAIT:
             session.commit()
-            return f"node {mine.node_rank} ended; {decision.message}", None, []
+            return f"node {mine.node_rank} ended; {decision.message}", None
         failure = decision.failure
         exit_code = next((n.exit_code for n in ended if n.exit_code != 0), 0)
         if failure is not None and failure.exit_code is not None:
@@ -621,14 +621,12 @@ def _end_node(
             exit_code=exit_code,
             completed=gang.completed_report(session=session, job_id=job.id, attempt=job.attempt),
         )
-        queued = evaluations.to_dispatch(session)  # a success's `eval_after` jobs
+        outbox.bind(session, dispatch)  # a success's `eval_after` jobs, sent after the commit
         session.commit()
         log.info("job %s attempt %s: %s", job.id, job.attempt, decision.message)
-        return str(decision.outcome), pool, queued
+        return str(decision.outcome), pool
 
-    outcome, pool, queued = with_db_retry(factory, write, retries=retries)
+    outcome, pool = with_db_retry(factory, write, retries=retries)
     if pool is not None:
         dispatch_safely(dispatch, job.id, pool)
-    for eval_job, eval_pool in queued:
-        dispatch_safely(dispatch, eval_job, eval_pool)
     return outcome

@@ -17,10 +17,10 @@ from api import examples, uploads
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas.code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
-from api.validation import unstorable
 from core.jobs import code_archives
 from core.platform import models
 from core.platform.errors import InvalidInput, NotFound
+from core.platform.storable import unstorable
 
 PATH = "/v1/code"
 router = APIRouter(prefix=PATH, tags=["code"], responses=ERROR_RESPONSES)

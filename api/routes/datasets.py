@@ -18,7 +18,6 @@ from api.deps import (
     SettingsDep,
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.validation import require_storable, unstorable
 from core.access.auth import Principal, new_id
 from core.datasets import browse
 from core.datasets import preview as dataset_preview
@@ -26,6 +25,7 @@ from core.datasets import service as datasets
 from core.platform import models, storage
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.server_paths import ServerPaths
+from core.platform.storable import require_storable, unstorable
 from dataformat.errors import InvalidJobError
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=ERROR_RESPONSES)

@@ -17,8 +17,7 @@ from api.deps import (
     SettingsDep,
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.routes.jobs import JobId
-from api.validation import MAX_ID
+from api.validation import MAX_ID, JobId
 from core.access.auth import Principal
 from core.jobs import exports
 from core.platform import models, storage

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from api import schemas, views
 from api.deps import ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
-from api.routes.jobs import After, JobId
+from api.validation import After, JobId
 from core.jobs import evaluations, exports
 from core.jobs import reports as queries
 from core.jobs import service as jobs

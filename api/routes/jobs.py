@@ -7,7 +7,7 @@ import binascii
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
@@ -20,30 +20,27 @@ from api.deps import (
     SettingsDep,
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.validation import MAX_ID, require_storable, unstorable
+from api.validation import MAX_ID, JobId
 from core.datasets import service as datasets
 from core.jobs import details as job_details
 from core.jobs import listing as job_list
 from core.jobs import service as jobs
-from core.jobs import submission
 from core.platform.errors import InvalidInput, NotFound
 from core.platform.models import Job, JobState
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
+from core.platform.storable import unstorable
 from core.scheduling import claim as scheduling
-from core.scheduling import queue_view, quotas
+from core.scheduling import queue_view
+from core.submission import service as submission
 from core.usage import report as usage_report
-from jobspec.job import AnyJobSpec, AnySpec
+from jobspec.job import AnyJobSpec
 
 LABEL = r"^[^=\x00]+=[^\x00]*$"
 """A `label` filter: `key=value`, a non-empty key (the first `=` ends it), no NUL."""
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
-JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="The job's id.")]
-After = Annotated[
-    int | None, Query(ge=0, le=MAX_ID, description="Return only items with a larger id.")
-]
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "Conflicts with the job's state"}
 }
@@ -97,27 +94,16 @@ def submit_job(
 ) -> schemas.Job:
     """Submit a training job (a JobSpec, or a ScriptJobSpec with `entrypoint`); it is queued
     and dispatched to its pool."""
-    pinned = check_submittable(
-        session=session, settings=settings, project_id=principal.project_id, spec=spec
-    )
-    quotas.check_submit(
+    result = submission.submit(
         session=session,
+        settings=settings,
         project_id=principal.project_id,
-        pool=spec.resources.pool,
-        retry_after_s=settings.quota_retry_after_s,
-        idempotency_key=idempotency_key,
-    )
-    result = jobs.create(
-        session=session,
-        project_id=principal.project_id,
-        spec=pinned,
-        idempotency_key=idempotency_key,
+        spec=spec,
         owner=principal.key_name,
-        submitted=spec,
+        door=submission.API,
+        idempotency_key=idempotency_key,
     )
-    if result.created:
-        request.app.state.dispatcher.dispatch(result.job)
-    else:
+    if not result.created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{result.job.id}"
     return _out(session, settings, paths, [result.job], queue=False)[0]
@@ -161,24 +147,6 @@ def _out(
             update["failure"] = shown.failure.model_copy(update={"log_tail": None})
         out.append(shown.model_copy(update=update))
     return out
-
-
-def check_submittable(
-    *, session: Session, settings: Settings, project_id: str, spec: AnySpec
-) -> AnySpec:
-    """The checks `POST /v1/jobs` makes beyond the JobSpec model (also run by
-    `POST /v1/spec/validate` and `POST /v1/sweeps`): storable strings, a priced pool for
-    `limits.max_cost`, then `core.jobs.submission.check_references`. Returns the spec with
-    `init_from` pinned.
-
-    Raises InvalidInput (422), Forbidden (403), NotFound (404) or Conflict (409) with the
-    field's `["body", ...]` path.
-    """
-    require_storable(spec.model_dump(), ("body",))
-    usage_report.check_max_cost(spec, settings.slot_prices)
-    return submission.check_references(
-        session=session, settings=settings, project_id=project_id, spec=spec
-    )
 
 
 @router.get("", response_model=schemas.JobPage)
@@ -390,8 +358,7 @@ def resume_job(
 ) -> schemas.Job:
     """Resume a paused job: it is queued again and continues from its latest checkpoint."""
     job = jobs.resume(session=session, job_id=job_id, project_id=principal.project_id)
-    session.commit()
-    request.app.state.dispatcher.dispatch(job)
+    session.commit()  # and the job's run message goes
     return _out(session, settings, paths, [job])[0]
 
 
@@ -407,6 +374,5 @@ def retry_job(
     """Run a failed or cancelled job again from its latest checkpoint, with a fresh restart
     budget. 409 in other states."""
     job = jobs.retry(session=session, job_id=job_id, project_id=principal.project_id)
-    session.commit()
-    request.app.state.dispatcher.dispatch(job)
+    session.commit()  # and the job's run message goes
     return _out(session, settings, paths, [job])[0]

@@ -7,39 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
-from api.errors import ERROR_RESPONSES, ErrorBody
-from api.schemas.access import ID_PATTERN, Key, KeyCreate, KeyCreated, KeyList, KeyOwner
+from api.errors import ERROR_RESPONSES, LAST_ORG_ADMIN, ErrorBody
+from api.schemas.access import ID_PATTERN, Key, KeyCreate, KeyCreated, KeyList
+from api.views import key_out
 from core.access import identity
 
 router = APIRouter(prefix="/v1/keys", tags=["access"], responses=ERROR_RESPONSES)
 
-LAST_ORG_ADMIN = {
-    "model": ErrorBody,
-    "description": "It would leave the organisation no active organisation admin credential",
-}
-"""The 409 of operations that would take away the organisation's last admin credential."""
-
 KeyId = Annotated[
     str, Path(max_length=40, pattern=ID_PATTERN, description="The key's id (`key_...`).")
 ]
-
-
-def key_out(view: identity.KeyView) -> Key:
-    """The API's view of a key: never its hash."""
-    key = view.key
-    return Key(
-        id=key.id,
-        name=key.name,
-        prefix=key.prefix,
-        scopes=key.scopes,
-        role=view.role,
-        owner=KeyOwner(**view.owner) if view.owner else None,
-        org_admin=key.org_admin,
-        created_at=key.created_at,
-        expires_at=key.expires_at,
-        last_used_at=key.last_used_at,
-        revoked_at=key.revoked_at,
-    )
 
 
 @router.get("", response_model=KeyList)

@@ -11,10 +11,10 @@ from api import openai_errors
 from api import openai_examples as ex
 from api.deps import JobsWritePrincipal, ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.examples import json_example
-from api.routes.jobs import check_submittable
 from core.jobs import service as jobs
 from core.openai import view as openai_view
 from core.openai.spec import FineTuneCreate, build
+from core.submission import service as submission
 
 router = APIRouter(
     prefix="/openai/v1/fine_tuning/jobs", tags=["openai"], responses=openai_errors.RESPONSES
@@ -40,13 +40,14 @@ def create_job(
     """Fine-tune a registered base model (LoRA; `method.type` supervised or dpo) on an uploaded
     file. 400 (`param` names the field) for an unknown model or a file of the wrong format."""
     spec, _ = build(session=session, settings=settings, project_id=principal.project_id, body=body)
-    pinned = check_submittable(
-        session=session, settings=settings, project_id=principal.project_id, spec=spec
+    result = submission.submit(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        spec=spec,
+        owner=principal.key_name,
+        door=submission.OPENAI,
     )
-    result = jobs.create(
-        session=session, project_id=principal.project_id, spec=pinned, owner=principal.key_name
-    )
-    request.app.state.dispatcher.dispatch(result.job)
     return openai_view.job_object(result.job)
 
 
@@ -116,8 +117,7 @@ def resume_job(
     """Resume a paused job from its latest checkpoint; 409 in other states."""
     job = openai_view.get_job(session, job_id, principal.project_id)
     job = jobs.resume(session=session, job_id=job.id, project_id=principal.project_id)
-    session.commit()
-    request.app.state.dispatcher.dispatch(job)
+    session.commit()  # and the job's run message goes
     return paths.hide(openai_view.job_object(job))
 
 

@@ -7,8 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
-from api.errors import ERROR_RESPONSES, ErrorBody
-from api.routes.keys import LAST_ORG_ADMIN
+from api.errors import ERROR_RESPONSES, LAST_ORG_ADMIN, ErrorBody
 from api.schemas.access import ID_PATTERN, ServiceAccount, ServiceAccountCreate, ServiceAccountList
 from core.access import identity
 

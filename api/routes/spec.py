@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from api import examples, schemas
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.routes.jobs import check_submittable
-from core.jobs import spec_yaml, submission
+from core.jobs import references, spec_yaml
 from core.platform.errors import DomainError, InvalidInput
+from core.submission import service as submission
 from jobspec.job import json_schema, parse_job_spec
 
 router = APIRouter(prefix="/v1/spec", tags=["spec"])
@@ -77,12 +77,12 @@ def validate_spec(
     doc = spec_yaml.parse(text)
     try:
         spec = parse_job_spec(doc.data)
-        check_submittable(
+        submission.check(
             session=session, settings=settings, project_id=principal.project_id, spec=spec
         )
     except ValidationError:
         # every problem at once: fields, the rules they hid, and the references (issue 28)
-        details = submission.problems(
+        details = references.problems(
             session=session, settings=settings, project_id=principal.project_id, data=doc.data
         )
         first = details[0]

@@ -12,8 +12,8 @@ from starlette.concurrency import run_in_threadpool
 from api import examples
 from api.deps import _bearer, resolve_principal
 from api.errors import ERROR_RESPONSES
-from api.routes.jobs import JobId
 from api.streams import StreamHub, watch
+from api.validation import JobId
 from core.access import auth
 from core.jobs import service as jobs
 

@@ -16,7 +16,6 @@ from api.deps import (
     SettingsDep,
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
-from api.routes.jobs import check_submittable
 from api.schemas.sweeps import (
     SWEEP_SPEC_EXAMPLE,
     BestTrial,
@@ -25,11 +24,13 @@ from api.schemas.sweeps import (
     TrialList,
     TrialOut,
 )
-from api.validation import MAX_ID, require_storable
+from api.validation import MAX_ID
 from core.jobs import exports
 from core.platform.errors import DomainError
 from core.platform.models import Checkpoint, Sweep
 from core.platform.server_paths import ServerPaths
+from core.platform.storable import require_storable
+from core.submission import service as submission
 from core.sweeps import service as sweeps
 from core.sweeps import study
 from core.usage import report as usage_report
@@ -73,7 +74,7 @@ def create_sweep(
     require_storable(spec.model_dump(), ("body",))
     usage_report.check_priced(spec.base.resources.pool, spec.limits.max_cost, settings.slot_prices)
     try:
-        pinned = check_submittable(
+        pinned = submission.check(
             session=session, settings=settings, project_id=principal.project_id, spec=spec.base
         )
     except DomainError as exc:

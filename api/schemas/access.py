@@ -20,8 +20,9 @@ from pydantic import (
 
 from api import examples
 from api.schemas import PRINTABLE
-from api.validation import JsonInt, unstorable
+from api.validation import JsonInt
 from core.access.auth import Role
+from core.platform.storable import unstorable
 
 Scope = Literal["jobs:read", "jobs:write", "datasets:write", "admin"]
 RoleName = Annotated[

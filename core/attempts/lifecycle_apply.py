@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import AttemptFacts, Decision, Failure, NodeEnd, Outcome, Policy
-from core.jobs import evaluations
 from core.jobs import service as jobs
 from core.platform.models import Job, JobState
 from core.scheduling import preemption_apply as preempt
+from core.submission import eval_after
 from jobspec.job import spec_kind
 
 LOG_TAIL_LINES = 20
@@ -89,7 +89,7 @@ def apply(
             # `failure` stays: the last failed attempt of a job that recovered from it.
             values={**values, "error": None},
         )
-        evaluations.after_success(session=session, job=job)  # its `eval_after`, if any
+        eval_after.after_success(session=session, job=job)  # its `eval_after`, if any
     elif outcome is Outcome.CANCELLED:  # or `pruned`, when its sweep's pruner stopped it
         jobs.end_stop(session=session, job_id=job.id, message=decision.message, values=values)
     elif outcome is Outcome.PAUSED:

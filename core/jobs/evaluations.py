@@ -14,11 +14,7 @@ of a LoRA run that started from one), and each evaluation's dataset.
 The program reports each evaluation as an `evaluation` event; `record` stores it as one
 `evaluations` row per eval job and name (a retried attempt replaces it).
 
-A training spec's `eval_after` makes eval jobs itself: `after_checkpoint` (every k-th periodic
-checkpoint, as ingest records it) and `after_success` (the final checkpoint, when the job
-succeeds), each with the baseline (`source.initial`: the starting weights) the first time.
-They are inserted in the caller's transaction, keyed `eval-after-<job>-<step|initial>` so a
-replay makes none twice, and sent by the caller after its commit (`to_dispatch`).
+A training spec's `eval_after` makes eval jobs itself (`core.submission.eval_after`).
 """
 
 from __future__ import annotations
@@ -31,23 +27,20 @@ from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
 from core.jobs import init_from
-from core.jobs import service as jobs
 from core.platform.db import upsert_insert
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.models import Checkpoint, Dataset, Evaluation, Job, utcnow
 from core.platform.settings import Settings
 from jobspec.evaluate import (
     EvalSourceSpec,
-    EvaluateSpec,
     GenerateEval,
     LmEvalEval,
     PerplexityEval,
 )
-from jobspec.job import EvalJobSpec, JobSpec, ResourcesSpec
+from jobspec.job import EvalJobSpec, JobSpec
 
 LOC = ("body", "evaluate")
 GENERATE_FORMATS = ("messages", "prompt_completion")
-TO_DISPATCH = "torchyard.eval_jobs_to_dispatch"  # key of `Session.info`
 MAX_SAMPLES = 1000  # answers stored per evaluation (`GenerateEval.max_prompts` allows as many)
 
 
@@ -238,85 +231,6 @@ def local_tasks(dirs: tuple[str, ...]) -> frozenset[str]:
     except ImportError:  # an API host without the trainer's packages: no names to offer
         return frozenset()
     return frozenset(TaskManager(include_path=list(dirs), include_defaults=False).all_tasks)
-
-
-def after_checkpoint(*, session: Session, job: Job, checkpoint: Checkpoint) -> list[Job]:
-    """The eval jobs a newly recorded periodic checkpoint of `job` starts (`eval_after.
-    every_checkpoints`: steps that are multiples of k x `checkpoint.interval_steps`), with the
-    baseline's (`eval_after.baseline`) the first time. Idempotent; does not commit."""
-    spec = job.spec
-    if not isinstance(spec, JobSpec) or spec.eval_after is None:
-        return []
-    after = spec.eval_after
-    if after.every_checkpoints is None:
-        return []
-    if checkpoint.step % (after.every_checkpoints * spec.checkpoint.interval_steps):
-        return []
-    return _queue(session, job, checkpoint)
-
-
-def after_success(*, session: Session, job: Job) -> list[Job]:
-    """The eval jobs `job`'s success starts (`eval_after`): its final checkpoint's, and the
-    baseline's unless queued already. Idempotent; does not commit."""
-    if not isinstance(job.spec, JobSpec) or job.spec.eval_after is None:
-        return []
-    final = session.execute(
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job.id)
-        .order_by(Checkpoint.step.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-    if final is None:  # a run that saved nothing: only the baseline has weights to score
-        return _queue(session, job, None) if job.spec.eval_after.baseline else []
-    return _queue(session, job, final)
-
-
-def _queue(session: Session, job: Job, checkpoint: Checkpoint | None) -> list[Job]:
-    spec = job.spec
-    assert isinstance(spec, JobSpec) and spec.eval_after is not None
-    after = spec.eval_after
-    sources: list[tuple[str, EvalSourceSpec]] = []
-    if checkpoint is not None:
-        pinned = EvalSourceSpec(job=job.id, checkpoint=checkpoint.id)
-        sources.append((str(checkpoint.step), pinned))
-    if after.baseline:
-        sources.append(("initial", EvalSourceSpec(job=job.id, initial=True)))
-    queued = []
-    for at, source in sources:
-        key = f"eval-after-{job.id}-{at}"
-        if jobs.by_idempotency_key(session, job.project_id, key) is not None:
-            continue
-        evaluation = EvalJobSpec(
-            name=f"{job.name}-eval-{at}"[:100],
-            labels={"eval_of": str(job.id), "eval_at": at},
-            seed=spec.seed,
-            resources=ResourcesSpec(
-                procs_per_node=after.procs_per_node,
-                device=spec.resources.device,
-                pool=spec.resources.pool,
-            ),
-            priority=spec.priority,
-            evaluate=EvaluateSpec(source=source, evaluations=after.evaluations),
-        )
-        what = "starting weights" if at == "initial" else f"step {at}"
-        message = f"eval_after of job {job.id} ({what})"
-        made = jobs.add_queued(
-            session=session,
-            project_id=job.project_id,
-            spec=evaluation,
-            idempotency_key=key,
-            owner=job.owner,
-            message=message,
-        )
-        queued.append(made)
-        session.info.setdefault(TO_DISPATCH, []).append((made.id, made.pool))
-    return queued
-
-
-def to_dispatch(session: Session) -> list[tuple[int, str]]:
-    """(job id, pool) of the eval jobs this session queued since the last call: the caller
-    sends them after its commit (the reconciler re-sends any a crash left unsent)."""
-    return list(session.info.pop(TO_DISPATCH, []))
 
 
 def launch_inputs(

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, literal, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from core.jobs import job_datasets, outbox
 from core.platform.errors import Conflict, NotFound
 from core.platform.models import (
     TERMINAL_STATES,
-    Dataset,
     Job,
-    JobDataset,
     JobEvent,
     JobState,
     SweepTrial,
@@ -278,6 +277,13 @@ def pruned_reason(sweep_id: int, step: int | None, rung: int | None) -> str:
     return f"pruned by sweep {sweep_id} at {where}"
 
 
+def _queued_again(**transition_args: Any) -> Job:
+    """`transition` to `queued` (resume, retry), its run message in the session's outbox."""
+    job = transition(**transition_args)
+    outbox.add(transition_args["session"], job.id, job.pool)
+    return job
+
+
 def _illegal(job: Job, action: str) -> Conflict:
     return Conflict(
         f"job {job.id} is {job.state}; cannot {action} it",
@@ -302,14 +308,13 @@ def pause(*, session: Session, job_id: int, project_id: str | None = None) -> Jo
 
 
 def resume(*, session: Session, job_id: int, project_id: str | None = None) -> Job:
-    """paused -> queued; the next attempt resumes from the latest complete checkpoint.
-
-    The caller dispatches the job after committing. Conflict unless paused.
+    """paused -> queued; the next attempt resumes from the latest complete checkpoint. Its run
+    message goes after the caller's commit (`core.jobs.outbox`). Conflict unless paused.
     """
     job = get_or_raise(session=session, job_id=job_id, project_id=project_id)
     if job.state != S.PAUSED:
         raise _illegal(job, "resume")
-    return transition(
+    return _queued_again(
         session=session,
         job_id=job_id,
         to=S.QUEUED,
@@ -321,14 +326,13 @@ def resume(*, session: Session, job_id: int, project_id: str | None = None) -> J
 
 def retry(*, session: Session, job_id: int, project_id: str | None = None) -> Job:
     """failed | cancelled -> queued, with a fresh `retries.max_restarts` budget; the next
-    attempt resumes from the latest complete checkpoint.
-
-    The caller dispatches the job after committing. Conflict in any other state.
+    attempt resumes from the latest complete checkpoint. Its run message goes after the
+    caller's commit (`core.jobs.outbox`). Conflict in any other state (a `pruned` trial too).
     """
     job = get_or_raise(session=session, job_id=job_id, project_id=project_id)
     if job.state not in (S.FAILED, S.CANCELLED):
         raise _illegal(job, "retry")
-    return transition(
+    return _queued_again(
         session=session,
         job_id=job_id,
         to=S.QUEUED,
@@ -366,9 +370,12 @@ def create(
     idempotency_key: str | None = None,
     owner: str | None = None,
     submitted: AnySpec | None = None,
+    message: str = "submitted",
+    origin: str | None = None,
 ) -> Created:
     """Insert a queued job with its `state` event; `owner` names who submitted it (the API
-    key's name). Commits.
+    key's name). Commits; its run message goes after the commit (`add_queued`). Called by
+    `core.submission.service.submit` only: the one door.
 
     With `idempotency_key`: the same key and spec return the first job (created=False); the
     same key with another spec raises Conflict. `submitted`: the spec as the client sent it,
@@ -388,6 +395,8 @@ def create(
             idempotency_key=idempotency_key,
             owner=owner,
             digest=digest,
+            message=message,
+            origin=origin,
         )
         session.commit()
     except IntegrityError:
@@ -410,10 +419,14 @@ def add_queued(
     owner: str | None,
     digest: str | None = None,
     message: str = "submitted",
+    origin: str | None = None,
 ) -> Job:
     """Insert a queued job with its `state` event in the caller's transaction (flushed, not
-    committed); `digest`: the request hash (of `spec` when None). Raises `IntegrityError` when
-    `idempotency_key` is taken in the project."""
+    committed) and its run message in the session's outbox (`core.jobs.outbox`: sent after the
+    commit); `digest`: the request hash (of `spec` when None); `origin`: the door it came by
+    (`core.submission.service.Door`), in the event's data. Raises `IntegrityError` when
+    `idempotency_key` is taken in the project. Called through `core.submission.service.submit`
+    only."""
     job = Job(
         project_id=project_id,
         name=spec.name,
@@ -433,44 +446,17 @@ def add_queued(
     )
     session.add(job)
     session.flush()
-    _record_datasets(session, job, spec)
-    add_event(session=session, job=job, kind="state", state_to=S.QUEUED, message=message)
+    job_datasets.record(session, job, spec)
+    add_event(
+        session=session,
+        job=job,
+        kind="state",
+        state_to=S.QUEUED,
+        message=message,
+        data={"origin": origin} if origin is not None else None,
+    )
+    outbox.add(session, job.id, job.pool)
     return job
-
-
-# Spec keys whose string value names a dataset of the project (`data.dataset`,
-# `data.eval_dataset`, each evaluation's `dataset`, an inline lm-eval task's `dataset`).
-DATASET_KEYS = ("dataset", "eval_dataset")
-
-
-def dataset_fields(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
-    """(dotted field path, value) of every `DATASET_KEYS` string in a dumped spec, list
-    indices as path parts: `("data.dataset", "ds_1")`, `("evaluate.evaluations.0.dataset",
-    "ds_2")`. Migration 0021 holds a frozen copy."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            where = f"{path}.{key}" if path else str(key)
-            if key in DATASET_KEYS and isinstance(value, str):
-                yield where, value
-            else:
-                yield from dataset_fields(value, where)
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from dataset_fields(value, f"{path}.{index}")
-
-
-def _record_datasets(session: Session, job: Job, spec: AnySpec) -> None:
-    """A `job_datasets` row per field of `spec` naming a dataset of the job's project (by
-    id: submission pins names to ids; a path, or a name that is no dataset, is skipped)."""
-    for field, value in dataset_fields(spec.model_dump(mode="json")):
-        if len(field) > 200:
-            continue
-        # one INSERT ... SELECT a field (a spec names one or two): on the submit path, a
-        # SELECT then an ORM insert cost ~10% of the API's throughput (bench.api)
-        owned = select(literal(job.id), Dataset.id, literal(field)).where(
-            Dataset.id == value, Dataset.project_id == job.project_id
-        )
-        session.execute(insert(JobDataset).from_select(["job_id", "dataset_id", "field"], owned))
 
 
 def by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:

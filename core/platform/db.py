@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.platform.settings import Settings, get_settings
 
+# `Session.info` key of the job dispatch a session sends through (`core.jobs.outbox`)
+DISPATCH_INFO_KEY = "torchyard.dispatch"
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -71,8 +73,14 @@ def get_engine(settings: Settings | None = None) -> Engine:
     return _cached_engine((settings or get_settings()).database_url)
 
 
-def session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(bind=engine, expire_on_commit=False)
+def session_factory(
+    engine: Engine, dispatch: Callable[[int, str], Any] | None = None
+) -> sessionmaker[Session]:
+    """Sessions on `engine`; with `dispatch`, each sends the run message of every job its
+    transaction queued after the commit (`core.jobs.outbox`, whose `Session.info` key this
+    sets: `core.platform` does not import `core.jobs`)."""
+    info = {DISPATCH_INFO_KEY: dispatch} if dispatch is not None else None
+    return sessionmaker(bind=engine, expire_on_commit=False, info=info)
 
 
 @contextmanager

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.jobs import outbox
 from core.jobs import service as jobs
-from core.jobs import submission
 from core.platform.errors import Conflict, DomainError, QuotaExceeded
 from core.platform.models import (
     TERMINAL_STATES,
@@ -34,7 +34,7 @@ from core.platform.models import (
     utcnow,
 )
 from core.platform.settings import Settings
-from core.scheduling import quotas
+from core.submission import service as submission
 from core.sweeps import study
 from core.sweeps.service import spec_of
 from core.usage import report as usage_report
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Dispatch = Callable[[int, str], None]  # (job id, pool): sends the job's run message
+Dispatch = outbox.Dispatch  # (job id, pool): sends the job's run message
 
 
 @dataclass
@@ -101,7 +101,9 @@ def advance(
     dispatch: Dispatch,
     done: Round | None = None,
 ) -> None:
-    """One round of one sweep. Commits as it goes."""
+    """One round of one sweep. Commits as it goes; a trial's job is sent through `dispatch`
+    after the commit that made it (`core.jobs.outbox`)."""
+    outbox.bind(session, dispatch)
     database_url = settings.database_url
     done = done if done is not None else Round()
     sweep = session.get(Sweep, sweep_id)
@@ -123,7 +125,7 @@ def advance(
     running = [r for r in rows if r.state == TrialState.RUNNING]
     for row in running:
         if row.job_id is None and row.error is None:  # asked, the job not made yet
-            _start(session, settings, sweep, spec, row, dispatch)
+            _start(session, settings, sweep, spec, row)
     total = study.max_trials(spec)
     budget_left = _budget_left(session, spec, rows, settings.slot_prices)
     while budget_left and len(rows) < total and len(running) < spec.max_concurrent_trials:
@@ -132,7 +134,7 @@ def advance(
         session.add(row)
         session.commit()
         rows.append(row)
-        if _start(session, settings, sweep, spec, row, dispatch):
+        if _start(session, settings, sweep, spec, row):
             running.append(row)
             done.started += 1
         else:
@@ -206,53 +208,38 @@ def _start(
     sweep: Sweep,
     spec: SweepSpec,
     row: SweepTrial,
-    dispatch: Dispatch,
 ) -> bool:
-    """Make and dispatch the trial's job; False (the row failed, with the reason) when the
-    sampled spec does not validate or names what the project may not use (the checks of
-    `POST /v1/jobs`: a drawn `data.dataset` or `model.init_from.job` is the sweep's project's
-    or nothing). A full `max_queued_jobs` quota leaves the row waiting for the next round.
-    Commits."""
+    """Make the trial's job through the one door (`core.submission.service.submit`, door `SWEEP`:
+    the checks of `POST /v1/jobs`, so a drawn `data.dataset` or `model.init_from.job` is the
+    sweep's project's or nothing); its run message goes after the commit. False (the row failed,
+    with the reason) when the sampled spec does not validate or is refused. A full
+    `max_queued_jobs` quota leaves the row waiting for the next round. Commits."""
     try:
         drawn = with_values(spec.base, row.params)
-        checked = submission.check_references(
-            session=session, settings=settings, project_id=sweep.project_id, spec=drawn
-        )
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
         return _refuse(session, row, f"the sampled spec is invalid: {problems}")
-    except DomainError as exc:
-        return _refuse(session, row, f"the sampled spec is refused: {exc.message}")
     labels = {**drawn.labels, "sweep": str(sweep.id), "trial": str(row.number)}
-    named = {"name": f"{spec.name}-{row.number}"[:100], "labels": labels}
-    trial_spec, drawn = checked.model_copy(update=named), drawn.model_copy(update=named)
-    key = f"sweep-{sweep.id}-trial-{row.number}"
+    drawn = drawn.model_copy(update={"name": f"{spec.name}-{row.number}"[:100], "labels": labels})
     try:
-        quotas.check_submit(
+        created = submission.submit(
             session=session,
+            settings=settings,
             project_id=sweep.project_id,
-            pool=trial_spec.resources.pool,
-            retry_after_s=0,
-            idempotency_key=key,
+            spec=drawn,
+            owner=sweep.owner,
+            door=submission.SWEEP,
+            idempotency_key=f"sweep-{sweep.id}-trial-{row.number}",
         )
     except QuotaExceeded:
         session.rollback()
         return True  # still running: made next round, when the queue has room
-    created = jobs.create(
-        session=session,
-        project_id=sweep.project_id,
-        spec=trial_spec,
-        idempotency_key=key,
-        owner=sweep.owner,
-        # the replay of a crashed round compares the drawn spec, not its pinned init_from
-        submitted=drawn,
-    )
+    except DomainError as exc:
+        return _refuse(session, row, f"the sampled spec is refused: {exc.message}")
     row.job_id = created.job.id
     session.commit()
-    if created.created:
-        dispatch(created.job.id, created.job.pool)
     return True
 
 

@@ -95,6 +95,7 @@ CORE_STACK = (
     "jobs",
     "usage",
     "scheduling",
+    "submission",
     "attempts",
     "sweeps",
     "openai",

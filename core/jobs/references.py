@@ -1,14 +1,13 @@
 """What a submitted job spec must satisfy beyond its own model: the references it makes.
 
-`check_references` is what `POST /v1/jobs`, `POST /v1/spec/validate` and `POST /v1/sweeps`
-run on a spec that validated (after the API's own check of a priced pool for
-`limits.max_cost`, `core.usage.report.check_max_cost`): data the project may use (a
-dataset of the project, of the method's format; a path under the data roots), a model
-directory the server may read, a code archive of the project for `entrypoint` and the inputs
-it declares (`core.jobs.inputs`, pinned), and a `model.init_from` of the project (pinned to a
-checkpoint). `problems` is every problem of a spec as submitted in one list (issue 28): its
-fields (an unknown one with the one it most likely meant), the rules across fields the field
-errors hid (`jobspec.problems`), and the references of the spec with those repaired.
+`check_references` is what every submission runs (`core.submission.service.check`, after the
+storable strings and a priced pool for `limits.max_cost`): data the project may use (a dataset of
+the project, of the method's format; a path under the data roots), a model directory the server
+may read, a code archive of the project for `entrypoint` and the inputs it declares
+(`core.jobs.inputs`, pinned), and a `model.init_from` of the project (pinned to a checkpoint).
+`problems` is every problem of a spec as submitted in one list (issue 28): its fields (an
+unknown one with the one it most likely meant), the rules across fields the field errors hid
+(`jobspec.problems`), and the references of the spec with those repaired.
 """
 
 from __future__ import annotations
