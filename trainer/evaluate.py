@@ -40,7 +40,6 @@ import json
 import logging
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +65,7 @@ from trainer.data.rows import Rows
 from trainer.data.sampler import eval_batches
 from trainer.distributed import DistInfo, all_reduce_sum, env_rank, init_distributed, shutdown
 from trainer.events import EventWriter, NullReporter, Reporter
+from trainer.logs import log_to_stdout
 from trainer.methods.sft import token_loss_sums
 from trainer.models.gpt import generate
 from trainer.models.network import Network, build_network, lora_settings, trainable_names
@@ -95,11 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_CACHE", str(args.run_dir / "hf_datasets"))
     rank = env_rank()
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stdout,
-    )
+    log_to_stdout(rank)
     reporter: Reporter = EventWriter(args.run_dir) if rank == 0 else NullReporter()
     dist_info: DistInfo | None = None
     try:

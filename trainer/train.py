@@ -42,6 +42,7 @@ from trainer.data.rows import Rows
 from trainer.data.sampler import GlobalBatchSampler, eval_batches
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
+from trainer.logs import log_to_stdout
 from trainer.loop import Run, report_eval, train_loop
 from trainer.methods.base import Method
 from trainer.methods.dpo_train import build_dpo
@@ -87,11 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     # thread's Python stack goes to stderr, which the worker stores as this rank's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     rank = env_rank()
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stdout,
-    )
+    log_to_stdout(rank)
     spec, spec_error = _try_load_spec(args.spec)
     # The events writer: the last pipeline stage's rank (where the loss is), else rank 0.
     writer = reporting_rank(spec, env_world_size()) if spec else 0

@@ -110,11 +110,16 @@ def new_dash(
     api_key: str | None,
     color_scheme: str = "light",
     viewport: dict[str, int] | None = None,
+    timezone_id: str | None = None,
+    locale: str | None = None,
 ) -> Iterator[Dash]:
-    """A fresh browser context (cold cache) on the dashboard; asserts no console errors at exit."""
+    """A fresh browser context (cold cache) on the dashboard; asserts no console errors at exit.
+    `timezone_id` and `locale` (e.g. "Europe/Berlin", "de-DE"): the browser's, else the host's."""
     context = browser.new_context(
         viewport=viewport or VIEWPORT,  # type: ignore[arg-type]
         color_scheme=color_scheme,  # type: ignore[arg-type]
+        timezone_id=timezone_id,
+        locale=locale,
     )
     context.set_default_timeout(WAIT_MS)
     if api_key is not None:  # signed in already, as after the sign-in form

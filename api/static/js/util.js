@@ -70,14 +70,19 @@ export function fmtDuration(seconds) {
   return `${Math.floor(s / 86400)}d${two(Math.floor((s % 86400) / 3600))}h`;
 }
 
-/** A moment in the browser's own locale and time zone, the zone named (the CLI prints UTC);
- * the same locale as the browser's date pickers. */
+/**
+ * A moment as the CLI prints it (torchyard/render.py `format_when`, less its "ago"):
+ * `2026-11-25 06:47:57 UTC`; `–` when unknown.
+ *
+ * The rule for every page: one clock, UTC, always named. The CLI prints UTC, the trainer's log
+ * lines carry UTC stamps (trainer/logs.py: `2026-11-25 06:47:56.934 UTC`), the usage report
+ * counts UTC days, and the API sends UTC: a browser in Berlin or Tokyo shows the same instant
+ * with the same digits as the terminal and the log line beside it, never its own zone.
+ */
 export function fmtTime(iso) {
-  if (!iso) return "–";
-  return new Date(iso).toLocaleString(undefined, {
-    year: "numeric", month: "2-digit", day: "2-digit",
-    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short",
-  });
+  const at = iso ? new Date(iso) : null;
+  if (!at || Number.isNaN(at.getTime())) return "–";
+  return `${at.toISOString().slice(0, 19).replace("T", " ")} UTC`;
 }
 
 /** Decimal units, as the CLI: `812 B`, `8.0 kB`, `1.2 GB`; `–` when unknown. */
