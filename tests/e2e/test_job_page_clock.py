@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, expect
@@ -21,6 +22,7 @@ from sqlalchemy import Engine
 from core.jobs import ingest
 from core.platform.db import session_scope
 from core.platform.models import JobEvent
+from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.workers.helpers import create_job, tiny_spec, unique_queue
@@ -80,3 +82,44 @@ def test_a_berlin_browser_shows_the_job_pages_times_in_utc_with_the_clis_digits(
     text = page.locator("main").inner_text()
     assert not re.search(r"\b(MEZ|MESZ|CET|CEST|GMT[+-]\d)", text), text
     assert "07:47" not in text, text
+
+
+def test_the_checkpoints_uri_and_its_copy_button_fit_the_card_at_1366(
+    laptop_scheme: Dash, engine: Engine, owner: ProjectKey, dataset_id: str, settings: Settings
+) -> None:
+    job_id = _job(engine, owner, dataset_id)
+    uris = {step: Path(settings.storage_url) / f"jobs/{job_id}/checkpoints/step_{step:08d}"
+            for step in (60, 120)}  # fmt: skip
+    with session_scope(engine) as s:
+        for step, uri in uris.items():
+            uri.mkdir(parents=True)
+            (uri / ".metadata").write_bytes(b"not read by the page")
+            ingest.checkpoint(session=s, job_id=job_id, attempt=2, step=step, uri=str(uri),
+                              size_bytes=123_456_789)  # fmt: skip
+    page = laptop_scheme.page
+    laptop_scheme.open(f"/jobs/{job_id}")
+    # The widest export cell there is: a pending export waiting for an exporter.
+    row = page.locator("#checkpoints tr[data-step='60']")
+    row.locator("button.export-checkpoint").click()
+    expect(row.locator(".export-waiting")).to_be_visible()
+    card = page.locator("#checkpoints-section").bounding_box()
+    table = page.locator("#checkpoints-section table").bounding_box()
+    assert card is not None and table is not None
+    assert table["x"] >= card["x"] and table["x"] + table["width"] <= card["x"] + card["width"], (
+        table,
+        card,
+    )
+    viewport = LAPTOP["width"]
+    for step in uris:
+        where = page.locator(f"#checkpoints tr[data-uri-of='{step}'] td.uri")
+        expect(where.locator("code")).to_be_visible()
+        code = where.locator("code").bounding_box()
+        copy = where.locator("button.copy")
+        expect(copy).to_be_visible()
+        box = copy.bounding_box()
+        assert code is not None and box is not None
+        assert code["x"] + code["width"] <= card["x"] + card["width"], (code, card)
+        right = min(viewport, card["x"] + card["width"])
+        assert box["x"] >= 0 and box["x"] + box["width"] <= right, (box, card)
+        expect(where.locator("code")).to_have_text(re.compile(f"checkpoints/step_{step:08d}$"))
+    assert laptop_scheme.fits_width()

@@ -24,6 +24,7 @@ const NUDGE_MS = 300; // stream messages within this window cause one refresh
 const MAX_POINTS = 2000; // per series; the API downsamples (min/max buckets) beyond that
 const MAX_LOG_LINES = 2000;
 const EXPORT_POLL_MS = 1000; // while an export is pending or running
+const CKPT_COLUMNS = 5; // step, attempt, size, created, export; the uri on a row of its own
 // Charts in this order; a series not named here gets a chart of its own after them.
 const CHARTS = [
   { id: "loss", title: "loss", series: ["loss", "eval_loss"] },
@@ -186,8 +187,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
   const ckptSection = h("section", { id: "checkpoints-section" }, h("h2", {}, "Checkpoints"),
     h("div", { class: "table-wrap" }, h("table", {},
       h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
-        h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "export"),
-        h("th", {}, "uri"))),
+        h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "export"))),
       ckptBody)));
   const rankSel = h("select", { id: "log-rank", "aria-label": "rank" },
     h("option", { value: "" }, "all ranks"), h("option", { value: "-1" }, "launcher (-1)"));
@@ -458,13 +458,13 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
   async function loadCheckpoints() {
     const { items } = await api(`/v1/jobs/${jobId}/checkpoints`);
     const wanted = query.get("checkpoint");
-    ckptBody.replaceChildren(...items.map((c) => h("tr", {
+    ckptBody.replaceChildren(...items.flatMap((c) => [h("tr", {
       id: `checkpoint-${c.id}`, class: String(c.id) === wanted ? "chosen" : "", dataset: { step: c.step },
     },
       h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
       h("td", { class: "num" }, fmtBytes(c.size_bytes)), h("td", {}, fmtTime(c.created_at)),
-      exportCell(c), uriCell(c))));
-    if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "None yet.")));
+      exportCell(c)), uriRow(c)]));
+    if (!items.length) ckptBody.append(h("tr", {}, h("td", { colspan: CKPT_COLUMNS, class: "muted" }, "None yet.")));
     if (wanted && !shownWanted) {
       const row = ckptBody.querySelector(`#checkpoint-${CSS.escape(wanted)}`);
       if (row) { shownWanted = true; row.scrollIntoView({ block: "center" }); }
@@ -476,11 +476,15 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
     }
   }
 
-  /** A checkpoint's place, cut to fit the table, whole in its tooltip and its Copy button. */
-  function uriCell(c) {
+  /** A checkpoint's place, on its own line under the checkpoint's row (issue 45: as a column
+   * it was cut to "jc" and its Copy pushed out of the half-width card at 1366 px): whole,
+   * wrapped where it must, the server's full path in its tooltip and its Copy button. */
+  function uriRow(c) {
     const where = c.server_uri ?? c.uri;
     const code = h("code", {}, c.uri);
-    return h("td", { class: "uri nowrap", title: where }, code, " ", copyButton(where, code));
+    return h("tr", { class: "where", dataset: { uriOf: c.step } },
+      h("td", { class: "uri", colspan: CKPT_COLUMNS, title: where },
+        h("span", { class: "muted" }, "uri "), code, " ", copyButton(where, code)));
   }
 
   function exportCell(c) {
