@@ -255,6 +255,23 @@ def test_an_admin_manages_members_keys_webhooks_and_quotas(
     admin.shot("settings-quotas")
 
 
+def test_the_keys_table_marks_the_key_this_browser_signed_in_with(
+    admin: Dash, api: httpx.Client, engine: Engine, owner: ProjectKey
+) -> None:
+    """Issue 45, item 9: two keys of the same name, and nothing said which one revoking would
+    sign this browser out."""
+    with session_scope(engine) as s:  # another admin key, named as the browser's
+        auth.create_api_key(session=s, project_id=owner.project_id)
+    mine = api.get("/v1/me").json()["key"]["id"]
+    admin.open("/settings/keys")
+    rows = admin.page.locator("#keys-table tbody tr")
+    expect(rows).to_have_count(2)
+    marked = admin.page.locator("#keys-table tr:has(.this-browser)")
+    expect(marked).to_have_count(1)
+    expect(marked).to_have_attribute("data-key-id", mine)
+    expect(marked.locator(".this-browser")).to_have_text("this browser's key")
+
+
 def test_a_viewer_sees_the_settings_read_only(
     browser: Browser, live_api: str, api: httpx.Client
 ) -> None:

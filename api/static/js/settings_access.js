@@ -113,11 +113,14 @@ function keyStatus(key) {
   return h("span", { class: "badge ok" }, "active");
 }
 
-function keyRow(key, act) {
+/** A row of the keys table; `mine`: the key this browser signed in with (`GET /v1/me`). */
+function keyRow(key, act, mine) {
   const owner = key.owner ? `${key.owner.kind === "member" ? "member" : "service account"} `
     + key.owner.name : "–";
-  return h("tr", { dataset: { keyId: key.id, name: key.name } },
-    h("td", {}, key.name, key.org_admin ? h("span", { class: "label" }, "org admin") : ""),
+  return h("tr", { class: mine ? "mine" : "", dataset: { keyId: key.id, name: key.name } },
+    h("td", {}, key.name, key.org_admin ? h("span", { class: "label" }, "org admin") : "",
+      mine ? h("span", { class: "badge info this-browser", title: "the key this browser signed "
+        + "in with: revoking it signs this browser out" }, "this browser's key") : ""),
     h("td", {}, h("code", {}, `${key.prefix}…`)),
     h("td", { class: "scopes" }, key.scopes.join(", ")),
     h("td", {}, key.role ?? "–"),
@@ -163,7 +166,7 @@ function keyBody(form) {
   return body;
 }
 
-export async function keysSection(root) {
+export async function keysSection(root, { me }) {
   const [members, accounts] = await Promise.all([
     api("/v1/members"), api("/v1/service-accounts")]);
   const form = keyForm(members.items, accounts.items);
@@ -173,7 +176,8 @@ export async function keysSection(root) {
   const s = section(root, { title: "API keys", form, list: async () => {
     const { items } = await api("/v1/keys");
     return table("keys-table", ["Name", "Prefix", "Scopes", "Role", "Owner", "Expires",
-      "Last used", "Status", ""], items.map((key) => keyRow(key, s.act)), "No keys.");
+      "Last used", "Status", ""], items.map((key) => keyRow(key, s.act, key.id === me.key.id)),
+      "No keys.");
   } });
   form.after(created);
   onSubmit(form, errors, async () => {
