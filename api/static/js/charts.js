@@ -27,11 +27,12 @@ export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#
  * Keeps the user's zoom across updates while
  * `uirevision` stays the same, so live points do not reset a zoomed view. `yFormat`/`xFormat`:
  * d3 formats for the values (ticks and hover), e.g. ".3s" for bytes as 365M; `ySuffix` a unit
- * after each (" s", "B": 365MB).
+ * after each (" s", "B": 365MB). `xHover` ({title, text}): how hover labels write an x value
+ * when no d3 format can (seconds as "3m51s"): `text(x)` under `title`, never the raw number.
  */
 export async function lineChart(node, traces, {
   title, xTitle = "step", yLog = false, yFormat, xFormat, uirevision = "keep", hovermode = "closest",
-  ySuffix = "",
+  ySuffix = "", xHover,
 } = {}) {
   const Plotly = await plotlyReady();
   const { fg, grid } = themeColors();
@@ -47,7 +48,9 @@ export async function lineChart(node, traces, {
     ...(t.legend === false ? { showlegend: false } : {}),
     ...(t.meta !== undefined ? { meta: t.meta } : {}),
     ...(t.hover === false ? { hoverinfo: "skip" } : {
-      hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}}${ySuffix} @ ${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}<extra></extra>`,
+      ...(xHover ? { customdata: t.x.map(xHover.text) } : {}),
+      hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}}${ySuffix} @ ${xHover ? `${xHover.title} %{customdata}`
+        : `${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}`}<extra></extra>`,
     }),
   }));
   const legend = traces.filter((t) => t.legend !== false).length > 1;
@@ -60,7 +63,9 @@ export async function lineChart(node, traces, {
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { color: fg, size: 11 },
     xaxis: { title: { text: xTitle }, gridcolor: grid, zerolinecolor: grid,
-      ...(xFormat ? { tickformat: xFormat } : {}) },
+      ...(xFormat ? { tickformat: xFormat } : {}),
+      // "x unified" heads its label with the x value, which only a d3 format could write
+      ...(xHover ? { unifiedhovertitle: { text: xHover.title } } : {}) },
     yaxis: { gridcolor: grid, zerolinecolor: grid, type: yLog ? "log" : "linear",
       exponentformat: "e", ...(yFormat ? { tickformat: yFormat } : {}), ticksuffix: ySuffix },
     hovermode,

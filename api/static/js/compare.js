@@ -7,7 +7,8 @@ import { api } from "./api.js";
 import { COLORS, lineChart, purge } from "./charts.js";
 import { entrypointOf } from "./code.js";
 import {
-  SCHEDULES, X_AXES, configDiff, ema, finals, plotValue, startTime, tokensPerStep, xValues,
+  SCHEDULES, X_AXES, configDiff, ema, finals, metricGroup, metricLabel, plotValue, startTime,
+  tokensPerStep, xValues,
 } from "./compare_data.js";
 import { latestScoresOf } from "./evals.js";
 import { TERMINAL, fmtNumber, h, poll, showError, stateBadge } from "./util.js";
@@ -52,12 +53,6 @@ function runLabel(job) {
 const JOINS = { eval_loss: "loss" };
 const PICKER_RUNS = 200; // the newest jobs offered by the run picker
 
-/** The metric's group in the picker: train, eval or system. */
-export function metricGroup(name) {
-  if (name.startsWith("sys/")) return "system";
-  return name.startsWith("eval") || name.includes("eval_") ? "eval" : "train";
-}
-
 /** The charts for `metrics`: [chart metric, [metrics drawn in it]], in the picker's order. */
 export function chartGroups(metrics) {
   const groups = new Map();
@@ -73,6 +68,12 @@ export function chartGroups(metrics) {
 function pickerLabel(job) {
   const labels = Object.entries(job.labels ?? {}).map(([k, v]) => `${k}=${v}`);
   return [`#${job.id} ${job.name}`, job.state, ...labels].join(" · ");
+}
+
+/** The runs' processes per node when they agree (a rank's node), else null. */
+function procsPerNode(jobs) {
+  const counts = new Set(jobs.map((job) => job.spec?.resources?.procs_per_node ?? null));
+  return counts.size === 1 ? [...counts][0] : null;
 }
 
 function metricNames(runs) {
@@ -194,10 +195,15 @@ export function comparePage(root, query) {
         state.metrics = names.filter((n) => picked.includes(n));
         changed({ refetch: true });
       });
-      return h("label", {}, box, ` ${name}`);
+      return h("label", { title: name }, box, ` ${metricLabel(name)}`);
     };
-    metricsBox.replaceChildren(h("legend", {}, "metrics"), ...["train", "eval", "system"]
-      .map((group) => [group, names.filter((n) => metricGroup(n) === group)])
+    // train, eval, then the system series node by node
+    const ppn = procsPerNode(runs.map((r) => r.job));
+    const system = [...new Set(names.map((n) => metricGroup(n, ppn)))]
+      .filter((g) => g.startsWith("system")).sort((a, b) => a.localeCompare(b, "en", { numeric: true }));
+    const groups = ["train", "eval", ...system];
+    metricsBox.replaceChildren(h("legend", {}, "metrics"), ...groups
+      .map((group) => [group, names.filter((n) => metricGroup(n, ppn) === group)])
       .filter(([, members]) => members.length)
       .map(([group, members]) => h("span", { class: "metric-group", dataset: { group } },
         h("strong", { class: "muted" }, group), ...members.map(item))));
@@ -226,7 +232,7 @@ export function comparePage(root, query) {
         if (!s) return [];
         if (!x) { lacking.add(run.job.id); return []; }
         const y = s.values.map(plotValue);
-        const base = { name: k ? `${runLabel(run.job)} ${name}` : runLabel(run.job), x,
+        const base = { name: k ? `${runLabel(run.job)} ${metricLabel(name)}` : runLabel(run.job), x,
           color: COLORS[i % COLORS.length], ...(k ? { dash: "dot" } : {}) };
         const meta = { job: run.job.id, metric: name };
         const raw = { ...base, y, meta: { ...meta, kind: "raw" } };
@@ -235,7 +241,8 @@ export function comparePage(root, query) {
           { ...base, y: ema(y, state.smooth), meta: { ...meta, kind: "smoothed" } }];
       }));
       await lineChart(node, traces, {
-        title: drawn.join(" and "), xTitle: axis.title, xFormat: axis.format, yLog: state.log,
+        title: drawn.map(metricLabel).join(" and "), xTitle: axis.title, xFormat: axis.format,
+        xHover: axis.hover, yLog: state.log,
         uirevision: `${state.x}|${state.log}`, hovermode: "x unified",
       });
     }

@@ -1,11 +1,14 @@
 // The compare view's arithmetic, pure functions of the API's answers: TensorBoard's debiased
 // EMA, the x axes (step, tokens seen, wall time), and what differs between the runs' specs.
 
-/** The x axes a chart can use: `title` labels the axis, `format` is a d3 format for its ticks. */
+import { fmtDuration } from "./util.js";
+
+/** The x axes a chart can use: `title` labels the axis, `format` is a d3 format for its ticks,
+ * `hover` how a hover label writes a value (seconds as the CLI's durations: "47s", "3m51s"). */
 export const X_AXES = {
   step: { title: "step" },
   tokens: { title: "tokens seen", format: ".3s" },
-  time: { title: "wall time (s)" },
+  time: { title: "wall time (s)", hover: { title: "wall time", text: fmtDuration } },
 };
 
 /** Schedules are what the spec set, not noise: never smoothed (Compare, the job page). */
@@ -99,4 +102,45 @@ export function finals(byName) {
     ["final loss", last("loss")], ["best loss", best("loss")],
     ["final eval loss", last("eval_loss")], ["best eval loss", best("eval_loss")],
   ];
+}
+
+// The worker's `sys/<quantity>/<source>` series (workers/watchers/sysmetrics.py) as a reader
+// names them: "RSS, node 0", "CPU %, rank 1", "memory used, GPU 0".
+const SYSTEM_QUANTITIES = {
+  cpu_percent: "CPU %", rss_bytes: "RSS", gpu_util_percent: "utilisation %",
+  gpu_memory_bytes: "memory used", gpu_power_watts: "power (W)",
+};
+
+/**
+ * Where a `sys/*` series was measured: `node` (null when unknown: a rank of runs whose
+ * `procs_per_node` differ) and `source` ("rank 1", "GPU 0", "node 0"). A rank's node is
+ * rank // procs_per_node; nodes other than 0 name their GPUs `node<n>-gpu<i>`.
+ */
+export function systemSource(name, procsPerNode) {
+  const source = name.split("/").slice(2).join("/");
+  let m = /^rank(\d+)$/.exec(source);
+  if (m) return { node: procsPerNode ? Math.floor(Number(m[1]) / procsPerNode) : null, source: `rank ${m[1]}` };
+  m = /^node(\d+)$/.exec(source);
+  if (m) return { node: Number(m[1]), source: `node ${m[1]}` };
+  m = /^(?:node(\d+)-)?gpu(\d+)$/.exec(source);
+  if (m) return { node: Number(m[1] ?? 0), source: `GPU ${m[2]}` };
+  return { node: null, source };
+}
+
+/** A metric's name as the picker and chart titles show it: system series in words, the
+ * trainer's own (`loss`, `step_time_s/max`) as they are written. */
+export function metricLabel(name) {
+  if (!name.startsWith("sys/")) return name;
+  const quantity = name.split("/")[1];
+  return `${SYSTEM_QUANTITIES[quantity] ?? quantity}, ${systemSource(name).source}`;
+}
+
+/** The metric's group in the picker: train, eval, or "system, node <n>" (system when the node
+ * is unknown). */
+export function metricGroup(name, procsPerNode) {
+  if (name.startsWith("sys/")) {
+    const { node } = systemSource(name, procsPerNode);
+    return node === null ? "system" : `system, node ${node}`;
+  }
+  return name.startsWith("eval") || name.includes("eval_") ? "eval" : "train";
 }

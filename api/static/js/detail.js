@@ -381,6 +381,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       await lineChart(node, traces, {
         title: chart.title, yFormat: chart.yFormat, ySuffix: chart.ySuffix,
         xTitle: X_AXES[shownAxis].title, xFormat: X_AXES[shownAxis].format,
+        xHover: X_AXES[shownAxis].hover,
       });
       // Zooming refetches a range of steps: on the step axis only.
       if (fresh) onZoom(node, (r) => { if (xAxisSel.value !== "step") return; zoom = r; loadMetrics().catch(showError); });
