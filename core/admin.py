@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     boot.add_argument("--project", default="default")
     boot.add_argument("--key-name", default="bootstrap")
+    boot.add_argument(
+        "--replace",
+        action="store_true",
+        help="revoke the project's earlier organisation admin keys of this name (a rerun "
+        "keeps one key, not one more each time)",
+    )
     args = parser.parse_args(argv)
 
     settings = get_settings()
@@ -34,9 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         project = auth.get_project_by_name(session=session, name=args.project)
         if project is None:
             project = auth.create_project(session=session, name=args.project)
-        secret = auth.create_api_key(
-            session=session, project_id=project.id, name=args.key_name, org_admin=True
-        )
+        if args.replace:
+            secret = auth.replace_org_admin_key(
+                session=session, project_id=project.id, name=args.key_name
+            )
+        else:
+            secret = auth.create_api_key(
+                session=session, project_id=project.id, name=args.key_name, org_admin=True
+            )
     print(f"project {project.name} ({project.id})", file=sys.stderr)
     print(f"TORCHYARD_API_KEY={secret}")
     return 0

@@ -355,9 +355,12 @@ def run(opts: Options, console: Console) -> int:
 
 
 def bootstrap(env: Mapping[str, str], log_path: Path, project: str) -> str:
-    """Migrate the database and create an API key for `project` (created if absent)."""
+    """Migrate the database and create an API key for `project` (created if absent). The key
+    replaces the one an earlier run made (`--replace`): a never-expiring organisation admin
+    key piled up in the home's database at every run."""
     run_admin(["migrate"], env, log_path)
-    api_key = launch.parse_api_key(run_admin(["bootstrap", "--project", project], env, log_path))
+    answer = run_admin(["bootstrap", "--project", project, "--replace"], env, log_path)
+    api_key = launch.parse_api_key(answer)
     if api_key is None:
         raise QuickstartError("`torchyard admin bootstrap` printed no TORCHYARD_API_KEY=... line")
     return api_key

@@ -124,6 +124,27 @@ def create_api_key(
     return secret
 
 
+def replace_org_admin_key(*, session: Session, project_id: str, name: str) -> str:
+    """A new organisation admin key `name` of the project (its secret, as `create_api_key`),
+    the project's earlier unrevoked organisation admin keys of that name revoked in the same
+    transaction: a rerun of `torchyard quickstart` leaves one such key, not one per run, and
+    never none (the new key exists before the old ones go). No commit."""
+    secret = create_api_key(session=session, project_id=project_id, name=name, org_admin=True)
+    session.execute(
+        update(ApiKey)
+        .where(
+            ApiKey.project_id == project_id,
+            ApiKey.name == name,
+            ApiKey.org_admin.is_(True),
+            ApiKey.revoked_at.is_(None),
+            ApiKey.key_hash != hash_key(secret),
+        )
+        .values(revoked_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return secret
+
+
 def new_key_row(*, project_id: str, name: str) -> tuple[str, ApiKey]:
     """A fresh secret and its (unsaved) key row: owner-less, role admin, every scope."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
