@@ -7,6 +7,7 @@ with 1 unless it succeeded.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -87,7 +88,40 @@ def _tidy_help(command: Any) -> None:
 
     command.get_help_option = get_help_option
     for sub in getattr(command, "commands", {}).values():
+        sub.short_help = sub.short_help or command_summary(sub.help)
         _tidy_help(sub)
+
+
+SUMMARY_WIDTH = 58  # the help column of a command list on an 80-column terminal
+
+
+def command_summary(help_text: str | None) -> str:
+    """A command's line in its group's command list: the first paragraph of its help on one
+    line (that list keeps a docstring's line breaks), cut to its first clause (up to a `:` or
+    `;` outside brackets and backticks) when it would not fit on 80 columns, and before its
+    first bracket when that clause would still take more than two lines."""
+    first = " ".join(inspect.cleandoc(help_text or "").split("\n\n")[0].split())
+    if len(first) <= SUMMARY_WIDTH:
+        return first
+    clause = _cut_at(first, ":;")
+    return clause if len(clause) <= 2 * SUMMARY_WIDTH else _cut_at(clause, "(")
+
+
+def _cut_at(text: str, marks: str) -> str:
+    """`text` up to the first of `marks` outside brackets and backticks that a space follows
+    (`(`: that a space precedes), trailing space dropped; all of it when there is none."""
+    depth, quoted = 0, False
+    for i, char in enumerate(text):
+        spaced = text[i - 1 : i] == " " if char == "(" else text[i + 1 : i + 2] == " "
+        if not quoted and depth == 0 and char in marks and spaced and i > 0:
+            return text[:i].rstrip()
+        if char == "`":
+            quoted = not quoted
+        elif not quoted and char in "([{":
+            depth += 1
+        elif not quoted and char in ")]}":
+            depth -= 1
+    return text
 
 
 app = typer.Typer(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from collections.abc import Iterator
@@ -32,6 +33,14 @@ def _leaves(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[st
 LEAVES = list(_leaves(ROOT))
 
 
+def _leaves_and_groups(
+    command: Any, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Any]]:
+    yield path, command
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        yield from _leaves_and_groups(sub, (*path, name))
+
+
 def test_every_command_is_found() -> None:
     names = {" ".join(path) for path, _ in LEAVES}
     assert {"submit", "logs", "datasets upload", "keys create", "export"} <= names
@@ -57,3 +66,29 @@ def test_help_has_no_type_placeholders_and_an_example_that_parses(
         if word.startswith("./"):
             Path(word).touch()
     command.make_context(path[-1], words[1 + len(path) :])
+
+
+GROUPS = [path for path, command in _leaves_and_groups(ROOT) if getattr(command, "commands", None)]
+
+
+@pytest.mark.parametrize("path", GROUPS, ids=lambda p: " ".join(p) or "torchyard")
+def test_command_lists_at_80_columns_wrap_only_at_the_edge_in_at_most_two_lines(
+    path: tuple[str, ...],
+) -> None:
+    """Issue 45, item 9: `torchyard --help` broke its command list mid-phrase (a docstring's
+    line breaks kept: "cost per UTC" / "day, pool or job") and ran to eight lines a command."""
+    shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    panel = shown.output.split("─ Commands ")[1].splitlines()[1:]
+    rows = [line[2:-1].rstrip() for line in panel if line.startswith("│")]
+    start = len(rows[0]) - len(rows[0].split("  ")[-1].lstrip())
+    width = len(panel[0]) - 3 - start
+    entries: list[list[str]] = []
+    for row in rows:
+        if row[:start].strip():
+            entries.append([])
+        entries[-1].append(row[start:].strip())
+    for lines in entries:
+        assert len(lines) <= 2, lines
+        for line, after in itertools.pairwise(lines):
+            assert len(line) + 1 + len(after.split()[0]) > width, f"broken early: {lines}"
