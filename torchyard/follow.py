@@ -27,7 +27,14 @@ from rich.text import Text
 from torchyard.client import Client
 from torchyard.eval_results import fetch_evaluations
 from torchyard.models import Event, Job, LogLine, MetricPoint
-from torchyard.render import STATE_STYLES, format_duration, format_rate, format_value, log_line
+from torchyard.render import (
+    STATE_STYLES,
+    format_duration,
+    format_metric,
+    format_rate,
+    format_value,
+    log_line,
+)
 from torchyard.summary import JobSummary, summarize
 
 
@@ -187,7 +194,7 @@ class _View:
         if not self.script:
             return f"{format_rate(self.latest.get('tokens_per_second'))} tok/s"
         names = sorted(n for n in self.latest if n != "loss" and not n.startswith("sys/"))
-        return "  ".join(f"{n} {format_value(self.latest[n])}" for n in names[:SCRIPT_METRICS])
+        return "  ".join(f"{n} {format_metric(n, self.latest[n])}" for n in names[:SCRIPT_METRICS])
 
 
 def _columns(job: Job) -> list[ProgressColumn]:

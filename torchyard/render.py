@@ -66,23 +66,67 @@ def format_duration(seconds: float | None) -> str:
 
 
 def format_value(value: float | None) -> str:
-    """A metric value: 4 significant digits, ``1.2e-03`` for small ones, ``-`` when unknown."""
+    """A metric value as the pages' `fmtNumber` (api/static/js/util.js) prints it: a whole
+    number with thousands separators (``12,800``), 4 significant digits (``2.346``), ``3.00e-4``
+    below 1e-3 or from 1e6; ``-`` when unknown. One difference: no trailing zeros (``2.5``
+    where the page's `toPrecision` says ``2.500``)."""
     if value is None:
         return "-"
-    if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e6):
-        return f"{value:.1e}"
-    return f"{value:.4g}"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("-" if value < 0 else "") + "Infinity"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
+        return _short_exponent(f"{value:.2e}")
+    return _short_exponent(f"{value:.4g}")
+
+
+def _short_exponent(text: str) -> str:
+    """JavaScript's exponent: ``1.235e+4``, not Python's ``1.235e+04``."""
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", text)
+
+
+_SI_PREFIXES = ("", "k", "M", "G", "T", "P")
 
 
 def format_rate(value: float | None) -> str:
-    """A throughput: ``950``, ``12.3k``, ``4.1M``; ``-`` when unknown."""
+    """A throughput with 3 significant digits and an SI prefix, as the job page's tokens/s
+    chart (d3's ``.3s``): ``950``, ``20.6k``, ``4.10M``; below 1 plain (``0.5``); ``-`` when
+    unknown."""
     if value is None:
         return "-"
-    if value >= 1e6:
-        return f"{value / 1e6:.1f}M"
-    if value >= 1e3:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.0f}"
+    if not math.isfinite(value) or value < 1:
+        return f"{value:.3g}"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    power = int(exponent)
+    prefix = min(power // 3, len(_SI_PREFIXES) - 1)
+    shift = power - 3 * prefix
+    return f"{float(mantissa) * 10**shift:.{max(0, 2 - shift)}f}{_SI_PREFIXES[prefix]}"
+
+
+def format_seconds(seconds: float | None) -> str:
+    """A time such as a step's: ``0.512 s``, ``1.2 s`` (`format_value`, as the job page's step
+    time chart), from a minute on as a duration (``3m51s``); ``-`` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return format_duration(seconds) if seconds >= 60 else f"{format_value(seconds)} s"
+
+
+def format_metric(name: str, value: float | None) -> str:
+    """A metric's value in its unit, as the job page shows it: bytes (``rss_bytes``,
+    ``sys/gpu_memory_bytes/0``) as ``1.3 GB``, ``tokens_per_second`` as ``20.6k``, a time in
+    seconds (a name part ending ``_s``: ``step_time_s/max``) as ``0.512 s``, any other as
+    `format_value`."""
+    if value is None:
+        return "-"
+    parts = name.split("/")
+    if any("_bytes" in part for part in parts):
+        return format_bytes(round(value))
+    if "tokens_per_second" in parts:
+        return format_rate(value)
+    if any(part.endswith("_s") for part in parts):
+        return format_seconds(value)
+    return format_value(value)
 
 
 def trained_text(job: Job) -> str:
@@ -229,7 +273,7 @@ def job_details(job: Job) -> Table:
     if job.labels:
         rows.append(("labels", Text(", ".join(f"{k}={v}" for k, v in job.labels.items()))))
     for name, metric in sorted(job.latest_metrics.items()):
-        rows.append((name, format_value(metric)))
+        rows.append((name, format_metric(name, metric)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
     if job.state == "pruned":  # its sweep's verdict, not an error
@@ -282,7 +326,7 @@ def evaluations_table(evaluations: Iterable[Evaluation]) -> Table:
     for name in ("NAME", "KIND", "DATASET", "SCORES"):
         table.add_column(name, overflow="fold")
     for found in evaluations:
-        scores = "  ".join(f"{k} {v:.4g}" for k, v in found.metrics.items())
+        scores = "  ".join(f"{k} {format_value(v)}" for k, v in found.metrics.items())
         table.add_row(
             str(found.job_id),
             str(found.source_job_id),
@@ -305,7 +349,8 @@ def export_state(export: CheckpointExport | None) -> Text:
 
 
 def metrics_table(series: Iterable[MetricSeries]) -> Table:
-    """One row per metric: points, last step, last, min and max value."""
+    """One row per metric: points, last step, last, min and max value, in the metric's unit
+    (`format_metric`)."""
     table = Table(box=None, header_style="bold")
     table.add_column("METRIC")
     for column in ("POINTS", "LAST STEP", "LAST", "MIN", "MAX"):
@@ -316,9 +361,9 @@ def metrics_table(series: Iterable[MetricSeries]) -> Table:
             Text(s.name),
             str(len(s.values)),
             str(last.step) if last else "-",
-            format_value(last.value if last else None),
-            format_value(min(s.values) if s.values else None),
-            format_value(max(s.values) if s.values else None),
+            format_metric(s.name, last.value if last else None),
+            format_metric(s.name, min(s.values) if s.values else None),
+            format_metric(s.name, max(s.values) if s.values else None),
         )
     return table
 

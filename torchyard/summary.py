@@ -25,6 +25,7 @@ from torchyard.models import Checkpoint, Evaluation, Event, Job, MetricSeries
 from torchyard.render import (
     command_line,
     format_duration,
+    format_metric,
     format_rate,
     format_value,
     state_text,
@@ -155,7 +156,7 @@ def _figures(summary: JobSummary) -> list[Row]:
     """The trainer's losses, baseline and throughput; a script job's own last metrics."""
     if summary.kind == "script":
         rows: list[Row] = [("command", Text(summary.command or "-"))]
-        rows += [(Text(k), format_value(v)) for k, v in sorted(summary.metrics.items())]
+        rows += [(Text(k), format_metric(k, v)) for k, v in sorted(summary.metrics.items())]
         return rows
     rows = [
         ("train loss", format_value(summary.final_loss)),

@@ -146,8 +146,9 @@ def test_number_formats() -> None:
         "2d03h",
     ]
     assert [format_bytes(n) for n in (None, 999, 8_000_000)] == ["-", "999 B", "8.0 MB"]
-    assert [format_value(v) for v in (None, 2.34567, 0.002, 0.0)] == ["-", "2.346", "2.0e-03", "0"]
-    assert [format_rate(v) for v in (None, 950, 12_345, 4_100_000)] == ["-", "950", "12.3k", "4.1M"]
+    assert [format_value(v) for v in (None, 2.34567, 0.002, 0.0)] == ["-", "2.346", "0.002", "0"]
+    rates = [format_rate(v) for v in (None, 950, 12_345, 4_100_000)]
+    assert rates == ["-", "950", "12.3k", "4.10M"]
 
 
 def test_non_finite_latest_metrics_arrive_as_null_and_print_as_dash() -> None:
