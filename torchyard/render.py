@@ -35,6 +35,7 @@ from torchyard.models import (
     MetricSeries,
     PreviewExample,
 )
+from torchyard.tables import Column, ListTable
 
 STATE_STYLES = {
     "queued": "cyan",
@@ -47,7 +48,6 @@ STATE_STYLES = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
-    "pruned": "dim",
 }
 
 
@@ -196,22 +196,22 @@ def command_line(entrypoint: Entrypoint) -> str:
     return shlex.join(entrypoint.command)
 
 
-def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> Table:
+def jobs_table(jobs: Iterable[Job], now: datetime | None = None) -> ListTable:
     """One row per job: id, name, state (with the latest failure's class), step, loss, kind
     (``trainer``, ``script`` or ``eval``), pool, age, and for a waiting job its place, reason and
-    estimated start (`queue_text`)."""
-    table = Table(box=None, header_style="bold")
-    columns = ("ID", "NAME", "STATE", "STEP", "LOSS", "KIND", "POOL", "CREATED", "QUEUE")
-    for column in columns:
-        # On a narrow terminal a long name, pool or queue reason wraps onto more lines (a
-        # name is what a user types next, so it is never cut); the other columns keep a line.
-        table.add_column(
-            column,
-            justify="right" if column in ("ID", "STEP", "LOSS") else "left",
-            no_wrap=column not in ("NAME", "POOL", "QUEUE"),
-            overflow="fold" if column in ("NAME", "POOL") else "ellipsis",
-            min_width=8 if column in ("NAME", "POOL") else None,
-        )
+    estimated start (`queue_text`). On a narrow terminal the pool goes first, then kind, created,
+    loss and step; the queue is cut at its end, the name in its middle, the id never."""
+    table = ListTable(
+        Column("ID", "num"),
+        Column("NAME", "name"),
+        Column("STATE", "id"),
+        Column("STEP", "num", drop=5),
+        Column("LOSS", "num", drop=4),
+        Column("KIND", "id", drop=2),
+        Column("POOL", "text", drop=1),
+        Column("CREATED", "id", drop=3),
+        Column("QUEUE", "text"),
+    )
     for job in jobs:
         table.add_row(
             str(job.id),
@@ -276,9 +276,7 @@ def job_details(job: Job) -> Table:
         rows.append((name, format_metric(name, metric)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
-    if job.state == "pruned":  # its sweep's verdict, not an error
-        rows.append(("pruned", Text(job.error or "by its sweep's pruner")))
-    elif job.failure is None and job.error:  # else `failures.failure_block` showed it
+    if job.failure is None and job.error:  # else `failures.failure_block` showed it
         rows.append(("error", Text(job.error, style="red")))
     if job.failure is None and job.restarts_used and job.retry_policy is not None:
         rows.append(("restarts", Text(job.retry_policy.summary)))
@@ -295,16 +293,17 @@ def job_details(job: Job) -> Table:
     return table
 
 
-def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> Table:
+def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> ListTable:
     """One row per checkpoint: id (for `torchyard export`), step, attempt, size, export state
-    (and the export's size once ready), uri."""
-    table = Table(box=None, header_style="bold")
-    table.add_column("ID", justify="right")
-    table.add_column("STEP", justify="right")
-    table.add_column("ATTEMPT", justify="right")
-    table.add_column("SIZE", justify="right")
-    table.add_column("EXPORT")
-    table.add_column("URI", overflow="fold")
+    (and the export's size once ready), uri (whole, under the row when it does not fit)."""
+    table = ListTable(
+        Column("ID", "num"),
+        Column("STEP", "num"),
+        Column("ATTEMPT", "num", drop=1),
+        Column("SIZE", "num", drop=2),
+        Column("EXPORT", "id"),
+        Column("URI", "long"),
+    )
     for cp in sorted(checkpoints, key=lambda c: c.step):
         table.add_row(
             str(cp.id),
@@ -317,23 +316,28 @@ def checkpoints_table(checkpoints: Iterable[Checkpoint]) -> Table:
     return table
 
 
-def evaluations_table(evaluations: Iterable[Evaluation]) -> Table:
+def evaluations_table(evaluations: Iterable[Evaluation]) -> ListTable:
     """One row per evaluation: the eval job, the evaluated job and step (`base`: its starting
-    weights, no checkpoint), the evaluation's name, kind and dataset, and its scores."""
-    table = Table(box=None, header_style="bold")
-    for name in ("EVAL JOB", "JOB", "STEP"):
-        table.add_column(name, justify="right")
-    for name in ("NAME", "KIND", "DATASET", "SCORES"):
-        table.add_column(name, overflow="fold")
+    weights, no checkpoint), the evaluation's name, kind and dataset, and its scores (whole,
+    under the row when they do not fit)."""
+    table = ListTable(
+        Column("EVAL JOB", "num"),
+        Column("JOB", "num"),
+        Column("STEP", "num"),
+        Column("NAME", "name"),
+        Column("KIND", "id", drop=2),
+        Column("DATASET", "id", drop=1),  # an id or a name: whole, or not at all
+        Column("SCORES", "long"),
+    )
     for found in evaluations:
         scores = "  ".join(f"{k} {format_value(v)}" for k, v in found.metrics.items())
         table.add_row(
             str(found.job_id),
             str(found.source_job_id),
             "base" if found.checkpoint_id is None and found.step == 0 else str(found.step),
-            found.name,
+            Text(found.name),
             found.kind,
-            found.dataset or "(own eval split)",
+            Text(found.dataset or "(own eval split)"),
             scores,
         )
     return table
@@ -348,13 +352,17 @@ def export_state(export: CheckpointExport | None) -> Text:
     return Text(export.state, style="red" if export.state == "failed" else "yellow")
 
 
-def metrics_table(series: Iterable[MetricSeries]) -> Table:
+def metrics_table(series: Iterable[MetricSeries]) -> ListTable:
     """One row per metric: points, last step, last, min and max value, in the metric's unit
     (`format_metric`)."""
-    table = Table(box=None, header_style="bold")
-    table.add_column("METRIC")
-    for column in ("POINTS", "LAST STEP", "LAST", "MIN", "MAX"):
-        table.add_column(column, justify="right")
+    table = ListTable(
+        Column("METRIC", "name"),
+        Column("POINTS", "num", drop=1),
+        Column("LAST STEP", "num", drop=4),
+        Column("LAST", "num"),
+        Column("MIN", "num", drop=2),
+        Column("MAX", "num", drop=3),
+    )
     for s in sorted(series, key=lambda s: s.name):
         last = s.last or (s.points()[-1] if s.values else None)
         table.add_row(
@@ -368,33 +376,40 @@ def metrics_table(series: Iterable[MetricSeries]) -> Table:
     return table
 
 
-def datasets_table(datasets: Iterable[Dataset], now: datetime | None = None) -> Table:
-    """One row per dataset: id, name, format, records, size, files, uri, age."""
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "FORMAT", "RECORDS", "SIZE", "FILES", "URI", "CREATED"):
-        right = column in ("RECORDS", "SIZE", "FILES")
-        table.add_column(column, justify="right" if right else "left")
+def datasets_table(datasets: Iterable[Dataset], now: datetime | None = None) -> ListTable:
+    """One row per dataset: id (whole: `data.dataset` takes it), name, format, records, size,
+    files, age, uri (whole, under the row when it does not fit). Files, then created, format
+    and records go first on a narrow terminal."""
+    table = ListTable(
+        Column("ID", "id"),
+        Column("NAME", "name"),
+        Column("FORMAT", "id", drop=3),
+        Column("RECORDS", "num", drop=4),
+        Column("SIZE", "num", drop=5),
+        Column("FILES", "num", drop=1),
+        Column("CREATED", "id", drop=2),
+        Column("URI", "long"),
+    )
     for ds in datasets:
         table.add_row(
             Text(ds.id),
             Text(ds.name),
             ds.format,
-            "-" if ds.stats is None else str(ds.stats.records),
+            "-" if ds.stats is None else format_value(ds.stats.records),
             format_bytes(ds.size_bytes),
-            "-" if ds.num_files is None else str(ds.num_files),
-            Text(ds.uri, overflow="fold"),
+            "-" if ds.num_files is None else format_value(ds.num_files),
             format_age(ds.created_at, now),
+            Text(ds.uri),
         )
     return table
 
 
-def dataset_files_table(files: Iterable[DatasetFile]) -> Table:
-    """One row per file: its path in the dataset, its size."""
-    table = Table(box=None, header_style="bold")
-    table.add_column("PATH", overflow="fold")
-    table.add_column("SIZE", justify="right")
+def dataset_files_table(files: Iterable[DatasetFile]) -> ListTable:
+    """One row per file: its size, its path in the dataset (whole, under the size when it does
+    not fit)."""
+    table = ListTable(Column("SIZE", "num"), Column("PATH", "long"))
     for f in files:
-        table.add_row(Text(f.path), format_bytes(f.size_bytes))
+        table.add_row(format_bytes(f.size_bytes), Text(f.path))
     return table
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -30,6 +31,7 @@ from torchyard.render import (
     format_value,
     state_text,
 )
+from torchyard.tables import WholeLine
 
 
 @dataclass(frozen=True)
@@ -184,18 +186,20 @@ def render_summary(summary: JobSummary) -> RenderableType:
         ("steps", steps),
         *_figures(summary),
         ("duration", format_duration(summary.duration_s)),
-        # folded, never cut: the path is what a user copies next
-        ("checkpoint", Text(summary.checkpoint_uri or "-", overflow="fold")),
     ]
     if summary.error:
         rows.append(("error", Text(summary.error, style="red")))
     for key, value in rows:
         table.add_row(key, value)
-    if summary.sample_text is None:
-        return table
-    sample = Text(summary.sample_prompt or "", style="bold")
-    sample.append(summary.sample_text)
-    return Group(table, Panel(sample, title="sample", title_align="left"))
+    # Last, on a line of its own that is never split: the path is what a user copies next.
+    key_width = max(cell_len(str(key)) for key, _ in [*rows, ("checkpoint", "")])
+    checkpoint = Text(f"{'checkpoint':<{key_width}}  ", style="bold")
+    parts: list[RenderableType] = [table, WholeLine(checkpoint + (summary.checkpoint_uri or "-"))]
+    if summary.sample_text is not None:
+        sample = Text(summary.sample_prompt or "", style="bold")
+        sample.append(summary.sample_text)
+        parts.append(Panel(sample, title="sample", title_align="left"))
+    return Group(*parts)
 
 
 def _render_eval(table: Table, summary: JobSummary, result: EvalResult) -> Table:

@@ -4,16 +4,18 @@ importing neither."""
 from __future__ import annotations
 
 import builtins
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.console import RenderableType
 
 from torchyard.access import (
     SCOPES,
 )
 from torchyard.cli.common import JsonOpt, command_client, out
+from torchyard.tables import Column, ListTable
 
 # --- command line -----------------------------------------------------------------------------
 
@@ -25,11 +27,34 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M") if value else "-"
 
 
-def _print(items: builtins.list[Any], json_out: bool, table: Table) -> None:
+def _print(items: builtins.list[Any], json_out: bool, table: RenderableType) -> None:
     if json_out:
         typer.echo("[" + ",".join(i.model_dump_json() for i in items) + "]")
     else:
         out.print(table if items else "none")
+
+
+def keys_table(keys: Iterable[Any]) -> ListTable:
+    """One row per API key: id (whole: `keys revoke` takes it), name, prefix, role, scopes,
+    owner, expiry, last use, `revoked`; scopes, then last use, owner and prefix go first when
+    narrow."""
+    table = ListTable(
+        Column("ID", "id"),
+        Column("NAME", "name"),
+        Column("PREFIX", "id", drop=4),
+        Column("ROLE", "id", drop=6),
+        Column("SCOPES", "text", drop=1),
+        Column("OWNER", "text", drop=3),
+        Column("EXPIRES", "id", drop=5),
+        Column("LAST USED", "id", drop=2),
+        Column("", "id"),
+    )
+    for k in keys:
+        owner = f"{k.owner.kind}:{k.owner.name}" if k.owner else "-"
+        state = "revoked" if k.revoked_at else ""
+        table.add_row(k.id, k.name, k.prefix, k.role or "-", ",".join(k.scopes), owner,
+                      _when(k.expires_at), _when(k.last_used_at), state)  # fmt: skip
+    return table
 
 
 @keys_app.command("list")
@@ -39,12 +64,7 @@ def keys_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     Example: torchyard keys list --json
     """
     items = command_client(ctx).keys.list()
-    table = Table("id", "name", "prefix", "role", "scopes", "owner", "expires", "last used", "")
-    for k in items:
-        owner = f"{k.owner.kind}:{k.owner.name}" if k.owner else "-"
-        state = "revoked" if k.revoked_at else ""
-        table.add_row(k.id, k.name, k.prefix, k.role or "-", ",".join(k.scopes), owner,
-                      _when(k.expires_at), _when(k.last_used_at), state)  # fmt: skip
+    table = keys_table(items)
     _print(items, json_out, table)
 
 
@@ -103,7 +123,12 @@ def members_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     Example: torchyard members list
     """
     items = command_client(ctx).members.list()
-    table = Table("id", "subject", "role", "added")
+    table = ListTable(
+        Column("ID", "id"),
+        Column("SUBJECT", "name"),
+        Column("ROLE", "id"),
+        Column("ADDED", "id", drop=1),
+    )
     for m in items:
         table.add_row(m.id, m.subject, m.role, _when(m.created_at))
     _print(items, json_out, table)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from torchyard.cli.common import JsonOpt, command_client, out
@@ -17,6 +16,7 @@ from torchyard.code import (
 )
 from torchyard.models import CodeArchive
 from torchyard.render import format_age, format_bytes
+from torchyard.tables import Column, ListTable
 
 # The `torchyard code` commands; `torchyard submit --code DIR` is in torchyard.cli.
 code_app = typer.Typer(no_args_is_help=True, help="Training code for entrypoint jobs.")
@@ -26,12 +26,18 @@ def _code(ctx: typer.Context) -> Code:
     return command_client(ctx).code
 
 
-def _table(archives: builtins.list[CodeArchive]) -> Table:
-    """One row per archive: id, name, format, files, size, sha256 (start), age."""
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "FORMAT", "FILES", "SIZE", "SHA256", "CREATED"):
-        right = column in ("FILES", "SIZE")
-        table.add_column(column, justify="right" if right else "left", no_wrap=column == "ID")
+def _table(archives: builtins.list[CodeArchive]) -> ListTable:
+    """One row per archive: id (whole: `entrypoint.code` takes it), name, format, files, size,
+    sha256 (start), age; the sha256 and format go first on a narrow terminal."""
+    table = ListTable(
+        Column("ID", "id"),
+        Column("NAME", "name"),
+        Column("FORMAT", "id", drop=2),
+        Column("FILES", "num", drop=3),
+        Column("SIZE", "num", drop=4),
+        Column("SHA256", "id", drop=1),
+        Column("CREATED", "id", drop=5),
+    )
     for a in archives:
         table.add_row(
             Text(a.id),

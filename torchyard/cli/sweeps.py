@@ -3,10 +3,10 @@ there, importing neither."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
@@ -14,6 +14,7 @@ from torchyard.models import Sweep, Trial
 from torchyard.render import format_age, format_value
 from torchyard.specs import apply_overrides, load_spec
 from torchyard.sweeps import Sweeps
+from torchyard.tables import Column, ListTable
 
 sweep_app = typer.Typer(no_args_is_help=True, help="Hyperparameter sweeps: trials as jobs.")
 SweepArg = Annotated[int, typer.Argument(help="Sweep id.", metavar="SWEEP")]
@@ -23,30 +24,46 @@ def _sweeps(ctx: typer.Context) -> Sweeps:
     return command_client(ctx).sweeps
 
 
-def _summary(sweep: Sweep) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "TRIALS", "BEST", "VALUE", "CREATED"):
-        table.add_column(column, justify="right" if column in ("ID", "VALUE") else "left")
-    ended = sum(n for state, n in sweep.trials.items() if state != "running")
-    best = sweep.best
-    table.add_row(
-        str(sweep.id),
-        Text(sweep.name),
-        sweep.state,
-        f"{ended}/{sweep.max_trials} ended, {sweep.trials.get('running', 0)} running",
-        f"trial {best.number}" if best else "-",
-        format_value(best.value if best else None),
-        format_age(sweep.created_at) if sweep.created_at else "-",
+def _sweeps_table(sweeps: Iterable[Sweep]) -> ListTable:
+    """One row per sweep: id, name, state, trials by state, best trial and its value, age; the
+    age goes first on a narrow terminal."""
+    table = ListTable(
+        Column("ID", "num"),
+        Column("NAME", "name"),
+        Column("STATE", "id"),
+        Column("TRIALS", "text", drop=3),
+        Column("BEST", "id", drop=2),
+        Column("VALUE", "num"),
+        Column("CREATED", "id", drop=1),
     )
+    for sweep in sweeps:
+        ended = sum(n for state, n in sweep.trials.items() if state != "running")
+        best = sweep.best
+        table.add_row(
+            str(sweep.id),
+            Text(sweep.name),
+            sweep.state,
+            f"{ended}/{sweep.max_trials} ended, {sweep.trials.get('running', 0)} running",
+            f"trial {best.number}" if best else "-",
+            format_value(best.value if best else None),
+            format_age(sweep.created_at) if sweep.created_at else "-",
+        )
     return table
 
 
-def _trials_table(trials: list[Trial]) -> Table:
-    """One row per trial: its values, state, metric, job and where it was pruned."""
+def _trials_table(trials: list[Trial]) -> ListTable:
+    """One row per trial: its values, state, metric, job and where it was pruned or why it
+    failed (whole, under the row when it does not fit); the step goes first when narrow."""
     paths = sorted({p for t in trials for p in t.params})
-    table = Table(box=None, header_style="bold")
-    for column in ("TRIAL", "STATE", *paths, "VALUE", "JOB", "STEP", "NOTE"):
-        table.add_column(column, justify="left" if column in ("STATE", "NOTE") else "right")
+    table = ListTable(
+        Column("TRIAL", "num"),
+        Column("STATE", "id"),
+        *(Column(path, "num") for path in paths),
+        Column("VALUE", "num"),
+        Column("JOB", "num"),
+        Column("STEP", "num", drop=1),
+        Column("NOTE", "long"),
+    )
     for t in trials:
         note = ""
         if t.state == "pruned":
@@ -97,7 +114,7 @@ def sweep_submit(
     if json_out:
         print_json(sweep)
     else:
-        out.print(_summary(sweep))
+        out.print(_sweeps_table([sweep]))
     if wait and sweep.state != "succeeded":
         raise typer.Exit(1)
 
@@ -112,10 +129,7 @@ def sweep_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     if json_out:
         print_json(items)
         return
-    if not items:
-        out.print("no sweeps")
-    for sweep in items:
-        out.print(_summary(sweep))
+    out.print(_sweeps_table(items) if items else "no sweeps")
 
 
 @sweep_app.command("show")
@@ -128,7 +142,7 @@ def sweep_show(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = False
     if json_out:
         print_json(sweep)
         return
-    out.print(_summary(sweep))
+    out.print(_sweeps_table([sweep]))
     if sweep.error:
         out.print(Text(f"note: {sweep.error}"))
 
@@ -184,4 +198,4 @@ def sweep_cancel(ctx: typer.Context, sweep_id: SweepArg, json_out: JsonOpt = Fal
     if json_out:
         print_json(sweep)
     else:
-        out.print(_summary(sweep))
+        out.print(_sweeps_table([sweep]))

@@ -3,30 +3,38 @@ importing neither."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from torchyard.cli.common import command_client, out
+from torchyard.tables import Column, ListTable
 from torchyard.usage import (
     KEY_COLUMNS,
     UsageReport,
 )
 
+_KEY_COLUMNS = {
+    "day": Column("DAY", "id"),
+    "pool": Column("POOL", "name"),
+    "job_id": Column("JOB", "num"),
+    "job_name": Column("NAME", "name"),
+}
 
-def usage_table(report: UsageReport) -> Table:
+
+def usage_table(report: UsageReport) -> ListTable:
     """One row per group (hours, not seconds) and a total row."""
     keys = KEY_COLUMNS.get(report.group_by, [report.group_by])
-    table = Table(box=None, header_style="bold", show_footer=True)
-    titles = {"day": "DAY", "pool": "POOL", "job_id": "JOB", "job_name": "NAME"}
-    for i, key in enumerate(keys):
-        table.add_column(titles.get(key, key.upper()), footer="total" if i == 0 else "")
+    key_columns = [_KEY_COLUMNS.get(key, Column(key.upper(), "name")) for key in keys]
     total = report.total
-    table.add_column("SLOT-HOURS", justify="right", footer=_hours(total.slot_seconds))
-    table.add_column("CPU-HOURS", justify="right", footer=_hours(total.cpu_seconds))
-    table.add_column(f"COST ({report.currency})", justify="right", footer=f"{total.cost:.2f}")
+    table = ListTable(
+        *(replace(c, footer="total" if i == 0 else "") for i, c in enumerate(key_columns)),
+        Column("SLOT-HOURS", "num", footer=_hours(total.slot_seconds)),
+        Column("CPU-HOURS", "num", footer=_hours(total.cpu_seconds)),
+        Column(f"COST ({report.currency})", "num", footer=f"{total.cost:.2f}"),
+    )
     for row in report.rows:
         cells = ["-" if getattr(row, k) is None else str(getattr(row, k)) for k in keys]
         table.add_row(

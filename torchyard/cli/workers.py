@@ -6,25 +6,28 @@ from collections.abc import Iterable
 from datetime import datetime
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
 from torchyard.render import format_age
+from torchyard.tables import Column, ListTable
 from torchyard.workers import Worker
 
 
-def workers_table(workers: Iterable[Worker], now: datetime | None = None) -> Table:
+def workers_table(workers: Iterable[Worker], now: datetime | None = None) -> ListTable:
     """One row per worker: name, pools, host, free/total slots, state (alive, stopping, gone),
-    sandbox (``none: <why>`` in yellow: its jobs can read what it reads), last heartbeat."""
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "POOL", "HOST", "SLOTS", "STATE", "SANDBOX", "HEARTBEAT"):
-        # a long name, pool list or sandbox reason folds onto more lines, never cut
-        table.add_column(
-            column,
-            justify="right" if column == "SLOTS" else "left",
-            overflow="fold" if column in ("NAME", "POOL", "SANDBOX") else "ellipsis",
-        )
+    last heartbeat, sandbox (``none: <why>`` in yellow: its jobs can read what it reads; whole,
+    under the row when it does not fit). On a narrow terminal the host goes first, then the
+    heartbeat."""
+    table = ListTable(
+        Column("NAME", "name"),
+        Column("POOL", "text", drop=3),
+        Column("HOST", "text", drop=1),
+        Column("SLOTS", "num"),
+        Column("STATE", "id"),
+        Column("HEARTBEAT", "id", drop=2),
+        Column("SANDBOX", "long"),
+    )
     for w in workers:
         free = "?" if w.slots_free is None else str(w.slots_free)
         state = "stopping" if w.stopping and w.alive else "alive" if w.alive else "gone"
@@ -38,8 +41,8 @@ def workers_table(workers: Iterable[Worker], now: datetime | None = None) -> Tab
             Text(w.host),
             f"{free}/{w.slots_total} free",
             Text(state, style=style),
-            sandbox,
             format_age(w.heartbeat_at, now),
+            sandbox,
         )
     return table
 

@@ -54,11 +54,13 @@ def test_workers_lists_pools_slots_state_and_sandbox(
     result = cli("workers")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    ours = next(line for line in lines if "gpu-a,gpu-b" in line)
-    assert ours.split()[2:7] == ["host-0", "3/8", "free", "alive", "bwrap"], result.stdout
-    theirs = next(line for line in lines if "host-1" in line)
-    assert theirs.split()[1:7] == ["cpu", "host-1", "?/2", "free", "gone", "none:"], result.stdout
-    assert "TORCHYARD_SANDBOX=none" in "".join(result.stdout.split())  # folded, never cut
+    ours = next(i for i, line in enumerate(lines) if "gpu-a,gpu-b" in line)
+    assert lines[ours].split()[2:6] == ["host-0", "3/8", "free", "alive"], result.stdout
+    theirs = next(i for i, line in enumerate(lines) if "host-1" in line)
+    assert lines[theirs].split()[1:6] == ["cpu", "host-1", "?/2", "free", "gone"], result.stdout
+    # 80 columns: each sandbox whole on its own line under its worker's row, never cut
+    assert lines[ours + 1].strip() == "bwrap", result.stdout
+    assert lines[theirs + 1].strip() == "none: TORCHYARD_SANDBOX=none", result.stdout
 
     listed = {w["name"]: w for w in json.loads(cli("workers", "--json").stdout)}
     assert (listed[live]["alive"], listed[gone]["alive"]) == (True, False)

@@ -212,41 +212,6 @@ def test_times_show_the_utc_moment_and_how_long_ago() -> None:
     assert format_when(None, now) == "-"
 
 
-def _at_80_columns(renderable: object) -> str:
-    console = Console(record=True, width=80, color_system=None)
-    console.print(renderable)
-    return console.export_text()
-
-
-def test_on_80_columns_a_long_job_name_wraps_whole_and_is_never_cut() -> None:
-    """Issue 28, item 10: `jobs` on an 80-column terminal cut names to `quickstart-gpt-…`."""
-    name = "quickstart-gpt-small-lr-3e-4-warmup-100-cosine"
-    text = _at_80_columns(jobs_table([_job(name=name, pool="a-rather-long-pool-name")], now=NOW))
-    assert "…" not in text
-    assert all(len(line) <= 80 for line in text.splitlines())
-    header, *rows = text.splitlines()
-    start, end = header.index("NAME"), header.index("STATE")
-    name_column = "".join(line[start:end] for line in rows).replace(" ", "")
-    assert name in name_column, text
-
-
-def test_on_80_columns_the_summary_folds_the_checkpoint_path_whole() -> None:
-    from torchyard.summary import JobSummary, render_summary
-
-    path = "/home/ada/.torchyard/quickstart/storage/checkpoints/job-17/step_00000200"
-    summary = JobSummary(
-        job_id=17, name="quickstart", state="succeeded", step=200, max_steps=200,
-        final_loss=1.2, final_eval_loss=1.3, unigram_eval_loss=None, tokens_per_second=16e3,
-        checkpoint_uri=path, sample_prompt=None, sample_text=None, duration_s=200.0, error=None,
-    )  # fmt: skip
-    text = _at_80_columns(render_summary(summary))
-    assert "…" not in text
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("checkpoint"))
-    folded = "".join(line[len("checkpoint") :].strip() for line in lines[start:])
-    assert folded == path, text
-
-
 def test_trained_says_the_span_from_start_to_end_when_it_is_longer() -> None:
     """Issue 28, item 8: "trained 3m38s" beside a 3m51s span, with no word on the difference."""
     from torchyard.render import trained_text
