@@ -13,9 +13,9 @@ import threading
 
 from celery import Celery
 
-from core.platform.models import CheckpointExport, Job
 from core.platform.queue import EXPORT_CHECKPOINT_TASK, RUN_JOB_TASK, celery_config
 from core.platform.settings import Settings
+from core.platform.tables import CheckpointExport, Job
 
 log = logging.getLogger("torchyard.api.dispatch")
 

@@ -18,9 +18,9 @@ from api import (
     dashboard,
     docs_ui,
     errors,
-    examples,
     observability,
     openai_errors,
+    openapi_examples,
     openapi_ids,
     permissions,
     ratelimit,
@@ -118,7 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Per-key request rates (settings.rate_limit_*): 429 with Retry-After; none unless set.
         dependencies=[Depends(ratelimit.limit_request)] if limited else None,
     )
-    examples.install(app)  # the document keeps the nulls of its examples
+    openapi_examples.install(app)  # the document keeps the nulls of its examples
     app.state.rate_limiter = ratelimit.RateLimiter(settings) if limited else None
     engine = make_engine(settings.database_url)
     app.state.settings = settings

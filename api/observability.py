@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.platform.logs import configure_json_logging, job_id_var, request_id_var
-from core.platform.models import Job, JobState
+from core.platform.tables import Job, JobState
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JOB_PATH = re.compile(r"^/v1/jobs/(\d{1,18})(?:/|$)")

@@ -73,7 +73,7 @@ def _wrap(handler: Handler) -> Handler:
 
 def install(app: FastAPI) -> None:
     """Wrap every exception handler installed so far (call after `api.errors.install`) and
-    the OpenAPI document's builder (after `api.examples.install`)."""
+    the OpenAPI document's builder (after `api.openapi_examples.install`)."""
     for key, handler in list(app.exception_handlers.items()):
         app.exception_handlers[key] = _wrap(handler)  # type: ignore[arg-type]
     build = app.openapi

@@ -1,13 +1,13 @@
 """Example bodies of the OpenAI-compatible view (`/openai/v1`), in OpenAI's documented shapes
 (core/openai/view.py builds them). Fine-tuning job 1051 trains LoRA SFT of the base model
-`llama-3.2-1b` on the chat dataset of api/examples.py; it succeeded, so its model is listed.
+`llama-3.2-1b` on the chat dataset of api/openapi_examples.py; it succeeded, so its model is listed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from api.examples import CHAT_DATASET_ID, DATASET, DATASET_UPLOAD, PROJECT_ID
+from api.openapi_examples import CHAT_DATASET_ID, DATASET, DATASET_UPLOAD, PROJECT_ID
 
 BASE_MODEL = "llama-3.2-1b"
 FT_JOB_ID = "ftjob-1051"

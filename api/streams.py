@@ -31,8 +31,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api import views
 from core.jobs import reports as queries
-from core.platform.models import TERMINAL_STATES, Job
 from core.platform.server_paths import ServerPaths
+from core.platform.tables import TERMINAL_STATES, Job
 
 log = logging.getLogger("torchyard.api.streams")
 

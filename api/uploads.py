@@ -24,7 +24,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import examples, openai_examples, schemas
+from api import openai_examples, openapi_examples, schemas
 from api.limits import content_length
 from core.platform import storage
 from core.platform.errors import InvalidInput, TooLarge
@@ -104,7 +104,7 @@ DATASET_FIELDS = tuple(schemas.DatasetUploadForm.model_fields)
 OPENAPI_BODY = form_body(
     schemas.DatasetUploadForm,
     file="The dataset file (JSONL, Parquet, .npy, .bin, UTF-8 text).",
-    example=examples.DATASET_UPLOAD,
+    example=openapi_examples.DATASET_UPLOAD,
 )
 
 # `POST /openai/v1/files`: OpenAI's upload form.

@@ -16,7 +16,7 @@ from api import schemas
 from api.schemas.access import Key, KeyOwner
 from core.access import identity
 from core.access.auth import Permission, Principal, allows
-from core.platform import models
+from core.platform import tables
 from core.platform.server_paths import ServerPaths
 
 Located = TypeVar("Located", schemas.Dataset, schemas.Checkpoint, schemas.CheckpointExport)
@@ -33,12 +33,12 @@ def located(out: Located, paths: ServerPaths, *, admin: bool) -> Located:
     return out.model_copy(update=paths.located(out.uri, admin=admin))
 
 
-def dataset(row: models.Dataset, paths: ServerPaths, *, admin: bool) -> schemas.Dataset:
+def dataset(row: tables.Dataset, paths: ServerPaths, *, admin: bool) -> schemas.Dataset:
     return located(schemas.Dataset.model_validate(row), paths, admin=admin)
 
 
 def export(
-    row: models.CheckpointExport, paths: ServerPaths, *, admin: bool
+    row: tables.CheckpointExport, paths: ServerPaths, *, admin: bool
 ) -> schemas.CheckpointExport:
     """An export, its exporter's `error` (a stderr tail) included."""
     out = located(schemas.CheckpointExport.model_validate(row), paths, admin=admin)
@@ -46,8 +46,8 @@ def export(
 
 
 def checkpoint(
-    row: models.Checkpoint,
-    made: models.CheckpointExport | None,
+    row: tables.Checkpoint,
+    made: tables.CheckpointExport | None,
     paths: ServerPaths,
     *,
     admin: bool,
@@ -58,17 +58,17 @@ def checkpoint(
     return out.model_copy(update={"export": shown})
 
 
-def event(row: models.JobEvent, paths: ServerPaths) -> schemas.Event:
+def event(row: tables.JobEvent, paths: ServerPaths) -> schemas.Event:
     out = schemas.Event.model_validate(row)
     return out.model_copy(update={"message": paths.hide(out.message), "data": paths.hide(out.data)})
 
 
-def log_line(row: models.LogLine, paths: ServerPaths) -> schemas.LogLine:
+def log_line(row: tables.LogLine, paths: ServerPaths) -> schemas.LogLine:
     out = schemas.LogLine.model_validate(row)
     return out.model_copy(update={"line": paths.hide(out.line)})
 
 
-def job(row: models.Job, paths: ServerPaths) -> schemas.Job:
+def job(row: tables.Job, paths: ServerPaths) -> schemas.Job:
     """A job; its `error` and `failure` (reason, log lines) are what may name paths."""
     out = schemas.Job.model_validate(row)
     failure = out.failure

@@ -48,7 +48,7 @@ from bench._common import (
 from core.jobs import ingest
 from core.jobs import service as jobs
 from core.platform.db import make_engine, session_scope
-from core.platform.models import JobState
+from core.platform.tables import JobState
 
 
 async def submit_load(bases: list[str], key: str, spec: dict[str, Any], n: int, conc: int) -> dict:

@@ -45,7 +45,7 @@ from bench._common import (
     worker,
 )
 from core.platform.db import make_engine
-from core.platform.models import Job, MetricPoint
+from core.platform.tables import Job, MetricPoint
 from workers.launcher import RunPaths, free_port, torchrun_argv, trainer_env
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 
 from core.platform.db import make_engine
-from core.platform.models import Base
 from core.platform.settings import get_settings
+from core.platform.tables import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().database_url

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         Unauthorized,
         ValidationFailed,
     )
-    from torchyard.models import (
+    from torchyard.types import (
         TERMINAL_STATES,
         Checkpoint,
         CodeArchive,

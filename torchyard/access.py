@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import builtins
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from torchyard.client import Client
+from torchyard.transport import Transport
 
 ROLES = ("viewer", "member", "admin")
 SCOPES = ("jobs:read", "jobs:write", "datasets:write", "admin")
@@ -62,7 +61,7 @@ class CreatedKey(ApiKey):
 class Members:
     """``client.members``: who is in the project, with which role. Needs an admin key."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def list(self) -> builtins.list[Member]:
@@ -89,7 +88,7 @@ class Members:
 class Keys:
     """``client.keys``: the project's API keys. Needs an admin key."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def list(self) -> builtins.list[ApiKey]:

@@ -33,7 +33,8 @@ from torchyard.code import Code
 from torchyard.config import load_config
 from torchyard.errors import ConnectionFailed, ServerError, error_from_response
 from torchyard.exports import Exports
-from torchyard.models import (
+from torchyard.sweeps import Sweeps
+from torchyard.types import (
     Checkpoint,
     Dataset,
     DatasetFile,
@@ -48,7 +49,6 @@ from torchyard.models import (
     MetricSeries,
     Page,
 )
-from torchyard.sweeps import Sweeps
 from torchyard.usage import Usage
 from torchyard.workers import Workers
 
@@ -93,6 +93,11 @@ class Client:
         self.members = Members(self)
         self.sweeps = Sweeps(self)
         self.workers = Workers(self)
+
+    @property
+    def http(self) -> httpx.Client:
+        """The pooled `httpx.Client` (base URL and key set): `torchyard.transport.Transport`."""
+        return self._http
 
     def __enter__(self) -> Client:
         return self

@@ -20,15 +20,12 @@ import stat
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pathspec import GitIgnoreSpec
 
 from torchyard.errors import TorchyardError
-from torchyard.models import CodeArchive
-
-if TYPE_CHECKING:
-    from torchyard.client import Client
+from torchyard.transport import Transport
+from torchyard.types import CodeArchive
 
 SKIP_DIRS = frozenset({".git", "__pycache__"})
 
@@ -115,7 +112,7 @@ def write_tar_gz(root: Path, dest: Path) -> list[str]:
 class Code:
     """``client.code``: upload training code, list and read the project's archives."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def upload(

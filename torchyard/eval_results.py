@@ -18,8 +18,8 @@ from rich.text import Text
 
 from torchyard.client import Client
 from torchyard.errors import NotFound
-from torchyard.models import Evaluation, Job
-from torchyard.render import format_value
+from torchyard.types import Evaluation, Job
+from torchyard.units import format_value
 
 
 @dataclass(frozen=True)

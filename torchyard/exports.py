@@ -14,15 +14,12 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 
 from torchyard.errors import ConnectionFailed, ExportFailed, ExportTimeout, error_from_response
-from torchyard.models import CheckpointExport
-
-if TYPE_CHECKING:
-    from torchyard.client import Client
+from torchyard.transport import Transport
+from torchyard.types import CheckpointExport
 
 CHUNK_BYTES = 1 << 20
 
@@ -30,7 +27,7 @@ CHUNK_BYTES = 1 << 20
 class Exports:
     """``client.exports``: ask for, follow and download checkpoint exports."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     @staticmethod
@@ -83,7 +80,7 @@ class Exports:
         path = f"{self._path(job_id, checkpoint_id)}/download"
         try:
             # The client's pool, streamed: the file is never held whole in memory.
-            with self._client._http.stream("GET", path) as response:
+            with self._client.http.stream("GET", path) as response:
                 if not response.is_success:
                     response.read()
                     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from torchyard.models import Failure, Job
+from torchyard.types import Failure, Job
 
 FAILED_STYLE = "bold red"
 WARNING_STYLE = "yellow"

@@ -26,16 +26,10 @@ from rich.text import Text
 
 from torchyard.client import Client
 from torchyard.eval_results import fetch_evaluations
-from torchyard.models import Event, Job, LogLine, MetricPoint
-from torchyard.render import (
-    STATE_STYLES,
-    format_duration,
-    format_metric,
-    format_rate,
-    format_value,
-    log_line,
-)
+from torchyard.render import STATE_STYLES, log_line
 from torchyard.summary import JobSummary, summarize
+from torchyard.types import Event, Job, LogLine, MetricPoint
+from torchyard.units import format_duration, format_metric, format_rate, format_value
 
 
 @dataclass

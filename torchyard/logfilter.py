@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 
-from torchyard.models import LogLine
+from torchyard.types import LogLine
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}

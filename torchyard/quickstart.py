@@ -38,9 +38,9 @@ from torchyard.client import Client
 from torchyard.errors import TorchyardError
 from torchyard.examples import load_example
 from torchyard.follow import follow_job, heartbeat_silence_s
-from torchyard.models import Dataset, Job
 from torchyard.specs import apply_overrides
 from torchyard.summary import render_summary
+from torchyard.types import Dataset, Job
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 #: The quickstart gives up itself on a job its worker stopped heartbeating: with one worker,

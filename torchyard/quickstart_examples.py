@@ -28,8 +28,8 @@ from torchyard.client import Client
 from torchyard.errors import TorchyardError
 from torchyard.examples import load_example
 from torchyard.examples.docstrings import ExampleData, write_example_data
-from torchyard.models import Dataset, Job
 from torchyard.summary import JobSummary, render_summary
+from torchyard.types import Dataset, Job
 
 
 class Example(StrEnum):

@@ -22,16 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from torchyard.eval_results import EvalResult, eval_result, score_rows
-from torchyard.models import Checkpoint, Evaluation, Event, Job, MetricSeries
-from torchyard.render import (
-    command_line,
-    format_duration,
-    format_metric,
-    format_rate,
-    format_value,
-    state_text,
-)
+from torchyard.render import command_line, state_text
 from torchyard.tables import WholeLine
+from torchyard.types import Checkpoint, Evaluation, Event, Job, MetricSeries
+from torchyard.units import format_duration, format_metric, format_rate, format_value
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import builtins
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-from torchyard.models import Page, Sweep, Trial
-
-if TYPE_CHECKING:
-    from torchyard.client import Client
+from torchyard.transport import Transport
+from torchyard.types import Page, Sweep, Trial
 
 ENDED = frozenset({"succeeded", "failed", "cancelled", "pruned"})
 
@@ -33,7 +31,7 @@ ENDED = frozenset({"succeeded", "failed", "cancelled", "pruned"})
 class Sweeps:
     """``client.sweeps``: start, list, inspect and cancel sweeps."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def create(self, spec: dict[str, Any] | BaseModel) -> Sweep:

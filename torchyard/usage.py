@@ -11,15 +11,13 @@ per UTC day, pool or job (``GET /v1/usage``).
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict
 
 from torchyard.errors import ConnectionFailed, error_from_response
-
-if TYPE_CHECKING:
-    from torchyard.client import Client
+from torchyard.transport import Transport
 
 GroupBy = Literal["day", "pool", "job"]
 KEY_COLUMNS: dict[str, list[str]] = {
@@ -70,7 +68,7 @@ def _params(since: str | None, until: str | None, group_by: str) -> dict[str, An
 class Usage:
     """``client.usage``: the project's usage report as typed rows or CSV text."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def get(
@@ -87,7 +85,7 @@ class Usage:
         """The report as the server's CSV (a header row, then one line per group)."""
         params = {k: v for k, v in _params(since, until, group_by).items() if v is not None}
         try:
-            response = self._client._http.get(
+            response = self._client.http.get(
                 "/v1/usage", params={**params, "format": "csv"}, headers={"Accept": "text/csv"}
             )
         except httpx.TransportError as exc:

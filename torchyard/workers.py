@@ -12,12 +12,9 @@ contains its jobs' ranks (`sandbox`: ``bwrap``, or ``none: <why>``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from torchyard.models import _Model
-
-if TYPE_CHECKING:
-    from torchyard.client import Client
+from torchyard.transport import Transport
+from torchyard.types import _Model
 
 
 class Worker(_Model):
@@ -40,7 +37,7 @@ class Worker(_Model):
 class Workers:
     """``client.workers``: the deployment's workers (any key that can read sees them)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     def list(self) -> list[Worker]:

@@ -22,9 +22,9 @@ from core.jobs import evaluations, init_from
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import InvalidInput
-from core.platform.models import Job, JobState
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
+from core.platform.tables import Job, JobState
 from core.scheduling import preemption_apply as preempt
 from core.usage import report as usage_report
 from core.usage.records import as_utc

@@ -24,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Checkpoint
+from core.platform.tables import Checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from core.platform import control
 from core.platform.control import RECONCILE_INTERVAL_S
 from core.platform.db import make_engine, session_factory
 from core.platform.logs import configure_json_logging
-from core.platform.models import utcnow
 from core.platform.settings import Settings, get_settings
+from core.platform.tables import utcnow
 from core.sweeps import drive as sweeps
 from workers import reconcile as reconciler
 

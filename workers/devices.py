@@ -30,8 +30,8 @@ import pynvml  # type: ignore[import-untyped]
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core.platform.models import Job
 from core.platform.settings import Settings, get_settings
+from core.platform.tables import Job
 from core.scheduling import claim as scheduling
 from workers.attempt import Dispatch, dispatch_safely
 

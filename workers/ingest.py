@@ -32,7 +32,7 @@ from core.jobs import ingest as store
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import Conflict
-from core.platform.models import Job, JobState
+from core.platform.tables import Job, JobState
 from core.submission import eval_after
 from dataformat.units import format_bytes
 from workers import observability

@@ -47,8 +47,8 @@ from core.jobs import inputs as job_inputs
 from core.jobs import service as jobs
 from core.jobs.inputs import Located
 from core.platform.errors import InvalidInput
-from core.platform.models import Job, JobState
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobState
 from jobspec.job import ScriptJobSpec
 from workers.attempt import with_db_retry
 

@@ -30,8 +30,8 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from core.platform.db import upsert_insert
-from core.platform.models import Worker, utcnow
 from core.platform.settings import Settings, get_settings
+from core.platform.tables import Worker, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from core.jobs import outbox
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import DomainError, InvalidInput
-from core.platform.models import Job, JobState
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobState
 from core.scheduling import claim as scheduling
 from workers import devices, exits, launcher, plan, processes
 from workers.attempt import (

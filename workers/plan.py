@@ -13,9 +13,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core.platform.models import Job
 from core.platform.settings import Settings
 from core.platform.storage import is_remote
+from core.platform.tables import Job
 from jobspec.inputs import mount_path
 from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
 from workers import attempt, devices, launcher, lone_rank

@@ -54,8 +54,8 @@ from sqlalchemy.orm import Session, aliased
 from core.attempts.lifecycle_apply import apply, facts_for
 from core.attempts.lifecycle_policy import Failure, FailureClass, Outcome, decide
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job, JobNode, JobState, Worker, aware, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobNode, JobState, Worker, aware, utcnow
 from core.scheduling import preemption_apply as preempt
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 
 from core.attempts.gang import Beat
 from core.attempts.lifecycle_policy import Stop
-from core.platform.models import JobState
 from core.platform.settings import Settings
+from core.platform.tables import JobState
 from workers import observability
 from workers.ingest import JobLost, Reported, RunIngest
 from workers.isolation.sandbox import SandboxedProcess

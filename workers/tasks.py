@@ -14,9 +14,9 @@ from sqlalchemy.exc import OperationalError
 
 from core.platform.db import get_engine, session_factory
 from core.platform.logs import job_id_var
-from core.platform.models import utcnow
 from core.platform.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.platform.settings import Settings, get_settings
+from core.platform.tables import utcnow
 from workers import devices, exports, liveness, node
 from workers import reconcile as reconciler
 from workers.app import CONTROL_QUEUE, app

@@ -13,12 +13,12 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api import examples, uploads
+from api import openapi_examples, uploads
 from api.deps import JobsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas.code import CodeArchive, CodeArchiveList, CodeArchiveSummary, CodeName
 from core.jobs import code_archives
-from core.platform import models
+from core.platform import tables
 from core.platform.errors import InvalidInput, NotFound
 from core.platform.storable import unstorable
 
@@ -46,7 +46,7 @@ _BODY: dict[str, Any] = {
                     },
                     "additionalProperties": False,
                 },
-                "example": examples.CODE_UPLOAD,
+                "example": openapi_examples.CODE_UPLOAD,
             }
         },
     }
@@ -126,7 +126,7 @@ def _name(raw: bytes | None, filename: str) -> str:
         ) from None
 
 
-def _summary_fields(archive: models.CodeArchive) -> dict[str, Any]:
+def _summary_fields(archive: tables.CodeArchive) -> dict[str, Any]:
     return {
         "id": archive.id,
         "name": archive.name,
@@ -139,7 +139,7 @@ def _summary_fields(archive: models.CodeArchive) -> dict[str, Any]:
     }
 
 
-def _full(archive: models.CodeArchive) -> CodeArchive:
+def _full(archive: tables.CodeArchive) -> CodeArchive:
     return CodeArchive(**_summary_fields(archive), files=list(archive.files))
 
 

@@ -22,7 +22,7 @@ from core.access.auth import Principal, new_id
 from core.datasets import browse
 from core.datasets import preview as dataset_preview
 from core.datasets import service as datasets
-from core.platform import models, storage
+from core.platform import storage, tables
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.server_paths import ServerPaths
 from core.platform.storable import require_storable, unstorable
@@ -196,7 +196,7 @@ def sample_dataset(
 T = TypeVar("T")
 
 
-def _dataset(session: Session, principal: Principal, dataset_id: str) -> models.Dataset:
+def _dataset(session: Session, principal: Principal, dataset_id: str) -> tables.Dataset:
     if unstorable(dataset_id):  # cannot be in the database, so it is not there
         raise NotFound(f"dataset {dataset_id!r} not found")
     return datasets.get_or_raise(
@@ -204,7 +204,7 @@ def _dataset(session: Session, principal: Principal, dataset_id: str) -> models.
     )
 
 
-def _detached(session: Session, principal: Principal, dataset_id: str) -> models.Dataset:
+def _detached(session: Session, principal: Principal, dataset_id: str) -> tables.Dataset:
     """The dataset, out of the session, whose connection is given back while its files are
     read (seconds for a large directory on an object store)."""
     dataset = _dataset(session, principal, dataset_id)
@@ -265,5 +265,5 @@ def preview_dataset(
     )
 
 
-def _out(dataset: models.Dataset, paths: ServerPaths, principal: Principal) -> schemas.Dataset:
+def _out(dataset: tables.Dataset, paths: ServerPaths, principal: Principal) -> schemas.Dataset:
     return views.dataset(dataset, paths, admin=views.is_admin(principal))

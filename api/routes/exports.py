@@ -20,11 +20,11 @@ from api.errors import ERROR_RESPONSES, ErrorBody
 from api.validation import MAX_ID, JobId
 from core.access.auth import Principal
 from core.jobs import exports
-from core.platform import models, storage
+from core.platform import storage, tables
 from core.platform.errors import Conflict
-from core.platform.models import ExportState
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
+from core.platform.tables import ExportState
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=ERROR_RESPONSES)
 
@@ -94,7 +94,7 @@ def get_export(
 
 def _out(
     session: Session,
-    export: models.CheckpointExport,
+    export: tables.CheckpointExport,
     paths: ServerPaths,
     principal: Principal,
     settings: Settings,

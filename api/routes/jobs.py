@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
-from api import examples, schemas, views
+from api import openapi_examples, schemas, views
 from api.deps import (
     JobsWritePrincipal,
     ReadPrincipal,
@@ -26,10 +26,10 @@ from core.jobs import details as job_details
 from core.jobs import listing as job_list
 from core.jobs import service as jobs
 from core.platform.errors import InvalidInput, NotFound
-from core.platform.models import Job, JobState
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
 from core.platform.storable import unstorable
+from core.platform.tables import Job, JobState
 from core.scheduling import claim as scheduling
 from core.scheduling import queue_view
 from core.submission import service as submission
@@ -74,7 +74,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     },
 )
 def submit_job(
-    spec: Annotated[AnyJobSpec, Body(openapi_examples=examples.JOB_SPEC_EXAMPLES)],
+    spec: Annotated[AnyJobSpec, Body(openapi_examples=openapi_examples.JOB_SPEC_EXAMPLES)],
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,

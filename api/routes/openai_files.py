@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from api import openai_errors, uploads
 from api import openai_examples as ex
 from api.deps import DatasetsWritePrincipal, ReadPrincipal, SessionDep, SettingsDep
-from api.examples import json_example
+from api.openapi_examples import json_example
 from core.access.auth import new_id
 from core.datasets import service as datasets
 from core.jobs import service as jobs
@@ -22,7 +22,7 @@ from core.openai import results as openai_results
 from core.openai import view as openai_view
 from core.platform import storage
 from core.platform.errors import Conflict, InvalidInput, NotFound
-from core.platform.models import TERMINAL_STATES, Dataset, Job, JobState
+from core.platform.tables import TERMINAL_STATES, Dataset, Job, JobState
 from jobspec.job import JobSpec
 
 PREFIX = "/openai/v1"

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from api import openai_errors
 from api import openai_examples as ex
 from api.deps import JobsWritePrincipal, ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
-from api.examples import json_example
+from api.openapi_examples import json_example
 from core.jobs import service as jobs
 from core.openai import view as openai_view
 from core.openai.spec import FineTuneCreate, build

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
-from api import examples, schemas
+from api import openapi_examples, schemas
 from api.deps import ReadPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES, ErrorBody
 from core.jobs import references, spec_yaml
@@ -28,13 +28,13 @@ _SPEC = {
 _TEXT_BODY = {
     "required": True,
     "content": {
-        "application/yaml": {"schema": _SPEC, "example": examples.SPEC_YAML},
-        "application/json": {"schema": _SPEC, "examples": examples.JOB_SPEC_EXAMPLES},
+        "application/yaml": {"schema": _SPEC, "example": openapi_examples.SPEC_YAML},
+        "application/json": {"schema": _SPEC, "examples": openapi_examples.JOB_SPEC_EXAMPLES},
     },
 }
 
 
-@router.get("/schema", responses={200: examples.json_example(examples.SPEC_SCHEMA)})
+@router.get("/schema", responses={200: openapi_examples.json_example(openapi_examples.SPEC_SCHEMA)})
 def spec_schema() -> dict[str, Any]:
     """The JSON Schema of a job spec (JobSpec, ScriptJobSpec or EvalJobSpec), the body of
     `POST /v1/jobs`."""

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 
-from api import examples
+from api import openapi_examples
 from api.deps import _bearer, resolve_principal
 from api.errors import ERROR_RESPONSES
 from api.streams import StreamHub, watch
@@ -32,7 +32,7 @@ def _authorize(request: Request, secret: str | None, job_id: int) -> None:
 @router.get(
     "/{job_id}/stream",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"example": examples.JOB_STREAM}}}},
+    responses={200: {"content": {"text/event-stream": {"example": openapi_examples.JOB_STREAM}}}},
     # It authenticates inside (a watcher holds no DB connection), so it names its permission.
     openapi_extra={"x-permission": auth.Permission.READ.value},
 )

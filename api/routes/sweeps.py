@@ -27,9 +27,9 @@ from api.schemas.sweeps import (
 from api.validation import MAX_ID
 from core.jobs import exports
 from core.platform.errors import DomainError
-from core.platform.models import Checkpoint, Sweep
 from core.platform.server_paths import ServerPaths
 from core.platform.storable import require_storable
+from core.platform.tables import Checkpoint, Sweep
 from core.submission import service as submission
 from core.sweeps import service as sweeps
 from core.sweeps import study

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Response
 from api.deps import AdminPrincipal, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
 from api.schemas import webhooks as schemas
-from core.platform.models import WebhookDelivery, WebhookEvent, WebhookSubscription
+from core.platform.tables import WebhookDelivery, WebhookEvent, WebhookSubscription
 from core.webhooks import subscriptions as webhooks
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=ERROR_RESPONSES)

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from api.deps import ReadPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
 from api.schemas.workers import WorkerList, WorkerOut
-from core.platform.models import Worker, utcnow
+from core.platform.tables import Worker, utcnow
 from core.usage.records import as_utc
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"], responses=ERROR_RESPONSES)

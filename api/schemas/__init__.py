@@ -24,13 +24,13 @@ from pydantic import (
     model_validator,
 )
 
-from api import examples
+from api import openapi_examples
 from api.validation import JsonInt
 from core.attempts.retry_budget import RetryPolicy, retry_policy
 from core.datasets.stats import DatasetStats
 from core.jobs import progress
-from core.platform import models
-from core.platform.models import JobState, aware
+from core.platform import tables
+from core.platform.tables import JobState, aware
 from dataformat.records import Format
 from jobspec.job import AnyJobSpec, DataSpec, FailureClass, ModelSpec
 
@@ -120,7 +120,7 @@ class Job(_Out):
     `latest_metrics` the last value of each series; `current_step` the last step reported;
     `max_steps` the trainer's `train.max_steps` (0 for a script job: unknown)."""
 
-    model_config = examples.config(examples.JOB)
+    model_config = openapi_examples.config(openapi_examples.JOB)
 
     id: int = Field(description="The job's id.")
     project_id: str = Field(description="The project that owns the job.")
@@ -135,7 +135,7 @@ class Job(_Out):
     )
     pool: str = Field(description="The worker pool (queue) the job runs in.")
     # Not validated again: the row's spec is already a parsed JobSpec or ScriptJobSpec
-    # (core.platform.models.SpecType); its type still gives the schema and the serializer.
+    # (core.platform.tables.SpecType); its type still gives the schema and the serializer.
     spec: SkipValidation[AnyJobSpec] = Field(
         description="The submitted spec with every default filled in: a JobSpec, or a "
         "ScriptJobSpec for a job with `entrypoint`."
@@ -249,9 +249,9 @@ class Job(_Out):
     @model_validator(mode="before")
     @classmethod
     def _from_row(cls, data: Any) -> Any:
-        """A `core.platform.models.Job` row: its columns, and the retry budget computed from its
+        """A `core.platform.tables.Job` row: its columns, and the retry budget computed from its
         spec."""
-        if not isinstance(data, models.Job):
+        if not isinstance(data, tables.Job):
             return data
         row = {name: getattr(data, name) for name in cls.model_fields if hasattr(data, name)}
         failure = data.failure or {}
@@ -268,7 +268,7 @@ class Job(_Out):
 
 
 class JobPage(BaseModel):
-    model_config = examples.config(examples.JOB_PAGE)
+    model_config = openapi_examples.config(openapi_examples.JOB_PAGE)
 
     items: list[Job] = Field(description="Jobs, in the order the `sort` query parameter asks.")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: last.")
@@ -277,7 +277,7 @@ class JobPage(BaseModel):
 class Event(_Out):
     """Something that happened to a job: a state change, a checkpoint, the sample, info, error."""
 
-    model_config = examples.config(examples.EVENT)
+    model_config = openapi_examples.config(openapi_examples.EVENT)
 
     id: int = Field(description="The event's id (ascending in time).")
     job_id: int = Field(description="The job it belongs to.")
@@ -294,7 +294,7 @@ class Event(_Out):
 
 
 class EventPage(BaseModel):
-    model_config = examples.config(examples.EVENT_PAGE)
+    model_config = openapi_examples.config(openapi_examples.EVENT_PAGE)
 
     items: list[Event] = Field(description="Events, oldest first.")
     next_cursor: str | None = Field(
@@ -305,7 +305,7 @@ class EventPage(BaseModel):
 class LogLine(_Out):
     """A line one rank of the job printed; rank -1 is the launcher (worker)."""
 
-    model_config = examples.config(examples.LOG_LINE)
+    model_config = openapi_examples.config(openapi_examples.LOG_LINE)
 
     id: int = Field(description="The line's id (ascending in time).")
     attempt: int = Field(description="The attempt that printed it.")
@@ -316,7 +316,7 @@ class LogLine(_Out):
 
 
 class LogPage(BaseModel):
-    model_config = examples.config(examples.LOG_PAGE)
+    model_config = openapi_examples.config(openapi_examples.LOG_PAGE)
 
     items: list[LogLine] = Field(description="Log lines, oldest first.")
     next_cursor: str | None = Field(
@@ -349,7 +349,7 @@ class MetricSeries(_Floats):
 
 
 class Metrics(BaseModel):
-    model_config = examples.config(examples.METRICS)
+    model_config = openapi_examples.config(openapi_examples.METRICS)
 
     series: list[MetricSeries] = Field(description="One entry per metric, by name.")
 
@@ -368,7 +368,7 @@ class CheckpointExport(_Out):
     """A consolidated safetensors export of one checkpoint: `pending -> running -> ready |
     failed`. Once ready, `GET .../export/download` serves its `model.safetensors`."""
 
-    model_config = examples.config(examples.CHECKPOINT_EXPORT)
+    model_config = openapi_examples.config(openapi_examples.CHECKPOINT_EXPORT)
 
     id: int = Field(description="The export's id.")
     job_id: int = Field(description="The job whose checkpoint it exports.")
@@ -424,7 +424,7 @@ class Checkpoint(_Out):
 
 
 class CheckpointList(BaseModel):
-    model_config = examples.config(examples.CHECKPOINT_LIST)
+    model_config = openapi_examples.config(openapi_examples.CHECKPOINT_LIST)
 
     items: list[Checkpoint] = Field(description="Complete checkpoints, by ascending step.")
 
@@ -463,7 +463,7 @@ class Evaluation(_Out):
 
 
 class EvaluationList(BaseModel):
-    model_config = examples.config(examples.EVALUATION_LIST)
+    model_config = openapi_examples.config(openapi_examples.EVALUATION_LIST)
 
     items: list[Evaluation] = Field(
         description="The evaluations of the job: the ones it ran (an eval job) and the ones "
@@ -505,7 +505,7 @@ class Dataset(_Out):
     """Training data in a project: a registered server-side path or an uploaded file, its
     `format` (declared or detected) and, for record and token formats, its `stats`."""
 
-    model_config = examples.config(examples.DATASET)
+    model_config = openapi_examples.config(openapi_examples.DATASET)
 
     id: str = Field(description="The dataset's id.")
     project_id: str = Field(description="The project that owns it.")
@@ -544,7 +544,7 @@ class Dataset(_Out):
 
 
 class DatasetList(BaseModel):
-    model_config = examples.config(examples.DATASET_LIST)
+    model_config = openapi_examples.config(openapi_examples.DATASET_LIST)
 
     items: list[Dataset] = Field(description="The project's datasets, oldest first.")
 
@@ -559,7 +559,7 @@ class DatasetFile(BaseModel):
 class DatasetFilePage(BaseModel):
     """A page of a dataset's files, in path order."""
 
-    model_config = examples.config(examples.DATASET_FILES)
+    model_config = openapi_examples.config(openapi_examples.DATASET_FILES)
 
     items: list[DatasetFile] = Field(description="The files, in relative-path order.")
     next_cursor: str | None = Field(
@@ -586,7 +586,7 @@ class DatasetSampleItem(BaseModel):
 class DatasetSample(BaseModel):
     """The first records of a dataset, as a job reads them."""
 
-    model_config = examples.config(examples.DATASET_SAMPLE)
+    model_config = openapi_examples.config(openapi_examples.DATASET_SAMPLE)
 
     dataset_id: str = Field(description="The dataset sampled.")
     format: Format = Field(description="The dataset's format.")
@@ -621,7 +621,7 @@ class DatasetUploadForm(BaseModel):
 class DatasetRegister(BaseModel):
     """A server-side file or directory to register as a dataset."""
 
-    model_config = examples.config(examples.DATASET_REGISTER, extra="forbid")
+    model_config = openapi_examples.config(openapi_examples.DATASET_REGISTER, extra="forbid")
 
     name: DatasetName
     uri: str = Field(
@@ -659,7 +659,7 @@ class SpecCheck(BaseModel):
     """A spec text that `POST /v1/jobs` would accept: the document as written (send it as the
     JSON body) and the 1-based line of each field, by JSON Pointer (RFC 6901, "" = root)."""
 
-    model_config = examples.config(examples.SPEC_CHECK)
+    model_config = openapi_examples.config(openapi_examples.SPEC_CHECK)
 
     spec: dict[str, Any] = Field(
         description="The document as written; send it as the JSON body of `POST /v1/jobs`."
@@ -683,7 +683,7 @@ class KeyRef(BaseModel):
 
 
 class Me(BaseModel):
-    model_config = examples.config(examples.ME)
+    model_config = openapi_examples.config(openapi_examples.ME)
 
     project: ProjectRef = Field(description="The project the key belongs to.")
     key: KeyRef = Field(description="The key used.")
@@ -697,7 +697,7 @@ class Me(BaseModel):
 
 
 class Status(BaseModel):
-    model_config = examples.config(examples.STATUS)
+    model_config = openapi_examples.config(openapi_examples.STATUS)
 
     status: Literal["ok"] = Field(default="ok", description="Always `ok` when the answer is 200.")
 
@@ -723,7 +723,7 @@ class ReconcilerStatus(BaseModel):
 
 
 class Readiness(BaseModel):
-    model_config = examples.config(examples.READINESS)
+    model_config = openapi_examples.config(openapi_examples.READINESS)
 
     status: Literal["ok", "degraded"] = Field(
         description="`ok`: the API is ready and the reconcile loop runs; `degraded`: the API "
@@ -741,7 +741,7 @@ class DatasetPreviewRequest(BaseModel):
     """How to tokenize a dataset's first records for a mask preview: the job spec's `model`
     section and the `data` fields that decide the loss mask."""
 
-    model_config = examples.config(examples.DATASET_PREVIEW_REQUEST, extra="forbid")
+    model_config = openapi_examples.config(openapi_examples.DATASET_PREVIEW_REQUEST, extra="forbid")
 
     model: ModelSpec = Field(
         default_factory=ModelSpec,
@@ -795,7 +795,7 @@ class PreviewReport(BaseModel):
 class DatasetPreview(BaseModel):
     """What a job would learn from the dataset's first records, and the verifier's verdict."""
 
-    model_config = examples.config(examples.DATASET_PREVIEW)
+    model_config = openapi_examples.config(openapi_examples.DATASET_PREVIEW)
 
     dataset_id: str = Field(description="The dataset previewed.")
     format: Format = Field(description="The dataset's format.")

@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from api import examples
+from api import openapi_examples
 from api.schemas import PRINTABLE
 from api.validation import JsonInt
 from core.access.auth import Role
@@ -84,7 +84,7 @@ _KEY_OUT_EXAMPLE = {
 
 
 class Project(_Out):
-    model_config = examples.config(_PROJECT_EXAMPLE)
+    model_config = openapi_examples.config(_PROJECT_EXAMPLE)
 
     id: str = Field(description="The project's id (`prj_...`).")
     name: str = Field(description="The project's unique name.")
@@ -92,7 +92,7 @@ class Project(_Out):
 
 
 class ProjectList(BaseModel):
-    model_config = examples.config({"items": [_PROJECT_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_PROJECT_EXAMPLE]})
 
     items: list[Project] = Field(description="Every project of the organisation, oldest first.")
 
@@ -104,7 +104,7 @@ class ProjectCreate(BaseModel):
 
 
 class Member(_Out):
-    model_config = examples.config(_MEMBER_EXAMPLE)
+    model_config = openapi_examples.config(_MEMBER_EXAMPLE)
 
     id: str = Field(description="The member's id (`mem_...`).")
     subject: str = Field(description="Who: an email or an OIDC subject.")
@@ -113,7 +113,7 @@ class Member(_Out):
 
 
 class MemberList(BaseModel):
-    model_config = examples.config({"items": [_MEMBER_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_MEMBER_EXAMPLE]})
 
     items: list[Member] = Field(description="The project's members, oldest first.")
 
@@ -137,7 +137,7 @@ class MemberUpdate(BaseModel):
 
 
 class ServiceAccount(_Out):
-    model_config = examples.config(_SERVICE_ACCOUNT_EXAMPLE)
+    model_config = openapi_examples.config(_SERVICE_ACCOUNT_EXAMPLE)
 
     id: str = Field(description="The service account's id (`sa_...`).")
     name: str = Field(description="Its name, unique in the project.")
@@ -147,7 +147,7 @@ class ServiceAccount(_Out):
 
 
 class ServiceAccountList(BaseModel):
-    model_config = examples.config({"items": [_SERVICE_ACCOUNT_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_SERVICE_ACCOUNT_EXAMPLE]})
 
     items: list[ServiceAccount] = Field(description="The project's service accounts.")
 
@@ -170,7 +170,7 @@ class KeyOwner(BaseModel):
 class Key(BaseModel):
     """An API key without its secret or hash."""
 
-    model_config = examples.config(_KEY_OUT_EXAMPLE)
+    model_config = openapi_examples.config(_KEY_OUT_EXAMPLE)
 
     id: str = Field(description="The key's id (`key_...`).")
     name: str = Field(description="The key's name.")
@@ -188,7 +188,7 @@ class Key(BaseModel):
 
 
 class KeyList(BaseModel):
-    model_config = examples.config({"items": [_KEY_OUT_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_KEY_OUT_EXAMPLE]})
 
     items: list[Key] = Field(description="The project's keys, oldest first, revoked too.")
 
@@ -271,7 +271,7 @@ class KeyCreate(BaseModel):
 
 
 class KeyCreated(Key):
-    model_config = examples.config(
+    model_config = openapi_examples.config(
         {**_KEY_OUT_EXAMPLE, "last_used_at": None, "secret": _SECRET_EXAMPLE}
     )
 
@@ -279,7 +279,7 @@ class KeyCreated(Key):
 
 
 class ProjectCreated(BaseModel):
-    model_config = examples.config(
+    model_config = openapi_examples.config(
         {
             "project": _PROJECT_EXAMPLE,
             "key": {

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from api import examples
+from api import openapi_examples
 from api.schemas import PRINTABLE, Timestamp
 
 CodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=PRINTABLE)]
@@ -15,7 +15,7 @@ CodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=PRINTABLE)
 class CodeArchiveSummary(BaseModel):
     """An uploaded code archive, as listed (without its files)."""
 
-    model_config = examples.config(examples.CODE_ARCHIVE_SUMMARY)
+    model_config = openapi_examples.config(openapi_examples.CODE_ARCHIVE_SUMMARY)
 
     id: str = Field(description='"code_" and 16 hex digits; what `entrypoint.code` names.')
     name: str = Field(description="The form's `name`, else the uploaded file's name.")
@@ -30,12 +30,12 @@ class CodeArchiveSummary(BaseModel):
 class CodeArchive(CodeArchiveSummary):
     """An uploaded code archive with the relative paths of its regular files, sorted."""
 
-    model_config = examples.config(examples.CODE_ARCHIVE)
+    model_config = openapi_examples.config(openapi_examples.CODE_ARCHIVE)
 
     files: list[str] = Field(description="Relative paths of its regular files, sorted.")
 
 
 class CodeArchiveList(BaseModel):
-    model_config = examples.config(examples.CODE_ARCHIVE_LIST)
+    model_config = openapi_examples.config(openapi_examples.CODE_ARCHIVE_LIST)
 
     items: list[CodeArchiveSummary] = Field(description="Newest first.")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api import examples
+from api import openapi_examples
 from api.schemas import Timestamp
 from api.validation import NotBool
 from core.scheduling.quotas import QuotaUsage
@@ -68,7 +68,7 @@ class QuotaIn(BaseModel):
 class Quota(QuotaIn):
     """A quota and what the project uses against it now."""
 
-    model_config = examples.config(_QUOTA_EXAMPLE, extra="ignore")
+    model_config = openapi_examples.config(_QUOTA_EXAMPLE, extra="ignore")
 
     pool: str = Field(description="The pool it limits; `*` limits every pool together.")
     slots_in_use: int = Field(description="Devices the project's active jobs hold there now.")
@@ -98,6 +98,6 @@ class Quota(QuotaIn):
 
 
 class QuotaList(BaseModel):
-    model_config = examples.config({"items": [_QUOTA_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_QUOTA_EXAMPLE]})
 
     items: list[Quota] = Field(description="The project's quotas by pool (`*` first).")

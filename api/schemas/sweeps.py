@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api import examples
+from api import openapi_examples
 from api.schemas import Timestamp
 from jobspec.sweep import SweepSpec
 
@@ -72,7 +72,7 @@ SWEEP_EXAMPLE: dict[str, Any] = {
 class TrialOut(BaseModel):
     """One trial: the values it drew, how it went, its job."""
 
-    model_config = examples.config(_TRIAL_EXAMPLE)
+    model_config = openapi_examples.config(_TRIAL_EXAMPLE)
 
     number: int = Field(description="The trial's number in the sweep, from 0.")
     state: str = Field(
@@ -97,7 +97,7 @@ class TrialOut(BaseModel):
 
 
 class TrialList(BaseModel):
-    model_config = examples.config({"items": [_TRIAL_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_TRIAL_EXAMPLE]})
 
     items: list[TrialOut] = Field(description="Every trial of the sweep, by number.")
 
@@ -125,7 +125,7 @@ class BestTrial(BaseModel):
 class SweepOut(BaseModel):
     """A sweep: its spec, state, trials by state, and best trial so far."""
 
-    model_config = examples.config(SWEEP_EXAMPLE)
+    model_config = openapi_examples.config(SWEEP_EXAMPLE)
 
     id: int = Field(description="The sweep's id.")
     name: str = Field(description="Its name; each trial's job is named `<name>-<number>`.")
@@ -142,7 +142,7 @@ class SweepOut(BaseModel):
 
 
 class SweepPage(BaseModel):
-    model_config = examples.config({"items": [SWEEP_EXAMPLE], "next_after": None})
+    model_config = openapi_examples.config({"items": [SWEEP_EXAMPLE], "next_after": None})
 
     items: list[SweepOut] = Field(description="Sweeps, newest first.")
     next_after: int | None = Field(

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
 
-from api import examples
+from api import openapi_examples
 from api.schemas import Timestamp
 from api.validation import JsonInt
 
@@ -155,7 +155,7 @@ class WebhookUpdate(BaseModel):
 class SecretInfo(BaseModel):
     """A signing secret, without its value."""
 
-    model_config = examples.config(_SECRET_INFO_EXAMPLE)
+    model_config = openapi_examples.config(_SECRET_INFO_EXAMPLE)
 
     id: str = Field(description="The secret's id (to delete it).")
     created_at: str = Field(description="When it was added; UTC, ISO 8601.")
@@ -164,7 +164,7 @@ class SecretInfo(BaseModel):
 class NewSecret(SecretInfo):
     """A signing secret with its value: shown once, at creation or rotation."""
 
-    model_config = examples.config(_NEW_SECRET_EXAMPLE)
+    model_config = openapi_examples.config(_NEW_SECRET_EXAMPLE)
 
     secret: str = Field(description="`whsec_` + base64 key, for Standard Webhooks verification.")
 
@@ -172,7 +172,7 @@ class NewSecret(SecretInfo):
 class Webhook(BaseModel):
     """A webhook subscription."""
 
-    model_config = examples.config(_WEBHOOK_EXAMPLE, from_attributes=True)
+    model_config = openapi_examples.config(_WEBHOOK_EXAMPLE, from_attributes=True)
 
     id: str = Field(description="The webhook's id.")
     url: str = Field(description="The receiver URL.")
@@ -187,7 +187,7 @@ class Webhook(BaseModel):
 class WebhookCreated(Webhook):
     """A new webhook with its first secret's value (shown once)."""
 
-    model_config = examples.config({**_WEBHOOK_EXAMPLE, "secret": _NEW_SECRET_EXAMPLE})
+    model_config = openapi_examples.config({**_WEBHOOK_EXAMPLE, "secret": _NEW_SECRET_EXAMPLE})
 
     secret: NewSecret = Field(description="The signing secret; store it now.")
 
@@ -195,7 +195,7 @@ class WebhookCreated(Webhook):
 class WebhookList(BaseModel):
     """The project's webhooks, oldest first."""
 
-    model_config = examples.config({"items": [_WEBHOOK_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_WEBHOOK_EXAMPLE]})
 
     items: list[Webhook] = Field(description="The webhooks.")
 
@@ -215,7 +215,7 @@ class Attempt(BaseModel):
 class Delivery(BaseModel):
     """One event sent to one webhook, with its delivery log."""
 
-    model_config = examples.config(_DELIVERY_EXAMPLE)
+    model_config = openapi_examples.config(_DELIVERY_EXAMPLE)
 
     id: int = Field(description="The delivery's id (to redeliver it).")
     event_id: str = Field(description="The event's id: the `webhook-id` header.")
@@ -236,6 +236,6 @@ class Delivery(BaseModel):
 class DeliveryList(BaseModel):
     """A webhook's latest deliveries, newest first."""
 
-    model_config = examples.config({"items": [_DELIVERY_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_DELIVERY_EXAMPLE]})
 
     items: list[Delivery] = Field(description="The deliveries.")

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api import examples
+from api import openapi_examples
 from api.schemas import Timestamp
 
 _EXAMPLE: dict[str, Any] = {
@@ -26,7 +26,7 @@ _EXAMPLE: dict[str, Any] = {
 class WorkerOut(BaseModel):
     """One worker process, as its own heartbeat last wrote it."""
 
-    model_config = examples.config(_EXAMPLE)
+    model_config = openapi_examples.config(_EXAMPLE)
 
     name: str = Field(description="The name it records on the jobs it runs (`jobs.worker`).")
     pool: str = Field(description="The pools (queues) it serves, comma-separated.")
@@ -49,6 +49,6 @@ class WorkerOut(BaseModel):
 
 
 class WorkerList(BaseModel):
-    model_config = examples.config({"items": [_EXAMPLE]})
+    model_config = openapi_examples.config({"items": [_EXAMPLE]})
 
     items: list[WorkerOut] = Field(description="Every worker, newest heartbeat first.")

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select, text
 from sqlalchemy.orm import Session
 
-from core.platform.models import AuditEvent, utcnow
+from core.platform.tables import AuditEvent, utcnow
 
 
 class Outcome(enum.StrEnum):
@@ -35,7 +35,7 @@ def outcome_of(status_code: int) -> Outcome:
     return Outcome.DENIED if status_code in (401, 403) else Outcome.FAILED
 
 
-# Column widths (core.platform.models.AuditEvent): longer values are cut, never refused.
+# Column widths (core.platform.tables.AuditEvent): longer values are cut, never refused.
 _WIDTHS = {"actor": 255, "key_id": 300, "path": 2000, "operation": 100, "target": 200}
 _WIDTHS |= {"source": 100, "request_id": 128}
 

@@ -18,7 +18,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from core.platform.errors import Conflict, Forbidden, Unauthorized
-from core.platform.models import ApiKey, Project, ProjectMember, ServiceAccount, aware, utcnow
+from core.platform.tables import ApiKey, Project, ProjectMember, ServiceAccount, aware, utcnow
 
 KEY_PREFIX = "ty_"
 

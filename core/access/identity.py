@@ -31,7 +31,7 @@ from core.access.auth import (
     new_key_row,
 )
 from core.platform.errors import Conflict, Forbidden, InvalidInput, NotFound
-from core.platform.models import ApiKey, Project, ProjectMember, ServiceAccount, utcnow
+from core.platform.tables import ApiKey, Project, ProjectMember, ServiceAccount, utcnow
 
 
 def _invalid(field: str, msg: str) -> InvalidInput:

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import Failure, NodeEnd, Stop
 from core.jobs import service as jobs
-from core.platform.models import Job, JobNode, JobState, utcnow
+from core.platform.tables import Job, JobNode, JobState, utcnow
 
 
 def num_nodes(job: Job) -> int:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import AttemptFacts, Decision, Failure, NodeEnd, Outcome, Policy
 from core.jobs import service as jobs
-from core.platform.models import Job, JobState
+from core.platform.tables import Job, JobState
 from core.scheduling import preemption_apply as preempt
 from core.submission import eval_after
 from jobspec.job import spec_kind

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.platform.models import JobState
+from core.platform.tables import JobState
 from jobspec.job import FailureClass, RetrySpec
 
 __all__ = [

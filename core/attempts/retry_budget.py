@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, Field
 
 from core.attempts.lifecycle_policy import Policy
-from core.platform.models import JobState
+from core.platform.tables import JobState
 from jobspec.job import FailureClass, RetrySpec
 
 __all__ = ["BUDGETED", "ClassBudget", "RetryPolicy", "retry_policy"]

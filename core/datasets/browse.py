@@ -17,7 +17,7 @@ from typing import Any
 import fsspec
 
 from core.datasets.service import tree_files
-from core.platform.models import Dataset
+from core.platform.tables import Dataset
 from dataformat import readers
 from dataformat.records import RECORD_FORMATS
 

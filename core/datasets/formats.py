@@ -21,7 +21,7 @@ first `MAX_LISTED` are kept, all are counted, and any problem refuses the whole 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -32,19 +32,16 @@ import zstandard
 from pydantic import ValidationError
 
 from core.datasets import tokens as dataset_tokens
+from core.datasets.problems import Problems
 from core.datasets.stats import DatasetStats, StatsAccumulator
-from core.platform.errors import InvalidInput
 from dataformat import text as dataset_text
 from dataformat.jsonl import decode_line, is_jsonl_name, iter_lines, open_decompressed
 from dataformat.records import (
     RECORD_FORMATS,
-    describe_error,
     detect_format,
-    error_path,
     parse_record,
 )
 
-MAX_LISTED = 100
 PARQUET_BATCH_ROWS = 1024
 _PARQUET_MAGIC = b"PAR1"
 _NPY_MAGIC = b"\x93NUMPY"
@@ -56,55 +53,6 @@ _KEYS_HINT = (
 
 class Refused(Exception):
     """A problem that ends the scan (the file cannot be read further)."""
-
-
-@dataclass
-class Problems:
-    """The first `MAX_LISTED` problems as API error details, and how many there were."""
-
-    where: tuple[str, ...]
-    listed: list[dict[str, Any]] = field(default_factory=list)
-    total: int = 0
-
-    def add(
-        self, unit: str | None, number: int | None, loc: list[str | int], msg: str, type_: str
-    ) -> None:
-        """One problem at `unit number` (`line 17`, `row 3`; None: the whole file)."""
-        self.total += 1
-        if len(self.listed) >= MAX_LISTED:
-            return
-        at: list[str | int] = [unit, number] if unit and number is not None else []
-        detail: dict[str, Any] = {
-            "loc": [*self.where, *at, *loc],
-            "msg": f"{unit} {number}: {msg}" if at else msg,
-            "type": type_,
-        }
-        if unit == "line":
-            detail["line"] = number
-        self.listed.append(detail)
-
-    def add_validation(self, unit: str, number: int, exc: ValidationError) -> None:
-        for error in exc.errors():
-            self.add(unit, number, _loc(error), describe_error(error), str(error["type"]))
-
-    def raise_if_any(self) -> None:
-        if not self.total:
-            return
-        message = "dataset refused"
-        if self.total > 1:
-            shown = "all" if self.total <= MAX_LISTED else f"the first {MAX_LISTED}"
-            message += f", {self.total} problems ({shown} listed in details), the first"
-        raise InvalidInput(f"{message}: {self.listed[0]['msg']}", details=self.listed)
-
-
-def _loc(error: Any) -> list[str | int]:
-    """A pydantic error's location as a JSON path (union branches dropped; the field a record
-    validator names in its message appended)."""
-    loc: list[str | int] = [p for p in error["loc"] if error_path((p,))]
-    field_name = str(error["msg"]).split(":", 1)[0]
-    if ":" in str(error["msg"]) and field_name.isidentifier():
-        loc.append(field_name)
-    return loc
 
 
 @dataclass(frozen=True)

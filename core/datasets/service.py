@@ -17,8 +17,8 @@ from core.datasets import formats as dataset_formats
 from core.datasets.stats import DatasetStats
 from core.platform import storage
 from core.platform.errors import Conflict, InvalidInput, NotFound, Unavailable
-from core.platform.models import Dataset, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Dataset, utcnow
 from dataformat import text as dataset_text
 from dataformat.errors import InvalidJobError
 from dataformat.readers import list_files

@@ -11,18 +11,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.datasets.problems import Problems
 from core.datasets.stats import DatasetStats, StatsAccumulator
-
-if TYPE_CHECKING:
-    from core.datasets.formats import Problems
 
 TOKEN_DTYPES = ("uint16", "uint32")
 IGNORE_INDEX = -100

@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from core.jobs.ingest import Metric
-from core.platform.models import AlertState, Job, JobState, MetricPoint, WebhookSubscription, utcnow
+from core.platform.tables import AlertState, Job, JobState, MetricPoint, WebhookSubscription, utcnow
 from core.webhooks import subscriptions as webhooks
 
 LOSS = "loss"

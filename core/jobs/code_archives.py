@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from core.access.auth import new_id
 from core.platform import storage
 from core.platform.errors import InvalidInput, TooLarge
-from core.platform.models import CodeArchive
+from core.platform.tables import CodeArchive
 from jobspec.job import ScriptJobSpec
 
 MAX_FILES: Final = 20_000

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import Job, utcnow
+from core.platform.tables import Job, utcnow
 
 
 def update(

@@ -29,8 +29,8 @@ from core.datasets import service as datasets
 from core.jobs import init_from
 from core.platform.db import upsert_insert
 from core.platform.errors import Conflict, InvalidInput, NotFound
-from core.platform.models import Checkpoint, Dataset, Evaluation, Job, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, Dataset, Evaluation, Job, utcnow
 from jobspec.evaluate import (
     EvalSourceSpec,
     GenerateEval,

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from core.jobs import service as jobs
 from core.platform import storage
 from core.platform.errors import Conflict, NotFound
-from core.platform.models import (
+from core.platform.settings import Settings
+from core.platform.tables import (
     Checkpoint,
     CheckpointExport,
     ExportState,
@@ -31,7 +32,6 @@ from core.platform.models import (
     Worker,
     utcnow,
 )
-from core.platform.settings import Settings
 from core.webhooks import subscriptions as webhooks
 from jobspec.job import EvalJobSpec, ScriptJobSpec
 

@@ -17,7 +17,7 @@ from sqlalchemy import delete, text, update
 from sqlalchemy.orm import Session
 
 from core.platform.db import upsert_insert
-from core.platform.models import Checkpoint, Job, LogLine, MetricPoint, utcnow
+from core.platform.tables import Checkpoint, Job, LogLine, MetricPoint, utcnow
 
 
 class Metric(NamedTuple):

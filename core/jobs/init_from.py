@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.platform.errors import Conflict, InvalidInput, NotFound
-from core.platform.models import Checkpoint, Job
+from core.platform.tables import Checkpoint, Job
 from jobspec.job import STORED, InitFromSpec, JobSpec
 
 LOC = ("body", "model", "init_from")

@@ -24,8 +24,8 @@ from core.datasets import service as datasets
 from core.jobs import init_from
 from core.platform import storage
 from core.platform.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
-from core.platform.models import Checkpoint, Dataset, Job
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, Dataset, Job
 from jobspec.inputs import (
     AnyInput,
     BaseModelInput,

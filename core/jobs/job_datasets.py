@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import insert, literal, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Dataset, Job, JobDataset
+from core.platform.tables import Dataset, Job, JobDataset
 from jobspec.job import AnySpec
 
 # Spec keys whose string value names a dataset of the project (`data.dataset`,

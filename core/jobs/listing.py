@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import Select, select
 
-from core.platform.models import Job, JobDataset
+from core.platform.tables import Job, JobDataset
 
 # Sort keys a client may ask for; "created" is the id (ids grow with creation time). Each has
 # an index on (project_id, column, id) (migration 0003), so a page is an index range scan.

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from core.platform.models import TERMINAL_STATES, Job, JobState, aware
+from core.platform.tables import TERMINAL_STATES, Job, JobState, aware
 
 # States in which an attempt's trainer runs, so its wall time so far counts.
 LIVE = frozenset({JobState.RUNNING, JobState.PAUSING, JobState.PREEMPTING, JobState.CANCELLING})

@@ -20,8 +20,8 @@ from core.datasets import service as datasets
 from core.jobs import code_archives, evaluations, init_from, inputs
 from core.platform import storage
 from core.platform.errors import DomainError, Forbidden, InvalidInput
-from core.platform.models import Dataset
 from core.platform.settings import Settings
+from core.platform.tables import Dataset
 from jobspec.data import DataSpec
 from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec
 from jobspec.problems import spec_errors, spec_order

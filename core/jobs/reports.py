@@ -20,7 +20,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from core.jobs import downsample, rollups
-from core.platform.models import Checkpoint, Job, JobEvent, LogLine, MetricPoint
+from core.platform.tables import Checkpoint, Job, JobEvent, LogLine, MetricPoint
 
 
 def events_page(

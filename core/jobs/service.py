@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import job_datasets, outbox
 from core.platform.errors import Conflict, NotFound
-from core.platform.models import (
+from core.platform.tables import (
     TERMINAL_STATES,
     Job,
     JobEvent,

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.jobs import reports as queries
-from core.platform.models import Job, JobEvent, JobState
+from core.platform.tables import Job, JobEvent, JobState
 from jobspec.job import JobSpec
 
 RESULT_PREFIX = "file-result-"

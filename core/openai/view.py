@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 from core.jobs import service as jobs
 from core.openai.results import result_file_id, trained_tokens
 from core.platform.errors import InvalidInput, NotFound
-from core.platform.models import (
+from core.platform.settings import BaseModelEntry, Settings
+from core.platform.tables import (
     Checkpoint,
     Dataset,
     Evaluation,
@@ -27,7 +28,6 @@ from core.platform.models import (
     JobState,
     MetricPoint,
 )
-from core.platform.settings import BaseModelEntry, Settings
 from jobspec.job import JobSpec
 
 JOB_PREFIX = "ftjob-"

@@ -16,7 +16,7 @@ from typing import Literal
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Controller
+from core.platform.tables import Controller
 
 #: Seconds between two reconcile rounds of the leading controller.
 RECONCILE_INTERVAL_S = 2.0

@@ -44,7 +44,7 @@ from sqlalchemy import Select, UnaryExpression, and_, bindparam, case, func, or_
 from sqlalchemy.orm import Session, aliased
 
 from core.jobs import service as jobs
-from core.platform.models import Job, JobEvent, JobState, utcnow
+from core.platform.tables import Job, JobEvent, JobState, utcnow
 from core.scheduling import quotas
 
 MAX_CANDIDATES = 8  # SQLite: fencing UPDATEs lost to other claimants before giving up

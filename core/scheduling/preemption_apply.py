@@ -31,8 +31,8 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.platform.errors import Conflict
-from core.platform.models import Job, JobEvent, JobNode, JobState, Worker, aware, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobEvent, JobNode, JobState, Worker, aware, utcnow
 from core.scheduling import quotas
 from core.scheduling.preemption_policy import Holder, Waiting, choose
 

@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.jobs import progress
-from core.platform.models import Job, JobNode, JobState, SlurmJob, Worker, aware, utcnow
+from core.platform.tables import Job, JobNode, JobState, SlurmJob, Worker, aware, utcnow
 from core.scheduling import preemption_apply as preempt
 from core.scheduling import quotas
 

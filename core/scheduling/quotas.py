@@ -25,7 +25,7 @@ from sqlalchemy import JSON, ColumnElement, func, select, type_coerce
 from sqlalchemy.orm import Session
 
 from core.platform.errors import QuotaExceeded
-from core.platform.models import Job, JobState, Quota, utcnow
+from core.platform.tables import Job, JobState, Quota, utcnow
 from core.usage import records as usage
 
 ALL_POOLS = "*"

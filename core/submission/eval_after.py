@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import Checkpoint, Job
+from core.platform.tables import Checkpoint, Job
 from core.submission import service as submission
 from jobspec.evaluate import EvalSourceSpec, EvaluateSpec
 from jobspec.job import EvalJobSpec, JobSpec, ResourcesSpec

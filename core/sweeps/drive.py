@@ -23,7 +23,8 @@ from sqlalchemy.orm import Session
 from core.jobs import outbox
 from core.jobs import service as jobs
 from core.platform.errors import Conflict, DomainError, QuotaExceeded
-from core.platform.models import (
+from core.platform.settings import Settings
+from core.platform.tables import (
     TERMINAL_STATES,
     Job,
     JobState,
@@ -33,7 +34,6 @@ from core.platform.models import (
     TrialState,
     utcnow,
 )
-from core.platform.settings import Settings
 from core.submission import service as submission
 from core.sweeps import study
 from core.sweeps.service import spec_of

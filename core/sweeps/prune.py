@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.platform.errors import Conflict
-from core.platform.models import (
+from core.platform.tables import (
     Job,
     JobState,
     MetricPoint,

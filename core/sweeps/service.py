@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.platform.errors import Conflict, NotFound
-from core.platform.models import (
+from core.platform.tables import (
     TERMINAL_STATES,
     Job,
     Sweep,

@@ -20,7 +20,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job, JobNode, aware, utcnow
+from core.platform.tables import Job, JobNode, aware, utcnow
 
 
 @dataclass(frozen=True)

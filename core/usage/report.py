@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.platform.errors import InvalidInput
-from core.platform.models import Job, utcnow
+from core.platform.tables import Job, utcnow
 from core.usage import records as usage
 from jobspec.job import AnySpec
 

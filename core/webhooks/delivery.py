@@ -33,7 +33,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
 
-from core.platform.models import (
+from core.platform.server_paths import ServerPaths
+from core.platform.tables import (
     DeliveryStatus,
     WebhookAttempt,
     WebhookDelivery,
@@ -41,7 +42,6 @@ from core.platform.models import (
     WebhookSubscription,
     utcnow,
 )
-from core.platform.server_paths import ServerPaths
 from core.webhooks import targets as webhook_targets
 
 # Seconds before retry n (after failed attempt n): 5 s, 30 s, 2 min, 10 min, 30 min, 1 h, 2 h,

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.platform.errors import Conflict, NotFound
-from core.platform.models import (
+from core.platform.tables import (
     DeliveryStatus,
     WebhookAttempt,
     WebhookDelivery,

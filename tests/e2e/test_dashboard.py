@@ -25,7 +25,7 @@ from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from core.platform.control import record_round
-from core.platform.models import Controller
+from core.platform.tables import Controller
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus

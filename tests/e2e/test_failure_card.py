@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from sqlalchemy import Engine, update
 
 from core.platform.db import session_scope
-from core.platform.models import Job, JobState, LogLine
+from core.platform.tables import Job, JobState, LogLine
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash
 from tests.integration.failures import INFRA, OOM, RETRIES, USER_ERROR, fail_job

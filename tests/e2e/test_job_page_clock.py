@@ -21,12 +21,12 @@ from sqlalchemy import Engine
 
 from core.jobs import ingest
 from core.platform.db import session_scope
-from core.platform.models import JobEvent
 from core.platform.settings import Settings
+from core.platform.tables import JobEvent
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
 from tests.integration.workers.helpers import create_job, tiny_spec, unique_queue
-from torchyard.render import format_when
+from torchyard.units import format_when
 from trainer.logs import formatter
 
 AT = datetime(2026, 11, 25, 6, 47, 57, 120_000, tzinfo=UTC)  # 07:47:57 in Berlin

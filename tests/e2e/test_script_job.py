@@ -26,7 +26,7 @@ from tests.integration.script_jobs import (
     script_spec,
 )
 from tests.integration.workers.helpers import tiny_spec, unique_queue
-from torchyard.render import format_bytes
+from torchyard.units import format_bytes
 
 POINTS = "id => document.getElementById(id)?.data?.[0]?.x?.length ?? 0"
 STEPS = 30

@@ -18,8 +18,8 @@ from core.jobs import ingest
 from core.jobs import service as jobs
 from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Checkpoint, JobState, SweepTrial
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, JobState, SweepTrial
 from core.sweeps import drive
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, new_dash

@@ -14,7 +14,7 @@ from core.attempts.lifecycle_policy import NodeEnd, decide
 from core.jobs import evaluations, ingest
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import Checkpoint, Job
+from core.platform.tables import Checkpoint, Job
 
 MEMORY_BYTES = 1_234_567_890.0  # the worker's one RSS sample of rank 0
 

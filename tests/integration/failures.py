@@ -15,7 +15,7 @@ from sqlalchemy import Engine, update
 from core.attempts.lifecycle_apply import error_text
 from core.attempts.lifecycle_policy import Failure
 from core.platform.db import session_scope
-from core.platform.models import Job, JobState, utcnow
+from core.platform.tables import Job, JobState, utcnow
 from dataformat.failures import FailureClass
 
 # Budgets: hang 2, infra 3, the rest 0 (max_restarts 0); cap 3 (the largest).

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from core.jobs import ingest
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import CodeArchive, JobState, utcnow
+from core.platform.tables import CodeArchive, JobState, utcnow
 
 COMMAND = ["python", "train.py", "--note", "two words", "--lr", "3e-4"]
 COMMAND_LINE = "python train.py --note 'two words' --lr 3e-4"  # as a shell reads it back

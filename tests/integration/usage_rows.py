@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from core.platform.db import session_scope
-from core.platform.models import Job, JobNode, JobState
+from core.platform.tables import Job, JobNode, JobState
 from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
 

@@ -14,9 +14,9 @@ from torchyard.cli.common import JsonOpt, command_client, out
 from torchyard.code import (
     Code,
 )
-from torchyard.models import CodeArchive
-from torchyard.render import format_age, format_bytes
 from torchyard.tables import Column, ListTable
+from torchyard.types import CodeArchive
+from torchyard.units import format_age, format_bytes
 
 # The `torchyard code` commands; `torchyard submit --code DIR` is in torchyard.cli.
 code_app = typer.Typer(no_args_is_help=True, help="Training code for entrypoint jobs.")

@@ -10,7 +10,6 @@ import typer
 
 from dataformat.units import format_bytes
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
-from torchyard.models import DATASET_FORMATS, Dataset, DatasetFile, LeftOut, NotTextFile
 from torchyard.render import (
     dataset_files_table,
     dataset_stats_table,
@@ -20,6 +19,7 @@ from torchyard.render import (
     preview_verdict,
     sample_records,
 )
+from torchyard.types import DATASET_FORMATS, Dataset, DatasetFile, LeftOut, NotTextFile
 
 datasets_app = typer.Typer(no_args_is_help=True, help="Training text of the project.")
 

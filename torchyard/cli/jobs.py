@@ -17,7 +17,6 @@ from torchyard.eval_results import eval_result, fetch_evaluations, score_table
 from torchyard.failures import failure_block
 from torchyard.follow import follow_job
 from torchyard.logfilter import compile_grep, parse_since, select
-from torchyard.models import LogLine
 from torchyard.render import (
     checkpoints_table,
     evaluations_table,
@@ -28,6 +27,7 @@ from torchyard.render import (
 )
 from torchyard.specs import apply_overrides, load_spec, set_path, unseen_local_paths
 from torchyard.summary import render_summary
+from torchyard.types import LogLine
 
 jobs_cli = typer.Typer()
 

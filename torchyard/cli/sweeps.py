@@ -10,11 +10,11 @@ import typer
 from rich.text import Text
 
 from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
-from torchyard.models import Sweep, Trial
-from torchyard.render import format_age, format_value
 from torchyard.specs import apply_overrides, load_spec
 from torchyard.sweeps import Sweeps
 from torchyard.tables import Column, ListTable
+from torchyard.types import Sweep, Trial
+from torchyard.units import format_age, format_value
 
 sweep_app = typer.Typer(no_args_is_help=True, help="Hyperparameter sweeps: trials as jobs.")
 SweepArg = Annotated[int, typer.Argument(help="Sweep id.", metavar="SWEEP")]

@@ -9,8 +9,8 @@ import typer
 from rich.text import Text
 
 from torchyard.cli.common import JsonOpt, command_client, out, print_json
-from torchyard.render import format_age
 from torchyard.tables import Column, ListTable
+from torchyard.units import format_age
 from torchyard.workers import Worker
 
 

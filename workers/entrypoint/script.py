@@ -30,9 +30,9 @@ from sqlalchemy.orm import Session
 from core.attempts.lifecycle_policy import FailureClass
 from core.jobs import code_archives
 from core.platform.errors import InvalidInput
-from core.platform.models import Job
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri, job_run_dir
+from core.platform.tables import Job
 from jobspec.job import ScriptJobSpec
 from workers import inputs
 from workers.attempt import Unlaunched, with_db_retry

@@ -45,9 +45,9 @@ import fsspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Checkpoint
 from core.platform.settings import Settings
 from core.platform.storage import join
+from core.platform.tables import Checkpoint
 from workers.checkpoints import STEP_DIR
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,8 @@ from sqlalchemy.orm import Session
 from core.attempts import gang
 from core.jobs import service as jobs
 from core.platform.db import get_engine, session_factory
-from core.platform.models import TERMINAL_STATES, Job, JobState, SlurmJob, utcnow
 from core.platform.settings import Settings, get_settings
+from core.platform.tables import TERMINAL_STATES, Job, JobState, SlurmJob, utcnow
 from core.scheduling import quotas
 from workers import devices, launcher, liveness, node
 from workers.attempt import Dispatch

@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session
 from core.attempts.lifecycle_apply import apply, facts_for
 from core.attempts.lifecycle_policy import Failure, decide
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job, JobState, SlurmJob, aware, utcnow
 from core.platform.settings import Settings, SlurmPool
+from core.platform.tables import Job, JobState, SlurmJob, aware, utcnow
 from core.scheduling import quotas
 from workers.attempt import Dispatch
 from workers.slurm import batch

@@ -50,8 +50,8 @@ from sqlalchemy.orm import Session
 
 from core.jobs import ingest as store
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job
 from core.platform.settings import Settings
+from core.platform.tables import Job
 from workers import observability
 from workers.ingest import MAX_METRIC_NAME_CHARS, RunIngest
 from workers.supervisor import Stop, Watcher

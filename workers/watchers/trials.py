@@ -16,8 +16,8 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import Job
 from core.platform.settings import Settings
+from core.platform.tables import Job
 from core.sweeps import prune
 from workers.supervisor import Stop
 

@@ -25,8 +25,8 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core.platform.models import JobNode
 from core.platform.settings import Settings
+from core.platform.tables import JobNode
 from core.usage import report as usage_report
 from workers.ingest import RunIngest
 from workers.supervisor import Stop

@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session
 from core.jobs import ingest as store
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
-from core.platform.models import Job
 from core.platform.settings import Settings
+from core.platform.tables import Job
 from jobspec.job import LimitsSpec
 from workers.ingest import RunIngest
 from workers.supervisor import Stop

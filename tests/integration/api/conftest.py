@@ -19,9 +19,9 @@ from sqlalchemy import Engine, func, select
 from api.main import create_app
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import Dataset, Job, JobEvent, JobState
 from core.platform.queue import RUN_JOB_TASK
 from core.platform.settings import Settings
+from core.platform.tables import Dataset, Job, JobEvent, JobState
 from tests.conftest import ProjectKey
 
 # Endpoints under /v1/jobs/{id} as (method, suffix), for the tests that each is 404 for a job

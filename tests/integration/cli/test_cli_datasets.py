@@ -14,8 +14,8 @@ from rich.console import Console
 from dataformat.records import FORMATS
 from tests.integration.conftest import UNSERVED_POOL, cli_invoker
 from torchyard import Client, ValidationFailed
-from torchyard.models import DATASET_FORMATS
 from torchyard.render import SUPERVISED_STYLE, preview_tokens
+from torchyard.types import DATASET_FORMATS
 
 CHAT = [
     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},

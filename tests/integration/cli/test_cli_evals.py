@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from core.jobs import evaluations
 from core.platform.db import session_scope
-from core.platform.models import Checkpoint, Job
+from core.platform.tables import Checkpoint, Job
 from tests.conftest import ProjectKey
 from tests.integration.conftest import cli_invoker
 from tests.integration.eval_jobs import add_checkpoint, run_eval_job

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from core.platform.models import JobState
+from core.platform.tables import JobState
 from tests.conftest import ProjectKey
 from tests.integration.conftest import UNSERVED_POOL
 from tests.integration.failures import INFRA, OOM, RETRIES, fail_job

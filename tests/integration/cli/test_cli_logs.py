@@ -14,7 +14,7 @@ from typer.testing import Result
 
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import LogLine, utcnow
+from core.platform.tables import LogLine, utcnow
 
 OLD = timedelta(hours=3)
 

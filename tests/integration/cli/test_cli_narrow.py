@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from core.jobs import ingest
 from core.jobs.ingest import Metric
 from core.platform.db import session_scope
-from core.platform.models import Checkpoint
+from core.platform.tables import Checkpoint
 from tests.integration.api.conftest import set_running
 from tests.integration.conftest import cli_invoker
 

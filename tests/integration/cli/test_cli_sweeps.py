@@ -16,8 +16,8 @@ from core.jobs import ingest
 from core.jobs import service as jobs
 from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Checkpoint, Job, JobState
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, Job, JobState
 from core.sweeps import drive, prune
 from tests.integration.api.conftest import set_running
 from torchyard import Client

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, delete
 
 from core.platform.db import session_scope
-from core.platform.models import Worker, utcnow
+from core.platform.tables import Worker, utcnow
 from tests.integration.conftest import cli_invoker
 from torchyard import Client
 

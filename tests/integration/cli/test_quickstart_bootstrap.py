@@ -13,8 +13,8 @@ from sqlalchemy import Engine, select
 from core.access import auth
 from core.platform.db import session_scope
 from core.platform.errors import Unauthorized
-from core.platform.models import ApiKey
 from core.platform.settings import Settings
+from core.platform.tables import ApiKey
 from tests.conftest import settings_env
 from torchyard.quickstart import bootstrap
 

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from core.access import auth
 from core.platform.db import alembic_config, make_engine
-from core.platform.models import utcnow
+from core.platform.tables import utcnow
 
 
 def test_keys_made_before_0015_stay_admins_with_every_scope(empty_database: str) -> None:

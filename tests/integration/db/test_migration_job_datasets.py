@@ -11,7 +11,7 @@ from core.access import auth
 from core.datasets import service as datasets
 from core.jobs import service as jobs
 from core.platform.db import alembic_config, make_engine
-from core.platform.models import JobDataset
+from core.platform.tables import JobDataset
 from jobspec.job import parse_job_spec
 
 

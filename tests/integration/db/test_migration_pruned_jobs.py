@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from core.access import auth
 from core.jobs import service as jobs
 from core.platform.db import alembic_config, make_engine
-from core.platform.models import Job, JobState, Sweep, SweepTrial
+from core.platform.tables import Job, JobState, Sweep, SweepTrial
 from jobspec.job import parse_job_spec
 
 

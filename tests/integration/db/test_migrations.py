@@ -11,7 +11,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine
 
 from core.platform.db import make_engine, upgrade
-from core.platform.models import Base
+from core.platform.tables import Base
 
 # Migration 0004 drops these foreign keys on Postgres on purpose (their per-row check cost more
 # than the insert itself; a trigger on `jobs` keeps ON DELETE CASCADE); the models

@@ -25,9 +25,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
-from core.platform.models import Job, JobEvent
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
+from core.platform.tables import Job, JobEvent
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.faults.inject import (

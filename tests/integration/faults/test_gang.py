@@ -12,8 +12,8 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import JobNode
 from core.platform.settings import Settings
+from core.platform.tables import JobNode
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (

@@ -17,10 +17,10 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core.platform.models import Job, JobEvent
-from core.platform.models import Worker as WorkerRow
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
+from core.platform.tables import Job, JobEvent
+from core.platform.tables import Worker as WorkerRow
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (

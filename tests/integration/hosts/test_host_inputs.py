@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Checkpoint, Dataset
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, Dataset
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.hosts.conftest import HostWorker

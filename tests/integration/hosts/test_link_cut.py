@@ -14,9 +14,9 @@ from celery import Celery
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Checkpoint
-from core.platform.models import Worker as WorkerRow
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint
+from core.platform.tables import Worker as WorkerRow
 from tests.conftest import ProjectKey
 from tests.integration.faults.test_gang import gang_spec, nodes_of
 from tests.integration.hosts.conftest import HostWorker

@@ -16,9 +16,9 @@ from celery import Celery
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import Checkpoint
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
+from core.platform.tables import Checkpoint
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey, make_project
 from tests.integration.s3server import S3, s3_fs, under

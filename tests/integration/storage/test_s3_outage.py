@@ -17,9 +17,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core.platform.models import Checkpoint
 from core.platform.settings import Settings
 from core.platform.storage import checkpoint_complete, job_checkpoint_uri
+from core.platform.tables import Checkpoint
 from tests.conftest import make_project
 from tests.integration.faults.tcp_proxy import TcpProxy
 from tests.integration.s3server import S3, s3_fs, under, upload_corpus

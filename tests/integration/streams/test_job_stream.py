@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from core.jobs import ingest
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import Job, JobState
+from core.platform.tables import Job, JobState
 from tests.conftest import ProjectKey
 from torchyard.client import Client
 

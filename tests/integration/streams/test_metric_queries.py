@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, select
 from core.jobs import ingest
 from core.jobs.downsample import min_max
 from core.platform.db import session_scope
-from core.platform.models import MetricPoint
+from core.platform.tables import MetricPoint
 from tests.conftest import ProjectKey
 
 N = 20_000

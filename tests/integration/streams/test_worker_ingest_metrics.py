@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.platform.db import session_factory
-from core.platform.models import MetricPoint
+from core.platform.tables import MetricPoint
 from workers import observability
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths, free_port

@@ -25,7 +25,7 @@ from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from torchyard.client import Client
 from torchyard.examples import load_example
 from torchyard.examples.docstrings import ExampleData, write_example_data
-from torchyard.models import Job
+from torchyard.types import Job
 
 JOB_TIMEOUT_S = 400
 

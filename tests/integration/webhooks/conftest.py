@@ -15,9 +15,9 @@ from sqlalchemy import Engine
 from api.main import create_app
 from core.jobs import service as jobs
 from core.platform.db import session_factory
-from core.platform.models import utcnow
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
+from core.platform.tables import utcnow
 from core.webhooks import delivery as webhook_delivery
 from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey

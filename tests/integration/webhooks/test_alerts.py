@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from core.jobs import alerts
 from core.jobs import service as jobs
 from core.platform.db import session_factory, session_scope
-from core.platform.models import JobState, utcnow
+from core.platform.tables import JobState, utcnow
 from tests.conftest import ProjectKey
 from tests.integration.webhooks.conftest import Clock, new_job, subscribe
 from tests.integration.webhooks.receiver import Receiver

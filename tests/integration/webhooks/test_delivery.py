@@ -14,14 +14,14 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from core.jobs import exports, ingest
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import (
+from core.platform.settings import Settings
+from core.platform.tables import (
     Checkpoint,
     CheckpointExport,
     JobState,
     WebhookDelivery,
     WebhookEvent,
 )
-from core.platform.settings import Settings
 from core.webhooks import delivery as webhook_delivery
 from tests.conftest import ProjectKey
 from tests.integration.webhooks.conftest import Clock, new_job, subscribe

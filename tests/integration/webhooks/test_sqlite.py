@@ -9,8 +9,8 @@ from core.access import auth
 from core.jobs import alerts
 from core.jobs import service as jobs
 from core.platform.db import make_engine, session_factory, session_scope, upgrade
-from core.platform.models import utcnow
 from core.platform.server_paths import ServerPaths
+from core.platform.tables import utcnow
 from core.webhooks import delivery as webhook_delivery
 from core.webhooks import subscriptions as webhooks
 from jobspec.job import parse_job_spec

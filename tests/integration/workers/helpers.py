@@ -27,10 +27,10 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import Job, JobEvent, JobNode, LogLine, MetricPoint
 from core.platform.queue import RUN_JOB_TASK
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
+from core.platform.tables import Job, JobEvent, JobNode, LogLine, MetricPoint
 from jobspec.job import JobSpec, ScriptJobSpec
 from tests.conftest import REPO_ROOT, ProjectKey, settings_env
 from tests.integration.faults.inject import crash_ranks

@@ -7,7 +7,7 @@ import pytest
 
 from tests.integration.workers.helpers import Worker, wait_for
 from torchyard import Client
-from torchyard.models import Job
+from torchyard.types import Job
 
 # Each wait; the hf_trainer example took 163 s from upload to success on a quiet host and one
 # wait passed 120 s on a loaded CI host.

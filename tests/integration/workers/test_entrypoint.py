@@ -18,8 +18,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import Checkpoint
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import store_archive

@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core.platform.models import Checkpoint
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, submit
 from tests.integration.workers.helpers import (

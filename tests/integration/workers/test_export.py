@@ -29,8 +29,8 @@ from core.jobs import ingest
 from core.openai.results import RESULT_PREFIX
 from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
-from core.platform.models import Sweep, SweepTrial, WebhookEvent
 from core.platform.settings import Settings
+from core.platform.tables import Sweep, SweepTrial, WebhookEvent
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.workers.helpers import (

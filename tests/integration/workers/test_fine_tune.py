@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import init_from
 from core.jobs import service as jobs
-from core.platform.models import Checkpoint
+from core.platform.tables import Checkpoint
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
 from core.platform.db import session_factory
-from core.platform.models import JobState
+from core.platform.tables import JobState
 from tests.integration.workers.helpers import (
     job_events,
     job_row,

@@ -32,8 +32,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core.platform.models import utcnow
 from core.platform.settings import Settings
+from core.platform.tables import utcnow
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, submit
 from tests.integration.org_roles import Cast, created, set_up_project

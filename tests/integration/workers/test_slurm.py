@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session
 
 from api.main import create_app
 from core.jobs import service as jobs
-from core.platform.models import Checkpoint, SlurmJob
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, SlurmJob
 from jobspec.job import ScriptJobSpec
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import OVER_PY, store_archive

@@ -11,8 +11,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import SlurmJob
 from core.platform.settings import Settings, SlurmPool
+from core.platform.tables import SlurmJob
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import create_job, job_row, tiny_spec, unique_queue
 from workers.slurm import batch, submitter

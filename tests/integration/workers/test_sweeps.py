@@ -17,8 +17,8 @@ from sqlalchemy import Engine
 
 from api.main import create_app
 from core.jobs import spec_yaml
-from core.platform.models import JobState
 from core.platform.settings import Settings
+from core.platform.tables import JobState
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import store_archive
 from tests.integration.workers.controllers import Controller, start_controller

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import FailureClass, Outcome
 from core.jobs import service as jobs
-from core.platform.models import Job
+from core.platform.tables import Job
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import create_job, job_events, tiny_spec, unique_queue
 from workers.attempt import Unlaunched, fail_unlaunched

@@ -16,7 +16,7 @@ from core.attempts.lifecycle_policy import (
     Stop,
     decide,
 )
-from core.platform.models import JobState
+from core.platform.tables import JobState
 from jobspec.job import RetrySpec
 
 C = FailureClass

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from core.openai.results import RESULT_COLUMNS, results_csv, trained_tokens
 from core.openai.view import BASE_LABEL, META_PREFIX, jobs_page
 from core.platform.db import make_engine, session_factory
-from core.platform.models import Base, Job, JobEvent, MetricPoint, Project
+from core.platform.tables import Base, Job, JobEvent, MetricPoint, Project
 from jobspec.job import JobSpec
 
 

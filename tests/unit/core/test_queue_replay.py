@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from core.platform.models import Quota
+from core.platform.tables import Quota
 from core.scheduling.queue_view import Queued, Release, replay
 from core.scheduling.quotas import Standing, Use
 

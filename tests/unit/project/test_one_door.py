@@ -37,10 +37,10 @@ def _calls(tree: ast.AST) -> list[tuple[str, str]]:
 
 
 def _job_constructors(tree: ast.AST, path: str) -> list[tuple[str, str]]:
-    """Calls of the ORM `Job` class (imported from core.platform.models) in `tree`."""
+    """Calls of the ORM `Job` class (imported from core.platform.tables) in `tree`."""
     imports_job = any(
         isinstance(n, ast.ImportFrom)
-        and n.module == "core.platform.models"
+        and n.module == "core.platform.tables"
         and any(a.name == "Job" for a in n.names)
         for n in ast.walk(tree)
     )

@@ -12,8 +12,8 @@ import pytest
 from torchyard.client import Jobs, _FollowCursor
 from torchyard.errors import ConnectionFailed
 from torchyard.follow import StepRate, heartbeat_silence_s
-from torchyard.models import Checkpoint, Event, Job, MetricSeries
 from torchyard.summary import summarize
+from torchyard.types import Checkpoint, Event, Job, MetricSeries
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

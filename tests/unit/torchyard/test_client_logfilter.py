@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from torchyard.logfilter import parse_since
-from torchyard.models import LogLine
 from torchyard.render import log_line
+from torchyard.types import LogLine
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 

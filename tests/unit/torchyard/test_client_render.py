@@ -7,21 +7,17 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from torchyard.failures import failure_block, where
-from torchyard.models import Checkpoint, Dataset, Failure, Job, LogLine, MetricSeries
 from torchyard.render import (
     checkpoints_table,
     datasets_table,
-    format_bytes,
-    format_duration,
-    format_rate,
-    format_value,
-    format_when,
     job_details,
     jobs_table,
     log_line,
     metrics_table,
     queue_text,
 )
+from torchyard.types import Checkpoint, Dataset, Failure, Job, LogLine, MetricSeries
+from torchyard.units import format_bytes, format_duration, format_rate, format_value, format_when
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 

@@ -12,9 +12,9 @@ from rich.progress import Progress
 
 from torchyard.eval_results import eval_result
 from torchyard.follow import _View
-from torchyard.models import Evaluation, Event, Job, MetricPoint, MetricSeries
 from torchyard.render import job_details, jobs_table
 from torchyard.summary import render_summary, summarize
+from torchyard.types import Evaluation, Event, Job, MetricPoint, MetricSeries
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 SOURCE, CHECKPOINT, STEP = 12, 34, 600

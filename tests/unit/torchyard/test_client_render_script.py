@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from torchyard.follow import _View
-from torchyard.models import Event, Job, MetricPoint, MetricSeries
 from torchyard.render import job_details, jobs_table, step_text
 from torchyard.summary import render_summary, summarize
+from torchyard.types import Event, Job, MetricPoint, MetricSeries
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 ENTRYPOINT = {

@@ -15,15 +15,6 @@ from torchyard.access import ApiKey
 from torchyard.cli.access import keys_table
 from torchyard.cli.code import _table as code_table
 from torchyard.cli.workers import workers_table
-from torchyard.models import (
-    Checkpoint,
-    CodeArchive,
-    Dataset,
-    DatasetFile,
-    Evaluation,
-    Job,
-    MetricSeries,
-)
 from torchyard.render import (
     checkpoints_table,
     dataset_files_table,
@@ -34,6 +25,15 @@ from torchyard.render import (
 )
 from torchyard.summary import JobSummary, render_summary
 from torchyard.tables import Column, ListTable, cut_middle
+from torchyard.types import (
+    Checkpoint,
+    CodeArchive,
+    Dataset,
+    DatasetFile,
+    Evaluation,
+    Job,
+    MetricSeries,
+)
 from torchyard.workers import Worker
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)

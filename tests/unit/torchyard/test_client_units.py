@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchyard.render import format_bytes, format_duration, format_metric, format_rate, format_value
+from torchyard.units import format_bytes, format_duration, format_metric, format_rate, format_value
 
 UTIL_JS = Path(__file__).parents[3] / "api" / "static" / "js" / "util.js"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.platform.models import Job
 from core.platform.settings import Settings
+from core.platform.tables import Job
 from jobspec.job import JobSpec, ScriptJobSpec
 from workers import launcher, lone_rank, plan
 from workers.devices import Lease

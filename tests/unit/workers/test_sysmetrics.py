@@ -21,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.platform.db import make_engine, session_factory
-from core.platform.models import Base, Job, MetricPoint, Project
 from core.platform.settings import Settings
+from core.platform.tables import Base, Job, MetricPoint, Project
 from jobspec.job import JobSpec
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths

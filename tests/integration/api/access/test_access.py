@@ -31,8 +31,8 @@ from core.access import auth
 from core.jobs import ingest
 from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
-from core.platform.models import Checkpoint, Job, JobState, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, Job, JobState, utcnow
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.api.conftest import job_spec, submit

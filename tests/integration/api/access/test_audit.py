@@ -17,8 +17,8 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core.platform.models import AuditEvent
 from core.platform.settings import OidcGrant, Settings
+from core.platform.tables import AuditEvent
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.conftest import assert_error, job_spec, submit
 from tests.integration.api.oidc_provider import AUDIENCE, Provider, rsa_key, serve

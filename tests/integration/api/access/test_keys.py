@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, update
 
 from core.platform.db import session_scope
-from core.platform.models import ApiKey
+from core.platform.tables import ApiKey
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error
 

@@ -22,8 +22,8 @@ from api.main import create_app
 from core.access import auth, identity
 from core.platform.db import make_engine, session_factory, session_scope
 from core.platform.errors import Conflict
-from core.platform.models import ApiKey, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import ApiKey, utcnow
 from tests.conftest import ProjectKey, fresh_database, make_project
 from tests.integration.api.conftest import assert_error
 

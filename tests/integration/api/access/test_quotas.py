@@ -12,8 +12,8 @@ from sqlalchemy import Engine, update
 
 from api.main import create_app
 from core.platform.db import session_scope
-from core.platform.models import Job, JobNode, JobState, Worker, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobNode, JobState, Worker, utcnow
 from core.scheduling import claim as scheduling
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.conftest import assert_error, job_spec, queued_job_ids, submit

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core.platform.models import JobState
 from core.platform.settings import Settings
+from core.platform.tables import JobState
 from core.usage.records import month_start
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec

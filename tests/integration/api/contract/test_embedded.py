@@ -11,8 +11,8 @@ from sqlalchemy import select, update
 
 from api.main import create_app
 from core.platform.db import make_engine, upgrade
-from core.platform.models import ApiKey
 from core.platform.settings import Settings
+from core.platform.tables import ApiKey
 from tests.conftest import make_project
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, func, select
 
-from core.platform.models import Job
+from core.platform.tables import Job
 from tests.conftest import ProjectKey
 
 

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 from api.main import create_app
-from core.platform.models import CodeArchive
 from core.platform.settings import Settings
+from core.platform.tables import CodeArchive
 from tests.conftest import ProjectKey
 from tests.integration.api.code_archives import code_files, tar_gz, upload, zip_bytes
 from tests.integration.api.conftest import assert_error

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from core.datasets.formats import MAX_LISTED
+from core.datasets.problems import MAX_LISTED
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts

@@ -20,10 +20,10 @@ from api.main import create_app
 from core.jobs import ingest
 from core.jobs.exports import NO_EXPORTER
 from core.platform.db import session_scope
-from core.platform.models import Checkpoint, CheckpointExport, utcnow
-from core.platform.models import Worker as WorkerRow
 from core.platform.queue import EXPORT_CHECKPOINT_TASK
 from core.platform.settings import Settings
+from core.platform.tables import Checkpoint, CheckpointExport, utcnow
+from core.platform.tables import Worker as WorkerRow
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec, queued_messages, submit
 from tests.integration.conftest import cli_invoker

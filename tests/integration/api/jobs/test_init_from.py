@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import ingest, init_from
 from core.platform.errors import InvalidInput
-from core.platform.models import Checkpoint
+from core.platform.tables import Checkpoint
 from jobspec.job import InitFromSpec
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts, job_spec, submit

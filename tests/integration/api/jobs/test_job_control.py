@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
 from core.platform.db import session_scope
-from core.platform.models import Job
+from core.platform.tables import Job
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import (
     assert_error,

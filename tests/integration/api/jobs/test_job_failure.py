@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core.platform.models import JobState
+from core.platform.tables import JobState
 from jobspec.job import JobSpec
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, insert
 from core.jobs import ingest
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import JobState, MetricPoint
+from core.platform.tables import JobState, MetricPoint
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import job_spec, submit
 

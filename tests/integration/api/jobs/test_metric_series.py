@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import ingest
 from core.platform.db import session_scope
-from core.platform.models import Job
+from core.platform.tables import Job
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import job_spec, submit
 from tests.integration.workers.helpers import wait_for

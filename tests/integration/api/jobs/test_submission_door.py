@@ -15,8 +15,8 @@ from sqlalchemy import Engine, select
 from core.jobs import outbox
 from core.platform.db import session_factory
 from core.platform.errors import QuotaExceeded
-from core.platform.models import Job, JobEvent
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobEvent
 from core.scheduling import quotas
 from core.submission import service as submission
 from jobspec.job import parse_job_spec

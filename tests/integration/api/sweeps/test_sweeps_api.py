@@ -17,8 +17,8 @@ from core.jobs import ingest
 from core.jobs import service as jobs
 from core.jobs.ingest import Metric
 from core.platform.db import session_factory, session_scope
-from core.platform.models import Job, JobNode, JobState, Sweep, SweepTrial
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobNode, JobState, Sweep, SweepTrial
 from core.sweeps import drive, study
 from core.sweeps import service as sweeps
 from jobspec.sweep import SweepSpec

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 
 from core.platform.control import ReconcilerHealth, reconciler_health
 from core.platform.db import make_engine, session_factory
-from core.platform.models import Controller as ControllerRow
 from core.platform.settings import Settings
+from core.platform.tables import Controller as ControllerRow
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import UNTIL_STOPPED, steps_spec
 from tests.integration.workers.controllers import Controller, start_controller

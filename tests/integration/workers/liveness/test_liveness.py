@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
-from core.platform.models import Worker, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Worker, utcnow
 from tests.integration.workers.helpers import wait_for
 from workers import liveness
 

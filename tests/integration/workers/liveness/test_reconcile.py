@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from core.attempts import gang
 from core.jobs import service as jobs
 from core.platform.db import session_factory
-from core.platform.models import Job, JobNode, JobState, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobNode, JobState, utcnow
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     UNTIL_STOPPED,

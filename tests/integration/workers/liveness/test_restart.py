@@ -15,9 +15,9 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine
 
-from core.platform.models import JobEvent
 from core.platform.settings import Settings
 from core.platform.storage import job_run_dir
+from core.platform.tables import JobEvent
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     TERMINAL,

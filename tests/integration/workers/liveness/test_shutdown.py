@@ -12,8 +12,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import JobState
 from core.platform.settings import Settings
+from core.platform.tables import JobState
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import (
     UNTIL_STOPPED,

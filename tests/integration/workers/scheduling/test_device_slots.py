@@ -22,9 +22,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.models import JobNode
-from core.platform.models import Worker as WorkerRow
 from core.platform.settings import Settings
+from core.platform.tables import JobNode
+from core.platform.tables import Worker as WorkerRow
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import UNTIL_STOPPED, open_gate, steps_spec
 from tests.integration.workers.helpers import (

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from core.attempts import gang
 from core.attempts.lifecycle_policy import NodeEnd, Stop
 from core.jobs import service as jobs
-from core.platform.models import Job, JobNode, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobNode, utcnow
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import create_job, job_events, job_row, tiny_spec
 from workers import reconcile

@@ -16,8 +16,8 @@ from core.attempts import lifecycle_apply as attempts
 from core.attempts.lifecycle_policy import NodeEnd, Stop, decide
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
 from core.platform.settings import Settings
+from core.platform.tables import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
 from core.scheduling import preemption_apply as preempt
 from core.scheduling import queue_view, quotas
 from core.webhooks import subscriptions as webhooks

@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from core.platform.db import session_factory
-from core.platform.models import Job
 from core.platform.settings import Settings
+from core.platform.tables import Job
 from core.scheduling import queue_view
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import open_gate, steps_spec

@@ -14,8 +14,8 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core.platform.models import JobNode
 from core.platform.settings import Settings
+from core.platform.tables import JobNode
 from core.scheduling import quotas
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.archives import STEPS_PY, open_gate, steps_spec, store_archive

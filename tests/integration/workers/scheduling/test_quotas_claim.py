@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from core.attempts import gang
 from core.jobs import service as jobs
 from core.platform.db import session_scope
-from core.platform.models import Job, JobNode, JobState, Worker, utcnow
+from core.platform.tables import Job, JobNode, JobState, Worker, utcnow
 from core.scheduling import claim as scheduling
 from core.scheduling import queue_view, quotas
 from tests.conftest import ProjectKey, make_project

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from core.access import auth
 from core.jobs import service as jobs
 from core.platform.db import make_engine, session_scope, upgrade
-from core.platform.models import Job
+from core.platform.tables import Job
 from core.scheduling import claim as scheduling
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import tiny_spec, unique_queue
