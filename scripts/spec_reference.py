@@ -1,8 +1,8 @@
 """Render the JobSpec reference (Markdown) from its JSON Schema.
 
 `python scripts/spec_reference.py` prints it; `--write` replaces the block between the
-`<!-- spec-reference -->` markers in README.md. tests/unit/project/test_readme.py keeps them in
-step.
+`<!-- spec-reference -->` markers in docs/reference/spec.md.
+tests/unit/project/test_reference_docs.py keeps them in step.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jobspec.job import JobSpec, ScriptJobSpec
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "spec.md"
 BEGIN, END = "<!-- spec-reference -->", "<!-- /spec-reference -->"
 
 
@@ -91,10 +91,10 @@ def main() -> int:
     if "--write" not in sys.argv:
         print(text)
         return 0
-    readme = README.read_text()
-    head, rest = readme.split(BEGIN, 1)
+    page = PAGE.read_text()
+    head, rest = page.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    PAGE.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
     return 0
 
 

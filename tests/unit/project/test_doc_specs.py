@@ -1,5 +1,5 @@
-"""Every job and sweep spec shown in README.md, docs/*.md and examples/ is one the server
-accepts (issue 45: the README's sweep was refused as written).
+"""Every job and sweep spec shown in README.md, the docs site (docs/**/*.md) and examples/ is
+one the server accepts (issue 45: the README's sweep was refused as written).
 
 Each YAML block of the docs that holds a mapping is read as `POST /v1/spec/validate` reads a
 spec (`core.jobs.spec_yaml.parse`, then `jobspec.problems.spec_errors`, the same field and
@@ -20,7 +20,7 @@ from jobspec.problems import spec_errors
 from jobspec.sweep import SweepSpec
 from tests.support.doc_blocks import README, ROOT, yaml_blocks
 
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 SPEC_FILES = sorted((ROOT / "examples").glob("*/spec.yaml"))
 # What `torchyard submit --code DIR` sets: the uploaded archive's id.
 CODE = "code_0123456789abcdef"
@@ -58,11 +58,14 @@ def spec_problems(text: str) -> list[tuple[str, str]]:
 
 
 def test_the_docs_show_job_and_sweep_specs() -> None:
-    """The extraction finds what it checks: the README's sweep, its LoRA example, its eval job."""
+    """The extraction finds what it checks: the README's sweep and eval job, the guides' LoRA
+    example and job spec."""
     texts = [text for _, text in BLOCKS]
     assert any("space:" in t for t in texts)
     assert any("lora:" in t for t in texts)
     assert any("evaluate:" in t for t in texts)
+    wheres = {where.split(":")[0] for where, _ in BLOCKS}
+    assert {"README.md", "docs/job-spec.md", "docs/fine-tuning.md", "docs/evals.md"} <= wheres
 
 
 @pytest.mark.parametrize(("where", "text"), BLOCKS, ids=[where for where, _ in BLOCKS])

@@ -44,7 +44,7 @@ def python_files() -> list[Path]:
 
 
 def markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def prose_of_python(source: str) -> Iterator[tuple[int, str]]:
@@ -75,10 +75,12 @@ def section_citations(text: str) -> list[tuple[str, str]]:
     return found
 
 
-def resolve(cited: str) -> Path | None:
-    for base in BASES:
+def resolve(cited: str, near: Path | None = None) -> Path | None:
+    """`cited` from the root, from `docs/`, or (a docs page's relative link, `../<page>.md`)
+    from the folder of the document `near` that cites it."""
+    for base in (*BASES, *([near.parent] if near is not None else [])):
         if (base / cited).is_file():
-            return base / cited
+            return (base / cited).resolve()
     return None
 
 
@@ -111,7 +113,9 @@ def located_citations() -> Iterator[tuple[str, str]]:
 
 def test_every_cited_document_exists_in_the_repository() -> None:
     missing = [
-        f"{where}: {cited}" for where, cited in located_citations() if resolve(cited) is None
+        f"{where}: {cited}"
+        for where, cited in located_citations()
+        if resolve(cited, ROOT / where.partition(":")[0]) is None
     ]
     assert not missing, "cited documents that are not in the repository:\n" + "\n".join(missing)
 
@@ -120,7 +124,7 @@ def test_every_cited_section_is_a_heading_of_its_document() -> None:
     missing = []
     for where, text in cited_texts():
         for cited, wanted in section_citations(text):
-            document = resolve(cited)
+            document = resolve(cited, ROOT / where.partition(":")[0])
             if document is not None and not has_section(document, wanted):
                 missing.append(f"{where}: {cited}, section {wanted}")
     assert not missing, "cited sections that are not headings:\n" + "\n".join(missing)
