@@ -6,7 +6,7 @@ The data section (`DataSpec`) lives in `jobspec.data` and the method section
 (`MethodSpec`, `DPOSpec`) in `jobspec.method`; both are importable from here.
 
 Every field is documented where it is declared; ``JobSpec.model_json_schema()`` is the public
-JSON Schema served at ``GET /v1/spec/schema`` and rendered into README.md.
+JSON Schema served at ``GET /v1/spec/schema`` and rendered into docs/reference/spec.md.
 
 One module of ~700 lines, on purpose: the spec's sections are small pydantic models whose field
 descriptions are the public JSON Schema, and `JobSpec`'s cross-section validators (`jobspec.checks`)

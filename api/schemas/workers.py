@@ -41,7 +41,7 @@ class WorkerOut(BaseModel):
     )
     stopping: bool = Field(description="In a warm shutdown: it takes no new job.")
     sandbox: str | None = Field(
-        description="How it contains its jobs' ranks (README, 'Security'): `bwrap`, or "
+        description="How it contains its jobs' ranks (docs/security.md): `bwrap`, or "
         "`none: <why>` (the setting, or what the host lacks: then a job can read what the "
         "worker reads); null for an exporter (no job's code runs there) or a worker older "
         "than this field."

@@ -63,7 +63,7 @@ def slurm_submitter(
 ) -> None:
     """Run a Slurm pool's submitter on a login node (`sbatch`, `squeue`, `scancel` on its PATH):
     it places the pool's jobs on the Slurm partition and follows them; `srun` starts a node
-    agent per node that trains as a worker would (README, "Running on Slurm"). The pool is
+    agent per node that trains as a worker would (docs/slurm.md). The pool is
     declared in TORCHYARD_SLURM_POOLS, e.g. `{"h100": {"partition": "gpu", "gpus": true}}`.
 
     Example: `torchyard slurm-submitter --pool h100`

@@ -17,7 +17,7 @@ must see its own job and nothing else. The worker wraps the node's whole `torchr
   entrypoint job's declared `entrypoint.inputs` at `/inputs/<name>`);
 - no network at all (`--unshare-net`: loopback only, where torchrun's rendezvous and gloo run)
   for a single-node job that needs none: local storage, no hub model. Other jobs share the
-  host's network (README, "Security": what a job can reach).
+  host's network (docs/security.md, 'Security': what a job can reach).
 
 `--info-fd` tells the worker the host PID of the namespace's init, which leads the sandbox's
 session and process group; torchrun is its only child. The worker signals that group as it
