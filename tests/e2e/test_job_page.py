@@ -157,6 +157,44 @@ def test_labels_and_a_note_are_edited_on_the_page_and_kept(
             expect(page.locator("#jobs-body tr[data-job-id]")).to_have_count(1)
 
 
+def test_the_save_status_says_saving_until_the_answer_and_a_late_input_event_keeps_saved(
+    browser: Browser, live_api: str, engine: Engine, corpus_dir: Path
+) -> None:
+    """Issue 44: `test_labels_and_a_note...` once found the status empty after a save the server
+    had made (the inputs held the saved values, the button was enabled again). The only code
+    that empties it was an `input` event, and one that changes nothing (the tail of the edit
+    just saved, delivered after the click on a loaded host) emptied it. It keeps the answer now;
+    and while the PATCH is out the status says so, so a slow server is never a blank."""
+    owner = make_project(engine)
+    with api_client(live_api, owner) as api:
+        dataset_id = register_corpus(api, corpus_dir)
+        spec = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name="to-note")
+        job_id = api.post("/v1/jobs", json=spec.model_dump(mode="json")).json()["id"]
+        with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+            page = dash.page
+            dash.open(f"/jobs/{job_id}")
+            expect(page.locator("#labels-input")).to_have_value("")
+            held: list[Any] = []
+            page.route(f"**/v1/jobs/{job_id}", lambda route: held.append(route)
+                       if route.request.method == "PATCH" else route.continue_())  # fmt: skip
+            page.fill("#labels-input", "team=vision")
+            page.click("#save-details")
+            status = page.locator("#details-status")
+            expect(status).to_have_text("saving…")
+            expect(page.locator("#save-details")).to_be_disabled()
+            wait_for("the PATCH to be held", lambda: held or None, 30, poll_s=0.05)
+            held[0].continue_()
+            expect(status).to_have_text("saved")
+            expect(status).to_have_attribute("data-state", "saved")
+            # the ordering seen once: an input event after the answer, with nothing changed
+            page.dispatch_event("#note-input", "input")
+            page.dispatch_event("#labels-input", "input")
+            expect(status).to_have_text("saved")
+            assert api.get(f"/v1/jobs/{job_id}").json()["labels"] == {"team": "vision"}
+            page.fill("#note-input", "a real edit")  # a change: the old answer goes
+            expect(status).to_have_text("")
+
+
 def test_the_jobs_list_shows_final_loss_and_best_eval_loss(reader: Dash, run: Run) -> None:
     reader.open("/jobs")
     row = reader.page.locator(f"#jobs-body tr[data-job-id='{run.job['id']}']")

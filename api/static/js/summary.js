@@ -60,31 +60,44 @@ export function summaryCard(jobId, onSaved) {
   let job = null;
   let filled = false;
   let dirty = false;
+  // What the form says now, and what it said when its last answer came: an `input` event that
+  // changes nothing (a late one of the edit just saved) keeps that answer on screen.
+  const formText = () => JSON.stringify([labelsInput.value, noteInput.value]);
+  let answered = null;
+  const say = (state, text) => { status.dataset.state = state; status.textContent = text; };
   for (const input of [labelsInput, noteInput]) {
-    input.addEventListener("input", () => { dirty = true; status.textContent = ""; });
+    input.addEventListener("input", () => {
+      dirty = true;
+      if (formText() !== answered) say("", "");
+    });
   }
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     let labels;
+    const sent = formText();
     try {
       labels = parseLabels(labelsInput.value);
     } catch (err) {
-      status.textContent = err.message;
+      answered = sent;
+      say("error", err.message);
       return;
     }
     save.disabled = true;
+    say("saving", "saving…");
     try {
       const updated = await api(`/v1/jobs/${jobId}`, {
         method: "PATCH", body: { labels, note: noteInput.value },
       });
       dirty = false;
       filled = false;
-      status.textContent = "saved";
+      answered = sent;
+      say("saved", "saved");
       onSaved(updated);
     } catch (err) {
       const where = err.details?.map((d) => `${d.loc.slice(1).join(".")}: ${d.msg}`).join("; ");
-      status.textContent = where || err.message;
+      answered = sent;
+      say("error", where || err.message);
       if (err.status !== 422) showError(err);
     } finally {
       save.disabled = false;

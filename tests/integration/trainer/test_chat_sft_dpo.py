@@ -28,6 +28,9 @@ from torchyard.examples.docstrings import ExampleData, write_example_data
 from torchyard.types import Job
 
 JOB_TIMEOUT_S = 400
+# A test's time includes its module fixtures' (the SFT job, its model and data): the DPO test
+# waits up to JOB_TIMEOUT_S on top of the SFT job the first test that asks for it runs.
+pytestmark = pytest.mark.timeout(3 * JOB_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
