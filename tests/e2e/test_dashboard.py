@@ -433,6 +433,7 @@ def test_the_jobs_table_sorts_by_name_both_ways(reader: Dash, finished: Finished
     dash.page.click("th[data-sort='name']")
     expect(names).to_have_text(["short-run", "parked-beta", "parked-alpha", "long-run"])
     assert dash.fits_width()
+    dash.shot("jobs")  # docs/screenshots/jobs.png
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
