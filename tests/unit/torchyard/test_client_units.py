@@ -11,8 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from torchyard.units import format_bytes, format_duration, format_metric, format_rate, format_value
 
 UTIL_JS = Path(__file__).parents[3] / "api" / "static" / "js" / "util.js"
@@ -58,8 +56,9 @@ def test_a_metric_prints_in_its_unit_never_in_scientific_notation() -> None:
     assert format_metric("loss", None) == "-"
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node to run util.js")
 def test_the_expected_strings_are_what_util_js_prints() -> None:
+    # not a skip: scripts/browser.sh (run by scripts/test.sh) installs Node
+    assert shutil.which("node"), "needs Node to run util.js: apt-get install nodejs"
     script = f"""
         const u = await import({json.dumps(UTIL_JS.as_uri())});
         const [numbers, bytes, durations] = JSON.parse(process.argv[1]);
