@@ -24,7 +24,24 @@ def wait_job(client: Client, job_id: int, states: tuple[str, ...], worker: Worke
             pytest.fail(f"job {job_id} {job.state}: {job.failure}\n{worker.log[-4000:]}")
         return job if job.state in states else None
 
-    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, TIMEOUT_S, 0.2)
+    return wait_for(
+        f"job {job_id} to be {'/'.join(states)}",
+        probe,
+        TIMEOUT_S,
+        0.2,
+        explain=lambda: explain(client, job_id, worker),
+    )
+
+
+def explain(client: Client, job_id: int, worker: Worker | None = None) -> str:
+    """What a timed-out wait shows: the job's state, its last events and the worker's log tail."""
+    job = client.jobs.get(job_id)
+    events = list(client.jobs.iter_events(job_id))[-15:]
+    lines = [f"job {job_id}: {job.state} at step {job.current_step}, attempt {job.attempt}"]
+    lines += [f"  {e.created_at} {e.kind}: {e.message}" for e in events]
+    if worker is not None:
+        lines.append(f"--- worker {worker.name} log tail\n{worker.log[-4000:]}")
+    return "\n".join(lines)
 
 
 def checkpoint_after(client: Client, job_id: int, step: int) -> int:
@@ -34,7 +51,13 @@ def checkpoint_after(client: Client, job_id: int, step: int) -> int:
         later = [c.step for c in client.jobs.checkpoints(job_id) if c.step > step]
         return min(later) if later else None
 
-    return wait_for(f"a checkpoint past step {step}", probe, TIMEOUT_S, 0.05)
+    return wait_for(
+        f"a checkpoint past step {step}",
+        probe,
+        TIMEOUT_S,
+        0.05,
+        explain=lambda: explain(client, job_id),
+    )
 
 
 def step_passed(client: Client, job_id: int, step: int) -> Job:
@@ -44,4 +67,10 @@ def step_passed(client: Client, job_id: int, step: int) -> Job:
         job = client.jobs.get(job_id)
         return job if (job.current_step or 0) >= step else None
 
-    return wait_for(f"the run to pass step {step}", probe, TIMEOUT_S, 0.05)
+    return wait_for(
+        f"the run to pass step {step}",
+        probe,
+        TIMEOUT_S,
+        0.05,
+        explain=lambda: explain(client, job_id),
+    )

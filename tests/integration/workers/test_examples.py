@@ -38,6 +38,10 @@ COMMANDS = {
     "ddp": ["python", "train.py", "--max-steps", "500", "--checkpoint-every", "100"],
     "fsdp2": ["python", "train.py", "--max-steps", "250", "--checkpoint-every", "60"],
 }
+# The story is five waits of up to `TIMEOUT_S` (240 s) each: 37 s on a quiet host, past the
+# suite's 300 s per test once on CI's loaded one (at 07cc4c3), which cut the last wait short
+# without its account of the job and the worker. The bound is the waits', so they fail first.
+pytestmark = pytest.mark.timeout(900)
 # `hf_trainer` reads a registered base model and a dataset (`entrypoint.inputs`): the same story
 # with its inputs in tests/integration/workers/test_inputs.py.
 

@@ -86,6 +86,7 @@ def _spec(code: str, pool: str, command: list[str], inputs: dict[str, Any]) -> d
     return spec
 
 
+@pytest.mark.timeout(900)  # four SDK waits of up to 240 s; 163 s from upload to success when quiet
 def test_the_hf_trainer_example_reads_its_inputs_and_resumes_after_a_killed_worker(
     api: str,
     engine: Engine,
