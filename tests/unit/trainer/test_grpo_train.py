@@ -1,0 +1,129 @@
+"""GRPO's step (`trainer.methods.grpo_train`) in one process: sampling a group (stop ids,
+masks, top-p), and a policy that learns what its grader rewards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from trainer.distributed import DistInfo
+from trainer.methods.grpo_train import GRPOMethod, Prompts, Sampling, filter_logits, sample_group
+
+GOOD = 3  # the id the toy grader rewards
+ALPHABET = 8  # ids the toy policy samples from (so the good one is drawn 1 time in 8 at first)
+
+
+class TinyLlama(nn.Module):
+    """A 2-layer Llama over byte ids, called as the trainer calls its models: ids -> logits."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=256,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.llama = LlamaForCausalLM(config)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.llama(input_ids=ids).logits
+
+
+class ShareOfGood:
+    """Reward: the share of the completion's characters that are chr(GOOD)."""
+
+    name = "good"
+
+    def grade(self, sample: dict[str, Any], item: dict[str, Any]) -> float:
+        text = sample["output_text"]
+        return text.count(chr(GOOD)) / len(text) if text else 0.0
+
+
+def _prompts(n: int) -> Prompts:
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, ALPHABET, size=int(rng.integers(3, 7))) for _ in range(n)]
+    return Prompts(ids=ids, records=[{"i": i} for i in range(n)])
+
+
+def _decode(ids: list[int]) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+def test_a_group_stops_at_its_stop_id_and_masks_what_follows() -> None:
+    model = TinyLlama(seed=0)
+    sampling = Sampling(group_size=16, max_new_tokens=12, stop_ids=(1,), vocab_size=ALPHABET)
+    generator = torch.Generator().manual_seed(0)
+    ids, mask = sample_group(model, torch.tensor([2, 5, 4]), sampling, generator)
+    assert ids.shape == mask.shape and ids.shape[0] == 16 and ids.shape[1] <= 12
+    assert int(ids.max()) < ALPHABET, "ids past vocab_size are never sampled"
+    stopped = 0
+    for row, m in zip(ids.tolist(), mask.tolist(), strict=True):
+        length = sum(m)
+        assert m == [1] * length + [0] * (len(m) - length), "the mask is a prefix"
+        if 1 in row[:length]:
+            stopped += 1
+            assert row.index(1) == length - 1, "a completion ends with its first stop id"
+            assert all(t == 1 for t in row[length:]), "after the stop: the stop id repeated"
+        else:
+            assert length == len(m)
+    assert stopped > 0
+    assert model.training, "the model's mode is given back"
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p_and_top_k_the_k_most_likely() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_logits(logits, top_k=None, top_p=0.7))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = torch.isfinite(filter_logits(logits, top_k=None, top_p=0.8))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = torch.isfinite(filter_logits(logits, top_k=None, top_p=0.81))
+    assert kept.tolist() == [[True, True, True, False]]
+    kept = torch.isfinite(filter_logits(logits, top_k=1, top_p=1.0))
+    assert kept.tolist() == [[True, False, False, False]]
+
+
+def test_the_policy_learns_what_its_grader_rewards() -> None:
+    torch.manual_seed(0)
+    model = TinyLlama(seed=1)
+    prompts = _prompts(16)
+    method = GRPOMethod(
+        prompts=(prompts, prompts),
+        graders=[ShareOfGood()],
+        sampling=Sampling(group_size=8, max_new_tokens=6, vocab_size=ALPHABET),
+        decode=_decode,
+        loss_type="dapo",
+    )
+    dist = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rng = np.random.default_rng(0)
+    rewards = []
+    for step in range(30):
+        indices = rng.choice(len(prompts), size=4, replace=False)
+        generator = torch.Generator().manual_seed(step)
+        groups = method.sample(model, prompts, indices, dist.device, generator)
+        method.accumulate_groups(
+            groups, model=model, train_model=model, global_prompts=4, dp_size=1, dist=dist
+        )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        metrics = method.step_metrics(dist)
+        rewards.append(metrics["reward"])
+        assert metrics["reward/good"] == metrics["reward"]
+        assert 0.0 <= metrics["frac_reward_zero_std"] <= 1.0
+        assert metrics["completion_length"] == 6.0
+    first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
+    assert first < 0.3, f"an untrained policy draws the good id about 1 time in 8 ({first:.2f})"
+    assert last > 0.6, f"after 30 steps the policy prefers it: {first:.2f} -> {last:.2f}"
+    scores = method.evaluate_prompts(model, prompts, np.arange(len(prompts)), dist)
+    assert scores["eval_reward"] > 0.6 and scores["eval_loss"] == -scores["eval_reward"]
