@@ -29,7 +29,13 @@ import numpy as np
 
 from dataformat.chat import render_chat
 from dataformat.errors import InvalidJobError
-from dataformat.records import MessagesRecord, PromptCompletionRecord, Record, TextRecord
+from dataformat.records import (
+    MessagesRecord,
+    PromptCompletionRecord,
+    PromptRecord,
+    Record,
+    TextRecord,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,6 +45,7 @@ DEFAULT_LOSS_ON = {
     "messages": "assistant",
     "prompt_completion": "completion",
     "preference": "completion",
+    "prompt": "completion",
     "jsonl_text": "all",
     "text": "all",
     "tokens": "all",
@@ -165,6 +172,11 @@ def encode_record(record: Record, *, tokenizer: Tokenizer, template: str, loss_o
     elif isinstance(record, PromptCompletionRecord):
         assert not isinstance(record.prompt, str) and not isinstance(record.completion, str)
         messages, tools, num_prompt = [*record.prompt, *record.completion], None, len(record.prompt)
+    elif isinstance(record, PromptRecord):
+        raise InvalidJobError(
+            "prompt records hold no answer to learn from: a prompt dataset trains with "
+            "method.kind grpo"
+        )
     else:
         raise InvalidJobError(f"{type(record).__name__} records do not make SFT examples")
     chat = render_chat(

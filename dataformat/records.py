@@ -13,6 +13,9 @@ trainer renders from. One record is one JSON object (a JSONL line or a Parquet r
 | `preference` | `{"prompt", "chosen", "rejected"}` (TRL) or the OpenAI DPO shape
   `{"input": {"messages"}, "preferred_output", "non_preferred_output"}` |
 | `tokens` | pre-tokenized: Parquet `input_ids` (+ `labels` or `loss_mask`), or `.bin`/`.npy` |
+| `prompt` | prompts to sample answers for (GRPO): `{"prompt": str or messages}` or OpenAI's
+  reinforcement fine-tuning shape `{"messages": [...]}` ending in a user turn; every other key
+  is the record's data that graders read (`{{ item.answer }}`) |
 
 `parse_record(format, obj)` returns the validated model (the OpenAI DPO shape is normalised to
 `PreferenceRecord`) or raises `pydantic.ValidationError`, whose error locations are field
@@ -26,7 +29,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from pydantic_core import PydanticCustomError
 
-Format = Literal["text", "jsonl_text", "messages", "prompt_completion", "preference", "tokens"]
+Format = Literal[
+    "text", "jsonl_text", "messages", "prompt_completion", "preference", "tokens", "prompt"
+]
 FORMATS: tuple[str, ...] = (
     "text",
     "jsonl_text",
@@ -34,8 +39,15 @@ FORMATS: tuple[str, ...] = (
     "prompt_completion",
     "preference",
     "tokens",
+    "prompt",
 )
-RECORD_FORMATS: tuple[str, ...] = ("jsonl_text", "messages", "prompt_completion", "preference")
+RECORD_FORMATS: tuple[str, ...] = (
+    "jsonl_text",
+    "messages",
+    "prompt_completion",
+    "preference",
+    "prompt",
+)
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 # `data.loss_on` values each record format can honour (None: the format's default,
 # `dataformat.masks.DEFAULT_LOSS_ON`).
@@ -46,6 +58,7 @@ LOSS_ON_BY_FORMAT: dict[str, tuple[str, ...]] = {
     "messages": ("assistant", "all"),
     "prompt_completion": ("completion", "assistant", "all"),
     "preference": ("completion",),
+    "prompt": ("completion",),  # the sampled completion (GRPO); nothing of the record itself
 }
 
 
@@ -184,12 +197,49 @@ class PreferenceRecord(_Record):
         return not isinstance(self.prompt, str)
 
 
-Record = TextRecord | MessagesRecord | PromptCompletionRecord | PreferenceRecord
+class PromptRecord(_Record):
+    """`prompt`: what a policy is asked, with no answer to imitate (reinforcement fine-tuning).
+    `prompt` (a string or messages) or `messages` (OpenAI's RFT shape), whose last message is
+    not an assistant's; the record's other keys are kept for graders (`extra="allow"`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    prompt: str | Conversation | None = None
+    messages: Conversation | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PromptRecord:
+        if (self.prompt is None) == (self.messages is None):
+            raise PydanticCustomError("prompt", "give exactly one of prompt or messages")
+        turns = self.conversation
+        if isinstance(self.prompt, str):
+            if not self.prompt:
+                raise PydanticCustomError("empty_content", "prompt: must not be empty")
+        elif turns is not None:
+            _check_conversation(turns, needs_assistant=False)
+            if turns[-1].role == "assistant":
+                raise PydanticCustomError(
+                    "ends_with_assistant",
+                    "the last message is the assistant's: a prompt ends where the answer starts",
+                )
+        return self
+
+    @property
+    def conversation(self) -> Conversation | None:
+        """The prompt's messages; None for a plain-text prompt."""
+        if self.messages is not None:
+            return self.messages
+        return None if isinstance(self.prompt, str) else self.prompt
+
+
+Record = TextRecord | MessagesRecord | PromptCompletionRecord | PreferenceRecord | PromptRecord
 MODELS: dict[str, type[_Record]] = {
     "jsonl_text": TextRecord,
     "messages": MessagesRecord,
     "prompt_completion": PromptCompletionRecord,
     "preference": PreferenceRecord,
+    "prompt": PromptRecord,
 }
 _ADAPTERS = {name: TypeAdapter(model) for name, model in MODELS.items()}
 
@@ -212,9 +262,14 @@ def detect_format(obj: Any) -> str | None:
     if "chosen" in obj or "preferred_output" in obj:
         return "preference"
     if "messages" in obj:
-        return "messages"
+        messages = obj["messages"]
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        ends_asking = isinstance(last, dict) and last.get("role") not in (None, "assistant")
+        return "prompt" if ends_asking else "messages"
     if "completion" in obj:
         return "prompt_completion"
+    if "prompt" in obj:
+        return "prompt"
     if "text" in obj:
         return "jsonl_text"
     if "input_ids" in obj:

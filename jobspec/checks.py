@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from dataformat.records import LOSS_ON_BY_FORMAT
+from jobspec.method_checks import method_errors
 
 if TYPE_CHECKING:
     from jobspec.job import JobSpec, LoRASpec
@@ -65,7 +66,7 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     errors += _finetune_errors(spec)
     errors += _stopping_errors(spec)
     errors += _data_errors(spec)
-    errors += _method_errors(spec)
+    errors += method_errors(spec)
     if spec.train.max_steps is not None and spec.eval.interval_steps > spec.train.max_steps:
         errors.append(
             (
@@ -421,43 +422,6 @@ def _gpt_lora_errors(lora: LoRASpec, n_layers: int) -> list[tuple[tuple[str, ...
                 ("lora", "modules_to_save"),
                 f"{bad_save} cannot be trained in full with gpt LoRA; choose among "
                 f"{list(GPT_SAVABLE_MODULES)}",
-            )
-        )
-    return errors
-
-
-def _method_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
-    """DPO needs unpacked pairs and a model whose logits each rank holds whole.
-
-    Whether the data are preference pairs is known when the dataset is (the API, for a
-    registered dataset) or rendered (the trainer, for a `uri`)."""
-    if spec.method.kind != "dpo":
-        return []
-    par = spec.parallelism
-    errors: list[tuple[tuple[str, ...], str]] = []
-    if par.strategy in ("tensor", "pipeline") or par.tp_size(spec.world_size) > 1:
-        errors.append(
-            (
-                ("method", "kind"),
-                f"method 'dpo' runs with strategy single, ddp or fsdp (without "
-                f"tensor_parallel_size), not {par.strategy!r}: its reference forward and "
-                "per-sequence log-probabilities need each rank's whole logits",
-            )
-        )
-    # `data.packing` arrives with the data pipeline (issue 11); until then nothing packs.
-    if spec.data.packing:
-        errors.append(
-            (
-                ("data", "packing"),
-                "method 'dpo' scores whole answers, one pair per row: set data.packing false",
-            )
-        )
-    if spec.qat is not None:
-        errors.append(
-            (
-                ("qat",),
-                "qat cannot be combined with method 'dpo' (the reference would not be "
-                "fake-quantized like the policy)",
             )
         )
     return errors

@@ -59,7 +59,8 @@ class DataSpec(StrictSpec):
     format: Format | None = Field(
         default=None,
         description="Record format (`text`, `jsonl_text`, `messages`, `prompt_completion`, "
-        "`preference`, `tokens`; see `dataformat.records`). null: the registered dataset's format "
+        "`preference`, `tokens`, `prompt`; see `dataformat.records`). null: the registered "
+        "dataset's format "
         "(filled in at submission), or for a `uri` detected from the file extension and the "
         "first record.",
     )

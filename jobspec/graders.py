@@ -215,8 +215,9 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 
 
 def _refuse_model_graders(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type") in MODEL_GRADERS:
-        raise PydanticCustomError("grader_unavailable", MODEL_GRADERS[value["type"]])
+    kind = value.get("type") if isinstance(value, dict) else None
+    if isinstance(kind, str) and kind in MODEL_GRADERS:  # any JSON may come: {"type": {}} too
+        raise PydanticCustomError("grader_unavailable", MODEL_GRADERS[kind])
     return value
 
 

@@ -1,6 +1,6 @@
 """The job spec's method section (`JobSpec.method`): what the model learns from the data,
-next-token prediction (`sft`) or preferences (`dpo`). Pure pydantic (the API imports it
-through `jobspec.job`)."""
+next-token prediction (`sft`), preferences (`dpo`) or graded samples of its own (`grpo`).
+Pure pydantic (the API imports it through `jobspec.job`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from jobspec.base import StrictSpec, given
+from jobspec.graders import Graders
 
 
 class DPOSpec(StrictSpec):
@@ -67,30 +68,120 @@ class DPOSpec(StrictSpec):
         return self
 
 
-class MethodSpec(StrictSpec):
-    """What the model learns from the data: next-token prediction or preferences."""
+class GRPOSpec(StrictSpec):
+    """Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300);
+    read when `method.kind` is `grpo`. Each step, every prompt of the step's batch gets
+    `group_size` completions sampled from the current policy; the graders score them, and a
+    completion's advantage is its reward's distance from its group's mean. The loss is PPO's
+    clipped surrogate per completion token, plus `beta` x KL to the starting weights. The
+    formulas are TRL's `GRPOTrainer`'s (`trainer.methods.grpo`)."""
 
-    # `dpo` only with `kind: dpo` (as `_dpo_only_with_dpo`), in the JSON Schema.
+    graders: Graders = Field(
+        description="How a completion is scored: OpenAI's reinforcement fine-tuning graders "
+        "(`string_check`, `text_similarity`, `python`, `multi`); the reward is their weighted "
+        "sum. Templates read the completion as `sample.output_text` and the dataset record as "
+        "`item` (e.g. `{{ item.answer }}`).",
+    )
+    group_size: int = Field(
+        default=8,
+        ge=2,
+        le=64,
+        description="Completions sampled per prompt (TRL's `num_generations`); a group of "
+        "equal rewards teaches nothing, so more completions give more signal per prompt.",
+    )
+    max_new_tokens: int = Field(
+        default=64,
+        ge=1,
+        le=8192,
+        description="Tokens a completion may have (TRL's `max_completion_length`); it ends "
+        "earlier at the tokenizer's end-of-sequence token. Prompt + completion must fit "
+        "`model.seq_len`: longer prompts are left out (counted in the data event).",
+    )
+    temperature: float = Field(
+        default=1.0, gt=0.0, le=4.0, description="Sampling temperature of the completions."
+    )
+    top_p: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling: only the most likely tokens whose probability adds up "
+        "to `top_p` (Holtzman et al. 2020); 1 keeps all.",
+    )
+    top_k: int | None = Field(
+        default=None, ge=1, description="Only the `top_k` most likely tokens; null: all."
+    )
+    beta: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=10.0,
+        description="KL strength to the reference, the starting weights (under lora/qlora the "
+        "same model with its adapters disabled, no second copy). 0 (TRL's default) builds no "
+        "reference.",
+    )
+    epsilon: float = Field(
+        default=0.2, gt=0.0, lt=1.0, description="Clipping: the ratio is kept >= 1 - epsilon."
+    )
+    epsilon_high: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=10.0,
+        description="Upper clipping, ratio <= 1 + epsilon_high (DAPO's clip-higher recommends "
+        "0.28); null: `epsilon`.",
+    )
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = Field(
+        default="dapo",
+        description="How token losses are summed: `grpo` each completion's token mean, then "
+        "the mean over completions; `dapo` (TRL's default) the mean over the step's tokens; "
+        "`dr_grpo` the sum / (completions x max_new_tokens) (Dr. GRPO: no length bias).",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group",
+        description="Advantages are divided by the std of the group's rewards (`group`), of "
+        "the step's (`batch`), or not at all (`none`, Dr. GRPO: std scaling favours prompts "
+        "that are too easy or too hard).",
+    )
+
+
+METHOD_SECTIONS = ("dpo", "grpo")
+
+
+class MethodSpec(StrictSpec):
+    """What the model learns from the data: next-token prediction, preferences, or rewards of
+    its own samples."""
+
+    # Each method's section only with its `kind` (as `_sections_match_kind`), in the JSON Schema.
     model_config = ConfigDict(
         **StrictSpec.model_config,
         json_schema_extra={
-            "anyOf": [
-                {"not": given("dpo")},
-                {"required": ["kind"], "properties": {"kind": {"const": "dpo"}}},
+            "allOf": [
+                {
+                    "anyOf": [
+                        {"not": given(section)},
+                        {"required": ["kind"], "properties": {"kind": {"const": section}}},
+                    ]
+                }
+                for section in METHOD_SECTIONS
             ]
         },
     )
 
-    kind: Literal["sft", "dpo"] = Field(
+    kind: Literal["sft", "dpo", "grpo"] = Field(
         default="sft",
         description="`sft`: cross-entropy on the supervised tokens (raw text, chat and "
         "instruction data). `dpo`: Direct Preference Optimization on a `preference` dataset "
-        "(pairs of answers to one prompt), with `dpo`'s settings.",
+        "(pairs of answers to one prompt), with `dpo`'s settings. `grpo`: reinforcement "
+        "fine-tuning on a `prompt` dataset (or the prompts of `prompt_completion` / `messages` "
+        "records): completions sampled from the model, scored by `grpo.graders`.",
     )
     dpo: DPOSpec | None = Field(
         default=None,
-        description="DPO settings; filled with the defaults when `kind` is `dpo`, refused with "
-        "`sft`.",
+        description="DPO settings; filled with the defaults when `kind` is `dpo`, refused "
+        "with another kind.",
+    )
+    grpo: GRPOSpec | None = Field(
+        default=None,
+        description="GRPO settings, required with `kind: grpo` (its `graders` have no "
+        "default); refused with another kind.",
     )
 
     @model_validator(mode="before")
@@ -101,9 +192,17 @@ class MethodSpec(StrictSpec):
         return data
 
     @model_validator(mode="after")
-    def _dpo_only_with_dpo(self) -> MethodSpec:
-        if self.kind != "dpo" and self.dpo is not None:
+    def _sections_match_kind(self) -> MethodSpec:
+        for section in METHOD_SECTIONS:
+            if self.kind != section and getattr(self, section) is not None:
+                raise PydanticCustomError(
+                    f"method_{section}_unused",
+                    f"method.{section} is read only with method.kind '{section}'",
+                )
+        if self.kind == "grpo" and self.grpo is None:
             raise PydanticCustomError(
-                "method_dpo_unused", "method.dpo is read only with method.kind 'dpo'"
+                "method_grpo_missing",
+                "method.kind 'grpo' needs method.grpo with its graders (how a completion is "
+                "scored)",
             )
         return self

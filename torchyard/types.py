@@ -254,7 +254,15 @@ class Checkpoint(_Model):
     export: CheckpointExport | None = None
 
 
-DATASET_FORMATS = ("text", "jsonl_text", "messages", "prompt_completion", "preference", "tokens")
+DATASET_FORMATS = (
+    "text",
+    "jsonl_text",
+    "messages",
+    "prompt_completion",
+    "preference",
+    "tokens",
+    "prompt",
+)
 """The server's dataset formats (`dataformat.records.FORMATS`; a unit test keeps them equal)."""
 
 

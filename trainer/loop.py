@@ -36,6 +36,7 @@ from jobspec.job import JobSpec
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.state import TrainState
 from trainer.data.byte_tokenizer import decode, encode
+from trainer.data.prompts import Prompts
 from trainer.data.rows import Rows
 from trainer.data.sampler import GlobalBatchSampler
 from trainer.distributed import DistInfo, all_gather_floats, all_reduce_sum
@@ -82,9 +83,9 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only
     sampler: GlobalBatchSampler
-    train_rows: Rows
-    eval_rows: Rows
-    eval_batches: list[np.ndarray]  # this rank's eval micro-batches (row indices)
+    train_rows: Rows | Prompts  # a GRPO job's data are prompts (`trainer.data.prompts`)
+    eval_rows: Rows | Prompts
+    eval_batches: list[np.ndarray]  # this rank's eval micro-batches (row or prompt indices)
     max_steps: int  # train.max_steps, or the steps of train.epochs over train_rows
     checkpointer: Checkpointer
     reporter: Reporter
@@ -97,6 +98,14 @@ class Run:
     # DDP on CPU: times each step's compute up to this rank's last gradient (stragglers)
     compute_timer: ComputeTimer | None = None
     profiler: StepProfiler | None = None  # train.profile: stepped after every optimizer step
+
+    @property
+    def rows(self) -> tuple[Rows, Rows]:
+        """(train, eval) rows of a method that trains on rows (all but GRPO). Raises
+        `TypeError` for a run over prompts."""
+        if not isinstance(self.train_rows, Rows) or not isinstance(self.eval_rows, Rows):
+            raise TypeError("this run's data are prompts, not rows")
+        return self.train_rows, self.eval_rows
 
     @property
     def loss_share(self) -> float:

@@ -38,6 +38,7 @@ from trainer.data.batches import lm_loss, resolve_max_steps
 from trainer.data.byte_tokenizer import is_uri
 from trainer.data.pairs import PreferenceRows
 from trainer.data.prep import PreparedRows, cache_root, prepare_rows
+from trainer.data.prompts import Prompts, load_prompts
 from trainer.data.rows import Rows
 from trainer.data.sampler import GlobalBatchSampler, eval_batches
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
@@ -46,6 +47,7 @@ from trainer.logs import log_to_stdout
 from trainer.loop import Run, report_eval, train_loop
 from trainer.methods.base import Method
 from trainer.methods.dpo_train import build_dpo
+from trainer.methods.grpo_train import GRPOMethod, build_grpo
 from trainer.methods.sft import SFT
 from trainer.models.hf import load_tokenizer
 from trainer.models.network import build_network, lora_settings, model_state
@@ -190,21 +192,30 @@ def run_job(
     Everything built here is local, so it is freed when this returns (before teardown).
     """
     tokenizer = load_tokenizer(spec.model)  # None: bytes
-    prepared = prepare_rows(
-        spec,
-        data.train,
-        tokenizer,
-        cache_dir=data.cache_dir,
-        dist=dist_info,
-        reporter=reporter,
-        eval_location=data.eval,
-    )
+    train_rows: Rows | Prompts
+    eval_rows: Rows | Prompts
+    rejected_rows = None
+    if spec.method.kind == "grpo":  # prompts, not rows: nothing to cache
+        train_rows, eval_rows, report = load_prompts(
+            spec, data.train, tokenizer, eval_location=data.eval
+        )
+        reporter.data(report)
+    else:
+        prepared = prepare_rows(
+            spec,
+            data.train,
+            tokenizer,
+            cache_dir=data.cache_dir,
+            dist=dist_info,
+            reporter=reporter,
+            eval_location=data.eval,
+        )
+        train_rows, eval_rows, rejected_rows = _method_rows(spec, prepared)
     # The starting weights go into the base before adapters and sharding (`build_network`),
     # on every attempt: a LoRA run's checkpoints hold only its adapters, so its frozen base
     # is rebuilt from --init-from each time; a full run's own checkpoint then overwrites them.
     if lora_settings(spec) is not None and spec.model.init_from is not None and not init_from:
         raise InvalidJobError("a LoRA fine-tune of model.init_from needs --init-from URI")
-    train_rows, eval_rows, rejected_rows = _method_rows(spec, prepared)
     run = build_run(
         spec,
         train_rows,
@@ -255,6 +266,8 @@ def run_job(
         if run.profiler is not None:
             run.profiler.close()
         run.checkpointer.close()
+        if isinstance(run.method, GRPOMethod):
+            run.method.close()
 
 
 def _method_rows(
@@ -281,8 +294,8 @@ def _method_rows(
 
 def build_run(
     spec: JobSpec,
-    train_rows: Rows,
-    eval_rows: Rows,
+    train_rows: Rows | Prompts,
+    eval_rows: Rows | Prompts,
     checkpoint_dir: str,
     dist_info: DistInfo,
     reporter: Reporter,
@@ -291,7 +304,8 @@ def build_run(
     rejected_rows: tuple[Rows, Rows] | None = None,
 ) -> Run:
     """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, sampler and checkpointer for one
-    attempt over `train_rows` / `eval_rows` (of the model's token ids); `init_from`: a
+    attempt over `train_rows` / `eval_rows` (of the model's token ids; a GRPO job's prompts,
+    the sampler then dealing prompts as it deals rows); `init_from`: a
     checkpoint whose weights the base takes before adapters and sharding (also the DPO
     reference's starting weights).
 
@@ -327,11 +341,21 @@ def build_run(
         device=dist_info.device,
         loss=functools.partial(lm_loss, reduction="sum"),
     )
-    # The method (`trainer.methods.base`): DPO over preference pairs, else next-token prediction
-    method: Method = build_dpo(
-        spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh, init_from=init_from,
-        rows=(train_rows, eval_rows), rejected=rejected_rows,
-    ) or SFT(vocab_size=network.vocab_size)  # fmt: skip
+    # The method (`trainer.methods.base`): GRPO over prompts, DPO over preference pairs, else
+    # next-token prediction
+    method: Method
+    if isinstance(train_rows, Prompts) and isinstance(eval_rows, Prompts):
+        method = build_grpo(
+            spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh,
+            prompts=(train_rows, eval_rows), init_from=init_from,
+        )  # fmt: skip
+    elif isinstance(train_rows, Rows) and isinstance(eval_rows, Rows):
+        method = build_dpo(
+            spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh,
+            init_from=init_from, rows=(train_rows, eval_rows), rejected=rejected_rows,
+        ) or SFT(vocab_size=network.vocab_size)  # fmt: skip
+    else:
+        raise TypeError("train and eval data must both be rows or both prompts")
     dp_rank = dims.dp_rank(dist_info.rank)
     sampler = GlobalBatchSampler(
         num_chunks=len(train_rows),

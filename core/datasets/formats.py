@@ -138,7 +138,7 @@ class _Records:
                 )
                 raise Refused
             self.format = detected
-        elif detected is not None and detected != self.format:
+        elif detected is not None and not _same_family(detected, self.format):
             message = f"mixed formats: this record is {detected}, the dataset is {self.format}"
             self.problems.add(self.unit, number, [], message, "mixed_formats")
             return
@@ -216,3 +216,15 @@ def _check_parquet(uri: str, declared: str | None, limit: int, problems: Problem
             problems.add(None, None, [], f"not a readable Parquet file: {exc}", "parquet")
             raise Refused from None
     return records.result()
+
+
+# Record shapes that differ only in whether the last turn is answered: a `messages` record
+# without an assistant turn looks like a `prompt` one (OpenAI's RFT shape), a `prompt` record
+# with its answer like a `messages` one. Within a dataset of one, a record of the other is
+# validated as the dataset's format, whose error says what is wrong with it ("no assistant
+# message"), rather than refused as another format.
+_FAMILIES = ({"messages", "prompt"},)
+
+
+def _same_family(detected: str, declared: str) -> bool:
+    return detected == declared or any({detected, declared} <= f for f in _FAMILIES)

@@ -37,6 +37,7 @@ from dataformat.records import (
     MessagesRecord,
     PreferenceRecord,
     PromptCompletionRecord,
+    PromptRecord,
     Record,
     TextRecord,
 )
@@ -179,6 +180,10 @@ def measure(record: Record) -> Measure:
         lists = _messages(record.prompt, record.completion)
         example = _chars(record.prompt) + _chars(record.completion)
         supervised = _chars(record.completion, trained_only=True)
+    elif isinstance(record, PromptRecord):  # nothing supervised: the answers are sampled
+        prompt = record.conversation or record.prompt or ""
+        lists = _messages(prompt)
+        example, supervised = _chars(prompt), 0
     else:
         assert isinstance(record, PreferenceRecord)
         lists = _messages(record.prompt, record.chosen, record.rejected)

@@ -24,6 +24,7 @@ from core.platform.settings import Settings
 from core.platform.tables import Dataset
 from jobspec.data import DataSpec
 from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec
+from jobspec.method_checks import method_data_error
 from jobspec.problems import spec_errors, spec_order
 
 
@@ -132,14 +133,9 @@ def _with_dataset_format(*, session: Session, project_id: str, spec: JobSpec) ->
         raise _data_error(
             "format", f"the dataset's format is {found.format!r}, not {spec.data.format!r}"
         )
-    preference = found.format == "preference"
-    if preference != (spec.method.kind == "dpo"):
-        msg = (
-            "a preference dataset trains with method.kind dpo"
-            if preference
-            else f"method.kind dpo needs a preference dataset (this one is {found.format!r})"
-        )
-        raise _data_error("dataset", msg)
+    unfit = method_data_error(spec.method.kind, found.format)
+    if unfit is not None:
+        raise _data_error("dataset", unfit)
     token_dtype = (found.stats or {}).get("token_dtype") if found.format == "tokens" else None
     update: dict[str, Any] = {
         "dataset": found.id,  # a name, pinned to the id it names now

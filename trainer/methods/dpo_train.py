@@ -97,13 +97,29 @@ def build_reference(
     init_from: str | None = None,
 ) -> Reference | None:
     """The reference of a DPO run whose policy is `model` (parallelized, from `network`);
-    None when `spec.method.dpo.reference` is `none`. `init_from`: the checkpoint the policy
-    started from (even when the run resumes from its own checkpoints); `mesh`: the policy's.
+    None when `spec.method.dpo.reference` is `none`. As `starting_weights`."""
+    if _dpo_spec(spec).reference == "none":
+        return None
+    return starting_weights(
+        spec, network, model, dist_info=dist_info, mesh=mesh, init_from=init_from
+    )
+
+
+def starting_weights(
+    spec: JobSpec,
+    network: Network,
+    model: nn.Module,
+    *,
+    dist_info: DistInfo,
+    mesh: DeviceMesh | None,
+    init_from: str | None = None,
+) -> Reference:
+    """The policy `model`'s starting weights, frozen: the policy with its adapters disabled
+    under lora/qlora, else a copy built from the same source (see the module docstring).
+    `init_from`: the checkpoint the policy started from (even when the run resumes from its
+    own checkpoints); `mesh`: the policy's (the copy is sharded alike under fsdp).
 
     Raises `InvalidJobError` when the copy cannot be built (as `build_network`)."""
-    dpo = _dpo_spec(spec)
-    if dpo.reference == "none":
-        return None
     if network.peft_model is not None:
         return Reference(model=model, peft_model=network.peft_model)
     frozen = build_network(
@@ -141,7 +157,7 @@ class DPOMethod:
         rejected = self._rejected()[0]
         global_batch = run.sampler.next_global_batch()
         micro_batches = run.sampler.split(global_batch)
-        pairs = pair_batches(run.train_rows, rejected, micro_batches, run.dist.device)
+        pairs = pair_batches(run.rows[0], rejected, micro_batches, run.dist.device)
         return self.accumulate_pairs(
             list(pairs),
             model=run.model,
@@ -158,7 +174,7 @@ class DPOMethod:
     def evaluate(self, run: Run) -> dict[str, float]:
         """`Method.evaluate`: `METRICS` over the held-out pairs of every rank."""
         rejected = self._rejected()[1]
-        pairs = pair_batches(run.eval_rows, rejected, run.eval_batches, run.dist.device)
+        pairs = pair_batches(run.rows[1], rejected, run.eval_batches, run.dist.device)
         return self.evaluate_pairs(run.model, pairs, run.dist)
 
     def baseline_eval_loss(self, run: Run) -> float | None:

@@ -23,15 +23,17 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from trainer.data.prompts import Prompts
 from trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from trainer.methods.base import autocast
-from trainer.methods.dpo_train import Reference
+from trainer.methods.dpo_train import Reference, starting_weights
 from trainer.methods.grpo import (
     STATISTICS,
     LossType,
@@ -45,10 +47,15 @@ from trainer.methods.grpo import (
     token_entropy,
     token_logps,
 )
+from trainer.methods.rollouts import Sampling, sample_group
 from trainer.parallel.parallelize import set_gradient_sync
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from jobspec.job import JobSpec
     from trainer.loop import Run
+    from trainer.models.network import Network
 
 
 class Grader(Protocol):
@@ -60,101 +67,6 @@ class Grader(Protocol):
         """The score of `sample` (`output_text`: the completion's text) for the dataset record
         `item`; NaN when it cannot be scored."""
         ...
-
-
-@dataclass(frozen=True)
-class Prompts:
-    """N prompts: each one's token ids (1-D int64, what the model continues: the chat
-    template's generation prompt included) and its dataset record (what graders read as
-    `item`)."""
-
-    ids: Sequence[np.ndarray]
-    records: Sequence[dict[str, Any]]
-
-    def __post_init__(self) -> None:
-        if len(self.ids) != len(self.records):
-            raise ValueError(f"{len(self.ids)} prompts but {len(self.records)} records")
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How completions are sampled: `group_size` per prompt, up to `max_new_tokens` tokens
-    each, ending at the first of `stop_ids` (included in the completion); softmax of logits /
-    `temperature` restricted to the `top_k` most likely ids and the smallest set whose
-    probability reaches `top_p` (nucleus sampling, Holtzman et al. 2020); ids >= `vocab_size`
-    never. `collective`: the forward is a collective (FSDP), so no rank may stop before the
-    others: every rank runs all `max_new_tokens` forwards."""
-
-    group_size: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    stop_ids: tuple[int, ...] = ()
-    vocab_size: int | None = None
-    collective: bool = False
-
-
-def filter_logits(logits: Tensor, *, top_k: int | None, top_p: float) -> Tensor:
-    """`logits` (B, V) with every id outside the top-k and the top-p nucleus set to -inf (the
-    most likely id always stays)."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        ordered, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-        drop = cumulative - torch.softmax(ordered, dim=-1) >= top_p  # mass before it >= top_p
-        drop[:, 0] = False
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return logits
-
-
-@torch.no_grad()
-def sample_group(
-    model: nn.Module, prompt_ids: Tensor, sampling: Sampling, generator: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    """`sampling.group_size` completions of one prompt `prompt_ids` (T0,) int64.
-
-    Returns (ids (G, C) int64, mask (G, C) int64), C <= `max_new_tokens`: a completion's mask
-    is 1 up to and including its first stop id, 0 after (its ids there are the stop id
-    repeated). The model is called on the whole sequence each step (no KV cache) in eval mode;
-    `generator` lives on the model's device. Raises `ValueError` for an empty prompt."""
-    if prompt_ids.numel() == 0:
-        raise ValueError("a prompt needs at least one token")
-    was_training = model.training
-    model.eval()
-    device = prompt_ids.device
-    ids = prompt_ids.view(1, -1).expand(sampling.group_size, -1).clone()
-    start = ids.shape[1]
-    done = torch.zeros(sampling.group_size, dtype=torch.bool, device=device)
-    mask_columns: list[Tensor] = []
-    stop = torch.tensor(sampling.stop_ids or [-1], device=device)
-    try:
-        for _ in range(sampling.max_new_tokens):
-            logits = model(ids)[:, -1, : sampling.vocab_size].float()
-            if sampling.temperature == 0:
-                next_ids = logits.argmax(dim=-1)
-            else:
-                logits = filter_logits(
-                    logits / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
-                )
-                next_ids = torch.multinomial(
-                    torch.softmax(logits, dim=-1), 1, generator=generator
-                ).squeeze(-1)
-            filler = stop[0] if sampling.stop_ids else torch.zeros_like(next_ids)
-            next_ids = torch.where(done, filler, next_ids)
-            mask_columns.append((~done).long())
-            done = done | torch.isin(next_ids, stop)
-            ids = torch.cat([ids, next_ids[:, None]], dim=1)
-            if bool(done.all()) and not sampling.collective:
-                break
-    finally:
-        model.train(was_training)
-    return ids[:, start:], torch.stack(mask_columns, dim=1)
 
 
 @dataclass
@@ -187,6 +99,7 @@ class GRPOMethod:
     reference: Reference | None = None
     precision: str = "fp32"
     seed: int = 0
+    closers: Sequence[Callable[[], None]] = ()  # the graders' (their child processes)
     _sums: Tensor | None = field(default=None, repr=False)
     last_samples: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -467,6 +380,79 @@ class GRPOMethod:
     def baseline_eval_loss(self, run: Run) -> float | None:
         """None: a reward has no model-free reference."""
         return None
+
+    def close(self) -> None:
+        """Stop what the graders run (a python grader's child process)."""
+        for close in self.closers:
+            close()
+
+
+def build_grpo(
+    spec: JobSpec,
+    network: Network,
+    model: nn.Module,
+    *,
+    dist_info: DistInfo,
+    mesh: DeviceMesh | None,
+    prompts: tuple[Prompts, Prompts],
+    init_from: str | None = None,
+    code_dir: Path | None = None,
+) -> GRPOMethod:
+    """The GRPO method of a `method.kind: grpo` job over `prompts` (train, eval): its graders
+    built (`trainer.graders`; a python grader's `file` is read from `code_dir`), completions
+    decoded with the model's tokenizer (bytes without one) and ended at its end-of-sequence
+    token, the reference built when `beta` > 0 (`starting_weights`).
+
+    Raises `InvalidJobError` when a grader cannot be built (`trainer.graders.GraderError`) or
+    the reference cannot (as `build_network`)."""
+    from trainer.graders import build_graders
+
+    grpo = spec.method.grpo
+    if grpo is None:
+        raise ValueError("not a GRPO job (method.kind is not 'grpo')")
+    tokenizer = network.tokenizer
+    if tokenizer is not None:
+        stop = tuple(int(i) for i in {tokenizer.eos_token_id} if i is not None)
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    else:
+        stop = ()
+
+        def decode(ids: list[int]) -> str:
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    reference = None
+    if grpo.beta > 0:
+        reference = starting_weights(
+            spec, network, model, dist_info=dist_info, mesh=mesh, init_from=init_from
+        )
+    graders = build_graders(grpo.graders, code_dir)
+    return GRPOMethod(
+        prompts=prompts,
+        graders=graders,
+        sampling=Sampling(
+            group_size=grpo.group_size,
+            max_new_tokens=grpo.max_new_tokens,
+            temperature=grpo.temperature,
+            top_p=grpo.top_p,
+            top_k=grpo.top_k,
+            stop_ids=stop,
+            vocab_size=network.vocab_size,
+        ),
+        decode=decode,
+        weights=[g.weight for g in graders],
+        loss_type=grpo.loss_type,
+        scale_rewards=grpo.scale_rewards,
+        epsilon_low=grpo.epsilon,
+        epsilon_high=grpo.epsilon if grpo.epsilon_high is None else grpo.epsilon_high,
+        beta=grpo.beta,
+        reference=reference,
+        precision=spec.train.precision,
+        seed=spec.seed,
+        closers=[g.close for g in graders],
+    )
 
 
 def _score(grader: Grader, sample: dict[str, Any], item: dict[str, Any]) -> float:

@@ -41,7 +41,7 @@ class SFT:
     def accumulate(self, run: Run) -> Tensor:
         """Forward/backward of this rank's micro-batches: token sums x dp_size / N; returns
         this rank's token sum / N."""
-        spec, device, rows = run.spec, run.dist.device, run.train_rows
+        spec, device, rows = run.spec, run.dist.device, run.rows[0]
         step = next_step_batches(run.sampler, rows)
         count = step.num_supervised
         loss_sum = torch.zeros((), device=device)
@@ -71,7 +71,7 @@ class SFT:
 
     def baseline_eval_loss(self, run: Run) -> float | None:
         """The eval loss of the train rows' unigram distribution (`trainer.data.prep`)."""
-        return unigram_eval_loss(run.train_rows, run.eval_rows, self.vocab_size)
+        return unigram_eval_loss(*run.rows, self.vocab_size)
 
 
 @torch.no_grad()
@@ -87,7 +87,7 @@ def evaluate(run: Run, model: nn.Module | None = None) -> float:
     net.eval()
     totals = token_loss_sums(
         net,
-        run.eval_rows,
+        run.rows[1],
         run.eval_batches,
         device=run.dist.device,
         precision=run.spec.train.precision,

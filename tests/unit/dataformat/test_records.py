@@ -11,6 +11,7 @@ from dataformat.records import (
     MessagesRecord,
     PreferenceRecord,
     PromptCompletionRecord,
+    PromptRecord,
     describe_error,
     detect_format,
     parse_record,
@@ -94,6 +95,9 @@ def test_preference_pair_whose_chosen_equals_rejected_is_refused() -> None:
     [
         ({"text": "x"}, "jsonl_text"),
         ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant"}]}, "messages"),
+        ({"messages": [{"role": "system", "content": "s"}, {"role": "user"}]}, "prompt"),
+        ({"prompt": "2 + 3 =", "answer": "5"}, "prompt"),
         ({"prompt": "a", "completion": "b"}, "prompt_completion"),
         ({"prompt": "a", "chosen": "b", "rejected": "c"}, "preference"),
         ({"input": {}, "preferred_output": []}, "preference"),
@@ -104,3 +108,31 @@ def test_preference_pair_whose_chosen_equals_rejected_is_refused() -> None:
 )
 def test_detect_format_by_keys(obj: Any, expected: str | None) -> None:
     assert detect_format(obj) == expected
+
+
+def test_a_prompt_record_keeps_its_fields_for_graders() -> None:
+    record = parse_record("prompt", {"prompt": "2 + 3 =", "answer": "5", "id": 7})
+    assert isinstance(record, PromptRecord) and record.conversation is None
+    assert record.model_extra == {"answer": "5", "id": 7}
+    rft = {"messages": [{"role": "user", "content": "2 + 3 ="}], "reference_answer": "5"}
+    record = parse_record("prompt", rft)
+    assert isinstance(record, PromptRecord) and record.conversation is not None
+    assert [m.role for m in record.conversation] == ["user"]
+
+
+@pytest.mark.parametrize(
+    ("obj", "error"),
+    [
+        ({"answer": "5"}, "give exactly one of prompt or messages"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "give exactly one"),
+        ({"prompt": ""}, "prompt: must not be empty"),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            "the last message is the assistant's",
+        ),
+    ],
+)
+def test_a_prompt_record_that_asks_nothing_or_answers_itself_is_refused(
+    obj: dict[str, Any], error: str
+) -> None:
+    assert any(error in e for e in _errors("prompt", obj)), _errors("prompt", obj)

@@ -193,3 +193,13 @@ def test_weights_and_thresholds_are_numbers_in_range() -> None:
     assert (0, "string_check", "weight") in errors([{**EXACT, "weight": "inf"}])
     assert (0, "text_similarity", "pass_threshold") in errors([{**SIM, "pass_threshold": 1.5}])
     assert GRADERS.validate_python([{**EXACT, "weight": -0.5}])[0].weight == -0.5
+
+
+@pytest.mark.parametrize("kind", [{}, [], 3, None])
+def test_a_grader_type_that_is_no_string_is_a_validation_error(kind: object) -> None:
+    """The schema fuzz sent `{"type": {}}`: the model-grader refusal looked it up in a dict."""
+    with pytest.raises(ValidationError):
+        GRADERS.validate_python([{"type": kind, "name": "a"}])
+    multi = {"type": "multi", "name": "m", "calculate_output": "a"}
+    with pytest.raises(ValidationError):
+        MultiGrader.model_validate({**multi, "graders": {"a": {"type": kind}}})

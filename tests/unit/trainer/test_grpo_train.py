@@ -3,14 +3,17 @@ masks, top-p), and a policy that learns what its grader rewards."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from trainer.data.prompts import Prompts
 from trainer.distributed import DistInfo
-from trainer.methods.grpo_train import GRPOMethod, Prompts, Sampling, filter_logits, sample_group
+from trainer.methods.grpo_train import GRPOMethod
+from trainer.methods.rollouts import Sampling, filter_logits, sample_group
 
 GOOD = 3  # the id the toy grader rewards
 ALPHABET = 8  # ids the toy policy samples from (so the good one is drawn 1 time in 8 at first)
@@ -38,6 +41,13 @@ class TinyLlama(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.llama(input_ids=ids).logits
+
+
+LOWER_SOURCE = """
+def grade(sample, item):
+    text = sample["output_text"]
+    return sum(c.islower() for c in text) / max(len(text), 1)
+"""
 
 
 class ShareOfGood:
@@ -127,3 +137,58 @@ def test_the_policy_learns_what_its_grader_rewards() -> None:
     assert last > 0.6, f"after 30 steps the policy prefers it: {first:.2f} -> {last:.2f}"
     scores = method.evaluate_prompts(model, prompts, np.arange(len(prompts)), dist)
     assert scores["eval_reward"] > 0.6 and scores["eval_loss"] == -scores["eval_reward"]
+
+
+def test_with_lora_and_beta_the_reference_is_the_policy_with_its_adapters_off() -> None:
+    """No second copy of the weights: the KL is exactly 0 before the adapters move (LoRA's B
+    starts at 0) and grows once they have."""
+    from tests.support.training import FINE_TUNE, cpu_world_of_one, tiny_spec
+    from trainer.methods.grpo_train import build_grpo
+    from trainer.models.network import build_network
+
+    spec = tiny_spec(
+        Path("/unused"),
+        model={"seq_len": 32, **FINE_TUNE},
+        lora={"r": 4},
+        method={
+            "kind": "grpo",
+            "grpo": {
+                "group_size": 4,
+                "max_new_tokens": 6,
+                "beta": 0.5,
+                "graders": [
+                    {"type": "python", "name": "lower", "source": LOWER_SOURCE},
+                ],
+            },
+        },
+    )
+    dist = cpu_world_of_one()
+    network = build_network(spec, device=dist.device, dist_info=dist)
+    assert network.peft_model is not None
+    method = build_grpo(
+        spec, network, network.model, dist_info=dist, mesh=None, prompts=(_prompts(4),) * 2
+    )
+    try:
+        assert method.reference is not None and method.reference.model is network.model
+        optimizer = torch.optim.AdamW(
+            [p for p in network.model.parameters() if p.requires_grad], lr=5e-2
+        )
+        kls = []
+        for step in range(3):
+            generator = torch.Generator().manual_seed(step)
+            groups = method.sample(network.model, _prompts(4), np.arange(4), dist.device, generator)
+            method.accumulate_groups(
+                groups,
+                model=network.model,
+                train_model=network.model,
+                global_prompts=4,
+                dp_size=1,
+                dist=dist,
+            )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            kls.append(method.step_metrics(dist)["kl"])
+    finally:
+        method.close()
+    assert kls[0] == 0.0, "before any update the policy is its reference"
+    assert kls[1] > 0.0 and kls[2] > 0.0, kls

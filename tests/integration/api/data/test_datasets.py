@@ -554,8 +554,8 @@ def test_every_bad_upload_form_field_is_named_at_once_and_nothing_is_stored(
         (["body", "format"], "literal_error"),
     ]
     assert error["details"][2]["msg"] == (
-        "must be one of text, jsonl_text, messages, prompt_completion, preference or tokens "
-        "(got 'chat')"
+        "must be one of text, jsonl_text, messages, prompt_completion, preference, tokens or "
+        "prompt (got 'chat')"
     )
     assert error["message"].startswith("token_dtype: not valid UTF-8 (and 2 more)")
     assert counts(engine, project.project_id) == before

@@ -1,0 +1,181 @@
+"""GRPO through the trainer (`python -m trainer` and torchrun, real processes): a `prompt`
+dataset, graders from the spec (a team's `python` grader in its child process, a
+`string_check` logged at weight 0), the reward rising, held-out rewards, metrics per grader,
+DDP on 2 ranks, and a run killed after a checkpoint that resumes with the rewards of the run
+that was never interrupted (generation is seeded by step and rank)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspec.job import JobSpec
+from tests.support.training import (
+    Scenario,
+    crash_and_resume,
+    read_events,
+    run_plans,
+    tiny_spec,
+)
+from trainer.data.prompts import load_prompts
+
+WORDS = (
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+)
+# The team's grader: the share of lower-case letters in the completion. An untrained byte
+# model writes about one in ten (26 of 256 ids), with spread in every group: a dense reward.
+LOWER = """
+def grade(sample, item):
+    text = sample["output_text"]
+    return sum(c.islower() for c in text) / max(len(text), 1)
+"""
+GRADERS = [
+    {"type": "python", "name": "lower", "source": LOWER},
+    {
+        "type": "string_check",
+        "name": "exact",
+        "input": "{{ sample.output_text | trim }}",
+        "reference": "{{ item.answer }}",
+        "operation": "eq",
+        "weight": 0,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """72 `prompt` records (`{"prompt", "answer"}`) in one JSONL file."""
+    data = tmp_path_factory.mktemp("prompts")
+    lines = [json.dumps({"prompt": f"{w} {i}: ", "answer": w}) for i, w in enumerate(WORDS * 3)]
+    (data / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    return data
+
+
+def _spec(data: Path, steps: int, **grpo: Any) -> JobSpec:
+    return tiny_spec(
+        data,
+        model={"seq_len": 48},
+        method={
+            "kind": "grpo",
+            "grpo": {"group_size": 8, "max_new_tokens": 8, "graders": GRADERS, **grpo},
+        },
+        train={"micro_batch_size": 4, "max_steps": steps, "log_interval_steps": 5},
+        eval={"interval_steps": 10, "num_batches": 2},
+        optim={"lr": 1e-2, "warmup_steps": 0},
+        checkpoint={"interval_steps": 10},
+    )
+
+
+def _metrics(workdir: Path, name: str) -> dict[tuple[int, int], float]:
+    """{(attempt, step): value} of metric `name` in the run's events."""
+    return {
+        (e["attempt"], e["step"]): e["values"][name]
+        for e in read_events(workdir / "run")
+        if e["type"] == "metric" and name in e["values"]
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(prompt_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("grpo_runs")
+    ddp = _spec(prompt_data, 20).model_copy(deep=True)
+    ddp.parallelism.strategy = "ddp"
+    ddp.resources.procs_per_node = 2
+    plans: list[tuple[int | None, list[Scenario]]] = [
+        (None, [Scenario("single", _spec(prompt_data, 30), root / "single")]),
+        (
+            2,
+            [
+                Scenario("ddp", ddp, root / "ddp"),
+                *crash_and_resume("resumed", ddp, root / "resumed", fail_at=10),
+            ],
+        ),
+    ]
+    return run_plans(plans, root / "plans")
+
+
+def test_the_reward_of_what_the_grader_wants_rises_and_is_reported_per_grader(
+    runs: dict[str, Path],
+) -> None:
+    workdir = runs["single"]
+    reward = _metrics(workdir, "reward")
+    lower = _metrics(workdir, "reward/lower")
+    exact = _metrics(workdir, "reward/exact")
+    steps = sorted(step for _, step in reward)
+    assert steps == [5, 10, 15, 20, 25, 30]
+    first, last = reward[(0, 5)], reward[(0, 30)]
+    assert first < 0.5 and last > 0.9, f"reward {first:.2f} -> {last:.2f}"
+    assert lower == reward, "the weight-0 grader adds nothing to the reward"
+    assert set(exact.values()) == {0.0}, "no completion is the record's answer"
+    held = _metrics(workdir, "eval_reward")
+    assert held[(0, 30)] > 0.9 and held[(0, 30)] > held[(0, 10)] - 0.05
+    # The run says what it read: prompts per side, none too long for 48 - 8 tokens.
+    report = next(e for e in read_events(workdir / "run") if e["type"] == "data")
+    assert report["method"] == "grpo" and report["format"] == "prompt"
+    assert report["train_prompts"] + report["eval_prompts"] == 72 and report["too_long"] == 0
+
+
+def test_ddp_learns_and_a_killed_run_resumes_with_the_uninterrupted_runs_rewards(
+    runs: dict[str, Path],
+) -> None:
+    whole = _metrics(runs["ddp"], "reward")
+    assert whole[(0, 20)] > whole[(0, 5)] + 0.3, whole
+    resumed = _metrics(runs["resumed"], "reward")
+    assert {step for attempt, step in resumed if attempt == 1} == {15, 20}
+    for step in (5, 10):
+        assert resumed[(0, step)] == pytest.approx(whole[(0, step)], rel=1e-6)
+    for step in (15, 20):
+        assert resumed[(1, step)] == pytest.approx(whole[(0, step)], rel=1e-6), step
+
+
+def test_prompts_of_conversations_end_with_the_templates_generation_prompt(tmp_path: Path) -> None:
+    rft = {"messages": [{"role": "user", "content": "2 + 3 ="}], "reference_answer": "5"}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "Add."},
+            {"role": "user", "content": "1 + 1 ="},
+            {"role": "assistant", "content": "2"},
+        ]
+    }
+    (tmp_path / "rft.jsonl").write_text(json.dumps(rft) + "\n" + json.dumps(rft) + "\n")
+    spec = _spec(tmp_path, 10)
+    spec.model.seq_len = 128
+    train, held, report = load_prompts(spec, str(tmp_path), None)
+    assert report["format"] == "prompt" and len(train) + len(held) == 2
+    text = bytes(train.ids[0].tolist()).decode()
+    assert text == "<|im_start|>user\n2 + 3 =<|im_end|>\n<|im_start|>assistant\n"
+    assert train.records[0]["reference_answer"] == "5", "graders see the whole record"
+
+    (tmp_path / "rft.jsonl").unlink()
+    (tmp_path / "chat.jsonl").write_text((json.dumps(chat) + "\n") * 2)
+    train, _, report = load_prompts(spec, str(tmp_path), None)
+    assert report["format"] == "messages"
+    text = bytes(train.ids[0].tolist()).decode()
+    assert text.endswith("1 + 1 =<|im_end|>\n<|im_start|>assistant\n"), text
+    assert train.records[0]["messages"][-1]["content"] == "2", "the answer stays in the record"
