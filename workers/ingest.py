@@ -479,7 +479,16 @@ def last_lines(path: Any, num_lines: int, max_bytes: int = 64 * 1024) -> list[st
 
 
 def _data_message(data: dict[str, Any]) -> str:
-    """One line for the trainer's `data` event (how the data became rows)."""
+    """One line for the trainer's `data` event (how the data became rows, or for GRPO which
+    prompts it read)."""
+    if data.get("method") == "grpo":
+        line = (
+            f"data: {data.get('train_prompts')} training and {data.get('eval_prompts')} "
+            f"evaluation prompts ({data.get('format')} records, up to "
+            f"{data.get('max_prompt_tokens')} tokens)"
+        )
+        too_long = data.get("too_long")
+        return line + (f"; {too_long} too long for model.seq_len, left out" if too_long else "")
     sides = [data.get(name) for name in ("train", "eval")]
     train, held = (side if isinstance(side, dict) else {} for side in sides)
     source = "from cache" if data.get("cached") else "tokenized"

@@ -44,16 +44,35 @@ const SYSTEM = {
 };
 const isSystem = (name) => name.startsWith("sys/");
 
+// A GRPO run's charts lead its page, in this order (`reward/<grader>` series: one chart);
+// its `eval_loss` is -eval_reward, so its loss chart shows the training loss alone.
+const GRPO_CHARTS = [
+  { id: "reward", title: "reward (mean over completions; held out: greedy)", series: ["reward", "eval_reward"] },
+  { id: "reward_graders", title: "reward per grader", prefix: "reward/" },
+  { id: "kl", title: "KL to the reference", series: ["kl"] },
+  { id: "clip_ratio", title: "clipped tokens", series: ["clip_ratio/low", "clip_ratio/high", "clip_ratio/region"] },
+  { id: "entropy", title: "entropy (nats / token)", series: ["entropy"] },
+  { id: "completion_length", title: "completion length (tokens)", series: ["completion_length"] },
+  { id: "frac_reward_zero_std", title: "groups without reward spread", series: ["frac_reward_zero_std"] },
+  { id: "reward_std", title: "reward std", series: ["reward_std"] },
+];
+
 /** The charts of the trainer's series `names`. A series `<name>/<stat>` (the step time's
  * `/max`, `/median` across ranks) joins `<name>`'s chart, and only when the job has more than
- * one rank (`world`): with one they repeat it. */
+ * one rank (`world`): with one they repeat it. A GRPO run (it reports `reward`) shows its
+ * reward charts first (`GRPO_CHARTS`). */
 function chartsFor(names, world) {
-  const known = new Set(CHARTS.flatMap((c) => c.series));
+  const grpo = names.includes("reward");
+  const lead = grpo ? GRPO_CHARTS.map(({ prefix, ...c }) => (prefix
+    ? { ...c, series: names.filter((n) => n.startsWith(prefix)).sort() } : c)) : [];
+  const base = grpo ? CHARTS.map((c) => (c.id === "loss" ? { ...c, series: ["loss"] } : c)) : CHARTS;
+  const known = new Set([...lead, ...base].flatMap((c) => c.series));
+  if (grpo) known.add("eval_loss");
   const baseOf = (n) => n.split("/")[0];
-  const perRank = (n) => n.includes("/") && known.has(baseOf(n));
+  const perRank = (n) => n.includes("/") && known.has(baseOf(n)) && !known.has(n);
   const extra = names.filter((n) => !known.has(n) && !isSystem(n) && !perRank(n)).sort()
     .map((n) => ({ id: n.replace(/[^A-Za-z0-9_-]/g, "_"), title: n, series: [n] }));
-  const withStats = CHARTS.map((c) => ({ ...c, series: [...c.series,
+  const withStats = [...lead, ...base].map((c) => ({ ...c, series: [...c.series,
     ...(world > 1 ? names.filter((n) => perRank(n) && c.series.includes(baseOf(n))).sort() : [])] }));
   return [...withStats.filter((c) => c.series.some((s) => names.includes(s))), ...extra];
 }

@@ -116,11 +116,22 @@ export function summaryCard(jobId, onSaved) {
     const tokensPerSecond = completed?.tokens_per_second ?? m.tokens_per_second;
     // "final" once the job has ended; while it runs the value is its latest
     const last = TERMINAL.has(job.state) ? "final" : "latest";
-    const rows = [
+    // A GRPO run's loss is ~0 by construction and its eval loss is -eval_reward: its rewards
+    // are what it is read by (the best eval reward is -best_eval_loss, kept at ingest).
+    const losses = typeof m.reward === "number" ? [
+      stat("final_reward", `${last} reward`, fmtNumber(m.reward), "mean over the step's sampled completions"),
+      stat("final_eval_reward", `${last} eval reward`, fmtNumber(m.eval_reward),
+        "mean over the held-out prompts, one greedy completion each"),
+      stat("best_eval_reward", "best eval reward",
+        typeof job.best_eval_loss === "number" ? fmtNumber(-job.best_eval_loss) : "–"),
+    ] : [
       stat("final_loss", `${last} train loss`, fmtNumber(m.loss)),
       stat("best_loss", "best train loss", fmtNumber(job.best_loss)),
       stat("final_eval_loss", `${last} eval loss`, fmtNumber(m.eval_loss)),
       stat("best_eval_loss", "best eval loss", fmtNumber(job.best_eval_loss)),
+    ];
+    const rows = [
+      ...losses,
       stat("tokens_seen", "tokens seen",
         perStep && job.current_step ? fmtNumber(perStep * job.current_step) : "–",
         "tokens per optimizer step (all ranks) × steps done"),
