@@ -34,9 +34,9 @@ from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import Conflict
 from core.platform.tables import Job, JobState
 from core.submission import eval_after
-from dataformat.units import format_bytes
 from workers import observability
 from workers.attempt import Dispatch
+from workers.data_report import data_message
 from workers.entrypoint.staging import SYNCED_KINDS, CheckpointSync
 from workers.launcher import LAUNCHER_RANK, RunPaths
 from workers.tail import FileTail
@@ -260,7 +260,7 @@ class RunIngest:
             self._add(session, job, "info", message, data)
         elif kind == "data":
             data = {k: v for k, v in event.items() if k not in ("type", "time", "attempt")}
-            self._add(session, job, "info", _data_message(data), data)
+            self._add(session, job, "info", data_message(data), data)
         elif kind == "plan":  # a user script's `torchyard.train.set_max_steps`
             _plan(job, event.get("max_steps"))
         elif kind == "info":  # a user script's `torchyard.train.log_event`
@@ -476,31 +476,3 @@ def last_lines(path: Any, num_lines: int, max_bytes: int = 64 * 1024) -> list[st
         return []
     lines = [_text(x) for x in data.splitlines() if x.strip()]
     return lines[-num_lines:]
-
-
-def _data_message(data: dict[str, Any]) -> str:
-    """One line for the trainer's `data` event (how the data became rows, or for GRPO which
-    prompts it read)."""
-    if data.get("method") == "grpo":
-        line = (
-            f"data: {data.get('train_prompts')} training and {data.get('eval_prompts')} "
-            f"evaluation prompts ({data.get('format')} records, up to "
-            f"{data.get('max_prompt_tokens')} tokens)"
-        )
-        too_long = data.get("too_long")
-        return line + (f"; {too_long} too long for model.seq_len, left out" if too_long else "")
-    sides = [data.get(name) for name in ("train", "eval")]
-    train, held = (side if isinstance(side, dict) else {} for side in sides)
-    source = "from cache" if data.get("cached") else "tokenized"
-    line = (
-        f"data {source}: {data.get('format')}, loss on {data.get('loss_on')}; "
-        f"{train.get('rows', train.get('pairs'))} training and "
-        f"{held.get('rows', held.get('pairs'))} evaluation rows"
-    )
-    left_out = data.get("left_out")
-    if isinstance(left_out, dict) and left_out.get("files"):
-        size = format_bytes(left_out.get("bytes") or 0)
-        line += f"; {left_out['files']} files not UTF-8 text, not read ({size})"
-    if isinstance(left_out, dict) and left_out.get("repaired_files"):
-        line += f"; stray bytes dropped from {left_out['repaired_files']} text files"
-    return line
