@@ -21,15 +21,34 @@ DPO_METRICS = (
     "logps/chosen",
     "logps/rejected",
 )
+# GRPO's per-step statistics (trainer.methods.grpo_train.GRPOMethod.step_metrics), beside one
+# `reward/<grader>` per grader (`kl` only with beta > 0), and its evaluation's.
+GRPO_METRICS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completion_length",
+    "entropy",
+    "clip_ratio/low",
+    "clip_ratio/high",
+    "clip_ratio/region",
+    "kl",
+)
+GRPO_EVAL_METRICS = ("eval_reward",)
 # What QAT's final evaluation adds (trainer.methods.qat).
 QAT_METRICS = ("eval_loss_qat_fake", "eval_loss_qat_converted")
 
 
-def trainer_metrics(method_kind: str, *, qat: bool = False) -> frozenset[str]:
-    """The names a built-in trainer job of `method_kind` (`sft`, `dpo`) reports."""
+def trainer_metrics(
+    method_kind: str, *, qat: bool = False, graders: tuple[str, ...] = ()
+) -> frozenset[str]:
+    """The names a built-in trainer job of `method_kind` (`sft`, `dpo`, `grpo`) reports;
+    `graders`: a GRPO job's grader names (each reports `reward/<name>`)."""
     names = set(STEP_METRICS) | {"eval_loss"}
     if method_kind == "dpo":
         names |= set(DPO_METRICS) | {f"eval_{name}" for name in DPO_METRICS}
+    if method_kind == "grpo":
+        names |= set(GRPO_METRICS) | set(GRPO_EVAL_METRICS) | {f"reward/{g}" for g in graders}
     if qat:
         names |= set(QAT_METRICS)
     return frozenset(names)

@@ -227,7 +227,12 @@ def space_problems(sweep: SweepSpec) -> list[Problem]:
             problems.append((loc, error, dim.model_dump(exclude_none=True)))
     problems += _warmup_problems(sweep)
     if isinstance(sweep.base, JobSpec):
-        known = trainer_metrics(sweep.base.method.kind, qat=sweep.base.qat is not None)
+        grpo = sweep.base.method.grpo
+        known = trainer_metrics(
+            sweep.base.method.kind,
+            qat=sweep.base.qat is not None,
+            graders=tuple(g.name for g in grpo.graders) if grpo is not None else (),
+        )
         if sweep.metric not in known:
             problems.append(
                 (

@@ -107,6 +107,19 @@ def test_metrics_follow_the_method() -> None:
     assert ("metric",) in errors
 
 
+def test_a_grpo_sweep_is_judged_by_held_out_or_per_grader_reward_over_beta() -> None:
+    exact = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
+             "reference": "{{ item.answer }}", "operation": "eq"}  # fmt: skip
+    grpo = {**BASE, "method": {"kind": "grpo", "grpo": {"graders": [exact]}}}
+    space = {"method.grpo.beta": {"choice": [0.0, 0.04]}, "optim.lr": {"choice": [1e-4]}}
+    for metric in ("eval_reward", "reward/exact"):
+        sweep = SweepSpec.model_validate(_sweep(space, grpo, metric=metric, direction="maximize"))
+        trial = with_values(sweep.base, {"method.grpo.beta": 0.04, "optim.lr": 1e-4})
+        assert trial.method.grpo is not None and trial.method.grpo.beta == 0.04
+    errors = _errors(_sweep(space, grpo, metric="reward/similar", direction="maximize"))
+    assert "never reports 'reward/similar'" in errors[("metric",)]
+
+
 def test_the_grid_searcher_needs_discrete_dimensions_and_room_in_max_trials() -> None:
     errors = _errors(_sweep({"optim.lr": {"log_uniform": [1e-5, 1e-2]}}, searcher="grid"))
     assert "needs discrete values" in errors[("space", "optim.lr")]

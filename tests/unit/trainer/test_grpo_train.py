@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dataformat.metrics import trainer_metrics
 from trainer.data.prompts import Prompts
 from trainer.distributed import DistInfo
 from trainer.methods.grpo_train import GRPOMethod
@@ -132,6 +133,7 @@ def test_the_policy_learns_what_its_grader_rewards() -> None:
         assert metrics["reward/good"] == metrics["reward"]
         assert 0.0 <= metrics["frac_reward_zero_std"] <= 1.0
         assert metrics["completion_length"] == 6.0
+        assert set(metrics) <= trainer_metrics("grpo", graders=("good",)), "the names sweeps check"
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert first < 0.3, f"an untrained policy draws the good id about 1 time in 8 ({first:.2f})"
     assert last > 0.6, f"after 30 steps the policy prefers it: {first:.2f} -> {last:.2f}"
