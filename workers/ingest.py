@@ -267,8 +267,8 @@ class RunIngest:
             note = event.get("data")
             note = dict(note) if isinstance(note, dict) else {}
             self._add(session, job, "info", str(event.get("message", ""))[:2000], note)
-        elif kind == "sample":
-            data = {k: event.get(k) for k in ("step", "prompt", "text")}
+        elif kind == "sample":  # a GRPO run's adds `samples`: completions with their rewards
+            data = {k: event.get(k) for k in ("step", "prompt", "text", "samples") if k in event}
             self._add(session, job, "sample", f"sample at step {event.get('step')}", data)
         elif kind == "evaluation":
             row = evaluations.record(session=session, job=job, attempt=self.attempt, event=event)

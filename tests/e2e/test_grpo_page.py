@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser
+from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
 from tests.conftest import make_project
@@ -64,6 +64,16 @@ def test_a_grpo_jobs_reward_charts_lead_its_page(
                            ("final_eval_reward", latest["eval_reward"])):  # fmt: skip
             assert float(page.inner_text(stat.format(key))) == pytest.approx(value, rel=1e-3)
         assert page.locator(stat.format("final_loss")).count() == 0
+        # The last step's group: its completions with their rewards, which the run averaged.
+        rows = page.locator("#run-samples tbody tr")
+        expect(rows).to_have_count(8)  # group_size
+        rewards = [
+            float(r)
+            for r in page.eval_on_selector_all(
+                "#run-samples td[data-reward]", "(cells) => cells.map((c) => c.dataset.reward)"
+            )
+        ]
+        assert all(0.0 <= r <= 1.0 for r in rewards) and len(rewards) == 8
         events = page.inner_text("#events")
         assert "training and" in events and "evaluation prompts (prompt records" in events
         assert dash.fits_width()

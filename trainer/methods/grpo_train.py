@@ -50,6 +50,11 @@ from trainer.methods.grpo import (
 from trainer.methods.rollouts import Sampling, sample_group
 from trainer.parallel.parallelize import set_gradient_sync
 
+# A `sample` event's group: this many completions, each cut to this many characters (the
+# prompt to its last ones).
+MAX_SAMPLES = 8
+SAMPLE_CHARS = 500
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -298,15 +303,27 @@ class GRPOMethod:
             extra += [column[ok].double().sum(), ok.sum().double()]
         self._sums = torch.cat([sums, torch.stack([e.to(sums) for e in extra])]).to(device)
         group = groups[0]
+        prompt = self.decode(group.prompt_ids.tolist())
+        scored = combine_rewards(group.rewards, _tensor(self.weights)).tolist()
         self.last_samples = [
-            {"completion": text, "reward": float(r)}
-            for text, r in zip(
-                group.texts, combine_rewards(group.rewards, _tensor(self.weights)), strict=True
-            )
-        ]
+            {"prompt": prompt[-SAMPLE_CHARS:], "completion": text[:SAMPLE_CHARS], "reward": r}
+            for text, r in zip(group.texts, scored, strict=True)
+        ][:MAX_SAMPLES]
 
     def train_metrics(self, run: Run) -> dict[str, float]:
-        """`Method.train_metrics`: the last step's metrics over every rank (a collective)."""
+        """`Method.train_metrics`: the last step's metrics over every rank (a collective). The
+        reporting rank also reports the step's first group as a `sample` event: its prompt, one
+        completion as `text`, and `samples` (each completion with its reward; the job page
+        shows them)."""
+        if self.last_samples:
+            first = self.last_samples[0]
+            run.reporter.emit(
+                "sample",
+                step=run.state.step,
+                prompt=first["prompt"],
+                text=first["completion"],
+                samples=self.last_samples,
+            )
         return self.step_metrics(run.dist)
 
     def step_metrics(self, dist: DistInfo) -> dict[str, float]:

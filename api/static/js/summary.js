@@ -149,7 +149,20 @@ export function summaryCard(jobId, onSaved) {
     const known = rows.filter((row) => row.querySelector("dd").textContent !== "–");
     stats.replaceChildren(...known);
     node.hidden = !known.length;
-    if (sampleEvent) {
+    const group = sampleEvent?.data?.samples;
+    if (Array.isArray(group) && group.length) { // a GRPO step's completions of one prompt
+      sample.hidden = false;
+      sample.replaceChildren(
+        h("div", { class: "muted tail-title" },
+          `Completions at step ${sampleEvent.data?.step ?? "?"}, with their rewards; prompt`),
+        h("pre", { class: "sample-text" }, sampleEvent.data?.prompt ?? ""),
+        h("table", { class: "samples", id: "run-samples" },
+          h("thead", {}, h("tr", {}, h("th", {}, "completion"), h("th", {}, "reward"))),
+          h("tbody", {}, ...group.map((one) => h("tr", {},
+            h("td", {}, h("pre", { class: "sample-text" }, String(one.completion ?? ""))),
+            h("td", { class: "num", dataset: { reward: String(one.reward) } },
+              fmtNumber(one.reward)))))));
+    } else if (sampleEvent) {
       sample.hidden = false;
       sample.replaceChildren(
         h("div", { class: "muted tail-title" },
@@ -186,7 +199,8 @@ export function summaryCard(jobId, onSaved) {
         const data = e.data ?? {};
         if (data.tokens_per_step !== undefined) runInfo = data;
         if (data.trainer_state === "completed") completed = data;
-        if (e.kind === "sample") sampleEvent = e;
+        // the latest sample; a GRPO run's graded group (`samples`) over its final plain one
+        if (e.kind === "sample" && (e.data?.samples || !sampleEvent?.data?.samples)) sampleEvent = e;
       }
       render();
     },
