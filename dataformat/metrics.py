@@ -35,6 +35,8 @@ GRPO_METRICS = (
     "kl",
 )
 GRPO_EVAL_METRICS = ("eval_reward",)
+# Per grader `<kind>/<grader name>`: its mean score, and its errors and timeouts so far.
+GRADER_METRICS = ("reward", "grader_errors", "grader_timeouts")
 # What QAT's final evaluation adds (trainer.methods.qat).
 QAT_METRICS = ("eval_loss_qat_fake", "eval_loss_qat_converted")
 
@@ -48,7 +50,8 @@ def trainer_metrics(
     if method_kind == "dpo":
         names |= set(DPO_METRICS) | {f"eval_{name}" for name in DPO_METRICS}
     if method_kind == "grpo":
-        names |= set(GRPO_METRICS) | set(GRPO_EVAL_METRICS) | {f"reward/{g}" for g in graders}
+        names |= set(GRPO_METRICS) | set(GRPO_EVAL_METRICS)
+        names |= {f"{kind}/{g}" for kind in GRADER_METRICS for g in graders}
     if qat:
         names |= set(QAT_METRICS)
     return frozenset(names)

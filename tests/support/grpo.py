@@ -46,7 +46,7 @@ def grpo_job(*, dataset: str, pool: str, max_steps: int = 20) -> dict[str, Any]:
         "model": {"n_layers": 2, "n_heads": 4, "d_model": 64, "seq_len": 48},
         "method": {
             "kind": "grpo",
-            "grpo": {"group_size": 8, "max_new_tokens": 8, "graders": GRADERS},
+            "grpo": {"group_size": 8, "max_new_tokens": 8, "graders": [dict(g) for g in GRADERS]},
         },
         "parallelism": {"strategy": "ddp"},
         "resources": {"procs_per_node": 2, "device": "cpu", "pool": pool},

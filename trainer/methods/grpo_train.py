@@ -301,6 +301,9 @@ class GRPOMethod:
             column = per_grader[:, k]
             ok = ~torch.isnan(column)
             extra += [column[ok].double().sum(), ok.sum().double()]
+        for grader in self.graders:  # cumulative on this rank: `trainer.graders` counts them
+            for counter in ("errors", "timeouts"):
+                extra.append(torch.tensor(float(getattr(grader, counter, 0)), dtype=torch.float64))
         self._sums = torch.cat([sums, torch.stack([e.to(sums) for e in extra])]).to(device)
         group = groups[0]
         prompt = self.decode(group.prompt_ids.tolist())
@@ -329,7 +332,9 @@ class GRPOMethod:
     def step_metrics(self, dist: DistInfo) -> dict[str, float]:
         """All ranks: the last step's `reward`, `reward_std`, `reward/<grader>`,
         `frac_reward_zero_std`, `completion_length` (tokens), `kl`, `clip_ratio/*`,
-        `entropy` (nats per completion token)."""
+        `entropy` (nats per completion token), and since the start of this attempt over all
+        ranks `grader_errors/<grader>` (exceptions, non-numbers, exits: each scored 0) and
+        `grader_timeouts/<grader>` (calls stopped at the grader's `timeout_s`)."""
         if self._sums is None:
             raise RuntimeError("no GRPO step has run yet")
         s = all_reduce_sum(self._sums.clone(), dist).tolist()
@@ -349,9 +354,12 @@ class GRPOMethod:
         }
         if self.beta:
             metrics["kl"] = kl / max(tokens, 1)
+        counts = 13 + 2 * len(self.graders)
         for k, grader in enumerate(self.graders):
             score, scored = s[13 + 2 * k], s[14 + 2 * k]
             metrics[f"reward/{grader.name}"] = score / scored if scored else float("nan")
+            metrics[f"grader_errors/{grader.name}"] = s[counts + 2 * k]
+            metrics[f"grader_timeouts/{grader.name}"] = s[counts + 2 * k + 1]
         return metrics
 
     @torch.no_grad()

@@ -48,7 +48,9 @@ const isSystem = (name) => name.startsWith("sys/");
 // its `eval_loss` is -eval_reward, so its loss chart shows the training loss alone.
 const GRPO_CHARTS = [
   { id: "reward", title: "reward (mean over completions; held out: greedy)", series: ["reward", "eval_reward"] },
-  { id: "reward_graders", title: "reward per grader", prefix: "reward/" },
+  { id: "reward_graders", title: "reward per grader", prefix: ["reward/"] },
+  { id: "grader_failures", title: "grader errors and timeouts (so far)",
+    prefix: ["grader_errors/", "grader_timeouts/"] },
   { id: "kl", title: "KL to the reference", series: ["kl"] },
   { id: "clip_ratio", title: "clipped tokens", series: ["clip_ratio/low", "clip_ratio/high", "clip_ratio/region"] },
   { id: "entropy", title: "entropy (nats / token)", series: ["entropy"] },
@@ -64,7 +66,7 @@ const GRPO_CHARTS = [
 function chartsFor(names, world) {
   const grpo = names.includes("reward");
   const lead = grpo ? GRPO_CHARTS.map(({ prefix, ...c }) => (prefix
-    ? { ...c, series: names.filter((n) => n.startsWith(prefix)).sort() } : c)) : [];
+    ? { ...c, series: names.filter((n) => prefix.some((p) => n.startsWith(p))).sort() } : c)) : [];
   const base = grpo ? CHARTS.map((c) => (c.id === "loss" ? { ...c, series: ["loss"] } : c)) : CHARTS;
   const known = new Set([...lead, ...base].flatMap((c) => c.series));
   if (grpo) known.add("eval_loss");

@@ -57,3 +57,82 @@ def test_a_grpo_job_on_an_uploaded_prompt_dataset_raises_its_graders_reward(
     assert {"frac_reward_zero_std", "completion_length", "entropy", "clip_ratio/region"} <= set(
         series
     )
+
+
+# Graders a careless or curious team might write, each logged at weight 0 beside `lower`: one
+# that reads a file of the worker's (1.0 when it can), one that never returns and one that
+# raises, each on its first call only (its HOME outlives a restart of its process): once per
+# rank, whatever the prompts drawn.
+PEEK = """
+def grade(sample, item):
+    try:
+        open({path!r}, "rb").read(1)
+        return 1.0
+    except OSError:
+        return 0.0
+"""
+STUCK = """
+import os
+def grade(sample, item):
+    marker = os.path.join(os.environ["HOME"], "hung-once")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        while True:
+            pass
+    return 1.0
+"""
+RAISES = """
+import os
+def grade(sample, item):
+    marker = os.path.join(os.environ["HOME"], "raised-once")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise ValueError("the first sample is never right")
+    return 1.0
+"""
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+def test_a_graders_code_runs_in_the_jobs_sandbox_and_its_faults_do_not_stop_the_job(
+    live_api: str,
+    engine: Engine,
+    settings: Settings,
+    celery_client: Celery,
+    tmp_path: Path,
+    sandbox: str,
+) -> None:
+    """In the sandbox a grader cannot read the worker's files (without it, the same grader
+    does: the probe can fail); a grader that hangs is stopped at its `timeout_s`, one that
+    raises scores 0, both counted, and the job trains on to success."""
+    secret = settings.home / f"grader-secret-{sandbox}.txt"
+    secret.write_text("the worker's own")
+    queue = unique_queue(f"grpo-{sandbox}")
+    worker = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=queue,
+        log_dir=tmp_path,
+        extra_env={"TORCHYARD_SANDBOX": sandbox},
+    )
+    spec = grpo_job(dataset="prompts", pool=queue, max_steps=4)
+    spec["train"]["log_interval_steps"] = 2
+    spec["eval"]["interval_steps"] = 2
+    spec["method"]["grpo"]["graders"] += [
+        {"type": "python", "name": "peek", "weight": 0, "source": PEEK.format(path=str(secret))},
+        {"type": "python", "name": "stuck", "weight": 0, "source": STUCK, "timeout_s": 0.5},
+        {"type": "python", "name": "raises", "weight": 0, "source": RAISES},
+    ]
+    try:
+        with Client(live_api, make_project(engine).api_key) as client:
+            client.datasets.upload("prompts", write_prompts(tmp_path / "prompts.jsonl"))
+            job = client.jobs.create(spec)
+            done = client.jobs.wait(job.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
+            assert done.state == "succeeded", (done.error, worker.log[-4000:])
+            series = {s.name: s.values[-1] for s in client.jobs.metrics(job.id)}
+    finally:
+        worker.stop()
+        secret.unlink()
+    assert series["reward/peek"] == (0.0 if sandbox == "bwrap" else 1.0), series
+    ranks = spec["resources"]["procs_per_node"]
+    assert series["grader_timeouts/stuck"] == ranks and series["grader_errors/stuck"] == 0
+    assert series["grader_errors/raises"] == ranks and series["grader_timeouts/raises"] == 0
