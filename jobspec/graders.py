@@ -214,26 +214,30 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _refuse_model_graders(value: Any) -> Any:
+def refuse_model_graders(value: Any) -> Any:
+    """`value` unchanged, unless it is a grader whose `type` needs a model (`MODEL_GRADERS`):
+    raises `PydanticCustomError` (`grader_unavailable`) with the reason. Runs before a grader
+    union's discriminator, so that such a grader is refused by name, not as an unknown tag."""
     kind = value.get("type") if isinstance(value, dict) else None
     if isinstance(kind, str) and kind in MODEL_GRADERS:  # any JSON may come: {"type": {}} too
         raise PydanticCustomError("grader_unavailable", MODEL_GRADERS[kind])
     return value
 
 
-def _refuse_nested_multi(value: Any) -> Any:
+def refuse_nested_multi(value: Any) -> Any:
+    """`refuse_model_graders`, and a `multi` grader inside a multi grader is refused too."""
     if isinstance(value, dict) and value.get("type") == "multi":
         raise PydanticCustomError(
             "grader_nested_multi",
             "a multi grader's graders cannot be multi graders: write one formula instead",
         )
-    return _refuse_model_graders(value)
+    return refuse_model_graders(value)
 
 
 SubGrader = Annotated[
     StringCheckGrader | TextSimilarityGrader | PythonGrader,
     Field(discriminator="type"),
-    BeforeValidator(_refuse_nested_multi),
+    BeforeValidator(refuse_nested_multi),
 ]
 
 # The formula's vocabulary: these operators and functions, names and numbers, nothing else.
@@ -356,6 +360,9 @@ class MultiGrader(_GraderBase):
         max_length=16,
         description="The graders combined, by the names the formula uses (identifiers: a "
         "letter or '_', then letters, digits or '_'). Any grader but `multi`.",
+        # pydantic states the names' pattern as `patternProperties`, which leaves any other
+        # name valid in the JSON Schema; the model refuses it
+        json_schema_extra={"additionalProperties": False},
     )
     calculate_output: str = Field(
         min_length=1,
@@ -412,7 +419,7 @@ def check_grader_names(graders: list[AnyGrader]) -> list[AnyGrader]:
 
 
 AnyGrader = StringCheckGrader | TextSimilarityGrader | PythonGrader | MultiGrader
-Grader = Annotated[AnyGrader, Field(discriminator="type"), BeforeValidator(_refuse_model_graders)]
+Grader = Annotated[AnyGrader, Field(discriminator="type"), BeforeValidator(refuse_model_graders)]
 # What a spec's `graders` field is: one to 16 graders, each named once.
 Graders = Annotated[
     list[Grader], Field(min_length=1, max_length=16), AfterValidator(check_grader_names)
