@@ -63,6 +63,26 @@ FINE_TUNE_CREATE: dict[str, Any] = {
     "metadata": {"ticket": "ML-412"},
     "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}},
 }
+# Reinforcement fine-tuning (GRPO) on a file of OpenAI's RFT records
+# (`{"messages": [{"role": "user", ...}], "reference_answer": ...}`), scored by exact match.
+FINE_TUNE_CREATE_REINFORCEMENT: dict[str, Any] = {
+    "model": BASE_MODEL,
+    "training_file": "ds_7Ykq2mWc",
+    "suffix": "arith",
+    "method": {
+        "type": "reinforcement",
+        "reinforcement": {
+            "grader": {
+                "type": "string_check",
+                "name": "exact",
+                "input": "{{ sample.output_text | trim }}",
+                "reference": "{{ item.reference_answer }}",
+                "operation": "eq",
+            },
+            "hyperparameters": {"n_epochs": 2, "batch_size": 8, "compute_multiplier": 1.0},
+        },
+    },
+}
 _HYPERPARAMETERS = {"n_epochs": 3, "batch_size": 8, "learning_rate_multiplier": 1.0}
 FINE_TUNING_JOB: dict[str, Any] = {
     "id": FT_JOB_ID,

@@ -27,7 +27,9 @@ from jobspec.job import JobSpec
 
 PREFIX = "/openai/v1"
 FILES_PATH = f"{PREFIX}/files"
-RECORD_FORMATS = ("messages", "prompt_completion", "preference")
+# Record formats a file may have: those some `method.type` trains on (`prompt`: OpenAI's RFT
+# JSONL, `messages` ending in a user turn plus the fields its grader reads).
+RECORD_FORMATS = ("messages", "prompt_completion", "preference", "prompt")
 
 router = APIRouter(prefix=PREFIX, tags=["openai"], responses=openai_errors.RESPONSES)
 
@@ -61,8 +63,10 @@ async def create_file(
     request: Request, principal: DatasetsWritePrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Upload a JSONL file (multipart `file`, `purpose=fine-tune`) as a dataset of format
-    `messages`, `prompt_completion` or `preference` (detected), checked record by record as
-    `POST /v1/datasets/upload` checks it. 400 names the first bad line; 413 over the size limit."""
+    `messages`, `prompt_completion`, `preference` or `prompt` (detected; `prompt`: OpenAI's
+    reinforcement fine-tuning records, `messages` ending in a user turn), checked record by
+    record as `POST /v1/datasets/upload` checks it. 400 names the first bad line; 413 over the
+    size limit."""
     dataset_id = new_id("ds")
     root_uri = storage.join(settings.storage_url, "datasets", dataset_id)
     async with uploads.streamed(
@@ -229,7 +233,8 @@ def file_content(
     file_id: FileId, principal: ReadPrincipal, session: SessionDep
 ) -> StreamingResponse | Response:
     """The file's bytes as uploaded (streamed); a result file's CSV (`step,train_loss,
-    train_accuracy,valid_loss,valid_mean_token_accuracy`), generated from the job's metrics."""
+    train_accuracy,valid_loss,valid_mean_token_accuracy`; a reinforcement job's
+    `step,train_reward_mean,valid_reward_mean`), generated from the job's metrics."""
     job = _result_job(session, principal.project_id, file_id)
     if job is not None:
         return Response(openai_results.results_csv(session, job), media_type="text/csv")

@@ -30,15 +30,22 @@ Limit = Annotated[int, Query(ge=1, le=100)]
 @router.post("", responses={200: json_example(ex.FINE_TUNING_JOB)})
 def create_job(
     body: Annotated[
-        FineTuneCreate, Body(openapi_examples={"LoRA SFT": {"value": ex.FINE_TUNE_CREATE}})
+        FineTuneCreate,
+        Body(
+            openapi_examples={
+                "LoRA SFT": {"value": ex.FINE_TUNE_CREATE},
+                "Reinforcement (GRPO)": {"value": ex.FINE_TUNE_CREATE_REINFORCEMENT},
+            }
+        ),
     ],
     principal: JobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
     request: Request,
 ) -> dict[str, Any]:
-    """Fine-tune a registered base model (LoRA; `method.type` supervised or dpo) on an uploaded
-    file. 400 (`param` names the field) for an unknown model or a file of the wrong format."""
+    """Fine-tune a registered base model (LoRA; `method.type` supervised, dpo or reinforcement)
+    on an uploaded file. 400 (`param` names the field) for an unknown model, a file of the
+    wrong format, or a grader or hyperparameter that cannot run."""
     spec, _ = build(session=session, settings=settings, project_id=principal.project_id, body=body)
     result = submission.submit(
         session=session,

@@ -21,6 +21,10 @@ RESULT_PURPOSE = "fine-tune-results"
 RESULT_COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy")
 # Our metric name -> OpenAI's column; the accuracy columns stay empty (not measured).
 _METRIC_COLUMNS = {"loss": "train_loss", "eval_loss": "valid_loss"}
+# A reinforcement (GRPO) job's: the mean reward of the step's sampled completions, and of the
+# greedy completions of the held-out prompts at an evaluation.
+REINFORCEMENT_COLUMNS = ("step", "train_reward_mean", "valid_reward_mean")
+_REWARD_COLUMNS = {"reward": "train_reward_mean", "eval_reward": "valid_reward_mean"}
 
 
 def result_file_id(job: Job) -> str:
@@ -39,15 +43,19 @@ def result_job_id(file_id: str) -> int | None:
 def results_csv(session: Session, job: Job) -> str:
     """The job's step metrics as OpenAI's results CSV: header `RESULT_COLUMNS`, one row per
     step that logged `loss` or `eval_loss` (ascending), values as stored (`repr` floats),
-    empty where unknown or not finite."""
+    empty where unknown or not finite. A reinforcement (`grpo`) job's: header
+    `REINFORCEMENT_COLUMNS`, one row per step that logged `reward` or `eval_reward`."""
     rows: dict[int, dict[str, str]] = {}
-    names = list(_METRIC_COLUMNS)
+    reinforcement = isinstance(job.spec, JobSpec) and job.spec.method.kind == "grpo"
+    columns = REINFORCEMENT_COLUMNS if reinforcement else RESULT_COLUMNS
+    metric_columns = _REWARD_COLUMNS if reinforcement else _METRIC_COLUMNS
+    names = list(metric_columns)
     for series in queries.metric_series(session=session, job_id=job.id, names=names):
-        column = _METRIC_COLUMNS[series.name]
+        column = metric_columns[series.name]
         for step, value in zip(series.steps, series.values, strict=True):
             rows.setdefault(step, {})[column] = repr(value) if math.isfinite(value) else ""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=RESULT_COLUMNS, restval="", lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=columns, restval="", lineterminator="\n")
     writer.writeheader()
     for step in sorted(rows):
         writer.writerow({"step": str(step), **rows[step]})

@@ -1,14 +1,22 @@
-"""A `POST /openai/v1/fine_tuning/jobs` body as a Torchyard JobSpec (LoRA SFT or DPO over a
-registered base model), with OpenAI's `"auto"` hyperparameters resolved."""
+"""A `POST /openai/v1/fine_tuning/jobs` body as a Torchyard JobSpec (LoRA SFT, DPO or GRPO over a
+registered base model), with OpenAI's `"auto"` hyperparameters resolved.
+
+OpenAI's `method.type: reinforcement` (reinforcement fine-tuning) is Torchyard's `method.kind:
+grpo` (`jobspec.method.GRPOSpec`): its one grader is the job's only grader, validated as
+`jobspec.graders.Grader` validates one (so `score_model` and `label_model` are refused with
+their reason) plus OpenAI's `image_tag` of a python grader, accepted and dropped; its
+hyperparameters map as `ReinforcementHyperparameters` says field by field."""
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -19,8 +27,10 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
+from core.openai.graders import OpenAIGrader, without_image_tags
 from core.openai.view import (
     BASE_LABEL,
+    COMPUTE_LABEL,
     FULL_VALID,
     LR_LABEL,
     META_PREFIX,
@@ -30,6 +40,7 @@ from core.openai.view import (
 from core.platform.errors import InvalidInput
 from core.platform.settings import BaseModelEntry, Settings
 from jobspec.job import JobSpec
+from jobspec.method_checks import method_data_error
 
 Auto = Literal["auto"]
 _ID = Annotated[str, Field(min_length=1, max_length=100)]
@@ -57,24 +68,83 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-class Hyperparameters(_Open):
-    """OpenAI's hyperparameters; each `"auto"` (or absent) takes the base model's default."""
+class _Passes(_Open):
+    """The hyperparameters every method has besides its batch size."""
 
     n_epochs: AutoOr[Annotated[int, Field(ge=1, le=50)]] = None
     """Passes over the training file (OpenAI's meaning); the job's `train.epochs`. `"auto"`:
     the base model's registered `n_epochs`."""
+    learning_rate_multiplier: AutoOr[Annotated[float, Field(gt=0, le=100)]] = None
+    """Scales the base model's registered `learning_rate` (OpenAI's meaning); the job's peak
+    `optim.lr` is their product. `"auto"`: 1.0."""
+
+
+class Hyperparameters(_Passes):
+    """OpenAI's hyperparameters of `supervised` and `dpo`; each `"auto"` (or absent) takes the
+    base model's default."""
+
     batch_size: AutoOr[Annotated[int, Field(ge=1, le=256)]] = None
     """Examples per batch (OpenAI's meaning); the job's `train.micro_batch_size` (sequences per
     process per forward/backward), so an optimizer step sees this times the data-parallel
     processes and `train.grad_accum_steps` of the base model's registered job settings.
     `"auto"`: the base model's registered `batch_size`."""
-    learning_rate_multiplier: AutoOr[Annotated[float, Field(gt=0, le=100)]] = None
-    """Scales the base model's registered `learning_rate` (OpenAI's meaning); the job's peak
-    `optim.lr` is their product. `"auto"`: 1.0."""
     beta: AutoOr[Annotated[float, Field(gt=0, le=100)]] = None
     """DPO's beta, the weight of the penalty for drifting from the reference (base) model;
     the job's `method.dpo.beta`. Read for method `dpo` only, ignored for `supervised`.
     `"auto"`: 0.1."""
+
+
+GROUP_SIZE_PER_COMPUTE: Final = 8  # completions per prompt at compute_multiplier 1.0
+GROUP_SIZE_RANGE: Final = (2, 64)  # GRPOSpec.group_size's bounds
+
+
+def group_size(compute_multiplier: float) -> int:
+    """GRPO's `group_size` (completions per prompt) for OpenAI's `compute_multiplier`:
+    8 x the multiplier rounded half up, clamped to [2, 64]."""
+    low, high = GROUP_SIZE_RANGE
+    return min(high, max(low, math.floor(GROUP_SIZE_PER_COMPUTE * compute_multiplier + 0.5)))
+
+
+REASONING_EFFORTS: Final = ("low", "medium", "high")  # OpenAI's, besides "default"
+
+
+def _no_reasoning(value: Any) -> Any:
+    """Refuses OpenAI's reasoning efforts by name, with the reason (the schema offers only
+    `"default"`, which the Literal then checks)."""
+    if isinstance(value, str) and value in REASONING_EFFORTS:
+        raise PydanticCustomError(
+            "not_supported",
+            'not supported: the base models do not reason (only "default" is accepted)',
+        )
+    return value
+
+
+class ReinforcementHyperparameters(_Passes):
+    """OpenAI's hyperparameters of `reinforcement` (GRPO); each `"auto"` (or absent) takes the
+    base model's default or the job spec's."""
+
+    batch_size: AutoOr[Annotated[int, Field(ge=1, le=256)]] = None
+    """Prompts per batch; the job's `train.micro_batch_size` (prompts per process per step),
+    each sampled `group_size` times (`compute_multiplier`), so an optimizer step samples this
+    times the data-parallel processes times `train.grad_accum_steps` prompts. `"auto"`: the
+    base model's registered `batch_size`."""
+    compute_multiplier: AutoOr[Annotated[float, Field(gt=0, le=100)]] = None
+    """How much sampling a step does; the job's `method.grpo.group_size` (completions per
+    prompt) = 8 x `compute_multiplier`, rounded half up and clamped to [2, 64] (so 0.25 gives
+    2, 2 gives 16, 8 or more gives 64). `"auto"`: 1.0 (8 completions per prompt)."""
+    eval_interval: AutoOr[Annotated[int, Field(ge=1, le=1_000_000)]] = None
+    """Training steps between evaluations of the held-out prompts (`validation_file`, else a
+    share of the training file); the job's `eval.interval_steps`. `"auto"`: the base model's
+    registered job settings (`eval.interval_steps`, else 100)."""
+    eval_samples: AutoOr[Annotated[int, Field(ge=1, le=100_000)]] = None
+    """Held-out prompts each evaluation completes (one greedy completion each, graded: the
+    result file's `valid_reward_mean`); the job's `eval.num_batches` = ceil(eval_samples /
+    batch_size), so an evaluation reads the first num_batches x batch_size prompts per
+    data-parallel process (at most the whole held-out set). `"auto"`: the base model's
+    registered job settings (`eval.num_batches`, else 8)."""
+    reasoning_effort: Annotated[Literal["default"] | None, BeforeValidator(_no_reasoning)] = None
+    """OpenAI's reasoning effort of reasoning models: only `"default"` (or absent); the base
+    models do not reason, so OpenAI's `low`, `medium` and `high` are refused, saying so."""
 
 
 class _Wrapped(_Open):
@@ -85,17 +155,39 @@ class _Wrapped(_Open):
     (deprecated) `hyperparameters`."""
 
 
+class Reinforcement(_Open):
+    """Settings for `type: reinforcement`: Torchyard's GRPO (`method.kind: grpo`, see
+    docs/reinforcement.md) with one grader."""
+
+    grader: OpenAIGrader
+    """How a sampled completion is scored: one grader (`string_check`, `text_similarity`,
+    `python`, or `multi` over several), the job's `method.grpo.graders` (a list of it). OpenAI's
+    shapes and Torchyard's checks (`jobspec.graders`): `score_model` and `label_model` are
+    refused (no grader model is registered), as are `text_similarity`'s `meteor` and `cosine`.
+    A python grader's `image_tag` (OpenAI's runtime image) is accepted and ignored: the grader
+    runs with the worker's Python in the job's sandbox."""
+    hyperparameters: ReinforcementHyperparameters | None = None
+    """The method's hyperparameters (the top-level `hyperparameters` are refused with this
+    method)."""
+
+
 class Method(_Open):
     """The fine-tuning method and its hyperparameters."""
 
-    type: Literal["supervised", "dpo"]
+    type: Literal["supervised", "dpo", "reinforcement"]
     """`supervised`: supervised fine-tuning on a `messages` or `prompt_completion` file
     (Torchyard's method `sft`); `dpo`: Direct Preference Optimization on a `preference`
-    file (method `dpo`). Both train LoRA adapters on the base model."""
+    file (method `dpo`); `reinforcement`: reinforcement fine-tuning by GRPO (method `grpo`) on
+    a `prompt` file (OpenAI's RFT JSONL: `messages` ending in a user turn, and the fields the
+    grader reads), or the prompts of `messages` / `prompt_completion` records. All train LoRA
+    adapters on the base model."""
     supervised: _Wrapped | None = None
     """Settings for `type: supervised`; read only for that type."""
     dpo: _Wrapped | None = None
     """Settings for `type: dpo`; read only for that type."""
+    reinforcement: Reinforcement | None = None
+    """Settings for `type: reinforcement`, required with it (its `grader` has no default);
+    read only for that type."""
 
 
 class FineTuneCreate(_Open):
@@ -108,13 +200,15 @@ class FineTuneCreate(_Open):
     LoRA settings, sequence length, resources, pool and defaults. 400 for any other name."""
     training_file: _ID
     """The id of a file of this project uploaded with purpose `fine-tune`: records of format
-    `messages` or `prompt_completion` for `supervised`, `preference` for `dpo`. The job's
+    `messages` or `prompt_completion` for `supervised`, `preference` for `dpo`, `prompt` (or
+    `messages`, `prompt_completion`, whose prompts are read) for `reinforcement`. The job's
     `data.dataset`."""
     validation_file: _ID | None = None
     """The id of a file like `training_file`, evaluated during training (`valid_loss` in the
-    result file); the job's `data.eval_dataset`. Null: no validation. For `supervised`, the
-    final checkpoint is also scored on all of it by an eval job (`eval_after`, evaluation
-    `full_valid`): its checkpoint's `metrics.full_valid_loss`."""
+    result file; `valid_reward_mean` for `reinforcement`); the job's `data.eval_dataset`.
+    Null: the job holds out a share of the training file instead (`data.eval_fraction`). For
+    `supervised`, the final checkpoint is also scored on all of the validation file by an eval
+    job (`eval_after`, evaluation `full_valid`): its checkpoint's `metrics.full_valid_loss`."""
     suffix: (
         Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None
     ) = None
@@ -136,8 +230,9 @@ class FineTuneCreate(_Open):
     method: Method | None = None
     """The fine-tuning method and its hyperparameters; null: `supervised`."""
     hyperparameters: Hyperparameters | None = None
-    """Hyperparameters for either method (deprecated by OpenAI in favour of
-    `method.<type>.hyperparameters`, which take precedence when given)."""
+    """Hyperparameters for `supervised` or `dpo` (deprecated by OpenAI in favour of
+    `method.<type>.hyperparameters`, which take precedence when given); refused with
+    `reinforcement`, whose hyperparameters differ."""
     integrations: list[Any] | None = None
     """OpenAI's third-party integrations (such as Weights & Biases): accepted and ignored;
     follow a job's metrics with `GET /v1/jobs/{job_id}/metrics` instead."""
@@ -147,7 +242,8 @@ def build(
     *, session: Session, settings: Settings, project_id: str, body: FineTuneCreate
 ) -> tuple[JobSpec, dict[str, Any]]:
     """(the JobSpec, the resolved hyperparameters) for `body`. Raises InvalidInput naming the
-    OpenAI field (`model`, `training_file`, `validation_file`, `method`)."""
+    OpenAI field (`model`, `training_file`, `validation_file`, `method.reinforcement`,
+    `hyperparameters`)."""
     entry = base_model(settings, body.model)
     kind = body.method.type if body.method is not None else "supervised"
     _check_file(session, project_id, body.training_file, "training_file", kind)
@@ -155,6 +251,8 @@ def build(
         _check_file(session, project_id, body.validation_file, "validation_file", kind)
     hyper = _resolve(entry, _given(body, kind), kind)
     labels = {BASE_LABEL: body.model, LR_LABEL: repr(hyper["learning_rate_multiplier"])}
+    if kind == "reinforcement":
+        labels[COMPUTE_LABEL] = repr(hyper["compute_multiplier"])
     if body.suffix:
         labels[SUFFIX_LABEL] = body.suffix
     labels.update({META_PREFIX + k: v for k, v in (body.metadata or {}).items()})
@@ -164,15 +262,15 @@ def build(
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
         "model": {"kind": "hf", "hf": {"path_or_id": entry.path}, "seq_len": entry.seq_len},
         "lora": entry.lora,
-        "method": {"kind": "dpo", "dpo": {"beta": hyper["beta"]}}
-        if kind == "dpo"
-        else {"kind": "sft"},
+        "method": _method(body, entry, hyper, kind),
         "data": {"dataset": body.training_file, "eval_dataset": body.validation_file},
         "optim": {"lr": entry.learning_rate * hyper["learning_rate_multiplier"]},
         "train": {"micro_batch_size": hyper["batch_size"], "epochs": hyper["n_epochs"]},
         "resources": {**entry.resources, "pool": entry.pool},
     }
-    if body.validation_file is not None and kind != "dpo":
+    if kind == "reinforcement":
+        ours["eval"] = _eval(hyper)
+    if body.validation_file is not None and kind == "supervised":
         # OpenAI's `full_valid_loss` of the final checkpoint: its loss on the whole validation
         # file (the trainer's `eval_loss` reads `eval.num_batches` batches of it)
         ours["eval_after"] = {
@@ -193,7 +291,58 @@ def build(
         ) from None
 
 
-def _given(body: FineTuneCreate, kind: str) -> Hyperparameters:
+def _method(
+    body: FineTuneCreate, entry: BaseModelEntry, hyper: dict[str, Any], kind: str
+) -> dict[str, Any]:
+    """The job's `method` section."""
+    if kind == "dpo":
+        return {"kind": "dpo", "dpo": {"beta": hyper["beta"]}}
+    if kind == "supervised":
+        return {"kind": "sft"}
+    assert body.method is not None and body.method.reinforcement is not None  # by _given
+    given = body.method.reinforcement.grader.model_dump(mode="json", exclude_unset=True)
+    grader = without_image_tags(given)
+    grpo = {
+        **entry.grpo,
+        "graders": [grader],
+        "group_size": group_size(hyper["compute_multiplier"]),
+    }
+    return {"kind": "grpo", "grpo": grpo}
+
+
+def _eval(hyper: dict[str, Any]) -> dict[str, Any]:
+    """The `eval` settings a reinforcement job's hyperparameters give (none for `"auto"`)."""
+    out: dict[str, Any] = {}
+    if hyper["eval_interval"] is not None:
+        out["interval_steps"] = hyper["eval_interval"]
+    if hyper["eval_samples"] is not None:
+        out["num_batches"] = math.ceil(hyper["eval_samples"] / hyper["batch_size"])
+    return out
+
+
+def _given(body: FineTuneCreate, kind: str) -> Hyperparameters | ReinforcementHyperparameters:
+    """The hyperparameters the body gives for method `kind`. Raises InvalidInput naming
+    `method.reinforcement` when `reinforcement` lacks its settings, `hyperparameters` when the
+    deprecated top-level ones come with it."""
+    if kind == "reinforcement":
+        assert body.method is not None  # kind comes from it
+        if body.method.reinforcement is None:
+            msg = "method type reinforcement needs method.reinforcement with its grader"
+            where = ["body", "method", "reinforcement"]
+            raise InvalidInput(
+                f"method.reinforcement: {msg}",
+                details=[{"loc": where, "msg": msg, "type": "missing"}],
+            )
+        if body.hyperparameters is not None:
+            msg = (
+                "not read with method reinforcement: give them in "
+                "method.reinforcement.hyperparameters"
+            )
+            raise InvalidInput(
+                f"hyperparameters: {msg}",
+                details=[{"loc": ["body", "hyperparameters"], "msg": msg, "type": "unused"}],
+            )
+        return body.method.reinforcement.hyperparameters or ReinforcementHyperparameters()
     if body.method is not None:
         wrapped = body.method.dpo if kind == "dpo" else body.method.supervised
         if wrapped is not None and wrapped.hyperparameters is not None:
@@ -201,7 +350,12 @@ def _given(body: FineTuneCreate, kind: str) -> Hyperparameters:
     return body.hyperparameters or Hyperparameters()
 
 
-def _resolve(entry: BaseModelEntry, given: Hyperparameters, kind: str) -> dict[str, Any]:
+def _resolve(
+    entry: BaseModelEntry, given: Hyperparameters | ReinforcementHyperparameters, kind: str
+) -> dict[str, Any]:
+    """The hyperparameters with `"auto"` resolved; a reinforcement job's `eval_interval` and
+    `eval_samples` stay None for `"auto"` (the job spec's settings apply)."""
+
     def pick(value: Any, default: Any) -> Any:
         return default if value is None or value == "auto" else value
 
@@ -210,20 +364,33 @@ def _resolve(entry: BaseModelEntry, given: Hyperparameters, kind: str) -> dict[s
         "batch_size": pick(given.batch_size, entry.batch_size),
         "learning_rate_multiplier": float(pick(given.learning_rate_multiplier, 1.0)),
     }
-    if kind == "dpo":
+    if isinstance(given, Hyperparameters) and kind == "dpo":
         out["beta"] = float(pick(given.beta, 0.1))
+    if isinstance(given, ReinforcementHyperparameters):
+        out["compute_multiplier"] = float(pick(given.compute_multiplier, 1.0))
+        out["eval_interval"] = pick(given.eval_interval, None)
+        out["eval_samples"] = pick(given.eval_samples, None)
+        out["reasoning_effort"] = "default"
     return out
+
+
+# The record formats each OpenAI method trains on, where narrower than the spec's rule.
+_FORMATS = {"supervised": ("messages", "prompt_completion"), "dpo": ("preference",)}
 
 
 def _check_file(session: Session, project_id: str, file_id: str, param: str, kind: str) -> None:
     found = datasets.get(session=session, dataset_id=file_id, project_id=project_id)
+    msg: str | None
     if found is None:
         msg = f"no file {file_id!r} in this project"
-    elif kind == "dpo" and found.format != "preference":
-        msg = f"method dpo needs a preference file (this one is {found.format!r})"
-    elif kind == "supervised" and found.format not in ("messages", "prompt_completion"):
-        msg = f"method supervised needs a messages or prompt_completion file, not {found.format!r}"
+    elif kind == "reinforcement":
+        unfit = method_data_error("grpo", found.format)
+        msg = unfit and f"method reinforcement (GRPO) needs prompts: {unfit}"
+    elif found.format not in _FORMATS[kind]:
+        msg = f"method {kind} needs a {' or '.join(_FORMATS[kind])} file, not {found.format!r}"
     else:
+        msg = None
+    if msg is None:
         return
     raise InvalidInput(
         f"{param}: {msg}", details=[{"loc": ["body", param], "msg": msg, "type": "invalid_file"}]

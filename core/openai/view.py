@@ -37,6 +37,7 @@ BASE_LABEL = "openai.base"
 FULL_VALID = "full_valid"  # the eval_after evaluation behind `full_valid_loss`
 SUFFIX_LABEL = "openai.suffix"
 LR_LABEL = "openai.lr_multiplier"
+COMPUTE_LABEL = "openai.compute_multiplier"  # a reinforcement job's, as given (or 1.0)
 META_PREFIX = "openai.meta."
 
 STATUS = {
@@ -115,18 +116,45 @@ def get_job(session: Session, raw_id: str, project_id: str) -> Job:
     return job
 
 
+# `method.type` of a Torchyard `method.kind`.
+METHOD_TYPES = {"sft": "supervised", "dpo": "dpo", "grpo": "reinforcement"}
+COMMON_HYPERPARAMETERS = ("n_epochs", "batch_size", "learning_rate_multiplier")
+
+
 def hyperparameters(job: Job) -> dict[str, Any]:
-    """The resolved hyperparameters of a fine-tuning job (from its spec)."""
+    """The resolved hyperparameters of a fine-tuning job's method (from its spec and labels):
+    the common three, DPO's `beta`, and reinforcement's `compute_multiplier`, `eval_interval`,
+    `eval_samples` (held-out prompts per evaluation and data-parallel process) and
+    `reasoning_effort`."""
     spec = job.spec
     assert isinstance(spec, JobSpec)
+    labels = job.labels or {}
+    batch = spec.train.micro_batch_size * spec.train.grad_accum_steps
     out: dict[str, Any] = {
         "n_epochs": spec.train.epochs,
-        "batch_size": spec.train.micro_batch_size * spec.train.grad_accum_steps,
-        "learning_rate_multiplier": float(job.labels.get(LR_LABEL, "1.0")),
+        "batch_size": batch,
+        "learning_rate_multiplier": float(labels.get(LR_LABEL, "1.0")),
     }
     if spec.method.kind == "dpo" and spec.method.dpo is not None:
         out["beta"] = spec.method.dpo.beta
+    if spec.method.kind == "grpo":
+        out["compute_multiplier"] = float(labels.get(COMPUTE_LABEL, "1.0"))
+        out["eval_interval"] = spec.eval.interval_steps
+        out["eval_samples"] = spec.eval.num_batches * spec.train.micro_batch_size
+        out["reasoning_effort"] = "default"
     return out
+
+
+def method_object(job: Job) -> dict[str, Any]:
+    """The job's `method` as OpenAI shows it: `{"type", <type>: {"hyperparameters"}}`, with a
+    reinforcement job's `grader` (its spec's one grader)."""
+    spec = job.spec
+    assert isinstance(spec, JobSpec)
+    kind = METHOD_TYPES.get(spec.method.kind, "supervised")
+    settings: dict[str, Any] = {"hyperparameters": hyperparameters(job)}
+    if spec.method.grpo is not None and spec.method.grpo.graders:
+        settings["grader"] = spec.method.grpo.graders[0].model_dump(mode="json", exclude_none=True)
+    return {"type": kind, kind: settings}
 
 
 def _estimated_finish(job: Job) -> int | None:
@@ -149,8 +177,8 @@ def job_object(job: Job, trained_tokens: int | None = None) -> dict[str, Any]:
     spec = job.spec
     assert isinstance(spec, JobSpec)
     labels = job.labels or {}
-    method = "dpo" if spec.method.kind == "dpo" else "supervised"
-    hyper = hyperparameters(job)
+    method = method_object(job)
+    hyper = method[method["type"]]["hyperparameters"]
     error = None
     if job.state == JobState.FAILED:
         cls = (job.failure or {}).get("class") or "failed"
@@ -171,8 +199,8 @@ def job_object(job: Job, trained_tokens: int | None = None) -> dict[str, Any]:
         "estimated_finish": _estimated_finish(job),
         "error": error,
         "seed": spec.seed,
-        "hyperparameters": {k: v for k, v in hyper.items() if k != "beta"},
-        "method": {"type": method, method: {"hyperparameters": hyper}},
+        "hyperparameters": {k: v for k, v in hyper.items() if k in COMMON_HYPERPARAMETERS},
+        "method": method,
         "metadata": {
             k.removeprefix(META_PREFIX): v for k, v in labels.items() if k.startswith(META_PREFIX)
         }

@@ -71,6 +71,12 @@ class BaseModelEntry(BaseModel):
         default_factory=dict,
         description="Further JobSpec sections merged into its jobs (`eval`, `checkpoint`, ...).",
     )
+    grpo: dict[str, Any] = Field(
+        default_factory=dict,
+        description="`method.grpo` settings of its reinforcement jobs (`max_new_tokens`, "
+        "`temperature`, `beta`, ...; `jobspec.method.GRPOSpec`); the request gives `graders` "
+        "and `group_size`.",
+    )
 
 
 class OidcGrant(BaseModel):

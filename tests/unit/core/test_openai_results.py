@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from core.openai.results import RESULT_COLUMNS, results_csv, trained_tokens
+from core.openai.results import (
+    REINFORCEMENT_COLUMNS,
+    RESULT_COLUMNS,
+    results_csv,
+    trained_tokens,
+)
 from core.openai.view import BASE_LABEL, META_PREFIX, jobs_page
 from core.platform.db import make_engine, session_factory
 from core.platform.tables import Base, Job, JobEvent, MetricPoint, Project
@@ -31,8 +36,17 @@ def session(tmp_path: Path) -> Iterator[Session]:
     engine.dispose()
 
 
-def _job(session: Session, state: str = "succeeded", step: int = 6, **labels: str) -> Job:
-    spec = JobSpec(name="j", data={"uri": "/data/corpus"}, train={"epochs": 3})
+GRPO = {"kind": "grpo", "grpo": {"graders": [{"type": "python", "name": "g", "source": "grade=1"}]}}
+
+
+def _job(
+    session: Session,
+    state: str = "succeeded",
+    step: int = 6,
+    method: dict[str, Any] | None = None,
+    **labels: str,
+) -> Job:
+    spec = JobSpec(name="j", data={"uri": "/data/corpus"}, train={"epochs": 3}, method=method or {})
     job = Job(
         project_id="p",
         name="j",
@@ -69,6 +83,22 @@ def test_results_csv_is_one_row_per_logged_step_of_the_stored_losses(session: Se
         ["6", "", "", "", ""],  # logged, but not a number
     ]
     assert results_csv(session, _job(session)) == ",".join(RESULT_COLUMNS) + "\n"
+
+
+def test_a_reinforcement_jobs_results_csv_has_the_reward_columns(session: Session) -> None:
+    job = _job(session, method=GRPO)
+    points = [("reward", 2, 0.25), ("reward", 4, 0.5), ("eval_reward", 4, 0.75)]
+    points += [("eval_loss", 4, -0.75), ("loss", 2, 0.1), ("reward/g", 2, 0.25)]
+    for name, step, value in points:
+        session.add(MetricPoint(job_id=job.id, name=name, step=step, value=value, time=0.0))
+    session.flush()
+    rows = list(csv.reader(io.StringIO(results_csv(session, job))))
+    assert (
+        tuple(rows[0])
+        == REINFORCEMENT_COLUMNS
+        == ("step", "train_reward_mean", "valid_reward_mean")
+    )
+    assert rows[1:] == [["2", "0.25", ""], ["4", "0.5", "0.75"]]
 
 
 def test_trained_tokens_are_the_data_reports_tokens_times_epochs(session: Session) -> None:

@@ -15,6 +15,7 @@ operation); the test first proves the app it calls serves exactly that document.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -180,6 +181,13 @@ BODY_RULES = ("spec_conflict", "sweep_conflict")
 # Under /openai/v1 (OpenAI's error body names one `param`): ids of this project's files and
 # jobs, names of the server's base models (`TORCHYARD_BASE_MODELS`), a file's records.
 OPENAI_REFERENCES = {"after", "model", "training_file", "validation_file", "file"}
+# A reinforcement job's grader (`jobspec.graders`), by rules no schema states: a python grader's
+# `source` is Python that defines `grade` and its `file` a relative `.py` path, exactly one of
+# them (at the grader); a multi grader's `calculate_output` is a formula over its graders'
+# names, which are no Python keywords, and its graders have no `weight` (at the grader).
+OPENAI_GRADER_RULES = re.compile(
+    r"method\.reinforcement\.grader(\.graders\.\w+)?(\.source|\.file|\.calculate_output)?"
+)
 
 
 def _semantic_refusal(response: Any) -> bool:
@@ -189,7 +197,10 @@ def _semantic_refusal(response: Any) -> bool:
         return False
     error = response.json()["error"]
     if "details" not in error:  # OpenAI's shape: only the first bad field, as `param`
-        return response.status_code == 400 and error.get("param") in OPENAI_REFERENCES
+        param = error.get("param") or ""
+        return response.status_code == 400 and (
+            param in OPENAI_REFERENCES or OPENAI_GRADER_RULES.fullmatch(param) is not None
+        )
     problems = [(tuple(str(p) for p in d["loc"]), d["type"]) for d in error["details"]]
     return bool(problems) and all(_semantic(loc, kind) for loc, kind in problems)
 

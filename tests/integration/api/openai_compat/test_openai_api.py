@@ -3,8 +3,9 @@
 A real API (uvicorn, with a registered base model: a Llama from a config and a locally trained
 BPE under an allowed root) and a real worker; files are uploaded, a LoRA SFT and a DPO job
 train to completion (their result file matches the stored metrics, `trained_tokens` the run's
-data report), a running job is paused at a checkpoint and resumed to completion, a job on a
-pool no worker serves is paused, resumed and cancelled, files and jobs are paged.
+data report), a reinforcement (GRPO) job on OpenAI's RFT records raises its python grader's
+reward, a running job is paused at a checkpoint and resumed to completion, a job on a pool no
+worker serves is paused, resumed and cancelled, files and jobs are paged.
 Bodies are parsed by the client's own pydantic types.
 """
 
@@ -15,7 +16,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project, settings_env
 from tests.integration.conftest import serve_api
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from torchyard.client import Client
 from torchyard.examples.docstrings import ExampleData, write_example_data
 
 JOB_TIMEOUT_S = 400
@@ -68,6 +70,8 @@ def server(
             "checkpoint": {"interval_steps": 1000, "keep_last": 1},
             "sample": {"max_new_tokens": 0},
         },
+        # short completions: a reinforcement step samples group_size of them per prompt
+        "grpo": {"max_new_tokens": 8},
     }
     registry = {
         BASE: {**small, "path": str(model_dir), "pool": queue},
@@ -221,7 +225,7 @@ def test_invalid_requests_raise_bad_request_naming_the_param(
             model=BASE, training_file=training.id, hyperparameters={"n_epochs": 0}
         ),
         "method.type": lambda: client.fine_tuning.jobs.create(
-            model=BASE, training_file=training.id, method={"type": "reinforcement"}
+            model=BASE, training_file=training.id, method={"type": "unsupervised"}
         ),
         "suffix": lambda: client.fine_tuning.jobs.create(
             model=BASE, training_file=training.id, suffix="no spaces"
@@ -341,6 +345,169 @@ def test_dpo_fine_tune_trains_to_completion(
     assert sorted(accuracy) == sorted(loss)  # reported at every logged step
     checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
     assert checkpoints and max(c.step_number for c in checkpoints) >= max(loss), checkpoints
+
+
+# The reward of tests/integration/trainer/test_grpo_job.py: the share of lower-case letters in
+# a completion, which a random tiny model learns to raise within a few dozen steps.
+LOWER = """
+def grade(sample, item):
+    text = sample["output_text"]
+    return sum(c.islower() for c in text) / max(len(text), 1)
+"""
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
+
+
+def _rft_records(count: int, start: int = 0) -> bytes:
+    """OpenAI's reinforcement fine-tuning JSONL: a user turn to answer, and a reference field."""
+    lines = [
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": f"{WORDS[i % 8]} {i}: "}],
+                "reference_answer": WORDS[i % 8],
+            }
+        )
+        for i in range(start, start + count)
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_reinforcement_fine_tune_raises_its_python_graders_reward(
+    server: str, project: ProjectKey, worker: Worker
+) -> None:
+    """`method.type: reinforcement` is a GRPO job: the grader and hyperparameters map onto its
+    spec, it trains to completion on RFT-shaped files, and its result file is OpenAI's reward
+    columns, the stored `reward` / `eval_reward` points, with the train reward rising."""
+    client = _client(server, project.api_key)
+    training = client.files.create(file=("rft.jsonl", _rft_records(80)), purpose="fine-tune")
+    validation = client.files.create(
+        file=("rft_valid.jsonl", _rft_records(8, start=80)), purpose="fine-tune"
+    )
+    for file in (training, validation):
+        assert _native(server, project, f"/v1/datasets/{file.id}")["format"] == "prompt"
+    grader = {"type": "python", "name": "lower", "source": LOWER, "image_tag": "2025-05-08"}
+    hyper = {"n_epochs": 2, "batch_size": 4, "eval_interval": 10, "eval_samples": 8}
+    settings = {"grader": grader, "hyperparameters": hyper}
+    method = {"type": "reinforcement", "reinforcement": settings}
+    job = client.fine_tuning.jobs.create(
+        model=BASE,
+        training_file=training.id,
+        validation_file=validation.id,
+        suffix="lower",
+        seed=7,
+        method=method,
+    )
+    assert job.method.type == "reinforcement" and job.method.supervised is None
+    shown = job.method.reinforcement
+    assert shown.grader.type == "python" and shown.grader.source == LOWER
+    assert shown.grader.image_tag is None  # accepted, not kept: it names no image here
+    assert shown.hyperparameters.model_dump() == {
+        "n_epochs": 2,
+        "batch_size": 4,
+        "learning_rate_multiplier": 1.0,
+        "compute_multiplier": 1.0,
+        "eval_interval": 10,
+        "eval_samples": 8,
+        "reasoning_effort": "default",
+    }
+    assert job.hyperparameters.model_dump(exclude_none=True) == {
+        "n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 1.0
+    }  # fmt: skip
+    spec = _native(server, project, f"/v1/jobs/{job.id[6:]}")["spec"]
+    grpo = spec["method"]["grpo"]
+    assert spec["method"]["kind"] == "grpo" and grpo["group_size"] == 8
+    assert [g["name"] for g in grpo["graders"]] == ["lower"] and grpo["max_new_tokens"] == 8
+    assert spec["eval"]["interval_steps"] == 10 and spec["eval"]["num_batches"] == 2
+    assert spec["train"]["micro_batch_size"] == 4 and spec["train"]["epochs"] == 2
+    assert spec["data"]["eval_dataset"] == validation.id and spec.get("eval_after") is None
+
+    done = _wait(client, job.id, worker)
+    assert done.fine_tuned_model == f"ft:{BASE}:{project.project_id}:lower:{job.id[6:]}"
+    assert done.method.type == "reinforcement" and done.result_files
+    text = client.files.content(done.result_files[0]).text
+    reader = csv.DictReader(io.StringIO(text))
+    assert reader.fieldnames == ["step", "train_reward_mean", "valid_reward_mean"]
+    rows = {int(r["step"]): r for r in reader}
+    metrics = _native(server, project, f"/v1/jobs/{job.id[6:]}/metrics?names=reward,eval_reward")
+    stored = {s["name"]: dict(zip(s["steps"], s["values"], strict=True)) for s in metrics["series"]}
+    for ours, theirs in (("reward", "train_reward_mean"), ("eval_reward", "valid_reward_mean")):
+        column = {step: float(r[theirs]) for step, r in rows.items() if r[theirs]}
+        assert column == stored[ours], (ours, column, stored)
+    train = [float(rows[step]["train_reward_mean"]) for step in sorted(stored["reward"])]
+    # 2 epochs of 80 prompts, 4 per step: 40 steps, logged every 2, evaluated every 10
+    assert len(train) == 20 and sorted(stored["eval_reward"]) == [10, 20, 30, 40], rows
+    # The grader's reward rises: the last three logged steps against the first three (0.68 ->
+    # 0.98 with seed 7). Under 20 steps it rose by 0.15 only: the random model's completions
+    # are already two-thirds lower-case letters.
+    assert sum(train[-3:]) / 3 > sum(train[:3]) / 3 + 0.2, train
+
+
+def test_reinforcement_requests_that_cannot_run_are_400_naming_the_param(
+    server: str, project: ProjectKey, data: ExampleData, tmp_path: Path
+) -> None:
+    """A grader that cannot run, an unsupported or unknown hyperparameter and a file with no
+    prompts are each OpenAI's 400 with `param` the field's path (no type tag in it)."""
+    client = _client(server, project.api_key)
+    prompts = client.files.create(file=("p.jsonl", _rft_records(8)), purpose="fine-tune")
+    pairs = client.files.create(file=data.preference.open("rb"), purpose="fine-tune")
+    plain_path = tmp_path / "plain.jsonl"
+    plain_path.write_text(json.dumps({"text": "plain text, nothing to prompt with"}) + "\n")
+    with Client(server.removesuffix("/openai/v1"), project.api_key) as native:
+        plain = native.datasets.upload("plain-text", plain_path)
+    assert plain.format == "jsonl_text"
+    lower = {"type": "python", "name": "lower", "source": LOWER}
+
+    def create(grader: Any = lower, file: str = prompts.id, **more: Any) -> Any:
+        settings = {"grader": grader, **more.pop("settings", {})}
+        return client.fine_tuning.jobs.create(
+            model=BASE,
+            training_file=file,
+            method={"type": "reinforcement", "reinforcement": settings},
+            **more,
+        )
+
+    score_model = {"type": "score_model", "name": "judge", "model": "gpt-4o", "input": []}
+    exact = {"type": "string_check", "name": "exact", "input": "x", "reference": "x"}
+    refused: dict[str, tuple[Callable[[], Any], str]] = {
+        "method.reinforcement.grader": (lambda: create(score_model), "grader model"),
+        "method.reinforcement.hyperparameters.reasoning_effort": (
+            lambda: create(settings={"hyperparameters": {"reasoning_effort": "high"}}),
+            "do not reason",
+        ),
+        "method.reinforcement.hyperparameters.n_samples": (
+            lambda: create(settings={"hyperparameters": {"n_samples": 4}}),
+            "Extra inputs",
+        ),
+        "training_file": (lambda: create(file=plain.id), "jsonl_text"),
+        "validation_file": (lambda: create(validation_file=pairs.id), "preference"),
+        "method.reinforcement.grader.pass_threshold": (
+            lambda: create({**exact, "operation": "eq", "pass_threshold": 0.5}),
+            "Extra inputs",
+        ),
+        "method.reinforcement.grader.operation": (lambda: create(exact), "Field required"),
+        "method.reinforcement.grader.image_tag": (
+            lambda: create({**lower, "image_tag": 3}),
+            "valid string",
+        ),
+        "method.reinforcement": (
+            lambda: client.fine_tuning.jobs.create(
+                model=BASE, training_file=prompts.id, method={"type": "reinforcement"}
+            ),
+            "grader",
+        ),
+        "hyperparameters": (
+            lambda: create(hyperparameters={"n_epochs": 1}),
+            "method.reinforcement.hyperparameters",
+        ),
+    }
+    for param, (call, words) in refused.items():
+        with pytest.raises(openai.BadRequestError) as bad:
+            call()
+        body = bad.value.body
+        assert body["type"] == "invalid_request_error" and body["param"] == param, body
+        assert words in body["message"], (param, body)
+    with pytest.raises(openai.BadRequestError) as wrong_file:
+        create(file=pairs.id)
+    assert wrong_file.value.body["param"] == "training_file"
 
 
 def test_pause_resume_cancel_a_queued_job(
