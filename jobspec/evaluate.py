@@ -210,9 +210,9 @@ def _name_each(evaluations: list[PerplexityEval | GenerateEval | LmEvalEval]) ->
         if evaluation.name in seen:
             raise PydanticCustomError(
                 "spec_conflict",
-                "evaluations[{index}].name: {name!r} names two evaluations; give each a "
+                "evaluations[{index}].name: {name} names two evaluations; give each a "
                 "distinct `name`",
-                {"index": index, "name": evaluation.name},
+                {"index": index, "name": repr(evaluation.name)},
             )
         seen.add(evaluation.name)
 
