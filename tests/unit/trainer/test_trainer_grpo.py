@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from jobspec.job import JobSpec
+from tests.support.grpo import GRADERS, write_prompts
 from tests.support.training import (
     Scenario,
     crash_and_resume,
@@ -22,58 +23,12 @@ from tests.support.training import (
 )
 from trainer.data.prompts import load_prompts
 
-WORDS = (
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-    "nu",
-    "xi",
-    "omicron",
-    "pi",
-    "rho",
-    "sigma",
-    "tau",
-    "upsilon",
-    "phi",
-    "chi",
-    "psi",
-    "omega",
-)
-# The team's grader: the share of lower-case letters in the completion. An untrained byte
-# model writes about one in ten (26 of 256 ids), with spread in every group: a dense reward.
-LOWER = """
-def grade(sample, item):
-    text = sample["output_text"]
-    return sum(c.islower() for c in text) / max(len(text), 1)
-"""
-GRADERS = [
-    {"type": "python", "name": "lower", "source": LOWER},
-    {
-        "type": "string_check",
-        "name": "exact",
-        "input": "{{ sample.output_text | trim }}",
-        "reference": "{{ item.answer }}",
-        "operation": "eq",
-        "weight": 0,
-    },
-]
-
 
 @pytest.fixture(scope="module")
 def prompt_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """72 `prompt` records (`{"prompt", "answer"}`) in one JSONL file."""
     data = tmp_path_factory.mktemp("prompts")
-    lines = [json.dumps({"prompt": f"{w} {i}: ", "answer": w}) for i, w in enumerate(WORDS * 3)]
-    (data / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    write_prompts(data / "prompts.jsonl", repeat=9)
     return data
 
 
