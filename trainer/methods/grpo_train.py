@@ -84,6 +84,8 @@ class Group:
     texts: list[str]
     rewards: Tensor  # (G, K) per grader, NaN where unscored
     advantages: Tensor | None = None  # (G,)
+    reward: Tensor | None = None  # (G,) the graders' weighted sum, NaN where none scored
+    zero_std: bool = False  # every completion scored alike: the group teaches nothing
 
 
 @dataclass
@@ -230,6 +232,8 @@ class GRPOMethod:
         weights = None if self.weights is None else torch.tensor(list(self.weights))
         for group in groups:
             rewards = combine_rewards(group.rewards, weights)
+            group.reward = rewards
+            group.zero_std = bool(group_advantages(rewards, len(group.texts))[1].all())
             if self.scale_rewards == "batch":
                 group.advantages = rewards  # centred and scaled below, over every rank
             else:
@@ -276,16 +280,9 @@ class GRPOMethod:
             return token_logps(logits, targets)
 
     def _remember(self, groups: Sequence[Group], sums: Tensor, device: torch.device) -> None:
-        rewards = torch.cat([combine_rewards(g.rewards, _tensor(self.weights)) for g in groups])
+        rewards = torch.cat([g.reward for g in groups if g.reward is not None])
         per_grader = torch.cat([g.rewards for g in groups])
-        zero_std = sum(
-            int(
-                group_advantages(combine_rewards(g.rewards, _tensor(self.weights)), len(g.texts))[
-                    1
-                ].all()
-            )
-            for g in groups
-        )
+        zero_std = sum(int(g.zero_std) for g in groups)
         lengths = torch.cat([g.mask.sum(1) for g in groups]).double()
         valid = ~torch.isnan(rewards)
         extra = [
@@ -307,7 +304,8 @@ class GRPOMethod:
         self._sums = torch.cat([sums, torch.stack([e.to(sums) for e in extra])]).to(device)
         group = groups[0]
         prompt = self.decode(group.prompt_ids.tolist())
-        scored = combine_rewards(group.rewards, _tensor(self.weights)).tolist()
+        assert group.reward is not None  # set by `_advantages`
+        scored = group.reward.tolist()
         self.last_samples = [
             {"prompt": prompt[-SAMPLE_CHARS:], "completion": text[:SAMPLE_CHARS], "reward": r}
             for text, r in zip(group.texts, scored, strict=True)
