@@ -134,6 +134,16 @@ class GRPOSpec(StrictSpec):
         "the mean over completions; `dapo` (TRL's default) the mean over the step's tokens; "
         "`dr_grpo` the sum / (completions x max_new_tokens) (Dr. GRPO: no length bias).",
     )
+    num_iterations: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Optimizer steps per batch of sampled completions (TRL's `num_iterations`, "
+        "the GRPO paper's mu): the completions are sampled and graded once, then trained on "
+        "this many steps, each step counted; the ratio's denominator is the policy that "
+        "sampled them, so clipping bounds how far the later steps move. 1: every step samples "
+        "anew. A run resumed inside such a cycle continues on the same completions.",
+    )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         default="group",
         description="Advantages are divided by the std of the group's rewards (`group`), of "

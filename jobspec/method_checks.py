@@ -38,7 +38,7 @@ def method_data_error(kind: str, format: str) -> str | None:
 
 def method_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     """A declared `data.format` the method cannot train on (`method_data_error`); DPO needs
-    unpacked pairs and a model whose logits each rank holds whole; GRPO one model per rank.
+    unpacked pairs and a model whose logits each rank holds whole; so does GRPO.
 
     Without `data.format`, the format is known when the dataset is (the API, for a registered
     dataset) or read (the trainer, for a `uri`), and the same rule applies there."""
@@ -78,18 +78,20 @@ def method_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
 
 
 def _grpo_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
-    """GRPO samples with whole models on each rank (single or ddp), from prompts that leave
-    room for a completion within `model.seq_len`."""
+    """GRPO samples with a model whose logits each rank holds whole (single, ddp, or fsdp
+    without tensor parallelism: an FSDP rank's forward gathers the whole parameters), from
+    prompts that leave room for a completion within `model.seq_len`."""
     grpo = spec.method.grpo
     assert grpo is not None  # MethodSpec requires it with kind grpo
     errors: list[tuple[tuple[str, ...], str]] = []
-    if spec.parallelism.strategy not in ("single", "ddp"):
+    par = spec.parallelism
+    if par.strategy not in ("single", "ddp", "fsdp") or par.tp_size(spec.world_size) > 1:
         errors.append(
             (
                 ("parallelism", "strategy"),
-                f"method 'grpo' runs with strategy single or ddp, not "
-                f"{spec.parallelism.strategy!r}: each rank samples its prompts' completions "
-                "with a whole model",
+                f"method 'grpo' runs with strategy single, ddp or fsdp (without "
+                f"tensor_parallel_size), not {par.strategy!r}: each rank samples its prompts' "
+                "completions from the whole logits",
             )
         )
     if grpo.max_new_tokens >= spec.model.seq_len:

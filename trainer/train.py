@@ -365,7 +365,13 @@ def build_run(
         rank=dp_rank,
         world_size=dims.dp_size,
     )
-    max_steps = resolve_max_steps(spec.train, len(train_rows), sampler.global_batch_size)
+    grpo = spec.method.grpo
+    max_steps = resolve_max_steps(
+        spec.train,
+        len(train_rows),
+        sampler.global_batch_size,
+        steps_per_batch=grpo.num_iterations if grpo is not None else 1,
+    )
     # One fused kernel per parameter group on CUDA (torchtitan's default); tensor parallel
     # mixes meshes in a group, and offloaded parameters live on the host.
     on_cuda = dist_info.device.type == "cuda" and not spec.parallelism.fsdp.cpu_offload
@@ -402,11 +408,14 @@ def build_run(
     }
     if scaler:
         states["scaler"] = scaler
+    rank_states: dict[str, Stateful] = {"rng": RNGState(dist_info.device)}
+    if isinstance(method, GRPOMethod):  # each rank's generation batch (num_iterations > 1)
+        rank_states["rollout"] = method
     checkpointer = Checkpointer(
         root=checkpoint_dir,
         spec=spec.checkpoint,
         states=states,
-        rank_states={"rng": RNGState(dist_info.device)},
+        rank_states=rank_states,
         job_spec_json=spec.model_dump_json(indent=2),
         dist_info=dist_info,
         reporter=reporter,

@@ -65,11 +65,14 @@ def next_step_batches(sampler: GlobalBatchSampler, rows: Rows) -> StepBatches:
     )
 
 
-def resolve_max_steps(train: TrainSpec, num_rows: int, global_batch_size: int) -> int:
+def resolve_max_steps(
+    train: TrainSpec, num_rows: int, global_batch_size: int, steps_per_batch: int = 1
+) -> int:
     """Optimizer steps of the run: `train.max_steps`, or for `train.epochs` E the steps that
     take every one of `num_rows` rows at least E times, ceil(E x num_rows / global_batch_size)
-    (the last step may begin the next epoch's shuffle, as the sampler's stream is endless)."""
+    x `steps_per_batch` (GRPO's `num_iterations`: steps that train on one batch; the last step
+    may begin the next epoch's shuffle, as the sampler's stream is endless)."""
     if train.max_steps is not None:
         return train.max_steps
     assert train.epochs is not None  # the spec's cross-field check guarantees one of them
-    return max(1, math.ceil(train.epochs * num_rows / global_batch_size))
+    return max(1, math.ceil(train.epochs * num_rows / global_batch_size)) * steps_per_batch

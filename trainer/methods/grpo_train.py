@@ -2,29 +2,41 @@
 and take the clipped policy-gradient step on their group-normalised advantages
 (`trainer.methods.grpo` holds the arithmetic and its sources).
 
-One optimizer step, on each rank: the step's prompts (`Prompts`, this rank's share of the
-sampler's global batch) each get `group_size` completions, sampled without gradient from the
-policy in eval mode (`sample_group`; ancestral sampling with temperature, top-k and top-p, the
+Generation, on each rank, before every `num_iterations`-th optimizer step (steps 1,
+1 + num_iterations, ...; as TRL's `GRPOTrainer`, every optimizer step counts as a step and the
+sampler deals a new batch of prompts only when a new generation batch is sampled): the step's
+prompts (`Prompts`, this rank's share of the sampler's global batch) each get `group_size`
+completions, sampled without gradient from the policy in eval mode
+(`trainer.methods.rollouts`; ancestral sampling with temperature, top-k and top-p, the
 generator seeded by (seed, step, rank) so a resumed run samples what the uninterrupted one
 did). Each completion's text is graded against its prompt's record (`Grader.grade(sample,
 item)`: the spec's graders, scored in this process, which runs inside the job's sandbox); the
-graders' weighted sum is its reward, and a group's rewards give its advantages. Then one
-forward and backward per group (a group shares its prompt, so its G rows need no padding), the
-loss normalised by the step's global completions and completion tokens (all-reduced before the
-first backward), gradients reduced on the last group only.
+graders' weighted sum is its reward, and a group's rewards give its advantages. With
+`num_iterations` > 1 the policy's log-probabilities of the completions are taken then, without
+gradient (`Group.old_logps`: the denominator of the importance ratio, pi_theta_old of the GRPO
+paper's iterative loop, Shao et al. 2024, algorithm 1), and the reference's when `beta` > 0.
+The groups are the `Rollout`, kept (and checkpointed per rank) for the cycle's steps.
+
+Each optimizer step: one forward and backward per group (a group shares its prompt, so its G
+rows need no padding), the loss normalised by the step's global completions and completion
+tokens (all-reduced before the first backward), gradients reduced on the last group only.
 
 The reference of the KL term (`beta` > 0) is `trainer.methods.dpo_train.Reference`: the policy
-with its adapters disabled under LoRA, else a frozen copy of the starting weights.
+with its adapters disabled under LoRA, else a frozen copy of the starting weights (sharded
+like the policy under FSDP). Under FSDP (`collective`), every forward is a collective: every
+rank has as many groups, and sampling runs until every rank's group is done.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,13 +59,18 @@ from trainer.methods.grpo import (
     token_entropy,
     token_logps,
 )
-from trainer.methods.rollouts import Sampling, sample_group
+from trainer.methods.grpo_metrics import metrics_of_sums, sample_of, step_sums
+from trainer.methods.rollouts import (
+    AllDone,
+    Grader,
+    Group,
+    Rollout,
+    Sampling,
+    sample_groups,
+)
 from trainer.parallel.parallelize import set_gradient_sync
 
-# A `sample` event's group: this many completions, each cut to this many characters (the
-# prompt to its last ones).
-MAX_SAMPLES = 8
-SAMPLE_CHARS = 500
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -63,35 +80,11 @@ if TYPE_CHECKING:
     from trainer.models.network import Network
 
 
-class Grader(Protocol):
-    """What GRPO needs of a grader (`trainer.graders`): its name and a score per sample."""
-
-    name: str
-
-    def grade(self, sample: dict[str, Any], item: dict[str, Any]) -> float:
-        """The score of `sample` (`output_text`: the completion's text) for the dataset record
-        `item`; NaN when it cannot be scored."""
-        ...
-
-
-@dataclass
-class Group:
-    """One prompt's sampled completions, graded."""
-
-    prompt_ids: Tensor  # (T0,)
-    completion_ids: Tensor  # (G, C)
-    mask: Tensor  # (G, C)
-    texts: list[str]
-    rewards: Tensor  # (G, K) per grader, NaN where unscored
-    advantages: Tensor | None = None  # (G,)
-    reward: Tensor | None = None  # (G,) the graders' weighted sum, NaN where none scored
-    zero_std: bool = False  # every completion scored alike: the group teaches nothing
-
-
 @dataclass
 class GRPOMethod:
-    """GRPO as the loop's `trainer.methods.base.Method`. `run.train_rows` / `run.eval_rows`
-    are not read: the prompts are `prompts` (train, eval)."""
+    """GRPO as the loop's `trainer.methods.base.Method`, and the `Stateful` of its rollout
+    (each rank's generation batch, in its checkpoint state). `run.train_rows` /
+    `run.eval_rows` are not read: the prompts are `prompts` (train, eval)."""
 
     prompts: tuple[Prompts, Prompts]
     graders: Sequence[Grader]
@@ -106,26 +99,52 @@ class GRPOMethod:
     reference: Reference | None = None
     precision: str = "fp32"
     seed: int = 0
+    num_iterations: int = 1  # optimizer steps per generation batch (TRL's, the paper's mu)
+    collective: bool = False  # forwards are collectives (FSDP): sample until all ranks are done
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     closers: Sequence[Callable[[], None]] = ()  # the graders' (their child processes)
+    rollout: Rollout | None = field(default=None, repr=False)  # the current generation batch
     _sums: Tensor | None = field(default=None, repr=False)
     last_samples: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def accumulate(self, run: Run) -> Tensor:
-        """`Method.accumulate`: sample, grade, and the step's forward/backward over this
-        rank's prompts; returns this rank's share of the step's loss (0-dim fp32)."""
-        indices = np.concatenate(run.sampler.split(run.sampler.next_global_batch()))
-        global_prompts = run.sampler.global_batch_size
-        generator = self._generator(run.dist.device, run.state.step, run.dist.rank)
-        groups = self.sample(run.model, self.prompts[0], indices, run.dist.device, generator)
+        """`Method.accumulate`: on the first step of an iteration cycle, sample and grade
+        this rank's prompts of the sampler's next global batch (the new `rollout`); then the
+        step's forward/backward over the rollout's groups. Returns this rank's share of the
+        step's loss (0-dim fp32)."""
+        step = run.state.step
+        cycle_start = step - step % self.num_iterations
+        if self.rollout is None or self.rollout.step != cycle_start:
+            if step != cycle_start:
+                log.warning("no rollout of step %d to resume with: sampling anew", cycle_start)
+            indices = np.concatenate(run.sampler.split(run.sampler.next_global_batch()))
+            generator = self._generator(run.dist.device, cycle_start, run.dist.rank)
+            groups = self.sample(
+                run.model, self.prompts[0], indices, run.dist.device, generator, dist=run.dist
+            )
+            self.prepare(groups, model=run.model, dist=run.dist)
+            self.rollout = Rollout(cycle_start, run.sampler.global_batch_size, groups)
         return self.accumulate_groups(
-            groups,
+            self.rollout.groups,
             model=run.model,
             train_model=run.parallel_model,
-            global_prompts=global_prompts,
+            global_prompts=self.rollout.global_prompts,
             dp_size=run.dims.dp_size,
             dist=run.dist,
             scaler=run.scaler,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's rollout (`Rollout.to_bytes`) while later steps may train on it, else
+        nothing (num_iterations 1: every step samples anew)."""
+        rollout = self.rollout if self.num_iterations > 1 else None
+        return {"rollout": io.BytesIO(rollout.to_bytes() if rollout is not None else b"")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the rollout `state_dict` saved (none when it saved none)."""
+        data = state["rollout"]
+        raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+        self.rollout = Rollout.from_bytes(raw, self.device) if raw else None
 
     def _generator(self, device: torch.device, step: int, rank: int) -> torch.Generator:
         seed = (self.seed * 1_000_003 + step) * 4099 + rank
@@ -138,26 +157,57 @@ class GRPOMethod:
         indices: np.ndarray,
         device: torch.device,
         generator: torch.Generator,
+        *,
+        dist: DistInfo | None = None,
+        sampling: Sampling | None = None,
     ) -> list[Group]:
-        """Sample and grade a group for each prompt at `indices`."""
-        groups = []
-        for index in indices.tolist():
-            prompt = torch.as_tensor(np.asarray(prompts.ids[index]), dtype=torch.long)
-            prompt = prompt.to(device)
-            with autocast(device, self.precision):
-                ids, mask = sample_group(model, prompt, self.sampling, generator)
-            texts = [
-                self.decode(row[: int(m.sum())].tolist()) for row, m in zip(ids, mask, strict=True)
-            ]
-            item = prompts.records[index]
-            scores = [
-                [_score(grader, {"output_text": text}, item) for grader in self.graders]
-                for text in texts
-            ]
-            groups.append(
-                Group(prompt, ids, mask, texts, torch.tensor(scores, dtype=torch.float32))
-            )
-        return groups
+        """Sample and grade a group for each prompt at `indices` (`sample_groups`), with
+        `sampling` (default: the method's); `dist`: the ranks that wait for each other under a
+        collective forward."""
+        return sample_groups(
+            model,
+            prompts,
+            indices,
+            sampling=sampling or self.sampling,
+            graders=self.graders,
+            decode=self.decode,
+            device=device,
+            generator=generator,
+            precision=self.precision,
+            all_done=self._all_done(dist),
+        )
+
+    def _all_done(self, dist: DistInfo | None) -> AllDone | None:
+        """Under a collective forward: whether every rank's group is done (an all-reduce)."""
+        if not self.collective or dist is None or not dist.is_distributed:
+            return None
+
+        def all_done(finished: bool) -> bool:
+            pending = torch.tensor(0.0 if finished else 1.0, device=dist.device)
+            return float(all_reduce_sum(pending, dist)) == 0.0
+
+        return all_done
+
+    def prepare(self, groups: Sequence[Group], *, model: nn.Module, dist: DistInfo) -> None:
+        """What a rollout keeps for its steps, computed once after sampling: each group's
+        advantages (all ranks' rewards under `scale_rewards: batch`), its completions'
+        log-probabilities under the sampling policy `model` when `num_iterations` > 1
+        (`old_logps`, no gradient, in the mode training forwards run in) and under the
+        reference when `beta` > 0 (`ref_logps`)."""
+        self._advantages(groups, dist)
+        for group in groups:
+            if self.num_iterations > 1:
+                with torch.no_grad():
+                    group.old_logps = self._forward(model, group)[1]
+            group.ref_logps = self._reference_logps(group)
+
+    def _forward(self, model: nn.Module, group: Group) -> tuple[Tensor, Tensor]:
+        """`model`'s logits (G, C, V) at `group`'s completion positions, and the (G, C) fp32
+        log-probabilities of its completion tokens."""
+        start = group.prompt_ids.numel() - 1
+        with autocast(group.prompt_ids.device, self.precision):
+            logits = model(group.ids)[:, start:-1]
+        return logits, token_logps(logits, group.completion_ids)
 
     def accumulate_groups(
         self,
@@ -170,15 +220,18 @@ class GRPOMethod:
         dist: DistInfo,
         scaler: torch.amp.GradScaler | None = None,
     ) -> Tensor:
-        """Advantages, then one forward and backward per group; gradients reduced on the last.
+        """One forward and backward per group; gradients reduced on the last.
 
-        `model`: the policy (sharded or plain); `train_model`: what a training forward calls
-        (DDP(model) or model). The loss is divided by the global normalisers (all-reduced
-        here) and multiplied by `dp_size`, which the data-parallel gradient average divides
-        again, so the step's gradient is that of the global loss. Returns this rank's share
-        of it (0-dim fp32, detached)."""
+        `groups` not yet prepared (no advantages) are first (`prepare`). `model`: the policy
+        (sharded or plain); `train_model`: what a training forward calls (DDP(model) or
+        model). The ratio's denominator is a group's `old_logps`, else the current
+        log-probabilities detached (ratio 1). The loss is divided by the global normalisers
+        (all-reduced here) and multiplied by `dp_size`, which the data-parallel gradient
+        average divides again, so the step's gradient is that of the global loss. Returns this
+        rank's share of it (0-dim fp32, detached)."""
         device = groups[0].prompt_ids.device
-        self._advantages(groups, dist)
+        if any(group.advantages is None for group in groups):
+            self.prepare(groups, model=model, dist=dist)
         tokens = sum(int(g.mask.sum()) for g in groups)
         total_tokens = int(all_reduce_sum(torch.tensor(float(tokens), device=device), dist))
         norm = Normalisers(
@@ -191,24 +244,17 @@ class GRPOMethod:
         for g, group in enumerate(groups):
             last = g == len(groups) - 1
             set_gradient_sync(model, last)
-            ids = torch.cat(
-                [group.prompt_ids.expand(len(group.texts), -1), group.completion_ids], 1
-            )
-            start = group.prompt_ids.numel() - 1
-            targets = group.completion_ids
-            ref = self._reference_logps(ids, start, targets)
             with no_sync(train_model, skip_sync=not last):
-                with autocast(device, self.precision):
-                    logits = train_model(ids)[:, start:-1]
-                logps = token_logps(logits, targets)
+                logits, logps = self._forward(train_model, group)
+                old = group.old_logps if group.old_logps is not None else logps.detach()
                 assert group.advantages is not None
                 loss, ratio, kl = per_token_loss(
                     logps,
-                    logps.detach(),  # num_iterations 1: the sampling policy is this one
+                    old,
                     group.advantages,
                     epsilon_low=self.epsilon_low,
                     epsilon_high=self.epsilon_high,
-                    ref_logps=ref,
+                    ref_logps=group.ref_logps,
                     beta=self.beta,
                 )
                 share = aggregate(loss, group.mask, self.loss_type, norm)
@@ -260,7 +306,9 @@ class GRPOMethod:
             centred = group_advantages(group.advantages, len(group.texts), "none")[0]
             group.advantages = centred / (std + 1e-4)
 
-    def _reference_logps(self, ids: Tensor, start: int, targets: Tensor) -> Tensor | None:
+    def _reference_logps(self, group: Group) -> Tensor | None:
+        """(G, C) fp32 log-probabilities of `group`'s completion tokens under the reference
+        (in eval mode, adapters disabled under LoRA); None without a KL term."""
         if self.beta == 0.0 or self.reference is None:
             return None
         reference = self.reference
@@ -273,43 +321,14 @@ class GRPOMethod:
             was_training = reference.model.training
             reference.model.eval()
             try:
-                with adapters_off, autocast(ids.device, self.precision):
-                    logits = reference.model(ids)[:, start:-1]
+                with adapters_off:
+                    return self._forward(reference.model, group)[1]
             finally:
                 reference.model.train(was_training)
-            return token_logps(logits, targets)
 
     def _remember(self, groups: Sequence[Group], sums: Tensor, device: torch.device) -> None:
-        rewards = torch.cat([g.reward for g in groups if g.reward is not None])
-        per_grader = torch.cat([g.rewards for g in groups])
-        zero_std = sum(int(g.zero_std) for g in groups)
-        lengths = torch.cat([g.mask.sum(1) for g in groups]).double()
-        valid = ~torch.isnan(rewards)
-        extra = [
-            rewards[valid].double().sum(),
-            (rewards[valid].double() ** 2).sum(),
-            valid.sum().double(),
-            torch.tensor(float(zero_std), dtype=torch.float64),
-            torch.tensor(float(len(groups)), dtype=torch.float64),
-            lengths.sum(),
-            torch.tensor(float(lengths.numel()), dtype=torch.float64),
-        ]
-        for k in range(per_grader.shape[1]):
-            column = per_grader[:, k]
-            ok = ~torch.isnan(column)
-            extra += [column[ok].double().sum(), ok.sum().double()]
-        for grader in self.graders:  # cumulative on this rank: `trainer.graders` counts them
-            for counter in ("errors", "timeouts"):
-                extra.append(torch.tensor(float(getattr(grader, counter, 0)), dtype=torch.float64))
-        self._sums = torch.cat([sums, torch.stack([e.to(sums) for e in extra])]).to(device)
-        group = groups[0]
-        prompt = self.decode(group.prompt_ids.tolist())
-        assert group.reward is not None  # set by `_advantages`
-        scored = group.reward.tolist()
-        self.last_samples = [
-            {"prompt": prompt[-SAMPLE_CHARS:], "completion": text[:SAMPLE_CHARS], "reward": r}
-            for text, r in zip(group.texts, scored, strict=True)
-        ][:MAX_SAMPLES]
+        self._sums = step_sums(groups, sums, self.graders).to(device)
+        self.last_samples = sample_of(groups[0], self.decode)
 
     def train_metrics(self, run: Run) -> dict[str, float]:
         """`Method.train_metrics`: the last step's metrics over every rank (a collective). The
@@ -335,30 +354,8 @@ class GRPOMethod:
         `grader_timeouts/<grader>` (calls stopped at the grader's `timeout_s`)."""
         if self._sums is None:
             raise RuntimeError("no GRPO step has run yet")
-        s = all_reduce_sum(self._sums.clone(), dist).tolist()
-        kl, low, high, region, tokens, entropy = s[:6]
-        total, squares, count, zero_std, groups, lengths, completions = s[6:13]
-        metrics = {
-            "reward": total / max(count, 1),
-            "reward_std": math.sqrt(max(squares - total * total / count, 0.0) / (count - 1))
-            if count > 1
-            else 0.0,
-            "frac_reward_zero_std": zero_std / max(groups, 1),
-            "completion_length": lengths / max(completions, 1),
-            "clip_ratio/low": low / max(tokens, 1),
-            "clip_ratio/high": high / max(tokens, 1),
-            "clip_ratio/region": region / max(tokens, 1),
-            "entropy": entropy / max(tokens, 1),
-        }
-        if self.beta:
-            metrics["kl"] = kl / max(tokens, 1)
-        counts = 13 + 2 * len(self.graders)
-        for k, grader in enumerate(self.graders):
-            score, scored = s[13 + 2 * k], s[14 + 2 * k]
-            metrics[f"reward/{grader.name}"] = score / scored if scored else float("nan")
-            metrics[f"grader_errors/{grader.name}"] = s[counts + 2 * k]
-            metrics[f"grader_timeouts/{grader.name}"] = s[counts + 2 * k + 1]
-        return metrics
+        sums = all_reduce_sum(self._sums.clone(), dist).tolist()
+        return metrics_of_sums(sums, self.graders, beta=self.beta)
 
     @torch.no_grad()
     def evaluate(self, run: Run) -> dict[str, float]:
@@ -379,19 +376,10 @@ class GRPOMethod:
             temperature=0.0,
             stop_ids=self.sampling.stop_ids,
             vocab_size=self.sampling.vocab_size,
-            collective=self.sampling.collective,
         )
         device = dist.device
         generator = torch.Generator(device=device).manual_seed(self.seed)
-        method = GRPOMethod(
-            prompts=self.prompts,
-            graders=self.graders,
-            sampling=greedy,
-            decode=self.decode,
-            weights=self.weights,
-            precision=self.precision,
-        )
-        groups = method.sample(model, prompts, indices, device, generator)
+        groups = self.sample(model, prompts, indices, device, generator, dist=dist, sampling=greedy)
         rewards = torch.cat([combine_rewards(g.rewards, _tensor(self.weights)) for g in groups])
         valid = rewards[~torch.isnan(rewards)].double()
         total, count = all_reduce_sum(
@@ -424,7 +412,8 @@ def build_grpo(
     """The GRPO method of a `method.kind: grpo` job over `prompts` (train, eval): its graders
     built (`trainer.graders`; a python grader's `file` is read from `code_dir`), completions
     decoded with the model's tokenizer (bytes without one) and ended at its end-of-sequence
-    token, the reference built when `beta` > 0 (`starting_weights`).
+    token, the reference built when `beta` > 0 (`starting_weights`; sharded like the policy
+    over `mesh`). A `mesh` (FSDP) makes every forward a collective (`GRPOMethod.collective`).
 
     Raises `InvalidJobError` when a grader cannot be built (`trainer.graders.GraderError`) or
     the reference cannot (as `build_network`)."""
@@ -474,13 +463,11 @@ def build_grpo(
         reference=reference,
         precision=spec.train.precision,
         seed=spec.seed,
+        num_iterations=grpo.num_iterations,
+        collective=mesh is not None,
+        device=dist_info.device,
         closers=[g.close for g in graders],
     )
-
-
-def _score(grader: Grader, sample: dict[str, Any], item: dict[str, Any]) -> float:
-    score = grader.grade(sample, item)
-    return float(score) if score is not None else float("nan")
 
 
 def _tensor(weights: Sequence[float] | None) -> Tensor | None:

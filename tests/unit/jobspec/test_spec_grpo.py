@@ -29,6 +29,7 @@ def test_grpo_gets_trls_defaults_and_keeps_its_graders() -> None:
     assert grpo is not None
     assert (grpo.group_size, grpo.beta, grpo.epsilon, grpo.epsilon_high) == (8, 0.0, 0.2, None)
     assert (grpo.loss_type, grpo.scale_rewards, grpo.temperature) == ("dapo", "group", 1.0)
+    assert grpo.num_iterations == 1, "TRL's default: every step samples anew"
     assert [g.name for g in grpo.graders] == ["exact"]
 
 
@@ -50,6 +51,8 @@ def test_grpo_without_graders_says_what_it_needs() -> None:
         ({"loss_type": "bnpo"}, "loss_type"),
         ({"scale_rewards": "std"}, "scale_rewards"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"num_iterations": 0}, "num_iterations"),
+        ({"num_iterations": 17}, "num_iterations"),
     ],
 )
 def test_out_of_range_grpo_settings_name_their_field(settings: dict[str, Any], field: str) -> None:
@@ -61,17 +64,37 @@ def test_grpo_settings_with_another_method_are_refused() -> None:
     assert "read only with method.kind 'grpo'" in errors[("method",)]
 
 
-def test_grpo_runs_on_whole_models_with_room_for_a_completion() -> None:
+def test_grpo_samples_from_whole_logits_with_room_for_a_completion() -> None:
     errors = spec_errors(
         raw_spec(
             method=_grpo(max_new_tokens=64),
             model={"seq_len": 64},
-            parallelism={"strategy": "fsdp"},
+            parallelism={"strategy": "tensor"},
             resources={"procs_per_node": 2},
         )
     )
-    assert "strategy single or ddp" in errors[("parallelism", "strategy")]
+    assert "strategy single, ddp or fsdp" in errors[("parallelism", "strategy")]
     assert "leaves no room for a prompt" in errors[("method", "grpo", "max_new_tokens")]
+    errors = spec_errors(
+        raw_spec(
+            method=_grpo(),
+            parallelism={"strategy": "fsdp", "tensor_parallel_size": 2},
+            resources={"procs_per_node": 4},
+        )
+    )
+    assert "without tensor_parallel_size" in errors[("parallelism", "strategy")]
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+def test_grpo_runs_single_ddp_and_fsdp_with_several_iterations(strategy: str) -> None:
+    nproc = 1 if strategy == "single" else 2
+    raw = raw_spec(
+        method=_grpo(num_iterations=2),
+        parallelism={"strategy": strategy},
+        resources={"procs_per_node": nproc},
+    )
+    spec = JobSpec.model_validate(raw)
+    assert spec.method.grpo is not None and spec.method.grpo.num_iterations == 2
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,15 @@
 the reference the issue names): a real trainer on a tiny Llama built from a config and a
 tokenizer trained here, its own `_generate_and_score_completions` (real sampling, rewards from a
 function) and `_compute_loss` (its log-probabilities, clipping, KL, normalisation), compared on
-the same tensors, without generation of ours. Relative tolerance 1e-5."""
+the same tensors, without generation of ours; and with `num_iterations` 2, TRL's generation
+batch (its log-probabilities at sampling) trained on by `GRPOMethod` a second time after the
+policy moved, where ratios clip. Relative tolerance 1e-5."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,23 +39,28 @@ PROMPTS = ["def wrap(text", "import re\n", "class TextWrapper"]
 
 
 @pytest.fixture(scope="module")
-def trl_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A `trl.GRPOTrainer` on a one-layer Llama saved to disk (TRL loads its reference model
-    from the policy's path), beta 0.04, temperature 1, on CPU."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    out = tmp_path_factory.mktemp("grpo")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-layer Llama and its tokenizer saved to disk (TRL loads its reference model from
+    the policy's path)."""
+    out = tmp_path_factory.mktemp("grpo") / "model"
     tokenizer = train_tokenizer(stdlib_texts(["textwrap"]), vocab_size=300)
     shape = ModelShape(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
-    build_llama(tokenizer, shape, seed=0).save_pretrained(str(out / "model"))
-    tokenizer.save_pretrained(str(out / "model"))
+    build_llama(tokenizer, shape, seed=0).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def _trl(model_dir: Path, **config: Any) -> Any:
+    """A `trl.GRPOTrainer` on the model at `model_dir`, beta 0.04, temperature 1, on CPU."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
 
     def reward(completions: list[Any], **_: Any) -> list[float]:
         return REWARDS[: len(completions)]
 
     args = GRPOConfig(
-        output_dir=str(out / "trl"),
+        output_dir=str(model_dir.parent / "trl"),
         per_device_train_batch_size=len(REWARDS),
         num_generations=GROUP_SIZE,
         max_completion_length=MAX_COMPLETION_LENGTH,
@@ -64,17 +72,24 @@ def trl_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         use_cpu=True,
         bf16=False,  # TRL's default autocasts to bf16 where the host can: compare in fp32
         save_strategy="no",
+        **config,
     )
     dataset = Dataset.from_list([{"prompt": p} for p in PROMPTS])
     trainer = GRPOTrainer(
-        model=str(out / "model"),
+        model=str(model_dir),
         reward_funcs=reward,
         args=args,
         train_dataset=dataset,
-        processing_class=tokenizer,
+        processing_class=AutoTokenizer.from_pretrained(str(model_dir)),
     )
     trainer.current_gradient_accumulation_steps = 1  # set by its training loop, which we skip
-    yield trainer
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(model_dir: Path) -> Iterator[Any]:
+    """TRL's trainer as configured by default (one iteration per generation batch)."""
+    yield _trl(model_dir)
 
 
 @pytest.mark.parametrize("scale_rewards", SCALE_REWARDS)
@@ -227,3 +242,99 @@ def test_beta_without_reference_logps_is_refused() -> None:
     logps = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="reference"):
         per_token_loss(logps, logps, torch.ones(2), epsilon_low=0.2, epsilon_high=0.2, beta=0.1)
+
+
+class _Logits(torch.nn.Module):
+    """A Hugging Face causal LM called as the trainer calls its models: ids -> logits."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).logits
+
+
+class _Listed:
+    """A grader whose scores are the group's entries of REWARDS (set per group)."""
+
+    name = "listed"
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_a_second_iteration_on_a_generation_batch_equals_trls(
+    model_dir: Path, loss_type: str
+) -> None:
+    """num_iterations 2: TRL's own generation batch (its completions, its log-probabilities of
+    them at sampling, `old_per_token_logps`), our rollout of the same completions prepared by
+    `GRPOMethod.prepare` under the sampling policy, then the policy moved (as by the first
+    iteration's update) and the second iteration's loss, gradients and clip ratios of both."""
+    from tests.support.training import cpu_world_of_one
+    from trainer.data.prompts import Prompts
+    from trainer.methods.dpo_train import Reference
+    from trainer.methods.grpo_train import GRPOMethod
+    from trainer.methods.rollouts import Group, Sampling
+
+    trainer = _trl(model_dir, num_iterations=2, loss_type=loss_type)
+    model = trainer.model
+    model.train()
+    # One prompt for every group: no padding, so our unpadded forwards see TRL's inputs.
+    scored = trainer._generate_and_score_completions([{"prompt": PROMPTS[0]}] * len(REWARDS))
+    assert scored["old_per_token_logps"] is not None, "TRL keeps the sampling policy's logps"
+    prompt = scored["prompt_ids"][0]
+    assert bool((scored["prompt_ids"] == prompt).all()) and bool(scored["prompt_mask"].all())
+    mask = scored["completion_mask"]
+    groups = [
+        Group(
+            prompt_ids=prompt,
+            completion_ids=scored["completion_ids"][i : i + GROUP_SIZE],
+            mask=mask[i : i + GROUP_SIZE],
+            texts=[""] * GROUP_SIZE,
+            rewards=torch.tensor(REWARDS[i : i + GROUP_SIZE]).unsqueeze(1),
+        )
+        for i in range(0, len(REWARDS), GROUP_SIZE)
+    ]
+    method = GRPOMethod(
+        prompts=(Prompts(ids=[], records=[]),) * 2,
+        graders=[_Listed()],  # type: ignore[list-item]
+        sampling=Sampling(group_size=GROUP_SIZE, max_new_tokens=MAX_COMPLETION_LENGTH),
+        decode=lambda ids: "",
+        loss_type=loss_type,  # type: ignore[arg-type]
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        beta=0.04,
+        reference=Reference(model=_Logits(trainer.ref_model)),
+        num_iterations=2,
+    )
+    policy, dist = _Logits(model), cpu_world_of_one()
+    method.prepare(groups, model=policy, dist=dist)
+    for name, key in (("old_logps", "old_per_token_logps"), ("ref_logps", "ref_per_token_logps")):
+        ours = torch.cat([getattr(g, name) for g in groups])
+        torch.testing.assert_close(ours * mask, scored[key] * mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.cat([g.advantages for g in groups]), scored["advantages"], rtol=1e-5, atol=1e-6
+    )
+
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # the first iteration's update, exaggerated so that ratios clip
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+
+    model.zero_grad()
+    theirs = trainer._compute_loss(model, scored)
+    theirs.backward()
+    their_grads = _grads(model)
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if v}
+
+    model.zero_grad()
+    ours = method.accumulate_groups(
+        groups, model=policy, train_model=policy, global_prompts=3, dp_size=1, dist=dist
+    )
+    torch.testing.assert_close(ours, theirs.detach(), rtol=1e-5, atol=0)
+    for name, grad in _grads(model).items():
+        torch.testing.assert_close(grad, their_grads[name], rtol=1e-5, atol=1e-8, msg=name)
+    metrics = method.step_metrics(dist)
+    assert metrics["clip_ratio/low"] > 0 and metrics["clip_ratio/high"] > 0, metrics
+    for name in ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region"):
+        assert metrics[name] == pytest.approx(logged[f"{name}_mean"], rel=1e-5), name
+    assert metrics["kl"] == pytest.approx(logged["kl"], rel=1e-5)

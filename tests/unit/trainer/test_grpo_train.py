@@ -194,3 +194,28 @@ def test_with_lora_and_beta_the_reference_is_the_policy_with_its_adapters_off() 
         method.close()
     assert kls[0] == 0.0, "before any update the policy is its reference"
     assert kls[1] > 0.0 and kls[2] > 0.0, kls
+
+
+def test_a_rank_waiting_for_the_others_samples_what_it_would_alone() -> None:
+    """Under a collective forward a rank whose group is done keeps calling the model until
+    every rank's is; it samples nothing more (same ids, same generator state)."""
+    model = TinyLlama(seed=0)
+    sampling = Sampling(group_size=4, max_new_tokens=10, stop_ids=(1, 2), vocab_size=ALPHABET)
+    prompt = torch.tensor([2, 5, 4])
+    alone_generator = torch.Generator().manual_seed(3)
+    alone = sample_group(model, prompt, sampling, alone_generator)
+    assert alone[0].shape[1] == 5, "this seed's group is done after 5 of its 10 tokens"
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    asked: list[bool] = []
+
+    def others_need_two_more(finished: bool) -> bool:  # another rank's group runs longer
+        asked.append(finished)
+        return finished and asked.count(True) > 2
+
+    generator = torch.Generator().manual_seed(3)
+    waited = sample_group(model, prompt, sampling, generator, all_done=others_need_two_more)
+    for got, want in zip(waited, alone, strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(generator.get_state(), alone_generator.get_state())
+    assert len(calls) == 5 + 2, "two forwards more, for the other rank"

@@ -2,18 +2,22 @@
 dataset, graders from the spec (a team's `python` grader in its child process, a
 `string_check` logged at weight 0), the reward rising, held-out rewards, metrics per grader,
 DDP on 2 ranks, and a run killed after a checkpoint that resumes with the rewards of the run
-that was never interrupted (generation is seeded by step and rank)."""
+that was never interrupted (generation is seeded by step and rank); FSDP on 2 ranks sampling
+and learning as DDP does; two iterations per generation batch, clipping on the second and
+resumed inside a cycle on the same completions."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from jobspec.job import JobSpec
 from tests.support.grpo import GRADERS, write_prompts
+from tests.support.tolerances import FP32_EPS
 from tests.support.training import (
     Scenario,
     crash_and_resume,
@@ -47,6 +51,17 @@ def _spec(data: Path, steps: int, **grpo: Any) -> JobSpec:
     )
 
 
+def _two_ranks(spec: JobSpec, strategy: Literal["ddp", "fsdp"]) -> JobSpec:
+    """`spec` on 2 ranks of `strategy`, holding out enough prompts for 2 full eval batches per
+    rank: an FSDP rank evaluates full batches only (its forwards are collective), so DDP and
+    FSDP then evaluate the same 16 prompts."""
+    spec = spec.model_copy(deep=True)
+    spec.parallelism.strategy = strategy
+    spec.resources.procs_per_node = 2
+    spec.data.eval_fraction = 0.3
+    return spec
+
+
 def _metrics(workdir: Path, name: str) -> dict[tuple[int, int], float]:
     """{(attempt, step): value} of metric `name` in the run's events."""
     return {
@@ -59,9 +74,14 @@ def _metrics(workdir: Path, name: str) -> dict[tuple[int, int], float]:
 @pytest.fixture(scope="module")
 def runs(prompt_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("grpo_runs")
-    ddp = _spec(prompt_data, 20).model_copy(deep=True)
-    ddp.parallelism.strategy = "ddp"
-    ddp.resources.procs_per_node = 2
+    ddp, fsdp = (
+        _two_ranks(_spec(prompt_data, 20), "ddp"),
+        _two_ranks(_spec(prompt_data, 20), "fsdp"),
+    )
+    # Two steps per generation batch; checkpoints every 5 steps, so the one the crash resumes
+    # from (step 5) lies inside a cycle (steps 5 and 6 train on the batch sampled before 5).
+    iterations = _two_ranks(_spec(prompt_data, 20, num_iterations=2), "fsdp")
+    iterations.checkpoint.interval_steps = 5
     plans: list[tuple[int | None, list[Scenario]]] = [
         (None, [Scenario("single", _spec(prompt_data, 30), root / "single")]),
         (
@@ -69,6 +89,9 @@ def runs(prompt_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
             [
                 Scenario("ddp", ddp, root / "ddp"),
                 *crash_and_resume("resumed", ddp, root / "resumed", fail_at=10),
+                Scenario("fsdp", fsdp, root / "fsdp"),
+                Scenario("iterations", iterations, root / "iterations"),
+                *crash_and_resume("iterations_resumed", iterations, root / "it_resumed", 5),
             ],
         ),
     ]
@@ -107,6 +130,55 @@ def test_ddp_learns_and_a_killed_run_resumes_with_the_uninterrupted_runs_rewards
         assert resumed[(0, step)] == pytest.approx(whole[(0, step)], rel=1e-6)
     for step in (15, 20):
         assert resumed[(1, step)] == pytest.approx(whole[(0, step)], rel=1e-6), step
+
+
+def test_fsdp_samples_and_learns_as_ddp_does(runs: dict[str, Path]) -> None:
+    """Tolerances. With 2 ranks each gradient entry's average is one fp32 addition, which
+    commutes, so DDP's all-reduce and FSDP's reduce-scatter leave the same weights, bit for
+    bit; FSDP's forward runs on the all-gathered weights with the same kernels, so both
+    layouts compute the same logits and sample the same tokens (rewards, eval rewards and the
+    loss to 1e-6 relative, which any token sampled otherwise would exceed: a reward moves by
+    at least 1/64 per completion; the loss is ~1e-8, centred advantages at ratio 1, hence its
+    1e-9 absolute floor). Only the gradient norm is summed in another order (per shard, then
+    combined): a pairwise sum of n squares, off by ceil(log2 n) eps each way (Higham 4.2)."""
+    params = 119_552  # the tiny GPT's (the run's `num_params`)
+    grad_norm_rel = 2 * math.ceil(math.log2(params)) * FP32_EPS
+    tolerances = {
+        "reward": (1e-6, 0.0),
+        "eval_reward": (1e-6, 0.0),
+        "loss": (1e-6, 1e-9),
+        "grad_norm": (grad_norm_rel, 0.0),
+    }
+    for name, (rel, floor) in tolerances.items():
+        ddp, fsdp = _metrics(runs["ddp"], name), _metrics(runs["fsdp"], name)
+        assert sorted(fsdp) == sorted(ddp), name
+        for key, value in ddp.items():
+            assert fsdp[key] == pytest.approx(value, rel=rel, abs=floor), (name, key)
+    reward = _metrics(runs["fsdp"], "reward")
+    assert reward[(0, 20)] > reward[(0, 5)] + 0.3, reward
+    running = next(e for e in read_events(runs["fsdp"] / "run") if e["type"] == "status")
+    assert running["data"]["num_params"] == params
+
+
+def test_two_iterations_per_batch_clip_learn_and_resume_inside_a_cycle(
+    runs: dict[str, Path],
+) -> None:
+    """Steps 5 and 15 each start a cycle (ratio 1 to the policy that just sampled: nothing
+    clips); steps 10 and 20 are second iterations, whose ratio is to the policy of a step ago."""
+    region = _metrics(runs["iterations"], "clip_ratio/region")
+    assert region[(0, 5)] == 0.0 and region[(0, 15)] == 0.0, region
+    assert region[(0, 10)] > 0.0 and region[(0, 20)] > 0.0, region
+    whole = _metrics(runs["iterations"], "reward")
+    assert whole[(0, 20)] > whole[(0, 5)] + 0.3, whole
+    resumed = _metrics(runs["iterations_resumed"], "reward")
+    assert {step for attempt, step in resumed if attempt == 1} == {10, 15, 20}
+    for name in ("reward", "loss", "clip_ratio/region"):
+        whole, resumed = (
+            _metrics(runs["iterations"], name),
+            _metrics(runs["iterations_resumed"], name),
+        )
+        for step in (10, 15, 20):
+            assert resumed[(1, step)] == pytest.approx(whole[(0, step)], rel=1e-6), (name, step)
 
 
 def test_prompts_of_conversations_end_with_the_templates_generation_prompt(tmp_path: Path) -> None:
