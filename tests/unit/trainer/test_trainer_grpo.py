@@ -74,10 +74,10 @@ def _metrics(workdir: Path, name: str) -> dict[tuple[int, int], float]:
 @pytest.fixture(scope="module")
 def runs(prompt_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("grpo_runs")
-    ddp, fsdp = (
-        _two_ranks(_spec(prompt_data, 20), "ddp"),
-        _two_ranks(_spec(prompt_data, 20), "fsdp"),
-    )
+    # KL to the starting weights on 2 ranks: a plain frozen copy under DDP, one sharded like
+    # the policy under FSDP.
+    ddp = _two_ranks(_spec(prompt_data, 20, beta=0.04), "ddp")
+    fsdp = _two_ranks(_spec(prompt_data, 20, beta=0.04), "fsdp")
     # Two steps per generation batch; checkpoints every 5 steps, so the one the crash resumes
     # from (step 5) lies inside a cycle (steps 5 and 6 train on the batch sampled before 5).
     iterations = _two_ranks(_spec(prompt_data, 20, num_iterations=2), "fsdp")
@@ -147,6 +147,7 @@ def test_fsdp_samples_and_learns_as_ddp_does(runs: dict[str, Path]) -> None:
         "reward": (1e-6, 0.0),
         "eval_reward": (1e-6, 0.0),
         "loss": (1e-6, 1e-9),
+        "kl": (1e-6, 0.0),
         "grad_norm": (grad_norm_rel, 0.0),
     }
     for name, (rel, floor) in tolerances.items():
@@ -156,6 +157,7 @@ def test_fsdp_samples_and_learns_as_ddp_does(runs: dict[str, Path]) -> None:
             assert fsdp[key] == pytest.approx(value, rel=rel, abs=floor), (name, key)
     reward = _metrics(runs["fsdp"], "reward")
     assert reward[(0, 20)] > reward[(0, 5)] + 0.3, reward
+    assert _metrics(runs["fsdp"], "kl")[(0, 20)] > 0.0, "the policy left its reference"
     running = next(e for e in read_events(runs["fsdp"] / "run") if e["type"] == "status")
     assert running["data"]["num_params"] == params
 
