@@ -303,7 +303,7 @@ def run(opts: Options, console: Console) -> int:
     if opts.example != "gpt":
         inputs = quickstart_examples.prepare(home, console)
         env = with_data_root(env, quickstart_examples.examples_root(home))
-        spec = build_spec(load_example("chat_sft"), opts)
+        spec = build_spec(load_example(quickstart_examples.STAGES[opts.example][0].spec), opts)
     api_key = bootstrap(env, logs / "admin.log", opts.project)
 
     servers = Servers(env, logs, opts.port or free_port())
@@ -435,7 +435,9 @@ def quickstart_command(
         typer.Option(
             help="gpt: a small GPT on real text (the default). chat-sft: LoRA chat SFT of a "
             "small Llama (local ChatML tokenizer, packing) on stdlib docstrings. dpo: that "
-            "SFT, then DPO from its checkpoint on docstring preference pairs.",
+            "SFT, then DPO from its checkpoint on docstring preference pairs. grpo: SFT of "
+            "that Llama on noisily labelled sums of two numbers, then GRPO with LoRA from its "
+            "checkpoint, rewarded by a string_check of the true sum.",
         ),
     ] = quickstart_examples.Example.gpt,
 ) -> None:

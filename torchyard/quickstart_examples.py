@@ -1,13 +1,16 @@
-"""``torchyard quickstart --example chat-sft|dpo``: the fine-tuning examples, offline.
+"""``torchyard quickstart --example chat-sft|dpo|grpo``: the fine-tuning examples, offline.
 
-`prepare` writes the example's data (`torchyard.examples.docstrings`: stdlib functions and
-their docstrings as messages and preference JSONL) and builds its model directory (a small
-Llama and a locally trained ChatML BPE) under ``HOME/examples``, which it adds to the
-allowed data roots. The model is built by ``python -m trainer.models.offline`` in a child
-process: it needs torch, `tokenizers` and `transformers`, which the client must not import
-(the quickstart already runs the API and worker locally, so the trainer's packages are
-there). `submit` uploads the data over REST and runs `chat_sft.yaml`, then for ``dpo``
-`dpo.yaml` from the SFT job's checkpoint.
+`prepare` writes the examples' data (`torchyard.examples.docstrings`: stdlib functions and
+their docstrings as messages and preference JSONL; `torchyard.examples.sums`: sums of two
+small numbers, noisily labelled for SFT and as prompts with their true answers for GRPO) and
+builds the model directory (a small Llama and a locally trained ChatML BPE) under
+``HOME/examples``, which it adds to the allowed data roots. The model is built by ``python -m
+trainer.models.offline`` in a child process: it needs torch, `tokenizers` and
+`transformers`, which the client must not import (the quickstart already runs the API and
+worker locally, so the trainer's packages are there). `submit` uploads the data over REST and
+runs the example's `STAGES` one after the other, each later one from the checkpoint of the
+one before: `chat_sft.yaml` (then `dpo.yaml` for ``dpo``), or `sums_sft.yaml` then
+`grpo.yaml` for ``grpo``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torchyard.client import Client
 from torchyard.errors import TorchyardError
 from torchyard.examples import load_example
 from torchyard.examples.docstrings import ExampleData, write_example_data
+from torchyard.examples.sums import SumsData, write_sums_data
 from torchyard.summary import JobSummary, render_summary
 from torchyard.types import Dataset, Job
 
@@ -38,6 +42,7 @@ class Example(StrEnum):
     gpt = "gpt"
     chat_sft = "chat-sft"
     dpo = "dpo"
+    grpo = "grpo"
 
 
 MODEL_DIR = "docstring-llama"
@@ -50,6 +55,36 @@ class Inputs:
 
     data: ExampleData
     model_dir: Path
+    sums: SumsData | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One job of an example: its spec (`torchyard/examples/<spec>.yaml`), its training data
+    and its evaluation data (None: the spec's held-out share) among `Inputs`' files. A stage
+    after the first starts from the checkpoint of the one before (`model.init_from.job`)."""
+
+    spec: str
+    data: Callable[[Inputs], Path]
+    eval_data: Callable[[Inputs], Path] | None = None
+
+
+def _sums(inputs: Inputs) -> SumsData:
+    assert inputs.sums is not None, "prepare writes the sums data"
+    return inputs.sums
+
+
+CHAT_SFT = Stage("chat_sft", lambda i: i.data.messages)
+#: Each example's jobs, in order.
+STAGES: dict[str, tuple[Stage, ...]] = {
+    Example.chat_sft: (CHAT_SFT,),
+    # DPO is evaluated on its training pairs (see dpo.yaml)
+    Example.dpo: (CHAT_SFT, Stage("dpo", lambda i: i.data.preference, lambda i: i.data.preference)),
+    Example.grpo: (
+        Stage("sums_sft", lambda i: _sums(i).messages),
+        Stage("grpo", lambda i: _sums(i).prompts, lambda i: _sums(i).heldout),
+    ),
+}
 
 
 def examples_root(home: Path) -> Path:
@@ -68,6 +103,7 @@ def prepare(home: Path, console: Console) -> Inputs:
     Raises `TorchyardError` when the model cannot be built (its output tail says why)."""
     root = examples_root(home)
     data = write_example_data(root / "data")
+    sums = write_sums_data(root / "data")
     model_dir = root / MODEL_DIR
     if not (model_dir / "config.json").is_file():
         console.print(Text(f"building the example model in {model_dir} ...", style="dim"))
@@ -78,7 +114,7 @@ def prepare(home: Path, console: Console) -> Inputs:
                 f"building the example model failed (exit {done.returncode}); it needs the "
                 f"trainer's packages (pip install 'torchyard[trainer]'):\n{tail}"
             )
-    return Inputs(data=data, model_dir=model_dir)
+    return Inputs(data=data, model_dir=model_dir, sums=sums)
 
 
 def example_spec(
@@ -103,26 +139,28 @@ def submit(
     console: Console,
     on_job: Callable[[Job], None],
 ) -> JobSummary:
-    """Upload the data and run the example's jobs one after the other, each followed live;
+    """Upload the data and run the example's `STAGES` one after the other, each followed live;
     returns the last job's summary (or the first that did not succeed). `on_job` is told of
     each job as it is created (so the caller can cancel it on the way out)."""
-    messages = upload_once(client, inputs.data.messages)
-    console.print(Text(f"dataset {messages.id}: {messages.name}", style="dim"))
-    spec = example_spec("chat_sft", inputs, messages.id, prepare_spec)
-    job = client.jobs.create(spec)
-    on_job(job)
-    summary = follow(client, job.id)
-    if example == "chat-sft" or not summary.succeeded:
-        return summary
-    console.print(render_summary(summary))
-    pairs = upload_once(client, inputs.data.preference)
-    console.print(Text(f"dataset {pairs.id}: {pairs.name}", style="dim"))
-    spec = example_spec("dpo", inputs, pairs.id, prepare_spec)
-    spec["data"]["eval_dataset"] = pairs.id  # the training pairs (see dpo.yaml)
-    spec["model"]["init_from"] = {"job": job.id}
-    dpo = client.jobs.create(spec)
-    on_job(dpo)
-    return follow(client, dpo.id)
+    previous: Job | None = None
+    summary: JobSummary | None = None
+    for stage in STAGES[example]:
+        if summary is not None:
+            if not summary.succeeded:
+                return summary
+            console.print(render_summary(summary))
+        dataset = upload_once(client, stage.data(inputs))
+        console.print(Text(f"dataset {dataset.id}: {dataset.name}", style="dim"))
+        spec = example_spec(stage.spec, inputs, dataset.id, prepare_spec)
+        if stage.eval_data is not None:
+            spec["data"]["eval_dataset"] = upload_once(client, stage.eval_data(inputs)).id
+        if previous is not None:
+            spec["model"]["init_from"] = {"job": previous.id}
+        previous = client.jobs.create(spec)
+        on_job(previous)
+        summary = follow(client, previous.id)
+    assert summary is not None, "every example has a stage"
+    return summary
 
 
 def upload_once(client: Client, path: Path) -> Dataset:

@@ -103,7 +103,7 @@ def load_prompts(
     if eval_location is not None:
         for where, _, obj in iter_records(files):
             add(0, where, obj)
-        eval_files = list_files(eval_location, [], [])
+        eval_files = list_files(eval_location, spec.data.include, spec.data.exclude)
         for where, _, obj in iter_records(eval_files):
             add(1, where, obj)
     else:

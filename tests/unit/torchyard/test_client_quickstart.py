@@ -25,7 +25,7 @@ from torchyard.quickstart import (
     run,
     with_data_root,
 )
-from torchyard.quickstart_examples import Inputs
+from torchyard.quickstart_examples import STAGES, Inputs
 from torchyard.quickstart_examples import example_spec as fine_tuning_spec
 
 
@@ -106,10 +106,10 @@ def test_stdlib_dataset_is_named_for_the_python_version() -> None:
     assert dataset_name(STDLIB).startswith("python3.") and dataset_name(STDLIB).endswith("-stdlib")
 
 
-def test_help_offers_the_chat_sft_and_dpo_examples_next_to_the_default_gpt() -> None:
+def test_help_offers_the_chat_sft_dpo_and_grpo_examples_next_to_the_default_gpt() -> None:
     result = CliRunner().invoke(app, ["quickstart", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "gpt|chat-sft|dpo" in result.output
+    assert "gpt|chat-sft|dpo|grpo" in result.output
     assert "[default: gpt]" in result.output
     assert Options().example == "gpt"
 
@@ -130,6 +130,27 @@ def test_fine_tuning_examples_are_valid_specs_once_model_and_data_are_filled_in(
     assert spec.method.kind == ("dpo" if name == "dpo" else "sft")
     assert spec.data.packing == (name == "chat_sft")
     assert load_example(name)["data"]["dataset"] is None  # the example leaves it to be filled
+
+
+def test_the_grpo_example_is_sums_sft_then_grpo_with_lora_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    inputs = Inputs(data=None, model_dir=tmp_path / "model")  # type: ignore[arg-type]
+    sft_raw, grpo_raw = (
+        fine_tuning_spec(stage.spec, inputs, "ds_test", lambda s: build_spec(s, Options()))
+        for stage in STAGES["grpo"]
+    )
+    sft = JobSpec.model_validate(sft_raw)
+    grpo_raw["model"]["init_from"] = {"job": 1}
+    grpo_raw["data"]["eval_dataset"] = "ds_heldout"
+    grpo = JobSpec.model_validate(grpo_raw)
+    assert sft.method.kind == "sft" and sft.lora is None and sft.data.format == "messages"
+    assert grpo.method.kind == "grpo" and grpo.lora is not None and grpo.data.format == "prompt"
+    assert grpo.method.grpo is not None
+    (grader,) = grpo.method.grpo.graders
+    assert grader.type == "string_check" and "item.answer" in grader.reference
+    assert grpo.model.seq_len == sft.model.seq_len, "the SFT model's positions are the GRPO's"
+    assert [s.eval_data is None for s in STAGES["grpo"]] == [True, False]
 
 
 def test_fine_tuning_examples_refuse_the_gpt_examples_data_options(tmp_path: Path) -> None:

@@ -208,3 +208,16 @@ def test_prompts_of_conversations_end_with_the_templates_generation_prompt(tmp_p
     text = bytes(train.ids[0].tolist()).decode()
     assert text.endswith("1 + 1 =<|im_end|>\n<|im_start|>assistant\n"), text
     assert train.records[0]["messages"][-1]["content"] == "2", "the answer stays in the record"
+
+
+def test_held_out_prompts_may_be_a_directory_read_with_the_specs_include(tmp_path: Path) -> None:
+    train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+    train_dir.mkdir()
+    eval_dir.mkdir()
+    write_prompts(train_dir / "prompts.jsonl", repeat=2)
+    write_prompts(eval_dir / "held.jsonl", repeat=1)
+    (eval_dir / "notes.txt").write_text("not a prompt\n")
+    spec = _spec(train_dir, 10)
+    spec.data.include = ["*.jsonl"]
+    train, held, report = load_prompts(spec, str(train_dir), None, eval_location=str(eval_dir))
+    assert (len(train), len(held)) == (16, 8), report
