@@ -37,6 +37,9 @@ GRPO_METRICS = (
 GRPO_EVAL_METRICS = ("eval_reward",)
 # Per grader `<kind>/<grader name>`: its mean score, and its errors and timeouts so far.
 GRADER_METRICS = ("reward", "grader_errors", "grader_timeouts")
+# An eval job's `reward` evaluation (trainer.eval_reward), beside GRADER_METRICS per grader:
+# three of GRPO_METRICS over its completions, and how many it scored.
+REWARD_EVAL_METRICS = ("reward", "reward_std", "completion_length", "answers")
 # What QAT's final evaluation adds (trainer.methods.qat).
 QAT_METRICS = ("eval_loss_qat_fake", "eval_loss_qat_converted")
 

@@ -12,7 +12,10 @@ checkpoint (a LoRA checkpoint with its adapters, not merged) and runs each evalu
 - `generate`: the prompts of a `messages` or `prompt_completion` dataset (everything before the
   last supervised span, rendered with the source's chat template), answered by the model, and
   scored against the references (that span): exact match, chrF (`sacrebleu`) and ROUGE-L
-  (`rouge-score`), all computed locally.
+  (`rouge-score`), all computed locally;
+- `reward`: completions of held-out prompts (a GRPO job's own, or a `prompt` dataset's) scored
+  by graders (`jobspec.graders`, a GRPO job's by default): the checkpoint's mean reward, as the
+  trainer's `eval_reward` measures it while a GRPO job trains.
 
 Imports nothing heavier than pydantic.
 """
@@ -25,6 +28,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from jobspec.base import StrictSpec
+from jobspec.graders import AnyGrader, Graders, MultiGrader, PythonGrader
+from jobspec.method import GRPOSpec
 
 EVAL_NAME: Final = r"^[A-Za-z][A-Za-z0-9_-]{0,39}$"
 EvalName = Annotated[str, Field(pattern=EVAL_NAME)]
@@ -180,7 +185,154 @@ class LmEvalEval(StrictSpec):
         return [str(t["dataset"]) for t in self.tasks if isinstance(t, dict)]
 
 
-Evaluation = Annotated[PerplexityEval | GenerateEval | LmEvalEval, Field(discriminator="kind")]
+# `RewardEval.max_new_tokens` when the source is not a GRPO job (whose own is the default).
+REWARD_MAX_NEW_TOKENS: Final = 64
+NO_CODE_DIRECTORY: Final = (
+    "an eval job has no code directory: give the python grader its `source` inline"
+)
+
+
+class RewardEval(StrictSpec):
+    """Completions of held-out prompts, scored by graders: a checkpoint's mean reward, as a GRPO
+    job's trainer measures `eval_reward` (greedy by default), with each completion stored."""
+
+    kind: Literal["reward"] = Field(description="`reward`.")
+    name: EvalName | None = Field(default=None, description=NAME_DESCRIPTION)
+    dataset: DatasetId | None = Field(
+        default=None,
+        description="Id of a `prompt`, `prompt_completion` or `messages` dataset of the "
+        "project: each record's prompt as a GRPO job reads it, the record what graders read "
+        "as `item`. null: the source GRPO job's own held-out prompts (its trainer's "
+        "evaluation split, in order); required when the source is not a GRPO job.",
+    )
+    graders: Graders | None = Field(
+        default=None,
+        description="How a completion is scored, as `method.grpo.graders` (a python grader "
+        "with inline `source`: an eval job has no code directory for a `file`); the reward is "
+        "their weighted sum. null: the source GRPO job's graders; required when the source is "
+        "not a GRPO job.",
+    )
+    max_prompts: int = Field(
+        default=32, ge=1, le=1000, description="Score at most this many prompts (the first)."
+    )
+    max_new_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=2048,
+        description="Tokens per completion at most (it ends earlier at the tokenizer's "
+        "end-of-sequence token). null: the source GRPO job's `max_new_tokens`, else the smaller "
+        "of 64 and half the source's `model.seq_len`. Prompts too long to leave room for it "
+        "within the source's `model.seq_len` are left out.",
+    )
+    temperature: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature; 0: greedy (the most likely token each step), as "
+        "the trainer's `eval_reward`.",
+    )
+    top_k: int | None = Field(
+        default=None, ge=1, description="Sample among the k most likely tokens; null: all."
+    )
+    top_p: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling: only the most likely tokens whose probability adds up "
+        "to `top_p` (Holtzman et al. 2020); 1 keeps all.",
+    )
+    samples_per_prompt: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Completions sampled per prompt, all scored (the reward is their mean); "
+        "more than one needs `temperature` > 0 (greedy completions are all alike).",
+    )
+
+    @field_validator("graders")
+    @classmethod
+    def _graders_run_without_code(cls, graders: list[AnyGrader] | None) -> list[AnyGrader] | None:
+        found = file_graders(graders or [])
+        if found:
+            index, where = found[0]
+            raise PydanticCustomError(
+                "grader_file",
+                "graders[{index}]{where}.file: {why}",
+                {"index": index, "where": where, "why": NO_CODE_DIRECTORY},
+            )
+        return graders
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> RewardEval:
+        if self.samples_per_prompt > 1 and self.temperature == 0:
+            raise PydanticCustomError(
+                "spec_conflict",
+                "samples_per_prompt {count} with temperature 0: greedy completions are all "
+                "alike; set temperature > 0 or samples_per_prompt 1",
+                {"count": self.samples_per_prompt},
+            )
+        return self
+
+    def resolved(self, grpo: GRPOSpec | None, seq_len: int) -> tuple[list[AnyGrader], int]:
+        """(graders, max_new_tokens) for a checkpoint of a source job whose `method.grpo` is
+        `grpo` (None: not a GRPO job) and whose `model.seq_len` is `seq_len`: these, or the
+        source's. Raises `ValueError` when `source_errors` has any."""
+        errors = self.source_errors(grpo, seq_len)
+        if errors:
+            raise ValueError("; ".join(f"{'.'.join(loc)}: {msg}" for loc, msg in errors))
+        graders = self.graders if self.graders is not None else grpo.graders if grpo else []
+        return list(graders), self._max_new_tokens(grpo, seq_len)
+
+    def _max_new_tokens(self, grpo: GRPOSpec | None, seq_len: int) -> int:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        if grpo is not None:
+            return grpo.max_new_tokens
+        return min(REWARD_MAX_NEW_TOKENS, seq_len // 2)  # a default always leaves room
+
+    def source_errors(
+        self, grpo: GRPOSpec | None, seq_len: int
+    ) -> list[tuple[tuple[str, ...], str]]:
+        """What this evaluation cannot do with a checkpoint of a source job (its `method.grpo`,
+        None when it is not a GRPO job, and its `model.seq_len`), each at its field: no
+        prompts or graders of its own for a source that is not a GRPO job, a python grader's
+        `file` among the source's graders, completions that leave no room for a prompt."""
+        errors: list[tuple[tuple[str, ...], str]] = []
+        if grpo is None:
+            if self.dataset is None:
+                why = "required: the source job is not a GRPO job (it has no held-out prompts)"
+                errors.append((("dataset",), f"{why}; give a prompt dataset of the project"))
+            if self.graders is None:
+                why = "required: the source job is not a GRPO job (it has no graders)"
+                errors.append((("graders",), f"{why}; give the graders that score a completion"))
+        elif self.graders is None:
+            for index, where in file_graders(grpo.graders):
+                why = f"the source job's graders[{index}]{where} reads a `file`"
+                errors.append((("graders",), f"{why}; {NO_CODE_DIRECTORY} (give `graders`)"))
+        tokens = self._max_new_tokens(grpo, seq_len)
+        if tokens >= seq_len:
+            why = f"{tokens} tokens per completion leave no room for a prompt within the source's"
+            errors.append((("max_new_tokens",), f"{why} model.seq_len {seq_len}"))
+        return errors
+
+
+def file_graders(graders: list[AnyGrader]) -> list[tuple[int, str]]:
+    """(index, path inside a `multi` grader or '') of each python grader that reads a `file`."""
+    found: list[tuple[int, str]] = []
+    for index, grader in enumerate(graders):
+        if isinstance(grader, PythonGrader) and grader.file is not None:
+            found.append((index, ""))
+        elif isinstance(grader, MultiGrader):
+            found += [
+                (index, f".graders.{key}")
+                for key, sub in grader.graders.items()
+                if isinstance(sub, PythonGrader) and sub.file is not None
+            ]
+    return found
+
+
+AnyEvaluation = PerplexityEval | GenerateEval | LmEvalEval | RewardEval
+Evaluation = Annotated[AnyEvaluation, Field(discriminator="kind")]
 
 
 class EvaluateSpec(StrictSpec):
@@ -200,7 +352,7 @@ class EvaluateSpec(StrictSpec):
         return [e.name or e.kind for e in self.evaluations]
 
 
-def _name_each(evaluations: list[PerplexityEval | GenerateEval | LmEvalEval]) -> None:
+def _name_each(evaluations: list[AnyEvaluation]) -> None:
     """Every evaluation gets a name (its kind by default). Raises `PydanticCustomError`
     (`spec_conflict`) when two share one."""
     seen: set[str] = set()

@@ -22,6 +22,9 @@ frozen base, not merged).
   template's closing marker, which also ends the answer. Scores: exact match (after
   stripping whitespace), chrF (Popovic 2015, `sacrebleu.corpus_chrf`, 0-100) and ROUGE-L F1
   (Lin 2004, `rouge_score`, 0-1).
+- `reward` (rank 0): held-out prompts answered and scored by graders (`trainer.eval_reward`:
+  a GRPO source's own held-out prompts and graders by default); metrics `reward`,
+  `reward_std`, `reward/<grader>`, each completion stored with its reward.
 - `lm_eval` (rank 0): EleutherAI's lm-evaluation-harness (Gao et al., `lm_eval.simple_evaluate`)
   on the model (`trainer.lm_eval_model`: its Hugging Face backend for a Hugging Face model
   with a tokenizer, an adapter of the built-in GPT otherwise); metrics `<task>/<metric>`.
@@ -55,8 +58,9 @@ from dataformat.masks import Tokenizer
 from dataformat.readers import iter_records, list_files
 from dataformat.records import MessagesRecord, PromptCompletionRecord, parse_record
 from jobspec.data import DataSpec
-from jobspec.evaluate import GenerateEval, LmEvalEval, PerplexityEval
+from jobspec.evaluate import GenerateEval, LmEvalEval, PerplexityEval, RewardEval
 from jobspec.job import STORED, EvalJobSpec, JobSpec
+from trainer import eval_reward
 from trainer.checkpoint.checkpointer import load_model_only
 from trainer.checkpoint.export import checkpoint_spec
 from trainer.data.byte_tokenizer import decode
@@ -156,6 +160,10 @@ def run_evaluations(
             continue
         elif isinstance(evaluation, LmEvalEval):
             metrics = harness(evaluation, network, inputs, dist_info, spec.seed)
+        elif isinstance(evaluation, RewardEval):
+            metrics, samples = eval_reward.reward(
+                evaluation, source, inputs, dataset, network, dist_info, spec.seed
+            )
         else:
             assert dataset is not None  # `generate` names a dataset (the spec requires it)
             metrics, samples = answer(evaluation, source, dataset, network, dist_info, spec.seed)

@@ -31,13 +31,9 @@ from core.platform.db import upsert_insert
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.settings import Settings
 from core.platform.tables import Checkpoint, Dataset, Evaluation, Job, utcnow
-from jobspec.evaluate import (
-    EvalSourceSpec,
-    GenerateEval,
-    LmEvalEval,
-    PerplexityEval,
-)
+from jobspec.evaluate import AnyEvaluation, EvalSourceSpec, GenerateEval, LmEvalEval, RewardEval
 from jobspec.job import EvalJobSpec, JobSpec
+from jobspec.method_checks import GRPO_FORMATS
 
 LOC = ("body", "evaluate")
 GENERATE_FORMATS = ("messages", "prompt_completion")
@@ -59,8 +55,9 @@ def check(
     Raises `NotFound` (404) for a source job, checkpoint or dataset not of `project_id`,
     `Conflict` (409) for a source with no complete checkpoint (yet), `InvalidInput` (422) for
     a source that is not a built-in-trainer job, a checkpoint of another job, a dataset of a
-    format its evaluation cannot read, or a DPO source's own split (preference pairs) scored
-    for perplexity."""
+    format its evaluation cannot read, a DPO or GRPO source's own split (preference pairs,
+    prompts) scored for perplexity, or a `reward` evaluation the source cannot give its
+    prompts, graders or room for (`RewardEval.source_errors`)."""
     source = spec.evaluate.source
     job = session.get(Job, source.job)
     if job is None or job.project_id != project_id:
@@ -121,27 +118,33 @@ def _check_evaluations(
     session: Session,
     settings: Settings,
     project_id: str,
-    evaluations: list[PerplexityEval | GenerateEval | LmEvalEval],
+    evaluations: list[AnyEvaluation],
     source: JobSpec,
     at: tuple[str, ...],
-) -> list[PerplexityEval | GenerateEval | LmEvalEval]:
+) -> list[AnyEvaluation]:
     """Each evaluation's dataset is of the project and of a format it reads (`at`: where the
     list sits in the request, for the errors' paths). Returns the evaluations with each
     dataset named by its id (a name is pinned to the dataset it names now)."""
     where = ".".join(at[1:])
-    pinned: list[PerplexityEval | GenerateEval | LmEvalEval] = []
+    pinned: list[AnyEvaluation] = []
     for index, evaluation in enumerate(evaluations):
         if isinstance(evaluation, LmEvalEval):
             where_tasks: tuple[str | int, ...] = (*at, "evaluations", index)
             pinned.append(_check_tasks(session, settings, project_id, evaluation, where_tasks))
             continue
+        if isinstance(evaluation, RewardEval):
+            _check_reward(evaluation, source, index, at)
         loc: tuple[str | int, ...] = ("evaluations", index, "dataset")
         if evaluation.dataset is None:
-            if source.method.kind == "dpo":
+            kind = source.method.kind
+            if not isinstance(evaluation, RewardEval) and kind in ("dpo", "grpo"):
+                split = "preference pairs" if kind == "dpo" else "prompts, with no answers"
+                instead = "" if kind == "dpo" else " (or evaluate its rewards: kind `reward`)"
                 raise InvalidInput(
-                    f"{where}.evaluations[{index}]: the source job trains with DPO, its "
-                    "evaluation split is preference pairs; give a `dataset` to score",
-                    details=_detail(loc, "required for a DPO source", "missing", at),
+                    f"{where}.evaluations[{index}]: the source job trains with "
+                    f"{kind.upper()}, its evaluation split is {split}; give a `dataset` to "
+                    f"score{instead}",
+                    details=_detail(loc, f"required for a {kind.upper()} source", "missing", at),
                 )
             pinned.append(evaluation)
             continue
@@ -158,6 +161,12 @@ def _check_evaluations(
                 f"`generate` reads prompts and references of {' or '.join(GENERATE_FORMATS)}",
                 details=_detail(loc, f"format {found.format} has no prompts", "invalid", at),
             )
+        if isinstance(evaluation, RewardEval) and found.format not in GRPO_FORMATS:
+            raise InvalidInput(
+                f"{where}.evaluations[{index}].dataset: {found.id} is {found.format!r}; "
+                f"`reward` reads the prompts of {', '.join(GRPO_FORMATS)} records",
+                details=_detail(loc, f"format {found.format} has no prompts", "invalid", at),
+            )
         if found.format == "preference":
             raise InvalidInput(
                 f"{where}.evaluations[{index}].dataset: {found.id} is preference pairs; "
@@ -166,6 +175,21 @@ def _check_evaluations(
             )
         pinned.append(evaluation.model_copy(update={"dataset": found.id}))
     return pinned
+
+
+def _check_reward(evaluation: RewardEval, source: JobSpec, index: int, at: tuple[str, ...]) -> None:
+    """Raises `InvalidInput` (422) listing every `RewardEval.source_errors` at its path."""
+    errors = evaluation.source_errors(source.method.grpo, source.model.seq_len)
+    if not errors:
+        return
+    where = ".".join(at[1:])
+    raise InvalidInput(
+        "; ".join(f"{where}.evaluations[{index}].{'.'.join(loc)}: {msg}" for loc, msg in errors),
+        details=[
+            {"loc": [*at, "evaluations", index, *loc], "msg": msg, "type": "invalid"}
+            for loc, msg in errors
+        ],
+    )
 
 
 def check_after(*, session: Session, settings: Settings, project_id: str, spec: JobSpec) -> JobSpec:

@@ -2,6 +2,8 @@
 for the graders (`Prompts`).
 
     train, held, report = load_prompts(spec, data_location, tokenizer, eval_location=None)
+    prompts, too_long = dataset_prompts(spec, location, fmt, tokenizer, max_prompts=32,
+                                        max_new_tokens=64)   # a dataset's first prompts
 
 Records are read as the SFT pipeline reads them (`dataformat.readers`), of format `prompt`
 (the prompt, or OpenAI's RFT `messages` ending in a user turn), `prompt_completion` (its
@@ -18,7 +20,7 @@ the prompts itself: a prompt set is small next to a corpus, so there is no cache
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,17 +85,13 @@ def load_prompts(
     unfit = method_data_error("grpo", fmt)
     if unfit is not None:
         raise InvalidJobError(unfit)
-    tok = Tokenizer(tokenizer)
-    template = resolve_template(spec.data.chat_template, tokenizer)
+    encode = _encoder(spec, fmt, tokenizer)
     limit = spec.model.seq_len - spec.method.grpo.max_new_tokens
     sides: list[tuple[list[np.ndarray], list[dict[str, Any]]]] = [([], []), ([], [])]
     too_long = [0, 0]
 
     def add(side: int, where: str, obj: Any) -> None:
-        text = prompt_text(where, fmt, obj, template=template, tokenizer=tokenizer)
-        ids = tok.ids(text).astype(np.int64)
-        if ids.size == 0:
-            raise InvalidJobError(f"{where}: the prompt renders to no token")
+        ids = encode(where, obj)
         if ids.size > limit:
             too_long[side] += 1
             return
@@ -127,6 +125,56 @@ def load_prompts(
         "files": len(files),
     }
     return train, held, report
+
+
+def dataset_prompts(
+    spec: JobSpec,
+    location: str,
+    fmt: str,
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    max_prompts: int,
+    max_new_tokens: int,
+) -> tuple[Prompts, int]:
+    """(the first `max_prompts` prompts of the records at `location`, of `fmt`, as a GRPO job
+    of `spec` reads them (its chat template); prompts left out as too long to leave
+    `max_new_tokens` within `model.seq_len`). Raises `InvalidJobError` as `load_prompts`."""
+    unfit = method_data_error("grpo", fmt)
+    if unfit is not None:
+        raise InvalidJobError(unfit)
+    encode = _encoder(spec, fmt, tokenizer)
+    limit = spec.model.seq_len - max_new_tokens
+    ids: list[np.ndarray] = []
+    records: list[dict[str, Any]] = []
+    too_long = 0
+    for where, _, obj in iter_records(list_files(location, [], [])):
+        if len(ids) >= max_prompts:
+            break
+        encoded = encode(where, obj)
+        if encoded.size > limit:
+            too_long += 1
+            continue
+        ids.append(encoded)
+        records.append(obj)
+    return Prompts(ids=ids, records=records), too_long
+
+
+def _encoder(
+    spec: JobSpec, fmt: str, tokenizer: PreTrainedTokenizerBase | None
+) -> Callable[[str, Any], np.ndarray]:
+    """(where, record) -> its prompt's token ids (1-D int64), rendered with `spec`'s chat
+    template. Raises `InvalidJobError` for a record of the wrong shape or an empty prompt."""
+    tok = Tokenizer(tokenizer)
+    template = resolve_template(spec.data.chat_template, tokenizer)
+
+    def encode(where: str, obj: Any) -> np.ndarray:
+        text = prompt_text(where, fmt, obj, template=template, tokenizer=tokenizer)
+        ids = tok.ids(text).astype(np.int64)
+        if ids.size == 0:
+            raise InvalidJobError(f"{where}: the prompt renders to no token")
+        return ids
+
+    return encode
 
 
 def prompt_text(

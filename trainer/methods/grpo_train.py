@@ -66,6 +66,7 @@ from trainer.methods.rollouts import (
     Group,
     Rollout,
     Sampling,
+    completion_codec,
     sample_groups,
 )
 from trainer.parallel.parallelize import set_gradient_sync
@@ -422,19 +423,7 @@ def build_grpo(
     grpo = spec.method.grpo
     if grpo is None:
         raise ValueError("not a GRPO job (method.kind is not 'grpo')")
-    tokenizer = network.tokenizer
-    if tokenizer is not None:
-        stop = tuple(int(i) for i in {tokenizer.eos_token_id} if i is not None)
-
-        def decode(ids: list[int]) -> str:
-            return str(tokenizer.decode(ids, skip_special_tokens=True))
-
-    else:
-        stop = ()
-
-        def decode(ids: list[int]) -> str:
-            return bytes(ids).decode("utf-8", errors="replace")
-
+    stop, decode = completion_codec(network.tokenizer)
     reference = None
     if grpo.beta > 0:
         reference = starting_weights(

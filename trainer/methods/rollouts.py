@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from torch import Tensor, nn
 
 from trainer.data.prompts import Prompts
 from trainer.methods.base import autocast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,18 @@ class Group:
     def ids(self) -> Tensor:
         """(G, T0 + C) int64: the prompt followed by each completion."""
         return torch.cat([self.prompt_ids.expand(len(self.texts), -1), self.completion_ids], 1)
+
+
+def completion_codec(
+    tokenizer: PreTrainedTokenizerBase | None,
+) -> tuple[tuple[int, ...], Callable[[list[int]], str]]:
+    """(stop ids, decode) of a model's completions: its tokenizer's end-of-sequence token and
+    its decoding without special tokens; for the byte-level model (no tokenizer), no stop id
+    and UTF-8 (an invalid byte replaced)."""
+    if tokenizer is None:
+        return (), lambda ids: bytes(ids).decode("utf-8", errors="replace")
+    stop = tuple(int(i) for i in {tokenizer.eos_token_id} if i is not None)
+    return stop, lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def sample_groups(
