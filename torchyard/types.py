@@ -222,7 +222,9 @@ class CheckpointExport(_Model):
 class Evaluation(_Model):
     """One evaluation an eval job ran on a checkpoint of `source_job_id` at `step`: its
     `metrics` (`perplexity`: loss, perplexity, tokens, rows; `generate`: exact_match, chrf,
-    rouge_l, answers) and, for `generate`, its `samples` (prompt, reference, answer, scores)."""
+    rouge_l, answers; `reward`: reward, reward_std, reward/<grader>, ...) and its `samples`
+    (`generate`: prompt, reference, answer, scores; `reward`: prompt, completion, reward,
+    scores)."""
 
     id: int
     job_id: int

@@ -445,7 +445,7 @@ class Evaluation(_Out):
     )
     attempt: int = Field(description="The eval job's attempt that wrote it.")
     name: str = Field(description="The evaluation's name; its metrics are `<name>.<metric>`.")
-    kind: str = Field(description="`perplexity`, `generate` or `lm_eval`.")
+    kind: str = Field(description="`perplexity`, `generate`, `lm_eval` or `reward`.")
     dataset: str | None = Field(
         description="The dataset it read; null: the source job's own evaluation split."
     )
@@ -453,11 +453,16 @@ class Evaluation(_Out):
         description="`perplexity`: `loss` (nats per supervised token), `perplexity`, `tokens`, "
         "`rows`. `generate`: `exact_match` (0-1), `chrf` (0-100), `rouge_l` (F1, 0-1), "
         "`answers`. `lm_eval`: `<task>/<metric>` as lm-eval reports them (`pick/acc`; a filter "
-        "other than `none` as `<metric>@<filter>`), stderrs, and `<task>/samples`."
+        "other than `none` as `<metric>@<filter>`), stderrs, and `<task>/samples`. `reward`: "
+        "`reward` (mean weighted reward of the completions), `reward_std`, `completion_length` "
+        "(tokens), `answers`, and per grader `reward/<grader>`, `grader_errors/<grader>`, "
+        "`grader_timeouts/<grader>`."
     )
     samples: list[dict[str, Any]] = Field(
         description="`generate`: each record's `prompt`, `reference`, `answer` and its own "
-        "`exact_match`, `chrf`, `rouge_l`; empty for `perplexity`."
+        "`exact_match`, `chrf`, `rouge_l`. `reward`: each completion's `prompt`, `completion`, "
+        "`reward` (null when no grader scored it) and `scores` ({grader: score}). Empty for "
+        "`perplexity`."
     )
     created_at: Timestamp = Field(description="When it was recorded; UTC, ISO 8601.")
 

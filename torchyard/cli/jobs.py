@@ -320,7 +320,10 @@ def evals(
     ctx: typer.Context,
     job_id: JobId,
     answers: Annotated[
-        bool, typer.Option("--answers", help="Also print each `generate` answer.")
+        bool,
+        typer.Option(
+            "--answers", help="Also print each `generate` answer and `reward` completion."
+        ),
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -337,6 +340,10 @@ def evals(
     for found in items if answers else []:
         for sample in found.samples:
             out.print(f"[bold]{found.name}[/bold] prompt: {sample.get('prompt', '')!r}")
+            if found.kind == "reward":
+                out.print(f"  completion: {sample.get('completion', '')!r}")
+                out.print(f"  reward:     {sample.get('reward')}  scores: {sample.get('scores')}")
+                continue
             out.print(f"  reference: {sample.get('reference', '')!r}")
             out.print(f"  answer:    {sample.get('answer', '')!r}")
 

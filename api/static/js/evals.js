@@ -1,13 +1,14 @@
 // Evaluations (GET /v1/jobs/{id}/evals): the job page's Evals card (each score at each evaluated
 // step, the base model's first and the change from it; a generate evaluation's answers beside
-// their prompts and references) and the compare view's eval rows. On an eval job's own page
+// their prompts and references, a reward evaluation's completions beside their rewards) and the compare view's eval rows. On an eval job's own page
 // the card leads: its scores, the job and checkpoint it scored, and the starting weights'
 // scores beside them where another eval job measured them (read from the source's evals).
 import { api } from "./api.js";
 import { fmtNumber, h } from "./util.js";
 
-// Bookkeeping, not scores: counts, lm-eval's stderrs and sample lengths.
-const NOT_SCORES = /(^|[./])(tokens|rows|answers|samples|sample_len)$|_stderr(@.*)?$/;
+// Bookkeeping, not scores: counts, lm-eval's stderrs and sample lengths, completion lengths and
+// graders' faults.
+const NOT_SCORES = /(^|[./])(tokens|rows|answers|samples|sample_len|completion_length)$|_stderr(@.*)?$|(^|[./])grader_(errors|timeouts)\//;
 // Scores where lower is better (the change from the base is good when negative).
 const LOWER_IS_BETTER = /(^|[./])(loss|perplexity|word_perplexity|byte_perplexity|bits_per_byte)(@.*)?$/;
 
@@ -118,9 +119,17 @@ function scoresNode(items, self = null) {
       hasBase ? change(key, cells.get("base")?.value, cells.get(last)?.value) : null))));
 }
 
-/** A generate evaluation's answers at its latest step, the base model's answer beside each. */
+/** A sample's answer: a generate evaluation's `answer`, a reward evaluation's `completion`. */
+function answerOf(sample) {
+  return sample?.answer ?? sample?.completion ?? "";
+}
+
+/** A generate or reward evaluation's answers at its latest step, the base model's answer beside
+ * each; a generate answer is scored by its chrF against the reference, a reward completion by
+ * its reward (the graders' weighted sum). */
 function answersNode(items) {
-  const generated = items.filter((i) => i.kind === "generate" && (i.samples ?? []).length);
+  const generated = items.filter((i) => (i.kind === "generate" || i.kind === "reward")
+    && (i.samples ?? []).length);
   if (!generated.length) return null;
   const byName = new Map();
   for (const item of generated) {
@@ -131,17 +140,21 @@ function answersNode(items) {
     runs.sort((a, b) => a.step - b.step);
     const latest = runs[runs.length - 1];
     const base = runs.find((r) => stepLabel(r) === "base" && r !== latest);
+    const reward = latest.kind === "reward";
+    const score = (s) => fmtNumber(reward ? s?.reward : s?.chrf);
     return h("details", { dataset: { eval: name } },
       h("summary", {}, `${name}: ${latest.samples.length} answers at ${stepLabel(latest)}`),
       h("div", { class: "table-wrap" }, h("table", { class: "answers" },
-        h("thead", {}, h("tr", {}, h("th", {}, "prompt"), h("th", {}, "reference"),
+        h("thead", {}, h("tr", {}, h("th", {}, "prompt"), reward ? null : h("th", {}, "reference"),
           h("th", {}, `answer (${stepLabel(latest)})`), base ? h("th", {}, "answer (base)") : null,
-          h("th", { class: "num" }, "chrF"))),
+          h("th", { class: "num" }, reward ? "reward" : "chrF"),
+          reward && base ? h("th", { class: "num" }, "reward (base)") : null)),
         h("tbody", {}, latest.samples.map((s, i) => h("tr", { dataset: { sample: i } },
-          h("td", {}, h("pre", {}, s.prompt)), h("td", {}, h("pre", {}, s.reference)),
-          h("td", { class: s.exact_match ? "better" : "" }, h("pre", {}, s.answer)),
-          base ? h("td", {}, h("pre", {}, base.samples[i]?.answer ?? "")) : null,
-          h("td", { class: "num" }, fmtNumber(s.chrf))))))));
+          h("td", {}, h("pre", {}, s.prompt)), reward ? null : h("td", {}, h("pre", {}, s.reference)),
+          h("td", { class: s.exact_match ? "better" : "" }, h("pre", {}, answerOf(s))),
+          base ? h("td", {}, h("pre", {}, answerOf(base.samples[i]))) : null,
+          h("td", { class: "num", dataset: reward ? { reward: "" } : {} }, score(s)),
+          reward && base ? h("td", { class: "num" }, score(base.samples[i])) : null))))));
   }));
 }
 

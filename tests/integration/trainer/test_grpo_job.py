@@ -3,7 +3,8 @@ torchrun (2 ranks, DDP) -> Postgres -> REST. A `prompt` dataset is uploaded (its
 detected from its records), a `method.kind: grpo` job with a team's `python` grader (run in
 its own child process inside the job's sandbox) and a `string_check` logged at weight 0 trains
 on it (`tests.support.grpo`), and its rewards, per grader and held out, are read back over
-REST."""
+REST; its `eval_after: [reward]` eval jobs score its final and starting weights with its own
+prompts and graders."""
 
 from __future__ import annotations
 
@@ -57,6 +58,50 @@ def test_a_grpo_job_on_an_uploaded_prompt_dataset_raises_its_graders_reward(
     assert {"frac_reward_zero_std", "completion_length", "entropy", "clip_ratio/region"} <= set(
         series
     )
+
+
+def test_eval_after_reward_scores_a_grpo_jobs_final_and_starting_weights_with_its_graders(
+    live_api: str, engine: Engine, grpo_worker: tuple[str, Worker], tmp_path: Path
+) -> None:
+    """`eval_after: {evaluations: [reward]}` takes every setting from the job: its own
+    held-out prompts, graders and `max_new_tokens`, greedy. Its eval jobs (the final
+    checkpoint's and the starting weights') report the reward and store each completion with
+    its reward and per-grader scores."""
+    queue, worker = grpo_worker
+    spec = grpo_job(dataset="prompts", pool=queue, max_steps=4)
+    spec["parallelism"] = {"strategy": "single"}
+    spec["resources"]["procs_per_node"] = 1
+    spec["eval"] = {"interval_steps": 4, "num_batches": 2}
+    spec["checkpoint"] = {"interval_steps": 4}
+    spec["eval_after"] = {"evaluations": ["reward"]}
+    with Client(live_api, make_project(engine).api_key) as client:
+        client.datasets.upload("prompts", write_prompts(tmp_path / "prompts.jsonl"))
+        job = client.jobs.create(spec)
+        done = client.jobs.wait(job.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
+        assert done.state == "succeeded", (done.error, worker.log[-4000:])
+        made = {
+            j.labels["eval_at"]: j
+            for j in client.jobs.list().items
+            if j.labels.get("eval_of") == str(job.id)
+        }
+        assert set(made) == {"4", "initial"}
+        for made_job in made.values():
+            ended = client.jobs.wait(made_job.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
+            assert ended.state == "succeeded", (ended.error, worker.log[-4000:])
+        found = {e.step: e for e in client.jobs.evals(job.id)}
+    assert sorted(found) == [0, 4]
+    for result in found.values():
+        assert result.kind == "reward" and result.dataset is None
+        assert 0.0 <= result.metrics["reward"] <= 1.0
+        assert result.metrics["reward/lower"] == pytest.approx(result.metrics["reward"])
+        assert result.metrics["answers"] == len(result.samples) > 0
+        for sample in result.samples:
+            text = sample["completion"]
+            lower = sum(c.islower() for c in text) / max(len(text), 1)
+            assert sample["reward"] == pytest.approx(lower), sample  # `exact` weighs 0
+            assert set(sample["scores"]) == {"lower", "exact"}
+        rewards = [s["reward"] for s in result.samples]
+        assert result.metrics["reward"] == pytest.approx(sum(rewards) / len(rewards))
 
 
 # Graders a careless or curious team might write, each logged at weight 0 beside `lower`: one

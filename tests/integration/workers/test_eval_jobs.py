@@ -2,7 +2,8 @@
 `trainer.evaluate`, Postgres and Redis. A small GPT trains; an eval job scores its checkpoint
 (perplexity on its own evaluation split, answers to a prompt/completion dataset), and the
 results are readable from both jobs, as results and as the eval job's metrics. Bad eval
-specs are refused with the field's path and lose nothing."""
+specs, and `reward` evaluations a source cannot serve, are refused with the field's path and
+lose nothing."""
 
 from __future__ import annotations
 
@@ -228,3 +229,62 @@ def test_eval_specs_that_cannot_run_are_refused_with_the_fields_path(
     )
     listed = client.get("/v1/jobs", headers=project.headers).json()["items"]
     assert [j["id"] for j in listed] == [queued["id"]]  # nothing refused was stored
+
+
+def test_reward_evaluations_a_source_cannot_serve_are_refused_at_their_fields(
+    client: TestClient, session: Session, project: ProjectKey, dataset_id: str
+) -> None:
+    """A `reward` evaluation of a supervised job has no prompts or graders to inherit (both
+    paths in one answer) and cannot read prompts from plain text; a GRPO job's `eval_after`
+    cannot score perplexity on its own split (prompts, no answers), nor inherit a grader that
+    reads a file (an eval job has no code directory)."""
+    sft = submit(
+        client, project, tiny_spec(pool="nowhere", dataset_id=dataset_id).model_dump(mode="json")
+    )
+    session.add(Checkpoint(job_id=sft["id"], attempt=1, step=4, uri="file:///nowhere/step_4"))
+    session.commit()
+    bare = client.post(
+        "/v1/jobs",
+        json=_eval_spec(sft["id"], "nowhere", {"kind": "reward"}),
+        headers=project.headers,
+    )
+    at = ["body", "evaluate", "evaluations", 0]
+    error = assert_error(bare, 422, "validation_error", [*at, "dataset"])
+    assert [*at, "graders"] in [d["loc"] for d in error["details"]]
+    exact = {"type": "string_check", "name": "exact", "operation": "eq",
+             "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}"}  # fmt: skip
+    text = {"kind": "reward", "dataset": dataset_id, "graders": [exact]}
+    refused = client.post(
+        "/v1/jobs", json=_eval_spec(sft["id"], "nowhere", text), headers=project.headers
+    )
+    error = assert_error(refused, 422, "validation_error", [*at, "dataset"])
+    assert "`reward` reads the prompts of" in error["message"]
+
+    grpo = tiny_spec(pool="nowhere", dataset_id=dataset_id).model_dump(
+        mode="json", exclude_none=True
+    )
+    records = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(4)]
+    uploaded = client.post(
+        "/v1/datasets/upload",
+        data={"name": "sums"},
+        files={"file": ("sums.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())},
+        headers=project.headers,
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    grpo["data"] = {"dataset": uploaded.json()["id"]}
+    grpo["method"] = {"kind": "grpo", "grpo": {"graders": [exact], "max_new_tokens": 8}}
+    grpo["eval_after"] = ["perplexity"]
+    perplexity = client.post("/v1/jobs", json=grpo, headers=project.headers)
+    error = assert_error(
+        perplexity, 422, "validation_error", ["body", "eval_after", "evaluations", 0, "dataset"]
+    )
+    assert "kind `reward`" in error["message"]
+    grpo["eval_after"] = ["reward"]
+    grpo["method"]["grpo"]["graders"].append({"type": "python", "name": "team", "file": "g.py"})
+    inherited = client.post("/v1/jobs", json=grpo, headers=project.headers)
+    error = assert_error(
+        inherited, 422, "validation_error", ["body", "eval_after", "evaluations", 0, "graders"]
+    )
+    assert "no code directory" in error["message"]
+    listed = client.get("/v1/jobs", headers=project.headers).json()["items"]
+    assert [j["id"] for j in listed] == [sft["id"]]  # nothing refused was stored
