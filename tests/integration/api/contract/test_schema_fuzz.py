@@ -175,8 +175,12 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "space"): None,
 }
 # Error types refused anywhere in a body: a job spec's rules across fields (above), a sweep's
-# rules between its space, metric and base.
-BODY_RULES = ("spec_conflict", "sweep_conflict")
+# rules between its space, metric and base, and a grader's rules no schema states, wherever
+# graders sit (`method.grpo.graders`, a `reward` evaluation's, under a sweep's base): a python
+# grader's `source` defines `grade` and its `file` is a relative `.py` path (and none in an
+# eval job, which has no code directory), a multi grader's names and formula.
+BODY_RULES = ("spec_conflict", "sweep_conflict", "grader_source", "grader_file", "grader_names",
+              "grader_formula")  # fmt: skip
 
 # Under /openai/v1 (OpenAI's error body names one `param`): ids of this project's files and
 # jobs, names of the server's base models (`TORCHYARD_BASE_MODELS`), a file's records.
