@@ -1,8 +1,8 @@
 """The `reward` evaluation of an eval job (`trainer.eval_reward`) on what the trainer wrote.
 
-On a GRPO job's checkpoint with every default, it answers the job's own held-out prompts
-greedily and scores them with the job's graders: its reward equals the `eval_reward` the trainer
-reported at that step, and each stored completion is what greedy decoding by another function
+On a GRPO job's checkpoint and starting weights with every default, it answers the job's own
+held-out prompts greedily and scores them with the job's graders: its reward equals the
+`eval_reward` the trainer reported at that step (and at step 0), and each stored completion is what greedy decoding by another function
 (`trainer.models.gpt.generate`) gives, with the reward the graders' formulas give by hand. On a
 supervised job's starting weights, a prompt dataset and graders of its own score sampled
 completions the same way.
@@ -31,7 +31,15 @@ from tests.support.training import (
 from trainer.evaluate import load_checkpoint_model
 from trainer.models.gpt import generate
 
-STEPS = 6
+STEPS = 2
+# Beside tests.support.grpo's graders, one that scores the prompt's record, not the completion:
+# greedy completions of a tiny model are all alike (their `lower` is 0 at first, 1 two steps
+# later), so without it every prompt would score the same and any prompts would do.
+ANSWER_LENGTH = {
+    "type": "python",
+    "name": "answer_length",
+    "source": "def grade(sample, item):\n    return len(item['answer']) / 10\n",
+}
 EVAL_PROMPTS = 2 * 4  # the trainer's eval.num_batches x micro_batch_size (one rank)
 
 
@@ -46,10 +54,14 @@ def _grpo_spec(data: Path) -> JobSpec:
         model={"seq_len": 48},
         method={
             "kind": "grpo",
-            "grpo": {"group_size": 8, "max_new_tokens": 8, "graders": GRADERS},
+            "grpo": {
+                "group_size": 8,
+                "max_new_tokens": 8,
+                "graders": [*GRADERS, ANSWER_LENGTH],
+            },
         },
         train={"micro_batch_size": 4, "max_steps": STEPS, "log_interval_steps": STEPS},
-        eval={"interval_steps": STEPS, "num_batches": 2},
+        eval={"interval_steps": STEPS, "num_batches": 2, "at_start": True},
         optim={"lr": 1e-2, "warmup_steps": 0},
         checkpoint={"interval_steps": STEPS},
     )
@@ -69,21 +81,24 @@ def test_the_reward_of_a_grpo_checkpoint_is_its_trainers_eval_reward_and_grades_
     events = read_events(tmp_path / "train" / "run")
     done = statuses(events)[-1]["data"]
     uri, step = done["checkpoint_uri"], done["steps"]
-    eval_reward = next(
-        e["values"]["eval_reward"]
+    eval_reward = {
+        e["step"]: e["values"]["eval_reward"]
         for e in events
-        if e["type"] == "metric" and e["step"] == step and "eval_reward" in e["values"]
-    )
+        if e["type"] == "metric" and "eval_reward" in e["values"]
+    }
+    assert sorted(eval_reward) == [0, step]
     held = next(e for e in events if e["type"] == "data")["eval_prompts"]
     assert held >= EVAL_PROMPTS, "the split leaves the trainer's eval batches whole"
 
-    checkpoint = {"id": 1, "step": step, "uri": uri}
     evaluation = {"kind": "reward", "max_prompts": EVAL_PROMPTS}
+    initial, _ = evaluate_in_process(spec, None, [evaluation], tmp_path / "initial")
+    assert initial["reward"]["reward"] == pytest.approx(eval_reward[0], rel=1e-6, abs=1e-9)
+    checkpoint = {"id": 1, "step": step, "uri": uri}
     results, written = evaluate_in_process(spec, checkpoint, [evaluation], tmp_path)
     scored = results["reward"]
-    assert scored["reward"] == pytest.approx(eval_reward, rel=1e-6, abs=1e-9)
+    assert scored["reward"] == pytest.approx(eval_reward[step], rel=1e-6, abs=1e-9)
+    assert scored["reward_std"] > 0, "prompts that differ in reward: which ones counts"
     assert scored["answers"] == EVAL_PROMPTS
-    assert scored["reward/lower"] == pytest.approx(scored["reward"])  # `exact` weighs 0
     assert scored["grader_errors/lower"] == 0 and scored["grader_timeouts/lower"] == 0
     (reported,) = [e for e in written if e["type"] == "evaluation"]
     assert reported["kind"] == "reward" and reported["metrics"] == scored
@@ -100,9 +115,14 @@ def test_the_reward_of_a_grpo_checkpoint_is_its_trainers_eval_reward_and_grades_
         )
         text = bytes(ids.tolist()).decode("utf-8", errors="replace")
         assert sample["completion"] == text
-        exact = float(text.strip() == answers[sample["prompt"]])
-        assert sample["scores"] == {"lower": pytest.approx(_lower(text)), "exact": exact}
-        by_hand.append(_lower(text) + 0.0 * exact)
+        answer = answers[sample["prompt"]]
+        exact, length = float(text.strip() == answer), len(answer) / 10
+        assert sample["scores"] == {
+            "lower": pytest.approx(_lower(text)),
+            "exact": exact,
+            "answer_length": pytest.approx(length),
+        }
+        by_hand.append(_lower(text) + 0.0 * exact + length)
         assert sample["reward"] == pytest.approx(by_hand[-1])
     assert scored["reward"] == pytest.approx(sum(by_hand) / len(by_hand))
     assert scored["reward_std"] == pytest.approx(float(torch.tensor(by_hand).std()), abs=1e-6)
@@ -117,8 +137,8 @@ def test_a_prompt_dataset_and_graders_of_its_own_score_a_supervised_jobs_samples
     graders: list[dict[str, Any]] = [
         {"type": "string_check", "name": "has_x", "operation": "like",
          "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}"},
-        {"type": "python", "name": "length", "weight": 0.5,
-         "source": "def grade(sample, item):\n    return len(sample['output_text']) / 10\n"},
+        {"type": "python", "name": "distinct", "weight": 0.5,
+         "source": "def grade(sample, item):\n    return len(set(sample['output_text'])) / 10\n"},
     ]  # fmt: skip
     evaluation = {
         "kind": "reward",
@@ -143,11 +163,11 @@ def test_a_prompt_dataset_and_graders_of_its_own_score_a_supervised_jobs_samples
     for sample in samples:
         text = sample["completion"]
         assert len(text) <= 6
-        has_x, length = float("x" in text), len(text) / 10
-        assert sample["scores"] == {"has_x": has_x, "length": pytest.approx(length)}
-        rewards.append(has_x + 0.5 * length)
+        has_x, distinct = float("x" in text), len(set(text)) / 10
+        assert sample["scores"] == {"has_x": has_x, "distinct": pytest.approx(distinct)}
+        rewards.append(has_x + 0.5 * distinct)
         assert sample["reward"] == pytest.approx(rewards[-1])
     assert scored["reward"] == pytest.approx(sum(rewards) / len(rewards))
-    assert scored["reward/length"] == pytest.approx(
-        sum(len(s["completion"]) / 10 for s in samples) / 6
+    assert scored["reward/distinct"] == pytest.approx(
+        sum(len(set(s["completion"])) / 10 for s in samples) / 6
     )
