@@ -44,6 +44,13 @@ REWARD_EVAL_METRICS = ("reward", "reward_std", "completion_length", "answers")
 QAT_METRICS = ("eval_loss_qat_fake", "eval_loss_qat_converted")
 
 
+def headline_metrics(method_kind: str) -> tuple[str, str]:
+    """(training, evaluation) metric a built-in trainer job of `method_kind` is read by:
+    GRPO's `reward` and `eval_reward` (higher is better; its `eval_loss` is -eval_reward),
+    else `loss` and `eval_loss` (nats per token, lower is better)."""
+    return ("reward", "eval_reward") if method_kind == "grpo" else ("loss", "eval_loss")
+
+
 def trainer_metrics(
     method_kind: str, *, qat: bool = False, graders: tuple[str, ...] = ()
 ) -> frozenset[str]:

@@ -24,6 +24,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from dataformat.metrics import headline_metrics
 from torchyard.client import Client
 from torchyard.eval_results import fetch_evaluations
 from torchyard.render import STATE_STYLES, log_line
@@ -125,12 +126,14 @@ class _View:
         self.step = 0
         self.warned_stale = False
         self.script = False  # a script or eval job reports metrics of its own choosing
+        self.headline = headline_metrics("sft")  # (training, evaluation) metric shown
         self.task: TaskID = progress.add_task(
-            f"job {job_id}", total=None, loss="-", extra="- tok/s", eta="-"
+            f"job {job_id}", total=None, loss="loss -", extra="- tok/s", eta="-"
         )
 
     def on_job(self, job: Job) -> None:
         self.script = job.kind in ("script", "eval")
+        self.headline = headline_metrics(job.method)
         self.max_steps = job.max_steps or self.max_steps
         self.progress.update(
             self.task, description=f"{job.name} ({job.state})", total=self.max_steps
@@ -161,9 +164,10 @@ class _View:
 
     def on_metric(self, point: MetricPoint) -> None:
         self.latest[point.name] = point.value
-        if point.name == "eval_loss":
+        if point.name == self.headline[1]:
+            said = point.name.replace("_", " ")
             self.progress.console.print(
-                f"step {point.step}: eval loss {format_value(point.value)}", highlight=False
+                f"step {point.step}: {said} {format_value(point.value)}", highlight=False
             )
         self._advance(point.step)
 
@@ -177,7 +181,7 @@ class _View:
         self.progress.update(
             self.task,
             completed=self.step,
-            loss=format_value(self.latest.get("loss")),
+            loss=f"{self.headline[0]} {format_value(self.latest.get(self.headline[0]))}",
             extra=self._extra(),
             eta=format_duration(eta),
         )
@@ -204,7 +208,7 @@ def _columns(job: Job) -> list[ProgressColumn]:
         TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[loss]}"),
         TextColumn("{task.fields[extra]}", markup=False),
         TextColumn("ETA {task.fields[eta]}"),
         TimeElapsedColumn(),

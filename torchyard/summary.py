@@ -52,6 +52,9 @@ class JobSummary:
     # summary, whose metric names are its own.
     metrics: dict[str, float | None] = field(default_factory=dict)
     evaluation: EvalResult | None = None  # an eval job's scores, source and baseline
+    method: str = "sft"  # the built-in trainer's method.kind: GRPO is read by its rewards
+    # GRPO: the held-out reward at the first evaluation, and that evaluation's step
+    first_eval_reward: tuple[int, float] | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -130,7 +133,14 @@ def summarize(
             **job.latest_metrics,
         },
         evaluation=_evaluation(job, evaluations, by_name),
+        method=job.method,
+        first_eval_reward=_first(by_name, "eval_reward"),
     )
+
+
+def _first(series: dict[str, MetricSeries], name: str) -> tuple[int, float] | None:
+    s = series.get(name)
+    return (s.steps[0], s.values[0]) if s and s.values and s.values[0] is not None else None
 
 
 def _evaluation(
@@ -154,6 +164,8 @@ def _figures(summary: JobSummary) -> list[Row]:
         rows: list[Row] = [("command", Text(summary.command or "-"))]
         rows += [(Text(k), format_metric(k, v)) for k, v in sorted(summary.metrics.items())]
         return rows
+    if summary.method == "grpo":
+        return [*_reward_rows(summary), ("tokens/s", format_rate(summary.tokens_per_second))]
     rows = [
         ("train loss", format_value(summary.final_loss)),
         ("eval loss", format_value(summary.final_eval_loss)),
@@ -162,6 +174,16 @@ def _figures(summary: JobSummary) -> list[Row]:
         rows.append(("unigram baseline", f"{format_value(summary.unigram_eval_loss)} (eval)"))
     rows.append(("tokens/s", format_rate(summary.tokens_per_second)))
     return rows
+
+
+def _reward_rows(summary: JobSummary) -> list[Row]:
+    """A GRPO job's figures: its last training reward (the step's completions, graded) and its
+    held-out reward (greedy answers) with the first evaluation's beside it."""
+    held = format_value(summary.metrics.get("eval_reward"))
+    if summary.first_eval_reward is not None:
+        step, value = summary.first_eval_reward
+        held += f" ({format_value(value)} at step {step})"
+    return [("reward", format_value(summary.metrics.get("reward"))), ("eval reward", held)]
 
 
 def render_summary(summary: JobSummary) -> RenderableType:

@@ -150,6 +150,13 @@ class Job(_Model):
         return "eval" if "evaluate" in self.spec else "trainer"
 
     @property
+    def method(self) -> str:
+        """The built-in trainer's `method.kind` (`sft`, `dpo`, `grpo`); `sft` when unset."""
+        section = self.spec.get("method")
+        kind = section.get("kind") if isinstance(section, dict) else None
+        return kind if isinstance(kind, str) else "sft"
+
+    @property
     def eval_source(self) -> EvalSource | None:
         """An eval job's source (job, checkpoint or starting weights); None for another kind."""
         section = self.spec.get("evaluate")

@@ -37,6 +37,7 @@ def test_a_grpo_jobs_reward_charts_lead_its_page(
         job = client.jobs.create(grpo_job(dataset="prompts", pool=pool))
         done = client.jobs.wait(job.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
         assert done.state == "succeeded", (done.error, worker.log[-4000:])
+        (held,) = client.jobs.metrics(job.id, names=["eval_reward"])
     with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
         dash.open(f"/jobs/{job.id}")
         page = dash.page
@@ -78,3 +79,20 @@ def test_a_grpo_jobs_reward_charts_lead_its_page(
         assert "training and" in events and "evaluation prompts (prompt records" in events
         assert dash.fits_width()
         dash.shot("grpo-job", full_page=True)
+        # The jobs list reads it by its rewards too, the held-out one the best reported.
+        dash.open("/jobs")
+        row = page.locator(f"#jobs-table tr[data-job-id='{job.id}']")
+        expect(row.locator("td.loss")).to_contain_text("reward ")
+        cells = {c: row.locator(f"td.{c}").inner_text().split() for c in ("loss", "best-eval")}
+        assert [words[0] for words in cells.values()] == ["reward", "reward"], cells
+        assert float(cells["loss"][1]) == pytest.approx(latest["reward"], rel=1e-3)
+        assert float(cells["best-eval"][1]) == pytest.approx(max(held.values), rel=1e-3)
+        # Compare reads it by its rewards: those charts by default, those results first.
+        dash.open(f"/compare?ids={job.id}")
+        page.wait_for_function("document.getElementById('compare-chart-reward')?.data?.length")
+        results = page.eval_on_selector_all(
+            "#compare-diff tr[data-result]", "(rows) => rows.map((r) => r.dataset.result)"
+        )
+        assert results[3:6] == ["final reward", "final eval reward", "best eval reward"], results
+        best = page.inner_text("#compare-diff tr[data-result='best eval reward'] td")
+        assert float(best) == pytest.approx(max(held.values), rel=1e-3)

@@ -16,6 +16,7 @@ import { TERMINAL, fmtNumber, h, poll, showError, stateBadge } from "./util.js";
 const REFRESH_MS = 2000;
 const MAX_POINTS = 2000;
 const DEFAULT_METRICS = ["loss", "eval_loss"];
+const REWARD_METRICS = ["reward", "eval_reward"]; // GRPO runs are read by their rewards
 // Always fetched: the results table's losses and what the tokens axis is derived from.
 const SUPPORT = ["loss", "eval_loss", "tokens_per_second", "step_time_s"];
 const MAX_SMOOTH = 0.99;
@@ -95,7 +96,8 @@ function diffTable(runs, scores) {
       v instanceof Node ? v : cellText(v))));
   const section = (text) => h("tr", { class: "section" },
     h("th", { colspan: runs.length + 1, class: "muted" }, text));
-  const results = runs.map((r) => finals(r.byName));
+  const rewards = runs.some((r) => r.byName.has("eval_reward") || r.byName.has("reward"));
+  const results = runs.map((r) => finals(r.byName, rewards));
   const steps = runs.map((r) => r.job.current_step);
   return h("table", { id: "compare-diff" },
     h("thead", {}, h("tr", {}, h("th", {}, "field"),
@@ -180,7 +182,8 @@ export function comparePage(root, query) {
 
   function chosenMetrics(names) {
     if (state.metrics) return state.metrics;
-    const defaults = DEFAULT_METRICS.filter((n) => names.includes(n));
+    const preferred = names.includes("reward") ? REWARD_METRICS : DEFAULT_METRICS;
+    const defaults = preferred.filter((n) => names.includes(n));
     return defaults.length ? defaults : names.slice(0, 1);
   }
 

@@ -91,16 +91,25 @@ export function configDiff(specs) {
     .filter(([, values]) => new Set(values.map((v) => JSON.stringify(v))).size > 1);
 }
 
-/** A run's results: [label, value] with the last and the lowest train and eval loss. */
-export function finals(byName) {
+/**
+ * A run's results: [label, value] with the last and the lowest train and eval loss; with
+ * `rewards` (a GRPO run among those compared) first the last training reward and the last
+ * and highest held-out reward, which is what such a run is read by.
+ */
+export function finals(byName, rewards = false) {
   const last = (name) => byName.get(name)?.last?.value;
-  const best = (name) => {
+  const extreme = (name, pick) => {
     const values = (byName.get(name)?.values ?? []).map(plotValue).filter((v) => v !== null);
-    return values.length ? Math.min(...values) : undefined;
+    return values.length ? pick(...values) : undefined;
   };
+  const losses = [
+    ["final loss", last("loss")], ["best loss", extreme("loss", Math.min)],
+    ["final eval loss", last("eval_loss")], ["best eval loss", extreme("eval_loss", Math.min)],
+  ];
+  if (!rewards) return losses;
   return [
-    ["final loss", last("loss")], ["best loss", best("loss")],
-    ["final eval loss", last("eval_loss")], ["best eval loss", best("eval_loss")],
+    ["final reward", last("reward")], ["final eval reward", last("eval_reward")],
+    ["best eval reward", extreme("eval_reward", Math.max)], ...losses,
   ];
 }
 

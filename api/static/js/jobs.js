@@ -34,6 +34,9 @@ function jobRow(job, onLabel) {
   let strategy = script ? scriptBadge() : (job.spec?.parallelism?.strategy ?? "ddp");
   if (evalSourceOf(job)) strategy = evalBadge(); // it trains nothing: no strategy
   const loss = job.latest_metrics?.loss;
+  // GRPO is read by its rewards (its loss is ~0 by construction, its eval_loss -eval_reward)
+  const grpo = job.spec?.method?.kind === "grpo";
+  const reward = (value) => (typeof value === "number" ? `reward ${fmtNumber(value)}` : "–");
   return h("tr", { dataset: { jobId: job.id } },
     h("td", { class: "num" }, h("a", { href: `#/jobs/${job.id}` }, `#${job.id}`)),
     h("td", { class: "name-cell" }, h("a", { href: `#/jobs/${job.id}`, class: "job-name" }, job.name),
@@ -48,9 +51,15 @@ function jobRow(job, onLabel) {
     h("td", { class: "col-strategy" }, strategy),
     h("td", { class: "num col-nodes" }, `${res.nodes ?? 1} × ${res.procs_per_node ?? 1}`),
     progressCell(job),
-    h("td", { class: "num loss" }, fmtNumber(loss)),
-    h("td", { class: "num best-eval", title: "the lowest eval loss reported" },
-      fmtNumber(job.best_eval_loss)),
+    grpo
+      ? h("td", { class: "num loss", title: "the last step's mean reward (GRPO)" },
+        reward(job.latest_metrics?.reward))
+      : h("td", { class: "num loss" }, fmtNumber(loss)),
+    grpo
+      ? h("td", { class: "num best-eval", title: "the highest held-out reward (GRPO)" },
+        reward(typeof job.best_eval_loss === "number" ? -job.best_eval_loss : null))
+      : h("td", { class: "num best-eval", title: "the lowest eval loss reported" },
+        fmtNumber(job.best_eval_loss)),
     h("td", { class: "owner col-owner" }, job.owner ?? "–"),
     h("td", { class: "col-created" }, fmtTime(job.created_at)),
     h("td", { class: "num col-duration" }, fmtDuration(runSeconds(job))),

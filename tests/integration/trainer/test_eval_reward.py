@@ -2,10 +2,10 @@
 
 On a GRPO job's checkpoint and starting weights with every default, it answers the job's own
 held-out prompts greedily and scores them with the job's graders: its reward equals the
-`eval_reward` the trainer reported at that step (and at step 0), and each stored completion is what greedy decoding by another function
-(`trainer.models.gpt.generate`) gives, with the reward the graders' formulas give by hand. On a
-supervised job's starting weights, a prompt dataset and graders of its own score sampled
-completions the same way.
+`eval_reward` the trainer reported at that step (and at step 0), and each stored completion is
+what greedy decoding by another function (`trainer.models.gpt.generate`) gives, with the reward
+the graders' formulas give by hand. On a supervised job's starting weights, a prompt dataset and
+graders of its own score sampled completions the same way.
 """
 
 from __future__ import annotations

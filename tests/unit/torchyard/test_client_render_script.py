@@ -101,7 +101,7 @@ def test_following_a_script_job_shows_its_own_metrics_not_tokens_per_second() ->
     for point in (("accuracy", 0.875), ("loss", 0.5), ("sys/cpu_percent/0", 99.0)):
         view.on_metric(MetricPoint(name=point[0], step=41, value=point[1]))
     fields = progress.tasks[0].fields
-    assert (fields["loss"], fields["extra"]) == ("0.5", "accuracy 0.875")
+    assert (fields["loss"], fields["extra"]) == ("loss 0.5", "accuracy 0.875")
 
     trainer = _View(progress, 1)
     trainer.on_job(Job.model_validate({"id": 1, "name": "t", "state": "running", "max_steps": 9}))
