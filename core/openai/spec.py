@@ -34,8 +34,10 @@ from core.openai.view import (
     FULL_VALID,
     LR_LABEL,
     META_PREFIX,
+    MODEL_LABEL,
     SUFFIX_LABEL,
     base_model,
+    fine_tuned,
 )
 from core.platform.errors import InvalidInput
 from core.platform.settings import BaseModelEntry, Settings
@@ -197,7 +199,11 @@ class FineTuneCreate(_Open):
     model: Annotated[str, Field(min_length=1, max_length=200)]
     """The model to fine-tune: the name of a base model this deployment registers
     (`TORCHYARD_BASE_MODELS`, listed by `GET /openai/v1/models`), which supplies the weights,
-    LoRA settings, sequence length, resources, pool and defaults. 400 for any other name."""
+    LoRA settings, sequence length, resources, pool and defaults; or a model this project
+    fine-tuned (`ft:<base>:<project>:<suffix>:<job id>`, a succeeded job's
+    `fine_tuned_model`), whose final checkpoint the job starts from (`model.init_from`) with
+    its base model's settings, as OpenAI continues a fine-tune (e.g. reinforcement after
+    supervised). 400 for any other name."""
     training_file: _ID
     """The id of a file of this project uploaded with purpose `fine-tune`: records of format
     `messages` or `prompt_completion` for `supervised`, `preference` for `dpo`, `prompt` (or
@@ -244,20 +250,24 @@ def build(
     """(the JobSpec, the resolved hyperparameters) for `body`. Raises InvalidInput naming the
     OpenAI field (`model`, `training_file`, `validation_file`, `method.reinforcement`,
     `hyperparameters`)."""
-    entry = base_model(settings, body.model)
+    parent = fine_tuned(session, project_id, body.model)
+    base = (parent.labels or {})[BASE_LABEL] if parent is not None else body.model
+    entry = base_model(settings, base)
     kind = body.method.type if body.method is not None else "supervised"
     _check_file(session, project_id, body.training_file, "training_file", kind)
     if body.validation_file is not None:
         _check_file(session, project_id, body.validation_file, "validation_file", kind)
     hyper = _resolve(entry, _given(body, kind), kind)
-    labels = {BASE_LABEL: body.model, LR_LABEL: repr(hyper["learning_rate_multiplier"])}
+    labels = {BASE_LABEL: base, LR_LABEL: repr(hyper["learning_rate_multiplier"])}
     if kind == "reinforcement":
         labels[COMPUTE_LABEL] = repr(hyper["compute_multiplier"])
+    if parent is not None:
+        labels[MODEL_LABEL] = body.model
     if body.suffix:
         labels[SUFFIX_LABEL] = body.suffix
     labels.update({META_PREFIX + k: v for k, v in (body.metadata or {}).items()})
     ours: dict[str, Any] = {
-        "name": _name(body.model, body.suffix),
+        "name": _name(base, body.suffix),
         "labels": labels,
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
         "model": {"kind": "hf", "hf": {"path_or_id": entry.path}, "seq_len": entry.seq_len},
@@ -268,6 +278,8 @@ def build(
         "train": {"micro_batch_size": hyper["batch_size"], "epochs": hyper["n_epochs"]},
         "resources": {**entry.resources, "pool": entry.pool},
     }
+    if parent is not None:  # its final checkpoint (adapters merged into the base weights)
+        ours["model"]["init_from"] = {"job": parent.id}
     if kind == "reinforcement":
         ours["eval"] = _eval(hyper)
     if body.validation_file is not None and kind == "supervised":

@@ -36,6 +36,9 @@ CHECKPOINT_PREFIX = "ftckpt-"
 BASE_LABEL = "openai.base"
 FULL_VALID = "full_valid"  # the eval_after evaluation behind `full_valid_loss`
 SUFFIX_LABEL = "openai.suffix"
+# A continued fine-tune's `model` as given (`ft:...` of the job it starts from); its base model
+# is BASE_LABEL's, which names the fine-tuned model it makes
+MODEL_LABEL = "openai.model"
 LR_LABEL = "openai.lr_multiplier"
 COMPUTE_LABEL = "openai.compute_multiplier"  # a reinforcement job's, as given (or 1.0)
 META_PREFIX = "openai.meta."
@@ -188,7 +191,7 @@ def job_object(job: Job, trained_tokens: int | None = None) -> dict[str, Any]:
         "object": "fine_tuning.job",
         "created_at": ts(job.created_at),
         "finished_at": ts(job.finished_at),
-        "model": labels[BASE_LABEL],
+        "model": labels.get(MODEL_LABEL, labels[BASE_LABEL]),
         "fine_tuned_model": model_name(job) if job.state == JobState.SUCCEEDED else None,
         "organization_id": job.project_id,
         "status": STATUS.get(JobState(job.state), "running"),
@@ -349,16 +352,25 @@ def fine_tune_object(job: Job) -> dict[str, Any]:
     }
 
 
+def fine_tuned(session: Session, project_id: str, model_id: str) -> Job | None:
+    """The succeeded fine-tuning job of project `project_id` whose model is `model_id`
+    (`ft:<base>:<project>:<suffix>:<job id>`, exactly as `model_name` writes it); None for any
+    other id, another project's model or a job that has not succeeded."""
+    last = model_id.rsplit(":", 1)[-1]
+    if not (model_id.startswith("ft:") and last.isdigit() and len(last) <= 18):
+        return None
+    job = jobs.get(session=session, job_id=int(last), project_id=project_id)
+    if job is None or not is_fine_tune(job) or job.state != JobState.SUCCEEDED:
+        return None
+    return job if model_name(job) == model_id else None
+
+
 def find_model(
     session: Session, settings: Settings, project_id: str, model_id: str
 ) -> dict[str, Any]:
     """One model by id. Raises NotFound (404)."""
     if model_id in settings.base_models:
         return base_model_object(model_id)
-    last = model_id.rsplit(":", 1)[-1]
-    if model_id.startswith("ft:") and last.isdigit() and len(last) <= 18:
-        job = jobs.get(session=session, job_id=int(last), project_id=project_id)
-        if job is not None and is_fine_tune(job) and job.state == JobState.SUCCEEDED:  # noqa: SIM102
-            if model_name(job) == model_id:
-                return fine_tune_object(job)
+    if (job := fine_tuned(session, project_id, model_id)) is not None:
+        return fine_tune_object(job)
     raise NotFound(f"model {model_id[:200]!r} not found")

@@ -53,9 +53,10 @@ class BaseModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(description="A local Hugging Face directory under an allowed data root.")
-    lora: dict[str, Any] = Field(
+    lora: dict[str, Any] | None = Field(
         default_factory=lambda: {"r": 8, "alpha": 16},
-        description="The `lora` section of the jobs fine-tuning it.",
+        description="The `lora` section of the jobs fine-tuning it; null: they train every "
+        "weight (a small model a deployment lets teams fine-tune in full).",
     )
     seq_len: int = Field(default=512, ge=8, description="`model.seq_len` of its jobs (tokens).")
     learning_rate: float = Field(
