@@ -15,6 +15,8 @@
   re-checked the loss. No policy here.
 - Priority preemption (`core.scheduling.preemption_apply`) on the pools `TORCHYARD_PREEMPTION_POOLS`
   enables: running jobs of lower priority yield to a queued job that does not fit.
+- Training sessions (`/tinker`) whose client is silent past `session_idle_timeout_s` end
+  (`core.sessions.service.end_idle`), on a reconcile of every pool.
 - A job `queued` for longer than `redispatch_after_s` may have lost its message (broker
   restart, a send that failed after the commit): send `workers.run_job` again. A duplicate is
   harmless, the claim fences it.
@@ -57,6 +59,7 @@ from core.jobs.service import ACTIVE_STATES
 from core.platform.settings import Settings
 from core.platform.tables import Job, JobNode, JobState, Worker, aware, utcnow
 from core.scheduling import preemption_apply as preempt
+from core.sessions import service as sessions
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ class Report:
     cancelled: list[int] = field(default_factory=list)
     paused: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    sessions_ended: list[str] = field(default_factory=list)  # idle training sessions
 
 
 _REPORTED = {
@@ -162,9 +166,26 @@ def reconcile(
             if bumped.rowcount == 1:  # type: ignore[attr-defined]
                 _send(dispatch, job_id, pool)
                 report.redispatched.append(job_id)
+    if pools is None:
+        report.sessions_ended = end_idle_sessions(
+            settings=settings, session_factory=session_factory, now=now
+        )
     if any(dataclasses.astuple(report)):
         log.info("reconcile: %s", report)
     return report
+
+
+def end_idle_sessions(
+    *, settings: Settings, session_factory: Callable[[], Session], now: datetime
+) -> list[str]:
+    """End the training sessions (`/tinker`) whose client sent no heartbeat for
+    `session_idle_timeout_s` (`core.sessions.service.end_idle`); their ids."""
+    with session_factory() as session:
+        ended = sessions.end_idle(
+            session=session, idle_timeout_s=settings.session_idle_timeout_s, now=now
+        )
+        session.commit()
+    return ended
 
 
 def preempt_pools(

@@ -34,6 +34,13 @@ class TooLarge(DomainError):
     code = "payload_too_large"
 
 
+class Gone(DomainError):
+    """The resource existed and has ended for good (a training session past its idle timeout):
+    410, which the Tinker client takes as "stop" (its heartbeat loop ends)."""
+
+    code = "gone"
+
+
 class Unauthorized(DomainError):
     code = "unauthorized"
 

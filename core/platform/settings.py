@@ -391,6 +391,13 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(
         default=10.0, gt=0, description="Seconds a webhook receiver has to answer one delivery."
     )
+    session_idle_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A training session (the Tinker-compatible API, `/tinker`) whose client sent "
+        "no heartbeat for this many seconds is ended by the reconcile loop (its client beats "
+        "every 10 s).",
+    )
 
     @field_validator("webhook_allow", "preemption_pools", mode="before")
     @classmethod

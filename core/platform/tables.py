@@ -2,7 +2,7 @@
 
 Every resource hangs off a project; API keys belong to one project and see only its rows.
 
-One module of ~650 lines, on purpose: every table on one declarative `Base`, read side by side with
+One module of ~900 lines, on purpose: every table on one declarative `Base`, read side by side with
 the Alembic revisions that are their only way to change; the relationships name each other, and
 splitting them by domain would make every domain package import every other's rows.
 """
@@ -834,3 +834,38 @@ class SweepTrial(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class SessionState(enum.StrEnum):
+    """A training session's states (core/sessions/service.py moves them)."""
+
+    ACTIVE = "active"  # its client heartbeats
+    ENDED = "ended"  # idle past `session_idle_timeout_s` (`ended_reason` says so); final
+
+
+class TrainingSession(Base):
+    """A training session of the Tinker-compatible API (0025, issue 47): one client's
+    `ServiceClient`, created by `POST /tinker/api/v1/create_session` and kept by its heartbeats.
+    `tags`, `user_metadata`, `display_name` and `sdk_version` are the client's, as it sent them;
+    `request_key` its `X-Idempotency-Key`, so a create it retried makes one session."""
+
+    __tablename__ = "training_sessions"
+    __table_args__ = (
+        Index("ix_training_sessions_project_id_created_at", "project_id", "created_at"),
+        Index("ix_training_sessions_state_last_heartbeat_at", "state", "last_heartbeat_at"),
+        UniqueConstraint("project_id", "request_key", name="uq_training_sessions_request_key"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    owner: Mapped[str | None] = mapped_column(String(255), default=None)  # the caller's actor
+    state: Mapped[str] = mapped_column(String(20), default=SessionState.ACTIVE)
+    tags: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    display_name: Mapped[str | None] = mapped_column(String(200), default=None)
+    sdk_version: Mapped[str] = mapped_column(String(40))
+    request_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    ended_reason: Mapped[str | None] = mapped_column(Text, default=None)

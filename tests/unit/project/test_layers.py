@@ -98,6 +98,7 @@ CORE_STACK = (
     "submission",
     "attempts",
     "sweeps",
+    "sessions",
     "openai",
 )
 

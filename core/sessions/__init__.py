@@ -1,0 +1,1 @@
+"""Training sessions of the Tinker-compatible API (`/tinker`): `service.py`."""
