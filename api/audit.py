@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 import anyio
+from fastapi import Request
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
@@ -34,6 +35,21 @@ log = logging.getLogger("torchyard.audit")
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _CREATED_BODY_MAX = 64 * 1024
+_QUIET = "audit_quiet"
+_TARGET = "audit_target"
+
+
+def not_audited(request: Request) -> None:
+    """A route dependency: this POST only reads or keeps something alive (the Tinker client's
+    config fetches and its heartbeat every 10 s), so it is audited only when refused (401,
+    403), not on every call."""
+    setattr(request.state, _QUIET, True)
+
+
+def name_target(request: Request, target: str) -> None:
+    """Name what the request acted on in its audit row, where no path parameter and no `id`
+    of a 201 body does (a created Tinker session: `session_id` of a 200)."""
+    setattr(request.state, _TARGET, target)
 
 
 class AuditLog:
@@ -68,7 +84,8 @@ class AuditLog:
         try:
             await self.app(scope, receive, send_and_watch)
         finally:
-            if mutating or status in (401, 403):
+            quiet = bool((scope.get("state") or {}).get(_QUIET))
+            if (mutating and not quiet) or status in (401, 403):
                 event = self._event(scope, status, b"".join(created or ()))
                 with anyio.CancelScope(shield=True):  # a client that hung up is still audited
                     await run_in_threadpool(self._write, event)
@@ -80,7 +97,7 @@ class AuditLog:
             principal = None
         route = scope.get("route")
         params = scope.get("path_params") or {}
-        target = next((str(value) for value in params.values()), None)
+        target = state.get(_TARGET) or next((str(value) for value in params.values()), None)
         if target is None and created_body:
             target = _created_id(created_body)
         if principal is None:

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from core.access import auth, oidc
-from core.platform.errors import Forbidden
+from core.platform.errors import Forbidden, Unauthorized
 from core.platform.server_paths import ServerPaths
 from core.platform.settings import Settings
 
@@ -84,13 +84,47 @@ get_principal.permission = "authenticated"  # type: ignore[attr-defined]
 
 CurrentPrincipal = Annotated[auth.Principal, Depends(get_principal)]
 
+# The official `tinker` client sends its key as `X-API-Key` and refuses, before any request, a
+# key that does not start with `tml-` or look like a JWT (docs/TINKER-WIRE.md). So under
+# `/tinker` a Torchyard key is given as `tml-<key>`: the same key, row, role, scopes, audit
+# trail and revocation, only spelled so the client sends it. An SSO token (a JWT) goes as it is.
+TINKER_KEY_PREFIX = "tml-"
+_tinker_key = APIKeyHeader(
+    name="X-API-Key",
+    auto_error=False,
+    description="`tml-` then an API key (`tml-ty_...`), as the `tinker` client sends it.",
+)
+
+
+def get_tinker_principal(
+    request: Request,
+    session: SessionDep,
+    key: Annotated[str | None, Depends(_tinker_key)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> auth.Principal:
+    """The caller under `/tinker`: `X-API-Key: tml-<key>` (or `Authorization: Bearer <key>`,
+    as under `/v1`). Raises Unauthorized (401) for a missing, unknown or revoked key."""
+    secret = key if key is not None else (credentials.credentials if credentials else None)
+    if not secret:
+        raise Unauthorized(f"missing API key: send 'X-API-Key: {TINKER_KEY_PREFIX}<key>'")
+    principal = resolve_principal(request, session, secret.removeprefix(TINKER_KEY_PREFIX))
+    request.state.principal = principal
+    return principal
+
+
+get_tinker_principal.permission = "authenticated"  # type: ignore[attr-defined]
+TinkerPrincipal = Annotated[auth.Principal, Depends(get_tinker_principal)]
+
 
 def require(
     permission: auth.Permission,
+    caller: Callable[..., auth.Principal] = get_principal,
 ) -> Callable[[auth.Principal], Coroutine[Any, Any, auth.Principal]]:
-    """A dependency: the caller, when its role and scopes allow `permission`; else 403."""
+    """A dependency: the caller (as `caller` finds it), when its role and scopes allow
+    `permission`; else 403."""
 
-    async def dependency(principal: CurrentPrincipal) -> auth.Principal:
+    # A default, not `Annotated[...]`: annotations are strings here, and `caller` is local.
+    async def dependency(principal: auth.Principal = Depends(caller)) -> auth.Principal:
         auth.check(principal, permission)
         return principal
 
@@ -117,3 +151,10 @@ DatasetsWritePrincipal = Annotated[auth.Principal, Depends(require(auth.Permissi
 AdminPrincipal = Annotated[auth.Principal, Depends(require(auth.Permission.ADMIN))]
 # Organisation admins: create and list projects.
 OrgAdminPrincipal = Annotated[auth.Principal, Depends(require_org_admin)]
+# The same under `/tinker` (the key as the `tinker` client sends it).
+TinkerReadPrincipal = Annotated[
+    auth.Principal, Depends(require(auth.Permission.READ, get_tinker_principal))
+]
+TinkerJobsWritePrincipal = Annotated[
+    auth.Principal, Depends(require(auth.Permission.JOBS_WRITE, get_tinker_principal))
+]

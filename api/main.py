@@ -47,6 +47,7 @@ from api.routes import (
     spec,
     streams,
     sweeps,
+    tinker,
     usage,
     webhooks,
     workers,
@@ -156,7 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas, workers)
     domains = (sweeps, usage, webhooks, audit)
     access = (projects, members, service_accounts, keys)
-    for module in (*routers, *domains, *access, openai_files, openai_jobs):
+    for module in (*routers, *domains, *access, openai_files, openai_jobs, tinker):
         permissions.document(module.router)  # x-permission on each operation
         app.include_router(module.router)
 

@@ -39,7 +39,12 @@ from tests.integration.api.conftest import job_spec, submit
 
 _METHODS = ("get", "post", "put", "patch", "delete")
 # Routes anyone may call, without a key. Any other route must document its permission.
-PUBLIC = {("get", "/healthz"), ("get", "/readyz"), ("get", "/v1/spec/schema")}
+PUBLIC = {
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/v1/spec/schema"),
+    ("get", "/tinker/api/v1/healthz"),
+}
 # Valid bodies for the routes with path parameters and a required body (so a 404 is about the
 # resource, not a 422 about the body).
 BODIES: dict[str, Any] = {
@@ -48,6 +53,7 @@ BODIES: dict[str, Any] = {
     "quotas_set": {"max_slots": 2},
     "webhooks_update": {"description": "renamed"},
     "jobs_update": {"note": "checked"},
+    "tinker_sessions_finish": {"reason": {"type": "success"}},
 }
 # Path parameters that name something every project shares (a pool), not a resource of one
 # project: such routes act on the caller's own project and are not part of the 404 test.
@@ -113,6 +119,7 @@ class World:
     secret_id: str = ""
     delivery_id: str = ""
     sweep_id: int = 0
+    session_id: str = ""  # a training session (`/tinker`)
     principals: dict[str, tuple[auth.Principal, str]] = field(default_factory=dict)
 
 
@@ -133,11 +140,12 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("openai", "job_id"): lambda w: f"{JOB_PREFIX}{w.job_id}",
     ("openai", "file_id"): lambda w: w.file_id,
     ("openai", "model_id"): lambda w: w.model_id,
+    ("tinker", "session_id"): lambda w: w.session_id,
 }
 
 
 def url(world: World, op: Operation) -> str:
-    area = "openai" if op.path.startswith("/openai/") else "v1"
+    area = op.path.split("/")[1] if op.path.startswith(("/openai/", "/tinker/")) else "v1"
     path = op.path
     for name in op.path_params:
         fill = PATH_PARAMS.get((area, name))
@@ -249,6 +257,13 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
         "space": {"optim.lr": {"choice": [1e-3, 1e-2]}},
     }
     world.sweep_id = int(_post(client, owner, "/v1/sweeps", sweep)["id"])
+    created = client.post(
+        "/tinker/api/v1/create_session",
+        json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"},
+        headers=owner.headers,
+    )
+    assert created.status_code == 200, created.text
+    world.session_id = created.json()["session_id"]
     _principal_keys(client, engine, world)
     return world
 

@@ -53,7 +53,13 @@ SECRET = auth.KEY_PREFIX + secrets.token_urlsafe(32)
 def _config(*, coverage_of_specs: bool) -> SchemathesisConfig:
     return SchemathesisConfig.from_dict(
         {
-            "auth": {"openapi": {"HTTPBearer": {"bearer": SECRET}}},
+            # Under /tinker the key goes as the `tinker` client sends it (`X-API-Key: tml-...`).
+            "auth": {
+                "openapi": {
+                    "HTTPBearer": {"bearer": SECRET},
+                    "APIKeyHeader": {"api_key": f"tml-{SECRET}"},
+                }
+            },
             "checks": {"enabled": True},
             "phases": {
                 "examples": {"enabled": True},
@@ -173,6 +179,8 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "base", "limits", "max_cost"): None,
     ("body", "base"): "spec_conflict",
     ("body", "space"): None,
+    # A Tinker session's `project_id`, when given, must be the key's own project (id or name).
+    ("body", "project_id"): "value_error",
 }
 # Error types refused anywhere in a body: a job spec's rules across fields (above), a sweep's
 # rules between its space, metric and base, and a grader's rules no schema states, wherever
