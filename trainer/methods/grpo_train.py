@@ -203,11 +203,16 @@ class GRPOMethod:
             group.ref_logps = self._reference_logps(group)
 
     def _forward(self, model: nn.Module, group: Group) -> tuple[Tensor, Tensor]:
-        """`model`'s logits (G, C, V) at `group`'s completion positions, and the (G, C) fp32
+        """`model`'s logits (G, C, V) at `group`'s completion positions divided by the sampling
+        temperature (the distribution the completions were drawn from, as TRL scales them for
+        the policy, the sampling policy and the reference alike), and the (G, C) fp32
         log-probabilities of its completion tokens."""
         start = group.prompt_ids.numel() - 1
         with autocast(group.prompt_ids.device, self.precision):
             logits = model(group.ids)[:, start:-1]
+        temperature = self.sampling.temperature
+        if temperature not in (0.0, 1.0):  # 0: greedy evaluation, which takes no step
+            logits = logits / temperature
         return logits, token_logps(logits, group.completion_ids)
 
     def accumulate_groups(
