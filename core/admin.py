@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sqlalchemy.engine import make_url
+
 from core.access import auth
 from core.platform.db import get_engine, session_scope, upgrade
 from core.platform.settings import get_settings
@@ -33,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     if args.command == "migrate":
-        upgrade(settings.database_url)
-        print(f"migrated {get_engine(settings).url.render_as_string(hide_password=True)}")
+        upgrade(settings.database_direct_url)  # DDL straight to Postgres, not through a pooler
+        shown = make_url(settings.database_direct_url).render_as_string(hide_password=True)
+        print(f"migrated {shown}")
         return 0
     with session_scope(get_engine(settings)) as session:
         project = auth.get_project_by_name(session=session, name=args.project)

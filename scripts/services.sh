@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure PostgreSQL (127.0.0.1:5432, trust auth for local TCP) and Redis (127.0.0.1:6379)
+# Make sure PostgreSQL (127.0.0.1:5432, trust auth for local TCP), PgBouncer in front of it
+# (127.0.0.1:6432, transaction pooling, any database by its own name) and Redis (127.0.0.1:6379)
 # are running: start them when installed but stopped, install them with apt when absent; and
 # that bubblewrap (`bwrap`, the workers' job sandbox) and nftables (`nft`, their network
 # fence) are installed.
@@ -30,6 +31,46 @@ if ! pg_up; then
   pg_up || { echo "services: PostgreSQL did not start" >&2; exit 1; }
 fi
 
+# PgBouncer as production puts it between the API and workers and Postgres (README's
+# Deployment; the controller connects directly): the tests of that path and bench/fleet.py
+# connect through it. Trust auth as Postgres' own on loopback; postgres may use its admin
+# console (`psql -h 127.0.0.1 -p 6432 -U postgres pgbouncer -c 'SHOW POOLS'`).
+pgbouncer_up() { pg_isready -q -h 127.0.0.1 -p 6432 2>/dev/null; }
+if ! pgbouncer_up; then
+  if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "services: installing PgBouncer" >&2
+    apt_install pgbouncer
+  fi
+  # Root (CI) keeps it beside the package's files and runs it as postgres (PgBouncer refuses
+  # to run as root); anyone else in a directory of their own, as themselves.
+  if [ "$(id -u)" = 0 ]; then dir=/etc/pgbouncer; user=(-u postgres); else
+    dir=${XDG_RUNTIME_DIR:-/tmp}/torchyard-pgbouncer; user=(); fi
+  mkdir -p "$dir"
+  echo '"postgres" ""' > "$dir/torchyard-users.txt"
+  cat > "$dir/torchyard.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=5432
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = 6432
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/torchyard-users.txt
+admin_users = postgres
+stats_users = postgres
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 4000
+server_idle_timeout = 60
+logfile = $dir/torchyard.log
+pidfile = $dir/torchyard.pid
+INI
+  [ "$(id -u)" = 0 ] && chown -R postgres: "$dir"
+  /usr/sbin/pgbouncer -d "${user[@]}" "$dir/torchyard.ini"
+  for _ in $(seq 1 40); do pgbouncer_up && break; sleep 0.25; done
+  pgbouncer_up || { echo "services: PgBouncer did not start" >&2; exit 1; }
+fi
+
 if ! redis_up; then
   if ! command -v redis-server >/dev/null; then
     echo "services: installing Redis" >&2
@@ -53,4 +94,4 @@ if ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; then
   echo "services: installing nftables" >&2
   apt_install nftables
 fi
-echo "services: postgres, redis, bwrap and nft are up" >&2
+echo "services: postgres, pgbouncer, redis, bwrap and nft are up" >&2

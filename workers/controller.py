@@ -11,8 +11,10 @@ itself, every `RECONCILE_INTERVAL_S`, whatever the workers are doing:
 Run one or more per deployment: exactly one leads. On Postgres the leader holds a
 session-level advisory lock (`pg_try_advisory_lock(LOCK_KEY)`) on a connection of its own;
 the others try it every interval, so when the leader dies (its connection closes with it) a
-standby leads within an interval or two. On SQLite (the embedded default, one host) the lock
-is an `flock` on `<home>/controller.lock`.
+standby leads within an interval or two. A pooler in transaction mode would hand that session's
+server connection to others between statements, so the controller connects to
+`database_direct_url` (Postgres itself), not PgBouncer. On SQLite (the embedded default, one
+host) the lock is an `flock` on `<home>/controller.lock`.
 
 Silence (a worker's or a heartbeat's) is judged only once this process has been in touch with
 the database for `worker_timeout_s` without a gap (`reconcile`'s `steady_s`): a standby that
@@ -213,7 +215,7 @@ def run(
         from workers.tasks import dispatch as send_run_job
 
         dispatch = send_run_job
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_direct_url)  # never through a transaction pooler
     factory = session_factory(engine)
     leadership = Leadership(engine, settings.home)
     steady = Steadiness()

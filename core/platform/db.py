@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.platform.settings import Settings, get_settings
@@ -22,7 +23,14 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
 def make_engine(database_url: str) -> Engine:
-    """An engine for `database_url`. SQLite gets WAL, a busy timeout and enforced foreign keys."""
+    """An engine for `database_url`. SQLite gets WAL, a busy timeout and enforced foreign keys.
+
+    On Postgres through psycopg (3), no statement is prepared on the server: psycopg prepares a
+    query it has run five times on a connection, and behind PgBouncer in transaction pooling
+    (README's Deployment) the next transaction may run on another server connection, where
+    the prepared name is missing or taken ("prepared statement "_pg3_0" already exists").
+    Nothing else here needs a session of its own, except the controller's leader lock, which
+    connects to `database_direct_url` (`Settings`)."""
     if database_url.startswith("sqlite"):
         path = database_url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -40,10 +48,19 @@ def make_engine(database_url: str) -> Engine:
         return engine
     return create_engine(
         database_url,
+        connect_args=connect_args(database_url),
         pool_pre_ping=True,
         pool_size=10,
         max_overflow=20,
         json_deserializer=_json_loads,
+    )
+
+
+def connect_args(database_url: str) -> dict[str, Any]:
+    """The driver's arguments of a Postgres engine: psycopg prepares no statement on the server
+    (`make_engine`); other drivers (psycopg2) never do."""
+    return (
+        {"prepare_threshold": None} if make_url(database_url).get_driver_name() == "psycopg" else {}
     )
 
 

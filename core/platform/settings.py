@@ -112,6 +112,12 @@ class Settings(BaseSettings):
         default=Path(".torchyard"), description="Local state for the embedded default."
     )
     database_url: str = Field(default="", description="SQLAlchemy URL; SQLite under home if empty.")
+    database_direct_url: str = Field(
+        default="",
+        description="Postgres itself, when `database_url` is PgBouncer in transaction pooling: "
+        "the controller leads by a session-level advisory lock, which a pooled connection "
+        "would lose, and migrations run here too. Empty: `database_url`.",
+    )
     broker_url: str = Field(
         default="filesystem://", description="Celery broker; `filesystem://` needs no server."
     )
@@ -413,6 +419,8 @@ class Settings(BaseSettings):
     def _defaults_and_production_checks(self) -> Settings:
         if not self.database_url:
             self.database_url = f"sqlite:///{(self.home / 'torchyard.db').resolve()}"
+        if not self.database_direct_url:
+            self.database_direct_url = self.database_url
         if not self.storage_url:
             self.storage_url = str((self.home / "storage").resolve())
         if self.worker_timeout_s < 2 * self.worker_heartbeat_interval_s:

@@ -4,6 +4,10 @@ Optuna (`optuna.storages.RDBStorage`) keeps every study in our own database, so 
 controller and every worker ask and tell the same study: on Postgres in a schema of its own,
 `optuna` (migration 0019; Optuna's tables include an `alembic_version` of its own), on SQLite
 in a file beside the database (`<name>-optuna.db`). Optuna creates its tables on first use.
+Optuna's engine puts its schema first on the search path at the start of each transaction
+(`SET LOCAL`, the `SearchPath` engine plugin), not for the connection's life (libpq's
+`options`): behind PgBouncer in transaction pooling (README's Deployment) each transaction may
+run on another server connection, and PgBouncer refuses `options` at connect.
 
 Optuna is imported inside the functions: the API imports this module, and a process that never
 touches a sweep does not pay for it.
@@ -14,8 +18,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine, event
+from sqlalchemy.dialects import plugins
+from sqlalchemy.engine import URL, CreateEnginePlugin, make_url
 
+from core.platform import db
 from jobspec.sweep import Dimension, SweepSpec, grid_size
 
 if TYPE_CHECKING:
@@ -24,6 +31,30 @@ if TYPE_CHECKING:
 SCHEMA = "optuna"
 _storages: dict[str, Any] = {}
 _lock = threading.Lock()
+
+
+class SearchPath(CreateEnginePlugin):
+    """An engine plugin (SQLAlchemy's `CreateEnginePlugin`, named `torchyard_search_path`): the
+    engine's every transaction starts with `SET LOCAL search_path TO <schema>`, the schema
+    given as the `search_path` argument of `create_engine`. Optuna makes its engine itself
+    (and queries through it before returning), so its arguments are the only way in."""
+
+    def __init__(self, url: URL, kwargs: dict[str, Any]) -> None:
+        super().__init__(url, kwargs)
+        self.schema = str(kwargs.pop("search_path"))
+
+    def update_url(self, url: URL) -> URL:
+        return url  # nothing of the plugin's is in the URL
+
+    def engine_created(self, engine: Engine) -> None:
+        statement = f'SET LOCAL search_path TO "{self.schema}"'
+
+        @event.listens_for(engine, "begin")
+        def _search_path(conn) -> None:  # type: ignore[no-untyped-def]
+            conn.exec_driver_sql(statement)
+
+
+plugins.register("torchyard_search_path", __name__, "SearchPath")
 
 
 def storage_url(database_url: str) -> tuple[str, dict[str, Any]]:
@@ -37,7 +68,12 @@ def storage_url(database_url: str) -> tuple[str, dict[str, Any]]:
         return url.set(database=f"{stem}-optuna.db").render_as_string(hide_password=False), {}
     return (
         url.render_as_string(hide_password=False),
-        {"connect_args": {"options": f"-csearch_path={SCHEMA}"}, "pool_pre_ping": True},
+        {
+            "plugins": ["torchyard_search_path"],
+            "search_path": SCHEMA,
+            "connect_args": db.connect_args(database_url),  # as `make_engine`'s: none prepared
+            "pool_pre_ping": True,
+        },
     )
 
 

@@ -72,13 +72,14 @@ class Fence:
 
 
 def targets(settings: Settings, extra: list[str] | None = None) -> list[Target]:
-    """The control plane's TCP destinations: the database's and the broker's (a SQLite file or
+    """The control plane's TCP destinations: the database's (PgBouncer's and Postgres' own when
+    both are set) and the broker's (a SQLite file or
     the filesystem broker have none) and each `host:port` of `extra` (`[v6]:port` for an IPv6
     literal), every host name resolved to all its addresses. Unresolvable names are logged and
     left out (the worker could not reach them either). Raises ValueError for an `extra` entry
     without a port."""
     found: list[Target] = []
-    for url in (settings.database_url, settings.broker_url):
+    for url in (settings.database_url, settings.database_direct_url, settings.broker_url):
         parts = urlsplit(url)
         scheme = parts.scheme.split("+", 1)[0]
         if scheme in DEFAULT_PORTS and parts.hostname:

@@ -52,3 +52,17 @@ def test_an_s3_storage_url_comes_with_the_s3_filesystem_in_the_image() -> None:
     ]
     assert any(dep.startswith("s3fs") for dep in extras["s3"])
     assert 'pip install -e ".[all,s3]"' in (REPO_ROOT / "Dockerfile").read_text()
+
+
+def test_the_services_reach_postgres_through_pgbouncer_and_the_controller_directly() -> None:
+    """Transaction pooling for the many clients (API, workers); Postgres itself for what needs a
+    session of its own (the controller's leader lock, migrations: Settings.database_direct_url)."""
+    services = _compose()["services"]
+    pooler = services["pgbouncer"]["environment"]
+    assert pooler["POOL_MODE"] == "transaction"
+    assert pooler["DATABASE_URL"].split("@")[1] == "postgres:5432/torchyard"
+    env = services["api"]["environment"]
+    assert "@pgbouncer:6432/" in env["TORCHYARD_DATABASE_URL"]
+    assert "@postgres:5432/" in env["TORCHYARD_DATABASE_DIRECT_URL"]
+    for name in ("api", "worker", "exporter"):
+        assert services[name]["depends_on"]["pgbouncer"] == {"condition": "service_healthy"}
