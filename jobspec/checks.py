@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from dataformat.records import LOSS_ON_BY_FORMAT
-from jobspec.method_checks import method_errors
+from jobspec.method_checks import grpo_code_errors, method_errors
 
 if TYPE_CHECKING:
     from jobspec.job import JobSpec, LoRASpec
@@ -24,10 +24,13 @@ GPT_LINEAR_MODULES = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc", "mlp
 GPT_SAVABLE_MODULES = ("wpe", "ln_f", "ln_1", "ln_2")
 
 
-def get_path(spec: BaseModel, loc: tuple[str, ...]) -> Any:
+def get_path(spec: BaseModel, loc: tuple[str | int, ...]) -> Any:
     value: Any = spec
     for part in loc:
-        value = getattr(value, part)
+        if isinstance(part, int) or isinstance(value, dict):  # a list's item, a dict's value
+            value = value[part]
+        else:
+            value = getattr(value, part)
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
@@ -78,11 +81,11 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def submission_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def submission_errors(spec: JobSpec) -> list[tuple[tuple[str | int, ...], str]]:
     """(path, message) for the rules a spec is held to when submitted but not when read back
     (`jobspec.job.STORED`): they came after specs that break them were accepted and stored, and
     a stored job, its checkpoints and exports must still read (issue 45)."""
-    errors: list[tuple[tuple[str, ...], str]] = []
+    errors: list[tuple[tuple[str | int, ...], str]] = [*grpo_code_errors(spec)]
     if (spec.lora is not None or spec.qlora is not None) and not has_pretrained_weights(spec):
         field = "lora" if spec.lora is not None else "qlora"
         errors.append(

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from jobspec.base import StrictSpec
-from jobspec.graders import AnyGrader, Graders, MultiGrader, PythonGrader
+from jobspec.graders import AnyGrader, Graders, file_graders
 from jobspec.method import GRPOSpec
 
 EVAL_NAME: Final = r"^[A-Za-z][A-Za-z0-9_-]{0,39}$"
@@ -254,11 +254,11 @@ class RewardEval(StrictSpec):
     def _graders_run_without_code(cls, graders: list[AnyGrader] | None) -> list[AnyGrader] | None:
         found = file_graders(graders or [])
         if found:
-            index, where = found[0]
+            index, inside, _ = found[0]
             raise PydanticCustomError(
                 "grader_file",
                 "graders[{index}]{where}.file: {why}",
-                {"index": index, "where": where, "why": NO_CODE_DIRECTORY},
+                {"index": index, "where": _dotted(inside), "why": NO_CODE_DIRECTORY},
             )
         return graders
 
@@ -306,8 +306,8 @@ class RewardEval(StrictSpec):
                 why = "required: the source job is not a GRPO job (it has no graders)"
                 errors.append((("graders",), f"{why}; give the graders that score a completion"))
         elif self.graders is None:
-            for index, where in file_graders(grpo.graders):
-                why = f"the source job's graders[{index}]{where} reads a `file`"
+            for index, inside, _ in file_graders(grpo.graders):
+                why = f"the source job's graders[{index}]{_dotted(inside)} reads a `file`"
                 errors.append((("graders",), f"{why}; {NO_CODE_DIRECTORY} (give `graders`)"))
         tokens = self._max_new_tokens(grpo, seq_len)
         if tokens >= seq_len:
@@ -316,19 +316,9 @@ class RewardEval(StrictSpec):
         return errors
 
 
-def file_graders(graders: list[AnyGrader]) -> list[tuple[int, str]]:
-    """(index, path inside a `multi` grader or '') of each python grader that reads a `file`."""
-    found: list[tuple[int, str]] = []
-    for index, grader in enumerate(graders):
-        if isinstance(grader, PythonGrader) and grader.file is not None:
-            found.append((index, ""))
-        elif isinstance(grader, MultiGrader):
-            found += [
-                (index, f".graders.{key}")
-                for key, sub in grader.graders.items()
-                if isinstance(sub, PythonGrader) and sub.file is not None
-            ]
-    return found
+def _dotted(inside: tuple[str, ...]) -> str:
+    """`('graders', 'a')` as `.graders.a`: where a grader lies inside a `multi` grader."""
+    return "".join(f".{part}" for part in inside)
 
 
 AnyEvaluation = PerplexityEval | GenerateEval | LmEvalEval | RewardEval

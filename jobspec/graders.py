@@ -424,3 +424,19 @@ Grader = Annotated[AnyGrader, Field(discriminator="type"), BeforeValidator(refus
 Graders = Annotated[
     list[Grader], Field(min_length=1, max_length=16), AfterValidator(check_grader_names)
 ]
+
+
+def file_graders(graders: list[AnyGrader]) -> list[tuple[int, tuple[str, ...], str]]:
+    """(index, path inside a `multi` grader: `()` or `('graders', key)`, the `file`) of each
+    python grader that reads a `file`."""
+    found: list[tuple[int, tuple[str, ...], str]] = []
+    for index, grader in enumerate(graders):
+        if isinstance(grader, PythonGrader) and grader.file is not None:
+            found.append((index, (), grader.file))
+        elif isinstance(grader, MultiGrader):
+            found += [
+                (index, ("graders", key), sub.file)
+                for key, sub in grader.graders.items()
+                if isinstance(sub, PythonGrader) and sub.file is not None
+            ]
+    return found

@@ -645,7 +645,7 @@ class JobSpec(JobBase):
     def _cross_field_checks(self, info: ValidationInfo) -> JobSpec:
         """Checks that span fields; each error names the JSON path of the field to change.
         A spec read back (`STORED`) skips the rules of `submission_errors`."""
-        errors = list(cross_field_errors(self))
+        errors: list[tuple[tuple[str | int, ...], str]] = [*cross_field_errors(self)]
         if not is_stored(info):
             errors += submission_errors(self)
         if errors:

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from jobspec.base import StrictSpec, given
+from jobspec.entrypoint import CODE_ID_PATTERN
 from jobspec.graders import Graders
 
 
@@ -81,6 +82,14 @@ class GRPOSpec(StrictSpec):
         "(`string_check`, `text_similarity`, `python`, `multi`); the reward is their weighted "
         "sum. Templates read the completion as `sample.output_text` and the dataset record as "
         "`item` (e.g. `{{ item.answer }}`).",
+    )
+    code: str | None = Field(
+        default=None,
+        pattern=CODE_ID_PATTERN,
+        description="Id of a code archive of the job's project (`POST /v1/code`, `torchyard "
+        "code upload DIR`): the job's code directory, where a python grader's `file` is read "
+        "(its folder importable by the grader) and which the job sees read-only. Required "
+        "with a `file` grader; null: no code directory.",
     )
     group_size: int = Field(
         default=8,

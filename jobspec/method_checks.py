@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jobspec.graders import file_graders
+
 if TYPE_CHECKING:
     from jobspec.job import JobSpec
 
@@ -105,3 +107,21 @@ def _grpo_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     if spec.qat is not None:
         errors.append((("qat",), "qat cannot be combined with method 'grpo'"))
     return errors
+
+
+def grpo_code_errors(spec: JobSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """A python grader's `file` (top-level or inside a `multi`) without `method.grpo.code`: a
+    built-in trainer job has no code directory but the archive it names. A submission rule
+    (`jobspec.checks.submission_errors`): such jobs were accepted before, and failed at launch."""
+    grpo = spec.method.grpo
+    if grpo is None or grpo.code is not None:
+        return []
+    return [
+        (
+            ("method", "grpo", "graders", index, *inside, "file"),
+            "a python grader's `file` is read from the job's code directory: give "
+            "method.grpo.code, the id of a code archive of the project that holds it "
+            "(`torchyard code upload DIR`)",
+        )
+        for index, inside, _ in file_graders(grpo.graders)
+    ]

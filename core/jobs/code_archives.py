@@ -1,8 +1,8 @@
 """Code archives of `entrypoint` jobs (docs/CONTRACTS.md section 5): what an archive may hold
 (`inspect`, at upload), keeping it (`create`: stored once per content under
 `<storage>/code/<sha256>.<format>`, one row per project and content), unpacking it on a worker
-(`unpack`, which checks again), lookup, and the submission check of a spec's `entrypoint`
-against its archive.
+(`unpack`, which checks again), lookup, and the submission checks of a spec's `entrypoint` and
+of a GRPO job's `method.grpo.code` (where its python graders' files are) against the archive.
 
 An archive is a gzipped tar (`.tar.gz`, `.tgz`) or a zip. Refused, with the member's name:
 absolute paths, `..` components, links that leave the tree (and any hard link or zip symlink),
@@ -30,7 +30,8 @@ from core.access.auth import new_id
 from core.platform import storage
 from core.platform.errors import InvalidInput, TooLarge
 from core.platform.tables import CodeArchive
-from jobspec.job import ScriptJobSpec
+from jobspec.graders import file_graders
+from jobspec.job import JobSpec, ScriptJobSpec
 
 MAX_FILES: Final = 20_000
 ArchiveFormat = Literal["tar.gz", "zip"]
@@ -284,6 +285,39 @@ def check_entrypoint(*, session: Session, project_id: str, spec: ScriptJobSpec) 
                 entry.command,
             )
     return archive
+
+
+def check_grader_code(*, session: Session, project_id: str, spec: JobSpec) -> None:
+    """A GRPO job's `method.grpo.code` is an archive of `project_id` that holds every python
+    grader's `file`. Raises InvalidInput (422) at `method.grpo.code` (no such archive in the
+    project: another project's is not found) or at each `graders[i]...file` it lacks, all in
+    one error."""
+    grpo = spec.method.grpo
+    if grpo is None or grpo.code is None:
+        return
+    archive = get(session=session, archive_id=grpo.code, project_id=project_id)
+    if archive is None:
+        message = f"no code archive {grpo.code!r} in this project"
+        raise InvalidInput(
+            f"method.grpo.code: {message}",
+            details=[
+                {
+                    "loc": ["body", "method", "grpo", "code"],
+                    "msg": message,
+                    "type": "grader_code",
+                    "input": grpo.code,
+                }
+            ],
+        )
+    files, details = set(archive.files), []
+    for index, inside, file in file_graders(grpo.graders):
+        if posixpath.normpath(file) not in files:
+            message = f"{file!r} is not in code archive {archive.id} ({len(files)} files)"
+            loc: list[str | int] = ["body", "method", "grpo", "graders", index, *inside, "file"]
+            details.append({"loc": loc, "msg": message, "type": "grader_code"})
+    if details:
+        said = "; ".join(f"{'.'.join(map(str, d['loc'][1:]))}: {d['msg']}" for d in details)
+        raise InvalidInput(said, details=details)
 
 
 def _error(field: str, message: str, value: object) -> InvalidInput:

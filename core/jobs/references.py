@@ -4,7 +4,8 @@
 storable strings and a priced pool for `limits.max_cost`): data the project may use (a dataset of
 the project, of the method's format; a path under the data roots), a model directory the server
 may read, a code archive of the project for `entrypoint` and the inputs it declares
-(`core.jobs.inputs`, pinned), and a `model.init_from` of the project (pinned to a checkpoint).
+(`core.jobs.inputs`, pinned) or for a GRPO job's python graders (`method.grpo.code`), and a
+`model.init_from` of the project (pinned to a checkpoint).
 `problems` is every problem of a spec as submitted in one list (issue 28): its fields (an
 unknown one with the one it most likely meant), the rules across fields the field errors hid
 (`jobspec.problems`), and the references of the spec with those repaired.
@@ -46,6 +47,7 @@ def check_references(
             session=session, settings=settings, project_id=project_id, spec=spec
         )
     spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
+    code_archives.check_grader_code(session=session, project_id=project_id, spec=spec)
     spec = evaluations.check_after(
         session=session, settings=settings, project_id=project_id, spec=spec
     )

@@ -93,7 +93,7 @@ def test_a_python_grader_reading_a_file_is_refused_where_it_is_named() -> None:
         assert error["loc"] == ("graders",) and error["msg"].startswith(where), error
         assert "no code directory" in error["msg"]
     (error,) = RewardEval.model_validate({"kind": "reward"}).source_errors(
-        _grpo_source(graders=[EXACT, reads]).method.grpo, 128
+        _grpo_source(graders=[EXACT, reads], code="code_0123456789abcdef").method.grpo, 128
     )
     assert error[0] == ("graders",) and "graders[1] reads a `file`" in error[1]
 

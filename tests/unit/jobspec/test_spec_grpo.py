@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from jobspec.job import JobSpec
+from jobspec.job import STORED, JobSpec
 from jobspec.method_checks import method_data_error
 from tests.support.spec_errors import raw_spec, spec_errors
 
@@ -120,3 +120,39 @@ def test_which_data_each_method_trains_on(kind: str, data_format: str, refused: 
         assert JobSpec.model_validate(raw).data.format == data_format
     else:
         assert refused in spec_errors(raw)[("data", "format")]
+
+
+CODE = "code_0123456789abcdef"
+FILE_GRADER = {"type": "python", "name": "lower", "file": "graders/lower.py"}
+MULTI_OF_A_FILE = {
+    "type": "multi",
+    "name": "both",
+    "graders": {"lower": FILE_GRADER, "exact": EXACT},
+    "calculate_output": "lower + exact",
+}
+
+
+def test_a_file_grader_without_grpo_code_is_refused_at_its_file() -> None:
+    """A built-in trainer job has no code directory but `method.grpo.code`'s: a `file` grader
+    without it, top-level or inside a `multi`, is refused at submission, not at run time."""
+    graders = [EXACT, FILE_GRADER, MULTI_OF_A_FILE]
+    errors = spec_errors(raw_spec(method={"kind": "grpo", "grpo": {"graders": graders}}))
+    assert set(errors) == {
+        ("method", "grpo", "graders", 1, "file"),
+        ("method", "grpo", "graders", 2, "graders", "lower", "file"),
+    }
+    assert all("give method.grpo.code" in msg for msg in errors.values()), errors
+
+
+def test_a_file_grader_with_grpo_code_is_valid_and_a_stored_one_without_still_reads() -> None:
+    graders = [EXACT, FILE_GRADER, MULTI_OF_A_FILE]
+    grpo = JobSpec.model_validate(raw_spec(method=_grpo(graders=graders, code=CODE))).method.grpo
+    assert grpo is not None and grpo.code == CODE
+    # accepted before the rule (it failed at launch): its row still reads
+    stored = JobSpec.model_validate(raw_spec(method=_grpo(graders=graders)), context=STORED)
+    assert stored.method.grpo is not None and stored.method.grpo.code is None
+
+
+def test_grpo_code_is_an_archive_id() -> None:
+    errors = spec_errors(raw_spec(method=_grpo(code="graders.tar.gz")))
+    assert list(errors) == [("method", "grpo", "code")]

@@ -147,6 +147,10 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "data", "dataset"): "value_error",
     ("body", "data", "eval_dataset"): "value_error",
     ("body", "entrypoint", "code"): "entrypoint",
+    # A GRPO job's `method.grpo.code` must name an archive of the project that holds each
+    # python grader's `file`.
+    ("body", "method", "grpo", "code"): "grader_code",
+    ("body", "method", "grpo", "graders"): "grader_code",
     # `entrypoint.inputs` name datasets, jobs, base models and paths the project and server
     # must hold (each alone a 403, 404 or 409; with others, one 422 listing all).
     ("body", "entrypoint", "inputs"): None,
@@ -174,6 +178,8 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
     ("body", "base", "data", "dataset"): "value_error",
     ("body", "base", "data", "eval_dataset"): "value_error",
     ("body", "base", "entrypoint", "code"): "entrypoint",
+    ("body", "base", "method", "grpo", "code"): "grader_code",
+    ("body", "base", "method", "grpo", "graders"): "grader_code",
     ("body", "base", "entrypoint", "inputs"): None,
     ("body", "base", "entrypoint", "requirements"): "value_error",
     ("body", "base", "limits", "max_cost"): None,

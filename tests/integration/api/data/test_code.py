@@ -1,5 +1,6 @@
 """Code archives (`POST/GET /v1/code`): uploads stored once per content, every unsafe archive
-refused by member name with nothing stored, and `entrypoint` jobs checked against them."""
+refused by member name with nothing stored, and `entrypoint` jobs and a GRPO job's grader code
+(`method.grpo.code`) checked against them."""
 
 from __future__ import annotations
 
@@ -217,3 +218,45 @@ def test_a_job_runs_only_code_its_project_has(
     assert shown.json()["spec"]["entrypoint"] == entry
     listed = client.get("/v1/jobs", headers=project.headers)
     assert [j["id"] for j in listed.json()["items"]] == [good.json()["id"]]
+
+
+def test_a_grpo_jobs_grader_file_comes_from_an_archive_its_project_has(
+    client: TestClient, project: ProjectKey, other_project: ProjectKey
+) -> None:
+    """`method.grpo.code` is checked like `entrypoint.code` (another project's archive is not
+    found), and every python grader's `file` must be in it; a `file` grader without it is
+    refused at the grader's `file`."""
+    prompts = b'{"prompt": "alpha: ", "answer": "alpha"}\n' * 4
+    for key in (project, other_project):
+        added = client.post(
+            "/v1/datasets/upload",
+            files={"file": ("prompts.jsonl", prompts, "application/octet-stream")},
+            data={"name": "prompts"},
+            headers=key.headers,
+        )
+        assert added.status_code == 201, added.text
+    archive = upload(client, project, tar_gz({**code_files(), "graders/lower.py": b""})).json()
+
+    def grpo(code: str | None, file: str = "graders/lower.py") -> dict[str, Any]:
+        grader = {"type": "python", "name": "lower", "file": file}
+        section = {"graders": [grader], **({"code": code} if code else {})}
+        return {
+            "name": "grpo",
+            "data": {"dataset": "prompts"},
+            "method": {"kind": "grpo", "grpo": section},
+        }
+
+    loc = ["body", "method", "grpo", "graders", 0, "file"]
+    without = client.post("/v1/jobs", json=grpo(None), headers=project.headers)
+    assert_error(without, 422, "validation_error", loc)
+    assert "method.grpo.code" in without.text
+    theirs = client.post("/v1/jobs", json=grpo(archive["id"]), headers=other_project.headers)
+    assert_error(theirs, 422, "validation_error", ["body", "method", "grpo", "code"])
+    assert "no code archive" in theirs.text
+    absent = client.post(
+        "/v1/jobs", json=grpo(archive["id"], "graders/upper.py"), headers=project.headers
+    )
+    assert_error(absent, 422, "validation_error", loc)
+    good = client.post("/v1/jobs", json=grpo(archive["id"]), headers=project.headers)
+    assert good.status_code == 201, good.text
+    assert good.json()["spec"]["method"]["grpo"]["code"] == archive["id"]
