@@ -79,6 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a complete checkpoint (step_XXXXXXXX dir or URI) whose model weights start the "
         "run when it has no checkpoint of its own; needed when spec.model.init_from is set",
     )
+    p.add_argument(
+        "--code-dir",
+        type=Path,
+        help="the job's code directory, the unpacked method.grpo.code archive, where a python "
+        "grader's `file` is read",
+    )
     return p.parse_args(argv)
 
 
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             dist_info,
             reporter,
             init_from=init_from,
+            code_dir=args.code_dir,
         )
         shutdown(dist_info, clean=True)
     except InvalidJobError as exc:
@@ -184,10 +191,11 @@ def run_job(
     reporter: Reporter,
     *,
     init_from: str | None = None,
+    code_dir: Path | None = None,
 ) -> None:
     """Build the run, resume from the latest complete checkpoint if any (else take the model
     weights of the checkpoint `init_from`, if given, and report their eval loss at step 0),
-    train.
+    train. `code_dir`: the job's code directory (a GRPO job's python graders' files).
 
     Everything built here is local, so it is freed when this returns (before teardown).
     """
@@ -225,6 +233,7 @@ def run_job(
         reporter,
         init_from=init_from,
         rejected_rows=rejected_rows,
+        code_dir=code_dir,
     )
     run.stop.install()
     try:
@@ -302,12 +311,13 @@ def build_run(
     *,
     init_from: str | None = None,
     rejected_rows: tuple[Rows, Rows] | None = None,
+    code_dir: Path | None = None,
 ) -> Run:
     """Model (+ LoRA/QLoRA, + DDP), optimizer, schedule, sampler and checkpointer for one
     attempt over `train_rows` / `eval_rows` (of the model's token ids; a GRPO job's prompts,
     the sampler then dealing prompts as it deals rows); `init_from`: a
     checkpoint whose weights the base takes before adapters and sharding (also the DPO
-    reference's starting weights).
+    reference's starting weights); `code_dir`: where a GRPO job's python graders' files are.
 
     Raises `InvalidJobError` when the eval rows hold less than one batch per data-parallel
     rank, or the model cannot be built as asked (`trainer.models.network.build_network`).
@@ -347,7 +357,7 @@ def build_run(
     if isinstance(train_rows, Prompts) and isinstance(eval_rows, Prompts):
         method = build_grpo(
             spec, network, parts.model, dist_info=dist_info, mesh=parts.mesh,
-            prompts=(train_rows, eval_rows), init_from=init_from,
+            prompts=(train_rows, eval_rows), init_from=init_from, code_dir=code_dir,
         )  # fmt: skip
     elif isinstance(train_rows, Rows) and isinstance(eval_rows, Rows):
         method = build_dpo(

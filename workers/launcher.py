@@ -75,13 +75,11 @@ class RunPaths:
     cache_dir: Path | None = None  # the host's row cache (local: rows are memory-mapped)
     python: str | None = None  # an entrypoint job's interpreter (`workers.entrypoint.venvs`)
     # Remote storage: where an entrypoint job's checkpoints, staged in `checkpoint_dir` on this
-    # host, are uploaded (`workers.entrypoint.staging`); None when `checkpoint_dir` is the storage
-    # itself.
+    # host, are uploaded (`workers.entrypoint.staging`); None: `checkpoint_dir` is the storage.
     checkpoint_remote: str | None = None
     checkpoint_keep_last: int | None = None  # and how many of them the bucket keeps
-    # ... and of how many nodes: with several, each node stages and uploads its ranks' part of
-    # each checkpoint (`workers.entrypoint.staging`; `TORCHYARD_CHECKPOINT_PARTS` in the program's
-    # env).
+    # ... of how many nodes: with several, each node stages and uploads its ranks' part of each
+    # checkpoint (`workers.entrypoint.staging`; `TORCHYARD_CHECKPOINT_PARTS` in the program's env).
     checkpoint_nodes: int = 1
     # An eval job's other inputs (its datasets, the source's `init_from`, a local model
     # directory), shown read-only in the sandbox; the locations are in `inputs`.
@@ -94,10 +92,12 @@ class RunPaths:
     # them from eviction while the node runs (released when this object goes).
     placed_inputs: tuple[tuple[str, str], ...] = ()
     input_holds: Any = field(default=None, compare=False, repr=False)
+    # A GRPO job's `method.grpo.code` is unpacked at `code_dir`: the trainer's `--code-dir`.
+    grader_code: bool = False
 
     @property
     def code_dir(self) -> Path:
-        """An entrypoint job's unpacked code archive: the working directory of every rank."""
+        """The unpacked code archive: an entrypoint job's (each rank's cwd), or `grader_code`."""
         return self.run_dir / "code"
 
     @property
@@ -292,6 +292,7 @@ def trainer_program(paths: RunPaths) -> list[str]:
         *(["--init-from", paths.init_from] if paths.init_from else []),
         *(["--eval-data", paths.eval_data] if paths.eval_data else []),
         *(["--cache-dir", str(paths.cache_dir)] if paths.cache_dir else []),
+        *(["--code-dir", str(paths.code_dir)] if paths.grader_code else []),
     ]
 
 
@@ -471,11 +472,10 @@ def script_env(
     return env
 
 
-# Listening ports are drawn below the kernel's ephemeral range: a port the kernel hands out
-# for `bind(0)` is in that range, and so is the local port of every outgoing connection, so on a
-# busy host another process's connection could take it between the draw and the rendezvous
-# store's bind (torchrun exits 1, no rank ever ran). Below the range only another explicit bind
-# can; the draw is random so two draws rarely meet, and a port in use is skipped.
+# Listening ports are drawn below the kernel's ephemeral range, where `bind(0)`'s ports and every
+# outgoing connection's local port lie: on a busy host another process's connection could take one
+# between the draw and the rendezvous store's bind (torchrun exits 1, no rank ever ran). Below it
+# only an explicit bind can; the draw is random so two rarely meet, and a port in use is skipped.
 LISTEN_PORTS_FROM = 20_000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 

@@ -50,10 +50,12 @@ def prepare(
     beat: Callable[[], bool],
     worker: str = "",
 ) -> RunPaths:
-    """This node's run dir: the trainer's (`workers.attempt.prepare`) or an entrypoint job's
-    (`workers.entrypoint.script.prepare`: code, Python, declared inputs; `beat` while
-    requirements install or inputs are fetched). `node_rank`: the run dir's node part (None for
-    a single node); `node_index`: the node; `worker`: this worker's name (the inputs' events)."""
+    """This node's run dir: the trainer's (`workers.attempt.prepare`; a GRPO job's
+    `method.grpo.code` unpacked, `workers.entrypoint.script.unpack_grader_code`) or an
+    entrypoint job's (`workers.entrypoint.script.prepare`: code, Python, declared inputs; `beat`
+    while requirements install or inputs are fetched). `node_rank`: the run dir's node part
+    (None for a single node); `node_index`: the node; `worker`: this worker's name (the inputs'
+    events)."""
     spec = job.spec
     if isinstance(spec, ScriptJobSpec):
         return script.prepare(
@@ -69,7 +71,8 @@ def prepare(
         )
     if isinstance(spec, EvalJobSpec):
         return attempt.prepare_eval(settings, factory, job, spec)
-    return attempt.prepare(settings, factory, job, spec, node_rank=node_rank)
+    paths = attempt.prepare(settings, factory, job, spec, node_rank=node_rank)
+    return script.unpack_grader_code(factory, job, paths)
 
 
 def command(
@@ -188,9 +191,10 @@ def sandbox_mounts(
     """What this node's sandbox shows (`workers.isolation.sandbox`): the job's own run and
     checkpoint (or staging) directories and the row cache writable; its inputs (datasets,
     `init_from`, a local model directory) read-only, an entrypoint job's declared inputs at
-    `/inputs/<name>`; the worker's home, venv root and storage root
-    hidden; the leased GPUs. No network for a single node on local storage without a hub model or an
-    input in an object store: its ranks reach each other on loopback, and nothing else."""
+    `/inputs/<name>`, a GRPO job's code directory (`method.grpo.code`) read-only where it lies;
+    the worker's home, venv root and storage root hidden; the leased GPUs. No network for a
+    single node on local storage without a hub model or an input in an object store: its ranks
+    reach each other on loopback, and nothing else."""
     spec = job.spec
     inputs = (paths.data, paths.init_from, paths.eval_data, *paths.extra_inputs)
     local = [_local(uri) for uri in inputs]
@@ -211,9 +215,12 @@ def sandbox_mounts(
         Path(hf_home).mkdir(parents=True, exist_ok=True)
         writable.append(hf_home)
     device = spec.resources.device
+    placed = [(host, mount_path(name)) for name, host in paths.placed_inputs]
+    if paths.grader_code:  # over the writable run dir: graders read the job's code, never write
+        placed.append((str(paths.code_dir), str(paths.code_dir)))
     return sandbox.Mounts(
         read_only=tuple(p for p in local if p),
-        placed=tuple((host, mount_path(name)) for name, host in paths.placed_inputs),
+        placed=tuple(placed),
         writable=tuple(p for p in writable if p),
         hidden=tuple(hidden),
         devices=sandbox.nvidia_devices(lease.devices) if device == "cuda" else (),

@@ -1,7 +1,8 @@
 """Preparing one node's attempt of an `entrypoint` job (docs/CONTRACTS.md section 5).
 
 The job's code archive is fetched from storage (fsspec) and unpacked into `RUN_DIR/code/`
-(`core.jobs.code_archives.unpack`, which checks it again) for each attempt on each node; the job's
+(`core.jobs.code_archives.unpack`, which checks it again) for each attempt on each node (so is a
+built-in trainer GRPO job's `method.grpo.code`, `unpack_grader_code`); the job's
 Python is the worker's, or with `requirements` a cached virtual environment
 (`workers.entrypoint.venvs`), whose installer writes into the job's logs as torchrun's own output
 does (rank -1, stream `stdout`). A failed install fails the attempt as a `user_error`, not retried.
@@ -32,8 +33,8 @@ from core.jobs import code_archives
 from core.platform.errors import InvalidInput
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri, job_run_dir
-from core.platform.tables import Job
-from jobspec.job import ScriptJobSpec
+from core.platform.tables import CodeArchive, Job
+from jobspec.job import JobSpec, ScriptJobSpec
 from workers import inputs
 from workers.attempt import Unlaunched, with_db_retry
 from workers.checkpoints import set_aside_unrecorded
@@ -71,14 +72,7 @@ def prepare(
     InvalidInput (the archive is gone), Unlaunched (the install failed: its
     output is stored as the job's rank -1 log first; or it was stopped), OSError.
     """
-    archive = with_db_retry(
-        factory,
-        lambda s: code_archives.get(
-            session=s, archive_id=spec.entrypoint.code, project_id=job.project_id
-        ),
-    )
-    if archive is None:
-        raise InvalidInput(f"entrypoint.code: code archive {spec.entrypoint.code!r} not found")
+    archive = _archive(factory, job, spec.entrypoint.code, "entrypoint.code")
     storage_dir = job_checkpoint_uri(settings, job.id).removeprefix("file://")
     if settings.is_local_storage:
         Path(storage_dir).mkdir(parents=True, exist_ok=True)
@@ -119,6 +113,30 @@ def prepare(
         placed_inputs=tuple(placed.paths.items()),
         input_holds=placed,
     )
+
+
+def unpack_grader_code(factory: Callable[[], Session], job: Job, paths: RunPaths) -> RunPaths:
+    """A GRPO job's `method.grpo.code` unpacked into `paths.code_dir` as an entrypoint job's
+    code is (the trainer's `--code-dir`, where its python graders' files are); `paths` as they
+    are for a job without one. Raises InvalidInput (the archive is gone), OSError."""
+    grpo = job.spec.method.grpo if isinstance(job.spec, JobSpec) else None
+    if grpo is None or grpo.code is None:
+        return paths
+    archive = _archive(factory, job, grpo.code, "method.grpo.code")
+    _unpack(archive.uri, archive.format, archive.unpacked_bytes, paths)
+    return dataclasses.replace(paths, grader_code=True)
+
+
+def _archive(factory: Callable[[], Session], job: Job, archive_id: str, field: str) -> CodeArchive:
+    """The job's project's archive `archive_id` (named by the spec's `field`). Raises
+    InvalidInput when it is gone."""
+    archive = with_db_retry(
+        factory,
+        lambda s: code_archives.get(session=s, archive_id=archive_id, project_id=job.project_id),
+    )
+    if archive is None:
+        raise InvalidInput(f"{field}: code archive {archive_id!r} not found")
+    return archive
 
 
 def _unpack(uri: str, fmt: str, unpacked_bytes: int, paths: RunPaths) -> None:

@@ -79,6 +79,23 @@ def test_a_fine_tune_passes_its_resolved_checkpoint_as_init_from_last() -> None:
     assert argv == [*plain, "--init-from", "s3://bucket/jobs/3/checkpoints/step_00000100"]
 
 
+def test_a_grpo_job_with_grader_code_gets_its_code_dir_last() -> None:
+    """`method.grpo.code` unpacked in the run dir: the trainer reads its graders' files there."""
+    paths = RunPaths(
+        run_dir=PATHS.run_dir,
+        checkpoint_dir=PATHS.checkpoint_dir,
+        data=PATHS.data,
+        grader_code=True,
+    )
+    argv = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=29555, paths=paths, python="/py"
+    )
+    plain = torchrun_argv(
+        job_id=7, attempt=2, nproc_per_node=4, rdzv_port=29555, paths=PATHS, python="/py"
+    )
+    assert argv == [*plain, "--code-dir", "/srv/ty/jobs/7/runs/attempt_2/code"]
+
+
 BASE_ENV = {
     "PATH": "/usr/bin",
     "HOME": "/home/w",

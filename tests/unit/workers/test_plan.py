@@ -118,3 +118,17 @@ def test_several_processes_a_gang_or_in_place_restarts_keep_torchrun() -> None:
         launch = plan.command(job, PATHS, 29500, node, Lease((0, 1), 2))
         assert launch.argv[1:3] == ["-m", "torch.distributed.run"], launch.argv
         assert launch.rank_dir is None and "RANK" not in launch.env
+
+
+def test_a_grpo_jobs_code_dir_is_read_only_over_its_writable_run_dir(tmp_path: Path) -> None:
+    """Graders read the job's code (`method.grpo.code`) and cannot change it: the directory is
+    bound read-only after the run dir (`placed` comes last), where the trainer's argv names it."""
+    settings = Settings(home=tmp_path / "home", storage_url=str(tmp_path / "storage"))
+    run = launcher.RunPaths(
+        run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"), grader_code=True
+    )
+    mounts = plan.sandbox_mounts(settings, _trainer_job(), run, None, Lease((0,), 1))
+    assert str(run.run_dir) in mounts.writable
+    assert (str(run.code_dir), str(run.code_dir)) in mounts.placed
+    without = launcher.RunPaths(run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"))
+    assert plan.sandbox_mounts(settings, _trainer_job(), without, None, Lease((0,), 1)).placed == ()
