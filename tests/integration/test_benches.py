@@ -103,6 +103,10 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
             "methods.fsdp.tokens_per_second",
         ],
     ),
+    "grpo": (
+        ["-m", "bench.grpo"],
+        ["ours.step_s", "ours.completions_per_s", "trl.step_s", "ours_vs_trl"],
+    ),
     "resume_check": (
         ["bench/resume_check.py"],
         ["max_abs_loss_diff_after_resume", "resumed_only_later_steps"],

@@ -76,8 +76,10 @@ def sample_group(
 
     Returns (ids (G, C) int64, mask (G, C) int64), C <= `max_new_tokens`: a completion's mask
     is 1 up to and including its first stop id, 0 after (its ids there are the stop id
-    repeated). The model is called on the whole sequence each step (no KV cache) in eval mode;
-    `generator` lives on the model's device. `all_done` (a collective forward, FSDP): asked
+    repeated). In eval mode; `generator` lives on the model's device. A model with a
+    `decode_step(ids, cache)` (`trainer.models.hf.HFCausalLM`: transformers' KV cache) is
+    given only the newest token after the first step; any other, and every model under FSDP,
+    is called on the whole sequence each step. `all_done` (a collective forward, FSDP): asked
     before each forward whether every rank's group is done; until it is, a rank whose group
     is done still calls the model but samples nothing (its ids and `generator` stay as they
     would be alone). Raises `ValueError` for an empty prompt."""
@@ -91,6 +93,8 @@ def sample_group(
     done = torch.zeros(sampling.group_size, dtype=torch.bool, device=device)
     mask_columns: list[Tensor] = []
     stop = torch.tensor(sampling.stop_ids or [-1], device=device)
+    decode_step = _decode_step(model) if all_done is None else None
+    cache: Any = None
     try:
         for _ in range(sampling.max_new_tokens):
             finished = bool(done.all())
@@ -98,7 +102,11 @@ def sample_group(
                 break
             if all_done is not None and all_done(finished):
                 break
-            logits = model(ids)[:, -1, : sampling.vocab_size].float()
+            if decode_step is not None:
+                last, cache = decode_step(ids if cache is None else ids[:, -1:], cache)
+                logits = last[:, : sampling.vocab_size].float()
+            else:
+                logits = model(ids)[:, -1, : sampling.vocab_size].float()
             if finished:  # only the other ranks' groups need this forward
                 continue
             if sampling.temperature == 0:
@@ -118,6 +126,17 @@ def sample_group(
     finally:
         model.train(was_training)
     return ids[:, start:], torch.stack(mask_columns, dim=1)
+
+
+def _decode_step(model: nn.Module) -> Callable[[Tensor, Any], tuple[Tensor, Any]] | None:
+    """`model.decode_step` when it decodes with a KV cache and is not sharded by FSDP (whose
+    hooks run on `forward` only), else None."""
+    from torch.distributed.fsdp import FSDPModule
+
+    step = getattr(model, "decode_step", None)
+    if step is None or any(isinstance(m, FSDPModule) for m in model.modules()):
+        return None
+    return step
 
 
 class Grader(Protocol):

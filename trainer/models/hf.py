@@ -45,7 +45,7 @@ class LMShape:
 
 class HFCausalLM(nn.Module):
     """A `transformers` causal LM (or a peft model around one): ids (B, T) int64 -> logits
-    (B, T, vocab_size), computed without a KV cache.
+    (B, T, vocab_size), computed without a KV cache (`decode_step` decodes with one).
 
     Packed rows: `position_ids` (B, T) restart at 0 for each example and go to the model with
     no `attention_mask`; transformers then finds the examples from the restarts
@@ -73,6 +73,15 @@ class HFCausalLM(nn.Module):
     ) -> Tensor:
         del segment_ids  # implied by position_ids (see the class doc)
         return self.lm(input_ids=idx, position_ids=position_ids, use_cache=False).logits
+
+    def decode_step(self, idx: Tensor, cache: Any | None) -> tuple[Tensor, Any]:
+        """One step of incremental decoding with transformers' KV cache: `idx` (B, T) int64 is
+        the whole sequence on the first call (`cache` None), then only the newest token (B, 1)
+        with the `cache` the previous call returned. Returns (the last position's logits (B,
+        vocab_size), the cache holding every position so far). Not for a sharded (FSDP)
+        module, whose forward hooks this bypasses."""
+        out = self.lm(input_ids=idx, past_key_values=cache, use_cache=True)
+        return out.logits[:, -1], out.past_key_values
 
     def num_params(self) -> int:
         """Number of parameters (each shared tensor counted once)."""

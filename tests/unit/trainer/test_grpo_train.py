@@ -219,3 +219,29 @@ def test_a_rank_waiting_for_the_others_samples_what_it_would_alone() -> None:
         assert torch.equal(got, want)
     assert torch.equal(generator.get_state(), alone_generator.get_state())
     assert len(calls) == 5 + 2, "two forwards more, for the other rank"
+
+
+def test_sampling_with_the_kv_cache_draws_what_sampling_without_it_does() -> None:
+    """`HFCausalLM.decode_step` (transformers' KV cache, the newest token only after the first
+    step) samples the very completions the whole-sequence forward does, greedy and at
+    temperature 1 with the same generator, and stops at a stop id alike."""
+    from trainer.models.hf import HFCausalLM
+
+    llama = TinyLlama(seed=3).llama
+    cached = HFCausalLM(llama, seq_len=64)
+    whole = TinyLlama(seed=3)  # ids -> logits, no decode_step: the whole sequence each step
+    calls: list[int] = []
+    cached.lm.register_forward_pre_hook(
+        lambda _m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    prompt = torch.tensor([5, 9, 2, 7])
+    for temperature in (0.0, 1.0):
+        sampling = Sampling(
+            group_size=6, max_new_tokens=10, temperature=temperature, stop_ids=(1,),
+            vocab_size=ALPHABET,
+        )  # fmt: skip
+        calls.clear()
+        got = sample_group(cached, prompt, sampling, torch.Generator().manual_seed(11))
+        want = sample_group(whole, prompt, sampling, torch.Generator().manual_seed(11))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), temperature
+        assert calls[0] == 4 and set(calls[1:]) == {1}, "one new token per step after the prompt"
