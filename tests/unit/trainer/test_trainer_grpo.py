@@ -19,6 +19,7 @@ from jobspec.job import JobSpec
 from tests.support.grpo import GRADERS, write_prompts
 from tests.support.tolerances import FP32_EPS
 from tests.support.training import (
+    FINE_TUNE,
     Scenario,
     crash_and_resume,
     read_events,
@@ -36,19 +37,25 @@ def prompt_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
-def _spec(data: Path, steps: int, **grpo: Any) -> JobSpec:
-    return tiny_spec(
-        data,
-        model={"seq_len": 48},
-        method={
+def _spec(
+    data: Path, steps: int, sections: dict[str, dict[str, Any]] | None = None, **grpo: Any
+) -> JobSpec:
+    """The tiny GPT's GRPO job on `data`; `grpo` updates `method.grpo`, `sections` the spec's
+    sections (each merged: `model.init_from`, `lora`, `qlora`, `eval.interval_steps`)."""
+    base: dict[str, dict[str, Any]] = {
+        "model": {"seq_len": 48},
+        "method": {
             "kind": "grpo",
             "grpo": {"group_size": 8, "max_new_tokens": 8, "graders": GRADERS, **grpo},
         },
-        train={"micro_batch_size": 4, "max_steps": steps, "log_interval_steps": 5},
-        eval={"interval_steps": 10, "num_batches": 2},
-        optim={"lr": 1e-2, "warmup_steps": 0},
-        checkpoint={"interval_steps": 10},
-    )
+        "train": {"micro_batch_size": 4, "max_steps": steps, "log_interval_steps": 5},
+        "eval": {"interval_steps": 10, "num_batches": 2},
+        "optim": {"lr": 1e-2, "warmup_steps": 0},
+        "checkpoint": {"interval_steps": 10},
+    }
+    for name, values in (sections or {}).items():
+        base[name] = {**base.get(name, {}), **values}
+    return tiny_spec(data, **base)
 
 
 def _two_ranks(spec: JobSpec, strategy: Literal["ddp", "fsdp"]) -> JobSpec:
@@ -82,8 +89,26 @@ def runs(prompt_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     # from (step 5) lies inside a cycle (steps 5 and 6 train on the batch sampled before 5).
     iterations = _two_ranks(_spec(prompt_data, 20, num_iterations=2), "fsdp")
     iterations.checkpoint.interval_steps = 5
+    # Adapters on the weights of a 1-step run (a model that has not learnt the reward yet), the
+    # KL reference the same model with its adapters off: under DDP, under FSDP (its layers
+    # sharded, LoRA's too) and on QLoRA's NF4 base
+    pre = _spec(
+        prompt_data, 1, {"eval": {"interval_steps": 1}, "checkpoint": {"interval_steps": 1}}
+    )
+    init = ("--init-from", str(root / "pre" / "ckpt" / "step_00000001"))
+    adapters: dict[str, dict[str, Any]] = {"model": FINE_TUNE, "lora": {"r": 4, "alpha": 8.0}}
+    lora_ddp = _two_ranks(_spec(prompt_data, 20, adapters, beta=0.04), "ddp")
+    lora_fsdp = _two_ranks(_spec(prompt_data, 20, adapters, beta=0.04), "fsdp")
+    qlora = {**adapters, "qlora": {"compute_dtype": "fp32"}}
+    qlora_ddp = _two_ranks(_spec(prompt_data, 20, qlora, beta=0.04), "ddp")
     plans: list[tuple[int | None, list[Scenario]]] = [
-        (None, [Scenario("single", _spec(prompt_data, 30), root / "single")]),
+        (
+            None,
+            [
+                Scenario("single", _spec(prompt_data, 30), root / "single"),
+                Scenario("pre", pre, root / "pre"),
+            ],
+        ),
         (
             2,
             [
@@ -92,6 +117,9 @@ def runs(prompt_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
                 Scenario("fsdp", fsdp, root / "fsdp"),
                 Scenario("iterations", iterations, root / "iterations"),
                 *crash_and_resume("iterations_resumed", iterations, root / "it_resumed", 5),
+                Scenario("lora_ddp", lora_ddp, root / "lora_ddp", init),
+                Scenario("lora_fsdp", lora_fsdp, root / "lora_fsdp", init),
+                Scenario("qlora_ddp", qlora_ddp, root / "qlora_ddp", init),
             ],
         ),
     ]
@@ -160,6 +188,26 @@ def test_fsdp_samples_and_learns_as_ddp_does(runs: dict[str, Path]) -> None:
     assert _metrics(runs["fsdp"], "kl")[(0, 20)] > 0.0, "the policy left its reference"
     running = next(e for e in read_events(runs["fsdp"] / "run") if e["type"] == "status")
     assert running["data"]["num_params"] == params
+
+
+def test_lora_under_fsdp_samples_and_learns_as_under_ddp_and_qlora_learns(
+    runs: dict[str, Path],
+) -> None:
+    """Adapters on a barely trained model with KL to the same model with its adapters off:
+    FSDP (adapters sharded with their layers) gives DDP's rewards, held-out rewards and KL
+    (the tolerances of `test_fsdp_samples_and_learns_as_ddp_does`); the reference is the
+    starting model, so the KL starts at 0 and grows; QLoRA's NF4 base learns too."""
+    for name in ("reward", "eval_reward", "kl"):
+        ddp, fsdp = _metrics(runs["lora_ddp"], name), _metrics(runs["lora_fsdp"], name)
+        assert sorted(fsdp) == sorted(ddp), name
+        for key, value in ddp.items():
+            assert fsdp[key] == pytest.approx(value, rel=1e-6), (name, key)
+    for run in ("lora_fsdp", "qlora_ddp"):
+        reward, kl = _metrics(runs[run], "reward"), _metrics(runs[run], "kl")
+        assert reward[(0, 20)] > reward[(0, 5)], (run, reward)
+        assert kl[(0, 5)] > 0.0 and all(math.isfinite(v) for v in kl.values()), (run, kl)
+        running = next(e for e in read_events(runs[run] / "run") if e["type"] == "status")
+        assert 0 < running["data"]["trainable_params"] < running["data"]["num_params"], run
 
 
 def test_two_iterations_per_batch_clip_learn_and_resume_inside_a_cycle(
