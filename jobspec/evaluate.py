@@ -188,7 +188,8 @@ class LmEvalEval(StrictSpec):
 # `RewardEval.max_new_tokens` when the source is not a GRPO job (whose own is the default).
 REWARD_MAX_NEW_TOKENS: Final = 64
 NO_CODE_DIRECTORY: Final = (
-    "an eval job has no code directory: give the python grader its `source` inline"
+    "an eval job reads no code archive of its own (only its GRPO source's "
+    "`method.grpo.code`, for the source's graders): give the python grader its `source` inline"
 )
 
 
@@ -296,7 +297,9 @@ class RewardEval(StrictSpec):
         """What this evaluation cannot do with a checkpoint of a source job (its `method.grpo`,
         None when it is not a GRPO job, and its `model.seq_len`), each at its field: no
         prompts or graders of its own for a source that is not a GRPO job, a python grader's
-        `file` among the source's graders, completions that leave no room for a prompt."""
+        `file` among the source's graders when the source has no `method.grpo.code` (with
+        one, the eval job reads that archive as the source did), completions that leave no
+        room for a prompt."""
         errors: list[tuple[tuple[str, ...], str]] = []
         if grpo is None:
             if self.dataset is None:
@@ -305,7 +308,7 @@ class RewardEval(StrictSpec):
             if self.graders is None:
                 why = "required: the source job is not a GRPO job (it has no graders)"
                 errors.append((("graders",), f"{why}; give the graders that score a completion"))
-        elif self.graders is None:
+        elif self.graders is None and grpo.code is None:
             for index, inside, _ in file_graders(grpo.graders):
                 why = f"the source job's graders[{index}]{_dotted(inside)} reads a `file`"
                 errors.append((("graders",), f"{why}; {NO_CODE_DIRECTORY} (give `graders`)"))

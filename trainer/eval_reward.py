@@ -23,6 +23,7 @@ its trainer reported for the same weights.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,7 +79,9 @@ def reward(
         vocab_size=network.vocab_size,
     )
     generator = torch.Generator(device=dist_info.device).manual_seed(seed)
-    graders = build_graders(specs, None)  # python graders run inline `source` (no code directory)
+    # a python grader's `file`: the source's (`method.grpo.code`, `--code-dir`); own: `source`
+    code_dir = inputs.get("code_dir")
+    graders = build_graders(specs, Path(code_dir) if code_dir else None)
     try:
         groups = sample_groups(
             network.model,

@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, type=Path, help="directory for events.jsonl")
     p.add_argument("--inputs", required=True, type=Path, help="the resolved locations (JSON)")
     p.add_argument("--cache-dir", help="local directory of the row cache")
+    p.add_argument(
+        "--code-dir", type=Path, help="the GRPO source's code archive, unpacked (its graders')"
+    )
     return p.parse_args(argv)
 
 
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         except (OSError, ValueError, ValidationError) as exc:
             raise InvalidJobError(f"invalid eval job {args.spec}: {exc}") from exc
         dist_info = init_distributed(spec.resources.device)
+        inputs["code_dir"] = str(args.code_dir) if args.code_dir else None  # source's graders
         run_evaluations(spec, inputs, cache_root(args.cache_dir), dist_info, reporter)
         shutdown(dist_info, clean=True)
     except InvalidJobError as exc:

@@ -194,17 +194,13 @@ def eval_argv(
 
 
 def eval_program(paths: RunPaths) -> list[str]:
-    """An eval job's program and its arguments, after the interpreter (`-m trainer.evaluate`)."""
+    """An eval job's program and its arguments, after the interpreter (`-m trainer.evaluate`);
+    `--code-dir`: its GRPO source's code archive, unpacked (the source's graders' files)."""
+    files = ["--spec", str(paths.spec), "--run-dir", str(paths.run_dir)]
     return [
-        "-m",
-        EVAL_MODULE,
-        "--spec",
-        str(paths.spec),
-        "--run-dir",
-        str(paths.run_dir),
-        "--inputs",
-        str(paths.inputs),
+        *("-m", EVAL_MODULE, *files, "--inputs", str(paths.inputs)),
         *(["--cache-dir", str(paths.cache_dir)] if paths.cache_dir else []),
+        *(["--code-dir", str(paths.code_dir)] if paths.grader_code else []),
     ]
 
 

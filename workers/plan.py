@@ -5,6 +5,7 @@ section 5). Both then go the same way through `workers.node`: spawn, supervise, 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -69,8 +70,10 @@ def prepare(
             beat=beat,
             worker=worker,
         )
-    if isinstance(spec, EvalJobSpec):
-        return attempt.prepare_eval(settings, factory, job, spec)
+    if isinstance(spec, EvalJobSpec):  # its GRPO source's code: the source's graders' files
+        paths = attempt.prepare_eval(settings, factory, job, spec)
+        code = json.loads(paths.inputs.read_text()).get("source_grader_code")
+        return script.unpack_grader_code(factory, job, paths, code)
     paths = attempt.prepare(settings, factory, job, spec, node_rank=node_rank)
     return script.unpack_grader_code(factory, job, paths)
 

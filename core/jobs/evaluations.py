@@ -263,8 +263,9 @@ def launch_inputs(
     """Every location `trainer.evaluate` reads (its `--inputs` file): `checkpoint` (id, step,
     uri; null for `source.initial`), `source_spec` (the source job's spec, for
     `source.initial`), `source_job`, `source_data`, `source_eval_data`, `source_init_from`,
-    `source_model` (a Hugging Face `path_or_id`), `datasets` ({evaluation name: {id, uri,
-    format}}), `task_datasets` ({dataset id: {id, uri}}: `lm_eval`'s inline tasks) and
+    `source_model` (a Hugging Face `path_or_id`), `source_grader_code` (the source GRPO job's
+    `method.grpo.code`, whose files its python graders read), `datasets` ({evaluation name:
+    {id, uri, format}}), `task_datasets` ({dataset id: {id, uri}}: `lm_eval`'s inline tasks) and
     `lm_eval_task_dirs` (this worker's `settings.lm_eval_task_dirs`). Raises `InvalidInput`
     when the checkpoint, the source or a dataset has gone since submission."""
     source = spec.evaluate.source
@@ -295,6 +296,8 @@ def launch_inputs(
             _dataset(session, job, data.eval_dataset).uri if data.eval_dataset else data.eval_uri
         ),
         "source_init_from": None,
+        # the source GRPO job's code archive (its python graders' files), for `reward`
+        "source_grader_code": trained.method.grpo.code if trained.method.grpo else None,
         # a Hugging Face source's files (a local directory or a hub id) the model is built from
         "source_model": trained.model.hf.path_or_id if trained.model.hf else None,
         "datasets": {},

@@ -115,14 +115,19 @@ def prepare(
     )
 
 
-def unpack_grader_code(factory: Callable[[], Session], job: Job, paths: RunPaths) -> RunPaths:
-    """A GRPO job's `method.grpo.code` unpacked into `paths.code_dir` as an entrypoint job's
-    code is (the trainer's `--code-dir`, where its python graders' files are); `paths` as they
-    are for a job without one. Raises InvalidInput (the archive is gone), OSError."""
-    grpo = job.spec.method.grpo if isinstance(job.spec, JobSpec) else None
-    if grpo is None or grpo.code is None:
+def unpack_grader_code(
+    factory: Callable[[], Session], job: Job, paths: RunPaths, code: str | None = None
+) -> RunPaths:
+    """A GRPO job's `method.grpo.code` (or `code`: an eval job's, its GRPO source's) unpacked
+    into `paths.code_dir` as an entrypoint job's code is (the program's `--code-dir`, where its
+    python graders' files are); `paths` as they are for a job without one. Raises InvalidInput
+    (the archive is gone), OSError."""
+    if code is None:
+        grpo = job.spec.method.grpo if isinstance(job.spec, JobSpec) else None
+        code = grpo.code if grpo is not None else None
+    if code is None:
         return paths
-    archive = _archive(factory, job, grpo.code, "method.grpo.code")
+    archive = _archive(factory, job, code, "method.grpo.code")
     _unpack(archive.uri, archive.format, archive.unpacked_bytes, paths)
     return dataclasses.replace(paths, grader_code=True)
 

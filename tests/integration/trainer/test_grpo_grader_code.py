@@ -58,7 +58,9 @@ def test_a_grpo_jobs_file_grader_from_its_code_archive_imports_its_neighbours_an
 ) -> None:
     """The file grader scores as the inline `LOWER` does (the reward is its, rising from its
     held-out value at step 0), a grader that tries to write into the code scores 0 (read-only in
-    the sandbox), and the job succeeds; another project cannot name the archive."""
+    the sandbox), and the job succeeds; its `eval_after: [reward]` job scores the final
+    checkpoint with the same file graders from the same archive; another project cannot name
+    the archive."""
     queue = unique_queue("grpo-code")
     worker = start_worker(
         settings=settings,
@@ -68,6 +70,7 @@ def test_a_grpo_jobs_file_grader_from_its_code_archive_imports_its_neighbours_an
         extra_env={"TORCHYARD_SANDBOX": "bwrap"},
     )
     spec = grpo_job(dataset="prompts", pool=queue, max_steps=10)
+    spec["eval_after"] = {"evaluations": ["reward"], "baseline": False}
     exact = [g for g in GRADERS if g["name"] == "exact"]
     spec["method"]["grpo"]["graders"] = [
         {"type": "python", "name": "lower", "file": "graders/lower.py"},
@@ -86,6 +89,13 @@ def test_a_grpo_jobs_file_grader_from_its_code_archive_imports_its_neighbours_an
                 s.name: dict(zip(s.steps, s.values, strict=True))
                 for s in client.jobs.metrics(job.id)
             }
+            # its eval_after job reads the same archive for the job's own file graders
+            (scorer,) = [
+                j for j in client.jobs.list().items if j.labels.get("eval_of") == str(job.id)
+            ]
+            ended = client.jobs.wait(scorer.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
+            assert ended.state == "succeeded", (ended.error, worker.log[-4000:])
+            (scored,) = client.jobs.evals(job.id)
         with Client(live_api, make_project(engine).api_key) as theirs:
             theirs.datasets.upload("prompts", tmp_path / "prompts.jsonl")
             with pytest.raises(ValidationFailed, match="no code archive") as refused:
@@ -99,3 +109,10 @@ def test_a_grpo_jobs_file_grader_from_its_code_archive_imports_its_neighbours_an
     assert held[10] > held[0], held
     assert set(series["reward/writes"].values()) == {0.0}, "the code directory is read-only"
     assert series["grader_errors/lower"][10] == 0, "the helper module imported"
+    assert scored.kind == "reward" and scored.step == 10
+    assert scored.metrics["grader_errors/lower"] == 0 and scored.metrics["reward/writes"] == 0
+    for sample in scored.samples:  # greedy answers of the held-out prompts, scored by the file
+        text = sample["completion"]
+        assert sample["scores"]["lower"] == pytest.approx(
+            sum(c.islower() for c in text) / max(len(text), 1)
+        ), sample

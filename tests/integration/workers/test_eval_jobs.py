@@ -236,8 +236,9 @@ def test_reward_evaluations_a_source_cannot_serve_are_refused_at_their_fields(
 ) -> None:
     """A `reward` evaluation of a supervised job has no prompts or graders to inherit (both
     paths in one answer) and cannot read prompts from plain text; a GRPO job's `eval_after`
-    cannot score perplexity on its own split (prompts, no answers), nor inherit a grader that
-    reads a file (an eval job has no code directory)."""
+    cannot score perplexity on its own split (prompts, no answers); a grader that reads a file
+    needs the job's `method.grpo.code` (with it, `reward` reads the same archive:
+    tests/integration/trainer/test_grpo_grader_code.py)."""
     sft = submit(
         client, project, tiny_spec(pool="nowhere", dataset_id=dataset_id).model_dump(mode="json")
     )
@@ -283,8 +284,8 @@ def test_reward_evaluations_a_source_cannot_serve_are_refused_at_their_fields(
     grpo["method"]["grpo"]["graders"].append({"type": "python", "name": "team", "file": "g.py"})
     inherited = client.post("/v1/jobs", json=grpo, headers=project.headers)
     error = assert_error(
-        inherited, 422, "validation_error", ["body", "eval_after", "evaluations", 0, "graders"]
+        inherited, 422, "validation_error", ["body", "method", "grpo", "graders", 1, "file"]
     )
-    assert "no code directory" in error["message"]
+    assert "give method.grpo.code" in error["message"]
     listed = client.get("/v1/jobs", headers=project.headers).json()["items"]
     assert [j["id"] for j in listed] == [sft["id"]]  # nothing refused was stored

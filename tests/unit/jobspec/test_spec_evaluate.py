@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from jobspec.evaluate import EvalAfterSpec, EvaluateSpec, RewardEval
-from jobspec.job import JobSpec
+from jobspec.job import STORED, JobSpec
 from tests.support.spec_errors import raw_spec
 
 
@@ -33,8 +33,11 @@ EXACT = {
 
 
 def _grpo_source(**grpo: Any) -> JobSpec:
+    """A stored GRPO job (as stored: a `file` grader without `method.grpo.code` is refused at
+    submission only, so a job stored before the rule still reads)."""
     method = {"kind": "grpo", "grpo": {"graders": [EXACT], **grpo}}
-    return JobSpec.model_validate(raw_spec(method=method, model={"seq_len": 128}))
+    raw = raw_spec(method=method, model={"seq_len": 128})
+    return JobSpec.model_validate(raw, context=STORED)
 
 
 def _resolved(evaluation: RewardEval, source: JobSpec) -> tuple[list[Any], int]:
@@ -74,8 +77,9 @@ def test_completions_that_leave_no_room_for_a_prompt_are_refused() -> None:
 
 
 def test_a_python_grader_reading_a_file_is_refused_where_it_is_named() -> None:
-    """An eval job has no code directory: a `file` grader is refused in the spec, and a GRPO
-    source's is refused when the evaluation would inherit it."""
+    """An eval job reads no code archive of its own: a `file` grader is refused among the
+    evaluation's graders, and a GRPO source's is refused when the evaluation would inherit it
+    from a source without `method.grpo.code`; with one, the eval job reads that archive."""
     reads = {"type": "python", "name": "team", "file": "grade.py"}
     multi = {
         "type": "multi",
@@ -91,11 +95,12 @@ def test_a_python_grader_reading_a_file_is_refused_where_it_is_named() -> None:
             RewardEval.model_validate({"kind": "reward", "graders": graders})
         (error,) = info.value.errors()
         assert error["loc"] == ("graders",) and error["msg"].startswith(where), error
-        assert "no code directory" in error["msg"]
-    (error,) = RewardEval.model_validate({"kind": "reward"}).source_errors(
-        _grpo_source(graders=[EXACT, reads], code="code_0123456789abcdef").method.grpo, 128
-    )
+        assert "no code archive of its own" in error["msg"]
+    inherits = RewardEval.model_validate({"kind": "reward"})
+    (error,) = inherits.source_errors(_grpo_source(graders=[EXACT, reads]).method.grpo, 128)
     assert error[0] == ("graders",) and "graders[1] reads a `file`" in error[1]
+    with_code = _grpo_source(graders=[EXACT, reads], code="code_0123456789abcdef")
+    assert inherits.source_errors(with_code.method.grpo, 128) == []
 
 
 @pytest.mark.parametrize(
