@@ -42,6 +42,7 @@ from jobspec.evaluate import EvalAfterSpec as EvalAfterSpec
 from jobspec.evaluate import EvaluateSpec as EvaluateSpec
 from jobspec.method import DPOSpec as DPOSpec
 from jobspec.method import MethodSpec as MethodSpec
+from jobspec.session import SessionSpec as SessionSpec
 
 SPEC_VERSION: Final = 1
 
@@ -773,19 +774,43 @@ class EvalJobSpec(JobBase):
         return self
 
 
-AnySpec = JobSpec | ScriptJobSpec | EvalJobSpec
+class SessionJobSpec(JobBase):
+    """A job whose program serves one training client of a Tinker-compatible session
+    (`trainer.session`, issue 47): it loads `model` with the session's LoRA adapters and runs
+    the client's calls (`forward_backward`, `optim_step`, ...) as they come through the control
+    plane. Made by the Tinker API's `create_model` only (`core.sessions.models`), through the
+    one door like every job; `POST /v1/jobs` takes no `session`."""
+
+    model: ModelSpec = Field(description="The base model (a registered one, `kind: hf`).")
+    session: SessionSpec = Field(description="The session and training client it serves.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_trainer_fields(cls, data: Any) -> Any:
+        """A field of the built-in trainer next to `session` is a 422 naming that field."""
+        fields = tuple(name for name in TRAINER_FIELDS if name != "model")
+        return _refuse_fields(
+            cls, data, (*fields, "entrypoint", "evaluate"), "a session job serves its client"
+        )
+
+
+AnySpec = JobSpec | ScriptJobSpec | EvalJobSpec | SessionJobSpec
 """A parsed job spec of any kind."""
 
 
 def spec_kind(value: Any) -> str:
-    """`script` for a job with `entrypoint`, `eval` for one with `evaluate` (dict or model),
-    else `trainer`."""
+    """`script` for a job with `entrypoint`, `session` for one with `session`, `eval` for one
+    with `evaluate` (dict or model), else `trainer`."""
     if isinstance(value, dict):
         if "entrypoint" in value:
             return "script"
+        if "session" in value:
+            return "session"
         return "eval" if "evaluate" in value else "trainer"
     if isinstance(value, ScriptJobSpec):
         return "script"
+    if isinstance(value, SessionJobSpec):
+        return "session"
     return "eval" if isinstance(value, EvalJobSpec) else "trainer"
 
 
@@ -794,7 +819,9 @@ SPEC_MODELS: Final[dict[str, type[JobBase]]] = {
     "trainer": JobSpec,
     "script": ScriptJobSpec,
     "eval": EvalJobSpec,
+    "session": SessionJobSpec,
 }
+"""Every kind a stored spec can be; `SPEC_KINDS` (and `AnyJobSpec`) are those a user submits."""
 AnyJobSpec = Annotated[
     Annotated[JobSpec, Tag("trainer")]
     | Annotated[ScriptJobSpec, Tag("script")]
@@ -807,13 +834,14 @@ AnyJobSpec = Annotated[
 
 def parse_job_spec(data: Any, *, stored: bool = False) -> AnySpec:
     """Validate `data` (a dict or a spec) as the kind of job it is: `ScriptJobSpec` when it
-    has `entrypoint`, `EvalJobSpec` when it has `evaluate`, else `JobSpec`; `stored`: read back,
+    has `entrypoint`, `EvalJobSpec` when it has `evaluate`, `SessionJobSpec` when it has
+    `session`, else `JobSpec`; `stored`: read back,
     as `STORED`. Raises `pydantic.ValidationError` with the JSON paths of the bad fields."""
-    if isinstance(data, JobSpec | ScriptJobSpec | EvalJobSpec):
+    if isinstance(data, JobSpec | ScriptJobSpec | EvalJobSpec | SessionJobSpec):
         return data
     model = SPEC_MODELS[spec_kind(data)]
     parsed = model.model_validate(data, context=STORED if stored else None)
-    assert isinstance(parsed, JobSpec | ScriptJobSpec | EvalJobSpec)
+    assert isinstance(parsed, JobSpec | ScriptJobSpec | EvalJobSpec | SessionJobSpec)
     return parsed
 
 

@@ -33,6 +33,7 @@ from jobspec.job import (
     EvalJobSpec,
     JobSpec,
     ScriptJobSpec,
+    SessionJobSpec,
     parse_job_spec,
     spec_kind,
 )
@@ -91,7 +92,7 @@ def read_stored_spec(raw: Any, *, name: str | None = None) -> AnySpec:
     A spec that is current and valid (every row the API wrote) is parsed once, as on submit.
     Otherwise each repair made to read it is recorded on the result (`stored_problems`):
     `name` (the job row's name) replaces a missing or invalid spec name."""
-    if isinstance(raw, JobSpec | ScriptJobSpec | EvalJobSpec):
+    if isinstance(raw, JobSpec | ScriptJobSpec | EvalJobSpec | SessionJobSpec):
         return raw
     try:
         return parse_job_spec(raw, stored=True)

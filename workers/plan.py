@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 from core.platform.settings import Settings
 from core.platform.storage import is_remote
 from core.platform.tables import Job
+from dataformat.failures import FailureClass
 from jobspec.inputs import mount_path
-from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec
+from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec, SessionJobSpec
 from workers import attempt, devices, launcher, lone_rank
 from workers.entrypoint import script
 from workers.entrypoint.script import venv_root
@@ -74,6 +75,12 @@ def prepare(
         paths = attempt.prepare_eval(settings, factory, job, spec)
         code = json.loads(paths.inputs.read_text()).get("source_grader_code")
         return script.unpack_grader_code(factory, job, paths, code)
+    if isinstance(spec, SessionJobSpec):
+        raise attempt.Unlaunched(
+            "this worker does not run session programs yet (issue 47): the session's calls "
+            "stay queued",
+            FailureClass.INFRA,
+        )
     paths = attempt.prepare(settings, factory, job, spec, node_rank=node_rank)
     return script.unpack_grader_code(factory, job, paths)
 

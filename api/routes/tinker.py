@@ -7,16 +7,23 @@ Torchyard's one body, which the client only shows (it acts on the status: 401 re
 not this project's, 410 an ended session, whose heartbeat loop then stops). The key goes in
 `X-API-Key` as `tml-<key>` (`api.deps.get_tinker_principal`).
 
-Not served yet: training and sampling clients (`create_model`, `forward_backward`,
-`optim_step`, `sample`, `retrieve_future`, checkpoints); the client's `telemetry` (a 404 it
-logs and drops).
+Training clients: `create_model` makes one, a session job through the one door
+(`core.sessions.models`), answered at once with its model id; `get_info` reads it;
+`retrieve_future` long-polls a call's stored answer (`core.sessions.requests`). Not served yet:
+running calls on the model (`forward_backward`, `optim_step`, `sample`, checkpoints); the
+client's `telemetry` (a 404 it logs and drops).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from api import audit
 from api.deps import (
@@ -29,19 +36,35 @@ from api.deps import (
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
 from core.platform.errors import InvalidInput
-from core.platform.tables import SessionState, TrainingSession, aware
+from core.platform.tables import (
+    TERMINAL_STATES,
+    Job,
+    JobState,
+    RequestState,
+    SessionModel,
+    SessionRequest,
+    SessionState,
+    TrainingSession,
+    aware,
+)
+from core.sessions import models, requests
 from core.sessions import service as sessions
 
 PREFIX = "/tinker/api/v1"
 router = APIRouter(prefix=PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
 Quiet = Depends(audit.not_audited)  # keep-alives and config reads: audited only when refused
 
-# What a session can do today: it exists and lives, but runs no model yet.
+# What a session can do today: it makes training clients (session jobs), whose calls do not
+# run yet.
 MODELS_SERVED = False
 NOT_YET = (
-    "Torchyard serves Tinker sessions but no models yet: create_model, forward_backward, "
-    "optim_step, sampling and checkpoints are not available on this server."
+    "Torchyard makes Tinker training clients (each a session job) but does not run their "
+    "calls yet: forward_backward, optim_step, sampling and checkpoints stay queued."
 )
+# A poll of `retrieve_future` is held this long at most (the client waits 45 s), re-reading the
+# call's row between naps that grow from the first to the last; no connection is held between.
+LONG_POLL_S = 30.0
+POLL_NAPS_S = (0.01, 0.02, 0.05, 0.1, 0.2)
 SESSION_ID = Annotated[str, Path(max_length=40, description="A session id (`ses_...`).")]
 # The client's `access_scope`: every session here is the project's, so both read the same.
 AccessScope = Annotated[
@@ -241,3 +264,149 @@ def session_out(row: TrainingSession) -> wire.GetSessionResponse:
         ended_at=None if row.ended_at is None else aware(row.ended_at),
         ended_reason=row.ended_reason,
     )
+
+
+@router.post(
+    "/create_model",
+    response_model=wire.UntypedAPIFuture,
+    operation_id="tinker_create_model",
+    responses={410: {"model": ErrorBody, "description": "The session has ended"}},
+)
+def create_model(
+    body: wire.CreateModelRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
+) -> wire.UntypedAPIFuture:
+    """A training client of the session (`create_lora_training_client`): a LoRA of a registered
+    base model, served by a session job of the project (it shows in `/v1/jobs`). Answered at
+    once: its future holds the model id. 422 at `base_model` for a model not registered, 410
+    for an ended session, 404 for another project's."""
+    lora = body.lora_config or wire.LoraConfig(rank=32)
+    retry_key = request.headers.get("x-idempotency-key")
+    row = models.create(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        owner=principal.actor,
+        new=models.NewModel(
+            session_id=body.session_id,
+            model_seq_id=body.model_seq_id,
+            base_model=body.base_model,
+            rank=lora.rank,
+            seed=lora.seed,
+            train_mlp=lora.train_mlp,
+            train_attn=lora.train_attn,
+            train_unembed=lora.train_unembed,
+        ),
+        body=body.model_dump_json().encode(),
+        request_key=retry_key[:200] if retry_key else None,
+    )
+    session.commit()
+    audit.name_target(request, row.session_id)
+    return wire.UntypedAPIFuture(
+        request_id=row.id, model_id=models.model_id(body.session_id, body.model_seq_id)
+    )
+
+
+@router.post(
+    "/get_info",
+    response_model=wire.GetInfoResponse,
+    operation_id="tinker_get_info",
+    dependencies=[Quiet],
+)
+def get_info(
+    body: wire.GetInfoRequest,
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> wire.GetInfoResponse:
+    """A training client of the project: its base model and LoRA rank. 404 for another
+    project's."""
+    row = models.get(session=session, project_id=principal.project_id, model_id=body.model_id)
+    return wire.GetInfoResponse.model_validate(
+        models.info(row, settings.base_models.get(row.base_model))
+    )
+
+
+@router.post(
+    "/retrieve_future",
+    operation_id="tinker_retrieve_future",
+    dependencies=[Quiet],
+    responses={
+        200: {
+            "description": "The call's answer (JSON, or protobuf for `forward_backward` and "
+            "`sample`), `try_again` while it waits, or its error",
+            "content": {"application/json": {}, "application/x-protobuf": {}},
+        }
+    },
+)
+async def retrieve_future(
+    body: wire.RetrieveFutureRequest,
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    request: Request,
+) -> Response:
+    """A call's answer, the same bytes for every poll: held up to 30 s while it waits, then
+    `try_again` with its session job's queue state (`paused_capacity` while the job waits for
+    devices). A failed call answers `{"error", "category"}`. 404 for another project's."""
+    project_id, request_id = principal.project_id, body.request_id
+    answer = await run_in_threadpool(_poll, session, project_id, request_id)
+    await run_in_threadpool(session.close)  # no connection is held while waiting
+    deadline = time.monotonic() + LONG_POLL_S
+    for nap in _naps():
+        if answer.settled or time.monotonic() + nap > deadline:
+            break
+        await asyncio.sleep(nap)
+        answer = await run_in_threadpool(
+            _poll_fresh, request.app.state.sessionmaker, project_id, request_id
+        )
+    return answer.response
+
+
+class _Answer:
+    """What one read of a call's row says: its final answer, or `try_again`."""
+
+    def __init__(self, row: SessionRequest, job_state: str | None) -> None:
+        self.settled = requests.is_settled(row)
+        if row.state == RequestState.DONE:
+            self.response = Response(content=row.result, media_type=row.result_type)
+        elif row.state == RequestState.FAILED:
+            failed = wire.RequestFailedResponse(
+                error=row.error or "failed", category=_category(row.error_category)
+            )
+            self.response = Response(failed.model_dump_json(), media_type="application/json")
+        else:
+            waiting = job_state in (None, JobState.QUEUED, JobState.PREEMPTING, JobState.PAUSED)
+            again = wire.TryAgainResponse(
+                request_id=row.id,
+                queue_state="paused_capacity" if waiting else "active",
+                queue_state_reason=f"session job {job_state}" if job_state else None,
+            )
+            self.response = Response(again.model_dump_json(), media_type="application/json")
+
+
+def _category(value: str | None) -> Any:
+    return value if value in ("unknown", "server", "user") else "unknown"
+
+
+def _naps() -> Any:
+    yield from POLL_NAPS_S
+    while True:
+        yield POLL_NAPS_S[-1]
+
+
+def _poll(session: Session, project_id: str, request_id: str) -> _Answer:
+    row = requests.get(session=session, project_id=project_id, request_id=request_id)
+    job_state = None
+    if not requests.is_settled(row) and row.model_id is not None:
+        model = session.get(SessionModel, row.model_id)
+        job = session.get(Job, model.job_id) if model is not None else None
+        job_state = None if job is None or job.state in TERMINAL_STATES else job.state
+    return _Answer(row, job_state)
+
+
+def _poll_fresh(factory: Callable[[], Session], project_id: str, request_id: str) -> _Answer:
+    with factory() as session:
+        return _poll(session, project_id, request_id)

@@ -268,3 +268,135 @@ class FinishSessionRequest(BaseModel):
     detail: str | None = Field(
         default=None, max_length=2000, pattern=r"^[^\x00]*$", description="The client's words."
     )
+
+
+ModelId = Annotated[str, StringConstraints(min_length=1, max_length=80, pattern=PRINTABLE)]
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=40, pattern=PRINTABLE)]
+SESSION_EXAMPLE = "ses_4f1c2a9e0b7d6c3a"
+MODEL_EXAMPLE = f"{SESSION_EXAMPLE}:train:0"
+
+
+class LoraConfig(BaseModel):
+    model_config = _wire({"rank": 16, "seed": 0, "train_mlp": True})
+
+    rank: int = Field(ge=1, le=4096, description="Rank of each adapter.")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**53, description="Seed of the adapters' init; null: 0."
+    )
+    train_unembed: bool = Field(default=True, description="An adapter on the output head.")
+    train_mlp: bool = Field(default=True, description="Adapters on the MLP layers.")
+    train_attn: bool = Field(default=True, description="Adapters on attention.")
+
+
+class OptimizerConfig(BaseModel):
+    model_config = _wire({"type": "adamw"})
+
+    type: Literal["adamw", "adam"] = Field(
+        default="adamw", description="The optimizer fixed for the model's life: Adam(W)."
+    )
+
+
+class CreateModelRequest(BaseModel):
+    model_config = _wire(
+        {
+            "session_id": SESSION_EXAMPLE,
+            "model_seq_id": 0,
+            "base_model": "llama-tiny",
+            "lora_config": {"rank": 16, "seed": 0},
+            "type": "create_model",
+        }
+    )
+    model_config["protected_namespaces"] = ()
+
+    session_id: SessionId = Field(description="The session the training client belongs to.")
+    model_seq_id: int = Field(ge=0, le=10**6, description="The client's count of its models.")
+    base_model: str = Field(
+        min_length=1, max_length=200, description="A registered base model's name."
+    )
+    user_metadata: dict[str, Any] | None = Field(
+        default=None, description="The client's metadata of the training run (not kept yet)."
+    )
+    lora_config: LoraConfig | None = Field(
+        default=None, description="The LoRA adapters; null: rank 32, every target."
+    )
+    optimizer_config: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="Adam(W), the only one served."
+    )
+    type: Literal["create_model"] = Field(default="create_model", description="The kind.")
+
+
+class UntypedAPIFuture(BaseModel):
+    """A call's receipt: poll `retrieve_future` with `request_id` for its answer."""
+
+    model_config = _wire({"request_id": "req_9d2e4b7a1c0f3e58", "model_id": MODEL_EXAMPLE})
+    model_config["protected_namespaces"] = ()
+
+    request_id: str = Field(description="The call's id.")
+    model_id: str | None = Field(default=None, description="The training client it is for.")
+
+
+class GetInfoRequest(BaseModel):
+    model_config = _wire({"model_id": MODEL_EXAMPLE, "type": "get_info"})
+    model_config["protected_namespaces"] = ()
+
+    model_id: ModelId = Field(description="A training client of the project.")
+    type: Literal["get_info"] = Field(default="get_info", description="The kind.")
+
+
+class ModelData(BaseModel):
+    model_config = _wire({"arch": "lora", "model_name": "llama-tiny"})
+    model_config["protected_namespaces"] = ()
+
+    arch: str | None = Field(default=None, description="`lora`.")
+    model_name: str | None = Field(default=None, description="The base model.")
+    tokenizer_id: str | None = Field(
+        default=None, description="Where the base model's tokenizer lies (its directory)."
+    )
+
+
+class GetInfoResponse(BaseModel):
+    model_config = _wire({"model_id": MODEL_EXAMPLE, "model_data": {}, "is_lora": True})
+    model_config["protected_namespaces"] = ()
+
+    type: Literal["get_info"] = Field(default="get_info", description="The kind.")
+    model_data: ModelData = Field(description="The model's architecture and base.")
+    model_id: str = Field(description="The training client.")
+    optimizer_config: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="Adam(W)."
+    )
+    is_lora: bool | None = Field(default=None, description="Always true here.")
+    lora_rank: int | None = Field(default=None, description="Its adapters' rank.")
+    model_name: str | None = Field(default=None, description="The base model.")
+
+
+class RetrieveFutureRequest(BaseModel):
+    model_config = _wire({"request_id": "req_9d2e4b7a1c0f3e58", "allow_metadata_only": False})
+
+    request_id: RequestId = Field(description="A call's id (its `UntypedAPIFuture`).")
+    allow_metadata_only: bool = Field(
+        default=False, description="Ignored: every answer is sent whole."
+    )
+
+
+class TryAgainResponse(BaseModel):
+    """Not answered yet: poll again (`queue_state` says why it waits)."""
+
+    model_config = _wire(
+        {"type": "try_again", "request_id": "req_9d2e4b7a1c0f3e58", "queue_state": "active"}
+    )
+
+    type: Literal["try_again"] = Field(default="try_again", description="The kind.")
+    request_id: str = Field(description="The call polled for.")
+    queue_state: Literal["active", "paused_capacity", "paused_rate_limit"] = Field(
+        description="`active`: its session job runs; `paused_capacity`: it waits for devices."
+    )
+    queue_state_reason: str | None = Field(default=None, description="Why, in words.")
+
+
+class RequestFailedResponse(BaseModel):
+    """A call that failed: final (`tinker.RequestFailedError`)."""
+
+    model_config = _wire({"error": "session ended", "category": "user"})
+
+    error: str = Field(description="What went wrong.")
+    category: Literal["unknown", "server", "user"] = Field(description="Whose fault.")

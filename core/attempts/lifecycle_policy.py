@@ -178,7 +178,7 @@ class AttemptFacts:
 
 
 #: What a job of each kind did when it succeeded (`Decision.message`, its `succeeded` event's).
-COMPLETED = {"eval": "evaluation completed"}
+COMPLETED = {"eval": "evaluation completed", "session": "session ended"}
 
 
 class Outcome(enum.StrEnum):

@@ -33,7 +33,7 @@ from core.platform.tables import (
     utcnow,
 )
 from core.webhooks import subscriptions as webhooks
-from jobspec.job import EvalJobSpec, ScriptJobSpec
+from jobspec.job import EvalJobSpec, ScriptJobSpec, SessionJobSpec
 
 # What `python -m trainer.checkpoint.export` writes (CONTRACTS.md, 1).
 WEIGHTS_FILE = "model.safetensors"
@@ -80,6 +80,11 @@ def not_exportable(job: Job) -> str | None:
         )
     if isinstance(spec, EvalJobSpec):
         return f"job {job.id} is an eval job: it writes scores, not checkpoints"
+    if isinstance(spec, SessionJobSpec):
+        return (
+            f"job {job.id} serves a training session: its weights are LoRA adapters its client "
+            "saves (`save_state`), not a built-in GPT to export"
+        )
     if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
         return (
             f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "

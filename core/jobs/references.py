@@ -24,7 +24,7 @@ from core.platform.errors import DomainError, Forbidden, InvalidInput
 from core.platform.settings import Settings
 from core.platform.tables import Dataset
 from jobspec.data import DataSpec
-from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec
+from jobspec.job import AnySpec, EvalJobSpec, JobSpec, ScriptJobSpec, SessionJobSpec
 from jobspec.method_checks import method_data_error
 from jobspec.problems import spec_errors, spec_order
 
@@ -46,6 +46,8 @@ def check_references(
         return evaluations.check(
             session=session, settings=settings, project_id=project_id, spec=spec
         )
+    if isinstance(spec, SessionJobSpec):  # built from a registered base model by the server
+        return spec
     spec = _check_data(session=session, settings=settings, project_id=project_id, spec=spec)
     code_archives.check_grader_code(session=session, project_id=project_id, spec=spec)
     spec = evaluations.check_after(

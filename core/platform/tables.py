@@ -25,6 +25,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     SmallInteger,
     String,
     Text,
@@ -869,3 +870,66 @@ class TrainingSession(Base):
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_reason: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class SessionModel(Base):
+    """A training client of a session (0026, issue 47): `id` is the client's `model_id`,
+    `<session_id>:train:<model_seq_id>` (the client builds it itself for create-via-load), its
+    registered base model and LoRA rank, and the session job that serves it (`job_id`, made
+    through the one door). A session has as many as its client made, each its own job."""
+
+    __tablename__ = "session_models"
+    __table_args__ = (UniqueConstraint("session_id", "model_seq_id", name="uq_session_models_seq"),)
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("training_sessions.id", ondelete="CASCADE"), index=True
+    )
+    model_seq_id: Mapped[int] = mapped_column(Integer)
+    base_model: Mapped[str] = mapped_column(String(200))
+    lora_rank: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RequestState(enum.StrEnum):
+    QUEUED = "queued"  # stored, waiting for its turn (seq_id order) in the session job
+    RUNNING = "running"  # handed to the session job's program
+    DONE = "done"  # `result` holds the answer
+    FAILED = "failed"  # `error` and `error_category` hold why
+
+
+class SessionRequest(Base):
+    """One call of a session's client (0026, issue 47), queued for its session job and kept
+    with its answer so that a retried `retrieve_future` gets the same one: `kind` is the route
+    (`create_model`, `forward_backward`, ...), `body` the request as it came (JSON, or
+    `forward_backward`'s protobuf), `seq_id` its place in its model's order. `result` is the
+    answer's bytes, of `result_type` (`application/json` or `application/x-protobuf`); a failed
+    call keeps `error` and `error_category` (`user`, `server`, Tinker's). `request_key` is the
+    client's `X-Idempotency-Key`: a retried submission finds its first request."""
+
+    __tablename__ = "session_requests"
+    __table_args__ = (
+        Index("ix_session_requests_model_state_seq", "model_id", "state", "seq_id"),
+        UniqueConstraint("project_id", "request_key", name="uq_session_requests_request_key"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("training_sessions.id", ondelete="CASCADE"), index=True
+    )
+    model_id: Mapped[str | None] = mapped_column(String(80), default=None)
+    seq_id: Mapped[int | None] = mapped_column(Integer, default=None)
+    kind: Mapped[str] = mapped_column(String(40))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    body_type: Mapped[str] = mapped_column(String(60), default="application/json")
+    request_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    state: Mapped[str] = mapped_column(String(20), default=RequestState.QUEUED)
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    result_type: Mapped[str | None] = mapped_column(String(60), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    error_category: Mapped[str | None] = mapped_column(String(20), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    done_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -9,8 +9,8 @@ then `ended`, for good: a
 heartbeat for it raises Gone (410), which stops the client's heartbeat loop
 (docs/TINKER-WIRE.md, "Start-up sequence").
 
-Not yet: a session runs no model. The model server (create_model, forward_backward, optim_step,
-sample) is a session *job* of a later slice, ended with its session.
+Its training clients (`create_model`) are session jobs (`core.sessions.models`); when the
+session ends, by `finish` or idling out, they are cancelled and its unanswered calls fail.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from core.access.auth import new_id
 from core.platform.errors import Gone, NotFound
 from core.platform.tables import SessionState, TrainingSession, utcnow
+from core.sessions import models
 
 ID_PREFIX = "ses"
 
@@ -147,13 +148,15 @@ def finish(
         .execution_options(synchronize_session=False)
     )
     session.refresh(row)
+    models.stop_jobs(session=session, session_ids=[row.id])
     return row
 
 
 def end_idle(*, session: Session, idle_timeout_s: float, now: datetime | None = None) -> list[str]:
     """End every active session whose last heartbeat is more than `idle_timeout_s` seconds
     before `now` (its client is gone), in one UPDATE: a heartbeat that commits first keeps its
-    session. Returns the ended ids. No commit."""
+    session. Their session jobs are cancelled (`core.sessions.models.stop_jobs`). Returns the
+    ended ids. No commit."""
     now = now or utcnow()
     cutoff = now - timedelta(seconds=idle_timeout_s)
     ended = session.execute(
@@ -170,4 +173,6 @@ def end_idle(*, session: Session, idle_timeout_s: float, now: datetime | None = 
         .returning(TrainingSession.id)
         .execution_options(synchronize_session=False)
     )
-    return sorted(ended.scalars())
+    ids = sorted(ended.scalars())
+    models.stop_jobs(session=session, session_ids=ids)
+    return ids

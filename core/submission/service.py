@@ -1,7 +1,8 @@
 """The one door every job comes in by.
 
 `submit` is how a job is made, whoever makes it (`Door`: `POST /v1/jobs`, the OpenAI view's
-`fine_tuning.jobs.create`, a sweep's trial, a training job's `eval_after`): the checks (`check`:
+`fine_tuning.jobs.create`, a sweep's trial, a training job's `eval_after`, a Tinker
+session's `create_model`): the checks (`check`:
 storable strings, a priced pool for `limits.max_cost`, then `core.jobs.references`), the
 project's queue quota, the insert with its `queued` event (`core.jobs.service`), and the run
 message sent after the commit (`core.jobs.outbox`). Nothing else inserts a job row
@@ -43,6 +44,9 @@ API = Door("api")
 OPENAI = Door("openai")
 SWEEP = Door("sweep")
 EVAL_AFTER = Door("eval_after", checks=False, quota=False, commits=False)
+# A session's training client (`core.sessions.models.create`): its job, model row and first
+# answer are one transaction.
+SESSION = Door("session", commits=False)
 
 
 def submit(

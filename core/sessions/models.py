@@ -1,0 +1,197 @@
+"""Training clients of a session and their session jobs (issue 47, `session_models`).
+
+`create_model` (the client's `create_lora_training_client`) makes a training client: a row
+whose id is the client's `model_id` (`<session_id>:train:<model_seq_id>`, the form the client
+builds itself for create-via-load) and a session job (`jobspec.job.SessionJobSpec`) that serves
+it, made through the one door (`core.submission.service.SESSION`), queued, placed, sandboxed
+and billed like any job. The call is answered at once with the model id: the model exists from
+then on, and its calls queue for the job (`core.sessions.requests`). When its session ends
+(`finish`, idle), its jobs are cancelled (`stop_jobs`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.jobs import service as jobs
+from core.platform.errors import Gone, InvalidInput, NotFound
+from core.platform.settings import BaseModelEntry, Settings
+from core.platform.tables import (
+    TERMINAL_STATES,
+    Job,
+    SessionModel,
+    SessionRequest,
+    SessionState,
+    TrainingSession,
+    utcnow,
+)
+from core.sessions import requests
+from core.submission import service as submission
+from jobspec.job import SessionJobSpec
+
+
+@dataclass(frozen=True)
+class NewModel:
+    """`create_model`'s body, validated at the edge: the client's LoRA config."""
+
+    session_id: str
+    model_seq_id: int
+    base_model: str
+    rank: int
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+
+def model_id(session_id: str, model_seq_id: int) -> str:
+    """The client's id of a training client (`service_client.py:398-400`)."""
+    return f"{session_id}:train:{model_seq_id}"
+
+
+def create(
+    *,
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    owner: str | None,
+    new: NewModel,
+    body: bytes,
+    request_key: str | None = None,
+) -> SessionRequest:
+    """The answered `create_model` request for `new`: a new training client and its session
+    job, or, for a `model_seq_id` the session has already (a retried call), that one. Raises
+    NotFound (a session not of the project), Gone (an ended session), InvalidInput at
+    `body.base_model` (not registered) or at `body.model_seq_id` (taken by another base model),
+    QuotaExceeded (the project's queue is full). No commit."""
+    earlier = requests.find(session=session, project_id=project_id, request_key=request_key)
+    if earlier is not None:  # the client's retry of this very call
+        return earlier
+    row = _active_session(session, project_id, new.session_id)
+    entry = _base_model(settings, new.base_model)
+    mid = model_id(row.id, new.model_seq_id)
+    existing = session.get(SessionModel, mid)
+    if existing is not None and existing.base_model != new.base_model:
+        msg = f"training client {new.model_seq_id} of the session is {existing.base_model!r}"
+        raise InvalidInput(
+            f"model_seq_id: {msg}",
+            details=[{"loc": ["body", "model_seq_id"], "msg": msg, "type": "value_error"}],
+        )
+    stored = requests.NewRequest(session_id=row.id, kind="create_model", body=body)
+    answer = {"model_id": mid, "type": "create_model"}
+    if existing is None:
+        job = submission.submit(
+            session=session,
+            settings=settings,
+            project_id=project_id,
+            spec=_spec(entry, new, mid, row.id),
+            owner=owner,
+            door=submission.SESSION,
+            message=f"submitted: training client {mid} of session {row.id}",
+        ).job
+        session.add(
+            SessionModel(
+                id=mid,
+                project_id=project_id,
+                session_id=row.id,
+                model_seq_id=new.model_seq_id,
+                base_model=new.base_model,
+                lora_rank=new.rank,
+                job_id=job.id,
+                created_at=utcnow(),
+            )
+        )
+        session.flush()
+    req, _ = requests.add(
+        session=session, project_id=project_id, new=stored, request_key=request_key, answer=answer
+    )
+    return req
+
+
+def _spec(entry: BaseModelEntry, new: NewModel, mid: str, session_id: str) -> SessionJobSpec:
+    return SessionJobSpec.model_validate(
+        {
+            "name": f"session-{session_id}-train-{new.model_seq_id}",
+            "labels": {"tinker.session": session_id, "tinker.model": mid},
+            "seed": (new.seed or 0) % 2**31,
+            "model": {"kind": "hf", "hf": {"path_or_id": entry.path}, "seq_len": entry.seq_len},
+            "session": {
+                "session_id": session_id,
+                "model_id": mid,
+                "base_model": new.base_model,
+                "lora_rank": new.rank,
+                "lora_seed": new.seed,
+                "train_mlp": new.train_mlp,
+                "train_attn": new.train_attn,
+                "train_unembed": new.train_unembed,
+            },
+            "resources": {**entry.resources, "pool": entry.pool},
+        }
+    )
+
+
+def _active_session(session: Session, project_id: str, session_id: str) -> TrainingSession:
+    row = session.get(TrainingSession, session_id)
+    if row is None or row.project_id != project_id:
+        raise NotFound(f"session {session_id[:100]!r} not found")
+    if row.state != SessionState.ACTIVE:
+        raise Gone(f"session {session_id} has ended: {row.ended_reason or 'ended'}")
+    return row
+
+
+def _base_model(settings: Settings, name: str) -> BaseModelEntry:
+    entry = settings.base_models.get(name)
+    if entry is not None:
+        return entry
+    near = difflib.get_close_matches(name, list(settings.base_models), n=1)
+    msg = f"no registered base model {name[:200]!r}" + (
+        f" (did you mean {near[0]!r}?)" if near else ""
+    )
+    raise InvalidInput(
+        f"base_model: {msg}",
+        details=[{"loc": ["body", "base_model"], "msg": msg, "type": "model_not_found"}],
+    )
+
+
+def get(*, session: Session, project_id: str, model_id: str) -> SessionModel:
+    """The project's training client `model_id`. Raises NotFound (another project's too)."""
+    row = session.get(SessionModel, model_id)
+    if row is None or row.project_id != project_id:
+        raise NotFound(f"model {model_id[:100]!r} not found")
+    return row
+
+
+def stop_jobs(*, session: Session, session_ids: Sequence[str]) -> list[int]:
+    """Cancel the running or queued session jobs of the sessions `session_ids` (they ended),
+    and fail their unanswered calls. Returns the cancelled job ids. No commit."""
+    if not session_ids:
+        return []
+    job_ids = session.scalars(
+        select(Job.id)
+        .join(SessionModel, SessionModel.job_id == Job.id)
+        .where(SessionModel.session_id.in_(session_ids), Job.state.not_in(TERMINAL_STATES))
+    ).all()
+    for job_id in job_ids:
+        jobs.cancel(session=session, job_id=job_id)
+    requests.fail_open(session=session, session_ids=list(session_ids), reason="session ended")
+    return list(job_ids)
+
+
+def info(row: SessionModel, entry: BaseModelEntry | None) -> dict[str, object]:
+    """`get_info`'s answer for a training client (`GetInfoResponse`)."""
+    return {
+        "model_id": row.id,
+        "model_data": {
+            "arch": "lora",
+            "model_name": row.base_model,
+            "tokenizer_id": entry.path if entry is not None else None,
+        },
+        "is_lora": True,
+        "lora_rank": row.lora_rank,
+        "model_name": row.base_model,
+    }
