@@ -55,6 +55,33 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
             "sse.delivery_latency.p99_ms",
         ],
     ),
+    "fleet": (
+        ["-m", "bench.fleet"],
+        [
+            "submit.jobs_per_s",
+            "submit.errors",
+            "submit.latency.p50_ms",
+            "submit.latency.p99_ms",
+            "queue_to_claim.all.p50_ms",
+            "queue_to_claim.all.p99_ms",
+            "queue_to_claim.states.succeeded",
+            "reconcile_spacing.p50_ms",
+            "updates_per_s.workers",
+            "updates_per_s.job_nodes",
+            "postgres.transactions_per_s",
+            "postgres.connections_max",
+            "pgbouncer.cl_active",
+            "pgbouncer.sv_active",
+            "ingest.points_per_s",
+            "ingest.lag.p99_ms",
+            "cpu_s_per_1000_jobs.api",
+            "cpu_s_per_1000_jobs.controllers",
+            "cpu_s_per_1000_jobs.workers_own",
+            "cpu_s_per_1000_jobs.workers_with_jobs",
+            "cpu_s_per_1000_jobs.postgres",
+            "cpu_s_per_1000_jobs.pgbouncer",
+        ],
+    ),
     "audit": (
         ["-m", "bench.audit"],
         ["submit_latency_ms.added_p50_ms", "audit_record_insert_ms.p50_ms"],
@@ -120,7 +147,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
 # service_path, both smoked above, on CUDA; `cuda_workers_check.py` asks NVML about a real
 # CUDA process; `gpu_wheels.sh` downloads the wheels the GPU image lacks.
 CUDA_ONLY = {"cuda_check", "cuda_workers_check", "gpu_wheels"}
-HELPERS = {"__init__", "_common", "smoke"}
+HELPERS = {"__init__", "_common", "_fleet_probe", "smoke"}
 
 
 def _get(document: dict[str, Any], dotted: str) -> Any:
@@ -129,6 +156,27 @@ def _get(document: dict[str, Any], dotted: str) -> Any:
         assert isinstance(value, dict) and key in value, f"{dotted}: no {key!r}"
         value = value[key]
     return value
+
+
+def _fleet_is_sane(document: dict[str, Any]) -> None:
+    """The fleet did its work, through PgBouncer: every job ran to success, every point of every
+    job reached Postgres, and the figures are self-consistent (no timing is judged)."""
+    sizes = document["sizes"]
+    assert document["submit"]["errors"] == 0, document["submit"]["first_error"]
+    assert document["queue_to_claim"]["states"] == {"succeeded": sizes["jobs"]}
+    assert document["queue_to_claim"]["all"]["n"] == sizes["jobs"]
+    assert document["ingest"]["points"] >= sizes["jobs"] * sizes["steps"] * sizes["series"]
+    assert document["pgbouncer"]["cl_active"] > 0  # the API's and workers' clients
+    assert document["postgres"]["connections_max"] > 0
+    assert document["peak"]["holding_slots"] <= sizes["slots_total"]
+    for path in ("submit.latency", "queue_to_claim.all", "ingest.lag", "reconcile_spacing"):
+        summary = _get(document, path)
+        assert 0 <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"], path
+    assert all(v >= 0 for v in document["cpu_s_per_1000_jobs"].values())
+
+
+# bench -> what its document must also satisfy, besides having the keys above
+SANE = {"fleet": _fleet_is_sane}
 
 
 def test_every_bench_is_smoked_or_needs_a_gpu() -> None:
@@ -163,3 +211,5 @@ def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
     for key in keys:
         value = _get(document, key)
         assert isinstance(value, int | float | bool), (key, value)
+    if name in SANE:
+        SANE[name](document)
