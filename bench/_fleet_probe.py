@@ -89,10 +89,13 @@ class Probe:
         self.stop.set()
         self.thread.join(30)
 
-    def holding_at(self, t: float) -> int:
-        """Jobs holding a slot (starting or running) at the last sample before time `t`."""
+    def taken_at(self, t: float) -> tuple[float, int]:
+        """(the time of the last sample before `t`, the slots then taken or spoken for: jobs
+        queued, starting or running)."""
         i = bisect.bisect_right(self.timeline, (t, 1 << 30, 1 << 30)) - 1
-        return self.timeline[i][2] if i >= 0 else 0
+        return (
+            (self.timeline[i][0], self.timeline[i][1] + self.timeline[i][2]) if i >= 0 else (0, 0)
+        )
 
     def _counters(self) -> dict[str, float]:
         with self.engine.connect() as conn:

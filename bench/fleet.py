@@ -17,24 +17,27 @@ ingest, checkpoints, heartbeats, reconcile) while the host's CPUs stay mostly fr
 Submissions: a Poisson stream of `--rate` jobs/s over `--projects` projects (random priorities
 0-2) with, halfway, a burst of `--burst` at once (a sweep starting), `--jobs` in all. Measured
 from the stream's start until every job has ended, printed as one JSON document: submit latency
-and throughput; queue -> claim latency (all jobs, and those submitted while a slot was free);
-the spacing of the leader's reconcile rounds (2 s, or a round's length when longer); heartbeat
-UPDATEs/s (`pg_stat_user_tables`); Postgres transactions/s (`pg_stat_database`) and connections
-(`pg_stat_activity`), PgBouncer's pools (`SHOW POOLS`); metric points/s and ingest lag (a
-point's `time` to the first poll that sees it: an upper bound, `poll_s` coarse); CPU seconds
-per 1,000 jobs of the API, controllers, workers (their own process, and with their jobs),
-Postgres' backends of this database and PgBouncer (from /proc: this host only). Nothing in the
-product knows it is simulated: the workers are workers, the jobs are jobs.
+and throughput; queue -> claim latency (all jobs, and those submitted with a slot free and no
+job queued); the spacing of the leader's reconcile rounds (2 s, or a round's length when
+longer); heartbeat UPDATEs/s (`pg_stat_user_tables`); Postgres transactions/s
+(`pg_stat_database`) and connections (`pg_stat_activity`), PgBouncer's pools (`SHOW POOLS`);
+metric points/s and ingest lag (a point's `time` to the first poll that sees it: an upper
+bound, `poll_s` coarse); CPU seconds per 1,000 jobs of the API, controllers, workers (their own
+process, and with their jobs), Postgres' backends of this database and PgBouncer (from /proc:
+this host only). Nothing in the product knows it is simulated: the workers are workers, the
+jobs are jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import io
 import os
 import random
+import re
 import secrets
 import sys
 import tarfile
@@ -207,9 +210,10 @@ def _wait_done(engine: Any, jobs: int, timeout_s: float) -> None:
     wait_for(done, timeout_s, f"{jobs} jobs to end", poll_s=1.0)
 
 
-def _queue_to_claim(engine: Any, running_at: Any) -> dict[str, Any]:
+def _queue_to_claim(engine: Any, taken_at: Any, capacity: int) -> dict[str, Any]:
     """Submit (`jobs.created_at`) -> first claim (its first `starting` event), for all jobs and
-    for those submitted while `running_at(t)` (jobs holding a slot) left a slot free."""
+    for those that found a slot free: the slots taken or queued for at the probe's last sample
+    (`taken_at`), plus the jobs submitted since, below `capacity`."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -218,13 +222,29 @@ def _queue_to_claim(engine: Any, running_at: Any) -> dict[str, Any]:
             )
         ).all()
         states = dict(conn.execute(text("SELECT state, count(*) FROM jobs GROUP BY state")).all())
-    waits = [(created, (claimed - created).total_seconds()) for created, claimed in rows]
-    free = [w for created, w in waits if running_at(created.timestamp())]
+    waits = sorted((c.timestamp(), (claimed - c).total_seconds()) for c, claimed in rows)
+    created = [c for c, _ in waits]
+    free = []
+    for i, (at, wait) in enumerate(waits):
+        sampled, taken = taken_at(at)
+        if taken + i - bisect.bisect_right(created, sampled) < capacity:  # jobs since, before
+            free.append(wait)
     return {
         "all": summary_ms([w for _, w in waits]) if waits else None,
         "slot_free": summary_ms(free) if free else None,
         "states": {str(k): int(v) for k, v in states.items()},
     }
+
+
+def _redispatched(root: Path, controllers: int) -> int:
+    """Jobs the leader sent again because they stayed queued past the reconciler's
+    `redispatch_after_s` (its `reconcile:` log lines): each a claim message spent elsewhere."""
+    found: set[str] = set()
+    for i in range(controllers):
+        log = (root / f"controller{i}.log").read_text(errors="replace")
+        for listed in re.findall(r"redispatched=\[([^\]]*)\]", log):
+            found.update(x.strip() for x in listed.split(",") if x.strip())
+    return len(found)
 
 
 def main() -> None:
@@ -297,7 +317,8 @@ def main() -> None:
             cpu1 = {k: [tree_cpu_s(p) for p in v] for k, v in pids.items()}
             measured = probe.finish()
             capacity = args.workers * args.slots
-            claim = _queue_to_claim(engine, lambda t: probe.holding_at(t) < capacity)
+            claim = _queue_to_claim(engine, probe.taken_at, capacity)
+            claim["redispatched"] = _redispatched(root, args.controllers)
         engine.dispose()
     per_1000 = 1000 / args.jobs
 
