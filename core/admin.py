@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     if args.command == "migrate":
-        upgrade(settings.database_direct_url)  # DDL straight to Postgres, not through a pooler
-        shown = make_url(settings.database_direct_url).render_as_string(hide_password=True)
+        upgrade(settings.direct_database_url)  # DDL straight to Postgres, not through a pooler
+        shown = make_url(settings.direct_database_url).render_as_string(hide_password=True)
         print(f"migrated {shown}")
         return 0
     with session_scope(get_engine(settings)) as session:

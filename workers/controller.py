@@ -215,7 +215,7 @@ def run(
         from workers.tasks import dispatch as send_run_job
 
         dispatch = send_run_job
-    engine = make_engine(settings.database_direct_url)  # never through a transaction pooler
+    engine = make_engine(settings.direct_database_url)  # never through a transaction pooler
     factory = session_factory(engine)
     leadership = Leadership(engine, settings.home)
     steady = Steadiness()

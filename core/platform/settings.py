@@ -116,7 +116,8 @@ class Settings(BaseSettings):
         default="",
         description="Postgres itself, when `database_url` is PgBouncer in transaction pooling: "
         "the controller leads by a session-level advisory lock, which a pooled connection "
-        "would lose, and migrations run here too. Empty: `database_url`.",
+        "would lose, and migrations run here too. Empty: `database_url` (read it as "
+        "`direct_database_url`).",
     )
     broker_url: str = Field(
         default="filesystem://", description="Celery broker; `filesystem://` needs no server."
@@ -419,8 +420,6 @@ class Settings(BaseSettings):
     def _defaults_and_production_checks(self) -> Settings:
         if not self.database_url:
             self.database_url = f"sqlite:///{(self.home / 'torchyard.db').resolve()}"
-        if not self.database_direct_url:
-            self.database_direct_url = self.database_url
         if not self.storage_url:
             self.storage_url = str((self.home / "storage").resolve())
         if self.worker_timeout_s < 2 * self.worker_heartbeat_interval_s:
@@ -442,6 +441,12 @@ class Settings(BaseSettings):
             if self.broker_url.startswith("filesystem"):
                 raise ValueError("TORCHYARD_BROKER_URL: production needs Redis, not filesystem://")
         return self
+
+    @property
+    def direct_database_url(self) -> str:
+        """Postgres itself: `database_direct_url`, else `database_url` (no pooler between).
+        Resolved on each read, so a copy with another `database_url` follows it."""
+        return self.database_direct_url or self.database_url
 
     @property
     def is_local_storage(self) -> bool:

@@ -79,7 +79,7 @@ def targets(settings: Settings, extra: list[str] | None = None) -> list[Target]:
     left out (the worker could not reach them either). Raises ValueError for an `extra` entry
     without a port."""
     found: list[Target] = []
-    for url in (settings.database_url, settings.database_direct_url, settings.broker_url):
+    for url in (settings.database_url, settings.direct_database_url, settings.broker_url):
         parts = urlsplit(url)
         scheme = parts.scheme.split("+", 1)[0]
         if scheme in DEFAULT_PORTS and parts.hostname:

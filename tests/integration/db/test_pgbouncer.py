@@ -2,7 +2,7 @@
 production puts it in front of Postgres for the API and the workers: README's Deployment), the
 product's engines work: a transaction may run on any server connection, so nothing may rely on
 a server session outliving it (prepared statements, `options` at connect); and the controller,
-whose leader lock is one, connects to Postgres itself (`database_direct_url`)."""
+whose leader lock is one, connects to Postgres itself (`Settings.direct_database_url`)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,25 @@ def test_the_database_and_the_broker_are_fenced_at_their_ports_with_the_defaults
     assert Target("127.0.0.1", 9001) in targets(settings, ["localhost:9001"])
 
 
+def test_behind_pgbouncer_both_pgbouncer_and_postgres_itself_are_fenced(tmp_path: Path) -> None:
+    """A job must reach neither the pooler the worker uses nor the Postgres behind it (the
+    controller's `direct_database_url`); without a direct URL, Postgres is `database_url`, and a
+    copy with another `database_url` follows it."""
+    settings = Settings(
+        home=tmp_path,
+        database_url="postgresql+psycopg://ty@127.0.0.1:6432/torchyard",
+        database_direct_url="postgresql+psycopg://ty@127.0.0.1:5432/torchyard",
+        broker_url="redis://127.0.0.1:6379/0",
+    )
+    assert targets(settings) == [
+        Target("127.0.0.1", 5432), Target("127.0.0.1", 6379), Target("127.0.0.1", 6432),
+    ]  # fmt: skip
+    plain = _settings(tmp_path, "postgresql+psycopg://ty@127.0.0.1:5433/a", "redis://127.0.0.1")
+    assert plain.direct_database_url == plain.database_url
+    moved = plain.model_copy(update={"database_url": "postgresql+psycopg://ty@127.0.0.1:5434/b"})
+    assert moved.direct_database_url.endswith(":5434/b")
+
+
 def test_the_embedded_default_has_nothing_to_fence_but_link_local(tmp_path: Path) -> None:
     settings = _settings(tmp_path, f"sqlite:///{tmp_path / 'ty.db'}", "filesystem://")
     assert targets(settings) == []
