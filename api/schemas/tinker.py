@@ -26,6 +26,18 @@ MetaValue = Annotated[str, StringConstraints(max_length=1000, pattern=r"^[^\x00]
 SessionId = Annotated[str, StringConstraints(min_length=1, max_length=40, pattern=PRINTABLE)]
 
 
+def _key_pattern_in_property_names(schema: dict[str, Any]) -> None:
+    """A dict field whose keys have a pattern: pydantic states it as `patternProperties`, which
+    leaves any other key allowed by the schema (and refused by the model); as `propertyNames`
+    with the values under `additionalProperties`, the schema says what the model accepts."""
+    for branch in schema.get("anyOf", [schema]):
+        patterns = branch.pop("patternProperties", None)
+        if patterns:
+            ((pattern, values),) = patterns.items()
+            branch["propertyNames"] = {**branch.get("propertyNames", {}), "pattern": pattern}
+            branch["additionalProperties"] = values
+
+
 def _wire(*examples: dict[str, Any]) -> ConfigDict:
     return openapi_examples.config(*examples, extra="ignore")
 
@@ -156,6 +168,7 @@ class CreateSessionRequest(BaseModel):
         default=None,
         max_length=64,
         description="The client's metadata (`ServiceClient(user_metadata=...)`), strings only.",
+        json_schema_extra=_key_pattern_in_property_names,
     )
     sdk_version: str = Field(max_length=40, pattern=PRINTABLE, description="The client's version.")
     project_id: str | None = Field(
