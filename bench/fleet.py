@@ -210,41 +210,54 @@ def _wait_done(engine: Any, jobs: int, timeout_s: float) -> None:
     wait_for(done, timeout_s, f"{jobs} jobs to end", poll_s=1.0)
 
 
-def _queue_to_claim(engine: Any, taken_at: Any, capacity: int) -> dict[str, Any]:
-    """Submit (`jobs.created_at`) -> first claim (its first `starting` event), for all jobs and
-    for those that found a slot free: the slots taken or queued for at the probe's last sample
-    (`taken_at`), plus the jobs submitted since, below `capacity`."""
+def _queue_to_claim(
+    engine: Any, taken_at: Any, capacity: int, redispatched: set[int]
+) -> dict[str, Any]:
+    """Submit (`jobs.created_at`) -> first claim (its first `starting` event): for all jobs, by
+    priority, and for those that found a slot free: the slots taken or queued for at the probe's
+    last sample (`taken_at`), plus the jobs submitted since, below `capacity`. `redispatched`:
+    the ids of the jobs the reconciler sent again, counted by priority."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT j.created_at, min(e.created_at) FROM jobs j JOIN job_events e"
-                " ON e.job_id = j.id AND e.state_to = 'starting' GROUP BY j.id, j.created_at"
+                "SELECT j.id, j.priority, j.created_at, min(e.created_at) FROM jobs j"
+                " JOIN job_events e ON e.job_id = j.id AND e.state_to = 'starting'"
+                " GROUP BY j.id, j.priority, j.created_at"
             )
         ).all()
         states = dict(conn.execute(text("SELECT state, count(*) FROM jobs GROUP BY state")).all())
-    waits = sorted((c.timestamp(), (claimed - c).total_seconds()) for c, claimed in rows)
-    created = [c for c, _ in waits]
+    waits = sorted(
+        (c.timestamp(), (claimed - c).total_seconds(), p, i) for i, p, c, claimed in rows
+    )
+    created = [c for c, _, _, _ in waits]
     free = []
-    for i, (at, wait) in enumerate(waits):
+    for i, (at, wait, _, _) in enumerate(waits):
         sampled, taken = taken_at(at)
         if taken + i - bisect.bisect_right(created, sampled) < capacity:  # jobs since, before
             free.append(wait)
+    by_priority: dict[str, Any] = {}
+    for priority in sorted({p for _, _, p, _ in waits}):
+        mine = [w for _, w, p, _ in waits if p == priority]
+        sent_again = sum(1 for _, _, p, i in waits if p == priority and i in redispatched)
+        by_priority[str(priority)] = {**summary_ms(mine), "redispatched": sent_again}
     return {
-        "all": summary_ms([w for _, w in waits]) if waits else None,
+        "all": summary_ms([w for _, w, _, _ in waits]) if waits else None,
         "slot_free": summary_ms(free) if free else None,
+        "by_priority": by_priority,
+        "redispatched": len(redispatched),
         "states": {str(k): int(v) for k, v in states.items()},
     }
 
 
-def _redispatched(root: Path, controllers: int) -> int:
-    """Jobs the leader sent again because they stayed queued past the reconciler's
-    `redispatch_after_s` (its `reconcile:` log lines): each a claim message spent elsewhere."""
-    found: set[str] = set()
+def _redispatched(root: Path, controllers: int) -> set[int]:
+    """The jobs the leader sent again because they stayed queued past the reconciler's
+    `redispatch_after_s` (its `reconcile:` log lines): a long queue, or a lost message."""
+    found: set[int] = set()
     for i in range(controllers):
         log = (root / f"controller{i}.log").read_text(errors="replace")
         for listed in re.findall(r"redispatched=\[([^\]]*)\]", log):
-            found.update(x.strip() for x in listed.split(",") if x.strip())
-    return len(found)
+            found.update(int(x) for x in listed.split(",") if x.strip())
+    return found
 
 
 def main() -> None:
@@ -317,8 +330,8 @@ def main() -> None:
             cpu1 = {k: [tree_cpu_s(p) for p in v] for k, v in pids.items()}
             measured = probe.finish()
             capacity = args.workers * args.slots
-            claim = _queue_to_claim(engine, probe.taken_at, capacity)
-            claim["redispatched"] = _redispatched(root, args.controllers)
+            sent_again = _redispatched(root, args.controllers)
+            claim = _queue_to_claim(engine, probe.taken_at, capacity, sent_again)
         engine.dispose()
     per_1000 = 1000 / args.jobs
 
