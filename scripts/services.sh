@@ -31,6 +31,24 @@ if ! pg_up; then
   pg_up || { echo "services: PostgreSQL did not start" >&2; exit 1; }
 fi
 
+# The suite runs several API servers, Celery workers, controllers and the fleet bench's smoke at
+# once (4 xdist workers, each process with its own pool): at its peak that is more than
+# Postgres' default 100 connections ("sorry, too many clients already" failed a CI run). A test
+# host gets 300; production sizes its own (README's Deployment: PgBouncer in front).
+max_connections=$(psql -h 127.0.0.1 -U postgres -Atc 'SHOW max_connections' 2>/dev/null || echo 0)
+if [ "${max_connections:-0}" -lt 300 ]; then
+  version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
+  if [ -n "$version" ] && [ "$(id -u)" = 0 ]; then
+    psql -h 127.0.0.1 -U postgres -qc 'ALTER SYSTEM SET max_connections = 300'
+    pg_ctlcluster --skip-systemctl-redirect "$version" main restart
+    for _ in $(seq 1 60); do pg_up && break; sleep 0.5; done
+    pg_up || { echo "services: PostgreSQL did not restart" >&2; exit 1; }
+  else
+    echo "services: PostgreSQL allows $max_connections connections; the suite may need 300" \
+      "(as root this script raises it)" >&2
+  fi
+fi
+
 # PgBouncer as production puts it between the API and workers and Postgres (README's
 # Deployment; the controller connects directly): the tests of that path and bench/fleet.py
 # connect through it. Trust auth as Postgres' own on loopback; postgres may use its admin

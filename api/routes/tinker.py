@@ -338,7 +338,17 @@ def get_info(
         200: {
             "description": "The call's answer (JSON, or protobuf for `forward_backward` and "
             "`sample`), `try_again` while it waits, or its error",
-            "content": {"application/json": {}, "application/x-protobuf": {}},
+            "content": {
+                "application/json": {
+                    "example": {
+                        "type": "try_again",
+                        "request_id": "req_0123456789abcdef",
+                        "queue_state": "paused_capacity",
+                        "queue_state_reason": "session job queued",
+                    }
+                },
+                "application/x-protobuf": {},
+            },
         }
     },
 )

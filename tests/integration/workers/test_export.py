@@ -218,7 +218,9 @@ def _server_dirs(settings: Settings) -> set[str]:
     return {settings.storage_url, str(settings.home), str(settings.home.resolve())}
 
 
-def _fill(path: str, trained: Trained, checkpoint_id: int, sweep_id: int = 0) -> str:
+def _fill(
+    path: str, trained: Trained, checkpoint_id: int, sweep_id: int = 0, session_id: str = ""
+) -> str:
     """`path` with its parameters filled with `trained`'s resources; fails on one it cannot."""
     job = f"{JOB_PREFIX}{trained.job_id}" if path.startswith("/openai/") else str(trained.job_id)
     values = {
@@ -230,6 +232,7 @@ def _fill(path: str, trained: Trained, checkpoint_id: int, sweep_id: int = 0) ->
         "webhook_id": trained.webhook_id,
         "model_id": trained.model_id,
         "sweep_id": str(sweep_id),
+        "session_id": session_id,  # a training session of the project (Tinker's API)
     }
     for name in re.findall(r"{(\w+)}", path):
         if name not in values:
@@ -297,6 +300,12 @@ def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins
     ).json()["secret"]
     dirs = _server_dirs(settings)
     sweep_id = _sweep_naming_a_path(api, engine, settings, trained)
+    session = api.post(
+        "/tinker/api/v1/create_session",
+        json={"type": "create_session", "tags": [], "sdk_version": "0.38.0"},
+        headers=owner.headers,
+    )
+    assert session.status_code == 200, session.text
     routes = [
         path
         for path, item in api.get("/openapi.json").json()["paths"].items()
@@ -304,7 +313,7 @@ def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins
     ]
     read_by_viewer = set()
     for route in routes:
-        url = _fill(route, trained, checkpoint["id"], sweep_id)
+        url = _fill(route, trained, checkpoint["id"], sweep_id, session.json()["session_id"])
         for key in (viewer, owner.api_key):
             answer = api.get(url, params=_QUERY.get(route), headers=_bearer(key))
             assert answer.status_code in (200, 403), (url, answer.text)

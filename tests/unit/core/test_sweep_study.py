@@ -30,7 +30,10 @@ def test_the_study_lives_beside_sqlite_in_a_file_and_in_its_own_postgres_schema(
     )
     url, kwargs = study.storage_url("postgresql+psycopg://ty:pw@db:5432/ty")
     assert url == "postgresql+psycopg://ty:pw@db:5432/ty"  # the password kept, not masked
-    assert kwargs["connect_args"] == {"options": "-csearch_path=optuna"}
+    # its schema set per transaction (`SET LOCAL`), as PgBouncer's transaction pooling allows,
+    # and no server-side prepared statements (another transaction may meet another connection)
+    assert kwargs["plugins"] == ["torchyard_search_path"] and kwargs["search_path"] == "optuna"
+    assert kwargs["connect_args"] == {"prepare_threshold": None}
     with pytest.raises(ValueError, match="in-memory"):
         study.storage_url("sqlite://")
 

@@ -27,6 +27,9 @@ _REF = "#/components/schemas/"
 EXEMPT = {
     ("checkpoints_download_export", "200", "application/octet-stream"): "`model.safetensors`: "
     "binary weights, which no text in the document can stand for",
+    ("tinker_retrieve_future", "200", "application/x-protobuf"): "a `ForwardBackwardOutput` or "
+    "`SampleResponse` in protobuf's binary wire format (the tinker client's schema), which no "
+    "text in the document can stand for",
 }
 # A success answer without a body is `204 No Content`: OpenAPI has no place for its example.
 NO_BODY = {"204"}
