@@ -48,6 +48,11 @@ def stopped_rank(tmp_path: Path) -> Iterator[tuple[int, psutil.Process, Path]]:
             time.sleep(0.05)
         (rank,) = psutil.Process(launcher.pid).children()
         rank.send_signal(signal.SIGSTOP)
+        # the kernel stops it a moment later: a dump that attached before would meet a running
+        # rank (CI once saw it running at the test's end, under a loaded host)
+        while rank.status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the rank never stopped"
+            time.sleep(0.01)
         yield launcher.pid, rank, err
     finally:
         for p in psutil.Process(launcher.pid).children():
