@@ -25,7 +25,7 @@ async def get_settings(request: Request) -> Settings:
 
 
 async def get_server_paths(request: Request) -> ServerPaths:
-    """The server's directories, to keep out of answers (api.views)."""
+    """The server's directories, to keep out of answers (api.redaction)."""
     paths: ServerPaths = request.app.state.server_paths
     return paths
 

@@ -127,7 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.dispatcher = Dispatcher(settings)
     # every job a request queues is sent after its commit (core.jobs.outbox)
     app.state.sessionmaker = session_factory(engine, dispatch=app.state.dispatcher.send)
-    app.state.server_paths = ServerPaths.of(settings)  # kept out of answers (api.views)
+    app.state.server_paths = ServerPaths.of(settings)  # kept out of answers (api.redaction)
     app.state.streams = StreamHub(app.state.sessionmaker, paths=app.state.server_paths)
     app.state.oidc = (
         oidc.Verifier(settings) if settings.oidc_issuer else None

@@ -1,5 +1,5 @@
 """Example bodies of the OpenAI-compatible view (`/openai/v1`), in OpenAI's documented shapes
-(core/openai/view.py builds them). Fine-tuning job 1051 trains LoRA SFT of the base model
+(core/openai/projection.py builds them). Fine-tuning job 1051 trains LoRA SFT of the base model
 `llama-3.2-1b` on the chat dataset of api/openapi_examples.py; it succeeded, so its model is listed.
 """
 

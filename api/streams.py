@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import views
+from api import redaction
 from core.jobs import reports as queries
 from core.platform.server_paths import ServerPaths
 from core.platform.tables import TERMINAL_STATES, Job
@@ -124,17 +124,17 @@ def read_after(session: Session, job_id: int, cursor: Cursor, paths: ServerPaths
         out.append(Message("metric", data, c, (p.time, p.step)))
     for e in events:
         c = replace(c, event=e.id)
-        out.append(Message("event", views.event(e, paths).model_dump_json(), c, e.id))
+        out.append(Message("event", redaction.event(e, paths).model_dump_json(), c, e.id))
     for x in lines:
         c = replace(c, log=x.id)
-        out.append(Message("log", views.log_line(x, paths).model_dump_json(), c, x.id))
+        out.append(Message("log", redaction.log_line(x, paths).model_dump_json(), c, x.id))
     more = len(events) == PAGE or len(lines) == PAGE or more_points
     return Batch(job, out, c, more=more)
 
 
 def job_message(job: Job, cursor: Cursor, paths: ServerPaths, *, refresh: bool = False) -> Message:
     """The job as the API shows it; `refresh`: sent on a timer, not for a state change."""
-    data = views.job(job, paths).model_dump_json()
+    data = redaction.job(job, paths).model_dump_json()
     return Message("job", data, cursor, "refresh" if refresh else None)
 
 

@@ -462,7 +462,7 @@ class CheckpointSpec(StrictSpec):
         default=False,
         description="When the run completes, also write its final weights as one "
         "consolidated `CKPT/export/model.safetensors` + `config.json` (as "
-        "`python -m trainer.checkpoint.export`).",
+        "`python -m trainer.exports.safetensors`).",
     )
 
 

@@ -51,7 +51,7 @@ def exporter_argv(
     queue: str = "exports", concurrency: int = 2, hostname: str | None = None
 ) -> list[str]:
     """A Celery worker on the export queue (the API's `TORCHYARD_EXPORT_QUEUE`): it runs
-    `python -m trainer.checkpoint.export` for `concurrency` checkpoint exports at once. Exports
+    `python -m trainer.exports.safetensors` for `concurrency` checkpoint exports at once. Exports
     need no GPU, so they have a worker kind of their own and never queue behind training."""
     argv = [
         sys.executable, "-m", "workers", "exporter", "--queue", queue,

@@ -61,8 +61,7 @@ from jobspec.data import DataSpec
 from jobspec.evaluate import GenerateEval, LmEvalEval, PerplexityEval, RewardEval
 from jobspec.job import STORED, EvalJobSpec, JobSpec
 from trainer import eval_reward
-from trainer.checkpoint.checkpointer import load_model_only
-from trainer.checkpoint.export import checkpoint_spec
+from trainer.checkpoint.checkpointer import checkpoint_spec, load_model_only
 from trainer.data.byte_tokenizer import decode
 from trainer.data.prep import cache_root, encode_one, make_plan, prepare_rows
 from trainer.data.rows import Rows

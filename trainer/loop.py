@@ -1,7 +1,7 @@
 """The training loop: steps with gradient accumulation, metrics, eval, checkpoints, stopping.
 
 The data are `trainer.data.rows.Rows` (train and eval); the sampler says which rows each rank
-takes. One optimizer step: the run's method (`trainer.methods.base.Method`: next-token
+takes. One optimizer step: the run's method (`Method` below: next-token
 prediction or DPO) runs the forward and backward of this rank's `grad_accum_steps`
 micro-batches, with one gradient reduction per step; then clip (a mesh-aware global norm under
 fsdp/tensor/pipeline), step (through `torch.amp.GradScaler` under fp16), schedule. The method
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -48,9 +48,6 @@ from trainer.parallel import ParallelDims, PipelineRunner, clip_grad_norm
 from trainer.parallel.compute_timer import ComputeTimer
 from trainer.profiling import StepProfiler
 
-if TYPE_CHECKING:
-    from trainer.methods.base import Method
-
 log = logging.getLogger(__name__)
 
 
@@ -65,6 +62,33 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
+
+
+class Method(Protocol):
+    """One training method's part of the loop. Every call but `baseline_eval_loss` is made by
+    every rank at the same steps (each may hold collectives)."""
+
+    def accumulate(self, run: Run) -> Tensor:
+        """Forward and backward over this rank's micro-batches of the next optimizer step
+        (`run.sampler`), gradients reduced on the last micro-batch only. Returns this rank's
+        share of the step's mean loss (0-dim fp32, detached): the ranks' shares x
+        `run.loss_share` add up to the mean over the global batch."""
+        ...
+
+    def train_metrics(self, run: Run) -> dict[str, float]:
+        """Metrics of the step just taken, added to the loop's `loss`, `lr`, ... at log steps."""
+        ...
+
+    def evaluate(self, run: Run) -> dict[str, float]:
+        """Held-out metrics over every rank's eval batches (`run.eval_batches`); holds
+        `eval_loss`, the number the loop checks for finiteness and reports as the run's."""
+        ...
+
+    def baseline_eval_loss(self, run: Run) -> float | None:
+        """A model-free reference for `eval_loss` (the `running` status's
+        `unigram_eval_loss`), or None where the method has none. Called on every rank, no
+        collective."""
+        ...
 
 
 @dataclass

@@ -32,7 +32,6 @@ from dataformat.errors import InvalidJobError
 from dataformat.failures import FailureClass, classify_exception
 from jobspec.job import JobSpec
 from trainer.checkpoint.checkpointer import Checkpointer
-from trainer.checkpoint.export import export_at_end
 from trainer.checkpoint.state import RNGState, TrainState
 from trainer.data.batches import lm_loss, resolve_max_steps
 from trainer.data.byte_tokenizer import is_uri
@@ -43,9 +42,9 @@ from trainer.data.rows import Rows
 from trainer.data.sampler import GlobalBatchSampler, eval_batches
 from trainer.distributed import DistInfo, env_rank, env_world_size, init_distributed, shutdown
 from trainer.events import EventWriter, NullReporter, Reporter, restart_count
+from trainer.exports.safetensors import export_at_end
 from trainer.logs import log_to_stdout
-from trainer.loop import Run, report_eval, train_loop
-from trainer.methods.base import Method
+from trainer.loop import Method, Run, report_eval, train_loop
 from trainer.methods.dpo_train import build_dpo
 from trainer.methods.grpo_train import GRPOMethod, build_grpo
 from trainer.methods.sft import SFT
@@ -335,7 +334,7 @@ def build_run(
     if spec.checkpoint.export_safetensors:
         end_hooks.append(export_at_end)
     if network.peft_model is not None:
-        from trainer.checkpoint.lora_export import export_at_end as export_lora_at_end
+        from trainer.exports.lora import export_at_end as export_lora_at_end
 
         end_hooks.append(export_lora_at_end)
     if spec.qat is not None:  # fake-quantized Linears, before sharding (torchao)

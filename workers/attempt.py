@@ -27,7 +27,7 @@ from core.platform.storage import job_checkpoint_uri, job_run_dir, row_cache_dir
 from core.platform.tables import Job, JobState
 from core.scheduling import preemption_apply as preempt
 from core.usage import report as usage_report
-from core.usage.records import as_utc
+from core.usage.accounting import as_utc
 from jobspec.job import EvalJobSpec, JobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.launcher import RunPaths

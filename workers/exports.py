@@ -3,7 +3,7 @@
 The exporter is the trainer's own program, run as a subprocess (the worker never imports
 trainer code: docs/ARCHITECTURE.md, 'Import rules'):
 
-    python -m trainer.checkpoint.export --checkpoint STEP_URI --out EXPORT_URI
+    python -m trainer.exports.safetensors --checkpoint STEP_URI --out EXPORT_URI
 
 It reads only the model weights of the DCP checkpoint, whatever parallelism saved them, and
 writes `EXPORT_URI/model.safetensors` + `config.json` through fsspec (CONTRACTS.md, section 1).
@@ -27,7 +27,7 @@ from core.platform import storage
 
 log = logging.getLogger(__name__)
 
-EXPORT_MODULE = "trainer.checkpoint.export"
+EXPORT_MODULE = "trainer.exports.safetensors"
 EXPORT_TIMEOUT_S = 3600.0
 
 

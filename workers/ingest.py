@@ -40,7 +40,7 @@ from workers.data_report import data_message
 from workers.entrypoint.staging import SYNCED_KINDS, CheckpointSync
 from workers.launcher import LAUNCHER_RANK, RunPaths
 from workers.tail import FileTail
-from workers.watchers.progress import StepProgress, Straggler, StragglerDetector
+from workers.watchers.pace import StepProgress, Straggler, StragglerDetector
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import schemas, uploads, views
+from api import redaction, schemas, uploads
 from api.deps import (
     DatasetsWritePrincipal,
     ReadPrincipal,
@@ -266,4 +266,4 @@ def preview_dataset(
 
 
 def _out(dataset: tables.Dataset, paths: ServerPaths, principal: Principal) -> schemas.Dataset:
-    return views.dataset(dataset, paths, admin=views.is_admin(principal))
+    return redaction.dataset(dataset, paths, admin=redaction.is_admin(principal))

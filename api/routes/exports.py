@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from api import schemas, views
+from api import redaction, schemas
 from api.deps import (
     JobsWritePrincipal,
     ReadPrincipal,
@@ -99,7 +99,7 @@ def _out(
     principal: Principal,
     settings: Settings,
 ) -> schemas.CheckpointExport:
-    out = views.export(export, paths, admin=views.is_admin(principal))
+    out = redaction.export(export, paths, admin=redaction.is_admin(principal))
     out.queue_position = exports.queue_position(session=session, export=export)
     if export.state == ExportState.PENDING:
         out.waiting_for = exports.exporter_missing(

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api import schemas, views
+from api import redaction, schemas
 from api.deps import ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.errors import ERROR_RESPONSES
 from api.validation import After, JobId
@@ -32,7 +32,7 @@ def job_events(
         session=session, job_id=job_id, after=after, limit=limit
     )
     return schemas.EventPage(
-        items=[views.event(e, paths) for e in items],
+        items=[redaction.event(e, paths) for e in items],
         next_cursor=str(next_after) if next_after is not None else None,
     )
 
@@ -133,7 +133,7 @@ def job_logs(
         session=session, job_id=job_id, rank=rank, after=after, limit=limit
     )
     return schemas.LogPage(
-        items=[views.log_line(x, paths) for x in items],
+        items=[redaction.log_line(x, paths) for x in items],
         next_cursor=str(next_after) if next_after is not None else None,
     )
 
@@ -151,8 +151,8 @@ def job_checkpoints(
     jobs.get_or_raise(session=session, job_id=job_id, project_id=principal.project_id)
     items = queries.checkpoints(session=session, job_id=job_id)
     made = exports.of_job(session=session, job_id=job_id)
-    admin = views.is_admin(principal)
-    out = [views.checkpoint(c, made.get(c.id), paths, admin=admin) for c in items]
+    admin = redaction.is_admin(principal)
+    out = [redaction.checkpoint(c, made.get(c.id), paths, admin=admin) for c in items]
     pending = [c.export for c in out if c.export is not None and c.export.state == "pending"]
     if pending:
         why = exports.exporter_missing(

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
-from api import openapi_examples, schemas, views
+from api import openapi_examples, redaction, schemas
 from api.deps import (
     JobsWritePrincipal,
     ReadPrincipal,
@@ -31,7 +31,7 @@ from core.platform.settings import Settings
 from core.platform.storable import unstorable
 from core.platform.tables import Job, JobState
 from core.scheduling import claim as scheduling
-from core.scheduling import queue_view
+from core.scheduling import queue_forecast
 from core.submission import service as submission
 from core.usage import report as usage_report
 from jobspec.job import AnyJobSpec
@@ -118,14 +118,14 @@ def _out(
     queue: bool = True,
 ) -> list[schemas.Job]:
     """Jobs as the API shows them: waiting ones with their place in the queue, reason and
-    estimated start (`core.scheduling.queue_view`: a replay per pool of the page's queued jobs;
+    estimated start (`core.scheduling.queue_forecast`: a replay per pool of the page's queued jobs;
     workers count as live for `settings.worker_timeout_s`), each with its `usage` (one query for the
     page). `log_tail=False` (the list) leaves each failure's log lines out; `queue=False` (the
     submit path, kept cheap) leaves `queue` null and gives `queue_position` by priority and age
     only."""
     timeout_s = settings.worker_timeout_s
     waits = (
-        queue_view.queue_infos(session=session, jobs=items, worker_timeout_s=timeout_s)
+        queue_forecast.queue_infos(session=session, jobs=items, worker_timeout_s=timeout_s)
         if queue
         else {}
     )
@@ -135,7 +135,7 @@ def _out(
     used = usage_report.job_usage(session=session, job_ids=ran, prices=settings.slot_prices)
     out = []
     for job in items:
-        shown = views.job(job, paths)
+        shown = redaction.job(job, paths)
         wait = waits.get(job.id)
         update: dict[str, Any] = {
             "queue_position": wait.position if wait is not None else positions.get(job.id),

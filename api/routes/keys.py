@@ -8,8 +8,8 @@ from fastapi import APIRouter, Path
 
 from api.deps import AdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, LAST_ORG_ADMIN, ErrorBody
+from api.redaction import key_out
 from api.schemas.access import ID_PATTERN, Key, KeyCreate, KeyCreated, KeyList
-from api.views import key_out
 from core.access import identity
 
 router = APIRouter(prefix="/v1/keys", tags=["access"], responses=ERROR_RESPONSES)

@@ -18,8 +18,8 @@ from api.openapi_examples import json_example
 from core.access.auth import new_id
 from core.datasets import service as datasets
 from core.jobs import service as jobs
+from core.openai import projection
 from core.openai import results as openai_results
-from core.openai import view as openai_view
 from core.platform import storage
 from core.platform.errors import Conflict, InvalidInput, NotFound
 from core.platform.tables import TERMINAL_STATES, Dataset, Job, JobState
@@ -41,7 +41,7 @@ def list_models(
     principal: ReadPrincipal, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """The base models this deployment fine-tunes, then the project's fine-tuned models."""
-    data = openai_view.model_objects(session, settings, principal.project_id)
+    data = projection.model_objects(session, settings, principal.project_id)
     return {"object": "list", "data": data}
 
 
@@ -53,7 +53,7 @@ def get_model(
     settings: SettingsDep,
 ) -> dict[str, Any]:
     """One model: a base model's name or `ft:<base>:<project>:<suffix>:<job id>`. 404 else."""
-    return openai_view.find_model(session, settings, principal.project_id, model_id)
+    return projection.find_model(session, settings, principal.project_id, model_id)
 
 
 @router.post(
@@ -83,7 +83,7 @@ async def create_file(
         dataset = await run_in_threadpool(
             _store, session, settings, principal.project_id, dataset_id, upload
         )
-    return openai_view.file_object(dataset)
+    return projection.file_object(dataset)
 
 
 def _store(
@@ -159,7 +159,7 @@ def list_files(
         if purpose not in (None, "fine-tune")
         else _files(session, principal.project_id, after, limit, order)
     )
-    data = [openai_view.file_object(d) for d in found[:limit]]
+    data = [projection.file_object(d) for d in found[:limit]]
     return {
         "object": "list",
         "data": data,
@@ -183,7 +183,7 @@ def _result_job(session: SessionDep, project_id: str, file_id: str) -> Job | Non
     if job_id is None:
         return None
     job = jobs.get(session=session, job_id=job_id, project_id=project_id)
-    if job is None or not openai_view.is_fine_tune(job) or job.state != JobState.SUCCEEDED:
+    if job is None or not projection.is_fine_tune(job) or job.state != JobState.SUCCEEDED:
         raise NotFound(f"file {file_id!r} not found")
     return job
 
@@ -193,7 +193,7 @@ def _result_object(job: Job, body: bytes) -> dict[str, Any]:
         "id": openai_results.result_file_id(job),
         "object": "file",
         "bytes": len(body),
-        "created_at": openai_view.ts(job.finished_at or job.created_at),
+        "created_at": projection.ts(job.finished_at or job.created_at),
         "filename": "step_metrics.csv",
         "purpose": openai_results.RESULT_PURPOSE,
         "status": "processed",
@@ -209,7 +209,7 @@ def get_file(file_id: FileId, principal: ReadPrincipal, session: SessionDep) -> 
     job = _result_job(session, principal.project_id, file_id)
     if job is not None:
         return _result_object(job, openai_results.results_csv(session, job).encode())
-    return openai_view.file_object(_file(session, principal.project_id, file_id))
+    return projection.file_object(_file(session, principal.project_id, file_id))
 
 
 @router.get(

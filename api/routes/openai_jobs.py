@@ -12,7 +12,7 @@ from api import openai_examples as ex
 from api.deps import JobsWritePrincipal, ReadPrincipal, ServerPathsDep, SessionDep, SettingsDep
 from api.openapi_examples import json_example
 from core.jobs import service as jobs
-from core.openai import view as openai_view
+from core.openai import projection
 from core.openai.spec import FineTuneCreate, build
 from core.submission import service as submission
 
@@ -55,7 +55,7 @@ def create_job(
         owner=principal.key_name,
         door=submission.OPENAI,
     )
-    return openai_view.job_object(result.job)
+    return projection.job_object(result.job)
 
 
 @router.get("", responses={200: json_example(ex.FINE_TUNING_JOB_LIST)})
@@ -74,10 +74,10 @@ def list_jobs(
         for k, v in request.query_params.items()
         if k.startswith("metadata[") and k.endswith("]") and len(k) <= 110
     }
-    items, more = openai_view.jobs_page(session, principal.project_id, after, limit, metadata)
+    items, more = projection.jobs_page(session, principal.project_id, after, limit, metadata)
     return {
         "object": "list",
-        "data": paths.hide(openai_view.job_objects(session, items)),
+        "data": paths.hide(projection.job_objects(session, items)),
         "has_more": more,
     }
 
@@ -87,8 +87,8 @@ def get_job(
     job_id: FtJobId, principal: ReadPrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
     """One fine-tuning job; 404 for another project's."""
-    job = openai_view.get_job(session, job_id, principal.project_id)
-    return paths.hide(openai_view.job_objects(session, [job])[0])
+    job = projection.get_job(session, job_id, principal.project_id)
+    return paths.hide(projection.job_objects(session, [job])[0])
 
 
 @router.post("/{job_id}/cancel", responses={200: json_example(ex.FINE_TUNING_JOB)})
@@ -96,10 +96,10 @@ def cancel_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
     """Cancel (409 once it has ended); the status reads `cancelled` when it has stopped."""
-    job = openai_view.get_job(session, job_id, principal.project_id)
+    job = projection.get_job(session, job_id, principal.project_id)
     job = jobs.cancel(session=session, job_id=job.id, project_id=principal.project_id)
     session.commit()
-    return paths.hide(openai_view.job_object(job))
+    return paths.hide(projection.job_object(job))
 
 
 @router.post("/{job_id}/pause", responses={200: json_example(ex.FINE_TUNING_JOB)})
@@ -107,10 +107,10 @@ def pause_job(
     job_id: FtJobId, principal: JobsWritePrincipal, session: SessionDep, paths: ServerPathsDep
 ) -> dict[str, Any]:
     """Pause: a running job checkpoints and stops, a queued one leaves the queue; 409 else."""
-    job = openai_view.get_job(session, job_id, principal.project_id)
+    job = projection.get_job(session, job_id, principal.project_id)
     job = jobs.pause(session=session, job_id=job.id, project_id=principal.project_id)
     session.commit()
-    return paths.hide(openai_view.job_object(job))
+    return paths.hide(projection.job_object(job))
 
 
 @router.post("/{job_id}/resume", responses={200: json_example(ex.FINE_TUNING_JOB)})
@@ -122,10 +122,10 @@ def resume_job(
     request: Request,
 ) -> dict[str, Any]:
     """Resume a paused job from its latest checkpoint; 409 in other states."""
-    job = openai_view.get_job(session, job_id, principal.project_id)
+    job = projection.get_job(session, job_id, principal.project_id)
     job = jobs.resume(session=session, job_id=job.id, project_id=principal.project_id)
     session.commit()  # and the job's run message goes
-    return paths.hide(openai_view.job_object(job))
+    return paths.hide(projection.job_object(job))
 
 
 @router.get("/{job_id}/events", responses={200: json_example(ex.FINE_TUNING_EVENTS)})
@@ -138,8 +138,8 @@ def list_events(
     limit: Limit = 20,
 ) -> dict[str, Any]:
     """The job's events (state changes, checkpoints, samples), newest first."""
-    job = openai_view.get_job(session, job_id, principal.project_id)
-    data, more = openai_view.events_page(session, job, after, limit)
+    job = projection.get_job(session, job_id, principal.project_id)
+    data, more = projection.events_page(session, job, after, limit)
     return {"object": "list", "data": paths.hide(data), "has_more": more}
 
 
@@ -152,8 +152,8 @@ def list_checkpoints(
     limit: Limit = 10,
 ) -> dict[str, Any]:
     """The job's complete checkpoints, newest first, with the metrics at their step."""
-    job = openai_view.get_job(session, job_id, principal.project_id)
-    items = openai_view.checkpoint_objects(session, job)
+    job = projection.get_job(session, job_id, principal.project_id)
+    items = projection.checkpoint_objects(session, job)
     if after is not None:
         ids = [c["id"] for c in items]
         items = items[ids.index(after) + 1 :] if after in ids else []

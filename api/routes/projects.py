@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from api.deps import OrgAdminPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES, ErrorBody
+from api.redaction import key_out
 from api.schemas.access import KeyCreated, Project, ProjectCreate, ProjectCreated, ProjectList
-from api.views import key_out
 from core.access import identity
 
 router = APIRouter(prefix="/v1/projects", tags=["access"], responses=ERROR_RESPONSES)

@@ -16,7 +16,7 @@ from api.errors import ERROR_RESPONSES
 from api.schemas.usage import UsageReport, UsageRow, UsageTotals
 from api.validation import IsoDatetime
 from core.platform.errors import InvalidInput
-from core.usage import records as usage
+from core.usage import accounting as usage
 from core.usage import report as usage_report
 
 router = APIRouter(prefix="/v1", tags=["usage"], responses=ERROR_RESPONSES)

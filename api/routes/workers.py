@@ -11,7 +11,7 @@ from api.deps import ReadPrincipal, SessionDep
 from api.errors import ERROR_RESPONSES
 from api.schemas.workers import WorkerList, WorkerOut
 from core.platform.tables import Worker, utcnow
-from core.usage.records import as_utc
+from core.usage.accounting import as_utc
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"], responses=ERROR_RESPONSES)
 

@@ -28,7 +28,7 @@ from api import openapi_examples
 from api.validation import JsonInt
 from core.attempts.retry_budget import RetryPolicy, retry_policy
 from core.datasets.stats import DatasetStats
-from core.jobs import progress
+from core.jobs import runtime
 from core.platform import tables
 from core.platform.tables import JobState, aware
 from dataformat.records import Format
@@ -93,7 +93,7 @@ class JobUsage(_Out):
 
 
 class JobQueue(BaseModel):
-    """Why a job waits and when it may start (core/scheduling/queue_view.py)."""
+    """Why a job waits and when it may start (core/scheduling/queue_forecast.py)."""
 
     position: int | None = Field(
         description="1-based place in its pool's queue in claim order (quotas, then fair share "
@@ -255,8 +255,8 @@ class Job(_Out):
             return data
         row = {name: getattr(data, name) for name in cls.model_fields if hasattr(data, name)}
         failure = data.failure or {}
-        row["running_s"] = progress.running_seconds(data)
-        row["eta_s"] = progress.eta_seconds(data)
+        row["running_s"] = runtime.running_seconds(data)
+        row["eta_s"] = runtime.eta_seconds(data)
         row["retry_policy"] = retry_policy(
             retries=data.spec.retries,
             restarts_used=data.restarts_used,

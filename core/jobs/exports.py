@@ -3,7 +3,7 @@
 The API records the request (`request`), commits, and sends `workers.export_checkpoint(id)` to
 the export queue (`settings.export_queue`: exports need no GPU, so they never wait behind
 training on the job's pool); an exporter (`torchyard exporter`) claims the export (`claim`: a
-fencing UPDATE `pending -> running`, `attempt + 1`), runs `python -m trainer.checkpoint.export`
+fencing UPDATE `pending -> running`, `attempt + 1`), runs `python -m trainer.exports.safetensors`
 as a
 subprocess and records the outcome (`finish` / `fail`, fenced by the attempt it claimed, so
 an exporter whose claim was taken over cannot overwrite the newer outcome). There is one export
@@ -35,7 +35,7 @@ from core.platform.tables import (
 from core.webhooks import subscriptions as webhooks
 from jobspec.job import EvalJobSpec, ScriptJobSpec, SessionJobSpec
 
-# What `python -m trainer.checkpoint.export` writes (CONTRACTS.md, 1).
+# What `python -m trainer.exports.safetensors` writes (CONTRACTS.md, 1).
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # A `running` export whose worker has not finished it after this long is taken to have lost
@@ -68,7 +68,7 @@ class Claimed:
 
 def not_exportable(job: Job) -> str | None:
     """Why `POST .../export` refuses `job`'s checkpoints (409), or None when it takes them:
-    `trainer.checkpoint.export` consolidates the built-in GPT's full weights; LoRA/QLoRA runs
+    `trainer.exports.safetensors` consolidates the built-in GPT's full weights; LoRA/QLoRA runs
     write their adapter and merged model at the end of the run instead, and Hugging Face models
     are saved by `transformers`. What the API's sweep view and the CLI offer follows it."""
     spec = job.spec

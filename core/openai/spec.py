@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from core.datasets import service as datasets
 from core.openai.graders import OpenAIGrader, without_image_tags
-from core.openai.view import (
+from core.openai.projection import (
     BASE_LABEL,
     COMPUTE_LABEL,
     FULL_VALID,

@@ -711,7 +711,7 @@ class Quota(Base):
     `max_slots`: devices (GPUs, CPU slots) its active jobs hold at once; `max_running_jobs`:
     active jobs; `max_queued_jobs`: queued jobs (checked at submission, 429);
     `monthly_slot_hours`: slot-hours (GPU-hours) per calendar month (UTC), counted by
-    `core.usage.records.slot_seconds`; `weight`: its share of the pool against other projects'.
+    `core.usage.accounting.slot_seconds`; `weight`: its share of the pool against other projects'.
     """
 
     __tablename__ = "quotas"

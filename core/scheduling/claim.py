@@ -5,8 +5,8 @@ that receives it claims the best queued job of P. Best: of the projects within t
 (`core.scheduling.quotas`: slots, running jobs, monthly slot-hours), the one with the fewest active
 slots on P per fair-share weight, then the highest `priority`, then the oldest (by id). The decision
 is Postgres's, so quotas, fair share and priorities hold whatever order the broker delivers in
-(kombu's filesystem transport keeps none). `core.scheduling.queue_view` replays the same order to
-tell a waiting job its place, reason and estimated start. There is one message per queued job, so
+(kombu's filesystem transport keeps none). `core.scheduling.queue_forecast` replays the same order
+to tell a waiting job its place, reason and estimated start. There is one message per queued job, so
 every queued job is reached; the reconciler re-sends for jobs whose message was lost.
 
 Postgres: `SELECT ... FOR UPDATE SKIP LOCKED` picks a candidate no other claimant is looking

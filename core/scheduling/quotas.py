@@ -8,7 +8,7 @@ rows apply to a job of that pool. A None limit is no limit. Limits:
 - `max_running_jobs`: active jobs (starting, running, pausing, preempting, cancelling).
 - `max_queued_jobs`: queued jobs, checked at submission (`check_submit`: 429, Retry-After).
 - `monthly_slot_hours`: slot-hours (GPU-hours on GPU pools) in the calendar month (UTC),
-  counted by `core.usage.records.slot_seconds`.
+  counted by `core.usage.accounting.slot_seconds`.
 
 `weight` (default 1; the pool's row, else the `*` row) is the project's share of a pool:
 the claim prefers the project with the fewest active slots per weight (`core.scheduling.claim`).
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from core.platform.errors import QuotaExceeded
 from core.platform.tables import Job, JobState, Quota, utcnow
-from core.usage import records as usage
+from core.usage import accounting as usage
 
 ALL_POOLS = "*"
 # Active states hold devices (core.jobs.service.ACTIVE_STATES, repeated to keep this module

@@ -1,9 +1,9 @@
 """Usage reports: a project's slot-seconds, CPU-seconds and cost per day, pool or job, and
 each job's own totals (`GET /v1/usage`, `GET /v1/jobs/{id}`, `limits.max_cost`).
 
-Built on `core.usage.records.node_usage`: every node of every attempt that overlaps the window, cut
-at UTC midnight for days; a node still running counts up to now. Cost is computed per node from its
-pool's price before the rows are added up, so a day of two pools costs what each did.
+Built on `core.usage.accounting.node_usage`: every node of every attempt that overlaps the window,
+cut at UTC midnight for days; a node still running counts up to now. Cost is computed per node
+from its pool's price before the rows are added up, so a day of two pools costs what each did.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.platform.errors import InvalidInput
 from core.platform.tables import Job, utcnow
-from core.usage import records as usage
+from core.usage import accounting as usage
 from jobspec.job import AnySpec
 
 GroupBy = Literal["day", "pool", "job"]

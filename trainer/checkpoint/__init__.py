@@ -1,3 +1,4 @@
-"""Weights in and out of a run: sharded DCP checkpoints (`checkpointer`, `state`), starting
-from another run's checkpoint (`init_from`), consolidated safetensors (`export`, also
-`python -m trainer.checkpoint.export`) and LoRA adapter exports (`lora_export`)."""
+"""A run's sharded DCP checkpoints (`checkpointer`, `state`): saving, resuming, reading the spec a
+checkpoint was written with. Imports no model: what turns a checkpoint into weights for another
+use lives beside the models (`trainer.models.init_from`, a run's starting weights) and the
+end-of-run exports (`trainer.exports`)."""

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
 from dataformat.errors import CheckpointWriteError, InvalidJobError
-from jobspec.job import CheckpointSpec
+from jobspec.job import STORED, CheckpointSpec, JobSpec
 from trainer.data.byte_tokenizer import is_uri
 from trainer.distributed import DistInfo, broadcast_from_rank0
 from trainer.events import Reporter
@@ -254,6 +254,13 @@ class Checkpointer:
 
 def _writer(uri: str) -> dcp.StorageWriter:
     return FsspecWriter(uri) if is_uri(uri) else dcp.FileSystemWriter(uri)
+
+
+def checkpoint_spec(checkpoint_uri: str) -> JobSpec:
+    """The `JobSpec` stored with a checkpoint (`spec.json`). Raises `FileNotFoundError`."""
+    fs, path = fsspec.core.url_to_fs(checkpoint_uri)
+    text = fs.cat_file(f"{path.rstrip('/')}/{SPEC_FILE}")
+    return JobSpec.model_validate_json(text, context=STORED)
 
 
 def _reader(uri: str) -> dcp.StorageReader:

@@ -27,8 +27,8 @@ from dataformat.records import (
     parse_record,
 )
 from trainer.data.packing import RowPacker
-from trainer.data.plan import DataPlan, ExampleSplit
 from trainer.data.rows import Rows, RowsWriter
+from trainer.data.selection import DataPlan, ExampleSplit
 
 ANSWERS = ("chosen", "rejected")
 

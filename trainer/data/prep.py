@@ -43,8 +43,8 @@ from dataformat.masks import DEFAULT_LOSS_ON, Example, MaskStats, Tokenizer, enc
 from dataformat.readers import DataFile, content_digest, detect, iter_records, list_files
 from dataformat.records import LOSS_ON_BY_FORMAT
 from trainer.data.packing import RowPacker
-from trainer.data.plan import DataPlan, ExampleSplit
 from trainer.data.rows import Rows, RowsWriter, mapped_file
+from trainer.data.selection import DataPlan, ExampleSplit
 from trainer.events import Reporter
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ rendered with the job's chat template and its generation prompt (`dataformat.cha
 string prompt is taken as it is; both are tokenized without special tokens added.
 
 The held-out prompts are `eval_location`'s, else the records whose content hash ranks below
-`data.eval_fraction` (`trainer.data.plan.ExampleSplit`, the SFT split). Prompts too long to leave
-`max_new_tokens` within `model.seq_len` are left out and counted. Every rank reads and renders
+`data.eval_fraction` (`trainer.data.selection.ExampleSplit`, the SFT split). Prompts too long to
+leave `max_new_tokens` within `model.seq_len` are left out and counted. Every rank reads and renders
 the prompts itself: a prompt set is small next to a corpus, so there is no cache.
 """
 
@@ -39,7 +39,7 @@ from dataformat.records import (
     parse_record,
 )
 from jobspec.method_checks import method_data_error
-from trainer.data.plan import ExampleSplit
+from trainer.data.selection import ExampleSplit
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

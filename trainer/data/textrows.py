@@ -13,10 +13,10 @@ segment. The tail shorter than a chunk is dropped.
   report's `left_out`; from the others, stray NUL and non-UTF-8 bytes are dropped (counted
   in `left_out.repaired`).
   A directory's whole files go to evaluation by a hash of their relative path
-  (`trainer.data.plan.document_sides`), a single file's last `eval_fraction` of bytes; at most
+  (`trainer.data.selection.document_sides`), a single file's last `eval_fraction` of bytes; at most
   `data.max_bytes` bytes of text are read, in sorted relative-path order.
 - `jsonl_text` (without packing): each record's text, then the tokenizer's EOS (or a newline
-  byte for bytes), split by example (`trainer.data.plan.ExampleSplit`).
+  byte for bytes), split by example (`trainer.data.selection.ExampleSplit`).
 - `tokens` (`.npy`, `.bin` of `data.token_dtype`): the last `eval_fraction` of each file's
   tokens is evaluation.
 """
@@ -36,8 +36,8 @@ from dataformat import text as text_check
 from dataformat.errors import InvalidJobError
 from dataformat.masks import Example, Tokenizer
 from dataformat.readers import DataFile, iter_records, token_array
-from trainer.data.plan import DataPlan, ExampleSplit, document_sides
 from trainer.data.rows import RowsWriter
+from trainer.data.selection import DataPlan, ExampleSplit, document_sides
 
 if TYPE_CHECKING:
     from jobspec.job import DataSpec

@@ -139,7 +139,7 @@ def _dpo_spec(spec: JobSpec) -> DPOSpec:
 
 @dataclass
 class DPOMethod:
-    """DPO as the loop's `trainer.methods.base.Method`: what a step's micro-batches do instead
+    """DPO as the loop's `trainer.loop.Method`: what a step's micro-batches do instead
     of SFT's cross-entropy, its metrics (`trainer.methods.dpo.METRICS`) and evaluation over
     held-out pairs. The run's `train_rows` / `eval_rows` hold the chosen answers; `rejected`
     the rejected ones aligned with them, (train, eval)."""

@@ -83,7 +83,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class GRPOMethod:
-    """GRPO as the loop's `trainer.methods.base.Method`, and the `Stateful` of its rollout
+    """GRPO as the loop's `trainer.loop.Method`, and the `Stateful` of its rollout
     (each rank's generation batch, in its checkpoint state). `run.train_rows` /
     `run.eval_rows` are not read: the prompts are `prompts` (train, eval)."""
 

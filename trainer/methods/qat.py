@@ -40,7 +40,7 @@ from torchao.quantization.granularity import PerGroup
 from torchao.quantization.qat import QATConfig
 
 from jobspec.job import JobSpec, QATSpec
-from trainer.checkpoint.export import CONFIG_FILE, WEIGHTS_FILE, model_config, write_model_dir
+from trainer.exports.safetensors import CONFIG_FILE, WEIGHTS_FILE, model_config, write_model_dir
 from trainer.models.gpt import GPT, GPTConfig, build_model
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@
 
 The frozen base is rebuilt identically from its source on each attempt (seeded init, model
 files), so checkpoints hold only the trainable parameters (`model_state`). At the end of a
-LoRA run `trainer.checkpoint.lora_export` writes a PEFT adapter directory and merged weights.
+LoRA run `trainer.exports.lora` writes a PEFT adapter directory and merged weights.
 
 peft, transformers and bitsandbytes are imported only when a job uses them.
 """
@@ -35,11 +35,11 @@ from dataformat.errors import InvalidJobError
 from jobspec.checks import GPT_LINEAR_MODULES
 from jobspec.job import JobSpec, LoRASpec, QLoRASpec
 from trainer.checkpoint.checkpointer import load_model_only
-from trainer.checkpoint.init_from import load_starting_weights
 from trainer.checkpoint.state import ModelOptimizerState
 from trainer.distributed import DistInfo
 from trainer.models.gpt import GPTConfig, build_model
 from trainer.models.hf import HFCausalLM, build_hf_model, data_vocab_size, load_tokenizer
+from trainer.models.init_from import load_starting_weights
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -79,7 +79,7 @@ def build_network(
 ) -> Network:
     """Build the model of `spec` on `device`, quantized and/or with adapters as asked;
     `init_from` (a complete checkpoint: full, or a LoRA run's adapters, merged) gives the
-    base its weights first, before quantization and adapters (`trainer.checkpoint.init_from`; every
+    base its weights first, before quantization and adapters (`trainer.models.init_from`; every
     rank reads them whole: `dist_info` says whether there is a process group).
 
     Raises `InvalidJobError` for a model that cannot be built, LoRA targets it lacks, a

@@ -11,7 +11,7 @@ The job stays `queued` until Slurm starts the allocation and its node 0 agent cl
 `Watcher` (a thread of the same process, every `SlurmPool.poll_s`) reads all live placements'
 Slurm states in one `squeue --json` call and applies `follow` to each:
 - pending or running: Slurm's state, reason and start estimate are written to the row (the job's
-  queue reason and ETA, `core.scheduling.queue_view`);
+  queue reason and ETA, `core.scheduling.queue_forecast`);
 - the Torchyard job no longer wants the allocation (cancelled or paused while Slurm still holds it,
   before any agent claimed it): `scancel`;
 - the allocation ended: the row is closed; if the attempt its agents claimed is still active, its

@@ -1,4 +1,4 @@
 """What the supervisor (`workers.supervisor`) runs beside a node's torchrun while it trains:
-the pace of its steps and stragglers (`progress`), hang detection (`watchdog`), system metrics
+the pace of its steps and stragglers (`pace`), hang detection (`watchdog`), system metrics
 (`sysmetrics`), CPU-seconds and the cost limit (`usage_watch`), a sweep trial's pruner
 (`trials`)."""

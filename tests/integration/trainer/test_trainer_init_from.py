@@ -1,4 +1,4 @@
-"""A fine-tune from a LoRA run's checkpoint (`model.init_from`, `trainer.checkpoint.init_from`): the
+"""A fine-tune from a LoRA run's checkpoint (`model.init_from`, `trainer.models.init_from`): the
 checkpoint holds only adapters, so the source's base is rebuilt and its adapters merged; the
 new run's own adapters go on top, and disabled they give the source's trained model.
 
@@ -31,9 +31,8 @@ from tests.support.training import (
     tiny_llama_dir,
     tiny_spec,
 )
-from trainer.checkpoint.checkpointer import load_model_only
-from trainer.checkpoint.export import checkpoint_spec
-from trainer.checkpoint.init_from import load_starting_weights
+from trainer.checkpoint.checkpointer import checkpoint_spec, load_model_only
+from trainer.models.init_from import load_starting_weights
 from trainer.models.network import build_network, merged_source, trainable_names
 
 REL_TOLERANCE = 1e-5

@@ -23,7 +23,7 @@ import torch
 from jobspec.job import JobSpec
 from tests.support.training import Scenario, read_events, run_plans, statuses, tiny_spec
 from tests.support.training import train_losses as losses_of
-from trainer.checkpoint.export import load_model_weights
+from trainer.exports.safetensors import load_model_weights
 
 # Every run of the module is one fixture (one process group per world size): its setup may
 # take several minutes on a loaded 2-core host, more than the suite's 5-minute default.

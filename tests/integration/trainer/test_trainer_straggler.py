@@ -5,7 +5,7 @@ process on a duty cycle (SIGSTOP for 40 ms of every 50 ms; 30 ms of 50 left some
 just over 1.5x on this loaded 2-core machine). Its wall step time then equals rank 0's
 (rank 0 waits for it in the gradient all-reduce), but its compute time
 (`trainer.parallel.compute_timer`) does not, and the worker's detector
-(`workers.watchers.progress.StragglerDetector`, fed the trainer's `rank_step_times` events) names
+(`workers.watchers.pace.StragglerDetector`, fed the trainer's `rank_step_times` events) names
 it.
 """
 
@@ -28,7 +28,7 @@ from tests.support.training import (
     tiny_spec,
     trainer_command,
 )
-from workers.watchers.progress import STRAGGLER_RATIO, StragglerDetector
+from workers.watchers.pace import STRAGGLER_RATIO, StragglerDetector
 
 MAX_STEPS = 60
 LOG_INTERVAL = 5  # steps per rank_step_times report

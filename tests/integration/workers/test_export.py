@@ -1,5 +1,5 @@
 """Checkpoint exports end to end: asked for with `torchyard export` against a real API server,
-made by a real Celery worker running `python -m trainer.checkpoint.export`, downloaded and read
+made by a real Celery worker running `python -m trainer.exports.safetensors`, downloaded and read
 back with safetensors. The finished job and its export also prove that no answer of the API
 names the
 server's own directories (docs/CONTRACTS.md, section 4)."""
@@ -26,8 +26,8 @@ from typer.testing import CliRunner, Result
 
 from api.main import create_app
 from core.jobs import ingest
+from core.openai.projection import BASE_LABEL, JOB_PREFIX, model_name
 from core.openai.results import RESULT_PREFIX
-from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Sweep, SweepTrial, WebhookEvent
@@ -44,7 +44,7 @@ from tests.integration.workers.helpers import (
     wait_for,
 )
 from torchyard.cli import app as cli_app
-from trainer.checkpoint.export import MODEL_PREFIX, load_model_weights
+from trainer.exports.safetensors import MODEL_PREFIX, load_model_weights
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
+from core.openai.projection import BASE_LABEL, META_PREFIX, jobs_page
 from core.openai.results import (
     REINFORCEMENT_COLUMNS,
     RESULT_COLUMNS,
     results_csv,
     trained_tokens,
 )
-from core.openai.view import BASE_LABEL, META_PREFIX, jobs_page
 from core.platform.db import make_engine, session_factory
 from core.platform.tables import Base, Job, JobEvent, MetricPoint, Project
 from jobspec.job import JobSpec

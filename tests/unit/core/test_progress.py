@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.jobs.progress import eta_seconds, running_seconds
+from core.jobs.runtime import eta_seconds, running_seconds
 from core.platform.tables import Job, JobState
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

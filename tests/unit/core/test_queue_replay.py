@@ -1,4 +1,4 @@
-"""The queue replay (core.scheduling.queue_view) on plain data: claim order with backfill, fair
+"""The queue replay (core.scheduling.queue_forecast) on plain data: claim order with backfill, fair
 share, quotas, gangs on distinct workers, and start times from the running jobs' releases."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from core.platform.tables import Quota
-from core.scheduling.queue_view import Queued, Release, replay
+from core.scheduling.queue_forecast import Queued, Release, replay
 from core.scheduling.quotas import Standing, Use
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

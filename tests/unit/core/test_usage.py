@@ -1,5 +1,5 @@
 """Slot-seconds cut at UTC midnight, CPU-seconds shared by wall time, and prices
-(`core.usage.records`, `core.usage.report.check_max_cost`)."""
+(`core.usage.accounting`, `core.usage.report.check_max_cost`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 import pytest
 
 from core.platform.errors import InvalidInput
-from core.usage.records import NodeUsage, cost, split_days
+from core.usage.accounting import NodeUsage, cost, split_days
 from core.usage.report import check_max_cost
 from jobspec.job import parse_job_spec
 

@@ -67,7 +67,7 @@ def test_the_project_has_no_import_circle() -> None:
     graph = import_graph()
     assert len(graph) > 200  # the scan found the project's modules
     assert "trainer.loop" in graph["trainer.train"]  # and their imports, lazy ones too
-    assert "trainer.checkpoint.init_from" in graph["trainer.models.network"]
+    assert "trainer.models.init_from" in graph["trainer.models.network"]
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
@@ -75,31 +75,22 @@ def test_the_project_has_no_import_circle() -> None:
 
 
 def test_the_loop_imports_no_training_method() -> None:
-    """The loop runs whatever `trainer.methods.base.Method` the run holds (issue 25): it imports
+    """The loop runs whatever `trainer.loop.Method` the run holds (issue 25): it imports
     no method module, so it cannot branch on DPO or SFT; `trainer.train` picks the method."""
     graph = import_graph()
     assert "trainer.methods.dpo_train" in graph["trainer.train"]  # the scan sees the builder's
     assert not {m for m in graph["trainer.loop"] if m.startswith("trainer.methods")}
 
 
-# Circles closed only by imports under `if TYPE_CHECKING:` (a type names its user: the loop's
-# `Run` and the `Method` protocol it holds; `JobSpec` and the cross-field checks its validator
-# runs). Issue 46 removed two (the SDK client and its resources, through
-# `torchyard.transport.Transport`; `core.datasets` formats and tokens, through `problems`);
-# these are what is left, listed so that a new one fails and a removed one must be struck.
+# Circles closed only by imports under `if TYPE_CHECKING:` (a type names its user). Issue 46
+# removed four: the SDK client and its resources (`torchyard.transport.Transport`), `core.datasets`
+# formats and tokens (`problems`), the trainer's loop and its methods (the loop owns the `Method`
+# protocol) and the checkpoint package and the models (starting weights live with the models,
+# end-of-run exports in `trainer.exports`). What is left is listed, so that a new one fails and a
+# removed one must be struck: `JobSpec`'s validator runs the cross-field checks, which take a
+# `JobSpec`.
 TYPE_ONLY_CIRCLES = {
     frozenset({"jobspec.checks", "jobspec.job", "jobspec.method_checks"}),
-    frozenset(
-        {
-            "trainer.checkpoint.export",
-            "trainer.checkpoint.init_from",
-            "trainer.loop",
-            "trainer.methods.base",
-            "trainer.models.network",
-            "trainer.parallel",
-            "trainer.parallel.parallelize",
-        }
-    ),
 }
 
 
@@ -139,3 +130,15 @@ def test_type_only_imports_close_no_circle_but_the_known_ones() -> None:
     graph = import_graph(type_only=True)
     assert "torchyard.client" not in graph["torchyard.sweeps"]  # the resources' Transport
     assert _circles(graph) == TYPE_ONLY_CIRCLES
+
+
+def test_the_checkpoint_package_imports_no_model() -> None:
+    """Checkpoints are weights and state in and out of DCP (issue 46): the models load their
+    starting weights from them (`trainer.models.init_from`) and the end-of-run exports read
+    them (`trainer.exports`), never the other way round."""
+    graph = import_graph(type_only=True)
+    checkpoint = {m for m in graph if m.startswith("trainer.checkpoint")}
+    assert {"trainer.checkpoint.checkpointer", "trainer.checkpoint.state"} <= checkpoint
+    assert "trainer.checkpoint.checkpointer" in graph["trainer.models.network"]
+    reached = {t for m in checkpoint for t in graph[m]}
+    assert not {t for t in reached if t.startswith(("trainer.models", "trainer.exports"))}

@@ -1,4 +1,4 @@
-"""`python -m trainer.checkpoint.export`: a DCP checkpoint to one consolidated
+"""`python -m trainer.exports.safetensors`: a DCP checkpoint to one consolidated
 `model.safetensors`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from tests.support.training import build_local_run, tiny_spec
-from trainer.checkpoint import export
+from trainer.exports import safetensors as export
 from trainer.loop import train_step
 
 

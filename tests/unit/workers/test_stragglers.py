@@ -1,11 +1,11 @@
-"""`workers.watchers.progress.StragglerDetector` on made-up `rank_step_times` reports: what it flags
+"""`workers.watchers.pace.StragglerDetector` on made-up `rank_step_times` reports: what it flags
 and what it lets pass (real processes: tests/integration/trainer/test_trainer_straggler.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.watchers.progress import STRAGGLER_RATIO, STRAGGLER_REPORTS, StragglerDetector
+from workers.watchers.pace import STRAGGLER_RATIO, STRAGGLER_REPORTS, StragglerDetector
 
 
 def feed(detector: StragglerDetector, reports: list[list[float]]) -> list[tuple[int, int]]:

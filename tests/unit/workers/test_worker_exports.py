@@ -8,7 +8,7 @@ from workers.exports import export_argv, export_env
 def test_the_exporter_is_the_trainers_export_module_with_the_checkpoint_and_output() -> None:
     argv = export_argv("s3://b/jobs/7/checkpoints/step_00000040", "s3://b/jobs/7/exports/x", "py")
     assert argv == [
-        "py", "-m", "trainer.checkpoint.export",
+        "py", "-m", "trainer.exports.safetensors",
         "--checkpoint", "s3://b/jobs/7/checkpoints/step_00000040",
         "--out", "s3://b/jobs/7/exports/x",
     ]  # fmt: skip

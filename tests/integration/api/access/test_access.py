@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from api.main import create_app
 from core.access import auth
 from core.jobs import ingest
-from core.openai.view import BASE_LABEL, JOB_PREFIX, model_name
+from core.openai.projection import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Checkpoint, Job, JobState, utcnow

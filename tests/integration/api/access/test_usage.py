@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from api.main import create_app
 from core.platform.settings import Settings
 from core.platform.tables import JobState
-from core.usage.records import month_start
+from core.usage.accounting import month_start
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec
 from tests.integration.usage_rows import make_job

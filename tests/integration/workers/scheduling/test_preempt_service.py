@@ -19,7 +19,7 @@ from core.platform.db import session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Job, JobEvent, JobNode, JobState, WebhookEvent, Worker, utcnow
 from core.scheduling import preemption_apply as preempt
-from core.scheduling import queue_view, quotas
+from core.scheduling import queue_forecast, quotas
 from core.webhooks import subscriptions as webhooks
 from tests.conftest import ProjectKey
 from tests.integration.workers.helpers import tiny_spec, unique_queue
@@ -114,7 +114,7 @@ def test_the_lowest_priority_running_job_yields_and_is_requeued_without_a_restar
     with Session(engine) as s:
         waiting = s.get(Job, high)
         assert waiting is not None
-        info = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[high]
+        info = queue_forecast.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[high]
     assert info.reason == f"preempting job {low}"
     assert info.estimated_start_at is not None  # a preempting job frees its devices soon
 
@@ -171,7 +171,7 @@ def test_a_job_its_projects_quota_keeps_out_preempts_only_its_projects_own_job(
     with Session(engine) as s:
         waiting = s.get(Job, urgent)
         assert waiting is not None
-        info = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[urgent]
+        info = queue_forecast.queue_infos(session=s, jobs=[waiting], worker_timeout_s=60.0)[urgent]
     assert info.reason == reason
 
     assert _preempt(engine, _enabled(settings, pool), pool) == {mine: urgent}

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from core.platform.db import session_factory
 from core.platform.settings import Settings
 from core.platform.tables import Job
-from core.scheduling import queue_view
+from core.scheduling import queue_forecast
 from tests.conftest import ProjectKey
 from tests.integration.workers.archives import open_gate, steps_spec
 from tests.integration.workers.helpers import (
@@ -77,7 +77,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
         with Session(engine) as s:
             waiting = s.get(Job, high)
             assert waiting is not None
-            infos = queue_view.queue_infos(session=s, jobs=[waiting], worker_timeout_s=10.0)
+            infos = queue_forecast.queue_infos(session=s, jobs=[waiting], worker_timeout_s=10.0)
         if job_row(engine, low).state == "preempting":  # read before the worker acted on it
             assert infos[high].reason == f"preempting job {low}"
 

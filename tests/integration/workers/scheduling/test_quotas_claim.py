@@ -1,5 +1,5 @@
 """Quotas and fair share inside the claim (core.scheduling.claim), and why a job waits
-(core.scheduling.queue_view), on a real Postgres."""
+(core.scheduling.queue_forecast), on a real Postgres."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from core.jobs import service as jobs
 from core.platform.db import session_scope
 from core.platform.tables import Job, JobNode, JobState, Worker, utcnow
 from core.scheduling import claim as scheduling
-from core.scheduling import queue_view, quotas
+from core.scheduling import queue_forecast, quotas
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.helpers import tiny_spec, unique_queue
 
@@ -42,10 +42,10 @@ def _quota(engine: Engine, project_id: str, pool: str, **values: Any) -> None:
         quotas.put_quota(session=s, project_id=project_id, pool=pool, values=values)
 
 
-def _queue(engine: Engine, *ids: int) -> dict[int, queue_view.QueueInfo]:
+def _queue(engine: Engine, *ids: int) -> dict[int, queue_forecast.QueueInfo]:
     with Session(engine) as s:
         found = [s.get(Job, i) for i in ids]
-        return queue_view.queue_infos(
+        return queue_forecast.queue_infos(
             session=s, jobs=[j for j in found if j is not None], worker_timeout_s=TIMEOUT_S
         )
 
@@ -98,7 +98,7 @@ def test_a_project_at_its_slot_quota_waits_with_the_reason_and_an_estimated_star
         assert waiting is not None
         assert waiting.state == JobState.QUEUED and waiting.wait_reason == "quota gpus 2/2"
     # Unknown ETAs: the reason, no estimate.
-    assert _queue(engine, third)[third] == queue_view.QueueInfo(1, "quota gpus 2/2", None)
+    assert _queue(engine, third)[third] == queue_forecast.QueueInfo(1, "quota gpus 2/2", None)
     # A worker with free devices and a running job of the project with 30 s left: the third
     # starts when that job ends.
     _worker(engine, pool, total=4, free=1)
@@ -173,7 +173,9 @@ def test_a_gang_waiting_for_its_nodes_says_so(engine: Engine, project: ProjectKe
         job = scheduling.claim_next(session=s, pool=pool, worker="w0")
         assert job is not None
         gang.publish(session=s, job=job, worker="w0", host="127.0.0.1", port=29500)
-    assert _queue(engine, job_id)[job_id] == queue_view.QueueInfo(None, "gang assembling 1/2", None)
+    assert _queue(engine, job_id)[job_id] == queue_forecast.QueueInfo(
+        None, "gang assembling 1/2", None
+    )
 
 
 def _lock_waiters(engine: Engine) -> int:

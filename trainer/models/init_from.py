@@ -26,8 +26,7 @@ from torch import nn
 
 from dataformat.errors import InvalidJobError
 from jobspec.job import JobSpec
-from trainer.checkpoint.checkpointer import load_model_only
-from trainer.checkpoint.export import checkpoint_spec
+from trainer.checkpoint.checkpointer import checkpoint_spec, load_model_only
 from trainer.distributed import DistInfo
 from trainer.models.hf import HFCausalLM
 

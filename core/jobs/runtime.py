@@ -4,8 +4,8 @@ A job's attempts end and start again (pause/resume, a restart after a failure, p
 neither figure may count from the latest attempt's start (issue 15). `jobs.runtime_s` holds the
 seconds every ended attempt trained (added when each attempt ends,
 `core.attempts.lifecycle_apply.apply`); a running attempt adds its own wall time so far. The API
-(`running_s`, `eta_s`), the queue view's estimated starts (`core.scheduling.queue_view`), the CLI
-and the dashboard all use these two functions.
+(`running_s`, `eta_s`), the queue's estimated starts
+(`core.scheduling.queue_forecast`), the CLI and the dashboard all use these two functions.
 """
 
 from __future__ import annotations

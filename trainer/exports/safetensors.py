@@ -1,6 +1,6 @@
 """Export a DCP checkpoint to one consolidated `model.safetensors` plus `config.json`.
 
-    python -m trainer.checkpoint.export --checkpoint CKPT_URI/step_00000100 --out DIR
+    python -m trainer.exports.safetensors --checkpoint CKPT_URI/step_00000100 --out DIR
 
 Only the model weights are read (`model_optim.model.*`, not the optimizer state), whatever
 parallelism and world size saved them: DCP's `_load_state_dict_from_keys` assembles the full
@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from jobspec.job import STORED, JobSpec
-from trainer.checkpoint.checkpointer import SPEC_FILE, _reader
+from jobspec.job import JobSpec
+from trainer.checkpoint.checkpointer import _reader, checkpoint_spec
 from trainer.data.byte_tokenizer import is_uri
 from trainer.models.gpt import GPT, GPTConfig
 
@@ -41,13 +41,6 @@ CONFIG_FILE = "config.json"
 MODEL_TYPE = "torchyard-gpt"
 EXPORT_DIR = "export"
 log = logging.getLogger(__name__)
-
-
-def checkpoint_spec(checkpoint_uri: str) -> JobSpec:
-    """The `JobSpec` stored with a checkpoint (`spec.json`). Raises `FileNotFoundError`."""
-    fs, path = fsspec.core.url_to_fs(checkpoint_uri)
-    text = fs.cat_file(f"{path.rstrip('/')}/{SPEC_FILE}")
-    return JobSpec.model_validate_json(text, context=STORED)
 
 
 def load_model_weights(
@@ -148,7 +141,7 @@ def load_exported(out: str, device: torch.device | str = "cpu") -> GPT:
 def main(argv: list[str] | None = None) -> int:
     """CLI: exit 0 with the safetensors location on stdout; 2 for an unusable checkpoint."""
     p = argparse.ArgumentParser(
-        prog="python -m trainer.checkpoint.export", description=__doc__.split("\n")[0]
+        prog="python -m trainer.exports.safetensors", description=__doc__.split("\n")[0]
     )
     p.add_argument("--checkpoint", required=True, help="a step_XXXXXXXX checkpoint dir or URI")
     p.add_argument("--out", required=True, help="output directory or fsspec URI")
@@ -157,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(export_safetensors(checkpoint, args.out))
     except (FileNotFoundError, ValueError) as exc:
-        print(f"trainer.checkpoint.export: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"trainer.exports.safetensors: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     return 0
 

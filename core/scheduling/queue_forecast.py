@@ -2,7 +2,7 @@
 
 `pool_queue` replays the claim (`core.scheduling.claim.claim_next`) forward in time: the live
 workers of the pool with their free devices, the running jobs that free theirs at their ETA
-(`core.jobs.progress.seconds_left`: the recent step time, else the run's average over all its
+(`core.jobs.runtime.seconds_left`: the recent step time, else the run's average over all its
 attempts, times the steps left; unknown for a job that reports no steps or no `max_steps`; now
 for a job cancelling, pausing or preempting), and the queued jobs, taken in claim order
 (quotas, fair share, priority, age) whenever one fits. A job's `position` is its place in that
@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core.jobs import progress
+from core.jobs import runtime
 from core.platform.tables import Job, JobNode, JobState, SlurmJob, Worker, aware, utcnow
 from core.scheduling import preemption_apply as preempt
 from core.scheduling import quotas
@@ -115,7 +115,7 @@ def _releases(session: Session, pool: str, now: datetime) -> list[Release]:
         nodes.setdefault(job_id, []).append((str(worker), len(devices) if devices else slots))
     out = []
     for row in active:
-        eta = progress.seconds_left(
+        eta = runtime.seconds_left(
             state=row.state,
             current_step=row.current_step,
             max_steps=row.max_steps,
