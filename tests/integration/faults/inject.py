@@ -26,7 +26,8 @@ import pytest
 # grows the address space afresh each time (smaller blocks are reused from the heap).
 ALWAYS_MAPPED_BYTES = 32 << 20
 POLL_S = 0.01
-CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_V1_MEMORY = CGROUP_ROOT / "memory"
 # Page cache left to a capped cgroup's processes (their code pages): less than one step's
 # transient blocks (several of `ALWAYS_MAPPED_BYTES`), so a step cannot fit by evicting it.
 FILE_HEADROOM_BYTES = 16 << 20
@@ -115,9 +116,11 @@ def crash_ranks(
 
 @dataclass(frozen=True)
 class MemoryCgroup:
-    """A cgroup v1 memory controller group (`path`) of this test's making."""
+    """A memory cgroup (`path`) of this test's making: a v1 memory controller group, or a v2
+    group with the memory controller (`version` 2), as `workers.isolation.cgroups` uses."""
 
     path: Path
+    version: int = 1
 
     def join(self, pid: int) -> None:
         """Move process `pid` (all its threads) here; its later children are born here."""
@@ -128,10 +131,11 @@ class MemoryCgroup:
         """Bytes of anonymous memory charged to the group and the groups below it now
         (`total_rss` of memory.stat: the worker puts each job in a group of its own below; what
         the kernel cannot reclaim without swap, which these hosts have none of)."""
+        key = "anon " if self.version == 2 else "total_rss "  # v2's stats are hierarchical
         for line in (self.path / "memory.stat").read_text().splitlines():
-            if line.startswith("total_rss "):
+            if line.startswith(key):
                 return int(line.split()[1])
-        raise AssertionError(f"no rss in {self.path}/memory.stat")
+        raise AssertionError(f"no {key.strip()} in {self.path}/memory.stat")
 
     def limit(self, step: Callable[[], int], timeout_s: float) -> int:
         """Cap the group at the least anonymous memory it held while the job trained one more
@@ -146,7 +150,8 @@ class MemoryCgroup:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                (self.path / "memory.limit_in_bytes").write_text(str(cap))
+                limit = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+                (self.path / limit).write_text(str(cap))
                 return cap
             except OSError as exc:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
@@ -170,13 +175,38 @@ def memory_cgroup_v1(name: str) -> MemoryCgroup | None:
     return None
 
 
+def memory_cgroup_v2(name: str) -> MemoryCgroup | None:
+    """A new v2 group named `name` with the memory controller, or None where the machine has
+    no writable v2 hierarchy with memory (on a hybrid host memory is bound to v1). v2 lets no
+    group with processes enable a controller for its children, the root excepted: the group is
+    made beside this process's own, in a parent that hands memory down, or below the root."""
+    if not (CGROUP_ROOT / "cgroup.controllers").exists():  # a hybrid or v1 host's root
+        return None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, _, path = line.split(":", 2)
+        if hierarchy != "0":
+            continue
+        own = CGROUP_ROOT / path.lstrip("/")
+        parent = own if own == CGROUP_ROOT else own.parent
+        try:
+            if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+                (parent / "cgroup.subtree_control").write_text("+memory")
+            (parent / name).mkdir()
+        except OSError:
+            return None
+        return MemoryCgroup(parent / name, version=2)
+    return None
+
+
 @contextmanager
 def cgroup_for(name: str) -> Iterator[MemoryCgroup]:
-    """A memory cgroup for the block; skips the test where none can be made. At the end its
-    processes are moved back to the parent and it is removed."""
-    group = memory_cgroup_v1(name)
+    """A memory cgroup for the block, of the layout this host's memory controller is in (v1, or
+    v2 on a host with the unified hierarchy only); skips the test where none can be made (the
+    suite's skip budget then fails it, naming the capability). At the end its processes are
+    moved back to the parent and it is removed."""
+    group = memory_cgroup_v1(name) or memory_cgroup_v2(name)
     if group is None:
-        pytest.skip("no writable cgroup v1 memory controller")
+        pytest.skip("no writable memory cgroup (a v1 memory controller or v2 with memory)")
     try:
         yield group
     finally:
