@@ -8,15 +8,13 @@ Like `jobspec.job`, this imports nothing heavier than pydantic (types only at ty
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
 from dataformat.records import LOSS_ON_BY_FORMAT
 from jobspec.method_checks import grpo_code_errors, method_errors
-
-if TYPE_CHECKING:
-    from jobspec.job import JobSpec, LoRASpec
+from jobspec.sections import LoRASpec, TrainerSections
 
 # Linear layers of each block of the built-in GPT (`trainer.models.gpt.Block`), by module path.
 GPT_LINEAR_MODULES = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc", "mlp.proj")
@@ -34,7 +32,7 @@ def get_path(spec: BaseModel, loc: tuple[str | int, ...]) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
-def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def cross_field_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """(path, message) for every cross-field conflict in `spec`."""
     errors: list[tuple[tuple[str, ...], str]] = []
     model, res = spec.model, spec.resources
@@ -81,7 +79,7 @@ def cross_field_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def submission_errors(spec: JobSpec) -> list[tuple[tuple[str | int, ...], str]]:
+def submission_errors(spec: TrainerSections) -> list[tuple[tuple[str | int, ...], str]]:
     """(path, message) for the rules a spec is held to when submitted but not when read back
     (`jobspec.job.STORED`): they came after specs that break them were accepted and stored, and
     a stored job, its checkpoints and exports must still read (issue 45)."""
@@ -108,7 +106,7 @@ def submission_errors(spec: JobSpec) -> list[tuple[tuple[str | int, ...], str]]:
     return errors
 
 
-def has_pretrained_weights(spec: JobSpec) -> bool:
+def has_pretrained_weights(spec: TrainerSections) -> bool:
     """Whether the model starts from trained weights: an earlier job's checkpoint
     (`model.init_from`) or a saved Hugging Face model (`model.hf.path_or_id`), not from a
     random initialisation (`gpt`, `model.hf.from_config`)."""
@@ -118,7 +116,7 @@ def has_pretrained_weights(spec: JobSpec) -> bool:
     return model.kind == "hf" and model.hf is not None and model.hf.path_or_id is not None
 
 
-def _stopping_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _stopping_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """Exactly one of `train.max_steps` and `train.epochs` says when training ends."""
     train = spec.train
     if train.max_steps is not None and train.epochs is not None:
@@ -134,7 +132,7 @@ def _stopping_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return []
 
 
-def _parallelism_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _parallelism_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """Mesh, tensor-parallel and pipeline conflicts (checked before any GPU is allocated)."""
     par, model, world = spec.parallelism, spec.model, spec.world_size
     errors: list[tuple[tuple[str, ...], str]] = []
@@ -199,7 +197,7 @@ def _parallelism_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _pipeline_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     pp, model = spec.parallelism.pipeline, spec.model
     path = ("parallelism", "pipeline")
     errors: list[tuple[tuple[str, ...], str]] = []
@@ -270,7 +268,7 @@ def _pipeline_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def _data_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _data_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """`data.loss_on` and `data.packing` against a declared `data.format`; eval sources."""
     data = spec.data
     errors: list[tuple[tuple[str, ...], str]] = []
@@ -297,7 +295,7 @@ def _data_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
 QAT_STRATEGIES = ("single", "ddp", "fsdp")
 
 
-def _qat_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _qat_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """QAT needs whole (or FSDP-gathered) Linear weights and groups that tile their inputs."""
     qat, model = spec.qat, spec.model
     if qat is None:
@@ -326,7 +324,7 @@ def _qat_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def _model_source_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _model_source_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """`model.kind` vs `model.hf`, and what a Hugging Face model can run with."""
     model, par = spec.model, spec.parallelism
     errors: list[tuple[tuple[str, ...], str]] = []
@@ -360,7 +358,7 @@ def _model_source_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def _finetune_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _finetune_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """LoRA / QLoRA against the strategy and (for the built-in GPT) the module names."""
     lora, qlora, par = spec.lora, spec.qlora, spec.parallelism
     errors: list[tuple[tuple[str, ...], str]] = []

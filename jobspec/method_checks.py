@@ -4,12 +4,8 @@ trainer's for the data it finds), and the strategies, packing and QAT each metho
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from jobspec.graders import file_graders
-
-if TYPE_CHECKING:
-    from jobspec.job import JobSpec
+from jobspec.sections import TrainerSections
 
 # Record formats a GRPO job reads prompts from (`trainer.data.prompts`).
 GRPO_FORMATS = ("prompt", "prompt_completion", "messages")
@@ -38,7 +34,7 @@ def method_data_error(kind: str, format: str) -> str | None:
     return None
 
 
-def method_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def method_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """A declared `data.format` the method cannot train on (`method_data_error`); DPO needs
     unpacked pairs and a model whose logits each rank holds whole; so does GRPO.
 
@@ -79,7 +75,7 @@ def method_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def _grpo_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+def _grpo_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
     """GRPO samples with a model whose logits each rank holds whole (single, ddp, or fsdp
     without tensor parallelism: an FSDP rank's forward gathers the whole parameters), from
     prompts that leave room for a completion within `model.seq_len`."""
@@ -109,7 +105,7 @@ def _grpo_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     return errors
 
 
-def grpo_code_errors(spec: JobSpec) -> list[tuple[tuple[str | int, ...], str]]:
+def grpo_code_errors(spec: TrainerSections) -> list[tuple[tuple[str | int, ...], str]]:
     """A python grader's `file` (top-level or inside a `multi`) without `method.grpo.code`: a
     built-in trainer job has no code directory but the archive it names. A submission rule
     (`jobspec.checks.submission_errors`): such jobs were accepted before, and failed at launch."""
