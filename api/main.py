@@ -44,6 +44,7 @@ from api.routes import (
     projects,
     quotas,
     service_accounts,
+    sessions,
     spec,
     streams,
     sweeps,
@@ -155,7 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
     routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas, workers)
-    domains = (sweeps, usage, webhooks, audit)
+    domains = (sweeps, sessions, usage, webhooks, audit)
     access = (projects, members, service_accounts, keys)
     for module in (*routers, *domains, *access, openai_files, openai_jobs, tinker):
         permissions.document(module.router)  # x-permission on each operation

@@ -13,7 +13,7 @@ when the API answers with an error, and `ConnectionFailed` when it cannot be rea
 
 One module of ~570 lines, on purpose: the transport (retries, errors, auth) and the `Client` with
 its jobs, datasets and metrics resources, which share that transport's helpers; the other resources
-have their own modules (`torchyard.access`, `code`, `exports`, `sweeps`, `usage`).
+have their own modules (`torchyard.access`, `code`, `exports`, `sessions`, `sweeps`, `usage`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from torchyard.code import Code
 from torchyard.config import load_config
 from torchyard.errors import ConnectionFailed, ServerError, error_from_response
 from torchyard.exports import Exports
+from torchyard.sessions import Sessions
 from torchyard.sweeps import Sweeps
 from torchyard.types import (
     Checkpoint,
@@ -92,6 +93,7 @@ class Client:
         self.keys = Keys(self)
         self.members = Members(self)
         self.sweeps = Sweeps(self)
+        self.sessions = Sessions(self)
         self.workers = Workers(self)
 
     @property

@@ -549,3 +549,35 @@ class Sweep(_Model):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+
+
+class SessionModel(_Model):
+    """A training client of a session (``client.sessions``): its `model_id`, base model and
+    LoRA rank, and the session job serving it with that job's state and optimizer steps."""
+
+    model_id: str
+    base_model: str
+    lora_rank: int
+    job_id: int
+    job_state: str | None = None
+    current_step: int | None = None
+
+
+class TrainingSession(_Model):
+    """A training session of the Tinker-compatible API (``client.sessions``): `state` is
+    ``active`` while its client heartbeats, else ``ended`` (`ended_reason` says why); `models`
+    are its training clients, `calls` its clients' calls by state."""
+
+    id: str
+    state: str
+    display_name: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    user_metadata: dict[str, Any] = Field(default_factory=dict)
+    sdk_version: str = ""
+    owner: str | None = None
+    created_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
+    ended_at: datetime | None = None
+    ended_reason: str | None = None
+    models: list[SessionModel] = Field(default_factory=list)
+    calls: dict[str, int] = Field(default_factory=dict)

@@ -21,6 +21,7 @@ from torchyard.cli.datasets import datasets_app
 from torchyard.cli.exports import export_command
 from torchyard.cli.jobs import jobs_cli
 from torchyard.cli.servers import admin_app, servers_cli
+from torchyard.cli.sessions import sessions_app
 from torchyard.cli.sweeps import sweep_app
 from torchyard.cli.usage import usage_command
 from torchyard.cli.workers import workers_command
@@ -136,6 +137,7 @@ app.add_typer(code_app, name="code")
 app.add_typer(keys_app, name="keys")
 app.add_typer(members_app, name="members")
 app.add_typer(sweep_app, name="sweep")
+app.add_typer(sessions_app, name="sessions")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
 app.command("usage")(usage_command)

@@ -31,6 +31,8 @@ RENAMED: dict[str, type[pydantic.BaseModel]] = {
     "SampleRecord": api.schemas.DatasetSampleItem,
     "Trial": importlib.import_module("api.schemas.sweeps").TrialOut,
     "Sweep": importlib.import_module("api.schemas.sweeps").SweepOut,
+    "SessionModel": importlib.import_module("api.schemas.sessions").SessionModelOut,
+    "TrainingSession": importlib.import_module("api.schemas.sessions").SessionOut,
 }
 # Client-side shapes with no server model of their own.
 CLIENT_ONLY = {

@@ -140,6 +140,7 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("openai", "job_id"): lambda w: f"{JOB_PREFIX}{w.job_id}",
     ("openai", "file_id"): lambda w: w.file_id,
     ("openai", "model_id"): lambda w: w.model_id,
+    ("v1", "session_id"): lambda w: w.session_id,
     ("tinker", "session_id"): lambda w: w.session_id,
 }
 
