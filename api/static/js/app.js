@@ -8,6 +8,7 @@ import { comparePage } from "./compare.js";
 import { submitPage } from "./submit.js";
 import { datasetPage, datasetsPage } from "./datasets.js";
 import { usagePage } from "./usage.js";
+import { sessionPage, sessionsPage } from "./sessions.js";
 import { sweepPage, sweepsPage } from "./sweeps.js";
 import { settingsPage } from "./settings.js";
 
@@ -95,6 +96,8 @@ function route() {
   else if (parts[0] === "datasets") stopPage = datasetsPage(view);
   else if (parts[0] === "sweeps" && parts[1]) stopPage = sweepPage(view, Number(parts[1]));
   else if (parts[0] === "sweeps") stopPage = sweepsPage(view);
+  else if (parts[0] === "sessions" && parts[1]) stopPage = sessionPage(view, decodeURIComponent(parts[1]));
+  else if (parts[0] === "sessions") stopPage = sessionsPage(view);
   else if (parts[0] === "usage") stopPage = usagePage(view);
   else if (parts[0] === "settings") stopPage = settingsPage(view, parts[1]);
   else stopPage = jobsPage(view, query);

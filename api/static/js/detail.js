@@ -279,6 +279,9 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
     let kindRows = [["strategy", job.spec?.parallelism?.strategy ?? "–"]];
     if (script) kindRows = [["kind", "script"]];
     if (source) kindRows = [["kind", "eval"], ["source", sourceNode(source, job.current_step)]];
+    const served = job.spec?.session; // a training client of a Tinker-compatible session
+    if (served) kindRows = [["kind", "session"], ["session", h("a", { href: `#/sessions/${served.session_id}`, id: "job-session" }, served.session_id)],
+      ["training client", `${served.model_id} · ${served.base_model} · LoRA rank ${served.lora_rank}`]];
     const rows = [
       ["state", job.state], ["attempt", job.attempt],
       ...(source ? [] : [["progress", progressText(job)]]),
