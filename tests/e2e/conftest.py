@@ -18,15 +18,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from celery import Celery
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 from sqlalchemy import Engine
 
-from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.conftest import live_api  # noqa: F401  (the real uvicorn server)
-from tests.integration.workers.helpers import Worker, start_exporter, start_worker, unique_queue
+from tests.integration.workers.helpers import (
+    Worker,
+    own_worker,
+    unique_queue,
+)
 
 CHROMIUM = os.environ.get("TORCHYARD_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -201,24 +203,20 @@ def pool() -> str:
 def worker(
     settings: Settings, pool: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
-    client = Celery("torchyard-dash")
-    client.conf.update(celery_config(settings))
-    started = start_worker(
-        settings=settings, client=client, queue=pool, log_dir=tmp_path_factory.mktemp("dash")
-    )
-    yield started
-    started.stop()
-    client.close()
+    with own_worker(
+        settings, pool, tmp_path_factory.mktemp("dash"), app_name="torchyard-dash"
+    ) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def exporter(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """`torchyard exporter`'s worker, for the checkpoint exports a page asks for."""
-    client = Celery("torchyard-dash-exports")
-    client.conf.update(celery_config(settings))
-    started = start_exporter(
-        settings=settings, client=client, log_dir=tmp_path_factory.mktemp("exports")
-    )
-    yield started
-    started.stop()
-    client.close()
+    with own_worker(
+        settings,
+        settings.export_queue,
+        tmp_path_factory.mktemp("exports"),
+        app_name="torchyard-dash-exports",
+        exporter=True,
+    ) as started:
+        yield started

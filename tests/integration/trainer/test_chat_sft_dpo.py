@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from celery import Celery
@@ -22,8 +21,8 @@ from sqlalchemy import Engine
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.integration.workers.sdk_waits import example_spec, run_to_success
 from torchyard.client import Client
-from torchyard.examples import load_example
 from torchyard.examples.docstrings import ExampleData, write_example_data
 from torchyard.types import Job
 
@@ -74,21 +73,6 @@ def example_data(tmp_path_factory: pytest.TempPathFactory) -> ExampleData:
     return write_example_data(tmp_path_factory.mktemp("docstrings"))
 
 
-def _example(name: str, *, model_dir: Path, dataset_id: str, queue: str) -> dict[str, Any]:
-    spec = load_example(name)
-    spec["model"]["hf"]["path_or_id"] = str(model_dir)
-    spec["data"]["dataset"] = dataset_id
-    spec["resources"]["pool"] = queue
-    return spec
-
-
-def _run(client: Client, spec: dict[str, Any], worker: Worker) -> Job:
-    job = client.jobs.create(spec)
-    done = client.jobs.wait(job.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
-    assert done.state == "succeeded", (done.error, worker.log[-4000:])
-    return done
-
-
 def _series(client: Client, job_id: int, name: str) -> dict[int, float]:
     (series,) = client.jobs.metrics(job_id, names=[name])
     return dict(zip(series.steps, series.values, strict=True))
@@ -107,8 +91,8 @@ def sft_job(
     with Client(live_api, chat_project.api_key) as client:
         dataset = client.datasets.upload("docstrings", example_data.messages)
         assert dataset.format == "messages"
-        spec = _example("chat_sft", model_dir=model_dir, dataset_id=dataset.id, queue=queue)
-        return chat_project, _run(client, spec, chat_worker)
+        spec = example_spec("chat_sft", model_dir=model_dir, dataset_id=dataset.id, pool=queue)
+        return chat_project, run_to_success(client, spec, chat_worker, JOB_TIMEOUT_S)
 
 
 def test_chat_sft_with_lora_and_packing_over_ddp_lowers_the_eval_loss(
@@ -143,10 +127,10 @@ def test_dpo_from_the_lora_sft_checkpoint_raises_reward_accuracy_and_margin(
     with Client(live_api, project.api_key) as client:
         pairs = client.datasets.upload("docstring-pairs", example_data.preference)
         assert pairs.format == "preference"
-        spec = _example("dpo", model_dir=model_dir, dataset_id=pairs.id, queue=queue)
+        spec = example_spec("dpo", model_dir=model_dir, dataset_id=pairs.id, pool=queue)
         spec["data"]["eval_dataset"] = pairs.id
         spec["model"]["init_from"] = {"job": sft.id}
-        job = _run(client, spec, chat_worker)
+        job = run_to_success(client, spec, chat_worker, JOB_TIMEOUT_S)
         (checkpoint,) = client.jobs.checkpoints(sft.id)
         assert job.spec["model"]["init_from"] == {"job": sft.id, "checkpoint": checkpoint.id}
         accuracy = _series(client, job.id, "eval_rewards/accuracy")

@@ -22,10 +22,9 @@ from sqlalchemy import Engine
 from core.platform.settings import Settings
 from tests.conftest import make_project
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.integration.workers.sdk_waits import example_spec, run_to_success
 from torchyard.client import Client
-from torchyard.examples import load_example
 from torchyard.examples.sums import write_sums_data
-from torchyard.types import Job
 
 JOB_TIMEOUT_S = 300
 pytestmark = pytest.mark.timeout(2 * JOB_TIMEOUT_S + 120)
@@ -39,21 +38,6 @@ def sums_worker(
     worker = start_worker(settings=settings, client=celery_client, queue=queue, log_dir=tmp_path)
     yield queue, worker
     worker.stop()
-
-
-def _example(name: str, *, model_dir: Path, dataset_id: str, queue: str) -> dict[str, Any]:
-    spec = load_example(name)
-    spec["model"]["hf"]["path_or_id"] = str(model_dir)
-    spec["data"]["dataset"] = dataset_id
-    spec["resources"]["pool"] = queue
-    return spec
-
-
-def _run(client: Client, spec: dict[str, Any], worker: Worker) -> Job:
-    job = client.jobs.create(spec)
-    done = client.jobs.wait(job.id, poll_s=0.5, timeout_s=JOB_TIMEOUT_S)
-    assert done.state == "succeeded", (done.error, worker.log[-4000:])
-    return done
 
 
 def test_grpo_with_lora_from_a_noisy_sft_raises_the_held_out_accuracy_of_sums(
@@ -71,14 +55,19 @@ def test_grpo_with_lora_from_a_noisy_sft_raises_the_held_out_accuracy_of_sums(
     project = make_project(engine)
     with Client(live_api, project.api_key) as client:
         messages = client.datasets.upload("sums", data.messages)
-        sft = _run(client, _example("sums_sft", **_where(model_dir, messages.id, queue)), worker)
+        sft = run_to_success(
+            client,
+            example_spec("sums_sft", **_where(model_dir, messages.id, queue)),
+            worker,
+            JOB_TIMEOUT_S,
+        )
         prompts = client.datasets.upload("sums-prompts", data.prompts)
         heldout = client.datasets.upload("sums-heldout", data.heldout)
         assert (prompts.format, heldout.format) == ("prompt", "prompt")
-        spec = _example("grpo", **_where(model_dir, prompts.id, queue))
+        spec = example_spec("grpo", **_where(model_dir, prompts.id, queue))
         spec["data"]["eval_dataset"] = heldout.id
         spec["model"]["init_from"] = {"job": sft.id}
-        grpo = _run(client, spec, worker)
+        grpo = run_to_success(client, spec, worker, JOB_TIMEOUT_S)
         series = {
             s.name: dict(zip(s.steps, s.values, strict=True)) for s in client.jobs.metrics(grpo.id)
         }
@@ -96,4 +85,4 @@ def test_grpo_with_lora_from_a_noisy_sft_raises_the_held_out_accuracy_of_sums(
 
 
 def _where(model_dir: Path, dataset_id: str, queue: str) -> dict[str, Any]:
-    return {"model_dir": model_dir, "dataset_id": dataset_id, "queue": queue}
+    return {"model_dir": model_dir, "dataset_id": dataset_id, "pool": queue}

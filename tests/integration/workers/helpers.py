@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.jobs import service as jobs
-from core.platform.queue import RUN_JOB_TASK
+from core.platform.queue import RUN_JOB_TASK, celery_config
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
 from core.platform.tables import Job, JobEvent, JobNode, LogLine, MetricPoint
@@ -209,6 +209,27 @@ def start_exporter(
         log_dir=log_dir,
         extra_env=extra_env,
     )
+
+
+@contextlib.contextmanager
+def own_worker(
+    settings: Settings, queue: str, log_dir: Path, *, app_name: str, exporter: bool = False
+) -> Iterator[Worker]:
+    """A worker on `queue` (or the export queue, `exporter`) with a Celery client of its own,
+    stopped and closed at the end: a module's worker that the session's `celery_client` (its
+    default database) must not serve."""
+    client = Celery(app_name)
+    client.conf.update(celery_config(settings))
+    started = (
+        start_exporter(settings=settings, client=client, log_dir=log_dir)
+        if exporter
+        else start_worker(settings=settings, client=client, queue=queue, log_dir=log_dir)
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+        client.close()
 
 
 def tiny_spec(*, pool: str, dataset_id: str, **overrides: Any) -> JobSpec:

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tests.integration.workers.helpers import Worker, wait_for
 from torchyard import Client
+from torchyard.examples import load_example
 from torchyard.types import Job
 
 # Each wait; the hf_trainer example took 163 s from upload to success on a quiet host and one
@@ -74,3 +78,22 @@ def step_passed(client: Client, job_id: int, step: int) -> Job:
         0.05,
         explain=lambda: explain(client, job_id),
     )
+
+
+def example_spec(name: str, *, model_dir: Path, dataset_id: str, pool: str) -> dict[str, Any]:
+    """A packaged example (`torchyard.examples.load_example`) pointed at the test's model
+    directory, dataset and worker pool."""
+    spec = load_example(name)
+    spec["model"]["hf"]["path_or_id"] = str(model_dir)
+    spec["data"]["dataset"] = dataset_id
+    spec["resources"]["pool"] = pool
+    return spec
+
+
+def run_to_success(client: Client, spec: dict[str, Any], worker: Worker, timeout_s: float) -> Job:
+    """Submit `spec` and wait for its job; fails the test, with the worker's log, unless it
+    succeeded within `timeout_s`."""
+    job = client.jobs.create(spec)
+    done = client.jobs.wait(job.id, poll_s=0.5, timeout_s=timeout_s)
+    assert done.state == "succeeded", (done.error, worker.log[-4000:])
+    return done

@@ -23,14 +23,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from celery import Celery
 from sqlalchemy import Engine
 
-from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project, settings_env
 from tests.integration.conftest import serve_api
-from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.integration.workers.helpers import Worker, own_worker, unique_queue
 from torchyard.client import Client
 from torchyard.examples.docstrings import ExampleData, write_example_data
 
@@ -86,14 +84,10 @@ def server(
 def worker(
     settings: Settings, queue: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
-    client = Celery("torchyard-openai")
-    client.conf.update(celery_config(settings))
-    started = start_worker(
-        settings=settings, client=client, queue=queue, log_dir=tmp_path_factory.mktemp("oai")
-    )
-    yield started
-    started.stop()
-    client.close()
+    with own_worker(
+        settings, queue, tmp_path_factory.mktemp("oai"), app_name="torchyard-openai"
+    ) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

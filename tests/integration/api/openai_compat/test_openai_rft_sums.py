@@ -21,14 +21,12 @@ from typing import Any
 
 import openai
 import pytest
-from celery import Celery
 from sqlalchemy import Engine
 
-from core.platform.queue import celery_config
 from core.platform.settings import Settings
 from tests.conftest import make_project, settings_env
 from tests.integration.conftest import serve_api
-from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.integration.workers.helpers import Worker, own_worker, unique_queue
 from torchyard.examples.sums import SumsData, write_sums_data
 
 JOB_TIMEOUT_S = 300
@@ -77,14 +75,10 @@ def server(
 def worker(
     settings: Settings, queue: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
-    client = Celery("torchyard-openai-sums")
-    client.conf.update(celery_config(settings))
-    started = start_worker(
-        settings=settings, client=client, queue=queue, log_dir=tmp_path_factory.mktemp("sums")
-    )
-    yield started
-    started.stop()
-    client.close()
+    with own_worker(
+        settings, queue, tmp_path_factory.mktemp("sums"), app_name="torchyard-openai-sums"
+    ) as started:
+        yield started
 
 
 def _wait(client: Any, job_id: str, worker: Worker) -> Any:
