@@ -17,6 +17,7 @@ COPY jobspec jobspec
 COPY dataformat dataformat
 COPY torchyard torchyard
 COPY migrations migrations
+COPY demos demos
 COPY alembic.ini ./
 RUN pip install -e ".[all,s3]"
 EXPOSE 8000

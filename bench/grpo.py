@@ -4,7 +4,7 @@
                          [--max-new-tokens 64] [--steps 8] [--warmup 2]
 
 One small Llama (from a config, with the locally trained ChatML BPE of
-`trainer.models.offline`) and one set of prompts; each step samples `--group-size` completions
+`demos.offline_llama`) and one set of prompts; each step samples `--group-size` completions
 of `--prompts` prompts (temperature 1, at most `--max-new-tokens`), grades them by the share of
 lower-case letters and takes one update (beta 0, one iteration). Ours is `python -m trainer`
 (one process, fp32, its `step_time_s`; Hugging Face models decode with transformers' KV
@@ -57,7 +57,7 @@ def write_prompts(path: Path, count: int) -> list[str]:
 
 
 def build_model(out: Path, args: argparse.Namespace) -> Path:
-    from trainer.models.offline import ModelShape, build_model_dir
+    from demos.offline_llama import ModelShape, build_model_dir
 
     shape = ModelShape(
         hidden_size=args.hidden_size,

@@ -5,7 +5,7 @@ their docstrings as messages and preference JSONL; `torchyard.examples.sums`: su
 small numbers, noisily labelled for SFT and as prompts with their true answers for GRPO) and
 builds the model directory (a small Llama and a locally trained ChatML BPE) under
 ``HOME/examples``, which it adds to the allowed data roots. The model is built by ``python -m
-trainer.models.offline`` in a child process: it needs torch, `tokenizers` and
+demos.offline_llama`` in a child process: it needs torch, `tokenizers` and
 `transformers`, which the client must not import (the quickstart already runs the API and
 worker locally, so the trainer's packages are there). `submit` uploads the data over REST and
 runs the example's `STAGES` one after the other, each later one from the checkpoint of the
@@ -94,7 +94,7 @@ def examples_root(home: Path) -> Path:
 
 def model_argv(out: Path) -> list[str]:
     """The child process that builds the example's model and tokenizer into `out`."""
-    return [sys.executable, "-m", "trainer.models.offline", str(out)]
+    return [sys.executable, "-m", "demos.offline_llama", str(out)]
 
 
 def prepare(home: Path, console: Console) -> Inputs:

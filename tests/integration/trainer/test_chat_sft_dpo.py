@@ -63,7 +63,7 @@ def chat_worker(
 @pytest.fixture(scope="module")
 def model_dir(models_root: Path) -> Path:
     """The example's Llama + ChatML BPE, under an allowed data root of the API."""
-    from trainer.models.offline import build_model_dir
+    from demos.offline_llama import build_model_dir
 
     return build_model_dir(models_root / "docstring-llama")
 

@@ -47,7 +47,7 @@ def test_grpo_with_lora_from_a_noisy_sft_raises_the_held_out_accuracy_of_sums(
     models_root: Path,
     tmp_path: Path,
 ) -> None:
-    from trainer.models.offline import build_model_dir
+    from demos.offline_llama import build_model_dir
 
     queue, worker = sums_worker
     model_dir = build_model_dir(models_root / "sums-llama")

@@ -44,7 +44,7 @@ COMMAND += ["--max-bytes", "200000"]
 @pytest.fixture(scope="module")
 def model_dir(models_root: Path) -> Path:
     """A small Llama and its tokenizer, trained here on the standard library (no download)."""
-    from trainer.models.offline import build_model_dir
+    from demos.offline_llama import build_model_dir
 
     return build_model_dir(models_root / "inputs-tiny-llama", vocab_size=512)
 

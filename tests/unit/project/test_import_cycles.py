@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-PACKAGES = ("api", "core", "workers", "trainer", "jobspec", "dataformat", "torchyard", "migrations")
+PACKAGES = (
+    "api",
+    "core",
+    "workers",
+    "trainer",
+    "jobspec",
+    "dataformat",
+    "torchyard",
+    "migrations",
+    "demos",
+)
 
 
 def _modules() -> dict[str, Path]:

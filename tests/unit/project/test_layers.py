@@ -31,6 +31,8 @@ FORBIDDEN = {
     },
     # the job spec: pydantic models every side validates with, importing only `dataformat`
     "jobspec": {*SERVER, "trainer", "torch", "numpy", "celery", "sqlalchemy", "fastapi", "redis"},
+    # builders of the examples' model and tokenizer: torch and transformers, no service
+    "demos": {*SERVER, "trainer", "celery", "sqlalchemy", "fastapi", "redis"},
 }
 
 # The API, core, the workers and the client share the job spec with the trainer through

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from demos.offline_llama import ModelShape, build_llama, stdlib_texts, train_tokenizer
 from trainer.methods.grpo import (
     LOSS_TYPES,
     SCALE_REWARDS,
@@ -28,7 +29,6 @@ from trainer.methods.grpo import (
     per_token_loss,
     token_logps,
 )
-from trainer.models.offline import ModelShape, build_llama, stdlib_texts, train_tokenizer
 
 GROUP_SIZE = 4
 MAX_COMPLETION_LENGTH = 8

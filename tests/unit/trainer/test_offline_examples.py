@@ -66,9 +66,9 @@ def test_written_files_pass_the_upload_validation_as_their_format(tmp_path: Path
 
 def test_offline_model_dir_loads_as_an_hf_model_with_a_chatml_tokenizer(tmp_path: Path) -> None:
     from dataformat.chat import CHATML_SPECIAL_TOKENS
+    from demos.offline_llama import ModelShape, build_model_dir, stdlib_texts
     from jobspec.job import ModelSpec
     from trainer.models.hf import build_hf_model, load_tokenizer
-    from trainer.models.offline import ModelShape, build_model_dir, stdlib_texts
 
     shape = ModelShape(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=64, max_position_embeddings=128)  # fmt: skip

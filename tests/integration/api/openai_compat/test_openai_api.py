@@ -44,7 +44,7 @@ def queue() -> str:
 
 @pytest.fixture(scope="module")
 def model_dir(models_root: Path) -> Path:
-    from trainer.models.offline import build_model_dir
+    from demos.offline_llama import build_model_dir
 
     return build_model_dir(models_root / "openai-llama")
 

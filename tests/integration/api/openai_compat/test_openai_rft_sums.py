@@ -48,7 +48,7 @@ def server(
     settings: Settings, models_root: Path, queue: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """`/openai/v1` of an API whose registry offers `BASE`, fine-tuned in full on `queue`."""
-    from trainer.models.offline import build_model_dir
+    from demos.offline_llama import build_model_dir
 
     entry = {
         "path": str(build_model_dir(models_root / "sums-openai-llama")),

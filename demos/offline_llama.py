@@ -8,11 +8,10 @@ special tokens and whose `chat_template` is ChatML (`dataformat.chat.CHATML`); a
 config. Both are written with `save_pretrained` into one directory, so a job spec's
 ``model: {kind: hf, hf: {path_or_id: DIR}}`` loads the model and its tokenizer.
 
-    python -m trainer.models.offline DIR [--vocab-size 1024] [--hidden-size 64] ...
+    python -m demos.offline_llama DIR [--vocab-size 1024] [--hidden-size 64] ...
 
-Lives in the trainer package because it needs `tokenizers`, `transformers` and torch, which
-the client (`torchyard`) must not import; ``torchyard quickstart --example`` runs it as a
-process, as it runs the server's modules.
+Not in the trainer (what jobs run) nor in the client (`torchyard`, which must not import torch,
+`tokenizers` or `transformers`): ``torchyard quickstart --example`` runs it as a process.
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ def build_model_dir(
 def main(argv: list[str] | None = None) -> None:
     defaults = ModelShape()
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.models.offline", description=__doc__.split("\n")[0]
+        prog="python -m demos.offline_llama", description=__doc__.split("\n")[0]
     )
     parser.add_argument("out", type=Path, help="directory to write the model and tokenizer to")
     parser.add_argument("--vocab-size", type=int, default=1024)
