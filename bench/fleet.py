@@ -249,6 +249,18 @@ def _queue_to_claim(
     }
 
 
+def _job_seconds(engine: Any) -> float:
+    """Seconds the jobs ran, summed: each from its claim (`started_at`) to its end."""
+    with engine.connect() as conn:
+        found = conn.scalar(
+            text(
+                "SELECT sum(extract(epoch FROM finished_at - started_at)) FROM jobs"
+                " WHERE started_at IS NOT NULL AND finished_at IS NOT NULL"
+            )
+        )
+    return float(found or 0.0)
+
+
 def _redispatched(root: Path, controllers: int) -> set[int]:
     """The jobs the leader sent again because they stayed queued past the reconciler's
     `redispatch_after_s` (its `reconcile:` log lines): a long queue, or a lost message."""
@@ -332,6 +344,7 @@ def main() -> None:
             capacity = args.workers * args.slots
             sent_again = _redispatched(root, args.controllers)
             claim = _queue_to_claim(engine, probe.taken_at, capacity, sent_again)
+            job_s = _job_seconds(engine)
         engine.dispose()
     per_1000 = 1000 / args.jobs
 
@@ -347,6 +360,10 @@ def main() -> None:
         "workers_with_jobs": cpu("workers"),
         **{k: round(v * per_1000, 1) for k, v in measured.pop("cpu_s").items()},
     }
+    # The workers' own CPU for each second a job ran (claimed -> ended): what a running job
+    # costs its worker, whatever the job's length.
+    own_s = measured["cpu_s_per_1000_jobs"]["workers_own"] / per_1000
+    measured["worker_cpu_ms_per_job_s"] = round(1000 * own_s / job_s, 1) if job_s else None
     emit({
         "bench": "fleet",
         "date": datetime.now(UTC).date().isoformat(),
