@@ -39,7 +39,7 @@ from workers.attempt import Dispatch
 from workers.data_report import data_message
 from workers.entrypoint.staging import SYNCED_KINDS, CheckpointSync
 from workers.launcher import LAUNCHER_RANK, RunPaths
-from workers.tail import FileTail
+from workers.tail import Chunk, FileTail
 from workers.watchers.pace import StepProgress, Straggler, StragglerDetector
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,10 @@ class _Batch:
     nonfinite: list[tuple[str, int]] = field(default_factory=list)
     logs: list[store.Log] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        """Nothing to store (a metric line of non-finite values only still counts: its alert)."""
+        return not (self.metrics or self.nonfinite or self.logs or self.events)
 
 
 class RunIngest:
@@ -131,10 +135,13 @@ class RunIngest:
         self._synced: list[dict[str, Any]] = []
         observability.start_exporter()  # once per process; only with the port set
 
-    def flush(self, session_factory: Callable[[], Session], *, final: bool = False) -> str:
-        """Store everything new; returns the job's state. Raises JobLost, or DB errors.
+    def flush(self, session_factory: Callable[[], Session], *, final: bool = False) -> str | None:
+        """Store everything new; returns the job's state, or None when nothing was new (then no
+        transaction is opened: a quiet job costs the database nothing between its heartbeats,
+        which carry its liveness and its state). Raises JobLost, or DB errors.
 
-        `final`: the trainer has exited, so a last line without a newline counts too.
+        `final`: the trainer has exited, so a last line without a newline counts too; a final
+        flush always opens its transaction (it says whether the attempt is still ours).
         """
         started = time.perf_counter()
         for key, path in self.paths.rank_logs().items():
@@ -155,6 +162,9 @@ class RunIngest:
                 store.Log(rank=stored, stream=stream, offset=base + offset, line=_text(raw))
                 for offset, raw in chunk.lines
             ]
+        if not final and batch.empty():  # lines with nothing to store are read all the same
+            self._advance(event_chunk, log_chunks)
+            return None
         with session_factory() as session:
             outbox.bind(session, self.dispatch)  # the eval jobs a checkpoint starts
             state = self._write(session, batch)
@@ -167,11 +177,14 @@ class RunIngest:
             times=(when for _, when in batch.lines),
             started=started,
         )
+        self._advance(event_chunk, log_chunks)
+        self._remember(batch)
+        return state
+
+    def _advance(self, event_chunk: Chunk, log_chunks: dict[tuple[int, int, str], Chunk]) -> None:
         self.events.advance(event_chunk)
         for key, chunk in log_chunks.items():
             self.logs[key].advance(chunk)
-        self._remember(batch)
-        return state
 
     def stored_bytes(self) -> int:
         """How far the reading has got in all files together."""

@@ -7,6 +7,7 @@ duplicating.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import NamedTuple
 import psycopg
 from sqlalchemy import delete, text, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
 from core.platform.db import upsert_insert
 from core.platform.tables import Checkpoint, Job, LogLine, MetricPoint, utcnow
@@ -142,11 +144,41 @@ def _upsert_points(session: Session, job_id: int, attempt: int, points: Sequence
     session.execute(stmt, rows)
 
 
+# The summary in one statement: the UPDATE locks the row and computes from its latest version,
+# so the nodes of a gang ingesting into one job at once lose nothing (`_update_latest`).
+_PG_LATEST = text(
+    "UPDATE jobs SET"
+    " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) || CAST(:latest AS jsonb),"
+    " current_step = greatest(coalesce(current_step, 0), :step),"
+    " best_loss = least(best_loss, :best_loss),"  # least() skips NULLs
+    " best_eval_loss = least(best_eval_loss, :best_eval_loss),"
+    " updated_at = :now"
+    " WHERE id = :job_id"
+)
+_SUMMARY = ("latest_metrics", "current_step", "best_loss", "best_eval_loss", "updated_at")
+
+
 def _update_latest(session: Session, job_id: int, points: Sequence[Metric]) -> None:
     """The job row's summary of `points`: the latest value of each series, `current_step`
-    (never lowered), the best losses. The row is read locked (`FOR UPDATE`): the nodes of a
-    gang ingest into one job at once (each its ranks' `sys/*` series), and two unlocked
-    read-modify-writes lost an update (a gang that ended at step 16 showed step 13)."""
+    (never lowered), the best losses. Two nodes of a gang ingest into one job at once (each
+    its ranks' `sys/*` series), and two unlocked read-modify-writes lost an update (a gang
+    that ended at step 16 showed step 13): on Postgres one UPDATE computes the summary from the
+    row it has locked (a `Job` of the session has those attributes expired), elsewhere the row
+    is read locked (`FOR UPDATE`) first."""
+    if session.get_bind().dialect.name == "postgresql":
+        last = {p.name: p.value for p in points}
+        values = {
+            "job_id": job_id,
+            "latest": json.dumps({n: v if math.isfinite(v) else None for n, v in last.items()}),
+            "step": max(p.step for p in points),
+            "best_loss": _lowest(None, points, "loss"),
+            "best_eval_loss": _lowest(None, points, "eval_loss"),
+            "now": utcnow(),
+        }
+        session.execute(_PG_LATEST, values)
+        if (loaded := session.identity_map.get(identity_key(Job, job_id))) is not None:
+            session.expire(loaded, _SUMMARY)
+        return
     job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
     if job is not None:
         latest = dict(job.latest_metrics or {})

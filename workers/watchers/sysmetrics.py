@@ -1,7 +1,8 @@
 """System metrics of a running job: CPU and memory of every rank, and the GPUs it uses.
 
 `SysMetrics` is a `workers.supervisor.Watcher`: every `sys_metrics_interval_s` seconds it
-samples one node's torchrun process tree with psutil and, on a host with an NVIDIA driver, the
+samples one node's torchrun process tree with psutil (the tree found in the worker's shared
+look at the process table, `workers.watchers.proctable`) and, on a host with an NVIDIA driver, the
 GPUs the job's processes use with nvidia-ml-py (NVML); it stores the samples as `sys/*` metric
 series (charted on the job page like any metric) and sets the job's Prometheus gauges
 (`workers.observability.JobGauges`), which `close()` removes.
@@ -55,6 +56,8 @@ from core.platform.tables import Job
 from workers import observability
 from workers.ingest import MAX_METRIC_NAME_CHARS, RunIngest
 from workers.supervisor import Stop, Watcher
+from workers.watchers import proctable
+from workers.watchers.proctable import ProcessTable
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +93,26 @@ class ProcessSampler:
     from the previous call on the same object. `rank_offset` (node_rank * procs_per_node)
     turns `LOCAL_RANK` into a global rank for a rank process without `RANK`."""
 
-    def __init__(self, root_pid: int, *, rank_offset: int = 0) -> None:
+    def __init__(
+        self, root_pid: int, *, rank_offset: int = 0, table: ProcessTable = proctable.HOST
+    ) -> None:
         self.root_pid = root_pid
         self.rank_offset = rank_offset
+        self.table = table  # the look at the host's processes this sample shares
         self._known: dict[psutil.Process, psutil.Process] = {}
         self._env: dict[psutil.Process, tuple[int | None, str]] = {}  # (rank, CUDA devices)
 
     def sample(self) -> ProcessSample:
         """Measure every process of the tree now; an empty sample once torchrun is gone."""
-        try:
-            root = psutil.Process(self.root_pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
+        tree = []
+        for pid in self.table.snapshot(self.root_pid).tree(self.root_pid):
+            try:
+                tree.append(psutil.Process(pid))
+            except psutil.Error:  # gone since the table was read
+                continue
+        if not tree or tree[0].pid != self.root_pid:
             return ProcessSample()
+        root = tree[0]
         known, members = {}, {}
         for proc in tree:
             proc = self._known.get(proc, proc)

@@ -1,7 +1,8 @@
 """CPU-seconds of a running node, and the job's `limits.max_cost`.
 
 `UsageWatch` is a `workers.supervisor.Watcher`: every `usage_interval_s` seconds it measures
-the CPU time of the node's torchrun process tree with psutil and writes it to the node's
+the CPU time of the node's torchrun process tree (from the worker's one look at the process
+table per tick, `workers.watchers.proctable`, not one per job) and writes it to the node's
 `job_nodes.cpu_seconds`; `close()` writes the last figure once torchrun exited. When the job
 sets `limits.max_cost`, it then reads the job's cost so far (`core.usage.report.job_cost`:
 every attempt's slot-seconds x the pool's price) and, once it reached the limit, stops the
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import psutil
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -30,26 +30,17 @@ from core.platform.tables import JobNode
 from core.usage import report as usage_report
 from workers.ingest import RunIngest
 from workers.supervisor import Stop
+from workers.watchers import proctable
+from workers.watchers.proctable import ProcessTable
 
 log = logging.getLogger(__name__)
 
 
-def tree_cpu_seconds(root_pid: int) -> float | None:
+def tree_cpu_seconds(root_pid: int, table: ProcessTable = proctable.HOST) -> float | None:
     """CPU-seconds (user + system) of the process tree under `root_pid`, its reaped
-    descendants included; None when the root is gone."""
-    try:
-        root = psutil.Process(root_pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    total = 0.0
-    for proc in tree:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    descendants included; None when the root is gone. Read from `table`'s look at the host's
+    processes, which every job of the worker shares (`workers.watchers.proctable`)."""
+    return table.snapshot(root_pid).tree_cpu_s(root_pid)
 
 
 class UsageWatch:

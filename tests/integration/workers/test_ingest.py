@@ -244,3 +244,37 @@ def test_the_data_event_says_what_of_the_text_was_not_read(
         "189 files not UTF-8 text, not read (65.1 MB); stray bytes dropped from 1 text files"
     )
     assert data.data["left_out"] == left_out
+
+
+def test_a_flush_with_nothing_new_opens_no_transaction_and_moves_past_lines_with_nothing_to_store(
+    engine: Engine, claimed_job: int, tmp_path: Path
+) -> None:
+    """A quiet job costs the database nothing between its heartbeats: the supervise loop's
+    flush every `ingest_interval_s` opens a transaction only for something to store."""
+    paths = RunPaths(run_dir=tmp_path, checkpoint_dir="ckpt", data="data")
+    paths.events.write_bytes(_event("metric", step=1, values={"loss": 4.0}))
+    ingest = RunIngest(paths=paths, job_id=claimed_job, attempt=1)
+    opened: list[Session] = []
+
+    def factory() -> Session:
+        session = session_factory(engine)()
+        opened.append(session)
+        return session
+
+    assert ingest.flush(factory) is not None and ingest.reported.step == 1
+    assert len(opened) == 1
+    assert ingest.flush(factory) is None  # nothing new
+    with paths.events.open("ab") as f:  # a bad line and another node's part: nothing to store
+        f.write(b"not json\n" + _event("checkpoint_part", step=2, node_rank=1))
+    assert ingest.flush(factory) is None and len(opened) == 1
+    stored = ingest.stored_bytes()
+    assert stored == paths.events.stat().st_size and not ingest.pending()  # read past them
+    with paths.events.open("ab") as f:
+        f.write(_event("metric", step=2, values={"loss": 3.0}))
+    assert ingest.flush(factory) is not None and len(opened) == 2
+    assert [(p.step, p.value) for p in metric_series(engine, claimed_job, "loss")] == [
+        (1, 4.0),
+        (2, 3.0),
+    ]
+    ingest.flush(factory, final=True)  # the final flush asks whether the attempt is ours
+    assert len(opened) == 3
