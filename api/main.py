@@ -37,6 +37,7 @@ from api.routes import (
     job_data,
     jobs,
     keys,
+    lora_exports,
     me,
     members,
     openai_files,
@@ -155,7 +156,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream"),
     )
     observability.install(app)  # outermost: request ids and metrics cover every answer
-    routers = (health, me, jobs, job_data, exports, streams, datasets, code, spec, quotas, workers)
+    routers = (
+        health,
+        me,
+        jobs,
+        job_data,
+        exports,
+        lora_exports,
+        streams,
+        datasets,
+        code,
+        spec,
+        quotas,
+        workers,
+    )
     domains = (sweeps, sessions, usage, webhooks, audit)
     access = (projects, members, service_accounts, keys)
     for module in (*routers, *domains, *access, openai_files, openai_jobs, tinker):

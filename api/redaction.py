@@ -14,12 +14,15 @@ from typing import TypeVar
 
 from api import schemas
 from api.schemas.access import Key, KeyOwner
+from api.schemas.lora import LoraExport
 from core.access import identity
 from core.access.auth import Permission, Principal, allows
 from core.platform import tables
 from core.platform.server_paths import ServerPaths
 
-Located = TypeVar("Located", schemas.Dataset, schemas.Checkpoint, schemas.CheckpointExport)
+Located = TypeVar(
+    "Located", schemas.Dataset, schemas.Checkpoint, schemas.CheckpointExport, LoraExport
+)
 
 
 def is_admin(principal: Principal) -> bool:

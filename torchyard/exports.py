@@ -5,7 +5,10 @@
         export = client.exports.wait(job_id, checkpoint_id, timeout_s=600)
         client.exports.download(job_id, checkpoint_id, "model.safetensors")
 
-``torchyard export JOB CHECKPOINT --out FILE`` does all three.
+``torchyard export JOB CHECKPOINT --out FILE`` does all three. A LoRA/QLoRA run's checkpoints
+hold adapters, not a model to consolidate: it writes its adapter and merged model when it ends,
+which ``client.exports.download_lora(job_id, DIR)`` (``torchyard export-lora JOB --out DIR``)
+fetches.
 """
 
 from __future__ import annotations
@@ -14,12 +17,19 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
-from torchyard.errors import ConnectionFailed, ExportFailed, ExportTimeout, error_from_response
+from torchyard.errors import (
+    Conflict,
+    ConnectionFailed,
+    ExportFailed,
+    ExportTimeout,
+    error_from_response,
+)
 from torchyard.transport import Transport
-from torchyard.types import CheckpointExport
+from torchyard.types import CheckpointExport, LoraExports
 
 CHUNK_BYTES = 1 << 20
 
@@ -76,10 +86,50 @@ class Exports:
         out = Path(out)
         export = self.get(job_id, checkpoint_id)
         part = out.with_name(out.name + ".part")
+        size, sha256 = self._stream(f"{self._path(job_id, checkpoint_id)}/download", part)
+        if (size, sha256) != (export.size_bytes, export.sha256):
+            part.unlink(missing_ok=True)
+            raise ExportFailed(
+                f"download of checkpoint {checkpoint_id}'s export is corrupt: {size} bytes, "
+                f"sha256 {sha256}; expected {export.size_bytes} bytes, "
+                f"sha256 {export.sha256}"
+            )
+        os.replace(part, out)
+        return out
+
+    def lora(self, job_id: int) -> LoraExports:
+        """The adapter and merged model a LoRA/QLoRA job wrote when it ended (each None until
+        then, and for a job of another kind), with their files. Raises `NotFound`."""
+        return LoraExports.model_validate(self._client.request("GET", f"/v1/jobs/{job_id}/lora"))
+
+    def download_lora(
+        self, job_id: int, out_dir: str | Path, *, kind: Literal["adapter", "merged"] = "adapter"
+    ) -> Path:
+        """Download a LoRA job's adapter (a PEFT directory: `peft.PeftModel.from_pretrained(base,
+        out_dir)`) or merged model (a `transformers` directory) into `out_dir`, file by file,
+        each checked against its listed size. Returns `out_dir`. Raises `Conflict` when the job
+        wrote none, `ExportFailed` on a short file."""
+        out = Path(out_dir)
+        found = getattr(self.lora(job_id), kind)
+        if found is None:
+            raise Conflict(
+                409, "conflict", f"job {job_id} has no LoRA {kind} (not a LoRA run, or not ended)"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        for file in found.files:
+            part = out / f"{file.name}.part"
+            size, _ = self._stream(f"/v1/jobs/{job_id}/lora/{kind}/files/{file.name}", part)
+            if size != file.size_bytes:
+                part.unlink(missing_ok=True)
+                raise ExportFailed(f"{file.name}: {size} bytes downloaded of {file.size_bytes}")
+            os.replace(part, out / file.name)
+        return out
+
+    def _stream(self, path: str, part: Path) -> tuple[int, str]:
+        """GET `path` into `part` through the client's pool, never whole in memory: (bytes,
+        hex sha256). Removes `part` and raises on an error answer or a broken connection."""
         digest, size = hashlib.sha256(), 0
-        path = f"{self._path(job_id, checkpoint_id)}/download"
         try:
-            # The client's pool, streamed: the file is never held whole in memory.
             with self._client.http.stream("GET", path) as response:
                 if not response.is_success:
                     response.read()
@@ -99,12 +149,4 @@ class Exports:
         except BaseException:
             part.unlink(missing_ok=True)
             raise
-        if (size, digest.hexdigest()) != (export.size_bytes, export.sha256):
-            part.unlink(missing_ok=True)
-            raise ExportFailed(
-                f"download of checkpoint {checkpoint_id}'s export is corrupt: {size} bytes, "
-                f"sha256 {digest.hexdigest()}; expected {export.size_bytes} bytes, "
-                f"sha256 {export.sha256}"
-            )
-        os.replace(part, out)
-        return out
+        return size, digest.hexdigest()

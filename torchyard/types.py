@@ -581,3 +581,30 @@ class TrainingSession(_Model):
     ended_reason: str | None = None
     models: list[SessionModel] = Field(default_factory=list)
     calls: dict[str, int] = Field(default_factory=dict)
+
+
+class LoraFile(_Model):
+    """One file of a LoRA export: its name and size in bytes."""
+
+    name: str
+    size_bytes: int
+
+
+class LoraExport(_Model):
+    """What a LoRA/QLoRA job wrote at its end (``client.exports.lora``): `kind` ``adapter``
+    (a PEFT adapter directory) or ``merged`` (the base with the adapter merged in), the step,
+    its directory relative to the server's storage, and its files."""
+
+    job_id: int
+    kind: str
+    step: int
+    uri: str
+    server_uri: str | None = None
+    files: list[LoraFile] = Field(default_factory=list)
+
+
+class LoraExports(_Model):
+    """A job's LoRA exports: each None until a LoRA/QLoRA run writes it at its end."""
+
+    adapter: LoraExport | None = None
+    merged: LoraExport | None = None

@@ -88,8 +88,8 @@ def not_exportable(job: Job) -> str | None:
     if spec.lora is not None or spec.qlora is not None or spec.model.kind == "hf":
         return (
             f"job {job.id} is a LoRA/QLoRA or Hugging Face run: its checkpoints hold no full "
-            "built-in GPT to export; use the adapter and merged model the run wrote at its end "
-            "(events `export`, `completed` data `lora_adapter_uri` / `lora_merged_uri`)"
+            "built-in GPT to export; a LoRA run writes its adapter and merged model at its end "
+            f"(`GET /v1/jobs/{job.id}/lora`, `torchyard export-lora {job.id} --out DIR`)"
         )
     return None
 

@@ -18,7 +18,7 @@ from torchyard.cli.access import keys_app, members_app
 from torchyard.cli.code import code_app
 from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
 from torchyard.cli.datasets import datasets_app
-from torchyard.cli.exports import export_command
+from torchyard.cli.exports import export_command, export_lora_command
 from torchyard.cli.jobs import jobs_cli
 from torchyard.cli.servers import admin_app, servers_cli
 from torchyard.cli.sessions import sessions_app
@@ -140,6 +140,7 @@ app.add_typer(sweep_app, name="sweep")
 app.add_typer(sessions_app, name="sessions")
 app.command("quickstart")(quickstart_command)
 app.command("export")(export_command)
+app.command("export-lora")(export_lora_command)
 app.command("usage")(usage_command)
 app.command("workers")(workers_command)
 app.registered_commands += jobs_cli.registered_commands  # submit, jobs, show, ... metrics

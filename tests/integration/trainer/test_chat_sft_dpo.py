@@ -20,9 +20,11 @@ from sqlalchemy import Engine
 
 from core.platform.settings import Settings
 from tests.conftest import ProjectKey, make_project
+from tests.integration.conftest import cli_invoker
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from tests.integration.workers.sdk_waits import example_spec, run_to_success
 from torchyard.client import Client
+from torchyard.errors import NotFound
 from torchyard.examples.docstrings import ExampleData, write_example_data
 from torchyard.types import Job
 
@@ -143,3 +145,48 @@ def test_dpo_from_the_lora_sft_checkpoint_raises_reward_accuracy_and_margin(
     assert loss[0] == pytest.approx(math.log(2), rel=1e-6)
     assert accuracy[last] > 0.5 and margin[last] > 0.0, (accuracy, margin)
     assert loss[last] < loss[0]
+
+
+def test_the_lora_runs_adapter_and_merged_model_download_and_load(
+    live_api: str, sft_job: tuple[ProjectKey, Job], model_dir: Path, engine: Engine, tmp_path: Path
+) -> None:
+    """Issue 45, item 2: a LoRA run's checkpoints are refused by the checkpoint export (they hold
+    adapters); what it wrote at its end is listed and downloaded instead, through the SDK and
+    the CLI: a PEFT adapter that loads on the base model, and the merged model, which gives the
+    same logits as base + adapter. Another project's key gets 404."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    project, job = sft_job
+    with Client(live_api, project.api_key) as client:
+        found = client.exports.lora(job.id)
+        assert found.adapter is not None and found.merged is not None
+        last = client.jobs.get(job.id).spec["train"]["max_steps"]
+        assert (found.adapter.step, found.merged.step) == (last, last)
+        assert {f.name for f in found.adapter.files} >= {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        }
+        adapter = client.exports.download_lora(job.id, tmp_path / "adapter")
+        sizes = {p.name: p.stat().st_size for p in adapter.iterdir()}
+        assert sizes == {f.name: f.size_bytes for f in found.adapter.files}
+    cli = cli_invoker(live_api, project.api_key, tmp_path)
+    merged = cli("export-lora", str(job.id), "--out", str(tmp_path / "merged"), "--merged")
+    assert merged.exit_code == 0, merged.output
+    assert f"(step {last})" in merged.stdout
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    tuned = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    whole = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    ids = torch.arange(2, 40).unsqueeze(0)
+    with torch.no_grad():
+        want, got = tuned(ids).logits, whole(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    untrained = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        assert not torch.allclose(untrained(ids).logits, want, atol=1e-3)  # it trained
+
+    other = make_project(engine)
+    with Client(live_api, other.api_key) as client, pytest.raises(NotFound):
+        client.exports.lora(job.id)

@@ -206,7 +206,7 @@ def test_torchyard_export_asks_waits_and_downloads_the_checkpoints_model_tensors
 
 
 # GET routes that serve a file's bytes (weights, an uploaded file), not text about it.
-_BYTES = ("/export/download", "/content")
+_BYTES = ("/export/download", "/content", "/files/{name}")
 _QUERY: dict[str, dict[str, int]] = {  # whole histories, not a first page
     "/v1/jobs/{job_id}/events": {"limit": 1000},
     "/v1/jobs/{job_id}/logs": {"limit": 5000},

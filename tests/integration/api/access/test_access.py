@@ -137,6 +137,8 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("v1", "secret_id"): lambda w: w.secret_id,
     ("v1", "delivery_id"): lambda w: w.delivery_id,
     ("v1", "sweep_id"): lambda w: str(w.sweep_id),
+    ("v1", "kind"): lambda w: "adapter",  # a LoRA export (the job has none: 409 for its own)
+    ("v1", "name"): lambda w: "adapter_config.json",
     ("openai", "job_id"): lambda w: f"{JOB_PREFIX}{w.job_id}",
     ("openai", "file_id"): lambda w: w.file_id,
     ("openai", "model_id"): lambda w: w.model_id,

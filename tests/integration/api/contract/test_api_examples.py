@@ -27,6 +27,8 @@ _REF = "#/components/schemas/"
 EXEMPT = {
     ("checkpoints_download_export", "200", "application/octet-stream"): "`model.safetensors`: "
     "binary weights, which no text in the document can stand for",
+    ("checkpoints_download_lora_file", "200", "application/octet-stream"): "a file of a LoRA "
+    "run's adapter or merged model (weights, or their JSON config, as stored)",
     ("tinker_retrieve_future", "200", "application/x-protobuf"): "a `ForwardBackwardOutput` or "
     "`SampleResponse` in protobuf's binary wire format (the tinker client's schema), which no "
     "text in the document can stand for",
