@@ -6,6 +6,7 @@ path), show, trials, best (with the export command of its checkpoint), cancel; a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,8 @@ def test_sweep_best_of_a_lora_sweep_says_why_its_checkpoint_is_not_exported(
 
     best = cli("sweep", "best", str(sweep["id"]))
     assert best.exit_code == 0, best.output
-    assert "torchyard export" not in best.stdout.replace("`torchyard export`", "")
+    assert re.search(r"torchyard export \d", best.stdout) is None  # no checkpoint export offered
+    assert f"torchyard export-lora {done['job_id']}" in best.stdout  # its adapter instead
     assert "LoRA/QLoRA" in best.stdout and "adapter and merged model" in best.stdout
     shown = json.loads(cli("sweep", "best", str(sweep["id"]), "--json").stdout)
     assert shown["export_refused"].startswith(f"job {done['job_id']} is a LoRA/QLoRA")

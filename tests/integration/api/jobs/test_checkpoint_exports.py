@@ -230,7 +230,8 @@ def test_a_lora_jobs_checkpoint_is_409_naming_the_adapter_export_instead(
     job_id = int(submit(client, project, spec)["id"])
     checkpoint_id = _checkpoint(engine, job_id, 10, tmp_path)
     answer = client.post(_path(job_id, checkpoint_id), headers=project.headers)
-    assert "lora_merged_uri" in assert_error(answer, 409, "conflict")["message"]
+    message = assert_error(answer, 409, "conflict")["message"]
+    assert f"GET /v1/jobs/{job_id}/lora" in message  # where its adapter and merged model are
     with session_scope(engine) as s:
         stored = s.scalars(select(CheckpointExport).where(CheckpointExport.job_id == job_id))
         assert stored.all() == []
