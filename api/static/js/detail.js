@@ -205,11 +205,12 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
   const chartNodes = new Map();
   const timeline = h("ul", { class: "timeline", id: "events" });
   const ckptBody = h("tbody", { id: "checkpoints" });
+  const loraSlot = h("div", { id: "lora-exports" }); // a LoRA run's adapter and merged model
   const ckptSection = h("section", { id: "checkpoints-section" }, h("h2", {}, "Checkpoints"),
     h("div", { class: "table-wrap" }, h("table", {},
       h("thead", {}, h("tr", {}, h("th", { class: "num" }, "step"), h("th", { class: "num" }, "attempt"),
         h("th", { class: "num" }, "size"), h("th", {}, "created"), h("th", {}, "export"))),
-      ckptBody)));
+      ckptBody)), loraSlot);
   const rankSel = h("select", { id: "log-rank", "aria-label": "rank" },
     h("option", { value: "" }, "all ranks"), h("option", { value: "-1" }, "launcher (-1)"));
   const search = h("input", { id: "log-search", type: "search", placeholder: "search logs…" });
@@ -494,6 +495,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       const row = ckptBody.querySelector(`#checkpoint-${CSS.escape(wanted)}`);
       if (row) { shownWanted = true; row.scrollIntoView({ block: "center" }); }
     }
+    if (job?.spec?.lora || job?.spec?.qlora) await loadLora();
     // The page stops polling once the job has ended; an export in the making is still followed.
     clearTimeout(exportTimer);
     if (items.some((c) => ["pending", "running"].includes(c.export?.state))) {
@@ -530,6 +532,23 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       }, `Download (${fmtBytes(e.size_bytes)})`));
     }
     return cell;
+  }
+
+  /** What a LoRA/QLoRA run wrote at its end instead of a checkpoint export: its adapter and
+   * merged model, each file a download (`GET /v1/jobs/{id}/lora`). */
+  async function loadLora() {
+    const found = await api(`/v1/jobs/${jobId}/lora`);
+    const label = { adapter: "LoRA adapter (PEFT)", merged: "Merged model" };
+    loraSlot.replaceChildren(...["adapter", "merged"].filter((k) => found[k]).map((k) =>
+      h("p", { dataset: { lora: k } }, h("strong", {}, label[k]), ` at step ${found[k].step}: `,
+        ...found[k].files.flatMap((f, i) => [i ? " · " : "", h("a", {
+          href: "#", class: "lora-file", dataset: { file: f.name },
+          onclick: (ev) => {
+            ev.preventDefault();
+            download(`/v1/jobs/${jobId}/lora/${k}/files/${encodeURIComponent(f.name)}`, f.name)
+              .catch(showError);
+          },
+        }, `${f.name} (${fmtBytes(f.size_bytes)})`)]))));
   }
 
   async function requestExport(c, button) {
