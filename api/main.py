@@ -50,6 +50,7 @@ from api.routes import (
     streams,
     sweeps,
     tinker,
+    tinker_calls,
     usage,
     webhooks,
     workers,
@@ -172,7 +173,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     domains = (sweeps, sessions, usage, webhooks, audit)
     access = (projects, members, service_accounts, keys)
-    for module in (*routers, *domains, *access, openai_files, openai_jobs, tinker):
+    for module in (*routers, *domains, *access, openai_files, openai_jobs, tinker, tinker_calls):
         permissions.document(module.router)  # x-permission on each operation
         app.include_router(module.router)
 

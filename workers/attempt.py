@@ -28,7 +28,7 @@ from core.platform.tables import Job, JobState
 from core.scheduling import preemption_apply as preempt
 from core.usage import report as usage_report
 from core.usage.accounting import as_utc
-from jobspec.job import EvalJobSpec, JobSpec
+from jobspec.job import EvalJobSpec, JobSpec, SessionJobSpec
 from workers.checkpoints import set_aside_unrecorded
 from workers.launcher import RunPaths
 
@@ -151,6 +151,21 @@ def prepare(
     assert paths.cache_dir is not None
     paths.cache_dir.mkdir(parents=True, exist_ok=True)  # the sandbox binds only what exists
     paths.spec.write_text(job.spec.model_dump_json(indent=2))
+    return paths
+
+
+def prepare_session(settings: Settings, job: Job, spec: SessionJobSpec) -> RunPaths:
+    """A session job's run dir and its spec; its base model (a local directory: shown
+    read-only in the sandbox) as `source_model`."""
+    paths = RunPaths(
+        run_dir=job_run_dir(settings, job.id, job.attempt, None),
+        checkpoint_dir=job_checkpoint_uri(settings, job.id),
+        source_model=spec.model.hf.path_or_id if spec.model.hf is not None else None,
+    )
+    if settings.is_local_storage:
+        Path(paths.checkpoint_dir.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    paths.spec.write_text(spec.model_dump_json(indent=2))
     return paths
 
 

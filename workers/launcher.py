@@ -250,8 +250,9 @@ def torchrun_argv(
     python: str = sys.executable,
     gang: GangNode | None = None,
     max_restarts: int = 0,
+    program: Sequence[str] | None = None,
 ) -> list[str]:
-    """The exact command that runs the trainer for one attempt on one node.
+    """The exact command that runs the trainer (or `program`) for one attempt on one node.
 
     `gang`: this node's part of a multi-node attempt (`--nnodes N`, rendezvous at node 0's
     endpoint; `rdzv_port` is then ignored). `max_restarts`: torchrun's in-place restarts of the
@@ -269,7 +270,7 @@ def torchrun_argv(
         gang=gang,
         max_restarts=max_restarts,
     )
-    return [*head, *trainer_program(paths)]
+    return [*head, *(trainer_program(paths) if program is None else program)]
 
 
 def trainer_program(paths: RunPaths) -> list[str]:

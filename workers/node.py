@@ -45,6 +45,7 @@ from core.platform.errors import DomainError, InvalidInput
 from core.platform.settings import Settings
 from core.platform.tables import Job, JobState
 from core.scheduling import claim as scheduling
+from jobspec.job import SessionJobSpec
 from workers import devices, exits, launcher, plan, processes
 from workers.attempt import (
     DB_RETRIES,
@@ -63,7 +64,7 @@ from workers.ingest import RunIngest
 from workers.isolation import cgroups, sandbox
 from workers.launcher import RunPaths
 from workers.supervisor import PEER_STOPS, Exit, Supervisor
-from workers.watchers import sysmetrics, trials
+from workers.watchers import session_relay, sysmetrics, trials
 from workers.watchers.usage_watch import UsageWatch
 from workers.watchers.watchdog import hang_watchdog
 
@@ -526,6 +527,7 @@ def _launch_node(
         nproc=nproc,
         dispatch=dispatch,
     )
+    is_session = isinstance(spec, SessionJobSpec)
     supervisor = Supervisor(
         settings=settings,
         session_factory=factory,
@@ -536,8 +538,14 @@ def _launch_node(
         runtime_budget_s=runtime_budget(job),
         watchers=[
             *sysmetrics.watchers_for(settings, factory, proc.pid, ingest, node_rank),
-            hang_watchdog(settings, job.spec.limits, ingest, proc.pid, factory),
+            # a session's steps come at its client's pace: an idle client is no hang
+            *(
+                []
+                if is_session
+                else [hang_watchdog(settings, spec.limits, ingest, proc.pid, factory)]
+            ),
             *trials.pruner_for(settings, factory, job, node_rank),
+            *session_relay.relay_for(factory, spec, paths.run_dir, node_rank),
             UsageWatch(
                 settings=settings,
                 session_factory=factory,

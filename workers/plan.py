@@ -1,6 +1,8 @@
 """What a node runs, by the kind of job: the one place that tells the built-in trainer
 (`jobspec.job.JobSpec`) from the team's own program (`ScriptJobSpec`, docs/CONTRACTS.md
-section 5). Both then go the same way through `workers.node`: spawn, supervise, record.
+section 5), an eval job's (`trainer.evaluate`) and a session job's (`trainer.session`, its calls
+relayed by `workers.watchers.session_relay`). All then go the same way through
+`workers.node`: spawn, supervise, record.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from sqlalchemy.orm import Session
 from core.platform.settings import Settings
 from core.platform.storage import is_remote
 from core.platform.tables import Job
-from dataformat.failures import FailureClass
 from jobspec.inputs import mount_path
 from jobspec.job import EvalJobSpec, JobSpec, ScriptJobSpec, SessionJobSpec
 from workers import attempt, devices, launcher, lone_rank
@@ -25,6 +26,9 @@ from workers.entrypoint import script
 from workers.entrypoint.script import venv_root
 from workers.isolation import sandbox
 from workers.launcher import GangNode, RunPaths
+from workers.watchers import session_relay
+
+SESSION_MODULE = "trainer.session"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +79,10 @@ def prepare(
         paths = attempt.prepare_eval(settings, factory, job, spec)
         code = json.loads(paths.inputs.read_text()).get("source_grader_code")
         return script.unpack_grader_code(factory, job, paths, code)
-    if isinstance(spec, SessionJobSpec):
-        raise attempt.Unlaunched(
-            "this worker does not run session programs yet (issue 47): the session's calls "
-            "stay queued",
-            FailureClass.INFRA,
-        )
+    if isinstance(spec, SessionJobSpec):  # its program reads its calls from the run dir
+        paths = attempt.prepare_session(settings, job, spec)
+        session_relay.start_file(factory, paths.run_dir, spec.session.model_id)
+        return paths
     paths = attempt.prepare(settings, factory, job, spec, node_rank=node_rank)
     return script.unpack_grader_code(factory, job, paths)
 
@@ -155,12 +157,12 @@ def command(
         devices=lease.devices,
         host_devices=lease.host_devices,
     )
+    program = launcher.trainer_program(paths)
+    if isinstance(spec, EvalJobSpec):
+        program = launcher.eval_program(paths)
+    elif isinstance(spec, SessionJobSpec):
+        program = session_program(paths)
     if single:
-        program = (
-            launcher.eval_program(paths)
-            if isinstance(spec, EvalJobSpec)
-            else launcher.trainer_program(paths)
-        )
         return _lone_rank(job, paths, port, Launch([sys.executable, *program], env, None, False))
     if isinstance(spec, EvalJobSpec):
         argv = launcher.eval_argv(
@@ -180,8 +182,18 @@ def command(
             paths=paths,
             gang=node,
             max_restarts=restarts,
+            program=program,
         )
     return Launch(argv, env, None, plain_command=False)
+
+
+def session_program(paths: RunPaths) -> list[str]:
+    """A session job's program and its arguments, after the interpreter (`-m trainer.session`;
+    its calls come through `RUN_DIR/session/`, `workers.watchers.session_relay`)."""
+    return [
+        *("-m", SESSION_MODULE, "--spec", str(paths.spec), "--run-dir", str(paths.run_dir)),
+        *("--checkpoint-dir", paths.checkpoint_dir),
+    ]
 
 
 def _lone_rank(job: Job, paths: RunPaths, port: int, launch: Launch) -> Launch:

@@ -9,21 +9,16 @@ not this project's, 410 an ended session, whose heartbeat loop then stops). The 
 
 Training clients: `create_model` makes one, a session job through the one door
 (`core.sessions.models`), answered at once with its model id; `get_info` reads it;
-`retrieve_future` long-polls a call's stored answer (`core.sessions.requests`). Not served yet:
-running calls on the model (`forward_backward`, `optim_step`, `sample`, checkpoints); the
-client's `telemetry` (a 404 it logs and drops).
+their calls (`forward_backward`, `optim_step`) and `retrieve_future` are
+`api.routes.tinker_calls`'. Not served yet: `sample`, checkpoints
+(`save_state`, `tinker://` paths); the client's `telemetry` (a 404 it logs and drops).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.orm import Session
 
 from api import audit
 from api.deps import (
@@ -37,34 +32,23 @@ from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
 from core.platform.errors import InvalidInput
 from core.platform.tables import (
-    TERMINAL_STATES,
-    Job,
-    JobState,
-    RequestState,
-    SessionModel,
-    SessionRequest,
     SessionState,
     TrainingSession,
     aware,
 )
-from core.sessions import models, requests
+from core.sessions import models
 from core.sessions import service as sessions
 
-PREFIX = "/tinker/api/v1"
+PREFIX = wire.PREFIX
 router = APIRouter(prefix=PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
 Quiet = Depends(audit.not_audited)  # keep-alives and config reads: audited only when refused
 
-# What a session can do today: it makes training clients (session jobs), whose calls do not
-# run yet.
-MODELS_SERVED = False
+# What a session can do today: train (forward_backward, optim_step); not sample yet.
+TRAINABLE, SAMPLEABLE = True, False
 NOT_YET = (
-    "Torchyard makes Tinker training clients (each a session job) but does not run their "
-    "calls yet: forward_backward, optim_step, sampling and checkpoints stay queued."
+    "Torchyard trains Tinker training clients (forward_backward, forward, optim_step); "
+    "sampling, save_state and tinker:// checkpoints are not served yet."
 )
-# A poll of `retrieve_future` is held this long at most (the client waits 45 s), re-reading the
-# call's row between naps that grow from the first to the last; no connection is held between.
-LONG_POLL_S = 30.0
-POLL_NAPS_S = (0.01, 0.02, 0.05, 0.1, 0.2)
 SESSION_ID = Annotated[str, Path(max_length=40, description="A session id (`ses_...`).")]
 # The client's `access_scope`: every session here is the project's, so both read the same.
 AccessScope = Annotated[
@@ -125,8 +109,8 @@ def get_server_capabilities(
             wire.SupportedModel(
                 model_name=name,
                 max_context_length=entry.seq_len,
-                trainable=MODELS_SERVED,
-                sampleable=MODELS_SERVED,
+                trainable=TRAINABLE,
+                sampleable=SAMPLEABLE,
             )
             for name, entry in settings.base_models.items()
         ]
@@ -168,9 +152,7 @@ def create_session(
     )
     session.commit()
     audit.name_target(request, row.id)
-    return wire.CreateSessionResponse(
-        session_id=row.id, warning_message=None if MODELS_SERVED else NOT_YET
-    )
+    return wire.CreateSessionResponse(session_id=row.id, warning_message=NOT_YET)
 
 
 @router.post(
@@ -328,95 +310,3 @@ def get_info(
     return wire.GetInfoResponse.model_validate(
         models.info(row, settings.base_models.get(row.base_model))
     )
-
-
-@router.post(
-    "/retrieve_future",
-    operation_id="tinker_retrieve_future",
-    dependencies=[Quiet],
-    responses={
-        200: {
-            "description": "The call's answer (JSON, or protobuf for `forward_backward` and "
-            "`sample`), `try_again` while it waits, or its error",
-            "content": {
-                "application/json": {
-                    "example": {
-                        "type": "try_again",
-                        "request_id": "req_0123456789abcdef",
-                        "queue_state": "paused_capacity",
-                        "queue_state_reason": "session job queued",
-                    }
-                },
-                "application/x-protobuf": {},
-            },
-        }
-    },
-)
-async def retrieve_future(
-    body: wire.RetrieveFutureRequest,
-    principal: TinkerReadPrincipal,
-    session: SessionDep,
-    request: Request,
-) -> Response:
-    """A call's answer, the same bytes for every poll: held up to 30 s while it waits, then
-    `try_again` with its session job's queue state (`paused_capacity` while the job waits for
-    devices). A failed call answers `{"error", "category"}`. 404 for another project's."""
-    project_id, request_id = principal.project_id, body.request_id
-    answer = await run_in_threadpool(_poll, session, project_id, request_id)
-    await run_in_threadpool(session.close)  # no connection is held while waiting
-    deadline = time.monotonic() + LONG_POLL_S
-    for nap in _naps():
-        if answer.settled or time.monotonic() + nap > deadline:
-            break
-        await asyncio.sleep(nap)
-        answer = await run_in_threadpool(
-            _poll_fresh, request.app.state.sessionmaker, project_id, request_id
-        )
-    return answer.response
-
-
-class _Answer:
-    """What one read of a call's row says: its final answer, or `try_again`."""
-
-    def __init__(self, row: SessionRequest, job_state: str | None) -> None:
-        self.settled = requests.is_settled(row)
-        if row.state == RequestState.DONE:
-            self.response = Response(content=row.result, media_type=row.result_type)
-        elif row.state == RequestState.FAILED:
-            failed = wire.RequestFailedResponse(
-                error=row.error or "failed", category=_category(row.error_category)
-            )
-            self.response = Response(failed.model_dump_json(), media_type="application/json")
-        else:
-            waiting = job_state in (None, JobState.QUEUED, JobState.PREEMPTING, JobState.PAUSED)
-            again = wire.TryAgainResponse(
-                request_id=row.id,
-                queue_state="paused_capacity" if waiting else "active",
-                queue_state_reason=f"session job {job_state}" if job_state else None,
-            )
-            self.response = Response(again.model_dump_json(), media_type="application/json")
-
-
-def _category(value: str | None) -> Any:
-    return value if value in ("unknown", "server", "user") else "unknown"
-
-
-def _naps() -> Any:
-    yield from POLL_NAPS_S
-    while True:
-        yield POLL_NAPS_S[-1]
-
-
-def _poll(session: Session, project_id: str, request_id: str) -> _Answer:
-    row = requests.get(session=session, project_id=project_id, request_id=request_id)
-    job_state = None
-    if not requests.is_settled(row) and row.model_id is not None:
-        model = session.get(SessionModel, row.model_id)
-        job = session.get(Job, model.job_id) if model is not None else None
-        job_state = None if job is None or job.state in TERMINAL_STATES else job.state
-    return _Answer(row, job_state)
-
-
-def _poll_fresh(factory: Callable[[], Session], project_id: str, request_id: str) -> _Answer:
-    with factory() as session:
-        return _poll(session, project_id, request_id)

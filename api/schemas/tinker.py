@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from api import openapi_examples
 from api.schemas import PRINTABLE, Timestamp
 
+PREFIX = "/tinker/api/v1"  # the client's paths under its `base_url` `<api>/tinker`
 Tag = Annotated[str, StringConstraints(max_length=100, pattern=r"^[^\x00]*$")]
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=PRINTABLE)]
 MetaValue = Annotated[str, StringConstraints(max_length=1000, pattern=r"^[^\x00]*$")]
@@ -413,3 +414,37 @@ class RequestFailedResponse(BaseModel):
 
     error: str = Field(description="What went wrong.")
     category: Literal["unknown", "server", "user"] = Field(description="Whose fault.")
+
+
+class AdamParams(BaseModel):
+    """One `optim_step`'s AdamW hyperparameters (the client's defaults)."""
+
+    model_config = _wire({"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12})
+
+    learning_rate: float = Field(default=1e-4, ge=0, le=1e3, description="The step's lr.")
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="First-moment decay.")
+    beta2: float = Field(default=0.95, ge=0, lt=1, description="Second-moment decay.")
+    eps: float = Field(default=1e-12, ge=0, le=1, description="Added to the denominator.")
+    weight_decay: float = Field(
+        default=0.0, ge=0, le=1e3, description="Decoupled weight decay (AdamW)."
+    )
+    grad_clip_norm: float = Field(
+        default=0.0, ge=0, le=1e9, description="Clip the global gradient norm to this; 0: none."
+    )
+
+
+class OptimStepRequest(BaseModel):
+    model_config = _wire(
+        {
+            "model_id": MODEL_EXAMPLE,
+            "seq_id": 2,
+            "adam_params": {"learning_rate": 1e-4},
+            "type": "optim_step",
+        }
+    )
+    model_config["protected_namespaces"] = ()
+
+    model_id: ModelId = Field(description="A training client of the project.")
+    seq_id: int = Field(ge=0, le=2**31 - 1, description="Its place in the client's calls.")
+    adam_params: AdamParams = Field(description="The step's AdamW hyperparameters.")
+    type: Literal["optim_step"] = Field(default="optim_step", description="The kind.")

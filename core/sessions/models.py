@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -163,6 +163,32 @@ def get(*, session: Session, project_id: str, model_id: str) -> SessionModel:
     row = session.get(SessionModel, model_id)
     if row is None or row.project_id != project_id:
         raise NotFound(f"model {model_id[:100]!r} not found")
+    return row
+
+
+def call(
+    *,
+    session: Session,
+    project_id: str,
+    new: requests.NewRequest,
+    request_key: str | None = None,
+) -> SessionRequest:
+    """Queue `new`, a call of the project's training client `new.model_id` (`forward_backward`,
+    `optim_step`, ...), for its session job; a retry with the same `request_key` finds the
+    first. Raises NotFound (a model not of the project), Gone (its session has ended). No
+    commit."""
+    earlier = requests.find(session=session, project_id=project_id, request_key=request_key)
+    if earlier is not None:
+        return earlier
+    assert new.model_id is not None
+    model = get(session=session, project_id=project_id, model_id=new.model_id)
+    _active_session(session, project_id, model.session_id)
+    row, _ = requests.add(
+        session=session,
+        project_id=project_id,
+        new=replace(new, session_id=model.session_id),
+        request_key=request_key,
+    )
     return row
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import orjson
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -129,3 +129,81 @@ def fail_open(*, session: Session, session_ids: list[str], reason: str) -> int:
         row.state, row.error, row.error_category = RequestState.FAILED, reason, "user"
         row.done_at = now
     return len(rows)
+
+
+# The worker's side (`workers.watchers.session_relay`): a session job's queued calls are handed
+# to its program, and its answers stored, each at most once.
+
+
+def queued(*, session: Session, model_id: str) -> list[SessionRequest]:
+    """The training client's calls not yet handed to its program, in `seq_id` order."""
+    query = (
+        select(SessionRequest)
+        .where(SessionRequest.model_id == model_id, SessionRequest.state == RequestState.QUEUED)
+        .order_by(SessionRequest.seq_id, SessionRequest.created_at)
+    )
+    return list(session.scalars(query))
+
+
+def hand_over(*, session: Session, request_ids: list[str]) -> int:
+    """Mark the queued calls `request_ids` running (handed to the program); how many were
+    still queued. No commit."""
+    if not request_ids:
+        return 0
+    done = session.execute(
+        update(SessionRequest)
+        .where(SessionRequest.id.in_(request_ids), SessionRequest.state == RequestState.QUEUED)
+        .values(state=RequestState.RUNNING)
+        .execution_options(synchronize_session=False)
+    )
+    return int(done.rowcount)  # type: ignore[attr-defined]
+
+
+def settle(
+    *,
+    session: Session,
+    request_id: str,
+    result: bytes = b"",
+    result_type: str = JSON,
+    error: str | None = None,
+    category: str = "server",
+) -> bool:
+    """Store the program's answer to the running call `request_id`: its `result` of
+    `result_type`, or its `error` of `category` (`user`, `server`). Whether it was stored: an
+    answer to a call already settled (the session ended first; a second answer) is dropped, so
+    a call has one answer. No commit."""
+    values: dict[str, object] = {"done_at": utcnow()}
+    if error is None:
+        values |= {"state": RequestState.DONE, "result": result, "result_type": result_type}
+    else:
+        values |= {"state": RequestState.FAILED, "error": error, "error_category": category}
+    done = session.execute(
+        update(SessionRequest)
+        .where(SessionRequest.id == request_id, SessionRequest.state == RequestState.RUNNING)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return int(done.rowcount) == 1  # type: ignore[attr-defined]
+
+
+def fail_running(*, session: Session, model_id: str, reason: str) -> int:
+    """Fail the calls of `model_id` that its program had and never answered (it exited), with
+    `reason`, category `server`: they are not run again. Returns how many. No commit."""
+    done = session.execute(
+        update(SessionRequest)
+        .where(SessionRequest.model_id == model_id, SessionRequest.state == RequestState.RUNNING)
+        .values(state=RequestState.FAILED, error=reason, error_category="server", done_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return int(done.rowcount)  # type: ignore[attr-defined]
+
+
+def next_seq(*, session: Session, model_id: str) -> int:
+    """The `seq_id` a new program of `model_id` runs first: one past the last settled or
+    running call (1 for a new training client)."""
+    last = session.scalar(
+        select(func.max(SessionRequest.seq_id)).where(
+            SessionRequest.model_id == model_id, SessionRequest.state != RequestState.QUEUED
+        )
+    )
+    return 1 if last is None else int(last) + 1

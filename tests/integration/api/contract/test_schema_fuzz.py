@@ -50,6 +50,11 @@ SPEC_OPERATIONS = [
 SECRET = auth.KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+# `forward_backward`'s body is protobuf bytes (`format: binary`): sent as they are, as an
+# `application/octet-stream` body is.
+schemathesis.serializer.alias("application/x-protobuf", "application/octet-stream")
+
+
 def _config(*, coverage_of_specs: bool) -> SchemathesisConfig:
     return SchemathesisConfig.from_dict(
         {
@@ -192,9 +197,10 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
 # rules between its space, metric and base, and a grader's rules no schema states, wherever
 # graders sit (`method.grpo.graders`, a `reward` evaluation's, under a sweep's base): a python
 # grader's `source` defines `grade` and its `file` is a relative `.py` path (and none in an
-# eval job, which has no code directory), a multi grader's names and formula.
+# eval job, which has no code directory), a multi grader's names and formula; and a binary body that
+# is not the protobuf message it should be (`forward_backward`: no schema states protobuf).
 BODY_RULES = ("spec_conflict", "sweep_conflict", "grader_source", "grader_file", "grader_names",
-              "grader_formula")  # fmt: skip
+              "grader_formula", "protobuf")  # fmt: skip
 
 # Under /openai/v1 (OpenAI's error body names one `param`): ids of this project's files and
 # jobs, names of the server's base models (`TORCHYARD_BASE_MODELS`), a file's records.

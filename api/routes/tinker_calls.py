@@ -1,0 +1,228 @@
+"""The calls of the Tinker-compatible API's training clients (`/tinker/api/v1`, issue 47):
+`forward_backward` (and `forward`) and `optim_step` queue a call for the training client's
+session job, whose program runs them in `seq_id` order (`trainer.session`, relayed by its
+worker, `workers.watchers.session_relay`); `retrieve_future` long-polls a call's stored answer
+(`core.sessions.requests`), `create_model`'s included. Sessions and training clients themselves
+are `api.routes.tinker`'s; the wire is docs/TINKER-WIRE.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
+
+from api import audit
+from api.deps import SessionDep, TinkerJobsWritePrincipal, TinkerReadPrincipal
+from api.errors import ERROR_RESPONSES, ErrorBody
+from api.schemas import tinker as wire
+from core.platform.errors import InvalidInput
+from core.platform.tables import (
+    TERMINAL_STATES,
+    Job,
+    JobState,
+    RequestState,
+    SessionModel,
+    SessionRequest,
+)
+from core.sessions import models, requests
+from dataformat import tinker_wire
+
+router = APIRouter(prefix=wire.PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
+Quiet = Depends(audit.not_audited)  # polls and training calls: audited only when refused
+PROTOBUF = requests.PROTOBUF
+# A poll of `retrieve_future` is held this long at most (the client waits 45 s), re-reading the
+# call's row between naps that grow from the first to the last; no connection is held between.
+LONG_POLL_S = 30.0
+POLL_NAPS_S = (0.01, 0.02, 0.05, 0.1, 0.2)
+# `ForwardBackwardRequest(model_id=MODEL_EXAMPLE, seq_id=1, loss_fn="cross_entropy")`, serialized
+FORWARD_BACKWARD_EXAMPLE = f'\n\x1c{wire.MODEL_EXAMPLE}\x10\x01"\rcross_entropy'
+
+
+async def _raw_body(request: Request) -> bytes:
+    return await request.body()
+
+
+ProtoBody = Annotated[bytes, Depends(_raw_body)]  # a protobuf body, as sent
+
+
+def _queue(
+    session: Session, project_id: str, new: requests.NewRequest, request: Request
+) -> wire.UntypedAPIFuture:
+    retry_key = request.headers.get("x-idempotency-key")
+    row = models.call(
+        session=session,
+        project_id=project_id,
+        new=new,
+        request_key=retry_key[:200] if retry_key else None,
+    )
+    session.commit()
+    return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
+
+
+@router.post(
+    "/forward_backward",
+    response_model=wire.UntypedAPIFuture,
+    operation_id="tinker_forward_backward",
+    dependencies=[Quiet],
+    responses={410: {"model": ErrorBody, "description": "The session has ended"}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "A protobuf `ForwardBackwardRequest` (the `tinker` package's "
+            "schema), zstd-compressed or not.",
+            "content": {
+                PROTOBUF: {
+                    "schema": {"type": "string", "format": "binary"},
+                    # the bytes of a datum-less request (the program answers it a user error)
+                    "example": FORWARD_BACKWARD_EXAMPLE,
+                }
+            },
+        }
+    },
+)
+def forward_backward(
+    principal: TinkerJobsWritePrincipal, session: SessionDep, request: Request, body: ProtoBody
+) -> wire.UntypedAPIFuture:
+    """Queue a forward and backward pass of a training client on the call's datums (or a
+    forward only: `forward`), run by its session job in `seq_id` order; the future's answer is
+    a protobuf `ForwardBackwardOutput` (per-datum `logprobs`, `loss:sum`). 422 for a body that
+    is no `ForwardBackwardRequest`, 410 for an ended session, 404 for another project's model."""
+    try:
+        message = tinker_wire.forward_backward_request(body)
+    except tinker_wire.WireError as exc:
+        raise InvalidInput(
+            f"body: {exc}", details=[{"loc": ["body"], "msg": str(exc), "type": "protobuf"}]
+        ) from None
+    new = requests.NewRequest(
+        session_id="",
+        kind="forward" if message.forward_only else "forward_backward",
+        body=body,
+        model_id=message.model_id[:80],
+        seq_id=message.seq_id,
+        body_type=requests.PROTOBUF,
+    )
+    return _queue(session, principal.project_id, new, request)
+
+
+@router.post(
+    "/optim_step",
+    response_model=wire.UntypedAPIFuture,
+    operation_id="tinker_optim_step",
+    dependencies=[Quiet],
+    responses={410: {"model": ErrorBody, "description": "The session has ended"}},
+)
+def optim_step(
+    body: wire.OptimStepRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    request: Request,
+) -> wire.UntypedAPIFuture:
+    """Queue an AdamW step of a training client with the gradients its `forward_backward`
+    calls summed since the last step, run in `seq_id` order; the future's answer is
+    `{"metrics"}`. 410 for an ended session, 404 for another project's model."""
+    new = requests.NewRequest(
+        session_id="",
+        kind="optim_step",
+        body=body.model_dump_json().encode(),
+        model_id=body.model_id,
+        seq_id=body.seq_id,
+    )
+    return _queue(session, principal.project_id, new, request)
+
+
+@router.post(
+    "/retrieve_future",
+    operation_id="tinker_retrieve_future",
+    dependencies=[Quiet],
+    responses={
+        200: {
+            "description": "The call's answer (JSON, or protobuf for `forward_backward` and "
+            "`sample`), `try_again` while it waits, or its error",
+            "content": {
+                "application/json": {
+                    "example": {
+                        "type": "try_again",
+                        "request_id": "req_0123456789abcdef",
+                        "queue_state": "paused_capacity",
+                        "queue_state_reason": "session job queued",
+                    }
+                },
+                "application/x-protobuf": {},
+            },
+        }
+    },
+)
+async def retrieve_future(
+    body: wire.RetrieveFutureRequest,
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    request: Request,
+) -> Response:
+    """A call's answer, the same bytes for every poll: held up to 30 s while it waits, then
+    `try_again` with its session job's queue state (`paused_capacity` while the job waits for
+    devices). A failed call answers `{"error", "category"}`. 404 for another project's."""
+    project_id, request_id = principal.project_id, body.request_id
+    answer = await run_in_threadpool(_poll, session, project_id, request_id)
+    await run_in_threadpool(session.close)  # no connection is held while waiting
+    deadline = time.monotonic() + LONG_POLL_S
+    for nap in _naps():
+        if answer.settled or time.monotonic() + nap > deadline:
+            break
+        await asyncio.sleep(nap)
+        answer = await run_in_threadpool(
+            _poll_fresh, request.app.state.sessionmaker, project_id, request_id
+        )
+    return answer.response
+
+
+class _Answer:
+    """What one read of a call's row says: its final answer, or `try_again`."""
+
+    def __init__(self, row: SessionRequest, job_state: str | None) -> None:
+        self.settled = requests.is_settled(row)
+        if row.state == RequestState.DONE:
+            self.response = Response(content=row.result, media_type=row.result_type)
+        elif row.state == RequestState.FAILED:
+            failed = wire.RequestFailedResponse(
+                error=row.error or "failed", category=_category(row.error_category)
+            )
+            self.response = Response(failed.model_dump_json(), media_type="application/json")
+        else:
+            waiting = job_state in (None, JobState.QUEUED, JobState.PREEMPTING, JobState.PAUSED)
+            again = wire.TryAgainResponse(
+                request_id=row.id,
+                queue_state="paused_capacity" if waiting else "active",
+                queue_state_reason=f"session job {job_state}" if job_state else None,
+            )
+            self.response = Response(again.model_dump_json(), media_type="application/json")
+
+
+def _category(value: str | None) -> Any:
+    return value if value in ("unknown", "server", "user") else "unknown"
+
+
+def _naps() -> Any:
+    yield from POLL_NAPS_S
+    while True:
+        yield POLL_NAPS_S[-1]
+
+
+def _poll(session: Session, project_id: str, request_id: str) -> _Answer:
+    row = requests.get(session=session, project_id=project_id, request_id=request_id)
+    job_state = None
+    if not requests.is_settled(row) and row.model_id is not None:
+        model = session.get(SessionModel, row.model_id)
+        job = session.get(Job, model.job_id) if model is not None else None
+        job_state = None if job is None or job.state in TERMINAL_STATES else job.state
+    return _Answer(row, job_state)
+
+
+def _poll_fresh(factory: Callable[[], Session], project_id: str, request_id: str) -> _Answer:
+    with factory() as session:
+        return _poll(session, project_id, request_id)

@@ -1,0 +1,152 @@
+"""Issue 47, done means: the official `tinker` client (0.38.0, unchanged, only
+`TINKER_BASE_URL` and `TINKER_API_KEY`) trains a LoRA training client of a small registered
+Llama with `forward_backward(cross_entropy)` + `optim_step`, through the real API, a real Celery
+worker and the session program in its sandbox, and every step's loss equals the built-in
+trainer's LoRA SFT on the same batches, seed and learning rate (relative 1e-5).
+
+The batches are the trainer's own (its data path, its sampler), sent as datums whose weights
+are the supervised positions / N (`tests.support.sessions`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from celery import Celery
+from sqlalchemy import Engine, select
+
+from core.platform.db import session_scope
+from core.platform.settings import Settings
+from core.platform.tables import RequestState, SessionModel, SessionRequest
+from tests.conftest import ProjectKey, make_project, settings_env
+from tests.integration.conftest import serve_api
+from tests.integration.workers.helpers import Worker, start_worker, unique_queue
+from tests.support.sessions import (
+    ADAM,
+    RANK,
+    SEED,
+    chat_data,
+    datums,
+    lora_sft_spec,
+    session_llama_dir,
+    step_batches,
+    tinker_datums,
+)
+from tests.support.training import build_local_run
+from trainer.loop import train_step
+
+BASE = "session-llama"
+STEPS = 20
+RESULT_TIMEOUT_S = 300  # the first call waits for the job's placement and the model's load
+
+
+@pytest.fixture(scope="module")
+def model_dir(models_root: Path) -> Path:
+    return session_llama_dir(models_root / BASE)
+
+
+@pytest.fixture(scope="module")
+def pool() -> str:
+    return unique_queue("sessions")
+
+
+@pytest.fixture(scope="module")
+def server(
+    settings: Settings, model_dir: Path, pool: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """An API whose registry offers `BASE` on the pool `pool`; its `/tinker` base URL."""
+    registry = {BASE: {"path": str(model_dir), "seq_len": 128, "pool": pool}}
+    env = {**settings_env(settings), "TORCHYARD_BASE_MODELS": json.dumps(registry)}
+    with serve_api(env, tmp_path_factory.mktemp("tinker_sessions_api")) as base_url:
+        yield f"{base_url}/tinker"
+
+
+@pytest.fixture(scope="module")
+def worker(
+    settings: Settings, celery_client: Celery, pool: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    w = start_worker(
+        settings=settings,
+        client=celery_client,
+        queue=pool,
+        log_dir=tmp_path_factory.mktemp("session_worker"),
+    )
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="module")
+def owner(engine: Engine) -> ProjectKey:
+    return make_project(engine)
+
+
+@pytest.fixture
+def client_env(server: str, owner: ProjectKey, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TINKER_CREDENTIAL_CMD", "TINKER_TAGS", "TINKER_PROJECT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TINKER_BASE_URL", server)
+    monkeypatch.setenv("TINKER_API_KEY", f"tml-{owner.api_key}")
+
+
+@pytest.mark.usefixtures("client_env")
+def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
+    server: str,
+    worker: Worker,
+    owner: ProjectKey,
+    model_dir: Path,
+    engine: Engine,
+    tmp_path: Path,
+) -> None:
+    spec = lora_sft_spec(model_dir, chat_data(tmp_path / "chat.jsonl"), max_steps=STEPS)
+    run = build_local_run(spec, tmp_path / "ckpt")
+    rows = run.rows[0]
+    batches = step_batches(rows, spec, STEPS)
+    expected = [float(train_step(run)[0]) for _ in range(STEPS)]
+
+    service = tinker.ServiceClient()
+    client = service.create_lora_training_client(
+        BASE, rank=RANK, seed=SEED, train_unembed=False
+    ).result(timeout=60)
+    # (over httpx: `tinker.RestClient()` from the environment is one holder per process, which
+    # would keep this module's server for the next module's tests)
+    capabilities = httpx.get(
+        f"{server}/api/v1/get_server_capabilities", headers={"X-API-Key": f"tml-{owner.api_key}"}
+    ).json()
+    assert [m["trainable"] for m in capabilities["supported_models"]] == [True]
+    losses, seconds = [], []
+    for indices in batches:
+        batch = datums(rows, indices)
+        started = time.monotonic()
+        backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
+        step = client.optim_step(tinker.AdamParams(**ADAM))
+        output = backward.result(timeout=RESULT_TIMEOUT_S)
+        metrics = step.result(timeout=RESULT_TIMEOUT_S).metrics
+        seconds.append(time.monotonic() - started)
+        losses.append(output.metrics["loss:sum"])
+        assert metrics is not None and metrics["loss:sum"] == pytest.approx(losses[-1])
+        lengths = [len(d["tokens"]) for d in batch]
+        assert [o["logprobs"].shape[0] for o in output.loss_fn_outputs] == lengths
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, expected, strict=True))
+    p50_ms = np.median(seconds[1:]) * 1000
+    print(f"{STEPS} steps through the service: first {seconds[0]:.2f} s, then p50 {p50_ms:.0f} ms;"
+          f" largest relative loss difference {worst:.1e}")  # fmt: skip
+    np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=0)
+    assert losses[-1] < losses[0]  # it learns
+
+    with session_scope(engine) as s:  # every call answered once, none left running
+        calls = s.scalars(
+            select(SessionRequest).where(SessionRequest.model_id == client.model_id)
+        ).all()
+        assert sorted(c.seq_id for c in calls) == list(range(1, 2 * STEPS + 1))
+        assert {c.state for c in calls} == {RequestState.DONE}
+        job_id = s.get(SessionModel, client.model_id).job_id  # type: ignore[union-attr]
+    service.close("success").result()
+    v1 = server.removesuffix("/tinker")
+    job = httpx.get(f"{v1}/v1/jobs/{job_id}", headers=owner.headers).json()
+    assert job["state"] in ("cancelling", "cancelled"), job

@@ -1,0 +1,138 @@
+"""`SessionRelay`: the worker's side of a session job (issue 47), a watcher on its node.
+
+The client never reaches the worker: its calls are rows of `session_requests`
+(`core.sessions.requests`). Every `INTERVAL_S` the relay
+1. stores the program's answers: each file `RUN_DIR/session/out/<request_id>` (a JSON header
+   line, then the answer's bytes; `trainer.session`) becomes that running call's result or
+   error, committed, then the file is removed; an answer to a call already settled (the session
+   ended first) is dropped;
+2. hands the training client's queued calls to the program: each is written atomically to
+   `RUN_DIR/session/in/<seq_id:012d>.<request_id>.<kind>` first, then marked running. A call is
+   handed over again only if that mark was not committed, and the program answers a request
+   once in its life, so no call runs twice.
+When the program has exited (`close`), the calls it had and did not answer fail with category
+`server`; calls still queued wait for the job's next attempt. `start_file` writes the first
+`seq_id` a new program runs (`RUN_DIR/session/start.json`), before it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from core.attempts.lifecycle_policy import Stop
+from core.sessions import requests
+from jobspec.job import SessionJobSpec
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 0.02  # a call waits this long at most before it is handed over or its answer kept
+
+
+def session_dir(run_dir: Path) -> Path:
+    return run_dir / "session"
+
+
+def start_file(factory: Callable[[], Session], run_dir: Path, model_id: str) -> None:
+    """Write `session/start.json` (`next_seq`: the first call the program runs) and create
+    `session/in` and `session/out`, before the program starts."""
+    root = session_dir(run_dir)
+    (root / "in").mkdir(parents=True, exist_ok=True)
+    (root / "out").mkdir(parents=True, exist_ok=True)
+    with factory() as session:
+        first = requests.next_seq(session=session, model_id=model_id)
+    (root / "start.json").write_text(json.dumps({"next_seq": first}))
+
+
+class SessionRelay:
+    """The relay of one session job's node 0 (see the module docstring)."""
+
+    def __init__(
+        self, *, session_factory: Callable[[], Session], run_dir: Path, model_id: str
+    ) -> None:
+        self.interval_s = INTERVAL_S
+        self.reason: str | None = None
+        self.session_factory = session_factory
+        self.inbox = session_dir(run_dir) / "in"
+        self.outbox = session_dir(run_dir) / "out"
+        self.model_id = model_id
+
+    def tick(self, now: float) -> Stop | None:
+        del now
+        self._store_answers()
+        self._hand_over()
+        return None
+
+    def _store_answers(self) -> None:
+        done = [p for p in self.outbox.iterdir() if not p.name.startswith(".")]
+        if not done:
+            return
+        with self.session_factory() as session:
+            for path in done:
+                header, _, body = path.read_bytes().partition(b"\n")
+                answer = json.loads(header)
+                if "error" in answer:
+                    kept = requests.settle(
+                        session=session,
+                        request_id=path.name,
+                        error=str(answer["error"]),
+                        category=str(answer.get("category") or "server"),
+                    )
+                else:
+                    kept = requests.settle(
+                        session=session,
+                        request_id=path.name,
+                        result=body,
+                        result_type=str(answer["type"]),
+                    )
+                if not kept:
+                    log.info("call %s: answer dropped (already settled)", path.name)
+            session.commit()
+        for path in done:
+            path.unlink(missing_ok=True)
+
+    def _hand_over(self) -> None:
+        with self.session_factory() as session:
+            calls = requests.queued(session=session, model_id=self.model_id)
+            if not calls:
+                return
+            for call in calls:
+                name = f"{call.seq_id or 0:012d}.{call.id}.{call.kind}"
+                temporary = self.inbox / f".{name}.tmp"
+                temporary.write_bytes(call.body)
+                os.replace(temporary, self.inbox / name)
+            requests.hand_over(session=session, request_ids=[c.id for c in calls])
+            session.commit()
+
+    def close(self) -> None:
+        try:
+            self._store_answers()  # what the program answered before it exited
+        except Exception:
+            log.exception("session %s: could not store its last answers", self.model_id)
+        with self.session_factory() as session:
+            failed = requests.fail_running(
+                session=session,
+                model_id=self.model_id,
+                reason="the session's program exited before answering this call",
+            )
+            session.commit()
+        if failed:
+            log.warning("session %s: %d unanswered calls failed", self.model_id, failed)
+
+
+def relay_for(
+    session_factory: Callable[[], Session], spec: object, run_dir: Path, node_rank: int
+) -> list[SessionRelay]:
+    """The relay when the job is a session job and this is its node 0; else none."""
+    if not isinstance(spec, SessionJobSpec) or node_rank != 0:
+        return []
+    return [
+        SessionRelay(
+            session_factory=session_factory, run_dir=run_dir, model_id=spec.session.model_id
+        )
+    ]
