@@ -184,9 +184,14 @@ async def retrieve_future(
 class _Answer:
     """What one read of a call's row says: its final answer, or `try_again`."""
 
-    def __init__(self, row: SessionRequest, job_state: str | None) -> None:
-        self.settled = requests.is_settled(row)
-        if row.state == RequestState.DONE:
+    def __init__(
+        self, row: SessionRequest, job_state: str | None, ended: str | None = None
+    ) -> None:
+        self.settled = requests.is_settled(row) or ended is not None
+        if ended is not None:  # its job will never answer it
+            failed = wire.RequestFailedResponse(error=ended, category="server")
+            self.response = Response(failed.model_dump_json(), media_type="application/json")
+        elif row.state == RequestState.DONE:
             self.response = Response(content=row.result, media_type=row.result_type)
         elif row.state == RequestState.FAILED:
             failed = wire.RequestFailedResponse(
@@ -219,7 +224,10 @@ def _poll(session: Session, project_id: str, request_id: str) -> _Answer:
     if not requests.is_settled(row) and row.model_id is not None:
         model = session.get(SessionModel, row.model_id)
         job = session.get(Job, model.job_id) if model is not None else None
-        job_state = None if job is None or job.state in TERMINAL_STATES else job.state
+        if job is not None and job.state in TERMINAL_STATES:
+            ended = f"the session's job {job.id} has ended ({job.state}): {job.error or ''}"
+            return _Answer(row, None, ended=ended.rstrip(": "))
+        job_state = None if job is None else job.state
     return _Answer(row, job_state)
 
 

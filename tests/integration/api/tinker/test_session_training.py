@@ -42,6 +42,7 @@ from tests.support.training import build_local_run
 from trainer.loop import train_step
 
 BASE = "session-llama"
+BROKEN = "broken-llama"
 STEPS = 20
 RESULT_TIMEOUT_S = 300  # the first call waits for the job's placement and the model's load
 
@@ -61,7 +62,12 @@ def server(
     settings: Settings, model_dir: Path, pool: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """An API whose registry offers `BASE` on the pool `pool`; its `/tinker` base URL."""
-    registry = {BASE: {"path": str(model_dir), "seq_len": 128, "pool": pool}}
+    broken = model_dir.parent / BROKEN  # no model files: its session job fails at load
+    broken.mkdir(exist_ok=True)
+    registry = {
+        BASE: {"path": str(model_dir), "seq_len": 128, "pool": pool},
+        BROKEN: {"path": str(broken), "seq_len": 128, "pool": pool},
+    }
     env = {**settings_env(settings), "TORCHYARD_BASE_MODELS": json.dumps(registry)}
     with serve_api(env, tmp_path_factory.mktemp("tinker_sessions_api")) as base_url:
         yield f"{base_url}/tinker"
@@ -118,7 +124,7 @@ def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
     capabilities = httpx.get(
         f"{server}/api/v1/get_server_capabilities", headers={"X-API-Key": f"tml-{owner.api_key}"}
     ).json()
-    assert [m["trainable"] for m in capabilities["supported_models"]] == [True]
+    assert [m["trainable"] for m in capabilities["supported_models"]] == [True, True]
     losses, seconds = [], []
     for indices in batches:
         batch = datums(rows, indices)
@@ -150,3 +156,28 @@ def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
     v1 = server.removesuffix("/tinker")
     job = httpx.get(f"{v1}/v1/jobs/{job_id}", headers=owner.headers).json()
     assert job["state"] in ("cancelling", "cancelled"), job
+
+
+@pytest.mark.usefixtures("client_env")
+def test_a_call_of_a_session_job_that_failed_is_a_server_error_not_a_wait(
+    worker: Worker, engine: Engine
+) -> None:
+    service = tinker.ServiceClient()
+    client = service.create_lora_training_client(BROKEN, rank=RANK).result(timeout=60)
+    datum = {"tokens": np.arange(1, 9), "target_tokens": np.arange(2, 10),
+             "weights": np.ones(8, np.float32)}  # fmt: skip
+    future = client.forward_backward(tinker_datums([datum]), "cross_entropy")
+    with pytest.raises(tinker.RequestFailedError) as held:  # its program had it, then died
+        future.result(timeout=RESULT_TIMEOUT_S)
+    assert held.value.category == "server"
+    assert "the session's program exited before answering this call" in str(held.value)
+    with session_scope(engine) as s:
+        job_id = s.get(SessionModel, client.model_id).job_id  # type: ignore[union-attr]
+    later = client.forward_backward(tinker_datums([datum]), "cross_entropy")
+    with pytest.raises(tinker.RequestFailedError) as ended:  # after its job failed: at once
+        later.result(timeout=60)
+    assert ended.value.category == "server"
+    assert f"the session's job {job_id} has ended (failed): [user_error] InvalidJobError" in str(
+        ended.value
+    )
+    service.close("success").result()
