@@ -134,6 +134,17 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         ["-m", "bench.grpo"],
         ["ours.step_s", "ours.completions_per_s", "trl.step_s", "ours_vs_trl"],
     ),
+    "sessions": (
+        ["-m", "bench.sessions"],
+        [
+            "latency.service.p50_ms",
+            "latency.in_process.p50_ms",
+            "latency.p50_added_ms",
+            "throughput.session_tokens_per_s",
+            "throughput.trainer_tokens_per_s",
+            "throughput.ratio",
+        ],
+    ),
     "resume_check": (
         ["bench/resume_check.py"],
         ["max_abs_loss_diff_after_resume", "resumed_only_later_steps"],

@@ -1,0 +1,249 @@
+"""Training sessions through the service (issue 47): what the control plane adds to a Tinker
+client's calls, and whether a session trains as fast as the built-in trainer.
+
+    python -m bench.sessions [--steps 30] [--tokens 16] [--batch 8] [--seq-len 128]
+                             [--batched-steps 10] [--trainer-steps 20]
+
+A real API and Celery worker (uvicorn + Postgres + Redis, loopback) serve a registered small
+Llama (`demos.offline_llama`); the official `tinker` client drives a LoRA training client of it
+(rank 8, attention and MLP adapters, as the built-in trainer's LoRA SFT below).
+
+1. `latency`: `--steps` steps of one tiny call each (`forward_backward(cross_entropy)` of one
+   datum of `--tokens` tokens, then `optim_step`), each waited for, through the service (after
+   the first, which waits for the job's placement and the model's load), against the same calls
+   in this process on the same model (`trainer.session_calls.SessionModel`: decode, forward,
+   backward, encode, AdamW step). Goal: p50 through the service under 30 ms above in-process.
+2. `throughput`: `--batched-steps` steps of `--batch` datums of `--seq-len` tokens through the
+   service, tokens/s, against the built-in trainer's own LoRA SFT job on the same model, worker
+   and batch shape (its `tokens_per_second`, median over its steps after the first). Goal:
+   >= 0.9 of the trainer.
+
+Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from bench import smoke
+from bench._common import (
+    api_server,
+    emit,
+    note,
+    postgres_database,
+    project_key,
+    server_env,
+    summary_ms,
+    wait_for,
+    worker,
+)
+from dataformat.tinker_wire import forward_backward_request
+from demos.offline_llama import build_model_dir
+from jobspec.job import SessionJobSpec
+from trainer.session_calls import SessionModel, encode_output
+
+BASE = "bench-llama"
+RANK = 8
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0,
+        "grad_clip_norm": 1.0}  # fmt: skip
+
+
+def _datums(rng: np.random.Generator, count: int, length: int, vocab: int) -> list[dict]:
+    """`count` datums of `length` random tokens, every position supervised."""
+    out = []
+    for _ in range(count):
+        ids = rng.integers(1, vocab, size=length + 1)
+        out.append({"tokens": ids[:-1], "target_tokens": ids[1:],
+                    "weights": np.ones(length, np.float32)})  # fmt: skip
+    return out
+
+
+def _tinker_datums(batch: list[dict]) -> list[Any]:
+    import tinker
+
+    return [
+        tinker.Datum(
+            model_input=tinker.ModelInput.from_ints(d["tokens"].tolist()),
+            loss_fn_inputs={
+                "target_tokens": tinker.TensorData.from_numpy(d["target_tokens"]),
+                "weights": tinker.TensorData.from_numpy(d["weights"]),
+            },
+        )
+        for d in batch
+    ]
+
+
+def _service_steps(client: Any, batches: list[list[dict]]) -> list[float]:
+    """Seconds of each step (forward_backward then optim_step, both waited for)."""
+    import tinker
+
+    seconds = []
+    for batch in batches:
+        started = time.perf_counter()
+        backward = client.forward_backward(_tinker_datums(batch), "cross_entropy")
+        step = client.optim_step(tinker.AdamParams(**ADAM))
+        backward.result(timeout=600)
+        step.result(timeout=600)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def _in_process_steps(model_dir: Path, seq_len: int, batches: list[list[dict]]) -> list[float]:
+    """The same steps on the same model in this process: the protobuf body the client sends,
+    decoded, forward and backward, the answer encoded, the AdamW step."""
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+    from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
+
+    spec = SessionJobSpec.model_validate(
+        {
+            "name": "bench-session",
+            "model": {"kind": "hf", "hf": {"path_or_id": str(model_dir)}, "seq_len": seq_len},
+            "session": {"session_id": "ses_bench", "model_id": "ses_bench:train:0",
+                        "base_model": BASE, "lora_rank": RANK, "lora_seed": 0,
+                        "train_unembed": False},
+        }
+    )  # fmt: skip
+    model = SessionModel(spec, torch.device("cpu"))
+    seconds = []
+    for seq_id, batch in enumerate(batches, 1):
+        request = ForwardBackwardRequest(
+            forward_backward_input=ForwardBackwardInput(
+                data=_tinker_datums(batch), loss_fn="cross_entropy"
+            ),
+            model_id="ses_bench:train:0",
+            seq_id=seq_id,
+        )
+        body = bytes(forward_backward_request_to_proto(request).SerializeToString())
+        started = time.perf_counter()
+        encode_output(model.forward_backward(forward_backward_request(body), forward_only=False))
+        model.optim_step(ADAM)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def _trainer_tokens_per_s(
+    base: str, headers: dict[str, str], home: Path, model_dir: Path, pool: str, args: Any
+) -> float:
+    """The built-in trainer's LoRA SFT on the same model, worker and batch shape: the median
+    of its reported `tokens_per_second` over its steps after the first."""
+    corpus = home / "corpus"
+    corpus.mkdir()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join(p.read_text(errors="replace") for p in sorted(stdlib.glob("*.py"))[:40])
+    (corpus / "stdlib.txt").write_text(text)
+    ds = httpx.post(f"{base}/v1/datasets", headers=headers, timeout=60,
+                    json={"name": "corpus", "uri": str(corpus)})  # fmt: skip
+    ds.raise_for_status()
+    steps = args.trainer_steps
+    spec = {
+        "name": "bench-lora-sft",
+        "data": {"dataset": ds.json()["id"]},
+        "model": {"kind": "hf", "hf": {"path_or_id": str(model_dir)}, "seq_len": args.seq_len},
+        "lora": {"r": RANK, "alpha": 32, "dropout": 0.0, "target_modules": TARGETS},
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant", "weight_decay": 0.0},
+        "train": {"micro_batch_size": args.batch, "max_steps": steps, "log_interval_steps": 1},
+        "eval": {"interval_steps": steps, "num_batches": 1},
+        "checkpoint": {"interval_steps": steps},
+        "sample": {"max_new_tokens": 0},
+        "resources": {"procs_per_node": 1, "pool": pool},
+    }
+    job = httpx.post(f"{base}/v1/jobs", headers=headers, json=spec, timeout=60)
+    job.raise_for_status()
+    job_id = job.json()["id"]
+
+    def ended() -> dict[str, Any] | None:
+        row = httpx.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=30).json()
+        return row if row["state"] in ("succeeded", "failed", "cancelled") else None
+
+    row = wait_for(ended, 600, "the trainer's LoRA SFT job", poll_s=0.5)
+    if row["state"] != "succeeded":
+        raise RuntimeError(f"the trainer's job {row['state']}: {row.get('error')}")
+    series = httpx.get(f"{base}/v1/jobs/{job_id}/metrics", headers=headers, timeout=30,
+                       params={"names": "tokens_per_second"}).json()  # fmt: skip
+    values = series["series"][0]["values"] if series.get("series") else []
+    return float(statistics.median(values[1:] or values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sessions", description=__doc__)
+    parser.add_argument("--steps", type=int, default=30, help="tiny steps, each waited for")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens of the tiny call's datum")
+    parser.add_argument("--batch", type=int, default=8, help="datums of a batched step")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens of each batched datum")
+    parser.add_argument("--batched-steps", type=int, default=10)
+    parser.add_argument("--trainer-steps", type=int, default=20)
+    args = smoke.parse(parser, steps=3, tokens=8, batch=2, seq_len=32, batched_steps=2,
+                       trainer_steps=3)  # fmt: skip
+    rng = np.random.default_rng(0)
+    with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        _, key = project_key(url)
+        model_dir = build_model_dir(home / "models" / BASE)
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        pool = f"bench-sessions-{secrets.token_hex(3)}"  # its own queue in a shared Redis
+        registry = {BASE: {"path": str(model_dir), "seq_len": args.seq_len, "pool": pool}}
+        env = server_env(url, home, TORCHYARD_BASE_MODELS=json.dumps(registry))
+        tiny = [_datums(rng, 1, args.tokens, vocab) for _ in range(args.steps + 1)]
+        batched = [_datums(rng, args.batch, args.seq_len, vocab) for _ in range(args.batched_steps)]
+        with api_server(env, home / "uvicorn.log") as api, worker(env, pool, home / "w.log"):
+            os.environ.update(TINKER_BASE_URL=f"{api.url}/tinker", TINKER_API_KEY=f"tml-{key}")
+            for name in ("TINKER_CREDENTIAL_CMD", "TINKER_TAGS", "TINKER_PROJECT_ID"):
+                os.environ.pop(name, None)
+            import tinker
+
+            note("session: placement and load ...")
+            service = tinker.ServiceClient()
+            client = service.create_lora_training_client(
+                BASE, rank=RANK, seed=0, train_unembed=False
+            ).result(timeout=600)
+            first = _service_steps(client, tiny[:1])[0]
+            note("session: tiny steps ...")
+            through = _service_steps(client, tiny[1:])
+            note("session: batched steps ...")
+            batched_s = _service_steps(client, batched)
+            service.close("success").result()
+            note("trainer: LoRA SFT job ...")
+            headers = {"Authorization": f"Bearer {key}"}
+            trainer_tps = _trainer_tokens_per_s(api.url, headers, home, model_dir, pool, args)
+        note("in process ...")  # once the servers are gone: the same model, nothing beside it
+        in_process = _in_process_steps(model_dir, args.seq_len, tiny[1:])
+    service_ms, local_ms = summary_ms(through), summary_ms(in_process)
+    tokens = args.batch * args.seq_len
+    session_tps = tokens / statistics.median(batched_s)
+    emit(
+        {
+            "bench": "sessions",
+            "latency": {
+                "first_step_s": round(first, 2),
+                "service": service_ms,
+                "in_process": local_ms,
+                "p50_added_ms": round(service_ms["p50_ms"] - local_ms["p50_ms"], 2),
+                "goal_p50_added_ms": 30,
+            },
+            "throughput": {
+                "tokens_per_step": tokens,
+                "session_tokens_per_s": round(session_tps, 1),
+                "trainer_tokens_per_s": round(trainer_tps, 1),
+                "ratio": round(session_tps / trainer_tps, 3),
+                "goal_ratio": 0.9,
+            },
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
