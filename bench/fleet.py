@@ -3,12 +3,16 @@
     python -m bench.fleet [--workers 8] [--slots 4] [--jobs 300] [--rate 2.0] [--burst 40]
                           [--projects 4] [--api-procs 2] [--controllers 2] [--steps 20]
                           [--step-s 0.5] [--checkpoint-every 10] [--series 10]
+                          [--kill-workers 2] [--kill-controller 1] [--restart-after-s 5]
+                          [--max-restarts 2] [--watchers 200] [--watched-jobs 20]
+                          [--plot fleet.png]
 
 Starts, on this host: an API (`uvicorn`, `--api-procs` processes), `--controllers` controllers
 (one leads), `--workers` real workers (`celery ... worker`, as `torchyard worker` runs it), each
 with `--slots` CPU slots (`TORCHYARD_WORKER_SLOTS`), a home and a name of its own, so the control
 plane sees that many hosts; Postgres behind PgBouncer (transaction pooling, `--pgbouncer`) for
-the API and workers, the controllers direct (README's Deployment); Redis. Every job is a real
+the API and workers, the controllers direct (README's Deployment); Redis; storage on an S3
+server (`moto`, `bench._fleet_store`; its requests counted). Every job is a real
 `entrypoint` job whose program (`FLEET_PY`, `torchyard.train` only) reports `--series` series
 every step, sleeps `--step-s` between steps and checkpoints a small file every
 `--checkpoint-every` steps, so each part of the control plane does its real work (claim, sandbox,
@@ -24,20 +28,29 @@ longer); heartbeat UPDATEs/s (`pg_stat_user_tables`); Postgres transactions/s
 metric points/s and ingest lag (a point's `time` to the first poll that sees it: an upper
 bound, `poll_s` coarse); CPU seconds per 1,000 jobs of the API, controllers, workers (their own
 process, and with their jobs), Postgres' backends of this database and PgBouncer (from /proc:
-this host only). Nothing in the product knows it is simulated: the workers are workers, the
-jobs are jobs.
+this host only); S3 requests/s.
+
+Faults (`bench._fleet_faults`): `--kill-workers` workers SIGKILLed with their whole process
+tree while they run jobs (30% to 70% through the submissions) and started again
+`--restart-after-s` later, and the leading controller SIGKILLed halfway; measured: kill ->
+requeue of each lost job (its events), the standby's takeover (the `controllers` table), and
+every job's end (succeeded, or failed `node_lost` with its `--max-restarts` spent). SSE
+(`bench._fleet_watch`): `--watchers` streams on `--watched-jobs` running jobs, delivery p99.
+`--plot PATH`: a PNG of queue depth, slots held and claim latency over time
+(`bench._fleet_plot`), the run's JSON with its timeline beside it (PATH with `.json`).
+
+Nothing in the product knows it is simulated: the workers are workers, the jobs are jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import contextlib
 import io
+import json
 import os
 import random
-import re
 import secrets
 import sys
 import tarfile
@@ -48,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from bench import smoke
@@ -62,9 +75,13 @@ from bench._common import (
     process,
     project_key,
     summary_ms,
-    wait_for,
 )
-from bench._fleet_probe import Probe, tree_cpu_s
+from bench._fleet_claims import job_seconds, queue_to_claim, redispatched, wait_done, wait_workers
+from bench._fleet_faults import CpuBook, Faults
+from bench._fleet_plot import plot
+from bench._fleet_probe import Probe
+from bench._fleet_store import Store, s3_store
+from bench._fleet_watch import Watchers
 from torchyard.launch import worker_argv
 
 FLEET_PY = """
@@ -92,7 +109,6 @@ while step < args.steps and not ty.should_stop():
         (path / "state.bin").write_bytes(bytes(4096))
         ty.completed_checkpoint(path)
 """
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _tar_gz(files: dict[str, str]) -> bytes:
@@ -106,16 +122,18 @@ def _tar_gz(files: dict[str, str]) -> bytes:
     return buf.getvalue()
 
 
-def _env(home: Path, pooled_url: str, direct_url: str, storage: Path, **extra: str) -> dict:
-    """A process of the deployment: production settings (intervals left at their defaults)."""
+def _env(home: Path, pooled_url: str, direct_url: str, store: Store, **extra: str) -> dict:
+    """A process of the deployment: production settings (intervals left at their defaults),
+    storage on the S3 server."""
     return {
         **os.environ,
+        **store.env,
         "TORCHYARD_ENV": "test",  # loopback Postgres without a password; nothing else differs
         "TORCHYARD_HOME": str(home),
         "TORCHYARD_DATABASE_URL": pooled_url,
         "TORCHYARD_DATABASE_DIRECT_URL": direct_url,
         "TORCHYARD_BROKER_URL": REDIS_URL,
-        "TORCHYARD_STORAGE_URL": str(storage),
+        "TORCHYARD_STORAGE_URL": store.url,
         "PYTHONPATH": str(REPO_ROOT),
         "OMP_NUM_THREADS": "1",
         **extra,
@@ -185,94 +203,19 @@ def _spec(code: str, pool: str, args: argparse.Namespace) -> dict[str, Any]:
         "name": "fleet",
         "entrypoint": {"code": code, "command": command},
         "resources": {"procs_per_node": 1, "pool": pool},
+        "retries": {"max_restarts": args.max_restarts},
     }
 
 
-def _wait_workers(engine: Any, n: int, timeout_s: float) -> None:
-    def fresh() -> bool:
-        with engine.connect() as conn:
-            found = conn.scalar(
-                text("SELECT count(*) FROM workers WHERE heartbeat_at > now() - interval '10 s'")
-            )
-        return int(found or 0) >= n
-
-    wait_for(fresh, timeout_s, f"{n} workers' rows", poll_s=0.5)
+def _fault_times(args: argparse.Namespace, span_s: float) -> tuple[list[float], float | None]:
+    """When the faults strike (s after the first submission): the workers spread over the
+    middle of the submission span (30% to 70%), the leader at its middle."""
+    k = args.kill_workers
+    workers = [span_s * (0.3 + 0.4 * i / max(1, k - 1)) for i in range(k)]
+    return workers, (span_s * 0.5 if args.kill_controller else None)
 
 
-def _wait_done(engine: Any, jobs: int, timeout_s: float) -> None:
-    def done() -> bool:
-        with engine.connect() as conn:
-            ended = conn.scalar(
-                text("SELECT count(*) FROM jobs WHERE state = ANY(:t)"), {"t": list(TERMINAL)}
-            )
-        return int(ended or 0) >= jobs
-
-    wait_for(done, timeout_s, f"{jobs} jobs to end", poll_s=1.0)
-
-
-def _queue_to_claim(
-    engine: Any, taken_at: Any, capacity: int, redispatched: set[int]
-) -> dict[str, Any]:
-    """Submit (`jobs.created_at`) -> first claim (its first `starting` event): for all jobs, by
-    priority, and for those that found a slot free: the slots taken or queued for at the probe's
-    last sample (`taken_at`), plus the jobs submitted since, below `capacity`. `redispatched`:
-    the ids of the jobs the reconciler sent again, counted by priority."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT j.id, j.priority, j.created_at, min(e.created_at) FROM jobs j"
-                " JOIN job_events e ON e.job_id = j.id AND e.state_to = 'starting'"
-                " GROUP BY j.id, j.priority, j.created_at"
-            )
-        ).all()
-        states = dict(conn.execute(text("SELECT state, count(*) FROM jobs GROUP BY state")).all())
-    waits = sorted(
-        (c.timestamp(), (claimed - c).total_seconds(), p, i) for i, p, c, claimed in rows
-    )
-    created = [c for c, _, _, _ in waits]
-    free = []
-    for i, (at, wait, _, _) in enumerate(waits):
-        sampled, taken = taken_at(at)
-        if taken + i - bisect.bisect_right(created, sampled) < capacity:  # jobs since, before
-            free.append(wait)
-    by_priority: dict[str, Any] = {}
-    for priority in sorted({p for _, _, p, _ in waits}):
-        mine = [w for _, w, p, _ in waits if p == priority]
-        sent_again = sum(1 for _, _, p, i in waits if p == priority and i in redispatched)
-        by_priority[str(priority)] = {**summary_ms(mine), "redispatched": sent_again}
-    return {
-        "all": summary_ms([w for _, w, _, _ in waits]) if waits else None,
-        "slot_free": summary_ms(free) if free else None,
-        "by_priority": by_priority,
-        "redispatched": len(redispatched),
-        "states": {str(k): int(v) for k, v in states.items()},
-    }
-
-
-def _job_seconds(engine: Any) -> float:
-    """Seconds the jobs ran, summed: each from its claim (`started_at`) to its end."""
-    with engine.connect() as conn:
-        found = conn.scalar(
-            text(
-                "SELECT sum(extract(epoch FROM finished_at - started_at)) FROM jobs"
-                " WHERE started_at IS NOT NULL AND finished_at IS NOT NULL"
-            )
-        )
-    return float(found or 0.0)
-
-
-def _redispatched(root: Path, controllers: int) -> set[int]:
-    """The jobs the leader sent again because they stayed queued past the reconciler's
-    `redispatch_after_s` (its `reconcile:` log lines): a long queue, or a lost message."""
-    found: set[int] = set()
-    for i in range(controllers):
-        log = (root / f"controller{i}.log").read_text(errors="replace")
-        for listed in re.findall(r"redispatched=\[([^\]]*)\]", log):
-            found.update(int(x) for x in listed.split(",") if x.strip())
-    return found
-
-
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--slots", type=int, default=4, help="CPU slots per worker")
@@ -286,96 +229,169 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.5)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--series", type=int, default=10)
+    parser.add_argument("--max-restarts", type=int, default=2, help="each job's retry budget")
+    parser.add_argument("--kill-workers", type=int, default=2, help="SIGKILLed, restarted")
+    parser.add_argument("--kill-controller", type=int, default=1, choices=(0, 1))
+    parser.add_argument("--restart-after-s", type=float, default=5.0)
+    parser.add_argument("--watchers", type=int, default=200, help="SSE streams")
+    parser.add_argument("--watched-jobs", type=int, default=20, help="running jobs watched")
+    parser.add_argument("--plot", type=Path, help="a PNG here, the run's JSON beside it")
     parser.add_argument("--pgbouncer", default="127.0.0.1:6432", help="host:port")
     parser.add_argument("--seed", type=int, default=0)
     args = smoke.parse(
         parser, workers=2, slots=2, jobs=10, rate=4.0, burst=3, projects=2, api_procs=1,
-        steps=6, step_s=0.5, checkpoint_every=3,
+        steps=6, step_s=0.5, checkpoint_every=3, kill_workers=1, restart_after_s=1.0,
+        watchers=4, watched_jobs=2,
     )  # fmt: skip
     args.burst = min(args.burst, args.jobs)
+    args.kill_workers = min(args.kill_workers, args.workers)
+    return args
+
+
+def main() -> None:
+    args = _arguments()
     rng = random.Random(args.seed)
     pg_host, pg_port = args.pgbouncer.rsplit(":", 1)
     pool = f"fleet-{secrets.token_hex(3)}"
-    with postgres_database() as direct, tempfile.TemporaryDirectory() as tmp:
+    capacity = args.workers * args.slots
+    with (
+        postgres_database() as direct,
+        tempfile.TemporaryDirectory() as tmp,
+        s3_store(Path(tmp)) as store,
+    ):
         root = Path(tmp)
         pooled = make_url(direct).set(host=pg_host, port=int(pg_port))
         pooled_url = pooled.render_as_string(hide_password=False)
-        storage = root / "storage"
-        keys = [project_key(direct)[1] for _ in range(args.projects)]
-        engine = create_engine(direct, pool_size=2)
+        projects = dict(project_key(direct) for _ in range(args.projects))
+        keys = list(projects.values())
+        engine = create_engine(direct, pool_size=4)
         with contextlib.ExitStack() as stack:
-            api_env = _env(root / "api", pooled_url, direct, storage)
+            api_env = _env(root / "api", pooled_url, direct, store)
             api = stack.enter_context(api_server(api_env, root / "api.log", workers=args.api_procs))
             controllers = [
                 stack.enter_context(
                     process([sys.executable, "-m", "workers", "controller"],
-                            _env(root / f"controller{i}", pooled_url, direct, storage),
+                            _env(root / f"controller{i}", pooled_url, direct, store),
                             root / f"controller{i}.log")
                 )
                 for i in range(args.controllers)
             ]  # fmt: skip
-            workers = []
-            for i in range(args.workers):
-                name = f"fleet-{i:03d}"
+            names = [f"fleet-{i:03d}" for i in range(args.workers)]
+
+            def start_worker(i: int) -> Any:
                 env = _env(
-                    root / name, pooled_url, direct, storage,
-                    TORCHYARD_WORKER_SLOTS=str(args.slots), TORCHYARD_WORKER_HOSTNAME=name,
+                    root / names[i], pooled_url, direct, store,
+                    TORCHYARD_WORKER_SLOTS=str(args.slots), TORCHYARD_WORKER_HOSTNAME=names[i],
                 )  # fmt: skip
-                argv = worker_argv(pool, f"{name}@fleet", loglevel="WARNING")
-                workers.append(stack.enter_context(process(argv, env, root / f"{name}.log")))
+                argv = worker_argv(pool, f"{names[i]}@fleet", loglevel="WARNING")
+                log = root / f"{names[i]}-{time.monotonic_ns()}.log"  # one per start
+                return stack.enter_context(process(argv, env, log))
+
+            workers = [start_worker(i) for i in range(args.workers)]
             note(f"{args.workers} workers x {args.slots} slots starting ...")
-            _wait_workers(engine, args.workers, 120 + 10 * args.workers)
+            wait_workers(engine, args.workers, 120 + 10 * args.workers)
             body = {key: _spec(_upload_code(api.url, key), pool, args) for key in keys}
             probe = stack.enter_context(Probe(engine, pg_host, int(pg_port)))
-            pids = {
+            book = CpuBook({
                 "api": [api.pid],
                 "controllers": [c.pid for c in controllers],
                 "workers": [w.pid for w in workers],
-            }
-            cpu0 = {k: [tree_cpu_s(p) for p in v] for k, v in pids.items()}
-            note(f"submitting {args.jobs} jobs at {args.rate}/s (+{args.burst} at once) ...")
+            })  # fmt: skip
+            s3_before = store.requests()
             at = _schedule(args, rng)
+            worker_at, controller_at = _fault_times(args, at[-1] if at else 0.0)
+            faults = Faults(
+                engine, workers, names, controllers, start_worker, book,
+                worker_at, controller_at, args.restart_after_s,
+            )  # fmt: skip
+            per_job = args.steps * args.step_s
+            watch = Watchers(
+                engine, api.url, projects, args.watchers, args.watched_jobs,
+                wait_s=at[-1] / 2 if at else 0.0, deadline_s=10 * per_job + 120,
+            ).start()  # fmt: skip
+            note(f"submitting {args.jobs} jobs at {args.rate}/s (+{args.burst} at once) ...")
+            started = time.time()
+            fault_thread = faults.start()
             submit = asyncio.run(submit_stream(api.url, keys, body, at, rng))
             note(f"submit: {submit}")
-            per_job = args.steps * args.step_s
-            _wait_done(engine, args.jobs, 120 + 3 * per_job * args.jobs / args.workers)
-            cpu1 = {k: [tree_cpu_s(p) for p in v] for k, v in pids.items()}
+            wait_done(engine, args.jobs, 120 + 3 * per_job * args.jobs / args.workers)
+            fault_thread.join(180)
+            spent = {kind: book.spent(kind) for kind in ("api", "controllers", "workers")}
             measured = probe.finish()
-            capacity = args.workers * args.slots
-            sent_again = _redispatched(root, args.controllers)
-            claim = _queue_to_claim(engine, probe.taken_at, capacity, sent_again)
-            job_s = _job_seconds(engine)
+            s3_after = store.requests()
+            sent_again = redispatched(root, args.controllers)
+            claim, claims = queue_to_claim(engine, probe.taken_at, capacity, sent_again)
+            job_s = job_seconds(engine)
+            sse = watch.finish()
+            fault_figures = faults.figures(args.max_restarts)
         engine.dispose()
+    document = _document(args, submit, claim, measured, spent, job_s)
+    document["s3"] = _s3_figures(s3_before, s3_after, measured["seconds"], args.jobs)
+    document["sse"] = sse
+    document["faults"] = fault_figures
+    if args.plot is not None:
+        fault_marks = [(k["at"].timestamp() - started, f"kill {k['worker']}") for k in faults.kills]
+        if faults.takeover is not None:
+            killed_at = datetime.fromisoformat(faults.takeover["at"]).timestamp()
+            fault_marks.append((killed_at - started, "kill leader"))
+        document["timeline"] = {
+            "slots_total": capacity,
+            "samples": [(round(t - started, 2), q, h) for t, q, h in probe.timeline],
+            "claims": [(round(t - started, 2), round(w, 3), p) for t, w, p in claims],
+            "faults": [(round(t, 2), what) for t, what in fault_marks],
+        }
+        args.plot.with_suffix(".json").write_text(json.dumps(document, indent=2))
+        sizes = document["sizes"]
+        title = (f"bench.fleet {document['date']}: {sizes['workers']} workers x {sizes['slots']}"
+                 f" slots, {sizes['jobs']} jobs")  # fmt: skip
+        plot(args.plot, document["timeline"], title)
+        del document["timeline"]
+    emit(document)
+
+
+def _s3_figures(before: Any, after: Any, seconds: float, jobs: int) -> dict[str, Any]:
+    spent = after - before
+    total = sum(n for method, n in spent.items() if method != "status_ge_400")
+    return {
+        "requests": total,
+        "requests_per_s": round(total / seconds, 1) if seconds else None,
+        "per_job": round(total / jobs, 1),
+        "by_method": {k: v for k, v in sorted(spent.items()) if k != "status_ge_400"},
+        "status_ge_400": spent.get("status_ge_400", 0),
+    }
+
+
+def _document(
+    args: argparse.Namespace, submit: dict[str, Any], claim: dict[str, Any],
+    measured: dict[str, Any], spent: dict[str, tuple[float, float]], job_s: float,
+) -> dict[str, Any]:  # fmt: skip
     per_1000 = 1000 / args.jobs
-
-    def cpu(kind: str, own: bool = False) -> float:
-        pairs = zip(cpu0[kind], cpu1[kind], strict=True)
-        spent = sum(b[1 if own else 0] - a[1 if own else 0] for a, b in pairs)
-        return round(spent * per_1000, 1)
-
     measured["cpu_s_per_1000_jobs"] = {
-        "api": cpu("api"),
-        "controllers": cpu("controllers"),
-        "workers_own": cpu("workers", own=True),
-        "workers_with_jobs": cpu("workers"),
+        "api": round(spent["api"][0] * per_1000, 1),
+        "controllers": round(spent["controllers"][0] * per_1000, 1),
+        "workers_own": round(spent["workers"][1] * per_1000, 1),
+        "workers_with_jobs": round(spent["workers"][0] * per_1000, 1),
         **{k: round(v * per_1000, 1) for k, v in measured.pop("cpu_s").items()},
     }
     # The workers' own CPU for each second a job ran (claimed -> ended): what a running job
     # costs its worker, whatever the job's length.
-    own_s = measured["cpu_s_per_1000_jobs"]["workers_own"] / per_1000
+    own_s = spent["workers"][1]
     measured["worker_cpu_ms_per_job_s"] = round(1000 * own_s / job_s, 1) if job_s else None
-    emit({
+    return {
         "bench": "fleet",
         "date": datetime.now(UTC).date().isoformat(),
-        "sizes": {"workers": args.workers, "slots": args.slots, "slots_total": capacity,
-                  "jobs": args.jobs, "projects": args.projects, "api_procs": args.api_procs,
+        "sizes": {"workers": args.workers, "slots": args.slots,
+                  "slots_total": args.workers * args.slots, "jobs": args.jobs,
+                  "projects": args.projects, "api_procs": args.api_procs,
                   "controllers": args.controllers, "steps": args.steps, "step_s": args.step_s,
-                  "series": args.series, "checkpoint_every": args.checkpoint_every},
+                  "series": args.series, "checkpoint_every": args.checkpoint_every,
+                  "max_restarts": args.max_restarts, "workers_killed": args.kill_workers,
+                  "controller_killed": bool(args.kill_controller), "watchers": args.watchers},
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "submit": submit,
         "queue_to_claim": claim,
         **measured,
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

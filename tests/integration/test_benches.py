@@ -80,6 +80,10 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
             "cpu_s_per_1000_jobs.workers_with_jobs",
             "cpu_s_per_1000_jobs.postgres",
             "cpu_s_per_1000_jobs.pgbouncer",
+            "s3.requests_per_s",
+            "sse.delivery.p99_ms",
+            "faults.requeue.p99_ms",
+            "faults.controller.takeover_s",
         ],
     ),
     "audit": (
@@ -158,7 +162,9 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
 # service_path, both smoked above, on CUDA; `cuda_workers_check.py` asks NVML about a real
 # CUDA process; `gpu_wheels.sh` downloads the wheels the GPU image lacks.
 CUDA_ONLY = {"cuda_check", "cuda_workers_check", "gpu_wheels"}
-HELPERS = {"__init__", "_common", "_fleet_probe", "smoke"}
+HELPERS = {"__init__", "_common", "smoke"} | {
+    f"_fleet_{part}" for part in ("claims", "faults", "plot", "probe", "store", "watch")
+}
 
 
 def _get(document: dict[str, Any], dotted: str) -> Any:
@@ -184,6 +190,18 @@ def _fleet_is_sane(document: dict[str, Any]) -> None:
         summary = _get(document, path)
         assert 0 <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"], path
     assert all(v >= 0 for v in document["cpu_s_per_1000_jobs"].values())
+    # Storage went to the S3 server; the watchers saw points arrive; the faults struck and the
+    # fleet recovered: each killed worker's jobs requeued, the standby took over, all ended well.
+    assert document["s3"]["requests"] > 0 and document["s3"]["by_method"]["PUT"] > 0
+    assert document["sse"]["errors"] == 0, document["sse"]["first_error"]
+    assert document["sse"]["followed_to_end"] == sizes["watchers"]
+    assert document["sse"]["delivery"]["n"] > 0
+    faults = document["faults"]
+    assert faults["error"] is None, faults["error"]
+    assert len(faults["workers_killed"]) == sizes["workers_killed"]
+    assert faults["requeue"]["n"] == sum(k["jobs"] for k in faults["workers_killed"]) > 0
+    assert faults["controller"]["takeover_s"] is not None
+    assert faults["ends_unexpected"] == 0
 
 
 # bench -> what its document must also satisfy, besides having the keys above
@@ -200,7 +218,7 @@ def test_every_bench_is_smoked_or_needs_a_gpu() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", sorted(BENCHES))
 def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
-    name: str, redis_url: str
+    name: str, redis_url: str, tmp_path: Path
 ) -> None:
     command, keys = BENCHES[name]
     env = {
@@ -209,6 +227,9 @@ def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
     }
+    plot = tmp_path / "fleet.png"
+    if name == "fleet":
+        command = [*command, "--plot", str(plot)]
     proc = subprocess.run(
         [sys.executable, *command, "--smoke"],
         cwd=REPO,
@@ -224,3 +245,6 @@ def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
         assert isinstance(value, int | float | bool), (key, value)
     if name in SANE:
         SANE[name](document)
+    if name == "fleet":  # the plot, and the run's JSON with its timeline beside it
+        assert plot.read_bytes().startswith(b"\x89PNG")
+        assert json.loads(plot.with_suffix(".json").read_text())["timeline"]["samples"]
