@@ -4,7 +4,8 @@ the leading controller SIGKILLed, with what each cost read back from the control
 records (the jobs' events, the `controllers` table).
 
 - Lost-worker requeue: from the kill to each of its jobs' next `queued` event (the reconciler
-  finding the restarted worker's newer `started_at`, or its silence past `worker_timeout_s`).
+  finding the restarted worker's newer `started_at`, or its silence past `worker_timeout_s`);
+  `restarted_s`: from the kill to the new worker's start as its row records it.
 - Takeover: from the leader's kill to the first reconcile round recorded by another controller.
 - Ends: every job terminal, and a `failed` one only with class `node_lost` and its restart
   budget (`retries.max_restarts`) spent.
@@ -198,6 +199,11 @@ class Faults:
         failed_instead = 0
         with self.engine.connect() as conn:
             for kill in self.kills:
+                started = conn.scalar(
+                    text("SELECT started_at FROM workers WHERE name = :n"), {"n": kill["worker"]}
+                )
+                back = (started - kill["at"]).total_seconds() if started else None
+                kill["back_s"] = round(back, 2) if back is not None else None
                 for job_id in kill["jobs"]:
                     found = conn.scalar(
                         text(
@@ -224,7 +230,12 @@ class Faults:
         )
         return {
             "workers_killed": [
-                {"worker": k["worker"], "jobs": len(k["jobs"]), "processes": k["processes"]}
+                {
+                    "worker": k["worker"],
+                    "jobs": len(k["jobs"]),
+                    "processes": k["processes"],
+                    "restarted_s": k["back_s"],
+                }
                 for k in self.kills
             ],
             "restart_after_s": self.restart_after_s,
