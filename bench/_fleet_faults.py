@@ -35,11 +35,12 @@ from bench._fleet_probe import tree_cpu_s
 def _descendants(root: int) -> list[int]:
     """`root` and every process below it (from /proc), parents first."""
     parents: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(pid))
-    found, todo = [], [root]
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [root]
     while todo:
         pid = todo.pop()
         found.append(pid)
