@@ -5,13 +5,15 @@
 
 The worker relays the calls (docs/CONTRACTS.md, "The session program"): each queued call is a
 file `RUN_DIR/session/in/<seq_id:012d>.<request_id>.<kind>` holding the body as the client
-sent it (`forward_backward`'s protobuf, `optim_step`'s JSON), written atomically; the program
-runs call `seq_id` n only after n - 1 (the first is `next_seq` of `RUN_DIR/session/start.json`,
-1 for a new client) and answers each in `RUN_DIR/session/out/<request_id>`: one JSON header
-line (`{"type": media type}` or `{"error", "category"}`), a newline, then the answer's bytes,
-written atomically; then it removes the call's file. A call is run once: a file of a request
-already answered in this life is removed unread, and one whose `seq_id` is below the next is
-refused (a user error), never run again.
+sent it (`forward_backward`'s protobuf; `optim_step`'s and `save_weights`' JSON;
+`load_weights`' as the worker rewrote it, naming the checkpoint it copied in), written
+atomically. The program runs call `seq_id` n only after n - 1 (the first is `next_seq` of
+`RUN_DIR/session/start.json`, 1 for a new client) and answers each in
+`RUN_DIR/session/out/<request_id>`: one JSON header line (`{"type": media type}` or
+`{"error", "category"}`), a newline, then the answer's bytes, written atomically; then it
+removes the call's file. A call is run once: a file of a request already answered in this life
+is removed unread, and one whose `seq_id` is below the next is refused (a user error), never
+run again.
 
 One process (the session's model lives in one rank); SIGTERM (the session ended, or the job was
 cancelled or preempted) stops it between calls with exit code 0. Exit codes as the trainer's:
@@ -88,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--spec", required=True, help="SessionJobSpec JSON file")
     p.add_argument("--run-dir", required=True, type=Path, help="the run dir (session/ in it)")
-    p.add_argument("--checkpoint-dir", help="the job's checkpoint directory (not used yet)")
+    p.add_argument("--checkpoint-dir", help="the job's checkpoint directory (save_state)")
     return p.parse_args(argv)
 
 
@@ -109,7 +111,14 @@ def main(argv: list[str] | None = None) -> None:
             f"serving training client {spec.session.model_id}",
             {"model_id": spec.session.model_id, "trainable_params": model.network.trainable_params},
         )
-        Server(args.run_dir, model, reporter).serve(Stop())
+        server = Server(
+            args.run_dir,
+            model,
+            reporter,
+            model_id=spec.session.model_id,
+            checkpoint_dir=args.checkpoint_dir,
+        )
+        server.serve(Stop())
     except InvalidJobError as exc:
         _report(reporter, exc, 2)
         print(f"trainer.session: cannot serve this session: {exc}", file=sys.stderr, flush=True)
@@ -144,7 +153,15 @@ def _report(reporter: EventWriter, exc: BaseException, exit_code: int) -> None:
 class Server:
     """The call loop over `run_dir/session/` (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, model: SessionModel, reporter: EventWriter) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        model: SessionModel,
+        reporter: EventWriter,
+        *,
+        model_id: str = "",
+        checkpoint_dir: str | None = None,
+    ) -> None:
         root = run_dir / "session"
         self.inbox, self.outbox = root / "in", root / "out"
         self.inbox.mkdir(parents=True, exist_ok=True)
@@ -153,6 +170,8 @@ class Server:
         self.next_seq = json.loads(start.read_text())["next_seq"] if start.exists() else 1
         self.model = model
         self.reporter = reporter
+        self.model_id = model_id
+        self.checkpoint_dir = checkpoint_dir
         self.answered: set[str] = set()
         self.waiting_since: float | None = None
 
@@ -218,6 +237,24 @@ class Server:
                 },
             )
             return JSON_TYPE, json.dumps({"metrics": metrics}).encode()
+        if kind == "save_weights":
+            save = json.loads(body)
+            if self.checkpoint_dir is None:
+                raise CallError("this session has no checkpoint directory")
+            self.model.save(
+                self.checkpoint_dir,
+                save["name"],
+                overwrite=bool(save.get("overwrite")),
+                reporter=self.reporter,
+            )
+            path = f"tinker://{self.model_id}/weights/{save['name']}"
+            return JSON_TYPE, json.dumps({"path": path, "type": "save_weights"}).encode()
+        if kind == "load_weights":
+            load = json.loads(body)
+            if "error" in load:  # the worker could not place the checkpoint
+                raise CallError(str(load["error"]))
+            self.model.load(load["checkpoint"], optimizer=bool(load["optimizer"]))
+            return JSON_TYPE, json.dumps({"path": load["path"], "type": "load_weights"}).encode()
         raise CallError(f"{kind} is not served by this session yet")
 
     def _answer(

@@ -13,6 +13,13 @@ serves, `forward_backward` / `forward`, and `optim_step`, in the Tinker API's te
   gradients add up until the next `optim_step`. The answer is the protobuf
   `ForwardBackwardOutput`: per datum `logprobs` (float32, the datum's length, or (length, K)
   for top-K targets) and the metric `loss:sum`.
+- `save_weights` (the client's `save_state`): the adapters and the optimizer through the
+  trainer's `Checkpointer` (DCP, `AdapterOptimizerState`) at the job's checkpoint directory,
+  `step_<n>`, n the optim steps so far or one past the job's last checkpoint (a `checkpoint`
+  event: listed and exportable like any checkpoint); the name maps to its step in
+  `tinker_names.json` there. `load_weights`: a checkpoint directory
+  (the worker copied it into the run dir) loaded the same way, the optimizer's state too or a
+  fresh optimizer.
 - `optim_step`: `torch.optim.AdamW` (`trainer.optim.build_optimizer`: the trainer's parameter
   groups) with the call's `AdamParams` (learning rate, betas, eps, decoupled weight decay on the
   decayed group) and, when `grad_clip_norm` > 0, the trainer's global-norm clipping; then the
@@ -23,19 +30,25 @@ Errors of the client's making raise `CallError` (Tinker's category `user`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import Tensor
 
 from dataformat.tinker_wire import schema
 from jobspec.job import JobSpec, SessionJobSpec
+from trainer.checkpoint.checkpointer import Checkpointer, list_checkpoints
+from trainer.distributed import DistInfo
+from trainer.events import Reporter
 from trainer.methods.base import autocast
 from trainer.methods.grpo import token_logps
 from trainer.methods.session_losses import LOSS_SUM, LossInputError, session_loss
-from trainer.models.network import Network, build_network
+from trainer.models.network import Network, build_network, model_state
 from trainer.optim import build_optimizer, clip_gradients
 
 # Tinker's LoRA scale: alpha fixed at 32 whatever the rank (its LoRA primer), no dropout.
@@ -45,6 +58,8 @@ ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
 _DTYPES = {1: np.float32, 2: np.int64, 3: np.int32}  # the wire's DType values we read
+NAMES_FILE = "tinker_names.json"  # {name: step} of a session job's saved states
+KEEP_CHECKPOINTS = 10**6  # a session's saves are the client's: none is deleted by retention
 
 
 class CallError(ValueError):
@@ -99,11 +114,51 @@ class SessionModel:
         self.network: Network = build_network(self.spec, device=device)
         self.model = self.network.model
         self.model.train()
+        self._fresh_optimizer()
+        self.step = 0  # optim_steps applied (never goes back: it names checkpoint directories)
+        self.pending_loss = 0.0
+
+    def _fresh_optimizer(self) -> None:
         self.optimizer = build_optimizer(self.model, self.spec.optim)
         # the trainer's decayed group (matrices): `weight_decay` applies to it alone
         self.decayed = [g for g in self.optimizer.param_groups if g["weight_decay"] > 0]
-        self.step = 0  # optim_steps applied
-        self.pending_loss = 0.0
+
+    def _states(self) -> dict[str, Any]:
+        return {"model_optim": model_state(self.model, self.optimizer, self.network)}
+
+    def save(self, root: str, name: str, *, overwrite: bool, reporter: Reporter) -> int:
+        """Save the adapters and the optimizer's state under `root` (the job's checkpoint
+        directory) as `name`; returns the checkpoint's step. Raises `CallError` when `name`
+        exists and not `overwrite`."""
+        fs, base = fsspec.core.url_to_fs(root)
+        names_path = f"{base.rstrip('/')}/{NAMES_FILE}"
+        names: dict[str, int] = json.loads(fs.cat_file(names_path)) if fs.exists(names_path) else {}
+        if name in names and not overwrite:
+            raise CallError(f"a checkpoint named {name!r} exists (overwrite it with overwrite)")
+        # a directory of its own, past every earlier one: a load changes the weights without
+        # a step, and an earlier attempt's program may have saved at these steps
+        step = max([self.step, *(c.step + 1 for c in list_checkpoints(root))])
+        checkpointer = Checkpointer(
+            root=root,
+            spec=self.spec.checkpoint.model_copy(update={"keep_last": KEEP_CHECKPOINTS}),
+            states=self._states(),
+            rank_states={},
+            job_spec_json=self.spec.model_dump_json(indent=2),
+            dist_info=DistInfo(rank=0, local_rank=0, world_size=1, device=self.device),
+            reporter=reporter,
+        )
+        checkpointer.save(step, force=True)
+        names[name] = step
+        fs.pipe_file(names_path, json.dumps(names).encode())
+        return step
+
+    def load(self, uri: str, *, optimizer: bool) -> None:
+        """Load the adapters (and, with `optimizer`, the optimizer's state; else a fresh
+        optimizer) from the checkpoint directory `uri`."""
+        states = self._states()
+        dcp.load(states, storage_reader=dcp.FileSystemReader(uri), no_dist=True)
+        if not optimizer:
+            self._fresh_optimizer()
 
     def forward_backward(self, request: Any, *, forward_only: bool) -> Output:
         """Run a decoded `ForwardBackwardRequest` (its `data`, `loss_fn`, `loss_fn_config`);

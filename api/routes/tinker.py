@@ -10,8 +10,8 @@ not this project's, 410 an ended session, whose heartbeat loop then stops). The 
 Training clients: `create_model` makes one, a session job through the one door
 (`core.sessions.models`), answered at once with its model id; `get_info` reads it;
 their calls (`forward_backward`, `optim_step`) and `retrieve_future` are
-`api.routes.tinker_calls`'. Not served yet: `sample`, checkpoints
-(`save_state`, `tinker://` paths); the client's `telemetry` (a 404 it logs and drops).
+`api.routes.tinker_calls`'. Not served yet: `sample`,
+`save_weights_for_sampler`; the client's `telemetry` (a 404 it logs and drops).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ Quiet = Depends(audit.not_audited)  # keep-alives and config reads: audited only
 # What a session can do today: train (forward_backward, optim_step); not sample yet.
 TRAINABLE, SAMPLEABLE = True, False
 NOT_YET = (
-    "Torchyard trains Tinker training clients (forward_backward, forward, optim_step); "
-    "sampling, save_state and tinker:// checkpoints are not served yet."
+    "Torchyard trains Tinker training clients (forward_backward, forward, optim_step, "
+    "save_state, load_state); sampling is not served yet."
 )
 SESSION_ID = Annotated[str, Path(max_length=40, description="A session id (`ses_...`).")]
 # The client's `access_scope`: every session here is the project's, so both read the same.

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from api import audit
-from api.deps import SessionDep, TinkerJobsWritePrincipal, TinkerReadPrincipal
+from api.deps import SessionDep, SettingsDep, TinkerJobsWritePrincipal, TinkerReadPrincipal
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
 from core.platform.errors import InvalidInput
@@ -130,6 +131,67 @@ def optim_step(
         session_id="",
         kind="optim_step",
         body=body.model_dump_json().encode(),
+        model_id=body.model_id,
+        seq_id=body.seq_id,
+    )
+    return _queue(session, principal.project_id, new, request)
+
+
+@router.post(
+    "/save_weights",
+    response_model=wire.UntypedAPIFuture,
+    operation_id="tinker_save_weights",
+    responses={410: {"model": ErrorBody, "description": "The session has ended"}},
+)
+def save_weights(
+    body: wire.SaveWeightsRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    request: Request,
+) -> wire.UntypedAPIFuture:
+    """Queue a save of a training client's adapters and optimizer state (`save_state`) as a
+    checkpoint of its session job, run in `seq_id` order; the future's answer is
+    `{"path": "tinker://<model_id>/weights/<name>"}`. 410 for an ended session, 404 for
+    another project's model."""
+    name = body.path or f"seq-{body.seq_id}"
+    new = requests.NewRequest(
+        session_id="",
+        kind="save_weights",
+        body=orjson.dumps({"name": name, "overwrite": body.overwrite}),
+        model_id=body.model_id,
+        seq_id=body.seq_id,
+    )
+    audit.name_target(request, body.model_id)
+    return _queue(session, principal.project_id, new, request)
+
+
+@router.post(
+    "/load_weights",
+    response_model=wire.UntypedAPIFuture,
+    operation_id="tinker_load_weights",
+    responses={410: {"model": ErrorBody, "description": "The session has ended"}},
+)
+def load_weights(
+    body: wire.LoadWeightsRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    request: Request,
+) -> wire.UntypedAPIFuture:
+    """Queue a load of a saved state (`load_state`, `load_state_with_optimizer`) into a
+    training client, run in `seq_id` order: the adapters, and the optimizer's state when
+    `optimizer`. The state may be another training client's of the project. 422 at `path` for
+    a path not `tinker://<model_id>/weights/<name>`, at `model_id` without one (create-via-load
+    is not served); 404 for another project's model or state; a name never saved is answered
+    a `user` error."""
+    root, name = models.saved_state(
+        session=session, settings=settings, project_id=principal.project_id, path=body.path
+    )
+    load = {"path": body.path, "name": name, "optimizer": body.optimizer, "source_root": root}
+    new = requests.NewRequest(
+        session_id="",
+        kind="load_weights",
+        body=orjson.dumps(load),
         model_id=body.model_id,
         seq_id=body.seq_id,
     )

@@ -448,3 +448,52 @@ class OptimStepRequest(BaseModel):
     seq_id: int = Field(ge=0, le=2**31 - 1, description="Its place in the client's calls.")
     adam_params: AdamParams = Field(description="The step's AdamW hyperparameters.")
     type: Literal["optim_step"] = Field(default="optim_step", description="The kind.")
+
+
+CheckpointName = Annotated[
+    str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+TINKER_PATH_EXAMPLE = f"tinker://{MODEL_EXAMPLE}/weights/step-20"
+
+
+class SaveWeightsRequest(BaseModel):
+    model_config = _wire(
+        {"model_id": MODEL_EXAMPLE, "path": "step-20", "seq_id": 41, "type": "save_weights"}
+    )
+    model_config["protected_namespaces"] = ()
+
+    model_id: ModelId = Field(description="A training client of the project.")
+    path: CheckpointName | None = Field(
+        default=None, description="The state's name; null: `seq-<seq_id>`."
+    )
+    seq_id: int = Field(ge=0, le=2**31 - 1, description="Its place in the client's calls.")
+    ttl_seconds: int | None = Field(default=None, ge=0, description="Ignored: kept until deleted.")
+    overwrite: bool = Field(default=False, description="Replace a state of the same name.")
+    user_metadata: dict[str, str] | None = Field(default=None, description="Not kept yet.")
+    type: Literal["save_weights"] = Field(default="save_weights", description="The kind.")
+
+
+class LoadWeightsRequest(BaseModel):
+    model_config = _wire(
+        {
+            "model_id": MODEL_EXAMPLE,
+            "seq_id": 42,
+            "path": TINKER_PATH_EXAMPLE,
+            "optimizer": True,
+            "type": "load_weights",
+        }
+    )
+    model_config["protected_namespaces"] = ()
+
+    model_id: ModelId = Field(
+        description="The training client that loads (create-via-load, with `session_id` and "
+        "`model_seq_id` instead, is not served: a 422 here)."
+    )
+    seq_id: int = Field(ge=0, le=2**31 - 1, description="Its place in the client's calls.")
+    path: str = Field(
+        max_length=400,
+        pattern=r"^tinker://[^/]+/weights/[^/]+$",
+        description="A saved state, `tinker://<model_id>/weights/<name>`.",
+    )
+    optimizer: bool = Field(description="Load the optimizer's state too (else a fresh one).")
+    type: Literal["load_weights"] = Field(default="load_weights", description="The kind.")

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from core.jobs import service as jobs
 from core.platform.errors import Gone, InvalidInput, NotFound
 from core.platform.settings import BaseModelEntry, Settings
+from core.platform.storage import job_checkpoint_uri
 from core.platform.tables import (
     TERMINAL_STATES,
     Job,
@@ -190,6 +191,27 @@ def call(
         request_key=request_key,
     )
     return row
+
+
+TINKER_SCHEME = "tinker://"
+
+
+def saved_state(
+    *, session: Session, settings: Settings, project_id: str, path: str
+) -> tuple[str, str]:
+    """(the checkpoint directory of the session job that saved `path`, the state's name) for
+    `path`, `tinker://<model_id>/weights/<name>` (the client's form, docs/TINKER-WIRE.md).
+    Raises InvalidInput at `body.path` for another form, NotFound for a model not of the
+    project."""
+    parts = path.removeprefix(TINKER_SCHEME).split("/") if path.startswith(TINKER_SCHEME) else []
+    if len(parts) != 3 or parts[1] != "weights" or not parts[0] or not parts[2]:
+        msg = "a saved state's path is tinker://<model_id>/weights/<name>"
+        raise InvalidInput(
+            f"path: {msg}",
+            details=[{"loc": ["body", "path"], "msg": msg, "type": "value_error"}],
+        )
+    source = get(session=session, project_id=project_id, model_id=parts[0])
+    return job_checkpoint_uri(settings, source.job_id), parts[2]
 
 
 def stop_jobs(*, session: Session, session_ids: Sequence[str]) -> list[int]:

@@ -7,7 +7,8 @@ The client never reaches the worker: its calls are rows of `session_requests`
    error, committed, then the file is removed; an answer to a call already settled (the session
    ended first) is dropped;
 2. hands the training client's queued calls to the program: each is written atomically to
-   `RUN_DIR/session/in/<seq_id:012d>.<request_id>.<kind>` first, then marked running. A call is
+   `RUN_DIR/session/in/<seq_id:012d>.<request_id>.<kind>` first, then marked running (a
+   `load_weights` with the checkpoint its `tinker://` path names copied into the run dir). A call is
    handed over again only if that mark was not committed, and the program answers a request
    once in its life, so no call runs twice.
 When the program has exited (`close`), the calls it had and did not answer fail with category
@@ -23,6 +24,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import fsspec
 from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import Stop
@@ -31,6 +33,7 @@ from jobspec.job import SessionJobSpec
 
 log = logging.getLogger(__name__)
 
+NAMES_FILE = "tinker_names.json"  # a session job's saved states, {name: step} (trainer.session)
 INTERVAL_S = 0.02  # a call waits this long at most before it is handed over or its answer kept
 
 
@@ -60,6 +63,7 @@ class SessionRelay:
         self.session_factory = session_factory
         self.inbox = session_dir(run_dir) / "in"
         self.outbox = session_dir(run_dir) / "out"
+        self.loads = session_dir(run_dir) / "loads"
         self.model_id = model_id
 
     def tick(self, now: float) -> Stop | None:
@@ -104,10 +108,32 @@ class SessionRelay:
             for call in calls:
                 name = f"{call.seq_id or 0:012d}.{call.id}.{call.kind}"
                 temporary = self.inbox / f".{name}.tmp"
-                temporary.write_bytes(call.body)
+                body = self._place(call.id, call.body) if call.kind == "load_weights" else call.body
+                temporary.write_bytes(body)
                 os.replace(temporary, self.inbox / name)
             requests.hand_over(session=session, request_ids=[c.id for c in calls])
             session.commit()
+
+    def _place(self, request_id: str, body: bytes) -> bytes:
+        """A `load_weights` call's body for the program: the checkpoint its `tinker://` path
+        names (`source_root`'s `tinker_names.json`, written by the session program that saved
+        it), copied into `RUN_DIR/session/loads/<request_id>`, which the sandbox shows; or the
+        error that it cannot be."""
+        load = json.loads(body)
+        fs, root = fsspec.core.url_to_fs(load["source_root"])
+        names_path = f"{root.rstrip('/')}/{NAMES_FILE}"
+        names = json.loads(fs.cat_file(names_path)) if fs.exists(names_path) else {}
+        step = names.get(load["name"])
+        source = f"{root.rstrip('/')}/step_{step:08d}" if step is not None else ""
+        if step is None or not fs.exists(f"{source}/.metadata"):
+            return json.dumps({"error": f"no saved state at {load['path']}"}).encode()
+        target = self.loads / request_id
+        for file in fs.find(source):
+            local = target / file[len(source) :].lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(file, str(local))
+        placed = {"checkpoint": str(target), "optimizer": load["optimizer"], "path": load["path"]}
+        return json.dumps(placed).encode()
 
     def close(self) -> None:
         try:

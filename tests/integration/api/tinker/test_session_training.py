@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -180,4 +181,47 @@ def test_a_call_of_a_session_job_that_failed_is_a_server_error_not_a_wait(
     assert f"the session's job {job_id} has ended (failed): [user_error] InvalidJobError" in str(
         ended.value
     )
+    service.close("success").result()
+
+
+def _step(client: Any, batch: list[dict[str, np.ndarray]]) -> float:
+    backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
+    step = client.optim_step(tinker.AdamParams(**ADAM))
+    loss = backward.result(timeout=RESULT_TIMEOUT_S).metrics["loss:sum"]
+    step.result(timeout=RESULT_TIMEOUT_S)
+    return float(loss)
+
+
+@pytest.mark.usefixtures("client_env")
+def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted_training(
+    worker: Worker, model_dir: Path, tmp_path: Path
+) -> None:
+    spec = lora_sft_spec(model_dir, chat_data(tmp_path / "chat.jsonl"), max_steps=6)
+    run = build_local_run(spec, tmp_path / "ckpt")
+    rows = run.rows[0]
+    batches = [datums(rows, indices) for indices in step_batches(rows, spec, 6)]
+    expected = [float(train_step(run)[0]) for _ in range(6)]
+
+    first_service = tinker.ServiceClient()
+    first = first_service.create_lora_training_client(
+        BASE, rank=RANK, seed=SEED, train_unembed=False
+    ).result(timeout=60)
+    before = [_step(first, batch) for batch in batches[:3]]
+    saved = first.save_state("half").result(timeout=RESULT_TIMEOUT_S).path
+    assert saved == f"tinker://{first.model_id}/weights/half"
+    first_service.close("success").result()  # its session and job end; the state stays
+
+    service = tinker.ServiceClient()
+    second = service.create_lora_training_client(
+        BASE,
+        rank=RANK,
+        seed=SEED + 1,
+        train_unembed=False,  # other adapters, replaced by the load
+    ).result(timeout=60)
+    second.load_state_with_optimizer(saved).result(timeout=RESULT_TIMEOUT_S)
+    after = [_step(second, batch) for batch in batches[3:]]
+    np.testing.assert_allclose(before + after, expected, rtol=1e-5, atol=0)
+    with pytest.raises(tinker.RequestFailedError) as missing:
+        second.load_state(f"tinker://{first.model_id}/weights/nothing").result(timeout=60)
+    assert missing.value.category == "user" and "no saved state" in str(missing.value)
     service.close("success").result()
