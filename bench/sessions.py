@@ -117,6 +117,7 @@ def _in_process_steps(model_dir: Path, seq_len: int, batches: list[list[dict]]) 
                         "train_unembed": False},
         }
     )  # fmt: skip
+    torch.set_num_threads(1)  # as the session program runs (the worker's OMP_NUM_THREADS=1)
     model = SessionModel(spec, torch.device("cpu"))
     seconds = []
     for seq_id, batch in enumerate(batches, 1):
