@@ -1,7 +1,8 @@
 """`SessionRelay`: the worker's side of a session job (issue 47), a watcher on its node.
 
 The client never reaches the worker: its calls are rows of `session_requests`
-(`core.sessions.requests`). Every `INTERVAL_S` the relay
+(`core.sessions.requests`). Every `ACTIVE_INTERVAL_S` while its client is at work
+(`IDLE_INTERVAL_S` when idle) the relay
 1. stores the program's answers: each file `RUN_DIR/session/out/<request_id>` (a JSON header
    line, then the answer's bytes; `trainer.session`) becomes that running call's result or
    error, committed, then the file is removed; an answer to a call already settled (the session
@@ -34,7 +35,14 @@ from jobspec.job import SessionJobSpec
 log = logging.getLogger(__name__)
 
 NAMES_FILE = "tinker_names.json"  # a session job's saved states, {name: step} (trainer.session)
-INTERVAL_S = 0.02  # a call waits this long at most before it is handed over or its answer kept
+# How often the relay looks: while its client is at work (a call handed over and not answered
+# yet, or one in the last BUSY_S), a call or an answer waits ACTIVE_INTERVAL_S at most; an idle
+# session is looked at every IDLE_INTERVAL_S (a database query each time: an idle session costs
+# 20 a second, not 100). bench.sessions: 82 -> 60-64 ms a tiny step, 7.9k -> 11.5k tokens/s
+# batched, against a fixed 20 ms.
+ACTIVE_INTERVAL_S = 0.01
+IDLE_INTERVAL_S = 0.05
+BUSY_S = 2.0
 
 
 def session_dir(run_dir: Path) -> Path:
@@ -58,7 +66,9 @@ class SessionRelay:
     def __init__(
         self, *, session_factory: Callable[[], Session], run_dir: Path, model_id: str
     ) -> None:
-        self.interval_s = INTERVAL_S
+        self.interval_s = IDLE_INTERVAL_S
+        self.outstanding = 0  # calls handed over and not answered yet
+        self.busy_until = 0.0
         self.reason: str | None = None
         self.session_factory = session_factory
         self.inbox = session_dir(run_dir) / "in"
@@ -67,15 +77,18 @@ class SessionRelay:
         self.model_id = model_id
 
     def tick(self, now: float) -> Stop | None:
-        del now
-        self._store_answers()
-        self._hand_over()
+        moved = self._store_answers() + self._hand_over()
+        if moved:
+            self.busy_until = now + BUSY_S
+        busy = self.outstanding > 0 or now < self.busy_until
+        self.interval_s = ACTIVE_INTERVAL_S if busy else IDLE_INTERVAL_S
         return None
 
-    def _store_answers(self) -> None:
+    def _store_answers(self) -> int:
+        """Keep the program's answers as the calls' stored answers; how many."""
         done = [p for p in self.outbox.iterdir() if not p.name.startswith(".")]
         if not done:
-            return
+            return 0
         with self.session_factory() as session:
             for path in done:
                 header, _, body = path.read_bytes().partition(b"\n")
@@ -99,12 +112,15 @@ class SessionRelay:
             session.commit()
         for path in done:
             path.unlink(missing_ok=True)
+        self.outstanding = max(0, self.outstanding - len(done))
+        return len(done)
 
-    def _hand_over(self) -> None:
+    def _hand_over(self) -> int:
+        """Write the queued calls into the program's inbox and mark them running; how many."""
         with self.session_factory() as session:
             calls = requests.queued(session=session, model_id=self.model_id)
             if not calls:
-                return
+                return 0
             for call in calls:
                 name = f"{call.seq_id or 0:012d}.{call.id}.{call.kind}"
                 temporary = self.inbox / f".{name}.tmp"
@@ -113,6 +129,8 @@ class SessionRelay:
                 os.replace(temporary, self.inbox / name)
             requests.hand_over(session=session, request_ids=[c.id for c in calls])
             session.commit()
+        self.outstanding += len(calls)
+        return len(calls)
 
     def _place(self, request_id: str, body: bytes) -> bytes:
         """A `load_weights` call's body for the program: the checkpoint its `tinker://` path
