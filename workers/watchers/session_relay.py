@@ -14,7 +14,8 @@ The client never reaches the worker: its calls are rows of `session_requests`
    once in its life, so no call runs twice.
 When the program has exited (`close`), the calls it had and did not answer fail with category
 `server`; calls still queued wait for the job's next attempt. `start_file` writes the first
-`seq_id` a new program runs (`RUN_DIR/session/start.json`), before it starts.
+`seq_id` a new program runs (`RUN_DIR/session/start.json`), before it starts, after failing
+the calls a lost program held (its worker was killed, so no `close` ran).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def session_dir(run_dir: Path) -> Path:
     return run_dir / "session"
 
 
+LOST = "the session's program was lost before answering this call (its worker stopped)"
+
+
 def start_file(factory: Callable[[], Session], run_dir: Path, model_id: str) -> None:
     """Write `session/start.json` (`next_seq`: the first call the program runs) and create
     `session/in` and `session/out`, before the program starts."""
@@ -56,7 +60,13 @@ def start_file(factory: Callable[[], Session], run_dir: Path, model_id: str) -> 
     (root / "in").mkdir(parents=True, exist_ok=True)
     (root / "out").mkdir(parents=True, exist_ok=True)
     with factory() as session:
+        # calls an earlier attempt's program held when it was lost (its worker killed: no
+        # `close` ran) will never be answered: they fail now, and are not run again
+        lost = requests.fail_running(session=session, model_id=model_id, reason=LOST)
         first = requests.next_seq(session=session, model_id=model_id)
+        session.commit()
+    if lost:
+        log.warning("session %s: %d calls of a lost program failed", model_id, lost)
     (root / "start.json").write_text(json.dumps({"next_seq": first}))
 
 
