@@ -38,13 +38,16 @@ class LoraExport:
     files: list[tuple[str, int]]
 
 
-def of_job(*, session: Session, project_id: str, job_id: int) -> dict[str, LoraExport | None]:
-    """The job's newest export of each kind with its files, None for a kind it wrote none of
-    (not a LoRA run, not ended yet, or its files gone). Raises NotFound (no such job in the
+def of_job(
+    *, session: Session, project_id: str, job_id: int, kinds: tuple[str, ...] = tuple(FORMATS)
+) -> dict[str, LoraExport | None]:
+    """The job's newest export of each of `kinds` with its files, None for a kind it wrote none
+    of (not a LoRA run, not ended yet, or its files gone). Raises NotFound (no such job in the
     project)."""
     job = jobs.get_or_raise(session=session, job_id=job_id, project_id=project_id)
     found: dict[str, LoraExport | None] = {}
-    for kind, fmt in FORMATS.items():
+    for kind in kinds:
+        fmt = FORMATS[kind]
         event = session.scalars(
             select(JobEvent)
             .where(
@@ -65,7 +68,7 @@ def of_job(*, session: Session, project_id: str, job_id: int) -> dict[str, LoraE
 def latest(*, session: Session, project_id: str, job_id: int, kind: Kind) -> LoraExport:
     """The job's newest export of `kind`. Raises NotFound (no such job in the project),
     Conflict (the job wrote none: not a LoRA run, or not ended yet; or its files are gone)."""
-    found = of_job(session=session, project_id=project_id, job_id=job_id)[kind]
+    found = of_job(session=session, project_id=project_id, job_id=job_id, kinds=(kind,))[kind]
     if found is None:
         raise Conflict(
             f"job {job_id} has no LoRA {kind}: a LoRA/QLoRA run writes its adapter and merged "
