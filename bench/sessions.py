@@ -24,6 +24,7 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ import statistics
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +89,9 @@ def _tinker_datums(batch: list[dict]) -> list[Any]:
     ]
 
 
-def _service_steps(client: Any, batches: list[list[dict]]) -> list[float]:
-    """Seconds of each step (forward_backward then optim_step, both waited for)."""
+def _service_steps(client: Any, batches: list[list[dict]], wait_s: float) -> list[float]:
+    """Seconds of each step (forward_backward then optim_step, both waited for, `wait_s` at
+    most)."""
     import tinker
 
     seconds = []
@@ -96,8 +99,8 @@ def _service_steps(client: Any, batches: list[list[dict]]) -> list[float]:
         started = time.perf_counter()
         backward = client.forward_backward(_tinker_datums(batch), "cross_entropy")
         step = client.optim_step(tinker.AdamParams(**ADAM))
-        backward.result(timeout=600)
-        step.result(timeout=600)
+        backward.result(timeout=wait_s)
+        step.result(timeout=wait_s)
         seconds.append(time.perf_counter() - started)
     return seconds
 
@@ -170,13 +173,26 @@ def _trainer_tokens_per_s(
         row = httpx.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=30).json()
         return row if row["state"] in ("succeeded", "failed", "cancelled") else None
 
-    row = wait_for(ended, 600, "the trainer's LoRA SFT job", poll_s=0.5)
+    row = wait_for(ended, args.wait_s, "the trainer's LoRA SFT job", poll_s=0.5)
     if row["state"] != "succeeded":
         raise RuntimeError(f"the trainer's job {row['state']}: {row.get('error')}")
     series = httpx.get(f"{base}/v1/jobs/{job_id}/metrics", headers=headers, timeout=30,
                        params={"names": "tokens_per_second"}).json()  # fmt: skip
     values = series["series"][0]["values"] if series.get("series") else []
     return float(statistics.median(values[1:] or values))
+
+
+@contextlib.contextmanager
+def _explained(logs: list[Path]) -> Iterator[None]:
+    """On a failure in the block (a wait past `--wait-s` among them), the last lines of the
+    API's and the worker's logs to stderr: what the answer waited on."""
+    try:
+        yield
+    except BaseException:
+        for path in logs:
+            lines = path.read_text(errors="replace").splitlines()[-40:] if path.exists() else []
+            note(f"--- {path.name} (last {len(lines)} lines)\n" + "\n".join(lines))
+        raise
 
 
 def main() -> None:
@@ -187,8 +203,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens of each batched datum")
     parser.add_argument("--batched-steps", type=int, default=10)
     parser.add_argument("--trainer-steps", type=int, default=20)
+    parser.add_argument("--wait-s", type=float, default=600, help="longest wait for one answer")
     args = smoke.parse(parser, steps=3, tokens=8, batch=2, seq_len=32, batched_steps=2,
-                       trainer_steps=3)  # fmt: skip
+                       trainer_steps=3, wait_s=240)  # fmt: skip
     rng = np.random.default_rng(0)
     with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -200,7 +217,12 @@ def main() -> None:
         env = server_env(url, home, TORCHYARD_BASE_MODELS=json.dumps(registry))
         tiny = [_datums(rng, 1, args.tokens, vocab) for _ in range(args.steps + 1)]
         batched = [_datums(rng, args.batch, args.seq_len, vocab) for _ in range(args.batched_steps)]
-        with api_server(env, home / "uvicorn.log") as api, worker(env, pool, home / "w.log"):
+        logs = [home / "uvicorn.log", home / "w.log"]
+        with (
+            api_server(env, logs[0]) as api,
+            worker(env, pool, logs[1]),
+            _explained(logs),
+        ):
             os.environ.update(TINKER_BASE_URL=f"{api.url}/tinker", TINKER_API_KEY=f"tml-{key}")
             for name in ("TINKER_CREDENTIAL_CMD", "TINKER_TAGS", "TINKER_PROJECT_ID"):
                 os.environ.pop(name, None)
@@ -210,13 +232,13 @@ def main() -> None:
             service = tinker.ServiceClient()
             client = service.create_lora_training_client(
                 BASE, rank=RANK, seed=0, train_unembed=False
-            ).result(timeout=600)
-            first = _service_steps(client, tiny[:1])[0]
+            ).result(timeout=args.wait_s)
+            first = _service_steps(client, tiny[:1], args.wait_s)[0]
             note("session: tiny steps ...")
-            through = _service_steps(client, tiny[1:])
+            through = _service_steps(client, tiny[1:], args.wait_s)
             note("session: batched steps ...")
-            batched_s = _service_steps(client, batched)
-            service.close("success").result()
+            batched_s = _service_steps(client, batched, args.wait_s)
+            service.close("success").result(timeout=args.wait_s)
             note("trainer: LoRA SFT job ...")
             headers = {"Authorization": f"Bearer {key}"}
             trainer_tps = _trainer_tokens_per_s(api.url, headers, home, model_dir, pool, args)

@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# Below the test's own limit (600 s), so that a bench that stalls is stopped here and its
+# stderr so far (its `[bench]` notes, a session bench's log tails) is shown.
+BENCH_TIMEOUT_S = 540
 
 # bench -> (command, the key paths README quotes, dotted)
 BENCHES: dict[str, tuple[list[str], list[str]]] = {
@@ -230,14 +233,18 @@ def test_bench_smoke_mode_runs_its_whole_path_and_prints_its_figures(
     plot = tmp_path / "fleet.png"
     if name == "fleet":
         command = [*command, "--plot", str(plot)]
-    proc = subprocess.run(
-        [sys.executable, *command, "--smoke"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, *command, "--smoke"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BENCH_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:  # what it had said so far: where it waited
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        pytest.fail(f"{name} --smoke ran past {BENCH_TIMEOUT_S} s:\n{(said or '')[-6000:]}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     document = json.loads(proc.stdout)
     for key in keys:

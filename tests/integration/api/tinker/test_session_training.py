@@ -26,7 +26,9 @@ from core.platform.db import session_scope
 from core.platform.settings import Settings
 from core.platform.tables import RequestState, SessionModel, SessionRequest
 from tests.conftest import ProjectKey, make_project, settings_env
+from tests.integration.api.tinker.stalls import Stall
 from tests.integration.conftest import serve_api
+from tests.integration.workers.controllers import Controller, start_controller
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from tests.support.sessions import (
     ADAM,
@@ -62,9 +64,12 @@ def pool() -> str:
 
 
 @pytest.fixture(scope="module")
-def server(
-    settings: Settings, model_dir: Path, pool: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def api_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tinker_sessions_api")
+
+
+@pytest.fixture(scope="module")
+def server(settings: Settings, model_dir: Path, pool: str, api_logs: Path) -> Iterator[str]:
     """An API whose registry offers `BASE` on the pool `pool`; its `/tinker` base URL."""
     broken = model_dir.parent / BROKEN  # no model files: its session job fails at load
     broken.mkdir(exist_ok=True)
@@ -73,7 +78,7 @@ def server(
         BROKEN: {"path": str(broken), "seq_len": 128, "pool": pool},
     }
     env = {**settings_env(settings), "TORCHYARD_BASE_MODELS": json.dumps(registry)}
-    with serve_api(env, tmp_path_factory.mktemp("tinker_sessions_api")) as base_url:
+    with serve_api(env, api_logs) as base_url:
         yield f"{base_url}/tinker"
 
 
@@ -92,6 +97,23 @@ def worker(
 
 
 @pytest.fixture(scope="module")
+def controller(
+    settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Controller]:
+    """The reconcile loop, as every deployment runs one: it re-sends a session job whose
+    dispatch message was lost and ends idle sessions."""
+    started: list[Controller] = []
+    yield start_controller(started, settings, tmp_path_factory.mktemp("session_controller"))
+    for c in started:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def stall(engine: Engine, worker: Worker, controller: Controller, api_logs: Path) -> Stall:
+    return Stall(engine, worker, api_logs / "uvicorn.log", controller)
+
+
+@pytest.fixture(scope="module")
 def owner(engine: Engine) -> ProjectKey:
     return make_project(engine)
 
@@ -107,7 +129,7 @@ def client_env(server: str, owner: ProjectKey, monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.usefixtures("client_env")
 def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
     server: str,
-    worker: Worker,
+    stall: Stall,
     owner: ProjectKey,
     model_dir: Path,
     engine: Engine,
@@ -120,9 +142,9 @@ def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
     expected = [float(train_step(run)[0]) for _ in range(STEPS)]
 
     service = tinker.ServiceClient()
-    client = service.create_lora_training_client(
-        BASE, rank=RANK, seed=SEED, train_unembed=False
-    ).result(timeout=60)
+    client = stall.answer(
+        service.create_lora_training_client(BASE, rank=RANK, seed=SEED, train_unembed=False), 60
+    )
     # (over httpx: `tinker.RestClient()` from the environment is one holder per process, which
     # would keep this module's server for the next module's tests)
     capabilities = httpx.get(
@@ -135,8 +157,8 @@ def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
         started = time.monotonic()
         backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
         step = client.optim_step(tinker.AdamParams(**ADAM))
-        output = backward.result(timeout=RESULT_TIMEOUT_S)
-        metrics = step.result(timeout=RESULT_TIMEOUT_S).metrics
+        output = stall.answer(backward, RESULT_TIMEOUT_S)
+        metrics = stall.answer(step, RESULT_TIMEOUT_S).metrics
         seconds.append(time.monotonic() - started)
         losses.append(output.metrics["loss:sum"])
         assert metrics is not None and metrics["loss:sum"] == pytest.approx(losses[-1])
@@ -156,7 +178,7 @@ def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
         assert sorted(c.seq_id for c in calls) == list(range(1, 2 * STEPS + 1))
         assert {c.state for c in calls} == {RequestState.DONE}
         job_id = s.get(SessionModel, client.model_id).job_id  # type: ignore[union-attr]
-    service.close("success").result()
+    stall.answer(service.close("success"), 60)
     v1 = server.removesuffix("/tinker")
     job = httpx.get(f"{v1}/v1/jobs/{job_id}", headers=owner.headers).json()
     assert job["state"] in ("cancelling", "cancelled"), job
@@ -164,40 +186,43 @@ def test_a_training_clients_losses_equal_the_trainers_lora_sft_step_by_step(
 
 @pytest.mark.usefixtures("client_env")
 def test_a_call_of_a_session_job_that_failed_is_a_server_error_not_a_wait(
-    worker: Worker, engine: Engine
+    stall: Stall, engine: Engine
 ) -> None:
     service = tinker.ServiceClient()
-    client = service.create_lora_training_client(BROKEN, rank=RANK).result(timeout=60)
+    client = stall.answer(service.create_lora_training_client(BROKEN, rank=RANK), 60)
     datum = {"tokens": np.arange(1, 9), "target_tokens": np.arange(2, 10),
              "weights": np.ones(8, np.float32)}  # fmt: skip
     future = client.forward_backward(tinker_datums([datum]), "cross_entropy")
     with pytest.raises(tinker.RequestFailedError) as held:  # its program had it, then died
-        future.result(timeout=RESULT_TIMEOUT_S)
+        stall.answer(future, RESULT_TIMEOUT_S)
     assert held.value.category == "server"
     assert "the session's program exited before answering this call" in str(held.value)
     with session_scope(engine) as s:
         job_id = s.get(SessionModel, client.model_id).job_id  # type: ignore[union-attr]
     later = client.forward_backward(tinker_datums([datum]), "cross_entropy")
     with pytest.raises(tinker.RequestFailedError) as ended:  # after its job failed: at once
-        later.result(timeout=60)
+        stall.answer(later, 60)
     assert ended.value.category == "server"
     assert f"the session's job {job_id} has ended (failed): [user_error] InvalidJobError" in str(
         ended.value
     )
-    service.close("success").result()
+    # what a stalled wait would have said: the job's state and the call's, from the database
+    told = stall.explain()
+    assert f"job {job_id} failed attempt 1" in told and "forward_backward failed" in told, told
+    stall.answer(service.close("success"), 60)
 
 
-def _step(client: Any, batch: list[dict[str, np.ndarray]]) -> float:
+def _step(stall: Stall, client: Any, batch: list[dict[str, np.ndarray]]) -> float:
     backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
     step = client.optim_step(tinker.AdamParams(**ADAM))
-    loss = backward.result(timeout=RESULT_TIMEOUT_S).metrics["loss:sum"]
-    step.result(timeout=RESULT_TIMEOUT_S)
+    loss = stall.answer(backward, RESULT_TIMEOUT_S).metrics["loss:sum"]
+    stall.answer(step, RESULT_TIMEOUT_S)
     return float(loss)
 
 
 @pytest.mark.usefixtures("client_env")
 def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted_training(
-    worker: Worker, model_dir: Path, tmp_path: Path
+    stall: Stall, model_dir: Path, tmp_path: Path
 ) -> None:
     spec = lora_sft_spec(model_dir, chat_data(tmp_path / "chat.jsonl"), max_steps=6)
     run = build_local_run(spec, tmp_path / "ckpt")
@@ -206,13 +231,14 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     expected = [float(train_step(run)[0]) for _ in range(6)]
 
     first_service = tinker.ServiceClient()
-    first = first_service.create_lora_training_client(
-        BASE, rank=RANK, seed=SEED, train_unembed=False
-    ).result(timeout=60)
-    before = [_step(first, batch) for batch in batches[:3]]
-    saved = first.save_state("half").result(timeout=RESULT_TIMEOUT_S).path
+    first = stall.answer(
+        first_service.create_lora_training_client(BASE, rank=RANK, seed=SEED, train_unembed=False),
+        60,
+    )
+    before = [_step(stall, first, batch) for batch in batches[:3]]
+    saved = stall.answer(first.save_state("half"), RESULT_TIMEOUT_S).path
     assert saved == f"tinker://{first.model_id}/weights/half"
-    first_service.close("success").result()  # its session and job end; the state stays
+    stall.answer(first_service.close("success"), 60)  # its session and job end; the state stays
 
     service = tinker.ServiceClient()
     second = service.create_lora_training_client(
@@ -221,10 +247,10 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
         seed=SEED + 1,
         train_unembed=False,  # other adapters, replaced by the load
     ).result(timeout=60)
-    second.load_state_with_optimizer(saved).result(timeout=RESULT_TIMEOUT_S)
-    after = [_step(second, batch) for batch in batches[3:]]
+    stall.answer(second.load_state_with_optimizer(saved), RESULT_TIMEOUT_S)
+    after = [_step(stall, second, batch) for batch in batches[3:]]
     np.testing.assert_allclose(before + after, expected, rtol=1e-5, atol=0)
     with pytest.raises(tinker.RequestFailedError) as missing:
-        second.load_state(f"tinker://{first.model_id}/weights/nothing").result(timeout=60)
+        stall.answer(second.load_state(f"tinker://{first.model_id}/weights/nothing"), 60)
     assert missing.value.category == "user" and "no saved state" in str(missing.value)
-    service.close("success").result()
+    stall.answer(service.close("success"), 60)
