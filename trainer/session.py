@@ -16,7 +16,11 @@ is removed unread, and one whose `seq_id` is below the next is refused (a user e
 run again.
 
 One process (the session's model lives in one rank); SIGTERM (the session ended, or the job was
-cancelled or preempted) stops it between calls with exit code 0. Exit codes as the trainer's:
+cancelled or preempted) stops it between calls with exit code 0, after saving the weights
+changed since the last save (an unnamed checkpoint of the job). A new attempt of the job (after
+a preemption, or its worker's loss) resumes from the job's latest checkpoint: the client's last
+`save_state` or that kept state, whichever is later; the base model's fresh adapters when there
+is none. Exit codes as the trainer's:
 2 for a spec it cannot serve, 1 for any other failure.
 """
 
@@ -106,10 +110,17 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
         model = SessionModel(spec, device)
+        # an earlier attempt's state (preempted, or its worker lost): the latest it saved
+        resumed = model.resume(args.checkpoint_dir, reporter) if args.checkpoint_dir else None
+        since = "" if resumed is None else f", resumed from its checkpoint at step {resumed}"
         reporter.status(
             "running",
-            f"serving training client {spec.session.model_id}",
-            {"model_id": spec.session.model_id, "trainable_params": model.network.trainable_params},
+            f"serving training client {spec.session.model_id}{since}",
+            {
+                "model_id": spec.session.model_id,
+                "trainable_params": model.network.trainable_params,
+                "resumed_step": resumed,
+            },
         )
         server = Server(
             args.run_dir,
@@ -180,6 +191,13 @@ class Server:
         while not stop.requested:
             if not self.run_ready():
                 time.sleep(POLL_S)
+        if self.model.unsaved and self.checkpoint_dir is not None:
+            # preempted, paused or ended: the weights since the last save are kept (unnamed),
+            # the state the job's next attempt resumes from and its last exportable checkpoint
+            step = self.model.save(
+                self.checkpoint_dir, None, overwrite=False, reporter=self.reporter
+            )
+            log.info("stopped: state kept at step %d", step)
 
     def run_ready(self) -> bool:
         """Run every call that is next in order; whether any ran."""

@@ -117,6 +117,7 @@ class SessionModel:
         self._fresh_optimizer()
         self.step = 0  # optim_steps applied (never goes back: it names checkpoint directories)
         self.pending_loss = 0.0
+        self.unsaved = False  # weights changed since the last save or resume (a step, a load)
 
     def _fresh_optimizer(self) -> None:
         self.optimizer = build_optimizer(self.model, self.spec.optim)
@@ -126,19 +127,38 @@ class SessionModel:
     def _states(self) -> dict[str, Any]:
         return {"model_optim": model_state(self.model, self.optimizer, self.network)}
 
-    def save(self, root: str, name: str, *, overwrite: bool, reporter: Reporter) -> int:
+    def save(self, root: str, name: str | None, *, overwrite: bool, reporter: Reporter) -> int:
         """Save the adapters and the optimizer's state under `root` (the job's checkpoint
-        directory) as `name`; returns the checkpoint's step. Raises `CallError` when `name`
-        exists and not `overwrite`."""
+        directory) as `name` (None: unnamed, the state a stopped program keeps for the job's
+        next attempt); returns the checkpoint's step. Raises `CallError` when `name` exists
+        and not `overwrite`."""
         fs, base = fsspec.core.url_to_fs(root)
         names_path = f"{base.rstrip('/')}/{NAMES_FILE}"
         names: dict[str, int] = json.loads(fs.cat_file(names_path)) if fs.exists(names_path) else {}
-        if name in names and not overwrite:
+        if name is not None and name in names and not overwrite:
             raise CallError(f"a checkpoint named {name!r} exists (overwrite it with overwrite)")
         # a directory of its own, past every earlier one: a load changes the weights without
         # a step, and an earlier attempt's program may have saved at these steps
         step = max([self.step, *(c.step + 1 for c in list_checkpoints(root))])
-        checkpointer = Checkpointer(
+        self._checkpointer(root, reporter).save(step, force=True)
+        self.unsaved = False
+        if name is not None:
+            names[name] = step
+            fs.pipe_file(names_path, json.dumps(names).encode())
+        return step
+
+    def resume(self, root: str, reporter: Reporter) -> int | None:
+        """Continue from the job's own latest complete checkpoint under `root` (an earlier
+        attempt's save: the client's `save_state`, or the state a stopped program kept), with
+        its optimizer state; its step, or None (none saved: the base model's fresh adapters).
+        Optim steps after that checkpoint are lost with the attempt that made them."""
+        step = self._checkpointer(root, reporter).load_latest()
+        if step is not None:
+            self.step, self.unsaved = step, False
+        return step
+
+    def _checkpointer(self, root: str, reporter: Reporter) -> Checkpointer:
+        return Checkpointer(
             root=root,
             spec=self.spec.checkpoint.model_copy(update={"keep_last": KEEP_CHECKPOINTS}),
             states=self._states(),
@@ -147,10 +167,6 @@ class SessionModel:
             dist_info=DistInfo(rank=0, local_rank=0, world_size=1, device=self.device),
             reporter=reporter,
         )
-        checkpointer.save(step, force=True)
-        names[name] = step
-        fs.pipe_file(names_path, json.dumps(names).encode())
-        return step
 
     def load(self, uri: str, *, optimizer: bool) -> None:
         """Load the adapters (and, with `optimizer`, the optimizer's state; else a fresh
@@ -159,6 +175,7 @@ class SessionModel:
         dcp.load(states, storage_reader=dcp.FileSystemReader(uri), no_dist=True)
         if not optimizer:
             self._fresh_optimizer()
+        self.unsaved = True  # another state than this job's own latest save
 
     def forward_backward(self, request: Any, *, forward_only: bool) -> Output:
         """Run a decoded `ForwardBackwardRequest` (its `data`, `loss_fn`, `loss_fn_config`);
@@ -208,6 +225,7 @@ class SessionModel:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.unsaved = True
         loss, self.pending_loss = self.pending_loss, 0.0
         return {"grad_norm:mean": grad_norm, "learning_rate:mean": lr, "loss:sum": loss}
 

@@ -114,6 +114,11 @@ def create(
     return req
 
 
+# Placements again after a lost worker (`retries.on.node_lost`); other failures end the session
+# (a preemption is requeued anyway, without using this).
+NODE_LOST_RESTARTS = 3
+
+
 def _spec(entry: BaseModelEntry, new: NewModel, mid: str, session_id: str) -> SessionJobSpec:
     return SessionJobSpec.model_validate(
         {
@@ -132,6 +137,9 @@ def _spec(entry: BaseModelEntry, new: NewModel, mid: str, session_id: str) -> Se
                 "train_unembed": new.train_unembed,
             },
             "resources": {**entry.resources, "pool": entry.pool},
+            # a lost worker's session is placed again and resumes from its last saved state
+            # (`trainer.session`); the call its program held fails, nothing runs twice
+            "retries": {"on": {"node_lost": NODE_LOST_RESTARTS}},
         }
     )
 

@@ -50,7 +50,10 @@ def session_dir(run_dir: Path) -> Path:
     return run_dir / "session"
 
 
-LOST = "the session's program was lost before answering this call (its worker stopped)"
+LOST = (
+    "the session's program was lost before answering this call (its worker stopped); the "
+    "session goes on from its last saved state"
+)
 
 
 def start_file(factory: Callable[[], Session], run_dir: Path, model_id: str) -> None:

@@ -18,6 +18,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
 from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
 
+from dataformat.tinker_wire import forward_backward_request
 from jobspec.job import SessionJobSpec
 from tests.support.sessions import (
     ADAM,
@@ -33,7 +34,7 @@ from tests.support.sessions import (
 from tests.support.training import build_local_run
 from trainer.events import EventWriter
 from trainer.loop import train_step
-from trainer.session import Server
+from trainer.session import Server, Stop
 from trainer.session_calls import SessionModel
 
 STEPS = 3
@@ -150,3 +151,52 @@ def test_a_call_runs_once_and_a_passed_seq_id_or_bad_datum_is_a_user_error(
         header, _ = _answer(server, request_id)
         assert header["category"] == "user" and words in header["error"], header
     assert server.next_seq == 5
+
+
+def test_a_stopped_program_keeps_its_unsaved_state_and_the_next_attempt_resumes_from_it(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Preempted or ended (SIGTERM), the program saves what changed since its last save; the
+    job's next attempt (`SessionModel.resume`) continues from the latest checkpoint, so its
+    next step's loss is the one the stopped program would have computed."""
+    checkpoints = str(tmp_path / "checkpoints")
+    spec = _session_spec(model_dir)
+    reporter = EventWriter(tmp_path / "run", attempt=1)
+    first = SessionModel(spec, torch.device("cpu"))
+    server = Server(
+        tmp_path / "run", first, reporter, model_id="ses_0:train:0", checkpoint_dir=checkpoints
+    )
+    rng = np.random.default_rng(0)
+    batches = [
+        [
+            {
+                "tokens": (ids := rng.integers(1, 50, size=13))[:-1],
+                "target_tokens": ids[1:],
+                "weights": np.ones(12, np.float32),
+            }
+        ]
+        for _ in range(3)
+    ]
+    for step, batch in enumerate(batches[:2]):
+        seq = 2 * step + 1
+        _put(server, seq, f"req_f{step}", "forward_backward",
+             _forward_backward(batch, seq, loss_fn="cross_entropy"))  # fmt: skip
+        _put(server, seq + 1, f"req_o{step}", "optim_step",
+             json.dumps({"adam_params": ADAM}).encode())  # fmt: skip
+        assert server.run_ready()
+    stop = Stop()
+    stop.requested = True  # SIGTERM came: the loop ends and the state is kept
+    server.serve(stop)
+    server.serve(stop)  # nothing changed since: no second checkpoint
+    reporter.close()
+    assert sorted(p.name for p in Path(checkpoints).glob("step_*")) == ["step_00000002"]
+
+    second = SessionModel(spec, torch.device("cpu"))
+    assert second.resume(checkpoints, EventWriter(tmp_path / "run2", attempt=2)) == 2
+    assert second.step == 2 and not second.unsaved
+    request = forward_backward_request(_forward_backward(batches[2], 5, loss_fn="cross_entropy"))
+    expected = first.forward_backward(request, forward_only=True)
+    resumed = second.forward_backward(request, forward_only=True)
+    assert resumed.loss_sum == pytest.approx(expected.loss_sum, rel=1e-6)
+    fresh = SessionModel(spec, torch.device("cpu"))
+    assert fresh.resume(str(tmp_path / "none"), reporter) is None and fresh.step == 0
