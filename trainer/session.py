@@ -50,6 +50,7 @@ from trainer.distributed import env_world_size
 from trainer.events import EventWriter
 from trainer.logs import log_to_stdout
 from trainer.session_calls import CallError, SessionModel, encode_output
+from trainer.session_sampling import Sampler
 
 log = logging.getLogger("trainer.session")
 
@@ -57,6 +58,7 @@ POLL_S = 0.005  # how often the program looks for the next call when it has none
 SEQ_GAP_S = 60.0  # a missing seq_id waited for this long is skipped (a call the API refused)
 JSON_TYPE = "application/json"
 PROTOBUF_TYPE = "application/x-protobuf"
+SAMPLE = "sample"  # the sampler lane's calls: run as they come, outside the seq_id order
 
 
 @dataclass(frozen=True, order=True)
@@ -180,6 +182,7 @@ class Server:
         start = root / "start.json"
         self.next_seq = json.loads(start.read_text())["next_seq"] if start.exists() else 1
         self.model = model
+        self.sampler = Sampler(model)
         self.reporter = reporter
         self.model_id = model_id
         self.checkpoint_dir = checkpoint_dir
@@ -200,8 +203,16 @@ class Server:
             log.info("stopped: state kept at step %d", step)
 
     def run_ready(self) -> bool:
-        """Run every call that is next in order; whether any ran."""
-        calls = sorted(c for p in self.inbox.iterdir() if (c := Call.parse(p)) is not None)
+        """Run every sample call handed over (oldest first: their lane), then every training
+        call that is next in `seq_id` order; whether any ran."""
+        found = sorted(c for p in self.inbox.iterdir() if (c := Call.parse(p)) is not None)
+        samples = [c for c in found if c.kind == SAMPLE]
+        for call in samples:
+            if call.request_id in self.answered:
+                call.path.unlink(missing_ok=True)
+            else:
+                self._run(call)
+        calls = [c for c in found if c.kind != SAMPLE]
         ran = False
         for call in calls:
             if call.request_id in self.answered:
@@ -215,7 +226,7 @@ class Server:
             else:
                 break  # the next call in order has not come yet
         self.waiting_since = None if ran or not calls else self.waiting_since or time.monotonic()
-        return ran
+        return ran or bool(samples)
 
     def _gap_expired(self, call: Call) -> bool:
         """Whether the calls before `call` have been missing for `SEQ_GAP_S` (refused by the
@@ -267,6 +278,17 @@ class Server:
             )
             path = f"tinker://{self.model_id}/weights/{save['name']}"
             return JSON_TYPE, json.dumps({"path": path, "type": "save_weights"}).encode()
+        if kind == "save_weights_for_sampler":
+            save = json.loads(body)
+            self.sampler.save(save["name"])
+            answer = {"type": "save_weights_for_sampler"}
+            if "sampling_session_id" in save:  # unnamed: a sampling session of it
+                answer["sampling_session_id"] = save["sampling_session_id"]
+            else:
+                answer["path"] = f"tinker://{self.model_id}/sampler_weights/{save['name']}"
+            return JSON_TYPE, json.dumps(answer).encode()
+        if kind == SAMPLE:
+            return PROTOBUF_TYPE, self.sampler.sample(body)
         if kind == "load_weights":
             load = json.loads(body)
             if "error" in load:  # the worker could not place the checkpoint

@@ -10,8 +10,9 @@ not this project's, 410 an ended session, whose heartbeat loop then stops). The 
 Training clients: `create_model` makes one, a session job through the one door
 (`core.sessions.models`), answered at once with its model id; `get_info` reads it;
 their calls (`forward_backward`, `optim_step`) and `retrieve_future` are
-`api.routes.tinker_calls`'. Not served yet: `sample`,
-`save_weights_for_sampler`; the client's `telemetry` (a 404 it logs and drops).
+`api.routes.tinker_calls`'; sampling (`save_weights_for_sampler`, `create_sampling_session`,
+`asample`) are `api.routes.tinker_calls`' too. Not served: the client's `telemetry` (a 404 it
+logs and drops).
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ PREFIX = wire.PREFIX
 router = APIRouter(prefix=PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
 Quiet = Depends(audit.not_audited)  # keep-alives and config reads: audited only when refused
 
-# What a session can do today: train (forward_backward, optim_step); not sample yet.
-TRAINABLE, SAMPLEABLE = True, False
+# What a session can do today: train (forward_backward, optim_step) and sample its weights.
+TRAINABLE, SAMPLEABLE = True, True
 NOT_YET = (
     "Torchyard trains Tinker training clients (forward_backward, forward, optim_step, "
-    "save_state, load_state); sampling is not served yet."
+    "save_state, load_state) and samples weights they saved (save_weights_for_sampler, "
+    "save_weights_and_get_sampling_client); sampling a bare base model, "
+    "create_training_client_from_state and the training_runs/checkpoints reads are not "
+    "served yet."
 )
 SESSION_ID = Annotated[str, Path(max_length=40, description="A session id (`ses_...`).")]
 # The client's `access_scope`: every session here is the project's, so both read the same.

@@ -1,9 +1,13 @@
-"""The calls of the Tinker-compatible API's training clients (`/tinker/api/v1`, issue 47):
-`forward_backward` (and `forward`) and `optim_step` queue a call for the training client's
-session job, whose program runs them in `seq_id` order (`trainer.session`, relayed by its
-worker, `workers.watchers.session_relay`); `retrieve_future` long-polls a call's stored answer
-(`core.sessions.requests`), `create_model`'s included. Sessions and training clients themselves
-are `api.routes.tinker`'s; the wire is docs/TINKER-WIRE.md.
+"""The calls of the Tinker-compatible API's training and sampling clients (`/tinker/api/v1`,
+issue 47): `forward_backward` (and `forward`), `optim_step`, `save_weights`, `load_weights` and
+`save_weights_for_sampler` queue a call for the training client's session job, whose program
+runs them in `seq_id` order (`trainer.session`, relayed by its worker,
+`workers.watchers.session_relay`); sampling sessions (`create_sampling_session`,
+`samplers/{id}`) of weights saved for sampling, whose `asample` calls the session job holding
+the weights runs in a lane of their own (`core.sessions.samplers`, `trainer.session_sampling`);
+`retrieve_future` long-polls a call's stored answer (`core.sessions.requests`),
+`create_model`'s included. Sessions and training clients themselves are `api.routes.tinker`'s;
+the wire is docs/TINKER-WIRE.md.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
@@ -22,6 +26,7 @@ from api import audit
 from api.deps import SessionDep, SettingsDep, TinkerJobsWritePrincipal, TinkerReadPrincipal
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
+from api.schemas import tinker_sampling as sampling
 from core.platform.errors import InvalidInput
 from core.platform.tables import (
     TERMINAL_STATES,
@@ -31,11 +36,17 @@ from core.platform.tables import (
     SessionModel,
     SessionRequest,
 )
-from core.sessions import models, requests
+from core.sessions import models, requests, samplers
 from dataformat import tinker_wire
 
 router = APIRouter(prefix=wire.PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
-Quiet = Depends(audit.not_audited)  # polls and training calls: audited only when refused
+Quiet = Depends(audit.not_audited)  # polls, training and sampling calls: audited if refused
+GONE: dict[int | str, dict[str, Any]] = {
+    410: {"model": ErrorBody, "description": "The session has ended"}
+}
+SAMPLER_ID = Annotated[
+    str, Path(max_length=40, description="A sampling session id (`sampling_session_id`).")
+]
 PROTOBUF = requests.PROTOBUF
 # A poll of `retrieve_future` is held this long at most (the client waits 45 s), re-reading the
 # call's row between naps that grow from the first to the last; no connection is held between.
@@ -52,15 +63,19 @@ async def _raw_body(request: Request) -> bytes:
 ProtoBody = Annotated[bytes, Depends(_raw_body)]  # a protobuf body, as sent
 
 
+def _retry_key(request: Request) -> str | None:
+    retry_key = request.headers.get("x-idempotency-key")
+    return retry_key[:200] if retry_key else None
+
+
 def _queue(
     session: Session, project_id: str, new: requests.NewRequest, request: Request
 ) -> wire.UntypedAPIFuture:
-    retry_key = request.headers.get("x-idempotency-key")
     row = models.call(
         session=session,
         project_id=project_id,
         new=new,
-        request_key=retry_key[:200] if retry_key else None,
+        request_key=_retry_key(request),
     )
     session.commit()
     return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
@@ -196,6 +211,109 @@ def load_weights(
         seq_id=body.seq_id,
     )
     return _queue(session, principal.project_id, new, request)
+
+
+@router.post(
+    "/save_weights_for_sampler",
+    response_model=wire.UntypedAPIFuture,
+    operation_id="tinker_save_weights_for_sampler",
+    responses=GONE,
+)
+def save_weights_for_sampler(
+    body: sampling.SaveWeightsForSamplerRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    request: Request,
+) -> wire.UntypedAPIFuture:
+    """Queue a snapshot of a training client's adapters for sampling, run in `seq_id` order.
+    Named (`path`), the future's answer is `{"path": "tinker://<model_id>/sampler_weights/
+    <name>"}`; unnamed (`save_weights_and_get_sampling_client`), `{"sampling_session_id"}` of a
+    sampling session of it. 410 for an ended session, 404 for another project's model."""
+    row = samplers.save(
+        session=session,
+        project_id=principal.project_id,
+        model_id=body.model_id,
+        seq_id=body.seq_id,
+        name=body.path,
+        request_key=_retry_key(request),
+    )
+    session.commit()
+    audit.name_target(request, body.model_id)
+    return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
+
+
+@router.post(
+    "/create_sampling_session",
+    response_model=sampling.CreateSamplingSessionResponse,
+    operation_id="tinker_create_sampling_session",
+    responses=GONE,
+)
+def create_sampling_session(
+    body: sampling.CreateSamplingSessionRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    request: Request,
+) -> sampling.CreateSamplingSessionResponse:
+    """A sampling client of the session on weights a training client of the project saved
+    (`model_path`, `tinker://<model_id>/sampler_weights/<name>`), served by that training
+    client's session job. 422 at `model_path` without one (sampling a bare base model is not
+    served), 410 for an ended session, 404 for another project's session or path."""
+    row = samplers.create(
+        session=session,
+        project_id=principal.project_id,
+        session_id=body.session_id,
+        model_path=body.model_path,
+    )
+    session.commit()
+    audit.name_target(request, row.id)
+    return sampling.CreateSamplingSessionResponse(sampling_session_id=row.id)
+
+
+@router.get(
+    "/samplers/{sampler_id}",
+    response_model=sampling.GetSamplerResponse,
+    operation_id="tinker_samplers_get",
+    dependencies=[Quiet],
+)
+def get_sampler(
+    sampler_id: SAMPLER_ID, principal: TinkerReadPrincipal, session: SessionDep
+) -> sampling.GetSamplerResponse:
+    """A sampling session of the project: its base model and weights' path. 404 for another
+    project's."""
+    found = samplers.get(session=session, project_id=principal.project_id, sampler_id=sampler_id)
+    return sampling.GetSamplerResponse(
+        sampler_id=found.id, base_model=found.base_model, model_path=found.path
+    )
+
+
+@router.post(
+    "/asample",
+    response_model=sampling.SampleFuture,
+    operation_id="tinker_asample",
+    dependencies=[Quiet],
+    responses=GONE,
+)
+def asample(
+    body: sampling.SampleRequest,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    request: Request,
+) -> sampling.SampleFuture:
+    """Queue `num_samples` completions of a prompt from a sampling session's weights, run by
+    the session job holding them between its training calls (never behind them); the future's
+    answer is a protobuf `SampleResponse`: per sample its tokens, stop reason and the model's
+    log-probability of each (the forward pass's, temperature 1), and the prompt's when
+    `prompt_logprobs`. 410 for an ended session, 404 for another project's sampling session."""
+    row = samplers.sample(
+        session=session,
+        project_id=principal.project_id,
+        sampler_id=body.sampling_session_id,
+        request=body.model_dump(mode="json"),
+        request_key=_retry_key(request),
+    )
+    session.commit()
+    ids = [f"{row.id}:{i}" for i in range(body.num_samples)]
+    return sampling.SampleFuture(request_id=row.id, sample_sequence_ids=ids)
 
 
 @router.post(

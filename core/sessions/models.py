@@ -73,7 +73,7 @@ def create(
     earlier = requests.find(session=session, project_id=project_id, request_key=request_key)
     if earlier is not None:  # the client's retry of this very call
         return earlier
-    row = _active_session(session, project_id, new.session_id)
+    row = active_session(session, project_id, new.session_id)
     entry = _base_model(settings, new.base_model)
     mid = model_id(row.id, new.model_seq_id)
     existing = session.get(SessionModel, mid)
@@ -144,7 +144,7 @@ def _spec(entry: BaseModelEntry, new: NewModel, mid: str, session_id: str) -> Se
     )
 
 
-def _active_session(session: Session, project_id: str, session_id: str) -> TrainingSession:
+def active_session(session: Session, project_id: str, session_id: str) -> TrainingSession:
     row = session.get(TrainingSession, session_id)
     if row is None or row.project_id != project_id:
         raise NotFound(f"session {session_id[:100]!r} not found")
@@ -191,7 +191,7 @@ def call(
         return earlier
     assert new.model_id is not None
     model = get(session=session, project_id=project_id, model_id=new.model_id)
-    _active_session(session, project_id, model.session_id)
+    active_session(session, project_id, model.session_id)
     row, _ = requests.add(
         session=session,
         project_id=project_id,

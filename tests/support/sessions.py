@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from jobspec.job import JobSpec
+from jobspec.job import JobSpec, SessionJobSpec
 from tests.support.sft_data import bpe_tokenizer, messages_records, write_jsonl
 from tests.support.training import TINY_LLAMA
 from trainer.data.rows import IGNORE_INDEX, Rows
 from trainer.data.sampler import GlobalBatchSampler
 
+BASE = "session-llama"  # the registered base model of the session tests' API
+BROKEN = "broken-llama"  # registered, but without model files: its session job fails at load
 SEED = 7
 RANK = 8
 LR = 2e-3
@@ -126,3 +128,36 @@ def tinker_datums(batch: list[dict[str, np.ndarray]]) -> list[Any]:
         )
         for d in batch
     ]
+
+
+def tinker_session_spec(model_dir: Path) -> SessionJobSpec:
+    """The session job spec of a training client of `model_dir` (rank `RANK`, seed `SEED`, no
+    unembedding adapter), as `create_model` makes it."""
+    return SessionJobSpec.model_validate(
+        {
+            "name": "session",
+            "seed": SEED,
+            "model": {"kind": "hf", "hf": {"path_or_id": str(model_dir)}, "seq_len": 128},
+            "session": {
+                "session_id": "ses_0",
+                "model_id": "ses_0:train:0",
+                "base_model": "session-llama",
+                "lora_rank": RANK,
+                "lora_seed": SEED,
+                "train_unembed": False,
+            },
+        }
+    )
+
+
+def forward_backward_body(batch: list[dict[str, np.ndarray]], seq_id: int, **kw: Any) -> bytes:
+    """The protobuf `forward_backward` body the client sends for `batch` (from `datums`)."""
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+    from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
+
+    request = ForwardBackwardRequest(
+        forward_backward_input=ForwardBackwardInput(data=tinker_datums(batch), **kw),
+        model_id="ses_0:train:0",
+        seq_id=seq_id,
+    )
+    return bytes(forward_backward_request_to_proto(request).SerializeToString())

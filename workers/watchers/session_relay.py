@@ -8,7 +8,9 @@ The client never reaches the worker: its calls are rows of `session_requests`
    error, committed, then the file is removed; an answer to a call already settled (the session
    ended first) is dropped;
 2. hands the training client's queued calls to the program: each is written atomically to
-   `RUN_DIR/session/in/<seq_id:012d>.<request_id>.<kind>` first, then marked running (a
+   `RUN_DIR/session/in/<seq_id:012d>.<request_id>.<kind>` first, then marked running (its
+   sampling clients' `sample` calls, which have no `seq_id`, named by their arrival in
+   microseconds instead: the program runs them as they come, outside the `seq_id` order; a
    `load_weights` with the checkpoint its `tinker://` path names copied into the run dir). A call is
    handed over again only if that mark was not committed, and the program answers a request
    once in its life, so no call runs twice.
@@ -30,7 +32,9 @@ import fsspec
 from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import Stop
+from core.platform.tables import SessionRequest
 from core.sessions import requests
+from core.sessions.samplers import SAMPLE
 from jobspec.job import SessionJobSpec
 
 log = logging.getLogger(__name__)
@@ -135,7 +139,7 @@ class SessionRelay:
             if not calls:
                 return 0
             for call in calls:
-                name = f"{call.seq_id or 0:012d}.{call.id}.{call.kind}"
+                name = f"{_lane_place(call):012d}.{call.id}.{call.kind}"
                 temporary = self.inbox / f".{name}.tmp"
                 body = self._place(call.id, call.body) if call.kind == "load_weights" else call.body
                 temporary.write_bytes(body)
@@ -180,6 +184,14 @@ class SessionRelay:
             session.commit()
         if failed:
             log.warning("session %s: %d unanswered calls failed", self.model_id, failed)
+
+
+def _lane_place(call: SessionRequest) -> int:
+    """A call's place in its lane, its file name's first part: a training call's `seq_id`; a
+    `sample` call (no `seq_id`: the sampler lane) its arrival in microseconds."""
+    if call.kind == SAMPLE:
+        return int(call.created_at.timestamp() * 1_000_000)
+    return call.seq_id or 0
 
 
 def relay_for(

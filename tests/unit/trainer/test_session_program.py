@@ -14,22 +14,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
-from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
 
 from dataformat.tinker_wire import forward_backward_request
-from jobspec.job import SessionJobSpec
 from tests.support.sessions import (
     ADAM,
-    RANK,
-    SEED,
     chat_data,
     datums,
+    forward_backward_body,
     lora_sft_spec,
     session_llama_dir,
     step_batches,
-    tinker_datums,
+    tinker_session_spec,
 )
 from tests.support.training import build_local_run
 from trainer.events import EventWriter
@@ -45,36 +41,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return session_llama_dir(tmp_path_factory.mktemp("session_llama"))
 
 
-def _session_spec(model_dir: Path) -> SessionJobSpec:
-    return SessionJobSpec.model_validate(
-        {
-            "name": "session",
-            "seed": SEED,
-            "model": {"kind": "hf", "hf": {"path_or_id": str(model_dir)}, "seq_len": 128},
-            "session": {
-                "session_id": "ses_0",
-                "model_id": "ses_0:train:0",
-                "base_model": "session-llama",
-                "lora_rank": RANK,
-                "lora_seed": SEED,
-                "train_unembed": False,
-            },
-        }
-    )
-
-
-def _forward_backward(batch: list[dict[str, np.ndarray]], seq_id: int, **kw: Any) -> bytes:
-    request = ForwardBackwardRequest(
-        forward_backward_input=ForwardBackwardInput(data=tinker_datums(batch), **kw),
-        model_id="ses_0:train:0",
-        seq_id=seq_id,
-    )
-    return bytes(forward_backward_request_to_proto(request).SerializeToString())
-
-
 def _server(tmp_path: Path, model_dir: Path) -> tuple[Server, EventWriter]:
     reporter = EventWriter(tmp_path / "run", attempt=1)
-    model = SessionModel(_session_spec(model_dir), torch.device("cpu"))
+    model = SessionModel(tinker_session_spec(model_dir), torch.device("cpu"))
     return Server(tmp_path / "run", model, reporter), reporter
 
 
@@ -101,7 +70,7 @@ def test_each_step_equals_the_trainers_lora_sft_step_whatever_order_the_calls_co
     for step, indices in enumerate(batches):  # each optim_step's file before its backward's
         _put(server, 2 * step + 2, f"req_o{step}", "optim_step", adam)
         batch = datums(rows, indices)
-        _put(server, 2 * step + 1, f"req_f{step}", "forward_backward", _forward_backward(
+        _put(server, 2 * step + 1, f"req_f{step}", "forward_backward", forward_backward_body(
             batch, 2 * step + 1, loss_fn="cross_entropy"))  # fmt: skip
     assert server.run_ready()
     reporter.close()
@@ -125,7 +94,7 @@ def test_a_call_runs_once_and_a_passed_seq_id_or_bad_datum_is_a_user_error(
     server, reporter = _server(tmp_path, model_dir)
     datum = {"tokens": np.arange(1, 9), "target_tokens": np.arange(2, 10),
              "weights": np.ones(8, np.float32)}  # fmt: skip
-    body = _forward_backward([datum], 1, loss_fn="cross_entropy")
+    body = forward_backward_body([datum], 1, loss_fn="cross_entropy")
     _put(server, 1, "req_a", "forward_backward", body)
     assert server.run_ready()
     first = _answer(server, "req_a")
@@ -135,10 +104,14 @@ def test_a_call_runs_once_and_a_passed_seq_id_or_bad_datum_is_a_user_error(
     _put(server, 1, "req_b", "forward_backward", body)  # another call with a passed seq_id
     bad = dict(datum, weights=np.ones(3, np.float32))
     _put(
-        server, 2, "req_c", "forward_backward", _forward_backward([bad], 2, loss_fn="cross_entropy")
+        server,
+        2,
+        "req_c",
+        "forward_backward",
+        forward_backward_body([bad], 2, loss_fn="cross_entropy"),
     )
-    _put(server, 3, "req_d", "forward_backward", _forward_backward([datum], 3, loss_fn="kl"))
-    _put(server, 4, "req_e", "sample", b"{}")
+    _put(server, 3, "req_d", "forward_backward", forward_backward_body([datum], 3, loss_fn="kl"))
+    _put(server, 4, "req_e", "join_sampling_session", b"{}")
     server.run_ready()
     reporter.close()
 
@@ -147,7 +120,7 @@ def test_a_call_runs_once_and_a_passed_seq_id_or_bad_datum_is_a_user_error(
     assert _answer(server, "req_b")[0] == {
         "error": "seq_id 1 has already run", "category": "user"}  # fmt: skip
     for request_id, words in (("req_c", "'weights'"), ("req_d", "unknown loss_fn 'kl'"),
-                              ("req_e", "sample is not served")):  # fmt: skip
+                              ("req_e", "join_sampling_session is not served")):  # fmt: skip
         header, _ = _answer(server, request_id)
         assert header["category"] == "user" and words in header["error"], header
     assert server.next_seq == 5
@@ -160,7 +133,7 @@ def test_a_stopped_program_keeps_its_unsaved_state_and_the_next_attempt_resumes_
     job's next attempt (`SessionModel.resume`) continues from the latest checkpoint, so its
     next step's loss is the one the stopped program would have computed."""
     checkpoints = str(tmp_path / "checkpoints")
-    spec = _session_spec(model_dir)
+    spec = tinker_session_spec(model_dir)
     reporter = EventWriter(tmp_path / "run", attempt=1)
     first = SessionModel(spec, torch.device("cpu"))
     server = Server(
@@ -180,7 +153,7 @@ def test_a_stopped_program_keeps_its_unsaved_state_and_the_next_attempt_resumes_
     for step, batch in enumerate(batches[:2]):
         seq = 2 * step + 1
         _put(server, seq, f"req_f{step}", "forward_backward",
-             _forward_backward(batch, seq, loss_fn="cross_entropy"))  # fmt: skip
+             forward_backward_body(batch, seq, loss_fn="cross_entropy"))  # fmt: skip
         _put(server, seq + 1, f"req_o{step}", "optim_step",
              json.dumps({"adam_params": ADAM}).encode())  # fmt: skip
         assert server.run_ready()
@@ -194,7 +167,9 @@ def test_a_stopped_program_keeps_its_unsaved_state_and_the_next_attempt_resumes_
     second = SessionModel(spec, torch.device("cpu"))
     assert second.resume(checkpoints, EventWriter(tmp_path / "run2", attempt=2)) == 2
     assert second.step == 2 and not second.unsaved
-    request = forward_backward_request(_forward_backward(batches[2], 5, loss_fn="cross_entropy"))
+    request = forward_backward_request(
+        forward_backward_body(batches[2], 5, loss_fn="cross_entropy")
+    )
     expected = first.forward_backward(request, forward_only=True)
     resumed = second.forward_backward(request, forward_only=True)
     assert resumed.loss_sum == pytest.approx(expected.loss_sum, rel=1e-6)

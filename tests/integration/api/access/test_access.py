@@ -32,7 +32,8 @@ from core.jobs import ingest
 from core.openai.projection import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
 from core.platform.settings import Settings
-from core.platform.tables import Checkpoint, Job, JobState, utcnow
+from core.platform.tables import Checkpoint, Job, JobState, SessionModel, utcnow
+from core.sessions import models, samplers
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.api.conftest import job_spec, submit
@@ -120,6 +121,7 @@ class World:
     delivery_id: str = ""
     sweep_id: int = 0
     session_id: str = ""  # a training session (`/tinker`)
+    sampler_id: str = ""  # a sampling session of it, on a training client's sampler weights
     principals: dict[str, tuple[auth.Principal, str]] = field(default_factory=dict)
 
 
@@ -144,6 +146,7 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("openai", "model_id"): lambda w: w.model_id,
     ("v1", "session_id"): lambda w: w.session_id,
     ("tinker", "session_id"): lambda w: w.session_id,
+    ("tinker", "sampler_id"): lambda w: w.sampler_id,
 }
 
 
@@ -267,6 +270,16 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
     )
     assert created.status_code == 200, created.text
     world.session_id = created.json()["session_id"]
+    with session_scope(engine) as s:  # a training client (on the job above) and a sampler
+        model_id = models.model_id(world.session_id, 0)
+        s.add(SessionModel(id=model_id, project_id=owner.project_id, session_id=world.session_id,
+                           model_seq_id=0, base_model="llama-tiny", lora_rank=8,
+                           job_id=world.job_id, created_at=utcnow()))  # fmt: skip
+        s.flush()
+        path = samplers.sampler_path(model_id, "w")
+        world.sampler_id = samplers.create(
+            session=s, project_id=owner.project_id, session_id=world.session_id, model_path=path
+        ).id
     _principal_keys(client, engine, world)
     return world
 
