@@ -13,6 +13,11 @@ from pydantic import Field
 
 from jobspec.base import StrictSpec
 
+NAMES_FILE: Final = "tinker_names.json"
+"""In a session job's checkpoint directory: `{name: step}` of the states its client saved by name
+(`save_state`), written by its program (`trainer.session_calls`), read by the worker's relay
+for a `load_weights` and by the API's training-run reads (`core.sessions.runs`)."""
+
 LORA_ALPHA: Final = 32.0
 """The adapters' alpha: Tinker's API has no alpha, and its documentation fixes it at 32 for
 every rank ("LoRA Without Regret"), so the update is (32 / rank) B A x."""

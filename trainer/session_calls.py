@@ -42,6 +42,7 @@ from torch import Tensor
 
 from dataformat.tinker_wire import schema
 from jobspec.job import JobSpec, SessionJobSpec
+from jobspec.session import NAMES_FILE
 from trainer.checkpoint.checkpointer import Checkpointer, list_checkpoints
 from trainer.distributed import DistInfo
 from trainer.events import Reporter
@@ -58,7 +59,6 @@ ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
 _DTYPES = {1: np.float32, 2: np.int64, 3: np.int32}  # the wire's DType values we read
-NAMES_FILE = "tinker_names.json"  # {name: step} of a session job's saved states
 KEEP_CHECKPOINTS = 10**6  # a session's saves are the client's: none is deleted by retention
 
 

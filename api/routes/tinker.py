@@ -31,13 +31,14 @@ from api.deps import (
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
+from api.schemas import tinker_runs as runs_wire
 from core.platform.errors import InvalidInput
 from core.platform.tables import (
     SessionState,
     TrainingSession,
     aware,
 )
-from core.sessions import models
+from core.sessions import models, runs
 from core.sessions import service as sessions
 
 PREFIX = wire.PREFIX
@@ -313,4 +314,136 @@ def get_info(
     row = models.get(session=session, project_id=principal.project_id, model_id=body.model_id)
     return wire.GetInfoResponse.model_validate(
         models.info(row, settings.base_models.get(row.base_model))
+    )
+
+
+# Training runs and their checkpoints (`RestClient.list_training_runs`, `get_training_run`,
+# `list_checkpoints`, `list_user_checkpoints`): a run is a training client of the key's project,
+# its checkpoints the states it saved by name (`core.sessions.runs`).
+
+RUN_ID = Annotated[
+    str, Path(max_length=120, description="A training run: its training client's model id.")
+]
+Limit = Annotated[int, Query(ge=1, le=1000, description="Items in the page.")]
+Offset = Annotated[int, Query(ge=0, le=10**9, description="Items skipped before it.")]
+
+
+def _checkpoint(state: runs.SavedState) -> runs_wire.RunCheckpoint:
+    return runs_wire.RunCheckpoint(
+        checkpoint_id=state.checkpoint_id,
+        checkpoint_type="training",
+        time=aware(state.created_at),
+        tinker_path=state.tinker_path,
+        size_bytes=state.size_bytes,
+    )
+
+
+def _run(run: runs.Run) -> runs_wire.TrainingRun:
+    row = run.row
+    last = _checkpoint(run.checkpoints[-1]) if run.checkpoints else None
+    return runs_wire.TrainingRun(
+        training_run_id=row.id,
+        base_model=row.base_model,
+        model_owner=row.project_id if run.owner is None else run.owner,
+        is_lora=True,
+        lora_rank=row.lora_rank,
+        last_request_time=aware(run.last_request_at),
+        last_checkpoint=last,
+        user_metadata=run.user_metadata or None,
+    )
+
+
+@router.get(
+    "/training_runs", response_model=runs_wire.TrainingRunsResponse, operation_id="tinker_runs_list"
+)
+def list_training_runs(
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    limit: Limit = 20,
+    offset: Offset = 0,
+    access_scope: AccessScope = "owned",
+    project_id: Annotated[
+        str | None, Query(max_length=100, description="Ignored: the key names its project.")
+    ] = None,
+) -> runs_wire.TrainingRunsResponse:
+    """The project's training runs, newest first (`RestClient.list_training_runs`)."""
+    del access_scope, project_id
+    found, total = runs.page(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        limit=limit,
+        offset=offset,
+    )
+    return runs_wire.TrainingRunsResponse(
+        training_runs=[_run(r) for r in found],
+        cursor=runs_wire.PageCursor(offset=offset, limit=limit, total_count=total),
+    )
+
+
+@router.get(
+    "/training_runs/{training_run_id}",
+    response_model=runs_wire.TrainingRun,
+    operation_id="tinker_runs_get",
+)
+def get_training_run(
+    training_run_id: RUN_ID,
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    access_scope: AccessScope = "owned",
+) -> runs_wire.TrainingRun:
+    """One training run of the project (`RestClient.get_training_run`). 404 for another
+    project's."""
+    del access_scope
+    run = runs.get(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        model_id=training_run_id,
+    )
+    return _run(run)
+
+
+@router.get(
+    "/training_runs/{training_run_id}/checkpoints",
+    response_model=runs_wire.CheckpointsListResponse,
+    operation_id="tinker_runs_checkpoints",
+)
+def list_checkpoints(
+    training_run_id: RUN_ID,
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> runs_wire.CheckpointsListResponse:
+    """A training run's named states, oldest first (`RestClient.list_checkpoints`). 404 for
+    another project's run."""
+    run = runs.get(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        model_id=training_run_id,
+    )
+    return runs_wire.CheckpointsListResponse(checkpoints=[_checkpoint(c) for c in run.checkpoints])
+
+
+@router.get(
+    "/checkpoints",
+    response_model=runs_wire.CheckpointsListResponse,
+    operation_id="tinker_checkpoints_list",
+)
+def list_user_checkpoints(
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    limit: Limit = 100,
+    offset: Offset = 0,
+) -> runs_wire.CheckpointsListResponse:
+    """Every named state of the project's training runs, newest first
+    (`RestClient.list_user_checkpoints`)."""
+    states = runs.all_states(session=session, settings=settings, project_id=principal.project_id)
+    return runs_wire.CheckpointsListResponse(
+        checkpoints=[_checkpoint(c) for c in states[offset : offset + limit]],
+        cursor=runs_wire.PageCursor(offset=offset, limit=limit, total_count=len(states)),
     )

@@ -36,10 +36,10 @@ from core.platform.tables import SessionRequest
 from core.sessions import requests
 from core.sessions.samplers import SAMPLE
 from jobspec.job import SessionJobSpec
+from jobspec.session import NAMES_FILE
 
 log = logging.getLogger(__name__)
 
-NAMES_FILE = "tinker_names.json"  # a session job's saved states, {name: step} (trainer.session)
 # How often the relay looks: while its client is at work (a call handed over and not answered
 # yet, or one in the last BUSY_S), a call or an answer waits ACTIVE_INTERVAL_S at most; an idle
 # session is looked at every IDLE_INTERVAL_S (a database query each time: an idle session costs

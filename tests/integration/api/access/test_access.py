@@ -122,6 +122,7 @@ class World:
     sweep_id: int = 0
     session_id: str = ""  # a training session (`/tinker`)
     sampler_id: str = ""  # a sampling session of it, on a training client's sampler weights
+    run_id: str = ""  # a training client of it (its job never placed)
     principals: dict[str, tuple[auth.Principal, str]] = field(default_factory=dict)
 
 
@@ -147,6 +148,7 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("v1", "session_id"): lambda w: w.session_id,
     ("tinker", "session_id"): lambda w: w.session_id,
     ("tinker", "sampler_id"): lambda w: w.sampler_id,
+    ("tinker", "training_run_id"): lambda w: w.run_id,
 }
 
 
@@ -280,6 +282,7 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
         world.sampler_id = samplers.create(
             session=s, project_id=owner.project_id, session_id=world.session_id, model_path=path
         ).id
+        world.run_id = model_id  # a training run (`/tinker/api/v1/training_runs`)
     _principal_keys(client, engine, world)
     return world
 

@@ -157,6 +157,19 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     before = [_step(stall, first, batch) for batch in batches[:3]]
     saved = stall.answer(first.save_state("half"), RESULT_TIMEOUT_S).path
     assert saved == f"tinker://{first.model_id}/weights/half"
+    rest = first_service.create_rest_client()  # the run and its checkpoint, as the client reads
+    run = stall.answer(rest.get_training_run(first.model_id), 60)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == saved
+    assert (run.base_model, run.lora_rank, run.is_lora) == (BASE, RANK, True)
+    listed = stall.answer(rest.list_checkpoints(first.model_id), 60).checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("weights/half", "training", saved)
+    ]
+    assert listed[0].size_bytes is None or listed[0].size_bytes > 0
+    everything = stall.answer(rest.list_training_runs(), 60)
+    assert first.model_id in [r.training_run_id for r in everything.training_runs]
+    mine = stall.answer(rest.list_user_checkpoints(), 60).checkpoints
+    assert saved in [c.tinker_path for c in mine]
     stall.answer(first_service.close("success"), 60)  # its session and job end; the state stays
 
     service = tinker.ServiceClient()

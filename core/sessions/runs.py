@@ -1,0 +1,141 @@
+"""Training runs and their checkpoints, as the Tinker client's `RestClient` reads them (issue 47:
+`list_training_runs`, `get_training_run`, `list_checkpoints`, `list_user_checkpoints`).
+
+A training run is a training client (`SessionModel`: `tinker://<model_id>/...` names its
+states). Its checkpoints are the states it saved by name (`save_state`: the session job's
+checkpoint directory, `step_<n>`, named in its `tinker_names.json` by `trainer.session_calls`),
+each with the time and size of the job's `Checkpoint` row at that step. An unnamed checkpoint
+(the state a stopped program kept) has no `tinker://` path and is not listed here; it is the
+job's, in `/v1/jobs/{id}/checkpoints`.
+
+Every function takes the caller's `project_id`: another project's run is NotFound.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+import fsspec
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from core.platform.settings import Settings
+from core.platform.storage import job_checkpoint_uri
+from core.platform.tables import Checkpoint, SessionModel, SessionRequest, TrainingSession
+from core.sessions import models
+from jobspec.session import NAMES_FILE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """One named checkpoint of a training run: `tinker://<model_id>/weights/<name>`."""
+
+    model_id: str
+    name: str
+    step: int
+    created_at: datetime
+    size_bytes: int | None
+
+    @property
+    def tinker_path(self) -> str:
+        return f"{models.TINKER_SCHEME}{self.model_id}/weights/{self.name}"
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"weights/{self.name}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A training run: its training client's row, its session's `owner` (the key or SSO subject
+    that made it) and `user_metadata`, when its client last called it, and its named
+    checkpoints, oldest first."""
+
+    row: SessionModel
+    owner: str | None
+    user_metadata: dict[str, str]
+    last_request_at: datetime
+    checkpoints: list[SavedState]
+
+
+def page(
+    *, session: Session, settings: Settings, project_id: str, limit: int, offset: int
+) -> tuple[list[Run], int]:
+    """The project's training runs, newest first, `limit` of them after `offset`, and how many
+    there are."""
+    base = select(SessionModel).where(SessionModel.project_id == project_id)
+    total = int(session.scalar(select(func.count()).select_from(base.subquery())) or 0)
+    rows = session.scalars(
+        base.order_by(SessionModel.created_at.desc(), SessionModel.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return [_run(session, settings, row) for row in rows], total
+
+
+def get(*, session: Session, settings: Settings, project_id: str, model_id: str) -> Run:
+    """The project's training run `model_id`. Raises NotFound (another project's too)."""
+    row = models.get(session=session, project_id=project_id, model_id=model_id)
+    return _run(session, settings, row)
+
+
+def _run(session: Session, settings: Settings, row: SessionModel) -> Run:
+    owner = session.get(TrainingSession, row.session_id)
+    last = session.scalar(
+        select(func.max(SessionRequest.created_at)).where(SessionRequest.model_id == row.id)
+    )
+    metadata = {} if owner is None else {str(k): str(v) for k, v in owner.user_metadata.items()}
+    return Run(
+        row,
+        None if owner is None else owner.owner,
+        metadata,
+        last or row.created_at,
+        saved_states(session, settings, row),
+    )
+
+
+def all_states(*, session: Session, settings: Settings, project_id: str) -> list[SavedState]:
+    """Every named state of the project's training runs, newest first (one storage read per
+    run)."""
+    rows = session.scalars(select(SessionModel).where(SessionModel.project_id == project_id))
+    states = [state for row in rows for state in saved_states(session, settings, row)]
+    return sorted(states, key=lambda s: (s.created_at, s.model_id, s.step), reverse=True)
+
+
+def saved_states(session: Session, settings: Settings, row: SessionModel) -> list[SavedState]:
+    """The named states of training client `row`, by step: its job's `tinker_names.json`
+    joined to the job's checkpoint rows. A names file the storage cannot read is logged and
+    lists none (the run itself still reads)."""
+    root = job_checkpoint_uri(settings, row.job_id)
+    try:
+        fs, base = fsspec.core.url_to_fs(root)
+        path = f"{base.rstrip('/')}/{NAMES_FILE}"
+        names: dict[str, int] = json.loads(fs.cat_file(path)) if fs.exists(path) else {}
+    except (OSError, ValueError) as exc:
+        log.warning("training run %s: its checkpoint names are unreadable: %s", row.id, exc)
+        return []
+    rows = {
+        c.step: c
+        for c in session.scalars(select(Checkpoint).where(Checkpoint.job_id == row.job_id))
+    }
+    states = []
+    for name, step in names.items():
+        found = rows.get(int(step))
+        when: datetime | None = None if found is None else found.created_at
+        if when is None:  # saved, its `checkpoint` event not stored yet: the storage's time
+            when = _modified(fs, f"{base.rstrip('/')}/step_{int(step):08d}")
+        size = None if found is None else found.size_bytes
+        states.append(SavedState(row.id, name, int(step), when or row.created_at, size))
+    return sorted(states, key=lambda s: (s.step, s.name))
+
+
+def _modified(fs: fsspec.AbstractFileSystem, path: str) -> datetime | None:
+    try:
+        return fs.modified(path).replace(tzinfo=None)
+    except (OSError, NotImplementedError, ValueError):
+        return None
