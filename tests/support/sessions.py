@@ -161,3 +161,24 @@ def forward_backward_body(batch: list[dict[str, np.ndarray]], seq_id: int, **kw:
         seq_id=seq_id,
     )
     return bytes(forward_backward_request_to_proto(request).SerializeToString())
+
+
+def run_and_sampler(engine: Any, project_id: str, session_id: str, job_id: int) -> tuple[str, str]:
+    """(a training client's model id, a sampling session's id) of the project's session
+    `session_id`, the client's rows on the existing job `job_id` (never run as a session): the
+    route-wide tests' resources for `{training_run_id}` and `{sampler_id}`."""
+    from core.platform.db import session_scope
+    from core.platform.tables import SessionModel, utcnow
+    from core.sessions import models, samplers
+
+    with session_scope(engine) as s:
+        model_id = models.model_id(session_id, 0)
+        s.add(SessionModel(id=model_id, project_id=project_id, session_id=session_id,
+                           model_seq_id=0, base_model="llama-tiny", lora_rank=8,
+                           job_id=job_id, created_at=utcnow()))  # fmt: skip
+        s.flush()
+        path = samplers.sampler_path(model_id, "w")
+        sampler = samplers.create(
+            session=s, project_id=project_id, session_id=session_id, model_path=path
+        )
+        return model_id, sampler.id

@@ -43,6 +43,7 @@ from tests.integration.workers.helpers import (
     tiny_spec,
     wait_for,
 )
+from tests.support.sessions import run_and_sampler
 from torchyard.cli import app as cli_app
 from trainer.exports.safetensors import MODEL_PREFIX, load_model_weights
 
@@ -219,7 +220,11 @@ def _server_dirs(settings: Settings) -> set[str]:
 
 
 def _fill(
-    path: str, trained: Trained, checkpoint_id: int, sweep_id: int = 0, session_id: str = ""
+    path: str,
+    trained: Trained,
+    checkpoint_id: int,
+    sweep_id: int = 0,
+    tinker: tuple[str, str, str] = ("", "", ""),
 ) -> str:
     """`path` with its parameters filled with `trained`'s resources; fails on one it cannot."""
     job = f"{JOB_PREFIX}{trained.job_id}" if path.startswith("/openai/") else str(trained.job_id)
@@ -232,7 +237,10 @@ def _fill(
         "webhook_id": trained.webhook_id,
         "model_id": trained.model_id,
         "sweep_id": str(sweep_id),
-        "session_id": session_id,  # a training session of the project (Tinker's API)
+        # a training session of the project (Tinker's API), a training client, a sampler
+        "session_id": tinker[0],
+        "training_run_id": tinker[1],
+        "sampler_id": tinker[2],
     }
     for name in re.findall(r"{(\w+)}", path):
         if name not in values:
@@ -306,6 +314,8 @@ def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins
         headers=owner.headers,
     )
     assert session.status_code == 200, session.text
+    session_id = session.json()["session_id"]
+    run_id, sampler_id = run_and_sampler(engine, owner.project_id, session_id, trained.job_id)
     routes = [
         path
         for path, item in api.get("/openapi.json").json()["paths"].items()
@@ -313,7 +323,7 @@ def test_no_answer_about_a_finished_job_names_the_servers_directories_and_admins
     ]
     read_by_viewer = set()
     for route in routes:
-        url = _fill(route, trained, checkpoint["id"], sweep_id, session.json()["session_id"])
+        url = _fill(route, trained, checkpoint["id"], sweep_id, (session_id, run_id, sampler_id))
         for key in (viewer, owner.api_key):
             answer = api.get(url, params=_QUERY.get(route), headers=_bearer(key))
             assert answer.status_code in (200, 403), (url, answer.text)

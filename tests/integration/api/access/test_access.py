@@ -32,11 +32,11 @@ from core.jobs import ingest
 from core.openai.projection import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
 from core.platform.settings import Settings
-from core.platform.tables import Checkpoint, Job, JobState, SessionModel, utcnow
-from core.sessions import models, samplers
+from core.platform.tables import Checkpoint, Job, JobState, utcnow
 from tests.conftest import ProjectKey, make_project
 from tests.integration.api.code_archives import code_files, tar_gz, upload
 from tests.integration.api.conftest import job_spec, submit
+from tests.support.sessions import run_and_sampler
 
 _METHODS = ("get", "post", "put", "patch", "delete")
 # Routes anyone may call, without a key. Any other route must document its permission.
@@ -272,17 +272,9 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
     )
     assert created.status_code == 200, created.text
     world.session_id = created.json()["session_id"]
-    with session_scope(engine) as s:  # a training client (on the job above) and a sampler
-        model_id = models.model_id(world.session_id, 0)
-        s.add(SessionModel(id=model_id, project_id=owner.project_id, session_id=world.session_id,
-                           model_seq_id=0, base_model="llama-tiny", lora_rank=8,
-                           job_id=world.job_id, created_at=utcnow()))  # fmt: skip
-        s.flush()
-        path = samplers.sampler_path(model_id, "w")
-        world.sampler_id = samplers.create(
-            session=s, project_id=owner.project_id, session_id=world.session_id, model_path=path
-        ).id
-        world.run_id = model_id  # a training run (`/tinker/api/v1/training_runs`)
+    world.run_id, world.sampler_id = run_and_sampler(  # a training client, on the job above
+        engine, owner.project_id, world.session_id, world.job_id
+    )
     _principal_keys(client, engine, world)
     return world
 

@@ -39,20 +39,6 @@ def server(
         yield f"{base_url}/tinker"
 
 
-@pytest.fixture(scope="module")
-def owner(engine: Engine) -> ProjectKey:
-    return make_project(engine)
-
-
-@pytest.fixture
-def client_env(server: str, owner: ProjectKey, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only `TINKER_BASE_URL` and `TINKER_API_KEY` (`tml-` and the project's key)."""
-    for name in ("TINKER_CREDENTIAL_CMD", "TINKER_TAGS", "TINKER_PROJECT_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TINKER_BASE_URL", server)
-    monkeypatch.setenv("TINKER_API_KEY", f"tml-{owner.api_key}")
-
-
 def _rest(server: str, path: str, key: str, **kwargs: Any) -> httpx.Response:
     method = "POST" if "json" in kwargs else "GET"
     return httpx.request(

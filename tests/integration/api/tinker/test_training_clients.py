@@ -39,19 +39,6 @@ def server(
         yield f"{base_url}/tinker"
 
 
-@pytest.fixture(scope="module")
-def owner(engine: Engine) -> ProjectKey:
-    return make_project(engine)
-
-
-@pytest.fixture
-def client_env(server: str, owner: ProjectKey, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TINKER_CREDENTIAL_CMD", "TINKER_TAGS", "TINKER_PROJECT_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TINKER_BASE_URL", server)
-    monkeypatch.setenv("TINKER_API_KEY", f"tml-{owner.api_key}")
-
-
 def _post(server: str, path: str, key: str, body: dict[str, Any], **headers: str) -> httpx.Response:
     return httpx.post(
         f"{server}/api/v1{path}", json=body, headers={"X-API-Key": f"tml-{key}", **headers}
@@ -124,6 +111,20 @@ def test_another_projects_key_gets_404_on_the_model_and_its_futures(
     ):
         answer = _post(server, path, other.api_key, payload)
         assert answer.status_code == 404, (path, answer.text)
+    # a `tinker://` path of this project's client, loaded into the other project's own client
+    theirs = _post(server, "/create_session", other.api_key,
+                   {"tags": [], "user_metadata": None, "sdk_version": "0.38.0"})  # fmt: skip
+    made = _post(server, "/create_model", other.api_key,
+                 {"session_id": theirs.json()["session_id"], "model_seq_id": 0,
+                  "base_model": BASE, "lora_config": {"rank": 4}})  # fmt: skip
+    assert made.status_code == 200, made.text
+    path = f"tinker://{client.model_id}/weights/w"
+    load = {"model_id": made.json()["model_id"], "seq_id": 1, "path": path, "optimizer": False}
+    answer = _post(server, "/load_weights", other.api_key, load)
+    assert answer.status_code == 404, answer.text
+    run = httpx.get(f"{server}/api/v1/training_runs/{client.model_id}",
+                    headers={"X-API-Key": f"tml-{other.api_key}"})  # fmt: skip
+    assert run.status_code == 404, run.text
     service.close("success").result()
 
 
