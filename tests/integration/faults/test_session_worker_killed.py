@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
@@ -36,7 +35,7 @@ from tests.integration.workers.helpers import (
     wait_for,
 )
 from tests.support.figures import record
-from tests.support.sessions import ADAM, RANK, SEED, session_llama_dir, tinker_datums
+from tests.support.sessions import RANK, SEED, session_llama_dir, tinker_datums
 
 pytestmark = [pytest.mark.long, pytest.mark.timeout(900)]
 BASE = "session-llama"
@@ -128,14 +127,6 @@ def _running(engine: Engine, model_id: str) -> Callable[[], bool]:
     return probe
 
 
-def _step(stall: Stall, client: Any, batch: list[dict[str, np.ndarray]]) -> float:
-    backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
-    step = client.optim_step(tinker.AdamParams(**ADAM))
-    loss = stall.answer(backward, WAIT_S).metrics["loss:sum"]
-    stall.answer(step, WAIT_S)
-    return float(loss)
-
-
 def test_a_killed_session_worker_fails_the_held_call_and_resumes_from_the_saved_state(
     setup: tuple[Stall, list[Worker]], engine: Engine
 ) -> None:
@@ -145,9 +136,9 @@ def test_a_killed_session_worker_fails_the_held_call_and_resumes_from_the_saved_
     client = stall.answer(
         service.create_lora_training_client(BASE, rank=RANK, seed=SEED, train_unembed=False), 60
     )
-    before = [_step(stall, client, batch) for batch in batches[:2]]
+    before = [stall.step(client, batch, WAIT_S) for batch in batches[:2]]
     stall.answer(client.save_state("two"), WAIT_S)
-    after_save = _step(stall, client, batches[2])  # applied, then lost with the worker
+    after_save = stall.step(client, batches[2], WAIT_S)  # applied, then lost with the worker
 
     holder = next(w for w in workers if _program(w) is not None)
     program = _program(holder)
@@ -169,7 +160,7 @@ def test_a_killed_session_worker_fails_the_held_call_and_resumes_from_the_saved_
     assert "lost before answering this call" in str(lost.value), str(lost.value)
 
     # the other worker serves it, from the save: batch 2 again has the loss it had after it
-    again = _step(stall, client, batches[2])
+    again = stall.step(client, batches[2], WAIT_S)
     record("session worker killed -> its held call failed", answered_in_s,
            ANSWERING_AGAIN_WITHIN_S)  # fmt: skip
     assert answered_in_s < ANSWERING_AGAIN_WITHIN_S

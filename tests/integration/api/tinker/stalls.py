@@ -6,20 +6,21 @@ saw session calls wait past 300 s where they take seconds; this is how the next 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import numpy as np
 import pytest
+import tinker
 from sqlalchemy import Engine, select
 
 from core.platform.db import session_scope
 from core.platform.tables import Job, JobEvent, SessionModel, SessionRequest
 from tests.integration.workers.controllers import Controller
 from tests.integration.workers.helpers import Worker
+from tests.support.sessions import ADAM, tinker_datums
 
-T = TypeVar("T")
 TAIL_LINES = 40
 
 
@@ -103,10 +104,12 @@ class Stall:
         except TimeoutError:
             pytest.fail(f"no answer in {timeout_s:.0f} s; what it waited on:\n{self.explain()}")
 
-
-def explained(stall: Stall, call: Callable[[], T]) -> T:
-    """`call()`, with `stall.explain()` added to a `TimeoutError` it raises."""
-    try:
-        return call()
-    except TimeoutError:
-        pytest.fail(f"timed out; what it waited on:\n{stall.explain()}")
+    def step(self, client: Any, batch: list[dict[str, np.ndarray]], timeout_s: float) -> float:
+        """One training step of `client` on `batch` (`forward_backward(cross_entropy)` then
+        `optim_step` with the session tests' `ADAM`), each answered within `timeout_s`; its
+        `loss:sum`."""
+        backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
+        step = client.optim_step(tinker.AdamParams(**ADAM))
+        loss = self.answer(backward, timeout_s).metrics["loss:sum"]
+        self.answer(step, timeout_s)
+        return float(loss)

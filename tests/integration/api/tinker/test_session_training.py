@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -131,14 +130,6 @@ def test_a_call_of_a_session_job_that_failed_is_a_server_error_not_a_wait(
     stall.answer(service.close("success"), 60)
 
 
-def _step(stall: Stall, client: Any, batch: list[dict[str, np.ndarray]]) -> float:
-    backward = client.forward_backward(tinker_datums(batch), "cross_entropy")
-    step = client.optim_step(tinker.AdamParams(**ADAM))
-    loss = stall.answer(backward, RESULT_TIMEOUT_S).metrics["loss:sum"]
-    stall.answer(step, RESULT_TIMEOUT_S)
-    return float(loss)
-
-
 @pytest.mark.usefixtures("client_env")
 def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted_training(
     stall: Stall, model_dir: Path, tmp_path: Path
@@ -154,7 +145,7 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
         first_service.create_lora_training_client(BASE, rank=RANK, seed=SEED, train_unembed=False),
         60,
     )
-    before = [_step(stall, first, batch) for batch in batches[:3]]
+    before = [stall.step(first, batch, RESULT_TIMEOUT_S) for batch in batches[:3]]
     saved = stall.answer(first.save_state("half"), RESULT_TIMEOUT_S).path
     assert saved == f"tinker://{first.model_id}/weights/half"
     rest = first_service.create_rest_client()  # the run and its checkpoint, as the client reads
@@ -180,7 +171,7 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
         train_unembed=False,  # other adapters, replaced by the load
     ).result(timeout=60)
     stall.answer(second.load_state_with_optimizer(saved), RESULT_TIMEOUT_S)
-    after = [_step(stall, second, batch) for batch in batches[3:]]
+    after = [stall.step(second, batch, RESULT_TIMEOUT_S) for batch in batches[3:]]
     np.testing.assert_allclose(before + after, expected, rtol=1e-5, atol=0)
     with pytest.raises(tinker.RequestFailedError) as missing:
         stall.answer(second.load_state(f"tinker://{first.model_id}/weights/nothing"), 60)
