@@ -49,6 +49,11 @@ def pending(session: Session) -> list[tuple[int, str]]:
 
 @event.listens_for(Session, "after_commit")
 def _send(session: Session) -> None:
+    # SQLAlchemy fires after_commit on a savepoint's release too (`begin_nested`), while the
+    # outer transaction, and the job's row in it, is not yet committed: a worker reading the
+    # row at once would find it gone and drop the message. Only the root's commit sends.
+    if session.in_nested_transaction():
+        return
     queued: list[tuple[int, str]] = session.info.pop(_OUTBOX, [])
     dispatch = session.info.get(_DISPATCH)
     if dispatch is None:

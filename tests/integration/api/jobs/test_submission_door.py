@@ -104,6 +104,33 @@ def test_every_door_sends_its_job_once_after_the_commit_and_a_replay_sends_nothi
     assert _origin(engine, kept.job.id) == ("queued", "eval_after")
 
 
+def test_a_savepoint_after_the_submit_sends_nothing_before_the_outer_commit(
+    engine: Engine, project: ProjectKey, dataset: dict[str, Any], pool: str
+) -> None:
+    """SQLAlchemy runs `after_commit` when a savepoint is released: a session call stores its
+    request in one (`core.sessions.requests.add`) after the submit of its job, and the run
+    message left then, before the job's row was committed: the worker found the job gone and
+    the session's first call waited forever (CI at stops 54 and 55)."""
+    sent: Sent = []
+    make = session_factory(engine, dispatch=_recorder(engine, sent))
+    spec = parse_job_spec(job_spec(dataset["id"], resources={"pool": pool}))
+    with make() as session:
+        made = submission.submit(
+            session=session,
+            settings=None,
+            project_id=project.project_id,
+            spec=spec,
+            owner="k",
+            door=submission.EVAL_AFTER,  # a door that leaves the commit to its caller
+        )
+        with session.begin_nested():
+            session.add(JobEvent(job_id=made.job.id, kind="note", message="in a savepoint"))
+        assert sent == []  # the savepoint's release sends nothing
+        assert outbox.pending(session) == [(made.job.id, pool)]
+        session.commit()
+    assert sent == [(made.job.id, pool, True)]
+
+
 def test_the_queue_quota_holds_at_every_door_but_an_evaluation_owed_to_a_finished_run(
     engine: Engine,
     settings: Settings,
