@@ -45,8 +45,8 @@ from bench._common import (
     summary_ms,
     tiny_spec,
 )
-from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs import upserts
 from core.platform.db import make_engine, session_scope
 from core.platform.tables import JobState
 
@@ -91,8 +91,8 @@ def _writer(engine: Any, job_id: int, seconds: float, sent: dict[int, float]) ->
     while time.monotonic() < deadline:
         step += 1
         with session_scope(engine) as s:
-            point = ingest.Metric("loss", step, 1.0 / step, time.time())
-            ingest.metrics(session=s, job_id=job_id, attempt=1, points=[point])
+            point = upserts.Metric("loss", step, 1.0 / step, time.time())
+            upserts.metrics(session=s, job_id=job_id, attempt=1, points=[point])
         sent[step] = time.time()  # committed
         time.sleep(0.2)
     with session_scope(engine) as s:

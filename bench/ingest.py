@@ -1,5 +1,5 @@
 """Metric ingestion through the worker's path (`workers.ingest.RunIngest.flush`: tail
-events.jsonl, parse, keyed upsert via `core.jobs.ingest`, commit) into Postgres.
+events.jsonl, parse, keyed upsert via `core.jobs.upserts`, commit) into Postgres.
 
     python -m bench.ingest [--points 300000] [--rate 50000] [--seconds 10]
 

@@ -1,4 +1,5 @@
-"""Shared domain of the control plane: settings, ORM models, job state machine, services.
+"""Shared domain of the control plane: settings, tables (ORM rows), job state machine,
+services.
 
 No FastAPI, no Celery, no torch here: `api/` and `workers/` both build on this package.
 """

@@ -1,16 +1,15 @@
 """``torchyard quickstart --example chat-sft|dpo|grpo``: the fine-tuning examples, offline.
 
-`prepare` writes the examples' data (`torchyard.examples.docstrings`: stdlib functions and
-their docstrings as messages and preference JSONL; `torchyard.examples.sums`: sums of two
-small numbers, noisily labelled for SFT and as prompts with their true answers for GRPO) and
-builds the model directory (a small Llama and a locally trained ChatML BPE) under
-``HOME/examples``, which it adds to the allowed data roots. The model is built by ``python -m
-demos.offline_llama`` in a child process: it needs torch, `tokenizers` and
-`transformers`, which the client must not import (the quickstart already runs the API and
-worker locally, so the trainer's packages are there). `submit` uploads the data over REST and
-runs the example's `STAGES` one after the other, each later one from the checkpoint of the
-one before: `chat_sft.yaml` (then `dpo.yaml` for ``dpo``), or `sums_sft.yaml` then
-`grpo.yaml` for ``grpo``.
+`prepare` writes the examples' data (`demos.docstrings`: stdlib functions and their docstrings
+as messages and preference JSONL; `demos.sums`: sums of two small numbers, noisily labelled for
+SFT and as prompts with their true answers for GRPO) and builds the model directory (a small
+Llama and a locally trained ChatML BPE) under ``HOME/examples``, which it adds to the allowed
+data roots. The model is built by ``python -m demos.offline_llama`` in a child process: it
+needs torch, `tokenizers` and `transformers`, which the client must not import (the quickstart
+already runs the API and worker locally, so the trainer's packages are there). `submit` uploads
+the data over REST and runs the example's `STAGES` one after the other, each later one from the
+checkpoint of the one before: `chat_sft.yaml` (then `dpo.yaml` for ``dpo``), or `sums_sft.yaml`
+then `grpo.yaml` for ``grpo``.
 """
 
 from __future__ import annotations
@@ -27,11 +26,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from demos.docstrings import ExampleData, write_example_data
+from demos.sums import SumsData, write_sums_data
 from torchyard.client import Client
 from torchyard.errors import TorchyardError
 from torchyard.examples import load_example
-from torchyard.examples.docstrings import ExampleData, write_example_data
-from torchyard.examples.sums import SumsData, write_sums_data
 from torchyard.summary import JobSummary, render_summary
 from torchyard.types import Dataset, Job
 

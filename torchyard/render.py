@@ -1,7 +1,8 @@
 """Human-readable output of the CLI: rich tables and number formatting.
 
-Pure functions from SDK models to `rich` renderables; user-supplied text (names, log lines,
-error messages) is wrapped in `Text` so square brackets in it are never read as markup.
+Pure functions from SDK answers (`torchyard.types`) to `rich` renderables; user-supplied text
+(names, log lines, error messages) is wrapped in `Text` so square brackets in it are never read
+as markup.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchyard.errors import ApiError, TorchyardError, ValidationFailed
-from torchyard.failures import state_with_class
+from torchyard.failure_render import state_with_class
 from torchyard.tables import Column, ListTable
 from torchyard.types import (
     Checkpoint,
@@ -184,7 +185,7 @@ def job_details(job: Job) -> Table:
         rows.append((name, format_metric(name, metric)))
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
-    if job.failure is None and job.error:  # else `failures.failure_block` showed it
+    if job.failure is None and job.error:  # else `failure_render.failure_block` showed it
         rows.append(("error", Text(job.error, style="red")))
     if job.failure is None and job.restarts_used and job.retry_policy is not None:
         rows.append(("restarts", Text(job.retry_policy.summary)))

@@ -63,7 +63,7 @@ from jobspec.job import STORED, EvalJobSpec, JobSpec
 from trainer import eval_reward
 from trainer.checkpoint.checkpointer import checkpoint_spec, load_model_only
 from trainer.data.byte_tokenizer import decode
-from trainer.data.prep import cache_root, encode_one, make_plan, prepare_rows
+from trainer.data.prep import cache_root, encode_one, prepare_rows, row_recipe
 from trainer.data.rows import Rows
 from trainer.data.sampler import eval_batches
 from trainer.distributed import DistInfo, all_reduce_sum, env_rank, init_distributed, shutdown
@@ -345,19 +345,19 @@ def answer(
     tok = Tokenizer(network.tokenizer)
     reading = on_dataset(source, dataset)
     files = list_files(dataset["uri"], reading.data.include, reading.data.exclude)
-    plan = make_plan(reading, files, None, tok)
+    recipe = row_recipe(reading, files, None, tok)
     generator = torch.Generator(device=dist_info.device).manual_seed(seed)
     eos_id = tok.eos_id if evaluation.stop_at_eos else None
     samples: list[dict[str, Any]] = []
     for where, _, obj in iter_records(files):
         if len(samples) >= evaluation.max_prompts:
             break
-        example = encode_one(where, obj, plan, tok)
+        example = encode_one(where, obj, recipe, tok)
         span = last_supervised_span(example.supervised)
         if span is None or span[0] == 0:
             continue  # nothing to answer, or no prompt before it
         start, end = span
-        reference = reference_text(plan.format, obj)
+        reference = reference_text(recipe.format, obj)
         closing = closing_marker(_text(network.tokenizer, example.input_ids[start:end]), reference)
         prompt = torch.as_tensor(example.input_ids[:start].astype(np.int64))
         ids = generate(

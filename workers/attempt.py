@@ -246,7 +246,7 @@ def record_launch(
 
 
 def record_hints(factory: Callable[[], Session], job: Job, hints: Sequence[str]) -> None:
-    """A `warning` event per hint the launch found (`workers.plan.unseen_paths`)."""
+    """A `warning` event per hint the launch found (`workers.program.unseen_paths`)."""
     try:
         with factory() as session:
             for hint in hints:

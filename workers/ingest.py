@@ -1,8 +1,8 @@
 """Store what one attempt's trainer reports: events.jsonl and the per-rank logs.
 
 One `RunIngest.flush` reads everything new (complete lines, by byte offset), writes it in one
-short transaction through the keyed upserts of `core.jobs.ingest`, and only then moves the offsets:
-a failed write is simply read again at the next flush.
+short transaction through the keyed upserts of `core.jobs.upserts`, and only then moves the
+offsets: a failed write is simply read again at the next flush.
 
 In-place restarts (`retries.max_inplace_restarts`): torchrun gives every restart of the worker
 group new per-rank files (`attempt_<restart>/<local_rank>/`), each tailed on its own; a line's
@@ -27,8 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.attempts import gang
-from core.jobs import alerts, evaluations, outbox
-from core.jobs import ingest as store
+from core.jobs import alerts, evaluations, outbox, upserts
 from core.jobs import service as jobs
 from core.jobs.service import ACTIVE_STATES
 from core.platform.errors import Conflict
@@ -68,13 +67,13 @@ class Reported:
 
 @dataclass
 class _Batch:
-    metrics: list[store.Metric] = field(default_factory=list)
+    metrics: list[upserts.Metric] = field(default_factory=list)
     # (step, trainer time) of each metric line that stored a point: what progress and the lag
     # metric read, a tenth of the points to walk
     lines: list[tuple[int, float]] = field(default_factory=list)
     # (name, step) of the NaN/Inf values skipped, for the `nan_loss` alert (core.jobs.alerts)
     nonfinite: list[tuple[str, int]] = field(default_factory=list)
-    logs: list[store.Log] = field(default_factory=list)
+    logs: list[upserts.Log] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def empty(self) -> bool:
@@ -159,7 +158,7 @@ class RunIngest:
             stored = self.launcher_rank if rank == LAUNCHER_RANK else self.rank_offset + rank
             base = restart * RESTART_OFFSET_STRIDE
             batch.logs += [
-                store.Log(rank=stored, stream=stream, offset=base + offset, line=_text(raw))
+                upserts.Log(rank=stored, stream=stream, offset=base + offset, line=_text(raw))
                 for offset, raw in chunk.lines
             ]
         if not final and batch.empty():  # lines with nothing to store are read all the same
@@ -235,11 +234,11 @@ class RunIngest:
                 f"job {self.job_id} is {job.state if job else 'gone'} at attempt "
                 f"{job.attempt if job else '?'}; this worker ran attempt {self.attempt}"
             )
-        store.metrics(
+        upserts.metrics(
             session=session, job_id=self.job_id, attempt=self.attempt, points=batch.metrics
         )
         alerts.on_metrics(session=session, job=job, points=batch.metrics, nonfinite=batch.nonfinite)
-        store.logs(session=session, job_id=self.job_id, attempt=self.attempt, lines=batch.logs)
+        upserts.logs(session=session, job_id=self.job_id, attempt=self.attempt, lines=batch.logs)
         state = job.state
         for event in batch.events:
             state = self._write_event(session, job, state, event)
@@ -250,7 +249,7 @@ class RunIngest:
         if kind == "checkpoint":
             step, uri = int(event["step"]), str(event["uri"])
             size = int(event.get("size_bytes") or 0)
-            recorded = store.checkpoint(
+            recorded = upserts.checkpoint(
                 session=session,
                 job_id=job.id,
                 attempt=self.attempt,
@@ -264,7 +263,7 @@ class RunIngest:
                 eval_after.after_checkpoint(session=session, job=job, checkpoint=recorded)
         elif kind == "checkpoint_deleted":
             step = int(event["step"])
-            if store.checkpoint_deleted(session=session, job_id=job.id, step=step):
+            if upserts.checkpoint_deleted(session=session, job_id=job.id, step=step):
                 data = {"step": step, "uri": str(event.get("uri", ""))}
                 self._add(session, job, "info", f"checkpoint at step {step} deleted", data)
         elif kind == "export":
@@ -386,7 +385,7 @@ def _loads(raw: bytes) -> Any:
 
 def _parse_metric(
     event: dict[str, Any],
-    out: list[store.Metric],
+    out: list[upserts.Metric],
     nonfinite: list[tuple[str, int]],
     lines: list[tuple[int, float]],
 ) -> None:
@@ -397,7 +396,7 @@ def _parse_metric(
     step = int(event["step"])
     if not -(2**31) <= step < 2**31:  # metric_points.step is a 32-bit integer
         raise ValueError(f"step {step} out of range")
-    make = store.Metric._make
+    make = upserts.Metric._make
     when = float(event.get("time") or 0.0)
     if not math.isfinite(when):
         when = 0.0

@@ -18,7 +18,7 @@ the program never sees, into this host's input cache (`<home>/cache/inputs`):
 Each fetch and each cache hit is an event of the job (`data.input`, `data.cache`: `miss` |
 `hit`), and a long fetch reports its progress ("fetching input corpus: 1.2 of 3.4 GB").
 
-Inside the sandbox each input is bound read-only at `/inputs/<name>` (`workers.plan`); without
+Inside the sandbox each input is bound read-only at `/inputs/<name>` (`workers.program`); without
 the sandbox, `TORCHYARD_INPUT_<NAME>` names the host path.
 """
 

@@ -46,7 +46,7 @@ from core.platform.settings import Settings
 from core.platform.tables import Job, JobState
 from core.scheduling import claim as scheduling
 from jobspec.job import SessionJobSpec
-from workers import devices, exits, launcher, plan, processes
+from workers import devices, exits, launcher, processes, program
 from workers.attempt import (
     DB_RETRIES,
     Dispatch,
@@ -244,7 +244,7 @@ def _join(
 def _prepare(
     settings: Settings, factory: Callable[[], Session], job: Job, node_rank: int, worker: str
 ) -> RunPaths:
-    """This node's run dir (`workers.plan.prepare`), heartbeating while it takes long (an
+    """This node's run dir (`workers.program.prepare`), heartbeating while it takes long (an
     entrypoint job's requirements install)."""
 
     def beat() -> bool:
@@ -258,7 +258,7 @@ def _prepare(
             return True
         return state not in (None, JobState.CANCELLING, JobState.PAUSING, JobState.PREEMPTING)
 
-    return plan.prepare(
+    return program.prepare(
         settings,
         factory,
         job,
@@ -490,7 +490,7 @@ def _launch_node(
         sandboxed = sandbox.enabled(settings.sandbox, settings.env)
     except sandbox.SandboxUnavailable as exc:
         return _fail_unlaunched(factory, job, exc)
-    launch = plan.command(job, paths, head.port, node, lease, sandboxed=sandboxed)
+    launch = program.command(job, paths, head.port, node, lease, sandboxed=sandboxed)
     argv = launch.argv
     counter = exits.oom_counter(group)
     oom_kills = counter()
@@ -498,8 +498,8 @@ def _launch_node(
     try:
         mounts = None
         if sandboxed:
-            mounts = plan.sandbox_mounts(settings, job, paths, node, lease)
-            hints = plan.unseen_paths(job, mounts)
+            mounts = program.sandbox_mounts(settings, job, paths, node, lease)
+            hints = program.unseen_paths(job, mounts)
         joins = group.join_fds() if group is not None else ()
         command = argv if mounts is None else sandbox.torchrun_command(argv)
         proc = processes.spawn(

@@ -1,7 +1,8 @@
 """Read what a growing file gained since last time, complete lines only, by byte offset.
 
 The offset moves only when the caller says the lines are stored (`advance`), so a failed
-database write re-reads the same bytes next time; the keyed ingest upserts make that safe.
+database write re-reads the same bytes next time; the keyed upserts (`core.jobs.upserts`) make
+that safe.
 """
 
 from __future__ import annotations

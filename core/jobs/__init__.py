@@ -1,2 +1,3 @@
-"""Jobs: the state machine and services, listing, what a run reports (ingest, reads, downsampling,
-rollups), progress, alerts, `init_from`, exports, code archives, the YAML spec reader."""
+"""Jobs: the state machine and services, listing, what a run reports (keyed upserts, reads,
+downsampling, rollups), progress, alerts, `init_from`, exports, code archives, the YAML spec
+reader."""

@@ -24,7 +24,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core.jobs.ingest import Metric
+from core.jobs.upserts import Metric
 from core.platform.tables import AlertState, Job, JobState, MetricPoint, WebhookSubscription, utcnow
 from core.webhooks import subscriptions as webhooks
 

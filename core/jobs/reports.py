@@ -181,7 +181,7 @@ def _range(
 
 class _ResultCache:
     """A small LRU of downsampled series, keyed by everything the answer depends on. The job's
-    `updated_at` is part of the key: every metric write moves it (`core.jobs.ingest.metrics`), so a
+    `updated_at` is part of the key: every metric write moves it (`core.jobs.upserts.metrics`), so a
     running job's entries are simply never hit again and age out."""
 
     def __init__(self, size: int = 256) -> None:

@@ -1,2 +1,2 @@
-"""What every domain stands on: settings, the database and its ORM models, storage, queue names,
-domain errors, the server's own paths, structured logs."""
+"""What every domain stands on: settings, the database and its tables (ORM rows, `tables`),
+storage, queue names, domain errors, the server's own paths, structured logs."""

@@ -66,7 +66,7 @@ def row_cache_dir(settings: Settings, project_id: str) -> Path:
     """The worker host's cache of tokenized training rows of project `project_id`
     (`trainer.data.prep`): local, since the trainer memory-maps them; shared by the project's
     jobs and attempts on the host. One per project: a job's sandbox may write its cache
-    (`workers.plan`), so a shared one would let one team's program plant rows that another
+    (`workers.program`), so a shared one would let one team's program plant rows that another
     team's job then trains on."""
     return settings.home.resolve() / "cache" / "rows" / project_id
 

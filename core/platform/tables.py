@@ -1,4 +1,5 @@
-"""ORM models (SQLAlchemy 2.0). Alembic migrations in `migrations/` are the only way they change.
+"""The tables, one SQLAlchemy 2.0 ORM row class each. Alembic migrations in `migrations/` are the
+only way they change.
 
 Every resource hangs off a project; API keys belong to one project and see only its rows.
 

@@ -91,17 +91,17 @@ def claim_next(
     )
     if not projects:
         return None
-    plan = quotas.standings(session=session, pool=pool, project_ids=projects)
+    standings = quotas.standings(session=session, pool=pool, project_ids=projects)
     if (
         max_slots is not None
         and reserve is not None
-        and _head_reserves(session, _queue(plan, pool), max_slots, reserve)
+        and _head_reserves(session, _queue(standings, pool), max_slots, reserve)
     ):
-        _note_waits(session, pool, plan)
+        _note_waits(session, pool, standings)
         return None
     skipped: list[int] = []
     for _ in range(MAX_CANDIDATES):
-        query = _queue(plan, pool)
+        query = _queue(standings, pool)
         if max_slots is not None:
             query = query.where(Job.slots <= max_slots)
         if skipped:
@@ -109,43 +109,43 @@ def claim_next(
         row = session.execute(query.limit(1).with_for_update(skip_locked=True)).one_or_none()
         if row is None:
             break
-        if plan[row.project_id].rows:  # limited: serialise its claims, then re-check
-            plan[row.project_id] = quotas.standings(
+        if standings[row.project_id].rows:  # limited: serialise its claims, then re-check
+            standings[row.project_id] = quotas.standings(
                 session=session, pool=pool, project_ids=[row.project_id], lock=True
             )[row.project_id]
-            if plan[row.project_id].blocked(row.size) is not None:
-                continue  # the refreshed plan leaves it out
+            if standings[row.project_id].blocked(row.size) is not None:
+                continue  # the refreshed standings leave it out
         job = jobs.claim(session=session, job_id=row.id, worker=worker)
         if job is not None:
             job.wait_reason = None
-            plan[row.project_id].start(row.size)
-            _note_waits(session, pool, plan)
+            standings[row.project_id].start(row.size)
+            _note_waits(session, pool, standings)
             return job
         skipped.append(row.id)  # another claimant won it (SQLite: no row lock held)
-    _note_waits(session, pool, plan)
+    _note_waits(session, pool, standings)
     return None
 
 
-def claim_order(plan: dict[str, quotas.Standing]) -> list[Any]:
+def claim_order(standings: dict[str, quotas.Standing]) -> list[Any]:
     """ORDER BY of a pool's claimable jobs: fewest active slots per weight of their project,
     then priority, then age."""
-    shares = {p: s.share for p, s in plan.items()}
+    shares = {p: s.share for p, s in standings.items()}
     if len(set(shares.values())) <= 1:
         return list(scheduling_order())
     return [case(shares, value=Job.project_id, else_=0.0).asc(), *scheduling_order()]
 
 
-def _queue(plan: dict[str, quotas.Standing], pool: str) -> Select[int, str, int, int]:
+def _queue(standings: dict[str, quotas.Standing], pool: str) -> Select[int, str, int, int]:
     """The pool's claimable queued jobs (id, project_id, slots, size) in claim order: none of
     a project over a quota, none larger than its project's room."""
     size = quotas.job_size().label("size")
     query = select(Job.id, Job.project_id, Job.slots, size).where(
         Job.pool == pool, Job.state == JobState.QUEUED
     )
-    blocked = [p for p, s in plan.items() if s.blocked() is not None]
+    blocked = [p for p, s in standings.items() if s.blocked() is not None]
     if blocked:
         query = query.where(Job.project_id.not_in(blocked))
-    rooms = {p: s.room() for p, s in plan.items() if p not in blocked}
+    rooms = {p: s.room() for p, s in standings.items() if p not in blocked}
     limited = {p: r for p, r in rooms.items() if r is not None}
     if limited:
         query = query.where(
@@ -154,13 +154,13 @@ def _queue(plan: dict[str, quotas.Standing], pool: str) -> Select[int, str, int,
                 *(and_(Job.project_id == p, quotas.job_size() <= r) for p, r in limited.items()),
             )
         )
-    return query.order_by(*claim_order(plan))
+    return query.order_by(*claim_order(standings))
 
 
-def _note_waits(session: Session, pool: str, plan: dict[str, quotas.Standing]) -> None:
+def _note_waits(session: Session, pool: str, standings: dict[str, quotas.Standing]) -> None:
     """Write why the queued jobs of projects over a quota wait (`wait_reason`), skipping rows
     other claimants hold, and only where the reason changed."""
-    for project_id, standing in plan.items():
+    for project_id, standing in standings.items():
         reason = standing.blocked()
         where = [Job.pool == pool, Job.state == JobState.QUEUED, Job.project_id == project_id]
         if reason is None:

@@ -148,16 +148,16 @@ def _waiting(
         )
     ).all()
     projects = sorted({r.project_id for r in rows} | {h.project_id for h in holders})
-    plan = quotas.standings(session=session, pool=pool, project_ids=projects)
+    standings = quotas.standings(session=session, pool=pool, project_ids=projects)
     queued = [
         Waiting(id=i, project_id=p, priority=prio, slots=slots, nodes=max(1, size // max(1, slots)))
         for i, p, prio, slots, size in rows
-        if plan[p].blocked(size, held=False) is None
+        if standings[p].blocked(size, held=False) is None
     ]
-    queued.sort(key=lambda w: (plan[w.project_id].share, -w.priority, w.id))
-    rooms = {p: room for p, s in plan.items() if (room := s.room()) is not None}
-    jobs_rooms = {p: room for p, s in plan.items() if (room := s.jobs_room()) is not None}
-    weights = {p: s.weight for p, s in plan.items()}
+    queued.sort(key=lambda w: (standings[w.project_id].share, -w.priority, w.id))
+    rooms = {p: room for p, s in standings.items() if (room := s.room()) is not None}
+    jobs_rooms = {p: room for p, s in standings.items() if (room := s.jobs_room()) is not None}
+    weights = {p: s.weight for p, s in standings.items()}
     return queued[:MAX_WAITING], weights, rooms, jobs_rooms
 
 

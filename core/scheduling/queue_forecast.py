@@ -138,8 +138,8 @@ def _place(free: dict[str, int], slots: int, nodes: int) -> list[str] | None:
     return fitting[:nodes] if len(fitting) >= nodes else None
 
 
-def _order_key(plan: dict[str, quotas.Standing], job: Queued) -> tuple[float, int, int]:
-    return (plan[job.project_id].share, -job.priority, job.id)
+def _order_key(standings: dict[str, quotas.Standing], job: Queued) -> tuple[float, int, int]:
+    return (standings[job.project_id].share, -job.priority, job.id)
 
 
 def _claimable(jobs: list[Queued], standing: quotas.Standing) -> Iterator[Queued]:
@@ -147,19 +147,21 @@ def _claimable(jobs: list[Queued], standing: quotas.Standing) -> Iterator[Queued
 
 
 def _claim_order(
-    by_project: dict[str, list[Queued]], plan: dict[str, quotas.Standing]
+    by_project: dict[str, list[Queued]], standings: dict[str, quotas.Standing]
 ) -> Iterator[Queued]:
     """The pending jobs within their quotas in claim order, lazily: each project's jobs by
     priority and age, merged by (the project's share, priority, age)."""
     streams = [
-        _claimable(jobs, plan[p]) for p, jobs in by_project.items() if plan[p].blocked() is None
+        _claimable(jobs, standings[p])
+        for p, jobs in by_project.items()
+        if standings[p].blocked() is None
     ]
-    return heapq.merge(*streams, key=lambda j: _order_key(plan, j))
+    return heapq.merge(*streams, key=lambda j: _order_key(standings, j))
 
 
 def replay(
     queued: list[Queued],
-    plan: dict[str, quotas.Standing],
+    standings: dict[str, quotas.Standing],
     free: dict[str, int],
     releases: list[Release],
     now: datetime,
@@ -177,7 +179,7 @@ def replay(
     t: datetime | None = now
     missing = set(wanted)
     while missing:
-        candidates = _claim_order(by_project, plan)
+        candidates = _claim_order(by_project, standings)
         placed: tuple[Queued, list[str]] | None
         if t is None:  # unbounded: order only
             placed = next(((j, []) for j in candidates), None)
@@ -189,7 +191,7 @@ def replay(
             job, workers = placed
             for name in workers:
                 free[name] -= job.slots
-            plan[job.project_id].start(job.size)
+            standings[job.project_id].start(job.size)
             order.append(job.id)
             missing.discard(job.id)
             if t is not None:
@@ -197,7 +199,7 @@ def replay(
             by_project[job.project_id].remove(job)
         elif t is None:
             rest = [j for jobs in by_project.values() for j in jobs]
-            order += [j.id for j in sorted(rest, key=lambda j: _order_key(plan, j))]
+            order += [j.id for j in sorted(rest, key=lambda j: _order_key(standings, j))]
             break
         elif not events:
             t = None
@@ -207,8 +209,8 @@ def replay(
             for name, count in event.devices:
                 if name in free:
                     free[name] += count
-            if event.project_id in plan:
-                plan[event.project_id].end(event.size)
+            if event.project_id in standings:
+                standings[event.project_id].end(event.size)
     return order, starts
 
 
@@ -232,13 +234,13 @@ def pool_queue(
     if not rows:
         return {}
     queued = [Queued(*row) for row in rows]
-    plan = quotas.standings(
+    standings = quotas.standings(
         session=session, pool=pool, project_ids=sorted({j.project_id for j in queued})
     )
-    now_plan = {p: s.clone() for p, s in plan.items()}
+    now_standings = {p: s.clone() for p, s in standings.items()}
     order, starts = replay(
         queued,
-        plan,
+        standings,
         _live_workers(session, pool, now, worker_timeout_s),
         _releases(session, pool, now),
         now,
@@ -251,7 +253,7 @@ def pool_queue(
     for position, job_id in enumerate(order, start=1):
         job = by_id[job_id]
         start = starts.get(job_id)
-        reason = now_plan[job.project_id].blocked(job.size)
+        reason = now_standings[job.project_id].blocked(job.size)
         if reason is None and highest is not None and highest > job.priority:
             reason = f"behind priority {highest}"
         if job_id in yielding:

@@ -5,7 +5,7 @@ Revises: 0015_identity
 Create Date: 2026-11-25 12:20:00
 
 `note` is a free-text note set with `PATCH /v1/jobs/{id}`. `best_loss` / `best_eval_loss` are
-the lowest finite `loss` / `eval_loss` reported so far, kept at ingest (core.jobs.ingest) so the
+the lowest finite `loss` / `eval_loss` reported so far, kept at ingest (core.jobs.upserts) so the
 jobs list shows them without reading metric points; existing jobs get them from their points.
 """
 

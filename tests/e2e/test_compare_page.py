@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
-from core.jobs import ingest
+from core.jobs import upserts
 from core.platform.db import session_scope
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, Dash, new_dash
@@ -38,10 +38,10 @@ def runs(engine: Engine, owner: ProjectKey, dataset_id: str) -> list[int]:
     for name in NAMES:
         spec = tiny_spec(pool=unique_queue("nowhere"), dataset_id=dataset_id, name=name)
         job_id = create_job(engine, owner, spec)
-        points = [ingest.Metric(series, step + 1, 2.0 / (step + 1), T0 + s)
+        points = [upserts.Metric(series, step + 1, 2.0 / (step + 1), T0 + s)
                   for series in SERIES for step, s in enumerate(SECONDS)]  # fmt: skip
         with session_scope(engine) as session:
-            ingest.metrics(session=session, job_id=job_id, attempt=1, points=points)
+            upserts.metrics(session=session, job_id=job_id, attempt=1, points=points)
         ids.append(job_id)
     return ids
 

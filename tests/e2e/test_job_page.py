@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
-from core.jobs import ingest
+from core.jobs import upserts
 from core.jobs.exports import NO_EXPORTER
 from core.platform.db import session_scope
 from tests.conftest import ProjectKey, make_project
@@ -342,7 +342,7 @@ def test_a_pending_export_with_no_exporter_says_so_in_its_row(
         step_dir.mkdir()
         (step_dir / ".metadata").write_bytes(b"not read by the page")
         with session_scope(engine) as s:
-            ingest.checkpoint(session=s, job_id=job_id, attempt=1, step=10, uri=str(step_dir),
+            upserts.checkpoint(session=s, job_id=job_id, attempt=1, step=10, uri=str(step_dir),
                               size_bytes=10)  # fmt: skip
         with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
             dash.open(f"/jobs/{job_id}")

@@ -19,7 +19,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
-from core.jobs import ingest
+from core.jobs import upserts
 from core.platform.db import session_scope
 from core.platform.settings import Settings
 from core.platform.tables import JobEvent
@@ -64,8 +64,8 @@ def test_a_berlin_browser_shows_the_job_pages_times_in_utc_with_the_clis_digits(
         s.add(JobEvent(job_id=job_id, attempt=1, kind="info", message="checkpointing",
                        created_at=AT))  # fmt: skip
         line = _trainer_line(AT, "saving checkpoint at step 10")
-        ingest.logs(session=s, job_id=job_id, attempt=1,
-                    lines=[ingest.Log(rank=0, stream="stdout", offset=0, line=line)])  # fmt: skip
+        upserts.logs(session=s, job_id=job_id, attempt=1,
+                    lines=[upserts.Log(rank=0, stream="stdout", offset=0, line=line)])  # fmt: skip
     cli_stamp = format_when(AT).split(" (")[0]  # the CLI's `2026-11-25 06:47:57 UTC (... ago)`
     assert cli_stamp == "2026-11-25 06:47:57 UTC"
 
@@ -94,7 +94,7 @@ def test_the_checkpoints_uri_and_its_copy_button_fit_the_card_at_1366(
         for step, uri in uris.items():
             uri.mkdir(parents=True)
             (uri / ".metadata").write_bytes(b"not read by the page")
-            ingest.checkpoint(session=s, job_id=job_id, attempt=2, step=step, uri=str(uri),
+            upserts.checkpoint(session=s, job_id=job_id, attempt=2, step=step, uri=str(uri),
                               size_bytes=123_456_789)  # fmt: skip
     page = laptop_scheme.page
     laptop_scheme.open(f"/jobs/{job_id}")

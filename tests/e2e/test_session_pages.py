@@ -13,9 +13,9 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
-from core.jobs import ingest
 from core.jobs import service as jobs
-from core.jobs.ingest import Metric
+from core.jobs import upserts
+from core.jobs.upserts import Metric
 from core.platform.db import session_scope
 from core.platform.settings import BaseModelEntry, Settings
 from core.platform.tables import JobState
@@ -69,7 +69,7 @@ def sessions(engine: Engine, settings: Settings, owner: ProjectKey) -> tuple[str
         assert jobs.claim(session=s, job_id=job_id, worker="w") is not None
         jobs.transition(session=s, job_id=job_id, to=JobState.RUNNING)
         points = [Metric("loss", step, v, 0.0) for step, v in enumerate(LOSSES, 1)]
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
     return live_id, model_id, job_id
 
 

@@ -14,9 +14,9 @@ import pytest
 from playwright.sync_api import Browser, expect
 from sqlalchemy import Engine
 
-from core.jobs import ingest
 from core.jobs import service as jobs
-from core.jobs.ingest import Metric
+from core.jobs import upserts
+from core.jobs.upserts import Metric
 from core.platform.db import session_factory, session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Checkpoint, JobState, SweepTrial
@@ -33,7 +33,7 @@ def _job_ran(engine: Engine, job_id: int, values: list[float], end: JobState) ->
         assert jobs.claim(session=s, job_id=job_id, worker="w") is not None
         jobs.transition(session=s, job_id=job_id, to=JobState.RUNNING)
         points = [Metric("eval_loss", 10 * i, v, 0.0) for i, v in enumerate(values, 1)]
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
         s.add(Checkpoint(job_id=job_id, attempt=1, step=10 * len(values), uri="/nowhere"))
         if end == JobState.PRUNED:  # as the pruner and then the worker end it
             jobs.transition(session=s, job_id=job_id, to=JobState.CANCELLING)

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from core.attempts.lifecycle_apply import apply, facts_for
 from core.attempts.lifecycle_policy import NodeEnd, decide
-from core.jobs import evaluations, ingest
+from core.jobs import evaluations, upserts
 from core.jobs import service as jobs
 from core.platform.db import session_scope
 from core.platform.tables import Checkpoint, Job
@@ -35,18 +35,18 @@ def run_eval_job(
     at `step` and succeeded, as a worker leaves it."""
     now = time.time()
     points = [
-        ingest.Metric(f"{name}.{metric}", step, value, now)
+        upserts.Metric(f"{name}.{metric}", step, value, now)
         for name, metrics in scores.items()
         for metric, value in metrics.items()
     ]
-    points.append(ingest.Metric("sys/rss_bytes/0", step, MEMORY_BYTES, now))
+    points.append(upserts.Metric("sys/rss_bytes/0", step, MEMORY_BYTES, now))
     with session_scope(engine) as session:
         claimed = jobs.claim(session=session, job_id=job_id, worker="w-evals")
         assert claimed is not None, "the job was not queued"
         for name, metrics in scores.items():
             event = {"name": name, "kind": "perplexity", "step": step, "metrics": metrics}
             evaluations.record(session=session, job=claimed, attempt=1, event=event)
-        ingest.metrics(session=session, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=session, job_id=job_id, attempt=1, points=points)
         row = session.get(Job, job_id, populate_existing=True)
         assert row is not None
         ended = [NodeEnd(node_rank=0, exit_code=0, completed=True)]

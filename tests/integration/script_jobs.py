@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs import upserts
 from core.platform.db import session_scope
 from core.platform.tables import CodeArchive, JobState, utcnow
 
@@ -68,13 +68,13 @@ def run_script_job(engine: Engine, job_id: int, steps: int = 30) -> None:
         p
         for step in range(1, steps + 1)
         for p in (
-            ingest.Metric("loss", step, 2.0 / step, now),
-            ingest.Metric("accuracy", step, 1 - 1.0 / (step + 1), now),
+            upserts.Metric("loss", step, 2.0 / step, now),
+            upserts.Metric("accuracy", step, 1 - 1.0 / (step + 1), now),
         )
     ]
     lines = [
-        ingest.Log(rank=0, stream="stdout", offset=0, line="hello from train.py"),
-        ingest.Log(rank=0, stream="stdout", offset=20, line=f"step {steps} accuracy ok"),
+        upserts.Log(rank=0, stream="stdout", offset=0, line="hello from train.py"),
+        upserts.Log(rank=0, stream="stdout", offset=20, line=f"step {steps} accuracy ok"),
     ]
     with session_scope(engine) as session:
         job = jobs.claim(session=session, job_id=job_id, worker="test-worker")
@@ -82,9 +82,9 @@ def run_script_job(engine: Engine, job_id: int, steps: int = 30) -> None:
         jobs.transition(
             session=session, job_id=job_id, to=JobState.RUNNING, values={"started_at": utcnow()}
         )
-        ingest.metrics(session=session, job_id=job_id, attempt=1, points=points)
-        ingest.logs(session=session, job_id=job_id, attempt=1, lines=lines)
-        ingest.checkpoint(
+        upserts.metrics(session=session, job_id=job_id, attempt=1, points=points)
+        upserts.logs(session=session, job_id=job_id, attempt=1, lines=lines)
+        upserts.checkpoint(
             session=session, job_id=job_id, attempt=1, step=steps,
             uri=f"file:///nowhere/ckpt/step_{steps:08d}", size_bytes=4096,
         )  # fmt: skip

@@ -14,7 +14,7 @@ from rich.text import Text
 from torchyard.cli.common import JsonOpt, command_client, err, out, print_json
 from torchyard.client import Client
 from torchyard.eval_results import eval_result, fetch_evaluations, score_table
-from torchyard.failures import failure_block
+from torchyard.failure_render import failure_block
 from torchyard.follow import follow_job
 from torchyard.logfilter import compile_grep, parse_since, select
 from torchyard.render import (

@@ -1,5 +1,6 @@
-"""Example job specs (`*.yaml` next to this module) and the offline data they train on
-(`torchyard.examples.docstrings`), as `torchyard quickstart --example` runs them."""
+"""The quickstart's example job specs (`*.yaml` next to this module), as `torchyard quickstart
+--example` runs them; the offline data they train on is built by `demos.docstrings` and
+`demos.sums`."""
 
 from __future__ import annotations
 

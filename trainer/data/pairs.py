@@ -28,7 +28,7 @@ from dataformat.records import (
 )
 from trainer.data.packing import RowPacker
 from trainer.data.rows import Rows, RowsWriter
-from trainer.data.selection import DataPlan, ExampleSplit
+from trainer.data.selection import ExampleSplit, RowRecipe
 
 ANSWERS = ("chosen", "rejected")
 
@@ -71,7 +71,7 @@ def encode_pair(
 
 
 def build_preference_rows(
-    plan: DataPlan,
+    recipe: RowRecipe,
     sources: list[tuple[list[DataFile], ExampleSplit | int]],
     capacity: list[int],
     tok: Tokenizer,
@@ -81,19 +81,19 @@ def build_preference_rows(
     """Write `out/{train,eval}/{chosen,rejected}`; the counts per side. `sources`: the
     files with their `ExampleSplit` or fixed side (0 train, 1 evaluation)."""
     writers = [
-        [RowsWriter(out / side / a, seq_len=plan.seq_len, capacity=max(n, 1)) for a in ANSWERS]
+        [RowsWriter(out / side / a, seq_len=recipe.seq_len, capacity=max(n, 1)) for a in ANSWERS]
         for side, n in zip(("train", "eval"), capacity, strict=True)
     ]
     packers = [
-        [RowPacker(plan.seq_len, packing=False, pad_id=tok.pad_id, emit=w.append) for w in pair]
+        [RowPacker(recipe.seq_len, packing=False, pad_id=tok.pad_id, emit=w.append) for w in pair]
         for pair in writers
     ]
     stats = [MaskStats(), MaskStats()]
     for files, split in sources:
         for index, (where, raw, obj) in enumerate(iter_records(files)):
             side = split if isinstance(split, int) else split.side(index, raw)
-            pair = encode_pair(where, obj, tokenizer=tok, template=plan.template or "")
-            kept = [truncate(e, plan.seq_len, plan.truncation) for e in pair]
+            pair = encode_pair(where, obj, tokenizer=tok, template=recipe.template or "")
+            kept = [truncate(e, recipe.seq_len, recipe.truncation) for e in pair]
             whole = all(k is not None for k in kept)
             for example, k in zip(pair, kept, strict=True):
                 stats[side].add(example, k if whole else None)

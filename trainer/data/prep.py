@@ -11,7 +11,7 @@ first sample verified before anything else is tokenized, over-long examples drop
 (`trainer.data.textrows`): contiguous windows of seq_len + 1 tokens.
 
 Cache: `CACHE_ROOT/<key>/{train,eval}/` plus `data.json` (the counts), where `key` is the
-sha256 of everything that decides the rows (`DataPlan`): the data's content digest (sha256
+sha256 of everything that decides the rows (`RowRecipe`): the data's content digest (sha256
 of every file's bytes), the tokenizer's identity (class, name and a hash of its whole
 serialization), the chat template's source, seq_len, packing, loss_on, truncation, format,
 eval source and split share, file selection. The job seed is not in it: nothing here depends
@@ -44,7 +44,7 @@ from dataformat.readers import DataFile, content_digest, detect, iter_records, l
 from dataformat.records import LOSS_ON_BY_FORMAT
 from trainer.data.packing import RowPacker
 from trainer.data.rows import Rows, RowsWriter, mapped_file
-from trainer.data.selection import DataPlan, ExampleSplit
+from trainer.data.selection import ExampleSplit, RowRecipe
 from trainer.events import Reporter
 
 if TYPE_CHECKING:
@@ -147,11 +147,11 @@ def _gather(outcome: tuple[str, str], dist: DistInfo | None) -> list[tuple[str, 
     return [tuple(x) for x in gathered]
 
 
-def make_plan(
+def row_recipe(
     spec: JobSpec, files: list[DataFile], eval_files: list[DataFile] | None, tok: Tokenizer
-) -> DataPlan:
-    """The plan of `spec`'s data. Raises `InvalidJobError` for a `loss_on` the format
-    cannot honour."""
+) -> RowRecipe:
+    """The row recipe of `spec`'s data (everything that decides its rows). Raises
+    `InvalidJobError` for a `loss_on` the format cannot honour."""
     data = spec.data
     fmt = data.format or detect(files)
     loss_on = data.loss_on or DEFAULT_LOSS_ON[fmt]
@@ -160,7 +160,7 @@ def make_plan(
             f"data.loss_on {loss_on!r} does not apply to format {fmt!r}; choose among "
             f"{list(LOSS_ON_BY_FORMAT[fmt])}"
         )
-    return DataPlan(
+    return RowRecipe(
         format=fmt,
         loss_on=loss_on,
         template=resolve_template(data.chat_template, tok.hf) if fmt in CHAT_FORMATS else None,
@@ -185,19 +185,19 @@ def _build_entry(
     data = spec.data
     files = list_files(location, data.include, data.exclude)
     eval_files = list_files(eval_location, data.include, data.exclude) if eval_location else None
-    plan = make_plan(spec, files, eval_files, tok)
-    entry = cache_dir / plan.key
+    recipe = row_recipe(spec, files, eval_files, tok)
+    entry = cache_dir / recipe.key
     if (entry / _REPORT).is_file():
         return entry, True
-    tmp = cache_dir / f".{plan.key}.{uuid.uuid4().hex}"
+    tmp = cache_dir / f".{recipe.key}.{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)
     try:
-        if _is_stream(plan, files):
+        if _is_stream(recipe, files):
             from trainer.data.textrows import build_text_rows
 
-            report = build_text_rows(plan, files, eval_files, tok, tmp, spec.data)
+            report = build_text_rows(recipe, files, eval_files, tok, tmp, spec.data)
         else:
-            report = _build_example_rows(plan, files, eval_files, tok, tmp, spec)
+            report = _build_example_rows(recipe, files, eval_files, tok, tmp, spec)
         (tmp / _REPORT).write_text(json.dumps(report, indent=2))
         try:
             os.replace(tmp, entry)
@@ -209,27 +209,27 @@ def _build_entry(
     return entry, False
 
 
-def _is_stream(plan: DataPlan, files: list[DataFile]) -> bool:
+def _is_stream(recipe: RowRecipe, files: list[DataFile]) -> bool:
     """Whether the data takes the degenerate contiguous-windows path (`trainer.data.textrows`)."""
-    if plan.format == "tokens":
+    if recipe.format == "tokens":
         return files[0].kind == "tokens"  # flat arrays; Parquet token records are examples
-    return plan.format == "text" or (plan.format == "jsonl_text" and not plan.packing)
+    return recipe.format == "text" or (recipe.format == "jsonl_text" and not recipe.packing)
 
 
-def encode_one(where: str, obj: Any, plan: DataPlan, tok: Tokenizer) -> Example:
+def encode_one(where: str, obj: Any, recipe: RowRecipe, tok: Tokenizer) -> Example:
     """One decoded record -> `Example`. Raises `InvalidJobError` naming `where` (file:line)."""
-    if plan.format == "tokens":
+    if recipe.format == "tokens":
         from trainer.data.textrows import token_example
 
         return token_example(where, obj)
     return encode_at(
-        where, obj, format=plan.format, tokenizer=tok, template=plan.template or "",
-        loss_on=plan.loss_on,
+        where, obj, format=recipe.format, tokenizer=tok, template=recipe.template or "",
+        loss_on=recipe.loss_on,
     )  # fmt: skip
 
 
 def _build_example_rows(
-    plan: DataPlan,
+    recipe: RowRecipe,
     files: list[DataFile],
     eval_files: list[DataFile] | None,
     tok: Tokenizer,
@@ -238,22 +238,22 @@ def _build_example_rows(
 ) -> dict[str, Any]:
     """Records -> verified, truncated, packed rows in `out/{train,eval}`; the counts."""
     max_share = spec.data.max_truncated_share
-    _verify_sample(plan, files, tok, max_share)
+    _verify_sample(recipe, files, tok, max_share)
     sources: list[tuple[list[DataFile], ExampleSplit | int]]
     if eval_files is None:
         split = ExampleSplit(iter_records(files), spec.data.eval_fraction)
         sources, capacity = [(files, split)], split.counts
     else:
         sources, capacity = [(files, 0), (eval_files, 1)], [_count(files), _count(eval_files)]
-    if plan.format == "preference":
+    if recipe.format == "preference":
         from trainer.data.pairs import build_preference_rows
 
-        return build_preference_rows(plan, sources, capacity, tok, out, max_share)
-    return _write_examples(plan, sources, capacity, tok, out, max_share)
+        return build_preference_rows(recipe, sources, capacity, tok, out, max_share)
+    return _write_examples(recipe, sources, capacity, tok, out, max_share)
 
 
 def _verify_sample(
-    plan: DataPlan, files: list[DataFile], tok: Tokenizer, max_truncated_share: float
+    recipe: RowRecipe, files: list[DataFile], tok: Tokenizer, max_truncated_share: float
 ) -> None:
     """The mask verifier on the first `VERIFY_SAMPLE` records, before the rest is read."""
     verifier = MaskStats()
@@ -261,21 +261,21 @@ def _verify_sample(
     for index, (where, _, obj) in enumerate(iter_records(files)):
         if index == VERIFY_SAMPLE:
             break
-        if plan.format == "preference":
+        if recipe.format == "preference":
             from trainer.data.pairs import encode_pair
 
-            examples = encode_pair(where, obj, tokenizer=tok, template=plan.template or "")
+            examples = encode_pair(where, obj, tokenizer=tok, template=recipe.template or "")
         else:
-            examples = (encode_one(where, obj, plan, tok),)
+            examples = (encode_one(where, obj, recipe, tok),)
         for example in examples:
-            verifier.add(example, truncate(example, plan.seq_len, plan.truncation))
+            verifier.add(example, truncate(example, recipe.seq_len, recipe.truncation))
     verifier.check(
-        loss_on=plan.loss_on, max_truncated_share=max_truncated_share, what="data sample"
+        loss_on=recipe.loss_on, max_truncated_share=max_truncated_share, what="data sample"
     )
 
 
 def _write_examples(
-    plan: DataPlan,
+    recipe: RowRecipe,
     sources: list[tuple[list[DataFile], ExampleSplit | int]],
     capacity: list[int],
     tok: Tokenizer,
@@ -286,31 +286,31 @@ def _write_examples(
     `sources`: (files, split), where split is an `ExampleSplit` or a fixed side (0 train,
     1 evaluation)."""
     writers = [
-        RowsWriter(out / name, seq_len=plan.seq_len, capacity=max(n, 1))
+        RowsWriter(out / name, seq_len=recipe.seq_len, capacity=max(n, 1))
         for name, n in zip(("train", "eval"), capacity, strict=True)
     ]
     packers = [
-        RowPacker(plan.seq_len, packing=plan.packing, pad_id=tok.pad_id, emit=w.append)
+        RowPacker(recipe.seq_len, packing=recipe.packing, pad_id=tok.pad_id, emit=w.append)
         for w in writers
     ]
     stats = [MaskStats(), MaskStats()]
     for source, split in sources:
         for index, (where, raw, obj) in enumerate(iter_records(source)):
             side = split if isinstance(split, int) else split.side(index, raw)
-            example = encode_one(where, obj, plan, tok)
-            kept = truncate(example, plan.seq_len, plan.truncation)
+            example = encode_one(where, obj, recipe, tok)
+            kept = truncate(example, recipe.seq_len, recipe.truncation)
             stats[side].add(example, kept)
             if kept is not None:
                 packers[side].add(kept.input_ids, kept.labels())
-    report: dict[str, Any] = {"format": plan.format, "loss_on": plan.loss_on}
+    report: dict[str, Any] = {"format": recipe.format, "loss_on": recipe.loss_on}
     for name, writer, packer, side_stats in zip(
         ("train", "eval"), writers, packers, stats, strict=True
     ):
-        side_stats.check(loss_on=plan.loss_on, max_truncated_share=max_truncated_share, what=name)
+        side_stats.check(loss_on=recipe.loss_on, max_truncated_share=max_truncated_share, what=name)
         packing = packer.close()
         if writer.count == 0:
             raise InvalidJobError(f"the {name} split has no example that fits model.seq_len")
-        writer.close({"format": plan.format})
+        writer.close({"format": recipe.format})
         report[name] = side_stats.report() | packing.report()
     return report
 

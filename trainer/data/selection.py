@@ -1,4 +1,4 @@
-"""What decides a job's rows (`DataPlan`, whose hash is the row cache's key), and the held-out
+"""What decides a job's rows (`RowRecipe`, whose hash is the row cache's key), and the held-out
 split: which side, training or evaluation, each example or document falls on.
 
 Both splits rank by `eval_score`, a stable number in [0, 1) from sha256 (its first 8 bytes),
@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-PIPELINE_VERSION = 2  # bump when the rows a plan produces change (2: max_bytes before split)
+PIPELINE_VERSION = 2  # bump when the rows a recipe produces change (2: max_bytes before split)
 
 
 @dataclass(frozen=True)
-class DataPlan:
+class RowRecipe:
     """Everything that decides the rows; `key` hashes it."""
 
     format: str

@@ -37,7 +37,7 @@ from dataformat.errors import InvalidJobError
 from dataformat.masks import Example, Tokenizer
 from dataformat.readers import DataFile, iter_records, token_array
 from trainer.data.rows import RowsWriter
-from trainer.data.selection import DataPlan, ExampleSplit, document_sides
+from trainer.data.selection import ExampleSplit, RowRecipe, document_sides
 
 if TYPE_CHECKING:
     from jobspec.job import DataSpec
@@ -102,7 +102,7 @@ def token_example(where: str, obj: Any) -> Example:
 
 
 def build_text_rows(
-    plan: DataPlan,
+    recipe: RowRecipe,
     files: list[DataFile],
     eval_files: list[DataFile] | None,
     tok: Tokenizer,
@@ -111,7 +111,7 @@ def build_text_rows(
 ) -> dict[str, Any]:
     """Write `out/{train,eval}` for `text`, unpacked `jsonl_text` and flat `tokens`."""
     skipped = LeftOut()
-    if plan.format == "text":  # what is not text is never read, nor counted in the bound
+    if recipe.format == "text":  # what is not text is never read, nor counted in the bound
         files = skipped.sniff(files)
         eval_files = skipped.sniff(eval_files) if eval_files is not None else None
         if not files:
@@ -120,40 +120,40 @@ def build_text_rows(
                 f"none of the {len(skipped.files)} data files is UTF-8 text ({why}); a text "
                 "dataset is read as text: choose its text files with data.include"
             )
-    capacity = _capacity(files + (eval_files or []), plan, data.token_dtype or "uint16")
+    capacity = _capacity(files + (eval_files or []), recipe, data.token_dtype or "uint16")
     writers = [
-        RowsWriter(out / name, seq_len=plan.seq_len, capacity=capacity)
+        RowsWriter(out / name, seq_len=recipe.seq_len, capacity=capacity)
         for name in ("train", "eval")
     ]
-    chunkers = [Chunker(plan.seq_len, w.append) for w in writers]
-    if plan.format == "jsonl_text":
+    chunkers = [Chunker(recipe.seq_len, w.append) for w in writers]
+    if recipe.format == "jsonl_text":
         _feed_records(files, eval_files, tok, chunkers, data.eval_fraction)
-    elif plan.format == "tokens":
+    elif recipe.format == "tokens":
         _feed_tokens(files, eval_files, chunkers, data)
     else:
         for side, blocks in _text_sides(files, eval_files, data, skipped):
             _feed_text(blocks, tok, chunkers[side])
-    report: dict[str, Any] = {"format": plan.format, "loss_on": "all"}
+    report: dict[str, Any] = {"format": recipe.format, "loss_on": "all"}
     if skipped.files or skipped.repaired:
         report["left_out"] = skipped.report()
     for name, writer, chunker in zip(("train", "eval"), writers, chunkers, strict=True):
         if writer.count == 0:
             raise InvalidJobError(
                 f"the {name} split has {chunker.tokens} tokens, fewer than one chunk of "
-                f"seq_len + 1 = {plan.seq_len + 1}; give more data or a shorter model.seq_len"
+                f"seq_len + 1 = {recipe.seq_len + 1}; give more data or a shorter model.seq_len"
             )
-        writer.close({"format": plan.format, "plain": True})  # the model's plain causal path
+        writer.close({"format": recipe.format, "plain": True})  # the model's plain causal path
         report[name] = chunker.report()
     return report
 
 
-def _capacity(files: list[DataFile], plan: DataPlan, bin_dtype: str) -> int:
+def _capacity(files: list[DataFile], recipe: RowRecipe, bin_dtype: str) -> int:
     """An upper bound on rows per side: tokens <= bytes + one separator per record/file."""
-    if plan.format == "tokens":
+    if recipe.format == "tokens":
         total = sum(int(token_array(f, bin_dtype).shape[0]) for f in files)
     else:
         total = 2 * sum(_size(f) for f in files)
-    return total // (plan.seq_len + 1) + 1
+    return total // (recipe.seq_len + 1) + 1
 
 
 def _feed_records(

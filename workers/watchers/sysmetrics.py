@@ -49,7 +49,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from core.jobs import ingest as store
+from core.jobs import upserts
 from core.jobs.service import ACTIVE_STATES
 from core.platform.settings import Settings
 from core.platform.tables import Job
@@ -375,8 +375,8 @@ class SysMetrics:
             step = self.ingest.reported.step
             if step is None:
                 step = ours.current_step or 0
-            points = [store.Metric(r.series, step, r.value, when) for r in values]
-            store.metrics(session=session, job_id=job_id, attempt=attempt, points=points)
+            points = [upserts.Metric(r.series, step, r.value, when) for r in values]
+            upserts.metrics(session=session, job_id=job_id, attempt=attempt, points=points)
             session.commit()
 
     def close(self) -> None:

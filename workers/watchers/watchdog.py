@@ -35,8 +35,8 @@ import psutil
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.jobs import ingest as store
 from core.jobs import service as jobs
+from core.jobs import upserts
 from core.jobs.service import ACTIVE_STATES
 from core.platform.settings import Settings
 from core.platform.tables import Job
@@ -230,7 +230,7 @@ class Watchdog:
             log.exception("job %s: storing the stacks failed; retrying", ingest.job_id)
 
     def _write(self, session: Session, job: Job) -> None:
-        lines: list[store.Log] = []
+        lines: list[upserts.Log] = []
         for s in self._unstored:
             header = (
                 f"--- stacks of rank {s.rank} ({s.tool}, hang after {self._idle_s:.0f} s "
@@ -240,10 +240,10 @@ class Watchdog:
             if s.text is None:
                 body = [f"py-spy failed ({s.error}); faulthandler's stacks follow in stderr"]
             lines += [
-                store.Log(rank=s.rank, stream=STACKS_STREAM, offset=i, line=line)
+                upserts.Log(rank=s.rank, stream=STACKS_STREAM, offset=i, line=line)
                 for i, line in enumerate([header, *body])
             ]
-        store.logs(session=session, job_id=job.id, attempt=self.ingest.attempt, lines=lines)
+        upserts.logs(session=session, job_id=job.id, attempt=self.ingest.attempt, lines=lines)
         data = {
             **self._found,
             "stacks": [

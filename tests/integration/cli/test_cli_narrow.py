@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.jobs import ingest
-from core.jobs.ingest import Metric
+from core.jobs import upserts
+from core.jobs.upserts import Metric
 from core.platform.db import session_scope
 from core.platform.tables import Checkpoint
 from tests.integration.api.conftest import set_running
@@ -79,7 +79,7 @@ def test_metrics_show_and_checkpoints_print_units_and_the_path_whole(
             Metric("step_time_s", 5, 0.512, 0.0),
             Metric("sys/rss_bytes/0", 5, 1.3e9, 0.0),
         ]
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
         s.add(Checkpoint(job_id=job_id, attempt=1, step=5, uri=LONG_URI))
 
     metrics = {

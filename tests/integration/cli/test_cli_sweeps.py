@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.jobs import ingest
 from core.jobs import service as jobs
-from core.jobs.ingest import Metric
+from core.jobs import upserts
+from core.jobs.upserts import Metric
 from core.platform.db import session_factory, session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Checkpoint, Job, JobState
@@ -53,7 +53,7 @@ def _succeed(engine: Engine, job_id: int) -> None:
     set_running(engine, job_id)
     with session_scope(engine) as s:
         points = [Metric("eval_loss", 10, 2.5, 0.0)]
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
         s.add(Checkpoint(job_id=job_id, attempt=1, step=10, uri="/nowhere"))
         jobs.transition(session=s, job_id=job_id, to=JobState.SUCCEEDED)
 

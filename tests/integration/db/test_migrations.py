@@ -1,4 +1,4 @@
-"""The Alembic migrations build exactly the schema the ORM models declare: a model change
+"""The Alembic migrations build exactly the schema the tables (ORM rows) declare: a table change
 without its migration (or the reverse) fails here, on Postgres and on SQLite (the embedded
 default), instead of at a deployment's first query."""
 

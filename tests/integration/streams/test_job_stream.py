@@ -11,8 +11,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs import upserts
 from core.platform.db import session_scope
 from core.platform.tables import Job, JobState
 from tests.conftest import ProjectKey
@@ -49,12 +49,12 @@ class Reporter:
             assert job is not None
             for _ in range(n):
                 self.step += 1
-                point = ingest.Metric("loss", self.step, 1.0 / self.step, 1000.0 + self.step)
-                ingest.metrics(session=s, job_id=self.job_id, attempt=1, points=[point])
-                line = ingest.Log(
+                point = upserts.Metric("loss", self.step, 1.0 / self.step, 1000.0 + self.step)
+                upserts.metrics(session=s, job_id=self.job_id, attempt=1, points=[point])
+                line = upserts.Log(
                     rank=0, stream="stdout", offset=self.offset, line=f"step {self.step}"
                 )
-                ingest.logs(session=s, job_id=self.job_id, attempt=1, lines=[line])
+                upserts.logs(session=s, job_id=self.job_id, attempt=1, lines=[line])
                 self.offset += 100
                 jobs.add_event(session=s, job=job, kind="info", message=f"at {self.step}", data={})
 

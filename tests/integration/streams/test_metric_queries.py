@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
-from core.jobs import ingest
+from core.jobs import upserts
 from core.jobs.downsample import min_max
 from core.platform.db import session_scope
 from core.platform.tables import MetricPoint
@@ -18,19 +18,19 @@ from tests.conftest import ProjectKey
 N = 20_000
 
 
-def _store(engine: Engine, job_id: int, points: list[ingest.Metric]) -> None:
+def _store(engine: Engine, job_id: int, points: list[upserts.Metric]) -> None:
     with session_scope(engine) as s:
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
 
 
-def _loss(seed: int = 1) -> list[ingest.Metric]:
+def _loss(seed: int = 1) -> list[upserts.Metric]:
     rng = random.Random(seed)
     points = [
-        ingest.Metric("loss", step, 4.0 * math.exp(-step / 5000) + rng.uniform(0, 0.1), 0.0)
+        upserts.Metric("loss", step, 4.0 * math.exp(-step / 5000) + rng.uniform(0, 0.1), 0.0)
         for step in range(1, N + 1)
     ]
-    points[12_344] = ingest.Metric("loss", 12_345, 99.0, 0.0)  # a one-step spike
-    points[6_000] = ingest.Metric("loss", 6_001, -1.0, 0.0)  # and a dip
+    points[12_344] = upserts.Metric("loss", 12_345, 99.0, 0.0)  # a one-step spike
+    points[6_000] = upserts.Metric("loss", 6_001, -1.0, 0.0)  # and a dip
     return points
 
 
@@ -38,7 +38,7 @@ def test_downsampled_series_keeps_shape_envelope_and_exact_last_point(
     client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
 ) -> None:
     points = _loss()
-    _store(engine, job["id"], [*points, ingest.Metric("lr", 1, 1e-3, 0.0)])
+    _store(engine, job["id"], [*points, upserts.Metric("lr", 1, 1e-3, 0.0)])
     answer = client.get(
         f"/v1/jobs/{job['id']}/metrics",
         params={"max_points": 200},
@@ -86,7 +86,7 @@ def test_downsampling_a_step_range(
 def test_reingesting_the_same_points_stores_them_once(
     client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
 ) -> None:
-    points = [ingest.Metric("loss", step, 1.0 / step, float(step)) for step in range(1, 1001)]
+    points = [upserts.Metric("loss", step, 1.0 / step, float(step)) for step in range(1, 1001)]
     _store(engine, job["id"], points)
     _store(engine, job["id"], points)  # a worker that re-read events.jsonl after a crash
     _store(engine, job["id"], points[500:])
@@ -104,7 +104,7 @@ def test_times_give_each_points_wall_clock_downsampled_or_not(
     client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
 ) -> None:
     # Reported every step at 1,000 + 0.5 s x step (the trainer's clock, unix seconds).
-    points = [ingest.Metric("loss", step, 1.0 / step, 1000 + 0.5 * step) for step in range(1, N)]
+    points = [upserts.Metric("loss", step, 1.0 / step, 1000 + 0.5 * step) for step in range(1, N)]
     _store(engine, job["id"], points)
     url = f"/v1/jobs/{job['id']}/metrics"
     plain = client.get(url, params={"max_points": 50}, headers=project.headers).json()

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from core.jobs import ingest
 from core.jobs import reports as queries
+from core.jobs import upserts
 from core.jobs.downsample import LEVEL_SHIFTS, grid, min_max, num_buckets
 from core.platform.db import alembic_config, make_engine, session_scope
 from tests.conftest import PG_ADMIN_URL, ProjectKey
@@ -22,9 +22,9 @@ from tests.conftest import PG_ADMIN_URL, ProjectKey
 Block = tuple[int, float, int, float]  # min_step, min_value, max_step, max_value
 
 
-def _store(engine: Engine, job_id: int, points: list[ingest.Metric]) -> None:
+def _store(engine: Engine, job_id: int, points: list[upserts.Metric]) -> None:
     with session_scope(engine) as s:
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
 
 
 def _expected(points: dict[int, float]) -> dict[tuple[int, int], Block]:
@@ -61,7 +61,7 @@ def test_rollups_stay_exact_through_reingest_overwrites_and_mixed_batches(
     truth = {step: rng.uniform(0, 1) for step in range(0, 3000)}
     truth[1234] = 50.0  # a spike that a later overwrite removes
     del truth[10]  # a gap, filled in at the end
-    first = [ingest.Metric("loss", s, v, 1.0) for s, v in truth.items()]
+    first = [upserts.Metric("loss", s, v, 1.0) for s, v in truth.items()]
     _store(engine, job["id"], first[:2000])  # new points: COPY, merged into the blocks
     _store(engine, job["id"], first[1000:])  # half stored again, half new, one statement each
     _store(engine, job["id"], first)  # a full re-read changes nothing
@@ -70,14 +70,14 @@ def test_rollups_stay_exact_through_reingest_overwrites_and_mixed_batches(
     # old spike is gone and nothing is counted twice.
     again = {step: truth[step] / 2 for step in range(1200, 2600)}
     truth |= again
-    _store(engine, job["id"], [ingest.Metric("loss", s, v, 2.0) for s, v in again.items()])
+    _store(engine, job["id"], [upserts.Metric("loss", s, v, 2.0) for s, v in again.items()])
     rollups = _stored(engine, job["id"], "loss")
     assert rollups == _expected(truth)
     assert max(b[3] for b in rollups.values()) < 50.0
     # Points past the end and the gap filled in, in one batch (the gap goes through the upsert).
     extra = {10: -7.0, 5000: 3.0, 5001: -2.0}
     truth |= extra
-    _store(engine, job["id"], [ingest.Metric("loss", s, v, 3.0) for s, v in extra.items()])
+    _store(engine, job["id"], [upserts.Metric("loss", s, v, 3.0) for s, v in extra.items()])
     assert _stored(engine, job["id"], "loss") == _expected(truth)
 
 
@@ -88,7 +88,7 @@ def test_downsampled_queries_read_the_rollups_and_match_the_reference(
     rng = random.Random(5)
     values = [4.0 * math.exp(-s / 20_000) + rng.uniform(0, 0.1) for s in range(n)]
     values[41_017], values[7_003] = 80.0, -5.0  # one-step spike and dip
-    _store(engine, job["id"], [ingest.Metric("loss", s, v, 0.0) for s, v in enumerate(values)])
+    _store(engine, job["id"], [upserts.Metric("loss", s, v, 0.0) for s, v in enumerate(values)])
     url = f"/v1/jobs/{job['id']}/metrics"
     cases = [(None, None, 1000), (None, None, 200), (123, 54_321, 301), (7_003, 41_017, 64)]
     levels = set()
@@ -123,7 +123,7 @@ def test_downsampled_queries_read_the_rollups_and_match_the_reference(
 def test_a_sparse_series_that_fits_comes_back_whole(
     client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
 ) -> None:
-    points = [ingest.Metric("eval_loss", s, 1.0 / (s + 1), 0.0) for s in range(0, 500_000, 1000)]
+    points = [upserts.Metric("eval_loss", s, 1.0 / (s + 1), 0.0) for s in range(0, 500_000, 1000)]
     _store(engine, job["id"], points)
     (series,) = client.get(
         f"/v1/jobs/{job['id']}/metrics",
@@ -134,7 +134,7 @@ def test_a_sparse_series_that_fits_comes_back_whole(
 
 
 def test_deleting_a_job_deletes_its_points_and_rollups(engine: Engine, job: dict[str, Any]) -> None:
-    _store(engine, job["id"], [ingest.Metric("loss", s, float(s), 0.0) for s in range(100)])
+    _store(engine, job["id"], [upserts.Metric("loss", s, float(s), 0.0) for s in range(100)])
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs WHERE id = :j"), {"j": job["id"]})
         left = [

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from api.streams import StreamHub
-from core.jobs import ingest
+from core.jobs import upserts
 from core.platform.db import session_factory, session_scope
 from core.platform.server_paths import ServerPaths
 
@@ -21,8 +21,8 @@ def test_many_watchers_of_a_job_share_one_feed_and_all_get_each_line(
         queues = [await hub.subscribe(job["id"]) for _ in range(50)]
         feeds = len(hub.feeds)
         with session_scope(engine) as s:  # committed after every watcher joined
-            points = [ingest.Metric("loss", step, 1.0 / step, 100.0 + step) for step in (1, 2)]
-            ingest.metrics(session=s, job_id=job["id"], attempt=1, points=points)
+            points = [upserts.Metric("loss", step, 1.0 / step, 100.0 + step) for step in (1, 2)]
+            upserts.metrics(session=s, job_id=job["id"], attempt=1, points=points)
         got: list[list[int]] = []
         for queue in queues:
             steps: list[int] = []

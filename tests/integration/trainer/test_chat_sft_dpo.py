@@ -1,7 +1,7 @@
 """Issue 11's "done means", through the real service: SDK -> uvicorn API -> Redis -> Celery
 worker -> torchrun (2 ranks, DDP) -> Postgres -> REST.
 
-A messages JSONL built from the standard library (`torchyard.examples.docstrings`) is uploaded,
+A messages JSONL built from the standard library (`demos.docstrings`) is uploaded,
 the chat SFT example (`torchyard/examples/chat_sft.yaml`: a Llama from a config with a locally
 trained BPE and ChatML, LoRA, packing) trains on it and its held-out loss falls below the one
 at step 0; then the DPO example (`dpo.yaml`) starts from that job's checkpoint on an uploaded
@@ -19,13 +19,13 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from core.platform.settings import Settings
+from demos.docstrings import ExampleData, write_example_data
 from tests.conftest import ProjectKey, make_project
 from tests.integration.conftest import cli_invoker
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from tests.integration.workers.sdk_waits import example_spec, run_to_success
 from torchyard.client import Client
 from torchyard.errors import NotFound
-from torchyard.examples.docstrings import ExampleData, write_example_data
 from torchyard.types import Job
 
 JOB_TIMEOUT_S = 400

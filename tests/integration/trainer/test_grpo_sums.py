@@ -20,11 +20,11 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from core.platform.settings import Settings
+from demos.sums import write_sums_data
 from tests.conftest import make_project
 from tests.integration.workers.helpers import Worker, start_worker, unique_queue
 from tests.integration.workers.sdk_waits import example_spec, run_to_success
 from torchyard.client import Client
-from torchyard.examples.sums import write_sums_data
 
 JOB_TIMEOUT_S = 300
 pytestmark = pytest.mark.timeout(2 * JOB_TIMEOUT_S + 120)

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core.jobs import exports, ingest
+from core.jobs import exports, upserts
 from core.jobs import service as jobs
 from core.platform.db import session_scope
 from core.platform.settings import Settings
@@ -296,7 +296,7 @@ def test_a_finished_export_is_announced(
     with session_scope(engine) as s:
         # A real checkpoint's id: export rows are unique per checkpoint id, and a made-up one
         # (the job's id, once) collided with another test's real checkpoint in the same database.
-        ingest.checkpoint(
+        upserts.checkpoint(
             session=s, job_id=job_id, attempt=1, step=10, uri="/srv/ckpt", size_bytes=10
         )
         checkpoint_id = s.scalars(

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from typer.testing import CliRunner, Result
 
 from api.main import create_app
-from core.jobs import ingest
+from core.jobs import upserts
 from core.openai.projection import BASE_LABEL, JOB_PREFIX, model_name
 from core.openai.results import RESULT_PREFIX
 from core.platform.db import session_scope
@@ -395,7 +395,7 @@ def _export_an_unreadable_checkpoint(
     step_dir.mkdir()
     (step_dir / ".metadata").write_bytes(b"not a DCP metadata file")
     with session_scope(engine) as s:
-        ingest.checkpoint(
+        upserts.checkpoint(
             session=s, job_id=job_id, attempt=1, step=2, uri=str(step_dir), size_bytes=1
         )
     (checkpoint,) = api.get(f"/v1/jobs/{job_id}/checkpoints", headers=project.headers).json()[

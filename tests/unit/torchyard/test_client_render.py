@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from torchyard.failures import failure_block, where
+from torchyard.failure_render import failure_block, where
 from torchyard.render import (
     checkpoints_table,
     datasets_table,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core.datasets.formats import check
-from torchyard.examples.docstrings import (
+from demos.docstrings import (
     SYSTEM,
     messages_records,
     preference_records,

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from api.main import create_app
 from core.access import auth
-from core.jobs import ingest
+from core.jobs import upserts
 from core.openai.projection import BASE_LABEL, JOB_PREFIX, model_name
 from core.platform.db import session_scope
 from core.platform.settings import Settings
@@ -226,7 +226,7 @@ def build_world(client: TestClient, engine: Engine, corpus_dir: Path, tmp: Path)
     step_dir.mkdir(parents=True)
     (step_dir / ".metadata").write_bytes(b"a checkpoint")
     with session_scope(engine) as s:
-        ingest.checkpoint(
+        upserts.checkpoint(
             session=s, job_id=world.job_id, attempt=1, step=10, uri=str(step_dir), size_bytes=12
         )
         # A finished fine-tuning job: terminal (its stream ends), with a model and a checkpoint.

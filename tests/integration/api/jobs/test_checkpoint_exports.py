@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete, select, update
 
 from api.main import create_app
-from core.jobs import ingest
+from core.jobs import upserts
 from core.jobs.exports import NO_EXPORTER
 from core.platform.db import session_scope
 from core.platform.queue import EXPORT_CHECKPOINT_TASK
@@ -37,7 +37,7 @@ def _checkpoint(engine: Engine, job_id: int, step: int, root: Path, complete: bo
     if complete:
         (step_dir / ".metadata").write_bytes(b"not read by the API")
     with session_scope(engine) as s:
-        ingest.checkpoint(
+        upserts.checkpoint(
             session=s, job_id=job_id, attempt=1, step=step, uri=str(step_dir), size_bytes=10
         )
     with session_scope(engine) as s:

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from api.main import create_app
-from core.jobs import ingest
+from core.jobs import upserts
 from core.platform.settings import BaseModelEntry, Settings
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, counts, submit
@@ -51,7 +51,7 @@ def _checkpointed_job(engine: Engine, client: TestClient, project: ProjectKey, c
     job = submit(client, project, _spec(code, {}))
     with Session(engine) as session:
         for step in (10, 20):
-            ingest.checkpoint(
+            upserts.checkpoint(
                 session=session,
                 job_id=job["id"],
                 attempt=1,

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from core.jobs import ingest, init_from
+from core.jobs import init_from, upserts
 from core.platform.errors import InvalidInput
 from core.platform.tables import Checkpoint
 from jobspec.job import InitFromSpec
@@ -24,7 +24,7 @@ def _with_checkpoints(engine: Engine, job_id: int, steps: list[int]) -> dict[int
     """Record complete checkpoints of `job_id` as the worker's ingestion does: {step: id}."""
     with Session(engine) as session:
         for step in steps:
-            ingest.checkpoint(
+            upserts.checkpoint(
                 session=session,
                 job_id=job_id,
                 attempt=1,
@@ -162,7 +162,7 @@ def test_launch_passes_the_pinned_uri_and_a_deleted_one_fails_only_a_job_without
 
     assert launch_uri() == f"/ckpt/jobs/{source['id']}/step_00000010"
     with Session(engine) as session:  # retention removed it
-        ingest.checkpoint_deleted(session=session, job_id=source["id"], step=10)
+        upserts.checkpoint_deleted(session=session, job_id=source["id"], step=10)
         session.commit()
     with pytest.raises(InvalidInput, match="no longer exists"):
         launch_uri()

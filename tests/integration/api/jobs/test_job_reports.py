@@ -1,4 +1,4 @@
-"""What a run reported, as the workers ingest it (core.jobs.ingest), read back over the API."""
+"""What a run reported, as the workers ingest it (core.jobs.upserts), read back over the API."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, insert
 
-from core.jobs import ingest
 from core.jobs import service as jobs
+from core.jobs import upserts
 from core.platform.db import session_scope
 from core.platform.tables import JobState, MetricPoint
 from tests.conftest import ProjectKey
@@ -26,12 +26,12 @@ def test_metrics_come_back_as_series_with_their_last_point(
     client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
 ) -> None:
     with session_scope(engine) as s:
-        points = [ingest.Metric("loss", step, 5.0 - step / 10, 1.0 + step) for step in (10, 20)]
-        points.append(ingest.Metric("lr", 10, 1e-3, 11.0))
-        ingest.metrics(session=s, job_id=job["id"], attempt=1, points=points)
+        points = [upserts.Metric("loss", step, 5.0 - step / 10, 1.0 + step) for step in (10, 20)]
+        points.append(upserts.Metric("lr", 10, 1e-3, 11.0))
+        upserts.metrics(session=s, job_id=job["id"], attempt=1, points=points)
         # a re-ingested point upserts instead of duplicating
-        ingest.metrics(
-            session=s, job_id=job["id"], attempt=1, points=[ingest.Metric("loss", 20, 2.5, 21.0)]
+        upserts.metrics(
+            session=s, job_id=job["id"], attempt=1, points=[upserts.Metric("loss", 20, 2.5, 21.0)]
         )
     url = f"/v1/jobs/{job['id']}/metrics"
     series = client.get(url, headers=project.headers).json()["series"]
@@ -78,12 +78,12 @@ def test_logs_page_oldest_first_and_filter_by_rank(
     client: TestClient, project: ProjectKey, job: dict[str, Any], engine: Engine
 ) -> None:
     lines = [
-        ingest.Log(rank=i % 2, stream="stdout", offset=i * 10, line=f"line {i}") for i in range(5)
+        upserts.Log(rank=i % 2, stream="stdout", offset=i * 10, line=f"line {i}") for i in range(5)
     ]
-    lines.append(ingest.Log(rank=-1, stream="stderr", offset=0, line="launcher says hi"))
+    lines.append(upserts.Log(rank=-1, stream="stderr", offset=0, line="launcher says hi"))
     with session_scope(engine) as s:
-        ingest.logs(session=s, job_id=job["id"], attempt=1, lines=lines)
-        ingest.logs(session=s, job_id=job["id"], attempt=1, lines=lines[:2])  # re-read: skipped
+        upserts.logs(session=s, job_id=job["id"], attempt=1, lines=lines)
+        upserts.logs(session=s, job_id=job["id"], attempt=1, lines=lines[:2])  # re-read: skipped
     url = f"/v1/jobs/{job['id']}/logs"
     got: list[str] = []
     after = None
@@ -133,7 +133,7 @@ def test_checkpoints_are_listed_by_step(
 ) -> None:
     with session_scope(engine) as s:
         for step in (20, 10):
-            ingest.checkpoint(
+            upserts.checkpoint(
                 session=s,
                 job_id=job["id"],
                 attempt=1,
@@ -141,7 +141,7 @@ def test_checkpoints_are_listed_by_step(
                 uri=f"/ckpt/step_{step:08d}",
                 size_bytes=1000 + step,
             )
-        again = ingest.checkpoint(
+        again = upserts.checkpoint(
             session=s, job_id=job["id"], attempt=2, step=10, uri="/other", size_bytes=1
         )
         assert again is None  # already recorded: the first record stands

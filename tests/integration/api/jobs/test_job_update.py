@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core.jobs import ingest
-from core.jobs.ingest import Metric
+from core.jobs import upserts
+from core.jobs.upserts import Metric
 from core.platform.db import session_scope
 from tests.conftest import ProjectKey
 from tests.integration.api.conftest import assert_error, job_spec, submit
@@ -97,7 +97,7 @@ def test_best_losses_are_the_lowest_finite_values_reported(
     ]
     for points in batches:
         with session_scope(engine) as session:
-            ingest.metrics(session=session, job_id=job["id"], attempt=1, points=points)
+            upserts.metrics(session=session, job_id=job["id"], attempt=1, points=points)
     got = client.get(f"/v1/jobs/{job['id']}", headers=project.headers).json()
     assert (got["best_loss"], got["best_eval_loss"]) == (2.5, 2.8)
     assert got["latest_metrics"]["loss"] == 2.7

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from core.jobs import ingest
+from core.jobs import upserts
 from core.platform.db import session_scope
 from core.platform.tables import Job
 from tests.conftest import ProjectKey
@@ -23,12 +23,12 @@ def test_every_point_of_the_named_series_within_the_step_range_in_step_order(
 ) -> None:
     job_id = submit(client, project, job_spec(dataset["id"]))["id"]
     points = [
-        ingest.Metric(name, step, step * scale, 1.0)
+        upserts.Metric(name, step, step * scale, 1.0)
         for name, scale in (("loss", 0.5), ("lr", 0.01), ("eval_loss", 2.0))
         for step in (7, 1, 3, 5, 9)  # stored out of order
     ]
     with session_scope(engine) as s:
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
 
     def series(**params: Any) -> dict[str, Any]:
         answer = client.get(f"/v1/jobs/{job_id}/metrics", params=params, headers=project.headers)
@@ -55,18 +55,18 @@ def test_two_nodes_ingesting_at_once_never_lower_the_jobs_current_step(
     first's row lock and must not write back the step it read before (it did: 13)."""
     job_id = submit(client, project, job_spec(dataset["id"]))["id"]
     with session_scope(engine) as s:
-        ingest.metrics(
-            session=s, job_id=job_id, attempt=1, points=[ingest.Metric("loss", 12, 1.0, 1.0)]
+        upserts.metrics(
+            session=s, job_id=job_id, attempt=1, points=[upserts.Metric("loss", 12, 1.0, 1.0)]
         )
     first = Session(engine)
-    ingest.metrics(
-        session=first, job_id=job_id, attempt=1, points=[ingest.Metric("loss", 16, 0.5, 2.0)]
+    upserts.metrics(
+        session=first, job_id=job_id, attempt=1, points=[upserts.Metric("loss", 16, 0.5, 2.0)]
     )
 
     def second() -> None:
         with session_scope(engine) as s:
-            sample = ingest.Metric("sys/rss_bytes/node1", 13, 1e9, 2.0)
-            ingest.metrics(session=s, job_id=job_id, attempt=1, points=[sample])
+            sample = upserts.Metric("sys/rss_bytes/node1", 13, 1e9, 2.0)
+            upserts.metrics(session=s, job_id=job_id, attempt=1, points=[sample])
 
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(second)

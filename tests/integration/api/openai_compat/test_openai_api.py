@@ -26,11 +26,11 @@ import pytest
 from sqlalchemy import Engine
 
 from core.platform.settings import Settings
+from demos.docstrings import ExampleData, write_example_data
 from tests.conftest import ProjectKey, make_project, settings_env
 from tests.integration.conftest import serve_api
 from tests.integration.workers.helpers import Worker, own_worker, unique_queue
 from torchyard.client import Client
-from torchyard.examples.docstrings import ExampleData, write_example_data
 
 JOB_TIMEOUT_S = 400
 BASE = "tiny-llama"

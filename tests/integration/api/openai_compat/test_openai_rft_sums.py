@@ -1,6 +1,6 @@
 """Issue 48's toy verifiable task through the official `openai` client only: a supervised
 fine-tune of a registered small Llama on a careless labeler's sums of two numbers (7 answers in
-10 one too many, `torchyard.examples.sums`), then reinforcement fine-tuning of that fine-tuned
+10 one too many, `demos.sums`), then reinforcement fine-tuning of that fine-tuned
 model (`model: ft:...`, as OpenAI continues a fine-tune) with a team's `python` grader of the
 true sum. The held-out questions' reward in the result file (`valid_reward_mean`) starts at the
 SFT model's greedy accuracy and ends well above it.
@@ -24,10 +24,10 @@ import pytest
 from sqlalchemy import Engine
 
 from core.platform.settings import Settings
+from demos.sums import SumsData, write_sums_data
 from tests.conftest import make_project, settings_env
 from tests.integration.conftest import serve_api
 from tests.integration.workers.helpers import Worker, own_worker, unique_queue
-from torchyard.examples.sums import SumsData, write_sums_data
 
 JOB_TIMEOUT_S = 300
 pytestmark = pytest.mark.timeout(2 * JOB_TIMEOUT_S + 120)

@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from core.jobs import ingest
 from core.jobs import service as jobs
-from core.jobs.ingest import Metric
+from core.jobs import upserts
+from core.jobs.upserts import Metric
 from core.platform.db import session_factory, session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Job, JobNode, JobState, Sweep, SweepTrial
@@ -104,7 +104,7 @@ def _finish(engine: Engine, job_id: int, eval_losses: dict[int, float]) -> None:
     set_running(engine, job_id)
     with session_scope(engine) as s:
         points = [Metric("eval_loss", step, value, 0.0) for step, value in eval_losses.items()]
-        ingest.metrics(session=s, job_id=job_id, attempt=1, points=points)
+        upserts.metrics(session=s, job_id=job_id, attempt=1, points=points)
         jobs.transition(session=s, job_id=job_id, to=JobState.SUCCEEDED)
 
 

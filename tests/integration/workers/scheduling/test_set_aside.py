@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
-from core.jobs import ingest
 from core.jobs import reports as queries
 from core.jobs import service as jobs
+from core.jobs import upserts
 from core.platform.settings import Settings
 from jobspec.job import parse_job_spec
 from tests.conftest import ProjectKey
@@ -26,7 +26,7 @@ def test_unrecorded_step_and_trainer_checkpoints_are_set_aside(
     spec = parse_job_spec({"name": "aside", "data": {"uri": str(tmp_path)}})
     job = jobs.create(session=session, project_id=project.project_id, spec=spec).job
     for step in (10, 30):
-        ingest.checkpoint(
+        upserts.checkpoint(
             session=session, job_id=job.id, attempt=1, step=step, uri="x", size_bytes=0
         )
     names = ["step_00000010", "step_00000020", "checkpoint-30", "checkpoint-40", "notes"]
@@ -48,10 +48,10 @@ def test_recorded_checkpoints_whose_directory_is_gone_are_forgotten(
     spec = parse_job_spec({"name": "gone", "data": {"uri": str(tmp_path)}})
     job = jobs.create(session=session, project_id=project.project_id, spec=spec).job
     for step, uri in ((10, tmp_path / "step_00000010"), (20, tmp_path / "step_00000020")):
-        ingest.checkpoint(
+        upserts.checkpoint(
             session=session, job_id=job.id, attempt=1, step=step, uri=str(uri), size_bytes=0
         )
-    ingest.checkpoint(
+    upserts.checkpoint(
         session=session, job_id=job.id, attempt=1, step=5, uri="/elsewhere/x", size_bytes=0
     )
     (tmp_path / "step_00000020").mkdir()
@@ -69,7 +69,7 @@ def test_on_s3_a_half_written_unrecorded_checkpoint_is_set_aside_object_by_objec
     root = f"{s3_settings.storage_url}/aside-{secrets.token_hex(3)}"
     spec = parse_job_spec({"name": "aside-s3", "data": {"uri": "/x"}})
     job = jobs.create(session=session, project_id=project.project_id, spec=spec).job
-    ingest.checkpoint(
+    upserts.checkpoint(
         session=session, job_id=job.id, attempt=1, step=10, uri=f"{root}/step_00000010",
         size_bytes=0,
     )  # fmt: skip

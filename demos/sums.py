@@ -8,8 +8,8 @@ them to disagree. GRPO (`grpo.yaml`, Shao et al. 2024, arXiv:2402.03300) then tr
 adapters with a `string_check` grader against each prompt record's true `answer`, and the
 held-out questions (pairs of numbers never trained on) show whether what it learnt generalises.
 
-Standard library only (the client package stays light): ``python -m torchyard.examples.sums
-OUT_DIR`` writes the three JSONL files.
+Standard library only (the client's quickstart imports it, and the client stays light):
+``python -m demos.sums OUT_DIR`` writes the three JSONL files.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a node runs, by the kind of job: the one place that tells the built-in trainer
+"""The program a node runs, by the kind of job: the one place that tells the built-in trainer
 (`jobspec.job.JobSpec`) from the team's own program (`ScriptJobSpec`, docs/CONTRACTS.md
 section 5), an eval job's (`trainer.evaluate`) and a session job's (`trainer.session`, its calls
 relayed by `workers.watchers.session_relay`). All then go the same way through

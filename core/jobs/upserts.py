@@ -1,4 +1,5 @@
-"""Idempotent ingestion of what a run reports: metric points, log lines, checkpoints.
+"""Keyed upserts of what a run reports: metric points, log lines, checkpoints (the writes that
+`core.jobs.reports` reads back; the worker's ingest, `workers.ingest`, calls them).
 
 Every row is keyed (metrics by job/name/step, logs by job/attempt/rank/stream/byte offset,
 checkpoints by job/step), so a worker that re-reads a file after a crash upserts instead of

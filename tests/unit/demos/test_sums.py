@@ -1,4 +1,4 @@
-"""The reinforcement fine-tuning example's data (`torchyard.examples.sums`): a careless
+"""The reinforcement fine-tuning example's data (`demos.sums`): a careless
 labeler's SFT records, prompts with their true answers, and held-out pairs never trained on;
 each file is what the server's format detection and record checks accept."""
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from dataformat.records import detect_format
-from torchyard.examples.sums import write_sums_data
+from demos.sums import write_sums_data
 
 
 def _lines(path: Path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""What a node runs for each kind of job (workers/plan.py): one branch, exact commands."""
+"""What a node runs for each kind of job (workers/program.py): one branch, exact commands."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from core.platform.settings import Settings
 from core.platform.tables import Job
 from jobspec.job import JobSpec, ScriptJobSpec
-from workers import launcher, lone_rank, plan
+from workers import launcher, lone_rank, program
 from workers.devices import Lease
 
 PATHS = launcher.RunPaths(
@@ -29,7 +29,7 @@ def _job(command: list[str], procs: int = 2) -> Job:
 
 
 def test_a_script_job_runs_in_its_code_dir_with_the_jobs_python() -> None:
-    launch = plan.command(_job(["python", "train.py"]), PATHS, 29500, None, Lease((0,), 1))
+    launch = program.command(_job(["python", "train.py"]), PATHS, 29500, None, Lease((0,), 1))
     assert launch.cwd == Path("/srv/ty/jobs/7/runs/attempt_1/code")
     after = launch.argv[launch.argv.index("--no-python") + 1 :]
     assert after == ["/venvs/k/bin/python", "-m", "torchyard.train", "train.py"]
@@ -40,26 +40,26 @@ def test_a_script_job_runs_in_its_code_dir_with_the_jobs_python() -> None:
 
 def test_a_command_the_runner_does_not_wrap_is_plain() -> None:
     for command in (["bash", "run.sh"], ["python", "-c", "print(1)"]):
-        launch = plan.command(_job(command), PATHS, 29500, None, Lease((0,), 1))
+        launch = program.command(_job(command), PATHS, 29500, None, Lease((0,), 1))
         assert launch.plain_command, command
         assert launch.argv[launch.argv.index("--no-python") + 1 :] == command
 
 
 def test_a_one_process_script_job_runs_its_command_without_torchrun() -> None:
-    wrapped = plan.command(_job(["python", "train.py"], 1), PATHS, 29500, None, Lease((0,), 1))
+    wrapped = program.command(_job(["python", "train.py"], 1), PATHS, 29500, None, Lease((0,), 1))
     assert wrapped.argv == ["/venvs/k/bin/python", "-m", "torchyard.train", "train.py"]
     assert not wrapped.plain_command and wrapped.cwd == PATHS.code_dir
     assert (wrapped.env["RANK"], wrapped.env["WORLD_SIZE"]) == ("0", "1")
     assert wrapped.env["TORCHYARD_JOB_ID"] == "7"
     assert wrapped.rank_dir == lone_rank.rank_dir(PATHS, 7, 1)
-    plain = plan.command(_job(["bash", "run.sh"], 1), PATHS, 29500, None, Lease((0,), 1))
+    plain = program.command(_job(["bash", "run.sh"], 1), PATHS, 29500, None, Lease((0,), 1))
     assert plain.argv == ["bash", "run.sh"] and plain.plain_command
 
 
-def _mounts(tmp_path: Path, **paths: str) -> plan.sandbox.Mounts:
+def _mounts(tmp_path: Path, **paths: str) -> program.sandbox.Mounts:
     settings = Settings(home=tmp_path / "home", storage_url=str(tmp_path / "storage"))
     run = launcher.RunPaths(run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"), **paths)
-    return plan.sandbox_mounts(settings, _job(["python", "t.py"]), run, None, Lease((0,), 1))
+    return program.sandbox_mounts(settings, _job(["python", "t.py"]), run, None, Lease((0,), 1))
 
 
 def test_a_single_node_on_local_storage_with_local_inputs_has_no_network(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def _trainer_job(procs: int = 1, **retries: int) -> Job:
 
 
 def test_a_one_process_trainer_runs_without_torchrun_with_torchrun_s_environment() -> None:
-    launch = plan.command(_trainer_job(), PATHS, 29500, None, Lease((0,), 1))
+    launch = program.command(_trainer_job(), PATHS, 29500, None, Lease((0,), 1))
     assert launch.argv[1:3] == ["-m", "trainer"]  # no `torch.distributed.run` in front
     assert launch.argv[1:] == launcher.trainer_program(PATHS)
     rank_dir = Path("/srv/ty/jobs/7/runs/attempt_1/logs/job7-a1_single/attempt_0/0")
@@ -115,7 +115,7 @@ def test_several_processes_a_gang_or_in_place_restarts_keep_torchrun() -> None:
         (_trainer_job(), gang),
         (_trainer_job(max_inplace_restarts=1), None),
     ):
-        launch = plan.command(job, PATHS, 29500, node, Lease((0, 1), 2))
+        launch = program.command(job, PATHS, 29500, node, Lease((0, 1), 2))
         assert launch.argv[1:3] == ["-m", "torch.distributed.run"], launch.argv
         assert launch.rank_dir is None and "RANK" not in launch.env
 
@@ -127,8 +127,10 @@ def test_a_grpo_jobs_code_dir_is_read_only_over_its_writable_run_dir(tmp_path: P
     run = launcher.RunPaths(
         run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"), grader_code=True
     )
-    mounts = plan.sandbox_mounts(settings, _trainer_job(), run, None, Lease((0,), 1))
+    mounts = program.sandbox_mounts(settings, _trainer_job(), run, None, Lease((0,), 1))
     assert str(run.run_dir) in mounts.writable
     assert (str(run.code_dir), str(run.code_dir)) in mounts.placed
     without = launcher.RunPaths(run_dir=tmp_path / "run", checkpoint_dir=str(tmp_path / "ck"))
-    assert plan.sandbox_mounts(settings, _trainer_job(), without, None, Lease((0,), 1)).placed == ()
+    assert (
+        program.sandbox_mounts(settings, _trainer_job(), without, None, Lease((0,), 1)).placed == ()
+    )

@@ -10,8 +10,8 @@ the completion is its real docstring. From those:
 - `preference_records`: TRL's `{prompt, chosen, rejected}` with chosen = the real docstring and
   rejected = the docstring of another function (the next one, cyclically).
 
-Standard library only (the client package stays light): ``python -m
-torchyard.examples.docstrings OUT_DIR`` writes the three JSONL files.
+Standard library only (the client's quickstart imports it, and the client stays light):
+``python -m demos.docstrings OUT_DIR`` writes the three JSONL files.
 """
 
 from __future__ import annotations
