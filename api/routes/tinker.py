@@ -49,10 +49,10 @@ Quiet = Depends(audit.not_audited)  # keep-alives and config reads: audited only
 TRAINABLE, SAMPLEABLE = True, True
 NOT_YET = (
     "Torchyard trains Tinker training clients (forward_backward, forward, optim_step, "
-    "save_state, load_state) and samples weights they saved (save_weights_for_sampler, "
-    "save_weights_and_get_sampling_client); sampling a bare base model, "
-    "create_training_client_from_state and the training_runs/checkpoints reads are not "
-    "served yet."
+    "save_state, load_state, create_training_client_from_state), samples weights they saved "
+    "(save_weights_for_sampler, save_weights_and_get_sampling_client) and lists training runs "
+    "and checkpoints; sampling a bare base model and deleting, publishing or expiring "
+    "checkpoints are not served yet."
 )
 SESSION_ID = Annotated[str, Path(max_length=40, description="A session id (`ses_...`).")]
 # The client's `access_scope`: every session here is the project's, so both read the same.

@@ -195,10 +195,31 @@ def load_weights(
 ) -> wire.UntypedAPIFuture:
     """Queue a load of a saved state (`load_state`, `load_state_with_optimizer`) into a
     training client, run in `seq_id` order: the adapters, and the optimizer's state when
-    `optimizer`. The state may be another training client's of the project. 422 at `path` for
-    a path not `tinker://<model_id>/weights/<name>`, at `model_id` without one (create-via-load
-    is not served); 404 for another project's model or state; a name never saved is answered
-    a `user` error."""
+    `optimizer`. The state may be another training client's of the project. With
+    `session_id` and `model_seq_id` instead (`create_training_client_from_state`), the load
+    makes a new training client of the session, with the saved state's base model and LoRA
+    config and a session job, and is its first call. 422 at `path` for a path not
+    `tinker://<model_id>/weights/<name>`, at `base_model` for one whose weights are not the
+    state's; 404 for another project's model, session or state; 410 for an ended session; a
+    name never saved is answered a `user` error."""
+    if body.session_id is not None and body.model_seq_id is not None:
+        row = models.create_from_state(
+            session=session,
+            settings=settings,
+            project_id=principal.project_id,
+            owner=principal.actor,
+            new=models.NewFromState(
+                session_id=body.session_id,
+                model_seq_id=body.model_seq_id,
+                path=body.path,
+                optimizer=body.optimizer,
+                base_model=body.base_model,
+            ),
+            request_key=_retry_key(request),
+        )
+        session.commit()
+        audit.name_target(request, row.session_id)
+        return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
     root, name = models.saved_state(
         session=session, settings=settings, project_id=principal.project_id, path=body.path
     )

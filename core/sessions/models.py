@@ -15,6 +15,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -112,6 +113,91 @@ def create(
         session=session, project_id=project_id, new=stored, request_key=request_key, answer=answer
     )
     return req
+
+
+@dataclass(frozen=True)
+class NewFromState:
+    """A create-via-load (`create_training_client_from_state[_with_optimizer]`): a new training
+    client `model_seq_id` of `session_id` whose LoRA is the saved state's at `path`, loaded as
+    its first call (seq 0)."""
+
+    session_id: str
+    model_seq_id: int
+    path: str
+    optimizer: bool
+    base_model: str | None = None
+
+
+def create_from_state(
+    *,
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    owner: str | None,
+    new: NewFromState,
+    request_key: str | None = None,
+) -> SessionRequest:
+    """The load call that makes training client `new.model_seq_id` of the session from the
+    saved state `new.path`: the client gets the base model and LoRA config (rank, seed,
+    targets) of the training client that saved it, and a session job (`create`); the load is
+    queued as its seq 0, so its later calls (from seq 1) run on the loaded state. Raises what
+    `create` and `saved_state` raise, NotFound for a state of another project, InvalidInput at
+    `body.base_model` for a registered name whose weights are not the state's base model's. No
+    commit."""
+    earlier = requests.find(session=session, project_id=project_id, request_key=request_key)
+    if earlier is not None:  # the client's retry of this very call
+        return earlier
+    root, name = saved_state(
+        session=session, settings=settings, project_id=project_id, path=new.path
+    )
+    source = get(session=session, project_id=project_id, model_id=_path_model(new.path))
+    job = session.get(Job, source.job_id)
+    assert job is not None and isinstance(job.spec, SessionJobSpec)  # a training client's job
+    lora = job.spec.session
+    base = new.base_model or source.base_model
+    if base != source.base_model:
+        own, other = settings.base_models.get(source.base_model), _base_model(settings, base)
+        if own is None or own.path != other.path:
+            msg = f"{base!r} is not the saved state's base model {source.base_model!r}"
+            raise InvalidInput(
+                f"base_model: {msg}",
+                details=[{"loc": ["body", "base_model"], "msg": msg, "type": "value_error"}],
+            )
+    create(
+        session=session,
+        settings=settings,
+        project_id=project_id,
+        owner=owner,
+        new=NewModel(
+            session_id=new.session_id,
+            model_seq_id=new.model_seq_id,
+            base_model=base,
+            rank=lora.lora_rank,
+            seed=lora.lora_seed,
+            train_mlp=lora.train_mlp,
+            train_attn=lora.train_attn,
+            train_unembed=lora.train_unembed,
+        ),
+        body=b"{}",
+    )
+    load = {"path": new.path, "name": name, "optimizer": new.optimizer, "source_root": root}
+    row, _ = requests.add(
+        session=session,
+        project_id=project_id,
+        new=requests.NewRequest(
+            session_id=new.session_id,
+            kind="load_weights",
+            body=orjson.dumps(load),
+            model_id=model_id(new.session_id, new.model_seq_id),
+            seq_id=FROM_STATE_SEQ,
+        ),
+        request_key=request_key,
+    )
+    return row
+
+
+FROM_STATE_SEQ = 0
+"""The `seq_id` of a create-via-load's load: before the client's first own call (seq 1)."""
 
 
 # Placements again after a lost worker (`retries.on.node_lost`); other failures end the session
@@ -220,6 +306,12 @@ def saved_state(
         )
     source = get(session=session, project_id=project_id, model_id=parts[0])
     return job_checkpoint_uri(settings, source.job_id), parts[2]
+
+
+def _path_model(path: str) -> str:
+    """The training client that saved `path` (`tinker://<model_id>/weights/<name>`, checked
+    by `saved_state`)."""
+    return path.removeprefix(TINKER_SCHEME).split("/")[0]
 
 
 def stop_jobs(*, session: Session, session_ids: Sequence[str]) -> list[int]:

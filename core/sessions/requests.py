@@ -200,10 +200,16 @@ def fail_running(*, session: Session, model_id: str, reason: str) -> int:
 
 def next_seq(*, session: Session, model_id: str) -> int:
     """The `seq_id` a new program of `model_id` runs first: one past the last settled or
-    running call (1 for a new training client)."""
+    running call; for a new training client 1, or 0 when it was made by a load
+    (create-via-load's load is its seq 0, `core.sessions.models.create_from_state`)."""
     last = session.scalar(
         select(func.max(SessionRequest.seq_id)).where(
             SessionRequest.model_id == model_id, SessionRequest.state != RequestState.QUEUED
         )
     )
-    return 1 if last is None else int(last) + 1
+    if last is not None:
+        return int(last) + 1
+    first = session.scalar(
+        select(func.min(SessionRequest.seq_id)).where(SessionRequest.model_id == model_id)
+    )
+    return 0 if first == 0 else 1

@@ -177,3 +177,15 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
         stall.answer(second.load_state(f"tinker://{first.model_id}/weights/nothing"), 60)
     assert missing.value.category == "user" and "no saved state" in str(missing.value)
     stall.answer(service.close("success"), 60)
+
+    # a training client made by the load (create-via-load): the state's base model and LoRA,
+    # the load its first call, so its own calls continue uninterrupted training
+    third_service = tinker.ServiceClient()
+    third = stall.answer(
+        third_service.create_training_client_from_state_with_optimizer(saved), RESULT_TIMEOUT_S
+    )
+    info = third.get_info()  # read when the client was made
+    assert (info.model_data.model_name, info.lora_rank) == (BASE, RANK)
+    resumed = [stall.step(third, batch, RESULT_TIMEOUT_S) for batch in batches[3:]]
+    np.testing.assert_allclose(before + resumed, expected, rtol=1e-5, atol=0)
+    stall.answer(third_service.close("success"), 60)

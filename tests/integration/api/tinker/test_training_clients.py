@@ -25,6 +25,8 @@ from tests.conftest import ProjectKey, make_project, settings_env
 from tests.integration.conftest import serve_api
 
 BASE = "tiny-llama"
+ALIAS = "tiny-llama-short"
+OTHER = "other-llama"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,12 @@ def server(
 ) -> Iterator[str]:
     """An API whose registry offers `BASE`; its `/tinker` base URL. No worker: session jobs
     stay queued."""
-    registry = {BASE: {"path": str(models_root / "tinker-llama"), "seq_len": 384}}
+    weights = str(models_root / "tinker-llama")
+    registry = {
+        BASE: {"path": weights, "seq_len": 384},
+        ALIAS: {"path": weights, "seq_len": 256},  # the same weights, a shorter context
+        OTHER: {"path": str(models_root / "other-llama"), "seq_len": 384},
+    }
     env = {**settings_env(settings), "TORCHYARD_BASE_MODELS": json.dumps(registry)}
     with serve_api(env, tmp_path_factory.mktemp("tinker_models_api")) as base_url:
         yield f"{base_url}/tinker"
@@ -151,6 +158,52 @@ def test_a_retried_create_model_makes_one_job_and_bad_input_names_its_field(
     assert rank.json()["error"]["details"][0]["loc"] == ["body", "lora_config", "rank"]
     other_base = {**body, "base_model": BASE + "-x"}
     assert _post(server, "/create_model", owner.api_key, other_base).status_code == 422
+
+
+@pytest.mark.usefixtures("client_env")
+def test_create_via_load_makes_a_client_with_the_states_lora_whose_first_call_is_the_load(
+    server: str, owner: ProjectKey, engine: Engine
+) -> None:
+    """`create_training_client_from_state`'s one request (`load_weights` with `session_id` and
+    `model_seq_id`): a training client with the saving client's base model and LoRA, its
+    session job, and the load queued as its seq 0; a retry makes one; a base model of other
+    weights, another project's state and a mixed addressing are refused by field."""
+    service = tinker.ServiceClient()
+    source = service.create_lora_training_client(BASE, rank=4, seed=3, train_unembed=False)
+    saved = f"tinker://{source.result(timeout=60).model_id}/weights/w"
+    session_id = service.holder.get_session_id()
+    body = {"session_id": session_id, "model_seq_id": 1, "path": saved, "optimizer": True}
+    retry = {"X-Idempotency-Key": "stainless-python-retry-9"}
+    first = _post(server, "/load_weights", owner.api_key, body, **retry)
+    assert first.status_code == 200, first.text
+    assert first.json() == _post(server, "/load_weights", owner.api_key, body, **retry).json()
+    made = first.json()["model_id"]
+    assert made == f"{session_id}:train:1"
+    with session_scope(engine) as s:
+        model = s.get(SessionModel, made)
+        assert model is not None and (model.base_model, model.lora_rank) == (BASE, 4)
+        job = s.get(Job, model.job_id)
+        assert job is not None and job.state == "queued"
+        lora = job.spec.session  # type: ignore[union-attr]
+        assert (lora.lora_seed, lora.train_unembed, lora.train_mlp) == (3, False, True)
+        calls = s.scalars(select(SessionRequest).where(SessionRequest.model_id == made)).all()
+        assert [(c.kind, c.seq_id) for c in calls] == [("load_weights", 0)]
+    alias = _post(server, "/load_weights", owner.api_key,
+                  {**body, "model_seq_id": 2, "base_model": ALIAS})  # fmt: skip
+    assert alias.status_code == 200, alias.text
+    other = _post(server, "/load_weights", owner.api_key,
+                  {**body, "model_seq_id": 3, "base_model": OTHER})  # fmt: skip
+    assert other.status_code == 422
+    assert other.json()["error"]["details"][0]["loc"] == ["body", "base_model"]
+    both = _post(server, "/load_weights", owner.api_key,
+                 {**body, "model_id": made, "seq_id": 1})  # fmt: skip
+    assert both.status_code == 422, both.text
+    stranger = make_project(engine)
+    theirs = _post(server, "/create_session", stranger.api_key,
+                   {"tags": [], "user_metadata": None, "sdk_version": "0.38.0"})  # fmt: skip
+    foreign = {**body, "session_id": theirs.json()["session_id"], "model_seq_id": 0}
+    assert _post(server, "/load_weights", stranger.api_key, foreign).status_code == 404
+    service.close("success").result()
 
 
 @pytest.mark.usefixtures("client_env")

@@ -39,6 +39,24 @@ REQUESTS = [
         ours.SessionHeartbeatRequest,
     ),
     (
+        client.LoadWeightsRequest(
+            model_id="s:train:0", seq_id=4, path="tinker://s:train:0/weights/w", optimizer=True
+        ),
+        ours.LoadWeightsRequest,
+    ),
+    (  # create-via-load (`create_training_client_from_state`)
+        client.LoadWeightsRequest(
+            session_id="ses_0",
+            model_seq_id=1,
+            base_model="llama-tiny",
+            user_metadata={"k": "v"},
+            path="tinker://s:train:0/weights/w",
+            optimizer=False,
+            optimizer_config=client.AdamOptimizerConfig(),
+        ),
+        ours.LoadWeightsRequest,
+    ),
+    (
         client.SaveWeightsForSamplerRequest(model_id="s:train:0", path="w", seq_id=3),
         sampling.SaveWeightsForSamplerRequest,
     ),
