@@ -329,8 +329,8 @@ class SessionJobSpec(JobBase):
     """A job whose program serves one training client of a Tinker-compatible session
     (`trainer.session`, issue 47): it loads `model` with the session's LoRA adapters and runs
     the client's calls (`forward_backward`, `optim_step`, ...) as they come through the control
-    plane. Made by the Tinker API's `create_model` only (`core.sessions.models`), through the
-    one door like every job; `POST /v1/jobs` takes no `session`."""
+    plane. Made by the Tinker API's `create_model` only (`core.sessions.training_clients`),
+    through the one door like every job; `POST /v1/jobs` takes no `session`."""
 
     model: ModelSpec = Field(description="The base model (a registered one, `kind: hf`).")
     session: SessionSpec = Field(description="The session and training client it serves.")

@@ -2,7 +2,7 @@
 training client of a Tinker-compatible session the job serves, and the LoRA adapters the
 client asked for (`create_model`'s `lora_config`). The job's program (`trainer.session`) loads
 `model` and serves the client's calls one at a time; nobody writes this section by hand: the
-Tinker API's `create_model` builds it (`core.sessions.models`).
+Tinker API's `create_model` builds it (`core.sessions.training_clients`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ not this project's, 410 an ended session, whose heartbeat loop then stops). The 
 `X-API-Key` as `tml-<key>` (`api.deps.get_tinker_principal`).
 
 Training clients: `create_model` makes one, a session job through the one door
-(`core.sessions.models`), answered at once with its model id; `get_info` reads it;
+(`core.sessions.training_clients`), answered at once with its model id; `get_info` reads it;
 their calls (`forward_backward`, `optim_step`) and `retrieve_future` are
 `api.routes.tinker_calls`'; sampling (`save_weights_for_sampler`, `create_sampling_session`,
 `asample`) are `api.routes.tinker_calls`' too. Not served: the client's `telemetry` (a 404 it
@@ -38,7 +38,7 @@ from core.platform.tables import (
     TrainingSession,
     aware,
 )
-from core.sessions import models, runs
+from core.sessions import runs, training_clients
 from core.sessions import service as sessions
 
 PREFIX = wire.PREFIX
@@ -272,12 +272,12 @@ def create_model(
     for an ended session, 404 for another project's."""
     lora = body.lora_config or wire.LoraConfig(rank=32)
     retry_key = request.headers.get("x-idempotency-key")
-    row = models.create(
+    row = training_clients.create(
         session=session,
         settings=settings,
         project_id=principal.project_id,
         owner=principal.actor,
-        new=models.NewModel(
+        new=training_clients.NewModel(
             session_id=body.session_id,
             model_seq_id=body.model_seq_id,
             base_model=body.base_model,
@@ -293,7 +293,7 @@ def create_model(
     session.commit()
     audit.name_target(request, row.session_id)
     return wire.UntypedAPIFuture(
-        request_id=row.id, model_id=models.model_id(body.session_id, body.model_seq_id)
+        request_id=row.id, model_id=training_clients.model_id(body.session_id, body.model_seq_id)
     )
 
 
@@ -311,9 +311,11 @@ def get_info(
 ) -> wire.GetInfoResponse:
     """A training client of the project: its base model and LoRA rank. 404 for another
     project's."""
-    row = models.get(session=session, project_id=principal.project_id, model_id=body.model_id)
+    row = training_clients.get(
+        session=session, project_id=principal.project_id, model_id=body.model_id
+    )
     return wire.GetInfoResponse.model_validate(
-        models.info(row, settings.base_models.get(row.base_model))
+        training_clients.info(row, settings.base_models.get(row.base_model))
     )
 
 

@@ -27,6 +27,7 @@ from api.deps import SessionDep, SettingsDep, TinkerJobsWritePrincipal, TinkerRe
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
 from api.schemas import tinker_sampling as sampling
+from api.schemas import tinker_weights as weights
 from core.platform.errors import InvalidInput
 from core.platform.tables import (
     TERMINAL_STATES,
@@ -36,7 +37,7 @@ from core.platform.tables import (
     SessionModel,
     SessionRequest,
 )
-from core.sessions import models, requests, samplers
+from core.sessions import requests, samplers, training_clients
 from dataformat import tinker_wire
 
 router = APIRouter(prefix=wire.PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
@@ -71,7 +72,7 @@ def _retry_key(request: Request) -> str | None:
 def _queue(
     session: Session, project_id: str, new: requests.NewRequest, request: Request
 ) -> wire.UntypedAPIFuture:
-    row = models.call(
+    row = training_clients.call(
         session=session,
         project_id=project_id,
         new=new,
@@ -159,7 +160,7 @@ def optim_step(
     responses={410: {"model": ErrorBody, "description": "The session has ended"}},
 )
 def save_weights(
-    body: wire.SaveWeightsRequest,
+    body: weights.SaveWeightsRequest,
     principal: TinkerJobsWritePrincipal,
     session: SessionDep,
     request: Request,
@@ -187,7 +188,7 @@ def save_weights(
     responses={410: {"model": ErrorBody, "description": "The session has ended"}},
 )
 def load_weights(
-    body: wire.LoadWeightsRequest,
+    body: weights.LoadWeightsRequest,
     principal: TinkerJobsWritePrincipal,
     session: SessionDep,
     settings: SettingsDep,
@@ -203,12 +204,12 @@ def load_weights(
     state's; 404 for another project's model, session or state; 410 for an ended session; a
     name never saved is answered a `user` error."""
     if body.session_id is not None and body.model_seq_id is not None:
-        row = models.create_from_state(
+        row = training_clients.create_from_state(
             session=session,
             settings=settings,
             project_id=principal.project_id,
             owner=principal.actor,
-            new=models.NewFromState(
+            new=training_clients.NewFromState(
                 session_id=body.session_id,
                 model_seq_id=body.model_seq_id,
                 path=body.path,
@@ -220,7 +221,7 @@ def load_weights(
         session.commit()
         audit.name_target(request, row.session_id)
         return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
-    root, name = models.saved_state(
+    root, name = training_clients.saved_state(
         session=session, settings=settings, project_id=principal.project_id, path=body.path
     )
     load = {"path": body.path, "name": name, "optimizer": body.optimizer, "source_root": root}

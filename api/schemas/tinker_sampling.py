@@ -15,11 +15,11 @@ from pydantic import BaseModel, Field, StringConstraints
 from api.schemas.tinker import (
     MODEL_EXAMPLE,
     SESSION_EXAMPLE,
-    CheckpointName,
     ModelId,
     SessionId,
     _wire,
 )
+from api.schemas.tinker_weights import CheckpointName
 
 SAMPLER_EXAMPLE = "req_5b8e2d4f6a0c1e37"
 SAMPLER_PATH_EXAMPLE = f"tinker://{MODEL_EXAMPLE}/sampler_weights/step-20"

@@ -201,7 +201,7 @@ def fail_running(*, session: Session, model_id: str, reason: str) -> int:
 def next_seq(*, session: Session, model_id: str) -> int:
     """The `seq_id` a new program of `model_id` runs first: one past the last settled or
     running call; for a new training client 1, or 0 when it was made by a load
-    (create-via-load's load is its seq 0, `core.sessions.models.create_from_state`)."""
+    (create-via-load's load is its seq 0, `core.sessions.training_clients.create_from_state`)."""
     last = session.scalar(
         select(func.max(SessionRequest.seq_id)).where(
             SessionRequest.model_id == model_id, SessionRequest.state != RequestState.QUEUED

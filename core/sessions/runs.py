@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
 from core.platform.tables import Checkpoint, SessionModel, SessionRequest, TrainingSession
-from core.sessions import models
+from core.sessions import training_clients
 from jobspec.session import NAMES_FILE
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class SavedState:
 
     @property
     def tinker_path(self) -> str:
-        return f"{models.TINKER_SCHEME}{self.model_id}/weights/{self.name}"
+        return f"{training_clients.TINKER_SCHEME}{self.model_id}/weights/{self.name}"
 
     @property
     def checkpoint_id(self) -> str:
@@ -80,7 +80,7 @@ def page(
 
 def get(*, session: Session, settings: Settings, project_id: str, model_id: str) -> Run:
     """The project's training run `model_id`. Raises NotFound (another project's too)."""
-    row = models.get(session=session, project_id=project_id, model_id=model_id)
+    row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
     return _run(session, settings, row)
 
 

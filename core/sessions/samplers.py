@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from core.platform.errors import NotFound
 from core.platform.tables import SessionRequest
-from core.sessions import models, requests
+from core.sessions import requests, training_clients
 
 CREATE = "create_sampling_session"
 SAVE = "save_weights_for_sampler"
@@ -34,7 +34,7 @@ EPHEMERAL = "~sampler-"  # unnamed weights: a name no client can give (`Checkpoi
 
 def sampler_path(model_id: str, name: str) -> str:
     """The client's path of weights `name` saved for sampling by training client `model_id`."""
-    return f"{models.TINKER_SCHEME}{model_id}/{KIND}/{name}"
+    return f"{training_clients.TINKER_SCHEME}{model_id}/{KIND}/{name}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def save(
     earlier = requests.find(session=session, project_id=project_id, request_key=request_key)
     if earlier is not None:
         return earlier
-    model = models.get(session=session, project_id=project_id, model_id=model_id)
+    model = training_clients.get(session=session, project_id=project_id, model_id=model_id)
     body: dict[str, str] = {"name": name or f"{EPHEMERAL}{seq_id}"}
     if name is None:
         sampler = _create(session, project_id, model.session_id, model_id, body["name"])
@@ -87,7 +87,9 @@ def save(
     new = requests.NewRequest(
         session_id="", kind=SAVE, body=orjson.dumps(body), model_id=model_id, seq_id=seq_id
     )
-    return models.call(session=session, project_id=project_id, new=new, request_key=request_key)
+    return training_clients.call(
+        session=session, project_id=project_id, new=new, request_key=request_key
+    )
 
 
 def create(
@@ -97,9 +99,11 @@ def create(
     `model_path` (`tinker://<model_id>/sampler_weights/<name>`, saved by any training client of
     the project). Raises NotFound (a session or model not of the project), Gone (an ended
     session). No commit."""
-    model_id, _, name = model_path.removeprefix(models.TINKER_SCHEME).partition(f"/{KIND}/")
-    models.active_session(session, project_id, session_id)
-    models.get(session=session, project_id=project_id, model_id=model_id)
+    model_id, _, name = model_path.removeprefix(training_clients.TINKER_SCHEME).partition(
+        f"/{KIND}/"
+    )
+    training_clients.active_session(session, project_id, session_id)
+    training_clients.get(session=session, project_id=project_id, model_id=model_id)
     return _create(session, project_id, session_id, model_id, name)
 
 
@@ -111,7 +115,7 @@ def get(*, session: Session, project_id: str, sampler_id: str) -> Sampler:
         row = None
     if row is None or row.kind != CREATE or row.model_id is None:
         raise NotFound(f"sampling session {sampler_id[:100]!r} not found")
-    model = models.get(session=session, project_id=project_id, model_id=row.model_id)
+    model = training_clients.get(session=session, project_id=project_id, model_id=row.model_id)
     return Sampler(
         id=row.id,
         model_id=row.model_id,
@@ -138,4 +142,6 @@ def sample(
     sampler = get(session=session, project_id=project_id, sampler_id=sampler_id)
     body = orjson.dumps({**request, "name": sampler.name})
     new = requests.NewRequest(session_id="", kind=SAMPLE, body=body, model_id=sampler.model_id)
-    return models.call(session=session, project_id=project_id, new=new, request_key=request_key)
+    return training_clients.call(
+        session=session, project_id=project_id, new=new, request_key=request_key
+    )

@@ -9,7 +9,7 @@ then `ended`, for good: a
 heartbeat for it raises Gone (410), which stops the client's heartbeat loop
 (docs/TINKER-WIRE.md, "Start-up sequence").
 
-Its training clients (`create_model`) are session jobs (`core.sessions.models`); when the
+Its training clients (`create_model`) are session jobs (`core.sessions.training_clients`); when the
 session ends, by `finish` or idling out, they are cancelled and its unanswered calls fail.
 """
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from core.access.auth import new_id
 from core.platform.errors import Gone, NotFound
 from core.platform.tables import SessionState, TrainingSession, utcnow
-from core.sessions import models
+from core.sessions import training_clients
 
 ID_PREFIX = "ses"
 
@@ -148,15 +148,15 @@ def finish(
         .execution_options(synchronize_session=False)
     )
     session.refresh(row)
-    models.stop_jobs(session=session, session_ids=[row.id])
+    training_clients.stop_jobs(session=session, session_ids=[row.id])
     return row
 
 
 def end_idle(*, session: Session, idle_timeout_s: float, now: datetime | None = None) -> list[str]:
     """End every active session whose last heartbeat is more than `idle_timeout_s` seconds
     before `now` (its client is gone), in one UPDATE: a heartbeat that commits first keeps its
-    session. Their session jobs are cancelled (`core.sessions.models.stop_jobs`). Returns the
-    ended ids. No commit."""
+    session. Their session jobs are cancelled (`core.sessions.training_clients.stop_jobs`).
+    Returns the ended ids. No commit."""
     now = now or utcnow()
     cutoff = now - timedelta(seconds=idle_timeout_s)
     ended = session.execute(
@@ -174,5 +174,5 @@ def end_idle(*, session: Session, idle_timeout_s: float, now: datetime | None = 
         .execution_options(synchronize_session=False)
     )
     ids = sorted(ended.scalars())
-    models.stop_jobs(session=session, session_ids=ids)
+    training_clients.stop_jobs(session=session, session_ids=ids)
     return ids

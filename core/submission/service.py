@@ -44,8 +44,8 @@ API = Door("api")
 OPENAI = Door("openai")
 SWEEP = Door("sweep")
 EVAL_AFTER = Door("eval_after", checks=False, quota=False, commits=False)
-# A session's training client (`core.sessions.models.create`): its job, model row and first
-# answer are one transaction.
+# A session's training client (`core.sessions.training_clients.create`): its job, model row
+# and first answer are one transaction.
 SESSION = Door("session", commits=False)
 
 

@@ -19,7 +19,7 @@ from core.jobs.upserts import Metric
 from core.platform.db import session_scope
 from core.platform.settings import BaseModelEntry, Settings
 from core.platform.tables import JobState
-from core.sessions import models, service
+from core.sessions import service, training_clients
 from tests.conftest import ProjectKey
 from tests.e2e.conftest import LAPTOP, new_dash
 
@@ -53,8 +53,10 @@ def sessions(engine: Engine, settings: Settings, owner: ProjectKey) -> tuple[str
                 display_name="sums-rl",
             ),
         )
-        new = models.NewModel(session_id=live.id, model_seq_id=0, base_model="tiny-llama", rank=8)
-        models.create(
+        new = training_clients.NewModel(
+            session_id=live.id, model_seq_id=0, base_model="tiny-llama", rank=8
+        )
+        training_clients.create(
             session=s,
             settings=with_models,
             project_id=owner.project_id,
@@ -62,8 +64,10 @@ def sessions(engine: Engine, settings: Settings, owner: ProjectKey) -> tuple[str
             new=new,
             body=b"{}",
         )
-        model_id = models.model_id(live.id, 0)
-        job_id = models.get(session=s, project_id=owner.project_id, model_id=model_id).job_id
+        model_id = training_clients.model_id(live.id, 0)
+        job_id = training_clients.get(
+            session=s, project_id=owner.project_id, model_id=model_id
+        ).job_id
         live_id = live.id
     with session_scope(engine) as s:  # the session job runs and takes three optimizer steps
         assert jobs.claim(session=s, job_id=job_id, worker="w") is not None

@@ -169,10 +169,10 @@ def run_and_sampler(engine: Any, project_id: str, session_id: str, job_id: int) 
     route-wide tests' resources for `{training_run_id}` and `{sampler_id}`."""
     from core.platform.db import session_scope
     from core.platform.tables import SessionModel, utcnow
-    from core.sessions import models, samplers
+    from core.sessions import samplers, training_clients
 
     with session_scope(engine) as s:
-        model_id = models.model_id(session_id, 0)
+        model_id = training_clients.model_id(session_id, 0)
         s.add(SessionModel(id=model_id, project_id=project_id, session_id=session_id,
                            model_seq_id=0, base_model="llama-tiny", lora_rank=8,
                            job_id=job_id, created_at=utcnow()))  # fmt: skip

@@ -14,6 +14,7 @@ from tinker import types as client
 from api import openapi_examples
 from api.schemas import tinker as ours
 from api.schemas import tinker_sampling as sampling
+from api.schemas import tinker_weights as weights
 
 
 def _sent(request: Any) -> dict[str, Any]:
@@ -42,7 +43,7 @@ REQUESTS = [
         client.LoadWeightsRequest(
             model_id="s:train:0", seq_id=4, path="tinker://s:train:0/weights/w", optimizer=True
         ),
-        ours.LoadWeightsRequest,
+        weights.LoadWeightsRequest,
     ),
     (  # create-via-load (`create_training_client_from_state`)
         client.LoadWeightsRequest(
@@ -54,7 +55,7 @@ REQUESTS = [
             optimizer=False,
             optimizer_config=client.AdamOptimizerConfig(),
         ),
-        ours.LoadWeightsRequest,
+        weights.LoadWeightsRequest,
     ),
     (
         client.SaveWeightsForSamplerRequest(model_id="s:train:0", path="w", seq_id=3),
