@@ -46,9 +46,12 @@ def runs(engine: Engine, owner: ProjectKey, dataset_id: str) -> list[int]:
     return ids
 
 
-@pytest.fixture
-def laptop(browser: Browser, live_api: str, owner: ProjectKey) -> Iterator[Dash]:
-    with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+@pytest.fixture(params=["light", "dark"])
+def laptop(
+    request: pytest.FixtureRequest, browser: Browser, live_api: str, owner: ProjectKey
+) -> Iterator[Dash]:
+    """The dashboard at 1366x768, once light and once dark."""
+    with new_dash(browser, live_api, owner.api_key, request.param, LAPTOP) as dash:
         yield dash
 
 

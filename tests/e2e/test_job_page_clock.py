@@ -47,10 +47,13 @@ def _trainer_line(at: datetime, message: str) -> str:
     return formatter(0).format(record)
 
 
-@pytest.fixture
-def berlin(browser: Browser, live_api: str, owner: ProjectKey) -> Iterator[Dash]:
+@pytest.fixture(params=["light", "dark"])
+def berlin(
+    request: pytest.FixtureRequest, browser: Browser, live_api: str, owner: ProjectKey
+) -> Iterator[Dash]:
+    """A Berlin browser (de-DE) at 1366x768, once light and once dark."""
     with new_dash(
-        browser, live_api, owner.api_key, viewport=LAPTOP, timezone_id="Europe/Berlin",
+        browser, live_api, owner.api_key, request.param, LAPTOP, timezone_id="Europe/Berlin",
         locale="de-DE",
     ) as dash:  # fmt: skip
         yield dash

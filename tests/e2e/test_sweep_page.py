@@ -145,8 +145,14 @@ def test_a_sweep_page_shows_the_best_trial_every_curve_and_the_trials_on_a_lapto
         expect(page.locator("#compare-ids")).to_have_value(top.split("ids=")[1].split("&")[0])
 
 
+@pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_a_pruned_trial_says_pruned_with_its_sweep_everywhere_and_offers_no_retry(
-    browser: Browser, live_api: str, owner: ProjectKey, api: httpx.Client, sweep: dict[str, Any]
+    browser: Browser,
+    live_api: str,
+    owner: ProjectKey,
+    api: httpx.Client,
+    sweep: dict[str, Any],
+    scheme: str,
 ) -> None:
     """Issue 45, item 4: a pruned trial's job read as an orange `cancelled` with a Retry button,
     its reason only far down in the events. Its state is `pruned` on the jobs list (with why on
@@ -158,7 +164,7 @@ def test_a_pruned_trial_says_pruned_with_its_sweep_everywhere_and_offers_no_retr
     assert job["error"] == f"pruned by sweep {sweep['id']} at step 10, rung 0"
     retry = api.post(f"/v1/jobs/{job['id']}/retry")
     assert retry.status_code == 409, retry.text
-    with new_dash(browser, live_api, owner.api_key, viewport=LAPTOP) as dash:
+    with new_dash(browser, live_api, owner.api_key, color_scheme=scheme, viewport=LAPTOP) as dash:
         page = dash.page
         dash.open("/jobs")
         state = page.locator(f"#jobs-body tr[data-job-id='{job['id']}'] .state")
