@@ -59,10 +59,16 @@ NO_SKIPS = os.environ.get("TORCHYARD_TEST_NO_SKIPS") == "1"
 reason (issue 44). What a host must give the suite is checked before it starts
 (`tests.support.capabilities`); deselecting (`-m`, `-k`, paths) is no skip."""
 _SKIPPED: list[str] = []
+_MODULE_S: dict[str, float] = {}
+"""Seconds per test module (setup, call and teardown of its tests), for the summary: with
+`--dist loadfile` the suite's wall time is set by its slowest modules, so each run says which."""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Remember every skipped test (on the xdist controller too, which gets each report)."""
+    """Remember every skipped test and each module's seconds (on the xdist controller too,
+    which gets each report)."""
+    module = report.nodeid.split("::")[0]
+    _MODULE_S[module] = _MODULE_S.get(module, 0.0) + report.duration
     if report.skipped and not hasattr(report, "wasxfail"):
         where = report.nodeid
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
@@ -82,6 +88,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(
                 f"{f['figure']}: {f['value_s']:.1f} s / {f['goal_s']:.0f} s {met} ({f['test']})"
             )
+    if len(_MODULE_S) > 1:
+        terminalreporter.section("slowest modules (seconds, setup + tests + teardown)")
+        for module, seconds in sorted(_MODULE_S.items(), key=lambda m: -m[1])[:25]:
+            terminalreporter.write_line(f"{seconds:7.1f}  {module}")
     if not _SKIPPED:
         terminalreporter.write_line("skips: none (every selected test ran)")
         return
