@@ -88,7 +88,9 @@ def score_rows(result: EvalResult) -> list[tuple[str | Text, Text | str]]:
     for name, value in sorted(result.scores.items()):
         text = Text(format_value(value))
         if (base := result.baseline.get(name)) is not None:
-            text.append(f"  base {format_value(base)}, change {value - base:+.4g}", style="dim")
+            delta = value - base  # as the page's change column: `+` then `fmtNumber`
+            change = ("+" if delta > 0 else "") + format_value(delta)
+            text.append(f"  base {format_value(base)}, change {change}", style="dim")
         rows.append((Text(name), text))
     if not result.scores:
         rows.append(("scores", "-"))

@@ -341,14 +341,17 @@ def dataset_stats_table(stats: DatasetStats) -> Table:
     table = Table(box=None, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("records", str(stats.records))
+    table.add_row("records", format_value(stats.records))
     table.add_row("bytes", format_bytes(stats.bytes))
-    table.add_row("duplicates", str(stats.duplicates))
+    table.add_row("duplicates", format_value(stats.duplicates))
     for part, lengths in (stats.chars or {}).items():
         table.add_row(f"chars ({part})", _percentiles(lengths))
     if stats.tokens is not None:
         table.add_row("tokens per record", _percentiles(stats.tokens))
-    for name in ("num_tokens", "supervised_tokens", "max_token_id", "token_dtype"):
+    for name in ("num_tokens", "supervised_tokens"):
+        if (value := getattr(stats, name)) is not None:
+            table.add_row(name.replace("_", " "), format_value(value))
+    for name in ("max_token_id", "token_dtype"):  # an id and a dtype: as they are
         if (value := getattr(stats, name)) is not None:
             table.add_row(name.replace("_", " "), str(value))
     if stats.roles:

@@ -41,8 +41,7 @@ def format_duration(seconds: float | None) -> str:
 def format_value(value: float | None) -> str:
     """A metric value as the pages' `fmtNumber` (api/static/js/util.js) prints it: a whole
     number with thousands separators (``12,800``), 4 significant digits (``2.346``), ``3.00e-4``
-    below 1e-3 or from 1e6; ``-`` when unknown. One difference: no trailing zeros (``2.5``
-    where the page's `toPrecision` says ``2.500``)."""
+    below 1e-3 or from 1e6; ``-`` when unknown. No trailing zeros (``2.5``), on the page too."""
     if value is None:
         return "-"
     if not math.isfinite(value):
@@ -79,7 +78,8 @@ def format_rate(value: float | None) -> str:
 
 def format_seconds(seconds: float | None) -> str:
     """A time such as a step's: ``0.512 s``, ``1.2 s`` (`format_value`, as the job page's step
-    time chart), from a minute on as a duration (``3m51s``); ``-`` when unknown."""
+    time chart: util.js `fmtSeconds`), from a minute on as a duration (``3m51s``); ``-`` when
+    unknown."""
     if seconds is None or not math.isfinite(seconds):
         return "-"
     return format_duration(seconds) if seconds >= 60 else f"{format_value(seconds)} s"

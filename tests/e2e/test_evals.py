@@ -183,7 +183,7 @@ def test_an_eval_jobs_page_leads_with_its_scores_and_linked_source_and_charts_no
         "document.getElementById('metric-values-box')) & Node.DOCUMENT_POSITION_FOLLOWING"
     )
     row = scores.locator("#evals-table tr[data-score='perplexity.loss']")
-    expect(row.locator(f"td[data-column='step {STEPS}']")).to_have_text("2.500")
+    expect(row.locator(f"td[data-column='step {STEPS}']")).to_have_text("2.5")
     expect(row.locator(f"td[data-column='step {STEPS}'] a")).to_have_count(0)  # not itself
     expect(row.locator("td[data-column='base'] a")).to_have_attribute(
         "href", f"#/jobs/{made['base']}"

@@ -28,6 +28,7 @@ from tests.conftest import ProjectKey, make_project
 from tests.e2e.conftest import LAPTOP, Dash, api_client, new_dash, register_corpus
 from tests.integration.conftest import cli_invoker
 from tests.integration.workers.helpers import Worker, tiny_spec, unique_queue, wait_for
+from torchyard.units import format_rate
 
 RUN_TIMEOUT_S = 180
 STEPS = 24
@@ -106,7 +107,7 @@ def test_a_finished_runs_summary_card_shows_losses_tokens_throughput_sample_and_
     # From the events, which the page loads after the job: wait for them (expect retries).
     stats = "#run-stats dd[data-stat='{}']"
     expect(page.locator(stats.format("tokens_seen"))).to_have_text(f"{per_step * STEPS:,}")
-    throughput = f"{round(completed['tokens_per_second']):,} tokens/s"
+    throughput = f"{format_rate(completed['tokens_per_second'])} tokens/s"  # as `submit --follow`
     expect(page.locator(stats.format("throughput"))).to_have_text(throughput)
     # The trainer reports no MFU on a CPU (its peak FLOP/s is unknown): none is made up.
     expect(page.locator("#run-stats dd[data-stat='mfu']")).to_have_count(0)
@@ -462,3 +463,41 @@ def test_the_page_and_the_cli_show_a_job_with_the_same_figures(
         expect(cell).to_have_text(size)
     created = page.locator("#job-summary dd[data-field='created']").inner_text()
     assert re.search(r"\b(UTC|GMT)", created), created  # the zone is named
+
+
+LAST_HOVER = (
+    "([id, name]) => document.getElementById(id).data.find(t => t.name === name).text.at(-1)"
+)
+
+
+def test_the_clis_latest_figures_are_the_pages_digits(
+    reader: Dash, live_api: str, run: Run, tmp_path: Path
+) -> None:
+    """Issue 46: the terminal printed ``2.06e+04`` tokens/s and ``1.3e+07`` for RSS while the
+    page said 20.6k and 13.0 MB. `torchyard show`'s latest metrics read as the page's summary
+    (losses) and as its charts' hover at the last point (tokens/s, step time, each rank's RSS):
+    the same digits in both clients."""
+    job = run.job
+    cli = cli_invoker(live_api, run.owner.api_key, tmp_path, COLUMNS="200")
+    shown = cli("show", str(job["id"]))
+    assert shown.exit_code == 0, shown.output
+    rows = dict(re.findall(r"^(\S+)  +(.+?)\s*$", shown.stdout, re.MULTILINE))
+    rss = {key.split("/", 2)[2]: value for key, value in rows.items()
+           if key.startswith("sys/rss_bytes/")}  # fmt: skip
+    assert rss, shown.stdout  # the worker samples each rank's memory
+    assert re.fullmatch(r"[\d.]+ [kMG]B", next(iter(rss.values()))), rss
+    assert re.fullmatch(r"[\d.]+k?", rows["tokens_per_second"]), rows
+
+    page = reader.page
+    reader.open(f"/jobs/{job['id']}")
+    expect(page.locator("#run-stats dd[data-stat='final_loss']")).to_have_text(rows["loss"])
+    expect(page.locator("#run-stats dd[data-stat='final_eval_loss']")).to_have_text(
+        rows["eval_loss"]
+    )
+    expect(page.locator("#chart-sys-rss_bytes")).to_be_visible()
+    for chart, trace, value in [
+        ("chart-tokens_per_second", "tokens_per_second", rows["tokens_per_second"]),
+        ("chart-step_time_s", "step_time_s", rows["step_time_s"]),
+        *(("chart-sys-rss_bytes", rank, value) for rank, value in rss.items()),
+    ]:
+        assert page.evaluate(LAST_HOVER, [chart, trace]) == value, (chart, trace)

@@ -29,10 +29,12 @@ export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#
  * d3 formats for the values (ticks and hover), e.g. ".3s" for bytes as 365M; `ySuffix` a unit
  * after each (" s", "B": 365MB). `xHover` ({title, text}): how hover labels write an x value
  * when no d3 format can (seconds as "3m51s"): `text(x)` under `title`, never the raw number.
+ * `yHover(y)`: how hover labels write a y value (`fmtBytes`, `fmtRate`: the CLI's digits for
+ * the same point, which no d3 format gives), in place of `yFormat` and `ySuffix`.
  */
 export async function lineChart(node, traces, {
   title, xTitle = "step", yLog = false, yFormat, xFormat, uirevision = "keep", hovermode = "closest",
-  ySuffix = "", xHover,
+  ySuffix = "", xHover, yHover,
 } = {}) {
   const Plotly = await plotlyReady();
   const { fg, grid } = themeColors();
@@ -49,8 +51,9 @@ export async function lineChart(node, traces, {
     ...(t.meta !== undefined ? { meta: t.meta } : {}),
     ...(t.hover === false ? { hoverinfo: "skip" } : {
       ...(xHover ? { customdata: t.x.map(xHover.text) } : {}),
-      hovertemplate: `${t.name} %{y:${yFormat ?? ".4g"}}${ySuffix} @ ${xHover ? `${xHover.title} %{customdata}`
-        : `${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}`}<extra></extra>`,
+      ...(yHover ? { text: t.y.map(yHover) } : {}),
+      hovertemplate: `${t.name} ${yHover ? "%{text}" : `%{y:${yFormat ?? ".4g"}}${ySuffix}`} @ ${
+        xHover ? `${xHover.title} %{customdata}` : `${xTitle} %{x${xFormat ? `:${xFormat}` : ""}}`}<extra></extra>`,
     }),
   }));
   const legend = traces.filter((t) => t.legend !== false).length > 1;

@@ -66,8 +66,10 @@ function statsList(ds) {
     rows.push([`Chars (${part})`, percentiles(lengths)]);
   }
   if (s.tokens) rows.push(["Tokens per record", percentiles(s.tokens)]);
+  // counts as counts (`fmtNumber`, as `torchyard datasets show`); an id and a dtype as they are
   for (const key of ["num_tokens", "supervised_tokens", "max_token_id", "token_dtype"]) {
-    if (s[key] !== null && s[key] !== undefined) rows.push([key.replaceAll("_", " "), s[key]]);
+    const count = key === "num_tokens" || key === "supervised_tokens";
+    if (s[key] !== null && s[key] !== undefined) rows.push([key.replaceAll("_", " "), count ? fmtNumber(s[key]) : s[key]]);
   }
   return h("dl", { class: "kv", id: "dataset-stats" },
     rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { stat: k } }, String(v))]));

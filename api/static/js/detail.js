@@ -14,8 +14,8 @@ import { failureView } from "./failure.js";
 import { follow } from "./stream.js";
 import { summaryCard } from "./summary.js";
 import {
-  TERMINAL, etaSeconds, queueText, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, poll,
-  copyButton, ownPrefixDropped, prose, showError, stateBadge, toYaml, trainedText,
+  TERMINAL, etaSeconds, queueText, fmtBytes, fmtDuration, fmtNumber, fmtRate, fmtSeconds, fmtTime,
+  h, poll, copyButton, ownPrefixDropped, prose, showError, stateBadge, toYaml, trainedText,
 } from "./util.js";
 
 const REFRESH_MS = 1000; // polling, while no event stream is open
@@ -30,16 +30,16 @@ const CHARTS = [
   { id: "loss", title: "loss", series: ["loss", "eval_loss"] },
   { id: "lr", title: "learning rate", series: ["lr"] },
   { id: "grad_norm", title: "grad norm", series: ["grad_norm"] },
-  { id: "tokens_per_second", title: "tokens / s", series: ["tokens_per_second"], yFormat: ".3s" },
-  { id: "step_time_s", title: "step time", series: ["step_time_s"], ySuffix: " s" },
+  { id: "tokens_per_second", title: "tokens / s", series: ["tokens_per_second"], yFormat: ".3s", yHover: fmtRate },
+  { id: "step_time_s", title: "step time", series: ["step_time_s"], ySuffix: " s", yHover: fmtSeconds },
 ];
 
 // The worker's `sys/<quantity>/<rank|node|gpu>` series: one chart per quantity, one trace each.
 const SYSTEM = {
   cpu_percent: { title: "CPU % (100 = one core)" },
-  rss_bytes: { title: "memory (RSS)", yFormat: ".3s", ySuffix: "B" },
+  rss_bytes: { title: "memory (RSS)", yFormat: ".3s", ySuffix: "B", yHover: fmtBytes },
   gpu_util_percent: { title: "GPU utilisation %" },
-  gpu_memory_bytes: { title: "GPU memory used", yFormat: ".3s", ySuffix: "B" },
+  gpu_memory_bytes: { title: "GPU memory used", yFormat: ".3s", ySuffix: "B", yHover: fmtBytes },
   gpu_power_watts: { title: "GPU power (W)" },
 };
 const isSystem = (name) => name.startsWith("sys/");
@@ -404,7 +404,7 @@ export function detailPage(root, jobId, query = new URLSearchParams()) {
       });
       if (!traces.length) continue; // nothing in the zoomed range
       await lineChart(node, traces, {
-        title: chart.title, yFormat: chart.yFormat, ySuffix: chart.ySuffix,
+        title: chart.title, yFormat: chart.yFormat, ySuffix: chart.ySuffix, yHover: chart.yHover,
         xTitle: X_AXES[shownAxis].title, xFormat: X_AXES[shownAxis].format,
         xHover: X_AXES[shownAxis].hover,
       });

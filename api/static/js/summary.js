@@ -9,7 +9,7 @@
 // FLOP/s), reported only on a GPU whose peak it knows (none on CPU), so omitted otherwise.
 
 import { api } from "./api.js";
-import { TERMINAL, fmtNumber, h, showError } from "./util.js";
+import { TERMINAL, fmtNumber, fmtRate, h, showError } from "./util.js";
 
 const HYPER_SECTIONS = ["model", "train", "optim"];
 
@@ -136,7 +136,7 @@ export function summaryCard(jobId, onSaved) {
         perStep && job.current_step ? fmtNumber(perStep * job.current_step) : "–",
         "tokens per optimizer step (all ranks) × steps done"),
       stat("throughput", "throughput",
-        tokensPerSecond ? `${fmtNumber(Math.round(tokensPerSecond))} tokens/s` : "–",
+        tokensPerSecond ? `${fmtRate(tokensPerSecond)} tokens/s` : "–",
         completed ? "the whole run's average" : "the last logging interval"),
     ];
     if (typeof m.mfu === "number") {

@@ -53,7 +53,10 @@ export function fmtNumber(value, digits = 4) {
   if (Number.isInteger(value) && Math.abs(value) < 1e15) return value.toLocaleString("en-US");
   const abs = Math.abs(value);
   if (abs !== 0 && (abs < 1e-3 || abs >= 1e6)) return value.toExponential(2);
-  return value.toPrecision(digits);
+  // no trailing zeros (2.5, not 2.500; 1.2e+4), as the CLI's `format_value` (Python's `g`)
+  const [mantissa, exponent] = value.toPrecision(digits).split("e");
+  const trimmed = mantissa.includes(".") ? mantissa.replace(/\.?0+$/, "") : mantissa;
+  return exponent === undefined ? trimmed : `${trimmed}e${exponent}`;
 }
 
 // Durations and sizes read as the CLI prints them (torchyard/render.py: format_duration,
@@ -83,6 +86,30 @@ export function fmtTime(iso) {
   const at = iso ? new Date(iso) : null;
   if (!at || Number.isNaN(at.getTime())) return "–";
   return `${at.toISOString().slice(0, 19).replace("T", " ")} UTC`;
+}
+
+const SI_PREFIXES = ["", "k", "M", "G", "T", "P"];
+
+/**
+ * A throughput as the CLI prints it (torchyard/units.py `format_rate`, d3's `.3s`): 3
+ * significant digits and an SI prefix, `950`, `20.6k`, `4.10M`; below 1 plain (`0.5`); `–`
+ * when unknown.
+ */
+export function fmtRate(value) {
+  if (value === null || value === undefined) return "–";
+  if (!Number.isFinite(value) || value < 1) return String(Number(value.toPrecision(3)));
+  const [mantissa, exponent] = value.toExponential(2).split("e");
+  const power = Number(exponent);
+  const prefix = Math.min(Math.floor(power / 3), SI_PREFIXES.length - 1);
+  const shift = power - 3 * prefix;
+  return `${(Number(mantissa) * 10 ** shift).toFixed(Math.max(0, 2 - shift))}${SI_PREFIXES[prefix]}`;
+}
+
+/** A time such as a step's, as the CLI's `format_seconds`: `0.5120 s`, from a minute on a
+ * duration (`3m51s`); `–` when unknown. */
+export function fmtSeconds(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
+  return seconds >= 60 ? fmtDuration(seconds) : `${fmtNumber(seconds)} s`;
 }
 
 /** Decimal units, as the CLI: `812 B`, `8.0 kB`, `1.2 GB`; `–` when unknown. */
