@@ -33,12 +33,8 @@ from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
 from api.schemas import tinker_runs as runs_wire
 from core.platform.errors import InvalidInput
-from core.platform.tables import (
-    SessionState,
-    TrainingSession,
-    aware,
-)
-from core.sessions import runs, training_clients
+from core.platform.tables import SessionState, aware
+from core.sessions import listing, runs, training_clients
 from core.sessions import service as sessions
 
 PREFIX = wire.PREFIX
@@ -232,13 +228,10 @@ def get_session(
     state, tags, version and heartbeat times. 404 for another project's."""
     del access_scope
     row = sessions.get(session=session, project_id=principal.project_id, session_id=session_id)
-    return session_out(row)
-
-
-def session_out(row: TrainingSession) -> wire.GetSessionResponse:
+    training_run_ids, sampler_ids = listing.client_ids(session=session, session_id=row.id)
     return wire.GetSessionResponse(
-        training_run_ids=[],
-        sampler_ids=[],
+        training_run_ids=training_run_ids,
+        sampler_ids=sampler_ids,
         user_metadata={str(k): str(v) for k, v in row.user_metadata.items()},
         display_name=row.display_name,
         session_id=row.id,

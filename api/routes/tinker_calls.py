@@ -69,8 +69,23 @@ def _retry_key(request: Request) -> str | None:
     return retry_key[:200] if retry_key else None
 
 
+def _receipt(
+    session: Session, row: SessionRequest, request: Request, target: str | None = None
+) -> wire.UntypedAPIFuture:
+    """Commit the stored call and answer its future; `target` names what the audit log
+    records the call against (a model, a session), for the calls that are audited."""
+    session.commit()
+    if target is not None:
+        audit.name_target(request, target)
+    return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
+
+
 def _queue(
-    session: Session, project_id: str, new: requests.NewRequest, request: Request
+    session: Session,
+    project_id: str,
+    new: requests.NewRequest,
+    request: Request,
+    target: str | None = None,
 ) -> wire.UntypedAPIFuture:
     row = training_clients.call(
         session=session,
@@ -78,8 +93,7 @@ def _queue(
         new=new,
         request_key=_retry_key(request),
     )
-    session.commit()
-    return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
+    return _receipt(session, row, request, target)
 
 
 @router.post(
@@ -177,8 +191,7 @@ def save_weights(
         model_id=body.model_id,
         seq_id=body.seq_id,
     )
-    audit.name_target(request, body.model_id)
-    return _queue(session, principal.project_id, new, request)
+    return _queue(session, principal.project_id, new, request, target=body.model_id)
 
 
 @router.post(
@@ -218,17 +231,14 @@ def load_weights(
             ),
             request_key=_retry_key(request),
         )
-        session.commit()
-        audit.name_target(request, row.session_id)
-        return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
-    root, name = training_clients.saved_state(
+        return _receipt(session, row, request, target=row.session_id)
+    state = training_clients.saved_state(
         session=session, settings=settings, project_id=principal.project_id, path=body.path
     )
-    load = {"path": body.path, "name": name, "optimizer": body.optimizer, "source_root": root}
     new = requests.NewRequest(
         session_id="",
         kind="load_weights",
-        body=orjson.dumps(load),
+        body=state.load_body(body.path, body.optimizer),
         model_id=body.model_id,
         seq_id=body.seq_id,
     )
@@ -259,9 +269,7 @@ def save_weights_for_sampler(
         name=body.path,
         request_key=_retry_key(request),
     )
-    session.commit()
-    audit.name_target(request, body.model_id)
-    return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
+    return _receipt(session, row, request, target=body.model_id)
 
 
 @router.post(

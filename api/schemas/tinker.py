@@ -230,8 +230,8 @@ class GetSessionResponse(BaseModel):
 
     model_config = _wire(
         {
-            "training_run_ids": [],
-            "sampler_ids": [],
+            "training_run_ids": ["ses_4f1c2a9e0b7d6c3a:train:0"],
+            "sampler_ids": ["req_0123456789abcdef"],
             "user_metadata": {"experiment": "sums-rl"},
             "display_name": None,
             "session_id": "ses_4f1c2a9e0b7d6c3a",
@@ -247,9 +247,9 @@ class GetSessionResponse(BaseModel):
     )
 
     training_run_ids: list[str] = Field(
-        description="Its training clients' model ids (none yet: no model server)."
+        description="Its training clients' model ids, in the order its client made them."
     )
-    sampler_ids: list[str] = Field(description="Its sampling sessions (none yet).")
+    sampler_ids: list[str] = Field(description="Its sampling sessions' ids, oldest first.")
     user_metadata: dict[str, str] | None = Field(description="The client's metadata.")
     display_name: str | None = Field(description="The client's display name.")
     session_id: str = Field(description="The session's id.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
 
 from api.schemas.tinker import (
     MODEL_EXAMPLE,
@@ -98,8 +99,9 @@ class LoadWeightsRequest(BaseModel):
         into = (self.model_id is not None, self.seq_id is not None)
         create = (self.session_id is not None, self.model_seq_id is not None)
         if {into, create} != {(True, True), (False, False)}:
-            raise ValueError(
+            raise PydanticCustomError(  # a rule between fields, which no schema states
+                "load_addressing",
                 "address a load by model_id and seq_id (into a training client) or by "
-                "session_id and model_seq_id (a new one), not both or neither"
+                "session_id and model_seq_id (a new one), not both or neither",
             )
         return self

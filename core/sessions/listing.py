@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.platform.tables import Job, SessionModel, SessionRequest, TrainingSession
-from core.sessions import service
+from core.sessions import samplers, service
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,20 @@ def _summaries(session: Session, rows: Sequence[TrainingSession]) -> list[Sessio
     ):
         calls[session_id][state] = count
     return [SessionSummary(r, models[r.id], calls[r.id]) for r in rows]
+
+
+def client_ids(*, session: Session, session_id: str) -> tuple[list[str], list[str]]:
+    """A session's training clients' model ids (`training_run_ids`, in the order its client
+    made them) and its sampling sessions' ids (`sampler_ids`, oldest first), as the Tinker
+    client's `GetSessionResponse` lists them. The caller has checked the session's project."""
+    models = session.scalars(
+        select(SessionModel.id)
+        .where(SessionModel.session_id == session_id)
+        .order_by(SessionModel.model_seq_id)
+    ).all()
+    sampling = session.scalars(
+        select(SessionRequest.id)
+        .where(SessionRequest.session_id == session_id, SessionRequest.kind == samplers.CREATE)
+        .order_by(SessionRequest.created_at, SessionRequest.id)
+    ).all()
+    return list(models), list(sampling)

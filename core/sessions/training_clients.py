@@ -147,10 +147,8 @@ def create_from_state(
     earlier = requests.find(session=session, project_id=project_id, request_key=request_key)
     if earlier is not None:  # the client's retry of this very call
         return earlier
-    root, name = saved_state(
-        session=session, settings=settings, project_id=project_id, path=new.path
-    )
-    source = get(session=session, project_id=project_id, model_id=_path_model(new.path))
+    state = saved_state(session=session, settings=settings, project_id=project_id, path=new.path)
+    source = state.source
     job = session.get(Job, source.job_id)
     assert job is not None and isinstance(job.spec, SessionJobSpec)  # a training client's job
     lora = job.spec.session
@@ -180,14 +178,13 @@ def create_from_state(
         ),
         body=b"{}",
     )
-    load = {"path": new.path, "name": name, "optimizer": new.optimizer, "source_root": root}
     row, _ = requests.add(
         session=session,
         project_id=project_id,
         new=requests.NewRequest(
             session_id=new.session_id,
             kind="load_weights",
-            body=orjson.dumps(load),
+            body=state.load_body(new.path, new.optimizer),
             model_id=model_id(new.session_id, new.model_seq_id),
             seq_id=FROM_STATE_SEQ,
         ),
@@ -290,13 +287,25 @@ def call(
 TINKER_SCHEME = "tinker://"
 
 
-def saved_state(
-    *, session: Session, settings: Settings, project_id: str, path: str
-) -> tuple[str, str]:
-    """(the checkpoint directory of the session job that saved `path`, the state's name) for
-    `path`, `tinker://<model_id>/weights/<name>` (the client's form, docs/TINKER-WIRE.md).
-    Raises InvalidInput at `body.path` for another form, NotFound for a model not of the
-    project."""
+@dataclass(frozen=True)
+class StatePath:
+    """A saved state's path, resolved: the training client that saved it (`source`), the
+    checkpoint directory of its session job (`root`) and the state's name."""
+
+    source: SessionModel
+    root: str
+    name: str
+
+    def load_body(self, path: str, optimizer: bool) -> bytes:
+        """The body of a `load_weights` call of this state, as the session program reads it."""
+        load = {"path": path, "name": self.name, "optimizer": optimizer, "source_root": self.root}
+        return orjson.dumps(load)
+
+
+def saved_state(*, session: Session, settings: Settings, project_id: str, path: str) -> StatePath:
+    """The saved state at `path`, `tinker://<model_id>/weights/<name>` (the client's form,
+    docs/TINKER-WIRE.md). Raises InvalidInput at `body.path` for another form, NotFound for a
+    model not of the project."""
     parts = path.removeprefix(TINKER_SCHEME).split("/") if path.startswith(TINKER_SCHEME) else []
     if len(parts) != 3 or parts[1] != "weights" or not parts[0] or not parts[2]:
         msg = "a saved state's path is tinker://<model_id>/weights/<name>"
@@ -305,13 +314,7 @@ def saved_state(
             details=[{"loc": ["body", "path"], "msg": msg, "type": "value_error"}],
         )
     source = get(session=session, project_id=project_id, model_id=parts[0])
-    return job_checkpoint_uri(settings, source.job_id), parts[2]
-
-
-def _path_model(path: str) -> str:
-    """The training client that saved `path` (`tinker://<model_id>/weights/<name>`, checked
-    by `saved_state`)."""
-    return path.removeprefix(TINKER_SCHEME).split("/")[0]
+    return StatePath(source, job_checkpoint_uri(settings, source.job_id), parts[2])
 
 
 def stop_jobs(*, session: Session, session_ids: Sequence[str]) -> list[int]:

@@ -200,7 +200,8 @@ SEMANTIC: dict[tuple[str, ...], str | None] = {
 # eval job, which has no code directory), a multi grader's names and formula; and a binary body that
 # is not the protobuf message it should be (`forward_backward`: no schema states protobuf).
 BODY_RULES = ("spec_conflict", "sweep_conflict", "grader_source", "grader_file", "grader_names",
-              "grader_formula", "protobuf")  # fmt: skip
+              "grader_formula", "protobuf",
+              "load_addressing")  # Tinker's load_weights: into a client, or a new one  # fmt: skip
 
 # Under /openai/v1 (OpenAI's error body names one `param`): ids of this project's files and
 # jobs, names of the server's base models (`TORCHYARD_BASE_MODELS`), a file's records.

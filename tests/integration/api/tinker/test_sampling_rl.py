@@ -109,6 +109,12 @@ def test_sampled_logprobs_equal_a_forward_pass_a_seed_repeats_and_paths_sample(
     path = stall.answer(client.save_weights_for_sampler("start"), RESULT_TIMEOUT_S).path
     assert path == f"tinker://{client.model_id}/sampler_weights/start"
     sampler = stall.answer(service.create_sampling_client(model_path=path), 60)
+    # the session lists its training client and its sampling session (`RestClient.get_session`)
+    rest = tinker.RestClient()
+    seen = rest.get_session(service.holder.get_session_id()).result(timeout=60)
+    assert seen.training_run_ids == [client.model_id]
+    assert len(seen.sampler_ids) == 1
+    assert rest.get_sampler(seen.sampler_ids[0]).result(timeout=60).model_path == path
     prompt = types.ModelInput.from_ints(PROMPTS[1])
     params = types.SamplingParams(max_tokens=MAX_TOKENS, seed=11, stop=[])
     asked = sampler.sample(prompt, 3, params, include_prompt_logprobs=True)

@@ -198,6 +198,7 @@ def test_create_via_load_makes_a_client_with_the_states_lora_whose_first_call_is
     both = _post(server, "/load_weights", owner.api_key,
                  {**body, "model_id": made, "seq_id": 1})  # fmt: skip
     assert both.status_code == 422, both.text
+    assert both.json()["error"]["details"][0]["type"] == "load_addressing"  # a rule, by name
     stranger = make_project(engine)
     theirs = _post(server, "/create_session", stranger.api_key,
                    {"tags": [], "user_metadata": None, "sdk_version": "0.38.0"})  # fmt: skip

@@ -156,4 +156,5 @@ def test_a_session_answer_keeps_the_clients_fields() -> None:
     example = _examples(ours.GetSessionResponse)[0]
     read = client.GetSessionResponse.model_validate(example)
     assert read.user_metadata == example["user_metadata"]
-    assert read.training_run_ids == [] and read.sampler_ids == []
+    assert read.training_run_ids == example["training_run_ids"]
+    assert read.sampler_ids == example["sampler_ids"]
