@@ -54,7 +54,12 @@ from trainer.session_sampling import Sampler
 
 log = logging.getLogger("trainer.session")
 
-POLL_S = 0.005  # how often the program looks for the next call when it has none
+# How often the program looks for the next call when it has none: every BUSY_POLL_S within
+# BUSY_S of its last call (a client at work sends the next one within milliseconds; a look is
+# one listing of a local directory, ~20 us), else every POLL_S.
+POLL_S = 0.005
+BUSY_POLL_S = 0.001
+BUSY_S = 2.0
 SEQ_GAP_S = 60.0  # a missing seq_id waited for this long is skipped (a call the API refused)
 JSON_TYPE = "application/json"
 PROTOBUF_TYPE = "application/x-protobuf"
@@ -191,9 +196,12 @@ class Server:
 
     def serve(self, stop: Stop) -> None:
         """Run calls as they come, in `seq_id` order, until `stop` is requested."""
+        last_call = time.monotonic()
         while not stop.requested:
-            if not self.run_ready():
-                time.sleep(POLL_S)
+            if self.run_ready():
+                last_call = time.monotonic()
+            else:
+                time.sleep(BUSY_POLL_S if time.monotonic() - last_call < BUSY_S else POLL_S)
         if self.model.unsaved and self.checkpoint_dir is not None:
             # preempted, paused or ended: the weights since the last save are kept (unnamed),
             # the state the job's next attempt resumes from and its last exportable checkpoint

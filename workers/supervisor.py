@@ -37,11 +37,16 @@ FINAL_DRAIN_RETRIES = 10
 # and pause reach every node through the job's state anyway.
 PEER_STOPS = frozenset({Stop.SHUTDOWN, Stop.MAX_RUNTIME, Stop.BUDGET})
 MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shutdown
+# The shortest wait between two turns of the loop: a watcher may ask for 1 ms (a session's
+# relay while its program holds a call, `workers.watchers.session_relay`); others ask for
+# seconds, so a training job's loop still wakes a few times a second.
+MIN_WAIT_S = 0.001
 
 
 class Watcher(Protocol):
     """Something the supervisor consults while the trainer runs (system metrics, hang
-    detection): `tick(now)` every `interval_s` seconds of `time.monotonic()`; a `Stop` it
+    detection): `tick(now)` every `interval_s` seconds of `time.monotonic()` (read after each
+    tick, so a tick may change it); a `Stop` it
     returns stops the trainer with that reason, and its `reason` (one line, e.g. "no step
     progress for 61 s after step 36") becomes the attempt's `Exit.stop_reason`. `close()` once,
     after torchrun exited. A watcher must not raise: the supervisor logs and ignores its errors.
@@ -175,7 +180,7 @@ class Supervisor:
                 self._kill_at or next_beat,
                 self.deadline or next_beat,
             )
-            self._wait_exit(max(0.01, min(MAX_WAIT_S, wake - time.monotonic())))
+            self._wait_exit(max(MIN_WAIT_S, min(MAX_WAIT_S, wake - time.monotonic())))
         return returncode
 
     def _wait_exit(self, timeout_s: float) -> None:
@@ -193,12 +198,13 @@ class Supervisor:
         for i, watcher in enumerate(self.watchers):
             if now < self._watch_at[i]:
                 continue
-            self._watch_at[i] = now + watcher.interval_s
             try:
                 stop = watcher.tick(now)
             except Exception:  # a watcher's bug must not cost the training run
                 log.exception("job %s: watcher %r failed", self.ingest.job_id, watcher)
                 continue
+            finally:  # after the tick: a watcher may set its next interval in it
+                self._watch_at[i] = now + watcher.interval_s
             if stop is not None and self.stop is None:
                 self.stop_reason = watcher.reason
                 self._begin_stop(stop)
