@@ -545,7 +545,7 @@ def _launch_node(
                 else [hang_watchdog(settings, spec.limits, ingest, proc.pid, factory)]
             ),
             *trials.pruner_for(settings, factory, job, node_rank),
-            *session_relay.relay_for(factory, spec, paths.run_dir, node_rank),
+            *session_relay.relay_for(factory, spec, paths.run_dir, node_rank, settings.broker_url),
             UsageWatch(
                 settings=settings,
                 session_factory=factory,

@@ -46,7 +46,8 @@ MIN_WAIT_S = 0.001
 class Watcher(Protocol):
     """Something the supervisor consults while the trainer runs (system metrics, hang
     detection): `tick(now)` every `interval_s` seconds of `time.monotonic()` (read after each
-    tick, so a tick may change it); a `Stop` it
+    tick, so a tick may change it), and at once when the descriptor its optional `wake_fd()`
+    returns becomes readable (a session relay's wake-ups); a `Stop` it
     returns stops the trainer with that reason, and its `reason` (one line, e.g. "no step
     progress for 61 s after step 36") becomes the attempt's `Exit.stop_reason`. `close()` once,
     after torchrun exited. A watcher must not raise: the supervisor logs and ignores its errors.
@@ -190,8 +191,21 @@ class Supervisor:
         if self._pidfd is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=timeout_s)
-        else:
-            select.select([self._pidfd], [], [], timeout_s)
+            return
+        wakes = self._wake_fds()
+        ready, _, _ = select.select([self._pidfd, *wakes], [], [], timeout_s)
+        for fd in ready:
+            if fd in wakes:  # that watcher has something to do now
+                self._watch_at[wakes[fd]] = 0.0
+
+    def _wake_fds(self) -> dict[int, int]:
+        """The watchers' wake-up descriptors (`Watcher`), each to its watcher's index."""
+        fds = {}
+        for i, watcher in enumerate(self.watchers):
+            wake_fd = getattr(watcher, "wake_fd", None)
+            if wake_fd is not None and (fd := wake_fd()) is not None:
+                fds[fd] = i
+        return fds
 
     def _tick_watchers(self, now: float) -> float:
         """Tick the watchers that are due; returns when the next one is."""

@@ -29,6 +29,7 @@ from api.schemas import tinker as wire
 from api.schemas import tinker_sampling as sampling
 from api.schemas import tinker_weights as weights
 from core.platform.errors import InvalidInput
+from core.platform.settings import Settings
 from core.platform.tables import (
     TERMINAL_STATES,
     Job,
@@ -37,7 +38,7 @@ from core.platform.tables import (
     SessionModel,
     SessionRequest,
 )
-from core.sessions import requests, samplers, training_clients
+from core.sessions import requests, samplers, training_clients, wakeup
 from dataformat import tinker_wire
 
 router = APIRouter(prefix=wire.PREFIX, tags=["tinker"], responses=ERROR_RESPONSES)
@@ -74,12 +75,19 @@ def _retry_key(request: Request) -> str | None:
 def _receipt(
     session: Session, row: SessionRequest, request: Request, target: str | None = None
 ) -> wire.UntypedAPIFuture:
-    """Commit the stored call and answer its future; `target` names what the audit log
-    records the call against (a model, a session), for the calls that are audited."""
+    """Commit the stored call, wake its session job's relay (`core.sessions.wakeup`) and
+    answer its future; `target` names what the audit log records the call against (a model,
+    a session), for the calls that are audited."""
     session.commit()
+    _wake(request, row.model_id)
     if target is not None:
         audit.name_target(request, target)
     return wire.UntypedAPIFuture(request_id=row.id, model_id=row.model_id)
+
+
+def _wake(request: Request, model_id: str | None) -> None:
+    settings: Settings = request.app.state.settings
+    wakeup.publisher(settings.broker_url).queued(model_id)
 
 
 def _queue(
@@ -344,6 +352,7 @@ def asample(
         request_key=_retry_key(request),
     )
     session.commit()
+    _wake(request, row.model_id)
     ids = [f"{row.id}:{i}" for i in range(body.num_samples)]
     return sampling.SampleFuture(request_id=row.id, sample_sequence_ids=ids)
 

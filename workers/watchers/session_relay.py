@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from core.attempts.lifecycle_policy import Stop
 from core.platform.tables import SessionRequest
-from core.sessions import requests
+from core.sessions import requests, wakeup
 from core.sessions.samplers import SAMPLE
 from jobspec.job import SessionJobSpec
 from jobspec.session import NAMES_FILE
@@ -43,10 +43,12 @@ log = logging.getLogger(__name__)
 # How often the relay looks: while its client is at work (a call handed over and not answered
 # yet, or one in the last BUSY_S), the database for new calls every ACTIVE_INTERVAL_S; an idle
 # session every IDLE_INTERVAL_S (a query each time: an idle session costs 20 a second, not
-# 100). While the program holds a call, its outbox (a local directory, no query) every
+# 100). With a Redis broker the API wakes the relay when it queues calls
+# (`core.sessions.wakeup`), and the relay polls every IDLE_INTERVAL_S only, as a safety net.
+# While the program holds a call, its outbox (a local directory, no query) every
 # ANSWER_INTERVAL_S, so an answer is stored within ~1 ms of being written, not 10.
 # bench.sessions: 82 -> 60-64 ms a tiny step, 7.9k -> 11.5k tokens/s batched, against a fixed
-# 20 ms.
+# 20 ms; 2026-11-30: each call held 19-21 -> 16-17.5 ms with wake-ups, polling 5x less.
 ACTIVE_INTERVAL_S = 0.01
 ANSWER_INTERVAL_S = 0.001
 IDLE_INTERVAL_S = 0.05
@@ -84,8 +86,14 @@ class SessionRelay:
     """The relay of one session job's node 0 (see the module docstring)."""
 
     def __init__(
-        self, *, session_factory: Callable[[], Session], run_dir: Path, model_id: str
+        self,
+        *,
+        session_factory: Callable[[], Session],
+        run_dir: Path,
+        model_id: str,
+        broker_url: str = "",
     ) -> None:
+        self.wakeups = wakeup.Subscription(broker_url, model_id)
         self.interval_s = IDLE_INTERVAL_S
         self.outstanding = 0  # calls handed over and not answered yet
         self.busy_until = 0.0
@@ -97,15 +105,24 @@ class SessionRelay:
         self.loads = session_dir(run_dir) / "loads"
         self.model_id = model_id
 
+    def wake_fd(self) -> int | None:
+        """Readable when the API has queued calls for this client (`core.sessions.wakeup`):
+        the supervisor then ticks the relay at once."""
+        return self.wakeups.fileno()
+
     def tick(self, now: float) -> Stop | None:
         moved = self._store_answers()
+        if self.wakeups.drain():
+            self.query_at = now  # calls were queued: hand them over now, not at the next poll
         if now >= self.query_at:
             moved += self._hand_over()
         if moved:
             self.busy_until = now + BUSY_S
         busy = self.outstanding > 0 or now < self.busy_until
         if now >= self.query_at:
-            self.query_at = now + (ACTIVE_INTERVAL_S if busy else IDLE_INTERVAL_S)
+            # woken when calls are queued, the relay polls only as a safety net
+            active = IDLE_INTERVAL_S if self.wakeups.fileno() is not None else ACTIVE_INTERVAL_S
+            self.query_at = now + (active if busy else IDLE_INTERVAL_S)
         self.interval_s = ANSWER_INTERVAL_S if self.outstanding else max(0.0, self.query_at - now)
         return None
 
@@ -179,6 +196,7 @@ class SessionRelay:
         return json.dumps(placed).encode()
 
     def close(self) -> None:
+        self.wakeups.close()
         try:
             self._store_answers()  # what the program answered before it exited
         except Exception:
@@ -203,13 +221,21 @@ def _lane_place(call: SessionRequest) -> int:
 
 
 def relay_for(
-    session_factory: Callable[[], Session], spec: object, run_dir: Path, node_rank: int
+    session_factory: Callable[[], Session],
+    spec: object,
+    run_dir: Path,
+    node_rank: int,
+    broker_url: str = "",
 ) -> list[SessionRelay]:
-    """The relay when the job is a session job and this is its node 0; else none."""
+    """The relay when the job is a session job and this is its node 0; else none. With a Redis
+    `broker_url`, it is woken when calls are queued (`core.sessions.wakeup`)."""
     if not isinstance(spec, SessionJobSpec) or node_rank != 0:
         return []
     return [
         SessionRelay(
-            session_factory=session_factory, run_dir=run_dir, model_id=spec.session.model_id
+            session_factory=session_factory,
+            run_dir=run_dir,
+            model_id=spec.session.model_id,
+            broker_url=broker_url,
         )
     ]
