@@ -114,6 +114,22 @@ def datums(rows: Rows, indices: np.ndarray) -> list[dict[str, np.ndarray]]:
     return out
 
 
+def random_batches(count: int, seed: int = SEED) -> list[list[dict[str, np.ndarray]]]:
+    """`count` batches of 4 datums of 32 random tokens (ids 1-59), every position weighted 1:
+    steps whose losses only need to be repeatable, not the trainer's."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        ids = rng.integers(1, 60, size=(4, 33))
+        out.append(
+            [
+                {"tokens": row[:-1], "target_tokens": row[1:], "weights": np.ones(32, np.float32)}
+                for row in ids
+            ]
+        )
+    return out
+
+
 def tinker_datums(batch: list[dict[str, np.ndarray]]) -> list[Any]:
     """`batch` (from `datums`) as the official client's `tinker.Datum`s."""
     import tinker

@@ -20,7 +20,7 @@ import tinker
 from celery import Celery
 from sqlalchemy import Engine, select
 
-from core.platform.db import session_factory, session_scope
+from core.platform.db import session_scope
 from core.platform.settings import Settings
 from core.platform.tables import Job, JobEvent, RequestState, SessionModel, SessionRequest
 from tests.conftest import ProjectKey, make_project, settings_env
@@ -30,33 +30,24 @@ from tests.integration.workers.archives import STEPS_PY, open_gate, steps_spec, 
 from tests.integration.workers.helpers import (
     TERMINAL,
     Worker,
-    send,
+    preemption_beat,
     start_worker,
     submit,
     unique_queue,
     wait_for,
     wait_state,
 )
-from tests.support.sessions import RANK, SEED, session_llama_dir, tinker_datums
-from workers.reconcile import reconcile
+from tests.support.sessions import (
+    RANK,
+    SEED,
+    random_batches,
+    session_llama_dir,
+    tinker_datums,
+)
 
 pytestmark = [pytest.mark.long, pytest.mark.timeout(900)]
 BASE = "session-llama"
 WAIT_S = 300  # a first call waits for placement and the model's load
-
-
-def _batches(count: int) -> list[list[dict[str, np.ndarray]]]:
-    rng = np.random.default_rng(SEED + 1)
-    out = []
-    for _ in range(count):
-        ids = rng.integers(1, 60, size=(4, 33))
-        out.append(
-            [
-                {"tokens": row[:-1], "target_tokens": row[1:], "weights": np.ones(32, np.float32)}
-                for row in ids
-            ]
-        )
-    return out
 
 
 class Setup:
@@ -117,19 +108,9 @@ def test_a_preempted_session_says_paused_capacity_and_resumes_from_the_state_it_
     setup: Setup, settings: Settings, engine: Engine, celery_client: Celery
 ) -> None:
     stall, pool = setup.stall, setup.pool
-    enabled = settings.model_copy(update={"preemption_pools": [pool], "preemption_min_run_s": 0.0})
+    beat = preemption_beat(settings, engine, celery_client, pool)
 
-    def beat() -> list[int]:
-        """One reconcile of this pool, as Celery beat sends it every 2 s."""
-        return reconcile(
-            settings=enabled,
-            session_factory=session_factory(engine),
-            dispatch=lambda job_id, queue: send(celery_client, job_id, queue),
-            redispatch_after_s=600.0,
-            pools=[pool],
-        ).preempted
-
-    batches = _batches(4)
+    batches = random_batches(4, SEED + 1)
     service = tinker.ServiceClient()
     client = stall.answer(
         service.create_lora_training_client(BASE, rank=RANK, seed=SEED, train_unembed=False), 60

@@ -35,7 +35,13 @@ from tests.integration.workers.helpers import (
     wait_for,
 )
 from tests.support.figures import record
-from tests.support.sessions import RANK, SEED, session_llama_dir, tinker_datums
+from tests.support.sessions import (
+    RANK,
+    SEED,
+    random_batches,
+    session_llama_dir,
+    tinker_datums,
+)
 
 pytestmark = [pytest.mark.long, pytest.mark.timeout(900)]
 BASE = "session-llama"
@@ -43,20 +49,6 @@ WAIT_S = 300  # a first call waits for placement and the model's load; a lost on
 # The lost worker's row goes stale (worker_timeout_s 10 s), a reconcile requeues the job, the
 # other worker claims it and its program loads the model and the saved state.
 ANSWERING_AGAIN_WITHIN_S = 60.0
-
-
-def _batches(count: int) -> list[list[dict[str, np.ndarray]]]:
-    rng = np.random.default_rng(SEED)
-    out = []
-    for _ in range(count):
-        ids = rng.integers(1, 60, size=(4, 33))
-        out.append(
-            [
-                {"tokens": row[:-1], "target_tokens": row[1:], "weights": np.ones(32, np.float32)}
-                for row in ids
-            ]
-        )
-    return out
 
 
 @pytest.fixture
@@ -131,7 +123,7 @@ def test_a_killed_session_worker_fails_the_held_call_and_resumes_from_the_saved_
     setup: tuple[Stall, list[Worker]], engine: Engine
 ) -> None:
     stall, workers = setup
-    batches = _batches(4)
+    batches = random_batches(4)
     service = tinker.ServiceClient()
     client = stall.answer(
         service.create_lora_training_client(BASE, rank=RANK, seed=SEED, train_unembed=False), 60

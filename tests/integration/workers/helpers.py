@@ -455,3 +455,25 @@ def left_running(procs: list[psutil.Process]) -> list[psutil.Process]:
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 alive.append(proc)
     return alive
+
+
+def preemption_beat(
+    settings: Settings, engine: Engine, client: Celery, pool: str
+) -> Callable[[], list[int]]:
+    """One reconcile of `pool` with preemption on (no minimum run time), as Celery beat sends
+    it every 2 s; each call returns the jobs it preempted."""
+    from core.platform.db import session_factory
+    from workers.reconcile import reconcile
+
+    enabled = settings.model_copy(update={"preemption_pools": [pool], "preemption_min_run_s": 0.0})
+
+    def beat() -> list[int]:
+        return reconcile(
+            settings=enabled,
+            session_factory=session_factory(engine),
+            dispatch=lambda job_id, queue: send(client, job_id, queue),
+            redispatch_after_s=600.0,
+            pools=[pool],
+        ).preempted
+
+    return beat

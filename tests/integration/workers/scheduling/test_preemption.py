@@ -15,7 +15,6 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from core.platform.db import session_factory
 from core.platform.settings import Settings
 from core.platform.tables import Job
 from core.scheduling import queue_forecast
@@ -26,7 +25,7 @@ from tests.integration.workers.helpers import (
     job_events,
     job_row,
     metric_series,
-    send,
+    preemption_beat,
     start_worker,
     submit,
     unique_queue,
@@ -34,7 +33,6 @@ from tests.integration.workers.helpers import (
     wait_state,
     wait_step,
 )
-from workers.reconcile import reconcile
 
 LOW_STEPS = 12
 
@@ -48,17 +46,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     steps_code: str,
 ) -> None:
     pool = unique_queue("preempt")
-    enabled = settings.model_copy(update={"preemption_pools": [pool], "preemption_min_run_s": 0.0})
-
-    def beat() -> list[int]:
-        """One reconcile of this pool, as Celery beat sends it every 2 s."""
-        return reconcile(
-            settings=enabled,
-            session_factory=session_factory(engine),
-            dispatch=lambda job_id, queue: send(celery_client, job_id, queue),
-            redispatch_after_s=600.0,
-            pools=[pool],
-        ).preempted
+    beat = preemption_beat(settings, engine, celery_client, pool)
 
     worker = start_worker(
         settings=settings, client=celery_client, queue=pool, log_dir=worker_logs, slots=1
