@@ -37,10 +37,11 @@ FINAL_DRAIN_RETRIES = 10
 # and pause reach every node through the job's state anyway.
 PEER_STOPS = frozenset({Stop.SHUTDOWN, Stop.MAX_RUNTIME, Stop.BUDGET})
 MAX_WAIT_S = 0.2  # how quickly the loop notices torchrun's exit or a worker shutdown
-# The shortest wait between two turns of the loop: a watcher may ask for 1 ms (a session's
-# relay while its program holds a call, `workers.watchers.session_relay`); others ask for
-# seconds, so a training job's loop still wakes a few times a second.
-MIN_WAIT_S = 0.001
+# The shortest wait between two turns of the loop, unless a watcher asks for less (a session's
+# relay, 1 ms while its program holds a call: `workers.watchers.session_relay`). Never less
+# otherwise: with the job lost (`Stop.LOST`) the flush is not rescheduled and stays due, and
+# the loop would spin.
+MIN_WAIT_S = 0.01
 
 
 class Watcher(Protocol):
@@ -181,7 +182,8 @@ class Supervisor:
                 self._kill_at or next_beat,
                 self.deadline or next_beat,
             )
-            self._wait_exit(max(MIN_WAIT_S, min(MAX_WAIT_S, wake - time.monotonic())))
+            floor = min([MIN_WAIT_S, *(w.interval_s for w in self.watchers)])
+            self._wait_exit(max(floor, min(MAX_WAIT_S, wake - time.monotonic())))
         return returncode
 
     def _wait_exit(self, timeout_s: float) -> None:
