@@ -10,6 +10,7 @@ and another project's key gets 404 on the paths, sampling sessions and sample fu
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -110,11 +111,16 @@ def test_sampled_logprobs_equal_a_forward_pass_a_seed_repeats_and_paths_sample(
     assert path == f"tinker://{client.model_id}/sampler_weights/start"
     sampler = stall.answer(service.create_sampling_client(model_path=path), 60)
     # the session lists its training client and its sampling session (`RestClient.get_session`)
-    rest = tinker.RestClient()
-    seen = rest.get_session(service.holder.get_session_id()).result(timeout=60)
-    assert seen.training_run_ids == [client.model_id]
-    assert len(seen.sampler_ids) == 1
-    assert rest.get_sampler(seen.sampler_ids[0]).result(timeout=60).model_path == path
+    # (over HTTP: a second RestClient's own holder hung one CI run for 60 s)
+    base, key = os.environ["TINKER_BASE_URL"], os.environ["TINKER_API_KEY"]
+    headers = {"X-API-Key": key}
+    sid = service.holder.get_session_id()
+    seen = httpx.get(f"{base}/api/v1/sessions/{sid}", headers=headers, timeout=60).json()
+    assert seen["training_run_ids"] == [client.model_id]
+    assert len(seen["sampler_ids"]) == 1
+    got = httpx.get(f"{base}/api/v1/samplers/{seen['sampler_ids'][0]}", headers=headers,
+                    timeout=60).json()  # fmt: skip
+    assert got["model_path"] == path
     prompt = types.ModelInput.from_ints(PROMPTS[1])
     params = types.SamplingParams(max_tokens=MAX_TOKENS, seed=11, stop=[])
     asked = sampler.sample(prompt, 3, params, include_prompt_logprobs=True)
