@@ -63,6 +63,7 @@ def cross_field_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str
         )
     errors += _parallelism_errors(spec)
     errors += _qat_errors(spec)
+    errors += _fp8_errors(spec)
     errors += _model_source_errors(spec)
     errors += _finetune_errors(spec)
     errors += _stopping_errors(spec)
@@ -321,6 +322,33 @@ def _qat_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
                         f"group_size ({qat.group_size}) must divide model.{field} ({value})",
                     )
                 )
+    return errors
+
+
+FP8_STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def _fp8_errors(spec: TrainerSections) -> list[tuple[tuple[str, ...], str]]:
+    """`precision: fp8` converts whole trained Linears (torchao's `Float8Linear`): not frozen
+    or quantized bases (LoRA, QLoRA), not fake-quantized ones (QAT), not sharded ones (tensor
+    parallelism, whose float8 plans are not built) nor pipeline stages."""
+    if spec.train.precision != "fp8":
+        return []
+    path = ("train", "precision")
+    errors: list[tuple[tuple[str, ...], str]] = []
+    for name in ("lora", "qlora", "qat"):
+        if getattr(spec, name) is not None:
+            errors.append(
+                (path, f"fp8 trains full weights in float8; it does not combine with {name} "
+                       f"(use bf16 with {name})")
+            )  # fmt: skip
+    strategy = spec.parallelism.strategy
+    if strategy not in FP8_STRATEGIES or spec.parallelism.tp_size(spec.world_size) > 1:
+        errors.append(
+            (path, f"fp8 runs with strategy {', '.join(map(repr, FP8_STRATEGIES))} without "
+                   f"tensor parallelism, not {strategy!r}"
+                   + (" with tensor_parallel_size > 1" if strategy == "fsdp" else ""))
+        )  # fmt: skip
     return errors
 
 

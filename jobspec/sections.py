@@ -375,10 +375,21 @@ class TrainSpec(StrictSpec):
         "ceil(epochs x rows / global batch) steps, each epoch in its own shuffle drawn from "
         "the seed (a resumed run continues mid-epoch in the same order).",
     )
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
         default="fp32",
         description="`bf16`/`fp16`: autocast (fp16 adds dynamic loss scaling with "
-        "`torch.amp.GradScaler`); parameters and optimizer state stay fp32.",
+        "`torch.amp.GradScaler`); parameters and optimizer state stay fp32. `fp8`: bf16 "
+        "autocast with every block's Linear layers computing in float8 (torchao's "
+        "`Float8Linear`: e4m3 inputs and weights, e5m2 gradients, dynamic scales per "
+        "`fp8_recipe`), full fine-tuning or pretraining only; on CUDA it needs compute "
+        "capability 8.9 or later (Ada, Hopper, Blackwell) and is refused at launch on older "
+        "GPUs with the reason.",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise"] = Field(
+        default="tensorwise",
+        description="With `precision: fp8`, torchao's float8 scaling: `tensorwise` (one scale "
+        "per tensor, the fastest) or `rowwise` (one per row of each operand, closer to bf16 "
+        "at some speed). Ignored otherwise.",
     )
     log_interval_steps: int = Field(
         default=10, ge=1, description="Report train metrics every N optimizer steps."

@@ -342,6 +342,10 @@ def build_run(
 
         qat.prepare(model, spec.qat)
         end_hooks.append(qat.report_converted)
+    if spec.train.precision == "fp8":  # float8 Linears, before sharding (torchao)
+        from trainer.methods.float8 import apply_float8
+
+        apply_float8(model, spec.train.fp8_recipe, dist_info.device)
     parts = parallelize(
         model,
         dims,

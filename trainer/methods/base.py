@@ -20,10 +20,10 @@ import torch
 @contextlib.contextmanager
 def autocast(device: torch.device, precision: str) -> Iterator[None]:
     """`torch.autocast` to bf16/fp16 on `device` for `precision` (`train.precision`); nothing
-    for fp32."""
+    for fp32. `fp8` autocasts to bf16: its float8 Linears take bf16 in and give bf16 out."""
     if precision == "fp32":
         yield
         return
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16  # fp8: bf16 around
     with torch.autocast(device_type=device.type, dtype=dtype):
         yield

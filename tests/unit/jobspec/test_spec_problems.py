@@ -120,7 +120,7 @@ def test_problems_come_in_the_order_the_spec_writes_its_fields() -> None:
     order pydantic or the cross-field rules found them in."""
     data = {
         "name": "a",
-        "train": {"precision": "fp8", "max_steps": -1},
+        "train": {"precision": "fp4", "max_steps": -1},
         "model": {"n_heads": 3, "d_model": 128},
         "optim": {"lrr": 1},
         "data": {"uri": "/d"},
