@@ -100,6 +100,7 @@ def method_spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int,
     )
     if "qlora" in finetune:  # 4-bit weights dequantized to the run's precision
         finetune = finetune | {"qlora": {"compute_dtype": args.precision}}
+    # (fp8 is refused with LoRA, QLoRA and QAT at train.precision: not a row of these)
     spec = JobSpec.model_validate(
         {
             "name": f"bench-{name}",
@@ -114,6 +115,7 @@ def method_spec(args: argparse.Namespace, corpus: Path, name: str) -> tuple[int,
             "train": {"micro_batch_size": args.batch // dp,
                       "max_steps": args.steps + args.profile_steps,
                       "log_interval_steps": 1, "precision": args.precision,
+                      "fp8_recipe": args.fp8_recipe,
                       "tf32": args.tf32 == "on", **train, **profile},
             "eval": {"interval_steps": args.steps + args.profile_steps, "num_batches": 1},
             "checkpoint": {"interval_steps": args.steps + args.profile_steps, "keep_last": 1},
@@ -193,6 +195,7 @@ def run_method(
         "tokens_per_second": round(tokens_per_step / step_s, 1),
         "peak_memory_bytes_per_rank": max(peaks) if peaks else None,
         "final_loss": round(series["loss"][args.steps], 6),
+        "losses": [series["loss"][step] for step in sorted(series["loss"])],
         "mfu": round(mfu, 4) if mfu is not None else None,
         "profile": profile,
     }
@@ -217,7 +220,8 @@ def build_corpus(root: Path, size: int) -> Path:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The model, batch, device and step arguments `method_spec` reads."""
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp8"], default="fp32")
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "rowwise"], default="tensorwise")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")

@@ -142,7 +142,8 @@ def validation_spec(nproc: int, parallelism: dict[str, Any], **sections: dict[st
 def trainer_env(**extra: str) -> dict[str, str]:
     """The environment of a trainer process: one OMP thread per process, no stray fault."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), **extra}
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
 
 
 def trainer_command(
@@ -336,8 +337,15 @@ def cpu_world_of_one() -> DistInfo:
     return DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
-def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | None = None) -> Run:
-    """A world-of-one `Run` built in this process, as `python -m trainer` would build it."""
+def build_local_run(
+    spec: JobSpec,
+    checkpoint_dir: Path,
+    reporter: Reporter | None = None,
+    *,
+    device: torch.device | None = None,
+) -> Run:
+    """A world-of-one `Run` built in this process, as `python -m trainer` would build it, on
+    the CPU unless `device` is given."""
     assert spec.data.uri is not None
     prepared = prepare_rows(
         spec,
@@ -348,12 +356,13 @@ def build_local_run(spec: JobSpec, checkpoint_dir: Path, reporter: Reporter | No
         reporter=NullReporter(),
     )
     assert isinstance(prepared.train, Rows) and isinstance(prepared.eval, Rows)
+    where = DistInfo(rank=0, local_rank=0, world_size=1, device=device) if device else None
     return build_run(
         spec,
         prepared.train,
         prepared.eval,
         str(checkpoint_dir),
-        cpu_world_of_one(),
+        where or cpu_world_of_one(),
         reporter or NullReporter(),
     )
 

@@ -141,6 +141,16 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
             "methods.fsdp.tokens_per_second",
         ],
     ),
+    "float8": (
+        ["-m", "bench.float8"],
+        [
+            "runs.bf16.tokens_per_second",
+            "runs.fp8_tensorwise.tokens_per_second",
+            "runs.fp8_tensorwise.speedup",
+            "runs.fp8_tensorwise.curve.mean_rel",
+            "runs.fp8_tensorwise.curve.max_rel_smoothed",
+        ],
+    ),
     "grpo": (
         ["-m", "bench.grpo"],
         ["ours.step_s", "ours.completions_per_s", "trl.step_s", "ours_vs_trl"],
@@ -168,9 +178,10 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     ),
 }
 # Scripts for a GPU machine (never in tests or CI): `cuda_check.sh` runs trainer_methods and
-# service_path, both smoked above, on CUDA; `cuda_workers_check.py` asks NVML about a real
-# CUDA process; `gpu_wheels.sh` downloads the wheels the GPU image lacks.
-CUDA_ONLY = {"cuda_check", "cuda_workers_check", "gpu_wheels"}
+# service_path, both smoked above, on CUDA; `gpu_round2.sh` the cuda tests and float8 (smoked
+# above); `cuda_workers_check.py` asks NVML about a real CUDA process; `gpu_wheels.sh`
+# downloads the wheels the GPU image lacks.
+CUDA_ONLY = {"cuda_check", "cuda_workers_check", "gpu_wheels", "gpu_round2"}
 HELPERS = {"__init__", "_common", "smoke"} | {
     f"_fleet_{part}" for part in ("claims", "faults", "plot", "probe", "store", "watch")
 }
@@ -222,8 +233,8 @@ SANE = {"fleet": _fleet_is_sane}
 
 # The benches by test module (their smoke seconds in the suite at a7abc72, 2026-11-30).
 GROUPS = {
-    # data 118, trainer_methods 46, resume_check 41, checkpoint 21
-    "training": ["data", "trainer_methods", "resume_check", "checkpoint"],
+    # data 118, trainer_methods 46, resume_check 41, checkpoint 21, float8 20 (alone)
+    "training": ["data", "trainer_methods", "resume_check", "checkpoint", "float8"],
     # service_path 71, overhead 70, api 20, audit 12, query 11, inputs 8, ingest 8
     "service": ["service_path", "overhead", "api", "audit", "query", "inputs", "ingest"],
     # sessions 71, fleet 61, grpo 54
