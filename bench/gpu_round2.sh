@@ -6,6 +6,9 @@
 #   bash bench/gpu_round2.sh big     # ~5 min: the ~1B GPT (20 x d2048, 2048 tokens, 8 rows a
 #                                    # step), FSDP2 + compile, 200 steps of bf16 then fp8
 #                                    # tensorwise: MFU, the speedup, the loss curves' distance
+#   bash bench/gpu_round2.sh llama   # Llama-3-8B's shape from its config, LoRA and QLoRA SFT
+#                                    # at 4096 tokens with activation checkpointing
+#                                    # (bench.llama8b; not yet run on a GPU)
 # Wheels: bench/gpu_wheels.sh fills .whl/ here (carry it); OUT=<dir> keeps the logs and JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,9 +36,16 @@ if [ "$stage" = check ]; then
     tests/cuda 2>&1 | tee "$OUT/cuda_tests.log" | tail -30
   timeout 150 python3 -m bench.float8 "${small[@]}" --method compile_single --steps 60 \
     --warmup 10 --recipes tensorwise,rowwise > "$OUT/float8_small.json"
-else
+elif [ "$stage" = big ]; then
   timeout 400 python3 -m bench.float8 "${big[@]}" --steps 200 --warmup 20 \
     --recipes tensorwise > "$OUT/float8_1b.json"
+else
+  timeout 500 python3 -m bench.llama8b --device cuda --seq-len 4096 --steps 12 --warmup 4 \
+    > "$OUT/llama8b.json"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+for m, r in d["runs"].items():
+    print(m, {k: r.get(k) for k in ("tokens_per_second", "peak_memory_bytes_per_rank",
+          "trainable_params", "final_loss")}, (r.get("error") or "")[-800:])' "$OUT/llama8b.json"
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

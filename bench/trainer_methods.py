@@ -155,12 +155,25 @@ def run_method(
     """Train `name` for `args.steps` steps (from the checkpoint `init_from`, given for a LoRA
     row); its timings and peak memory."""
     nproc, spec = method_spec(args, corpus, name)
+    return run_spec(args, spec, nproc, workdir, init_from)
+
+
+def run_spec(
+    args: argparse.Namespace,
+    spec: JobSpec,
+    nproc: int,
+    workdir: Path,
+    init_from: str | None = None,
+) -> dict:
+    """Train `spec` (its `train.max_steps` steps, timed over `args.warmup` < step <=
+    `args.steps`, `args.batch` x `args.seq_len` tokens a step) on `nproc` processes; its
+    timings, peak memory and losses, or `{"error": stderr's tail}`."""
     workdir.mkdir(parents=True)
     spec.dump(workdir / "spec.json")
     trainer = ["-m", "trainer", "--spec", str(workdir / "spec.json")]
     trainer += ["--run-dir", str(workdir / "run"), "--checkpoint-dir", str(workdir / "ckpt")]
     if spec.model.init_from is not None:
-        assert init_from is not None, f"{name} fine-tunes a checkpoint: give init_from"
+        assert init_from is not None, f"{spec.name} fine-tunes a checkpoint: give init_from"
         trainer += ["--init-from", init_from]
     if nproc == 1 and spec.parallelism.strategy == "single":
         cmd = [sys.executable, *trainer]

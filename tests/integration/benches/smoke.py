@@ -151,6 +151,16 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
             "runs.fp8_tensorwise.curve.max_rel_smoothed",
         ],
     ),
+    "llama8b": (
+        ["-m", "bench.llama8b"],
+        [
+            "params",
+            "runs.lora.tokens_per_second",
+            "runs.lora.peak_memory_bytes_per_rank",
+            "runs.qlora.tokens_per_second",
+            "runs.qlora.peak_memory_bytes_per_rank",
+        ],
+    ),
     "grpo": (
         ["-m", "bench.grpo"],
         ["ours.step_s", "ours.completions_per_s", "trl.step_s", "ours_vs_trl"],
@@ -235,8 +245,9 @@ SANE = {"fleet": _fleet_is_sane}
 GROUPS = {
     # data 118, trainer_methods 46, resume_check 41, checkpoint 21, float8 20 (alone)
     "training": ["data", "trainer_methods", "resume_check", "checkpoint", "float8"],
-    # service_path 71, overhead 70, api 20, audit 12, query 11, inputs 8, ingest 8
-    "service": ["service_path", "overhead", "api", "audit", "query", "inputs", "ingest"],
+    # service_path 71, overhead 70, api 20, audit 12, query 11, inputs 8, ingest 8, llama8b 50
+    # (alone)
+    "service": ["service_path", "overhead", "api", "audit", "query", "inputs", "ingest", "llama8b"],
     # sessions 71, fleet 61, grpo 54
     "sessions_fleet_grpo": ["sessions", "fleet", "grpo"],
 }
