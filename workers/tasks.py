@@ -12,7 +12,7 @@ from typing import Any
 from celery import signals
 from sqlalchemy.exc import OperationalError
 
-from core.platform.db import get_engine, session_factory
+from core.platform.db import get_host_engine, session_factory
 from core.platform.logs import job_id_var
 from core.platform.queue import EXPORT_CHECKPOINT_TASK, JOIN_GANG_TASK, RECONCILE_TASK, RUN_JOB_TASK
 from core.platform.settings import Settings, get_settings
@@ -42,7 +42,7 @@ def _start_heartbeat(sender: Any, **_: Any) -> None:
     global heartbeat
     settings = get_settings()
     name = liveness.worker_name(sender.hostname)
-    factory = session_factory(get_engine(settings))
+    factory = session_factory(get_host_engine(settings))
     queues = sorted(q for q in sender.app.amqp.queues.consume_from if q != CONTROL_QUEUE)
     # Celery's start time: before this process consumed anything, so before any claim of its.
     started_at = getattr(sender.controller, "startup_time", None) or utcnow()
@@ -146,7 +146,7 @@ def send_join(job_id: int, attempt: int, queue: str) -> None:
 def run_job(self: Any, job_id: int) -> str:
     """Run the job if it is still queued (assert the world: the claim re-reads the row)."""
     settings = get_settings()
-    factory = session_factory(get_engine(settings))
+    factory = session_factory(get_host_engine(settings))
     if settings.slurm_pools and submitter.pool_of(factory, job_id) in settings.slurm_pools:
         with _job_logs(job_id):
             return submitter.place(job_id, settings=settings, factory=factory)
@@ -179,7 +179,7 @@ def join_gang(self: Any, job_id: int, attempt: int) -> str:
             job_id,
             attempt,
             settings=settings,
-            factory=session_factory(get_engine(settings)),
+            factory=session_factory(get_host_engine(settings)),
             worker=_worker_name(self),
             dispatch=dispatch,
             send_join=send_join,
@@ -199,7 +199,9 @@ def join_gang(self: Any, job_id: int, attempt: int) -> str:
 def export_checkpoint(self: Any, export_id: int) -> str:
     """Export one checkpoint to safetensors if its export is still pending."""
     return exports.run_export(
-        export_id, factory=session_factory(get_engine(get_settings())), worker=_worker_name(self)
+        export_id,
+        factory=session_factory(get_host_engine(get_settings())),
+        worker=_worker_name(self),
     )
 
 
@@ -209,7 +211,7 @@ def reconcile() -> dict[str, list[int]]:
     settings = get_settings()
     report = reconciler.reconcile_deployed(
         settings=settings,
-        session_factory=session_factory(get_engine(settings)),
+        session_factory=session_factory(get_host_engine(settings)),
         dispatch=dispatch,
         steady_s=heartbeat.steady_s() if heartbeat is not None else 0.0,
     )

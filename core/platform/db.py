@@ -22,7 +22,13 @@ DISPATCH_INFO_KEY = "torchyard.dispatch"
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
-def make_engine(database_url: str) -> Engine:
+# How long Postgres lets a GPU host's session sit idle inside a transaction before it ends the
+# session, releasing its locks (`idle_in_transaction_session_timeout`, set per transaction;
+# `get_host_engine`).
+HOST_IDLE_IN_TRANSACTION_TIMEOUT_MS = 30_000
+
+
+def make_engine(database_url: str, *, idle_in_transaction_timeout_ms: int | None = None) -> Engine:
     """An engine for `database_url`. SQLite gets WAL, a busy timeout and enforced foreign keys.
 
     On Postgres through psycopg (3), no statement is prepared on the server: psycopg prepares a
@@ -30,7 +36,19 @@ def make_engine(database_url: str) -> Engine:
     (README's Deployment) the next transaction may run on another server connection, where
     the prepared name is missing or taken ("prepared statement "_pg3_0" already exists").
     Nothing else here needs a session of its own, except the controller's leader lock, which
-    connects to `database_direct_url` (`Settings`)."""
+    connects to `database_direct_url` (`Settings`).
+
+    With `idle_in_transaction_timeout_ms` (a GPU host's processes: `get_host_engine`) every
+    Postgres transaction starts with `SET LOCAL idle_in_transaction_session_timeout`: a host
+    that dies or loses its network between a statement and its COMMIT leaves its server session
+    idle in the transaction, holding its row locks until the server's TCP keepalive gives up
+    (two hours by default). A worker's metrics ingest locks its job's row; the controller's
+    UPDATE that ends the lost host's attempt then waited behind it (seen: a cut link's attempt
+    never ended in a test's 60 s). Postgres ends such a session after the timeout and the lock
+    goes with it. `SET LOCAL`, one statement per transaction, because session settings do not
+    survive PgBouncer's transaction pooling, and its 1.18 refuses the `options` startup
+    parameter. The API and the controller, beside the database, keep no bound: a request may
+    hold its transaction while it reads a dataset of many GB."""
     if database_url.startswith("sqlite"):
         path = database_url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -46,7 +64,7 @@ def make_engine(database_url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(
+    engine = create_engine(
         database_url,
         connect_args=connect_args(database_url),
         pool_pre_ping=True,
@@ -54,6 +72,19 @@ def make_engine(database_url: str) -> Engine:
         max_overflow=20,
         json_deserializer=_json_loads,
     )
+    if engine.dialect.name == "postgresql" and idle_in_transaction_timeout_ms is not None:
+        timeout_ms = int(idle_in_transaction_timeout_ms)
+        bound = f"SET LOCAL idle_in_transaction_session_timeout = {timeout_ms}"
+
+        @event.listens_for(engine, "begin")
+        def _bound_idle_transactions(conn) -> None:  # type: ignore[no-untyped-def]
+            dbapi = conn.connection.dbapi_connection
+            if dbapi is None or getattr(dbapi, "autocommit", False):
+                return  # AUTOCOMMIT (the leader lock's session): no transaction to bound
+            with dbapi.cursor() as cur:  # the driver's BEGIN, then this, in one transaction
+                cur.execute(bound)
+
+    return engine
 
 
 def connect_args(database_url: str) -> dict[str, Any]:
@@ -75,8 +106,8 @@ def _json_loads(raw: str | bytes) -> Any:
 
 
 @lru_cache
-def _cached_engine(database_url: str) -> Engine:
-    return make_engine(database_url)
+def _cached_engine(database_url: str, idle_in_transaction_timeout_ms: int | None) -> Engine:
+    return make_engine(database_url, idle_in_transaction_timeout_ms=idle_in_transaction_timeout_ms)
 
 
 def upsert_insert(session: Session, table: Any) -> Any:
@@ -87,7 +118,15 @@ def upsert_insert(session: Session, table: Any) -> Any:
 
 
 def get_engine(settings: Settings | None = None) -> Engine:
-    return _cached_engine((settings or get_settings()).database_url)
+    return _cached_engine((settings or get_settings()).database_url, None)
+
+
+def get_host_engine(settings: Settings | None = None) -> Engine:
+    """The engine of a process on a GPU host (a Celery worker, a Slurm agent): its transactions
+    are bounded by `HOST_IDLE_IN_TRANSACTION_TIMEOUT_MS` idle (`make_engine`), so that a host
+    lost mid-transaction cannot hold a job's row from the controller for hours."""
+    url = (settings or get_settings()).database_url
+    return _cached_engine(url, HOST_IDLE_IN_TRANSACTION_TIMEOUT_MS)
 
 
 def session_factory(

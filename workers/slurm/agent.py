@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from core.attempts import gang
 from core.jobs import service as jobs
-from core.platform.db import get_engine, session_factory
+from core.platform.db import get_host_engine, session_factory
 from core.platform.settings import Settings, get_settings
 from core.platform.tables import TERMINAL_STATES, Job, JobState, SlurmJob, utcnow
 from core.scheduling import quotas
@@ -204,7 +204,7 @@ def main(args: list[str] | None = None) -> None:
         os.environ["TORCHYARD_ADVERTISE_HOST"] = node_address()
     get_settings.cache_clear()  # `python -m workers` read them before the lines above
     settings = get_settings()
-    factory = session_factory(get_engine(settings))
+    factory = session_factory(get_host_engine(settings))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     worker = agent_worker(slurm_job_id, restart, host)
     log.info(
