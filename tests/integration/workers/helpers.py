@@ -370,9 +370,10 @@ def wait_step(
 def running_launch(
     engine: Engine, job_id: int, worker: Worker, *, first_metric: bool = True
 ) -> JobEvent:
-    """The job's one launch event once it is `running` (within 60 s) and, with `first_metric`,
-    has written a first loss (within 30 s more): its trainer is under way."""
-    wait_state(engine, job_id, ("running",), 60, worker)
+    """The job's one launch event once it is `running` (within 120 s: a sandboxed launch on a
+    2-core host under the suite's load took over 60) and, with `first_metric`, has written a
+    first loss (within 30 s more): its trainer is under way."""
+    wait_state(engine, job_id, ("running",), 120, worker)
     if first_metric:
         wait_for("a first metric", lambda: metric_series(engine, job_id, "loss"), 30)
     (launch,) = launches(job_events(engine, job_id))

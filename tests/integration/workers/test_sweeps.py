@@ -54,6 +54,7 @@ def _trials(client: TestClient, project: ProjectKey, sweep_id: int) -> list[dict
     return list(answer.json()["items"])
 
 
+@pytest.mark.timeout(2 * SWEEP_S)  # its waits are bounded by SWEEP_S each, past the default
 def test_an_asha_sweep_finds_the_learning_rate_prunes_laggards_and_survives_its_worker(
     client: TestClient,
     engine: Engine,

@@ -28,6 +28,11 @@ from tests.support.training import (
 )
 from trainer.data.prompts import load_prompts
 
+# The module's `runs` fixture trains ten 2-rank scenarios in the first test's setup (~200 s on
+# a quiet 2-core host, past 300 s under the suite's load at 2x): each run is bounded by
+# RUN_TIMEOUT_S, the whole by this.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def prompt_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
