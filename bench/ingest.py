@@ -32,7 +32,7 @@ from bench._common import (
     summary_ms,
 )
 from core.jobs import service as jobs
-from core.platform.db import make_engine, session_factory
+from core.platform.db import HOST_IDLE_IN_TRANSACTION_TIMEOUT_MS, make_engine, session_factory
 from workers.ingest import RunIngest
 from workers.launcher import RunPaths
 
@@ -157,7 +157,10 @@ def main() -> None:
     args = smoke.parse(parser, points=3_000, rate=5_000, seconds=0.5)
     with postgres_database() as url, tempfile.TemporaryDirectory() as tmp:
         project, _ = project_key(url)
-        engine = make_engine(url)
+        # a worker's engine: each transaction bounded idle (core.platform.db.get_host_engine)
+        engine = make_engine(
+            url, idle_in_transaction_timeout_ms=HOST_IDLE_IN_TRANSACTION_TIMEOUT_MS
+        )
         (Path(tmp) / "a").mkdir()
         (Path(tmp) / "b").mkdir()
         note("burst ...")

@@ -299,15 +299,6 @@ def other_project(engine: Engine) -> ProjectKey:
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small real corpus: a few hundred KB of the Python standard library's own source."""
-    import sysconfig
+    from tests.support.training import stdlib_corpus
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = tmp_path_factory.mktemp("corpus")
-    total = 0
-    for src in sorted(stdlib.glob("*.py")):
-        data = src.read_bytes()
-        (out / src.name).write_bytes(data)
-        total += len(data)
-        if total > 400_000:
-            break
-    return out
+    return stdlib_corpus(tmp_path_factory.mktemp("corpus"))

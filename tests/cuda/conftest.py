@@ -9,11 +9,12 @@ a skip would read as green."""
 
 from __future__ import annotations
 
-import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.training import stdlib_corpus
 
 
 @pytest.fixture(autouse=True)
@@ -26,13 +27,4 @@ def _a_cuda_device() -> None:
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A few hundred KB of the standard library's own source (as tests/conftest.py's)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = tmp_path_factory.mktemp("corpus")
-    total = 0
-    for src in sorted(stdlib.glob("*.py")):
-        data = src.read_bytes()
-        (out / src.name).write_bytes(data)
-        total += len(data)
-        if total > 400_000:
-            break
-    return out
+    return stdlib_corpus(tmp_path_factory.mktemp("corpus"))

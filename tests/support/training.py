@@ -52,6 +52,21 @@ TINY_LLAMA: dict[str, Any] = {
 FINE_TUNE: dict[str, Any] = {"init_from": {"job": 1, "checkpoint": 1}}
 
 
+def stdlib_corpus(out: Path, size: int = 400_000) -> Path:
+    """Copy the standard library's top-level `*.py` files, in name order, into `out` until
+    just past `size` bytes: a small real text corpus. Returns `out`."""
+    import sysconfig
+
+    total = 0
+    for src in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        data = src.read_bytes()
+        (out / src.name).write_bytes(data)
+        total += len(data)
+        if total > size:
+            break
+    return out
+
+
 def tiny_llama_dir(out: Path) -> Path:
     """`TINY_LLAMA` with seeded weights saved to `out` (`save_pretrained`, no tokenizer: byte
     ids): a Hugging Face model whose weights come from files, for a LoRA test to fine-tune
