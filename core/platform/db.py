@@ -73,14 +73,14 @@ def make_engine(database_url: str, *, idle_in_transaction_timeout_ms: int | None
         json_deserializer=_json_loads,
     )
     if engine.dialect.name == "postgresql" and idle_in_transaction_timeout_ms is not None:
-        timeout_ms = int(idle_in_transaction_timeout_ms)
-        bound = f"SET LOCAL idle_in_transaction_session_timeout = {timeout_ms}"
+        ms = idle_in_transaction_timeout_ms
+        bound = f"SET LOCAL idle_in_transaction_session_timeout = {ms:d}"
 
         @event.listens_for(engine, "begin")
         def _bound_idle_transactions(conn) -> None:  # type: ignore[no-untyped-def]
             dbapi = conn.connection.dbapi_connection
-            if dbapi is None or getattr(dbapi, "autocommit", False):
-                return  # AUTOCOMMIT (the leader lock's session): no transaction to bound
+            if dbapi.autocommit:  # AUTOCOMMIT (the leader lock's session): no transaction
+                return
             with dbapi.cursor() as cur:  # the driver's BEGIN, then this, in one transaction
                 cur.execute(bound)
 

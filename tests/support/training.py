@@ -371,13 +371,12 @@ def build_local_run(
         reporter=NullReporter(),
     )
     assert isinstance(prepared.train, Rows) and isinstance(prepared.eval, Rows)
-    where = DistInfo(rank=0, local_rank=0, world_size=1, device=device) if device else None
     return build_run(
         spec,
         prepared.train,
         prepared.eval,
         str(checkpoint_dir),
-        where or cpu_world_of_one(),
+        DistInfo(rank=0, local_rank=0, world_size=1, device=device or torch.device("cpu")),
         reporter or NullReporter(),
     )
 

@@ -85,8 +85,22 @@ def test_a_hosts_engine_bounds_idle_transactions_and_the_apis_does_not(settings:
         assert conn.scalar(text("SHOW idle_in_transaction_session_timeout")) == "0"
 
 
-def test_an_autocommit_session_such_as_the_leader_locks_is_not_bounded(postgres_url: str) -> None:
+def test_an_autocommit_session_such_as_the_leader_locks_is_sent_no_set_local(
+    postgres_url: str,
+) -> None:
+    """`SET LOCAL` outside a transaction block does nothing but draw a WARNING, which the
+    controller's leader session would then draw on every round (`Leadership.hold`)."""
     engine = make_engine(postgres_url, idle_in_transaction_timeout_ms=TIMEOUT_MS)
+    notices: list[str] = []
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        assert conn.scalar(text("SHOW idle_in_transaction_session_timeout")) == "0"
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        dbapi.add_notice_handler(lambda d: notices.append(str(d.message_primary)))
+        assert conn.scalar(text("SELECT 1")) == 1
+    with engine.connect() as conn:  # and a transaction still gets its bound
+        conn.connection.dbapi_connection.add_notice_handler(  # type: ignore[union-attr]
+            lambda d: notices.append(str(d.message_primary))
+        )
+        assert conn.scalar(text("SHOW idle_in_transaction_session_timeout")) == "1s"
     engine.dispose()
+    assert notices == []
