@@ -141,12 +141,22 @@ class Child:
 
         Returns the exit code (None if even SIGKILL did not reap it within 5 s).
         """
+        self.terminate()
+        return self.reap(timeout_s)
+
+    def terminate(self) -> None:
+        """SIGTERM the process group if the leader runs; `reap` then waits for it. Stopping
+        several children this way overlaps their shutdowns."""
         if self.running:
             self._signal_group(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+
+    def reap(self, timeout_s: float = 15.0) -> int | None:
+        """Wait up to `timeout_s` s for the leader (after `terminate`), then SIGKILL the group.
+
+        Returns the exit code (None if even SIGKILL did not reap it within 5 s).
+        """
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.process.wait(timeout_s)
         # The leader may be gone while children it started in its group live on.
         self._signal_group(signal.SIGKILL)
         try:
