@@ -17,6 +17,7 @@ logs and drops).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -442,3 +443,23 @@ def list_user_checkpoints(
         checkpoints=[_checkpoint(c) for c in states[offset : offset + limit]],
         cursor=runs_wire.PageCursor(offset=offset, limit=limit, total_count=len(states)),
     )
+
+
+@router.post(
+    "/weights_info",
+    response_model=runs_wire.WeightsInfoResponse,
+    operation_id="tinker_weights_info",
+)
+def get_weights_info(
+    body: runs_wire.WeightsInfoRequest,
+    principal: TinkerReadPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> runs_wire.WeightsInfoResponse:
+    """The base model and LoRA shape of saved weights (`RestClient.get_weights_info_by_tinker_
+    path`). 422 at `tinker_path` for a path of another form; 404 for another project's run or a
+    state it never saved."""
+    info = runs.weights_info(
+        session=session, settings=settings, project_id=principal.project_id, path=body.tinker_path
+    )
+    return runs_wire.WeightsInfoResponse(is_lora=True, **asdict(info))

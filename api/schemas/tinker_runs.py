@@ -103,3 +103,38 @@ class CheckpointsListResponse(BaseModel):
     cursor: PageCursor | None = Field(
         default=None, description="This page's place (`/checkpoints`); null for one run's list."
     )
+
+
+WEIGHTS_PATH_EXAMPLE = "tinker://ses_0123456789abcdef:train:0/weights/step-20"
+
+
+class WeightsInfoRequest(BaseModel):
+    model_config = _wire({"tinker_path": WEIGHTS_PATH_EXAMPLE})
+
+    tinker_path: str = Field(
+        max_length=400,
+        description="`tinker://<model_id>/weights/<name>` or `.../sampler_weights/<name>`.",
+    )
+
+
+class WeightsInfoResponse(BaseModel):
+    """What loading a saved state needs to know (`RestClient.get_weights_info_by_tinker_path`):
+    the base model and the adapters' shape."""
+
+    model_config = _wire(
+        {
+            "base_model": "llama-tiny",
+            "is_lora": True,
+            "lora_rank": 32,
+            "train_unembed": False,
+            "train_mlp": True,
+            "train_attn": True,
+        }
+    )
+
+    base_model: str = Field(description="The registered base model the adapters are on.")
+    is_lora: bool = Field(description="Always true: sessions train LoRA adapters.")
+    lora_rank: int | None = Field(default=None, description="The adapters' rank.")
+    train_unembed: bool | None = Field(default=None, description="An adapter on the output head.")
+    train_mlp: bool | None = Field(default=None, description="Adapters on the MLPs.")
+    train_attn: bool | None = Field(default=None, description="Adapters on attention.")

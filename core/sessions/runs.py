@@ -1,5 +1,6 @@
 """Training runs and their checkpoints, as the Tinker client's `RestClient` reads them (issue 47:
-`list_training_runs`, `get_training_run`, `list_checkpoints`, `list_user_checkpoints`).
+`list_training_runs`, `get_training_run`, `list_checkpoints`, `list_user_checkpoints`,
+`get_weights_info_by_tinker_path`).
 
 A training run is a training client (`SessionModel`: `tinker://<model_id>/...` names its
 states). Its checkpoints are the states it saved by name (`save_state`: the session job's
@@ -22,10 +23,12 @@ import fsspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from core.platform.errors import InvalidInput, NotFound
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
-from core.platform.tables import Checkpoint, SessionModel, SessionRequest, TrainingSession
+from core.platform.tables import Checkpoint, Job, SessionModel, SessionRequest, TrainingSession
 from core.sessions import training_clients
+from jobspec.job import SessionJobSpec
 from jobspec.session import NAMES_FILE
 
 log = logging.getLogger(__name__)
@@ -132,6 +135,52 @@ def saved_states(session: Session, settings: Settings, row: SessionModel) -> lis
         size = None if found is None else found.size_bytes
         states.append(SavedState(row.id, name, int(step), when or row.created_at, size))
     return sorted(states, key=lambda s: (s.step, s.name))
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """`get_weights_info_by_tinker_path`'s answer: what loading saved weights needs."""
+
+    base_model: str
+    lora_rank: int
+    train_mlp: bool
+    train_attn: bool
+    train_unembed: bool
+
+
+WEIGHTS_KINDS = ("weights", "sampler_weights")
+
+
+def weights_info(
+    *, session: Session, settings: Settings, project_id: str, path: str
+) -> WeightsInfo:
+    """The base model and adapter shape of the weights at `path`,
+    `tinker://<model_id>/weights/<name>` (a state `save_state` named: it must exist) or
+    `tinker://<model_id>/sampler_weights/<name>` (sampler weights, read as the training client
+    that saved them). Raises InvalidInput at `body.tinker_path` for another form, NotFound for
+    a model not of the project or a state it never saved."""
+    scheme = training_clients.TINKER_SCHEME
+    parts = path.removeprefix(scheme).split("/") if path.startswith(scheme) else []
+    if len(parts) != 3 or parts[1] not in WEIGHTS_KINDS or not parts[0] or not parts[2]:
+        msg = "a weights path is tinker://<model_id>/weights/<name> or .../sampler_weights/<name>"
+        raise InvalidInput(
+            f"tinker_path: {msg}",
+            details=[{"loc": ["body", "tinker_path"], "msg": msg, "type": "value_error"}],
+        )
+    model_id, kind, name = parts
+    row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
+    if kind == "weights" and name not in {s.name for s in saved_states(session, settings, row)}:
+        raise NotFound(f"training run {model_id[:100]!r} saved no state {name[:100]!r}")
+    job = session.get(Job, row.job_id)
+    spec = None if job is None else job.spec
+    lora = spec.session if isinstance(spec, SessionJobSpec) else None
+    return WeightsInfo(
+        base_model=row.base_model,
+        lora_rank=row.lora_rank,
+        train_mlp=True if lora is None else lora.train_mlp,
+        train_attn=True if lora is None else lora.train_attn,
+        train_unembed=True if lora is None else lora.train_unembed,
+    )
 
 
 def _modified(fs: fsspec.AbstractFileSystem, path: str) -> datetime | None:

@@ -161,6 +161,13 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     assert first.model_id in [r.training_run_id for r in everything.training_runs]
     mine = stall.answer(rest.list_user_checkpoints(), 60).checkpoints
     assert saved in [c.tinker_path for c in mine]
+    info = stall.answer(rest.get_weights_info_by_tinker_path(saved), 60)
+    assert (info.base_model, info.is_lora, info.lora_rank) == (BASE, True, RANK)
+    assert (info.train_unembed, info.train_mlp, info.train_attn) == (False, True, True)
+    with pytest.raises(tinker.NotFoundError):  # a name it never saved
+        rest.get_weights_info_by_tinker_path(f"tinker://{first.model_id}/weights/no").result(60)
+    with pytest.raises(tinker.UnprocessableEntityError, match="tinker_path"):  # not a path
+        rest.get_weights_info_by_tinker_path(f"{first.model_id}/weights/half").result(60)
     stall.answer(first_service.close("success"), 60)  # its session and job end; the state stays
 
     service = tinker.ServiceClient()

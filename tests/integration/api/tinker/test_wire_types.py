@@ -13,6 +13,7 @@ from tinker import types as client
 
 from api import openapi_examples
 from api.schemas import tinker as ours
+from api.schemas import tinker_runs as runs
 from api.schemas import tinker_sampling as sampling
 from api.schemas import tinker_weights as weights
 
@@ -121,6 +122,7 @@ ANSWERS: list[tuple[type[BaseModel], Any]] = [
     (sampling.CreateSamplingSessionResponse, client.CreateSamplingSessionResponse),
     (sampling.SampleFuture, client.UntypedAPIFuture),
     (sampling.GetSamplerResponse, client.GetSamplerResponse),
+    (runs.WeightsInfoResponse, client.WeightsInfoResponse),
 ]
 
 
