@@ -113,6 +113,7 @@ class WeightsInfoRequest(BaseModel):
 
     tinker_path: str = Field(
         max_length=400,
+        pattern=r"^tinker://[^/]+/(weights|sampler_weights)/[^/]+$",
         description="`tinker://<model_id>/weights/<name>` or `.../sampler_weights/<name>`.",
     )
 
