@@ -49,12 +49,13 @@ from api.routes import (
     spec,
     streams,
     sweeps,
-    tinker,
-    tinker_calls,
     usage,
     webhooks,
     workers,
 )
+from api.routes.tinker_api import calls as tinker_calls
+from api.routes.tinker_api import runs as tinker_runs
+from api.routes.tinker_api import sessions as tinker
 from api.streams import StreamHub
 from core.access import oidc
 from core.platform.db import SchemaNotMigrated, check_migrated, make_engine, session_factory
@@ -173,7 +174,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     domains = (sweeps, sessions, usage, webhooks, audit)
     access = (projects, members, service_accounts, keys)
-    for module in (*routers, *domains, *access, openai_files, openai_jobs, tinker, tinker_calls):
+    for module in (
+        *routers,
+        *domains,
+        *access,
+        openai_files,
+        openai_jobs,
+        tinker,
+        tinker_calls,
+        tinker_runs,
+    ):
         permissions.document(module.router)  # x-permission on each operation
         app.include_router(module.router)
 

@@ -6,7 +6,8 @@ The official client (`tinker==0.38.0`) sends `forward_backward` as a protobuf
 `tinker/proto/tinker_public_pb2.py`, loaded here by its path: importing the `tinker` package
 would import its whole client (httpx, transformers), and a copy of the schema would drift from
 it. Only `google.protobuf` is needed to load it. Both sides use it: the API reads a call's
-`model_id` and `seq_id` (`api.routes.tinker`), the session program decodes the data and encodes
+`model_id` and `seq_id` (`api.routes.tinker_api.calls`), the session program decodes the data
+and encodes
 its answer (`trainer.session`).
 
 A body the client compressed (`proto_compress_fwdbwd`; zstd, `Content-Encoding: zstd`) is

@@ -1,6 +1,6 @@
 """Training sessions of the Tinker-compatible API, read the Torchyard way (`core.sessions.listing`):
 the project's sessions with their training clients, jobs and calls. The official client's own
-reads are under `/tinker` (`api/routes/tinker.py`)."""
+reads are under `/tinker` (`api/routes/tinker_api/sessions.py`)."""
 
 from __future__ import annotations
 

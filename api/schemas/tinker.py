@@ -1,4 +1,4 @@
-"""Bodies of the Tinker-compatible API (`/tinker/api/v1`, `api/routes/tinker.py`), on the wire
+"""Bodies of the Tinker-compatible API (`/tinker/api/v1`, `api/routes/tinker_api/`), on the wire
 exactly as the official client `tinker==0.38.0` sends and reads them (docs/TINKER-WIRE.md).
 
 Mirrored, not imported: `tinker.types` loads torch (770 modules, ~1 s), which the API never

@@ -1,4 +1,4 @@
-"""Training runs and checkpoints of the Tinker-compatible API (`api/routes/tinker_runs.py`), on
+"""Training runs and checkpoints of the Tinker-compatible API (`api/routes/tinker_api/runs.py`), on
 the wire as the official client `tinker==0.38.0` reads them (`tinker.types.TrainingRun`,
 `Checkpoint`, `TrainingRunsResponse`, `CheckpointsListResponse`, `Cursor`; docs/TINKER-WIRE.md;
 here `RunCheckpoint` and `PageCursor`, names the OpenAPI document has free). Mirrored, not
@@ -59,7 +59,10 @@ class RunCheckpoint(BaseModel):
     size_bytes: int | None = Field(default=None, description="Bytes in storage.")
     public: bool = Field(default=False, description="Always false: a project's states are its.")
     user_metadata: dict[str, str] | None = Field(default=None, description="None set.")
-    expires_at: Timestamp | None = Field(default=None, description="Null: kept until deleted.")
+    expires_at: Timestamp | None = Field(
+        default=None,
+        description="When it expires (`set_checkpoint_ttl`); null: kept until deleted.",
+    )
 
 
 class TrainingRun(BaseModel):
@@ -139,3 +142,13 @@ class WeightsInfoResponse(BaseModel):
     train_unembed: bool | None = Field(default=None, description="An adapter on the output head.")
     train_mlp: bool | None = Field(default=None, description="Adapters on the MLPs.")
     train_attn: bool | None = Field(default=None, description="Adapters on attention.")
+
+
+class SetTtlRequest(BaseModel):
+    model_config = _wire({"ttl_seconds": 86400})
+
+    ttl_seconds: int | None = Field(
+        ge=3600,
+        le=10 * 365 * 86400,
+        description="Seconds from now until the state expires (an hour to ten years); null: never.",
+    )

@@ -1,5 +1,5 @@
 """Bodies of the Tinker-compatible API's save and load calls (`save_weights`, `load_weights`,
-`api/routes/tinker_calls.py`), on the wire as the official client `tinker==0.38.0` sends them
+`api/routes/tinker_api/calls.py`), on the wire as the official client `tinker==0.38.0` sends them
 (docs/TINKER-WIRE.md, `types/save_weights_request.py`, `load_weights_request.py`). Mirrored,
 not imported, for the reasons `api.schemas.tinker` gives; checked against the client's own
 types in tests/integration/api/tinker/test_wire_types.py.

@@ -894,6 +894,22 @@ class SessionModel(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class StateMark(Base):
+    """What was decided about a training client's named state after it was saved (0027, issue
+    47): deleted (`delete_checkpoint`) or given an expiry (`set_checkpoint_ttl`). A deleted or
+    expired state is neither listed nor loadable; its bytes stay with the session job's
+    checkpoints (a preempted job may resume from them) and go with the job's own retention."""
+
+    __tablename__ = "state_marks"
+
+    model_id: Mapped[str] = mapped_column(
+        ForeignKey("session_models.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class RequestState(enum.StrEnum):
     QUEUED = "queued"  # stored, waiting for its turn (seq_id order) in the session job
     RUNNING = "running"  # handed to the session job's program

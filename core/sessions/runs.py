@@ -27,7 +27,7 @@ from core.platform.errors import InvalidInput, NotFound
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
 from core.platform.tables import Checkpoint, Job, SessionModel, SessionRequest, TrainingSession
-from core.sessions import training_clients
+from core.sessions import marks, training_clients
 from jobspec.job import SessionJobSpec
 from jobspec.session import NAMES_FILE
 
@@ -43,6 +43,7 @@ class SavedState:
     step: int
     created_at: datetime
     size_bytes: int | None
+    expires_at: datetime | None = None
 
     @property
     def tinker_path(self) -> str:
@@ -126,14 +127,19 @@ def saved_states(session: Session, settings: Settings, row: SessionModel) -> lis
         c.step: c
         for c in session.scalars(select(Checkpoint).where(Checkpoint.job_id == row.job_id))
     }
+    marked = marks.of(session, row.id)
     states = []
     for name, step in names.items():
+        if marks.gone(marked.get(name)):
+            continue  # deleted, or past its expiry
+        mark = marked.get(name)
         found = rows.get(int(step))
         when: datetime | None = None if found is None else found.created_at
         if when is None:  # saved, its `checkpoint` event not stored yet: the storage's time
             when = _modified(fs, f"{base.rstrip('/')}/step_{int(step):08d}")
         size = None if found is None else found.size_bytes
-        states.append(SavedState(row.id, name, int(step), when or row.created_at, size))
+        expires = None if mark is None else mark.expires_at
+        states.append(SavedState(row.id, name, int(step), when or row.created_at, size, expires))
     return sorted(states, key=lambda s: (s.step, s.name))
 
 
@@ -181,6 +187,41 @@ def weights_info(
         train_attn=True if lora is None else lora.train_attn,
         train_unembed=True if lora is None else lora.train_unembed,
     )
+
+
+def _present(
+    session: Session, settings: Settings, project_id: str, model_id: str, name: str
+) -> SessionModel:
+    """The project's training client `model_id` and its listed state `name`. Raises NotFound
+    (another project's run, a name it never saved, a deleted or expired state)."""
+    row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
+    if name not in {s.name for s in saved_states(session, settings, row)}:
+        raise NotFound(f"training run {model_id[:100]!r} has no state {name[:100]!r}")
+    return row
+
+
+def delete_state(
+    *, session: Session, settings: Settings, project_id: str, model_id: str, name: str
+) -> None:
+    """`delete_checkpoint`: the state is no longer listed nor loadable (`marks`). Raises
+    NotFound as `_present`. No commit."""
+    _present(session, settings, project_id, model_id, name)
+    marks.delete(session, model_id, name)
+
+
+def set_state_ttl(
+    *,
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    model_id: str,
+    name: str,
+    ttl_seconds: int | None,
+) -> datetime | None:
+    """`set_checkpoint_ttl`: the state expires `ttl_seconds` from now (None: never). Returns
+    its `expires_at`. Raises NotFound as `_present`. No commit."""
+    _present(session, settings, project_id, model_id, name)
+    return marks.set_ttl(session, model_id, name, ttl_seconds)
 
 
 def _modified(fs: fsspec.AbstractFileSystem, path: str) -> datetime | None:

@@ -32,7 +32,7 @@ from core.platform.tables import (
     TrainingSession,
     utcnow,
 )
-from core.sessions import requests
+from core.sessions import marks, requests
 from core.submission import service as submission
 from jobspec.job import SessionJobSpec
 
@@ -314,6 +314,7 @@ def saved_state(*, session: Session, settings: Settings, project_id: str, path: 
             details=[{"loc": ["body", "path"], "msg": msg, "type": "value_error"}],
         )
     source = get(session=session, project_id=project_id, model_id=parts[0])
+    marks.check_present(session, source.id, parts[2])  # not deleted, not expired
     return StatePath(source, job_checkpoint_uri(settings, source.job_id), parts[2])
 
 

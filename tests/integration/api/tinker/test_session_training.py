@@ -10,6 +10,7 @@ are the supervised positions / N (`tests.support.sessions`)."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ import tinker
 from sqlalchemy import Engine, select
 
 from core.platform.db import session_scope
-from core.platform.tables import RequestState, SessionModel, SessionRequest
+from core.platform.tables import RequestState, SessionModel, SessionRequest, StateMark
 from tests.conftest import ProjectKey
 from tests.integration.api.tinker.stalls import Stall
 from tests.support.sessions import (
@@ -132,7 +133,7 @@ def test_a_call_of_a_session_job_that_failed_is_a_server_error_not_a_wait(
 
 @pytest.mark.usefixtures("client_env")
 def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted_training(
-    stall: Stall, model_dir: Path, tmp_path: Path
+    stall: Stall, model_dir: Path, tmp_path: Path, engine: Engine
 ) -> None:
     spec = lora_sft_spec(model_dir, chat_data(tmp_path / "chat.jsonl"), max_steps=6)
     run = build_local_run(spec, tmp_path / "ckpt")
@@ -168,6 +169,7 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
         rest.get_weights_info_by_tinker_path(f"tinker://{first.model_id}/weights/no").result(60)
     with pytest.raises(tinker.UnprocessableEntityError, match="tinker_path"):  # not a path
         rest.get_weights_info_by_tinker_path(f"{first.model_id}/weights/half").result(60)
+    _expire_and_delete_a_state(stall, first, rest, engine)
     stall.answer(first_service.close("success"), 60)  # its session and job end; the state stays
 
     service = tinker.ServiceClient()
@@ -196,3 +198,36 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     resumed = [stall.step(third, batch, RESULT_TIMEOUT_S) for batch in batches[3:]]
     np.testing.assert_allclose(before + resumed, expected, rtol=1e-5, atol=0)
     stall.answer(third_service.close("success"), 60)
+
+
+def _expire_and_delete_a_state(
+    stall: Stall, client: tinker.TrainingClient, rest: tinker.RestClient, engine: Engine
+) -> None:
+    """Issue 47: `set_checkpoint_ttl` shows its expiry in the listing and an expired state is
+    gone for every read; `delete_checkpoint` takes a state out of the listing, `weights_info`
+    and `load_state`; a second delete, another range or form of TTL are refused."""
+    paths = [stall.answer(client.save_state(n), RESULT_TIMEOUT_S).path for n in ("ttl", "gone")]
+
+    def listed() -> dict[str, tinker.types.Checkpoint]:
+        found = stall.answer(rest.list_checkpoints(client.model_id), 60).checkpoints
+        return {c.tinker_path: c for c in found}
+
+    stall.answer(rest.set_checkpoint_ttl_from_tinker_path(paths[0], 86400), 60)
+    expires = listed()[paths[0]].expires_at
+    assert expires is not None and 86000 < (expires - datetime.now(UTC)).total_seconds() <= 86400
+    with pytest.raises(tinker.UnprocessableEntityError, match="ttl_seconds"):  # under an hour
+        rest.set_checkpoint_ttl_from_tinker_path(paths[0], 60).result(60)
+    with session_scope(engine) as s:  # an hour passes: the state expires
+        mark = s.get(StateMark, (client.model_id, "ttl"))
+        assert mark is not None
+        mark.expires_at = datetime.now(UTC) - timedelta(seconds=1)
+    assert paths[0] not in listed()
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_weights_info_by_tinker_path(paths[0]).result(60)
+
+    stall.answer(rest.delete_checkpoint_from_tinker_path(paths[1]), 60)
+    assert paths[1] not in listed()
+    with pytest.raises(tinker.NotFoundError):  # deleted already
+        rest.delete_checkpoint_from_tinker_path(paths[1]).result(60)
+    with pytest.raises(tinker.NotFoundError):  # a load of it is refused before any call
+        client.load_state(paths[1]).result(60)

@@ -6,7 +6,8 @@ runs them in `seq_id` order (`trainer.session`, relayed by its worker,
 `samplers/{id}`) of weights saved for sampling, whose `asample` calls the session job holding
 the weights runs in a lane of their own (`core.sessions.samplers`, `trainer.session_sampling`);
 `retrieve_future` long-polls a call's stored answer (`core.sessions.requests`),
-`create_model`'s included. Sessions and training clients themselves are `api.routes.tinker`'s;
+`create_model`'s included. Sessions and training clients themselves are
+`api.routes.tinker_api.sessions`'s;
 the wire is docs/TINKER-WIRE.md.
 """
 

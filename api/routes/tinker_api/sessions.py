@@ -10,14 +10,14 @@ not this project's, 410 an ended session, whose heartbeat loop then stops). The 
 Training clients: `create_model` makes one, a session job through the one door
 (`core.sessions.training_clients`), answered at once with its model id; `get_info` reads it;
 their calls (`forward_backward`, `optim_step`) and `retrieve_future` are
-`api.routes.tinker_calls`'; sampling (`save_weights_for_sampler`, `create_sampling_session`,
-`asample`) are `api.routes.tinker_calls`' too. Not served: the client's `telemetry` (a 404 it
+`api.routes.tinker_api.calls`'; sampling (`save_weights_for_sampler`, `create_sampling_session`,
+`asample`) are `api.routes.tinker_api.calls`' too; training runs and their checkpoints
+`api.routes.tinker_api.runs`'. Not served: the client's `telemetry` (a 404 it
 logs and drops).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -32,10 +32,9 @@ from api.deps import (
 )
 from api.errors import ERROR_RESPONSES, ErrorBody
 from api.schemas import tinker as wire
-from api.schemas import tinker_runs as runs_wire
 from core.platform.errors import InvalidInput
 from core.platform.tables import SessionState, aware
-from core.sessions import listing, runs, training_clients
+from core.sessions import listing, training_clients
 from core.sessions import service as sessions
 
 PREFIX = wire.PREFIX
@@ -47,9 +46,9 @@ TRAINABLE, SAMPLEABLE = True, True
 NOT_YET = (
     "Torchyard trains Tinker training clients (forward_backward, forward, optim_step, "
     "save_state, load_state, create_training_client_from_state), samples weights they saved "
-    "(save_weights_for_sampler, save_weights_and_get_sampling_client) and lists training runs "
-    "and checkpoints; sampling a bare base model and deleting, publishing or expiring "
-    "checkpoints are not served yet."
+    "(save_weights_for_sampler, save_weights_and_get_sampling_client), lists training runs "
+    "and checkpoints, deletes them and sets their expiry; sampling a bare base model and "
+    "publishing checkpoints are not served yet."
 )
 SESSION_ID = Annotated[str, Path(max_length=40, description="A session id (`ses_...`).")]
 # The client's `access_scope`: every session here is the project's, so both read the same.
@@ -311,155 +310,3 @@ def get_info(
     return wire.GetInfoResponse.model_validate(
         training_clients.info(row, settings.base_models.get(row.base_model))
     )
-
-
-# Training runs and their checkpoints (`RestClient.list_training_runs`, `get_training_run`,
-# `list_checkpoints`, `list_user_checkpoints`): a run is a training client of the key's project,
-# its checkpoints the states it saved by name (`core.sessions.runs`).
-
-RUN_ID = Annotated[
-    str, Path(max_length=120, description="A training run: its training client's model id.")
-]
-Limit = Annotated[int, Query(ge=1, le=1000, description="Items in the page.")]
-Offset = Annotated[int, Query(ge=0, le=10**9, description="Items skipped before it.")]
-
-
-def _checkpoint(state: runs.SavedState) -> runs_wire.RunCheckpoint:
-    return runs_wire.RunCheckpoint(
-        checkpoint_id=state.checkpoint_id,
-        checkpoint_type="training",
-        time=aware(state.created_at),
-        tinker_path=state.tinker_path,
-        size_bytes=state.size_bytes,
-    )
-
-
-def _run(run: runs.Run) -> runs_wire.TrainingRun:
-    row = run.row
-    last = _checkpoint(run.checkpoints[-1]) if run.checkpoints else None
-    return runs_wire.TrainingRun(
-        training_run_id=row.id,
-        base_model=row.base_model,
-        model_owner=row.project_id if run.owner is None else run.owner,
-        is_lora=True,
-        lora_rank=row.lora_rank,
-        last_request_time=aware(run.last_request_at),
-        last_checkpoint=last,
-        user_metadata=run.user_metadata or None,
-    )
-
-
-@router.get(
-    "/training_runs", response_model=runs_wire.TrainingRunsResponse, operation_id="tinker_runs_list"
-)
-def list_training_runs(
-    principal: TinkerReadPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-    limit: Limit = 20,
-    offset: Offset = 0,
-    access_scope: AccessScope = "owned",
-    project_id: Annotated[
-        str | None, Query(max_length=100, description="Ignored: the key names its project.")
-    ] = None,
-) -> runs_wire.TrainingRunsResponse:
-    """The project's training runs, newest first (`RestClient.list_training_runs`)."""
-    del access_scope, project_id
-    found, total = runs.page(
-        session=session,
-        settings=settings,
-        project_id=principal.project_id,
-        limit=limit,
-        offset=offset,
-    )
-    return runs_wire.TrainingRunsResponse(
-        training_runs=[_run(r) for r in found],
-        cursor=runs_wire.PageCursor(offset=offset, limit=limit, total_count=total),
-    )
-
-
-@router.get(
-    "/training_runs/{training_run_id}",
-    response_model=runs_wire.TrainingRun,
-    operation_id="tinker_runs_get",
-)
-def get_training_run(
-    training_run_id: RUN_ID,
-    principal: TinkerReadPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-    access_scope: AccessScope = "owned",
-) -> runs_wire.TrainingRun:
-    """One training run of the project (`RestClient.get_training_run`). 404 for another
-    project's."""
-    del access_scope
-    run = runs.get(
-        session=session,
-        settings=settings,
-        project_id=principal.project_id,
-        model_id=training_run_id,
-    )
-    return _run(run)
-
-
-@router.get(
-    "/training_runs/{training_run_id}/checkpoints",
-    response_model=runs_wire.CheckpointsListResponse,
-    operation_id="tinker_runs_checkpoints",
-)
-def list_checkpoints(
-    training_run_id: RUN_ID,
-    principal: TinkerReadPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-) -> runs_wire.CheckpointsListResponse:
-    """A training run's named states, oldest first (`RestClient.list_checkpoints`). 404 for
-    another project's run."""
-    run = runs.get(
-        session=session,
-        settings=settings,
-        project_id=principal.project_id,
-        model_id=training_run_id,
-    )
-    return runs_wire.CheckpointsListResponse(checkpoints=[_checkpoint(c) for c in run.checkpoints])
-
-
-@router.get(
-    "/checkpoints",
-    response_model=runs_wire.CheckpointsListResponse,
-    operation_id="tinker_checkpoints_list",
-)
-def list_user_checkpoints(
-    principal: TinkerReadPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-    limit: Limit = 100,
-    offset: Offset = 0,
-) -> runs_wire.CheckpointsListResponse:
-    """Every named state of the project's training runs, newest first
-    (`RestClient.list_user_checkpoints`)."""
-    states = runs.all_states(session=session, settings=settings, project_id=principal.project_id)
-    return runs_wire.CheckpointsListResponse(
-        checkpoints=[_checkpoint(c) for c in states[offset : offset + limit]],
-        cursor=runs_wire.PageCursor(offset=offset, limit=limit, total_count=len(states)),
-    )
-
-
-@router.post(
-    "/weights_info",
-    response_model=runs_wire.WeightsInfoResponse,
-    operation_id="tinker_weights_info",
-)
-def get_weights_info(
-    body: runs_wire.WeightsInfoRequest,
-    principal: TinkerReadPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-) -> runs_wire.WeightsInfoResponse:
-    """The base model and LoRA shape of saved weights (`RestClient.get_weights_info_by_tinker_
-    path`). 422 at `tinker_path` for a path of another form; 404 for another project's run or a
-    state it never saved."""
-    info = runs.weights_info(
-        session=session, settings=settings, project_id=principal.project_id, path=body.tinker_path
-    )
-    return runs_wire.WeightsInfoResponse(is_lora=True, **asdict(info))
