@@ -55,6 +55,7 @@ BODIES: dict[str, Any] = {
     "webhooks_update": {"description": "renamed"},
     "jobs_update": {"note": "checked"},
     "tinker_sessions_finish": {"reason": {"type": "success"}},
+    "tinker_checkpoint_ttl": {"ttl_seconds": 86400},
 }
 # Path parameters that name something every project shares (a pool), not a resource of one
 # project: such routes act on the caller's own project and are not part of the 404 test.
@@ -149,6 +150,7 @@ PATH_PARAMS: dict[tuple[str, str], Callable[[World], str]] = {
     ("tinker", "session_id"): lambda w: w.session_id,
     ("tinker", "sampler_id"): lambda w: w.sampler_id,
     ("tinker", "training_run_id"): lambda w: w.run_id,
+    ("tinker", "name"): lambda w: "saved",  # a state's name: none saved, 404 for its own too
 }
 
 
