@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from api.schemas import Timestamp
 from api.schemas.tinker import _wire
+from core.sessions import marks
 
 CHECKPOINT = {
     "checkpoint_id": "weights/step-20",
@@ -148,7 +149,7 @@ class SetTtlRequest(BaseModel):
     model_config = _wire({"ttl_seconds": 86400})
 
     ttl_seconds: int | None = Field(
-        ge=3600,
-        le=10 * 365 * 86400,
+        ge=marks.MIN_TTL_S,
+        le=marks.MAX_TTL_S,
         description="Seconds from now until the state expires (an hour to ten years); null: never.",
     )

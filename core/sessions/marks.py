@@ -10,7 +10,7 @@ checkpoints, which a preempted session job may resume from.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,14 +29,13 @@ def of(session: Session, model_id: str) -> dict[str, StateMark]:
     return {row.name: row for row in rows}
 
 
-def gone(mark: StateMark | None, now: datetime | None = None) -> bool:
-    """Whether a state with `mark` is deleted or expired (at `now`, default: now)."""
+def gone(mark: StateMark | None) -> bool:
+    """Whether a state with `mark` is deleted or past its expiry."""
     if mark is None:
         return False
     if mark.deleted_at is not None:
         return True
-    at = aware(now or utcnow())
-    return mark.expires_at is not None and aware(mark.expires_at) <= at
+    return mark.expires_at is not None and aware(mark.expires_at) <= aware(utcnow())
 
 
 def check_present(session: Session, model_id: str, name: str) -> None:
@@ -58,9 +57,8 @@ def delete(session: Session, model_id: str, name: str) -> None:
     _mark(session, model_id, name).deleted_at = utcnow()
 
 
-def set_ttl(session: Session, model_id: str, name: str, ttl_seconds: int | None) -> datetime | None:
-    """The state expires `ttl_seconds` from now, or never (None). Returns its `expires_at`.
-    The caller checked the state and the range (`MIN_TTL_S`..`MAX_TTL_S`). No commit."""
+def set_ttl(session: Session, model_id: str, name: str, ttl_seconds: int | None) -> None:
+    """The state expires `ttl_seconds` from now, or never (None). The caller checked the state
+    and the range (`MIN_TTL_S`..`MAX_TTL_S`). No commit."""
     row = _mark(session, model_id, name)
     row.expires_at = None if ttl_seconds is None else utcnow() + timedelta(seconds=ttl_seconds)
-    return row.expires_at

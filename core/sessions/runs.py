@@ -23,7 +23,7 @@ import fsspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core.platform.errors import InvalidInput, NotFound
+from core.platform.errors import NotFound
 from core.platform.settings import Settings
 from core.platform.storage import job_checkpoint_uri
 from core.platform.tables import Checkpoint, Job, SessionModel, SessionRequest, TrainingSession
@@ -130,9 +130,9 @@ def saved_states(session: Session, settings: Settings, row: SessionModel) -> lis
     marked = marks.of(session, row.id)
     states = []
     for name, step in names.items():
-        if marks.gone(marked.get(name)):
-            continue  # deleted, or past its expiry
         mark = marked.get(name)
+        if marks.gone(mark):
+            continue  # deleted, or past its expiry
         found = rows.get(int(step))
         when: datetime | None = None if found is None else found.created_at
         if when is None:  # saved, its `checkpoint` event not stored yet: the storage's time
@@ -154,29 +154,20 @@ class WeightsInfo:
     train_unembed: bool
 
 
-WEIGHTS_KINDS = ("weights", "sampler_weights")
-
-
 def weights_info(
     *, session: Session, settings: Settings, project_id: str, path: str
 ) -> WeightsInfo:
     """The base model and adapter shape of the weights at `path`,
-    `tinker://<model_id>/weights/<name>` (a state `save_state` named: it must exist) or
+    `tinker://<model_id>/weights/<name>` (a state `save_state` named, listed) or
     `tinker://<model_id>/sampler_weights/<name>` (sampler weights, read as the training client
-    that saved them). Raises InvalidInput at `body.tinker_path` for another form, NotFound for
-    a model not of the project or a state it never saved."""
-    scheme = training_clients.TINKER_SCHEME
-    parts = path.removeprefix(scheme).split("/") if path.startswith(scheme) else []
-    if len(parts) != 3 or parts[1] not in WEIGHTS_KINDS or not parts[0] or not parts[2]:
-        msg = "a weights path is tinker://<model_id>/weights/<name> or .../sampler_weights/<name>"
-        raise InvalidInput(
-            f"tinker_path: {msg}",
-            details=[{"loc": ["body", "tinker_path"], "msg": msg, "type": "value_error"}],
-        )
-    model_id, kind, name = parts
-    row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
-    if kind == "weights" and name not in {s.name for s in saved_states(session, settings, row)}:
-        raise NotFound(f"training run {model_id[:100]!r} saved no state {name[:100]!r}")
+    that saved them). Raises InvalidInput at `body.tinker_path` for another form, NotFound as
+    `_present`."""
+    kinds = ("weights", "sampler_weights")
+    model_id, kind, name = training_clients.parse_path(path, kinds, "tinker_path")
+    if kind == "weights":
+        row = _present(session, settings, project_id, model_id, name)
+    else:
+        row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
     job = session.get(Job, row.job_id)
     spec = None if job is None else job.spec
     lora = spec.session if isinstance(spec, SessionJobSpec) else None
@@ -217,11 +208,11 @@ def set_state_ttl(
     model_id: str,
     name: str,
     ttl_seconds: int | None,
-) -> datetime | None:
-    """`set_checkpoint_ttl`: the state expires `ttl_seconds` from now (None: never). Returns
-    its `expires_at`. Raises NotFound as `_present`. No commit."""
+) -> None:
+    """`set_checkpoint_ttl`: the state expires `ttl_seconds` from now (None: never). Raises
+    NotFound as `_present`. No commit."""
     _present(session, settings, project_id, model_id, name)
-    return marks.set_ttl(session, model_id, name, ttl_seconds)
+    marks.set_ttl(session, model_id, name, ttl_seconds)
 
 
 def _modified(fs: fsspec.AbstractFileSystem, path: str) -> datetime | None:

@@ -302,20 +302,30 @@ class StatePath:
         return orjson.dumps(load)
 
 
-def saved_state(*, session: Session, settings: Settings, project_id: str, path: str) -> StatePath:
-    """The saved state at `path`, `tinker://<model_id>/weights/<name>` (the client's form,
-    docs/TINKER-WIRE.md). Raises InvalidInput at `body.path` for another form, NotFound for a
-    model not of the project."""
+def parse_path(path: str, kinds: tuple[str, ...], field: str) -> tuple[str, str, str]:
+    """`tinker://<model_id>/<kind>/<name>` as (model_id, kind, name), `kind` one of `kinds` (the
+    client's forms, docs/TINKER-WIRE.md). Raises InvalidInput at `body.<field>` for another
+    form."""
     parts = path.removeprefix(TINKER_SCHEME).split("/") if path.startswith(TINKER_SCHEME) else []
-    if len(parts) != 3 or parts[1] != "weights" or not parts[0] or not parts[2]:
-        msg = "a saved state's path is tinker://<model_id>/weights/<name>"
+    if len(parts) != 3 or parts[1] not in kinds or not parts[0] or not parts[2]:
+        forms = " or ".join(f"tinker://<model_id>/{kind}/<name>" for kind in kinds)
+        msg = f"a {field} is {forms}"
         raise InvalidInput(
-            f"path: {msg}",
-            details=[{"loc": ["body", "path"], "msg": msg, "type": "value_error"}],
+            f"{field}: {msg}",
+            details=[{"loc": ["body", field], "msg": msg, "type": "value_error"}],
         )
-    source = get(session=session, project_id=project_id, model_id=parts[0])
-    marks.check_present(session, source.id, parts[2])  # not deleted, not expired
-    return StatePath(source, job_checkpoint_uri(settings, source.job_id), parts[2])
+    model_id, kind, name = parts
+    return model_id, kind, name
+
+
+def saved_state(*, session: Session, settings: Settings, project_id: str, path: str) -> StatePath:
+    """The saved state at `path`, `tinker://<model_id>/weights/<name>`. Raises InvalidInput at
+    `body.path` for another form, NotFound for a model not of the project or a state deleted or
+    expired (`marks`)."""
+    model_id, _, name = parse_path(path, ("weights",), "path")
+    source = get(session=session, project_id=project_id, model_id=model_id)
+    marks.check_present(session, source.id, name)
+    return StatePath(source, job_checkpoint_uri(settings, source.job_id), name)
 
 
 def stop_jobs(*, session: Session, session_ids: Sequence[str]) -> list[int]:
