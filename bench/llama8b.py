@@ -114,12 +114,15 @@ def main() -> None:
         model_dir = Path(tmp) / "model"
         print(f"[bench] building {args.shape} ...", file=sys.stderr, flush=True)
         params = build_model_dir(args, model_dir)
+        print(f"[bench] built {params} parameters", file=sys.stderr, flush=True)
         for method in args.methods.split(","):
             print(f"[bench] {method} ...", file=sys.stderr, flush=True)
             spec = method_spec(args, corpus, model_dir, method)
             run = run_spec(args, spec, 1, Path(tmp) / method)
             run.pop("profile", None)
             runs[method] = run
+            # each method's figures as soon as it ends: a run cut short keeps the ones before
+            print(f"[bench] {method}: {json.dumps(run)}", file=sys.stderr, flush=True)
     config = {k: v for k, v in vars(args).items() if k != "smoke"}
     print(json.dumps({"bench": "llama8b", "config": config, "params": params, "runs": runs},
                      indent=2))  # fmt: skip
