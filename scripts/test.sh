@@ -35,5 +35,8 @@ mypy
 # uvicorn, Chromium), so more workers than cores pay off; `--dist loadfile` keeps each module on
 # one worker, so its module-scoped servers and reference runs are built once. Each worker has its
 # own Postgres database, Redis database, ports and temp dirs (tests/conftest.py).
+# Modules go out longest first (tests/module_seconds.json; xdist's own reorder, by test count,
+# is off): each run writes its modules' seconds to .test-module-seconds.json to refresh it.
 # TORCHYARD_TEST_WORKERS=0 runs in this process; `-m "not long"` skips the long fault scenarios.
-exec python -m pytest -n "${TORCHYARD_TEST_WORKERS:-4}" --dist loadfile "$@"
+export TORCHYARD_TEST_MODULE_SECONDS="$PWD/.test-module-seconds.json"
+exec python -m pytest -n "${TORCHYARD_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"

@@ -64,6 +64,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
+    longest_modules_first(items)
+
+
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+"""Each module's seconds in a recent full run (setup, calls, teardown on a 4-worker run):
+`--dist loadfile` hands out modules in collection order, so the suite starts the longest first
+(longest processing time first, the classic bound for scheduling on identical workers) and its
+short modules fill the gaps at the end, instead of a 5-minute module starting last. Refresh it
+from a full run's `.test-module-seconds.json` (scripts/test.sh writes it)."""
+MODULE_SECONDS_OUT = os.environ.get("TORCHYARD_TEST_MODULE_SECONDS")
+
+
+def longest_modules_first(items: list[pytest.Item]) -> None:
+    """Order `items` by their module's seconds in `MODULE_SECONDS`, longest first; a module not
+    in it (new) goes first, as if the longest. A stable sort: pytest-randomly's shuffle of the
+    tests inside each module, and of modules of equal weight, stays."""
+    seconds: dict[str, float] = json.loads(MODULE_SECONDS.read_text())
+    unknown = max(seconds.values(), default=0.0) + 1.0
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], unknown))
 
 
 NO_SKIPS = os.environ.get("TORCHYARD_TEST_NO_SKIPS") == "1"
@@ -113,8 +132,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if NO_SKIPS and _SKIPPED and not hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput"):
+        return
+    if NO_SKIPS and _SKIPPED:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if MODULE_SECONDS_OUT and len(_MODULE_S) > 1:
+        table = {m: round(s, 1) for m, s in sorted(_MODULE_S.items(), key=lambda m: -m[1])}
+        Path(MODULE_SECONDS_OUT).write_text(json.dumps(table, indent=0) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -58,7 +58,10 @@ class RunCheckpoint(BaseModel):
     time: Timestamp = Field(description="When it was saved.")
     tinker_path: str = Field(description="`tinker://<model_id>/weights/<name>`.")
     size_bytes: int | None = Field(default=None, description="Bytes in storage.")
-    public: bool = Field(default=False, description="Always false: a project's states are its.")
+    public: bool = Field(
+        default=False,
+        description="Published: every project may read and load it (`publish_checkpoint`).",
+    )
     user_metadata: dict[str, str] | None = Field(default=None, description="None set.")
     expires_at: Timestamp | None = Field(
         default=None,

@@ -898,7 +898,8 @@ class StateMark(Base):
     """What was decided about a training client's named state after it was saved (0027, issue
     47): deleted (`delete_checkpoint`) or given an expiry (`set_checkpoint_ttl`). A deleted or
     expired state is neither listed nor loadable; its bytes stay with the session job's
-    checkpoints (a preempted job may resume from them) and go with the job's own retention."""
+    checkpoints (a preempted job may resume from them) and go with the job's own retention.
+    Published (`publish_checkpoint`, 0028): other projects may read and load it too."""
 
     __tablename__ = "state_marks"
 
@@ -908,6 +909,7 @@ class StateMark(Base):
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
     expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    published_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class RequestState(enum.StrEnum):

@@ -1,5 +1,6 @@
-"""A training client's named states after they were saved (issue 47): `delete_checkpoint` and
-`set_checkpoint_ttl` of the Tinker client's `RestClient`.
+"""A training client's named states after they were saved (issue 47): `delete_checkpoint`,
+`set_checkpoint_ttl` and `publish_checkpoint` / `unpublish_checkpoint` of the Tinker client's
+`RestClient`.
 
 Only the session program writes a state's bytes and its name (`tinker_names.json` in the job's
 checkpoint directory); what is decided later is a `StateMark` row. A deleted state, or one whose
@@ -38,6 +39,11 @@ def gone(mark: StateMark | None) -> bool:
     return mark.expires_at is not None and aware(mark.expires_at) <= aware(utcnow())
 
 
+def published(mark: StateMark | None) -> bool:
+    """Whether a state with `mark` is published (and not gone)."""
+    return mark is not None and mark.published_at is not None and not gone(mark)
+
+
 def check_present(session: Session, model_id: str, name: str) -> None:
     """Raises NotFound when the state `name` of `model_id` was deleted or has expired."""
     if gone(session.get(StateMark, (model_id, name))):
@@ -62,3 +68,15 @@ def set_ttl(session: Session, model_id: str, name: str, ttl_seconds: int | None)
     and the range (`MIN_TTL_S`..`MAX_TTL_S`). No commit."""
     row = _mark(session, model_id, name)
     row.expires_at = None if ttl_seconds is None else utcnow() + timedelta(seconds=ttl_seconds)
+
+
+def publish(session: Session, model_id: str, name: str, public: bool) -> None:
+    """Make the state readable by every project (`public`) or its own project's alone again.
+    Idempotent: a state already so stays as it is (the official client retries a 409 for five
+    minutes, and the retry of a call whose answer was lost must succeed). The caller checked
+    the state exists. No commit."""
+    row = _mark(session, model_id, name)
+    if public and row.published_at is None:
+        row.published_at = utcnow()
+    elif not public:
+        row.published_at = None

@@ -1,6 +1,7 @@
 """Training runs and their checkpoints, as the Tinker client's `RestClient` reads them (issue 47:
 `list_training_runs`, `get_training_run`, `list_checkpoints`, `list_user_checkpoints`,
-`get_weights_info_by_tinker_path`).
+`get_weights_info_by_tinker_path`, `delete_checkpoint`, `set_checkpoint_ttl`,
+`publish_checkpoint`, `unpublish_checkpoint`).
 
 A training run is a training client (`SessionModel`: `tinker://<model_id>/...` names its
 states). Its checkpoints are the states it saved by name (`save_state`: the session job's
@@ -9,7 +10,9 @@ each with the time and size of the job's `Checkpoint` row at that step. An unnam
 (the state a stopped program kept) has no `tinker://` path and is not listed here; it is the
 job's, in `/v1/jobs/{id}/checkpoints`.
 
-Every function takes the caller's `project_id`: another project's run is NotFound.
+Every function takes the caller's `project_id`: another project's run is NotFound, except
+that `weights_info` reads another project's published state (`marks.publish`), as its loads do
+(`training_clients.readable`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class SavedState:
     created_at: datetime
     size_bytes: int | None
     expires_at: datetime | None = None
+    public: bool = False  # published: other projects may read and load it
 
     @property
     def tinker_path(self) -> str:
@@ -139,7 +143,10 @@ def saved_states(session: Session, settings: Settings, row: SessionModel) -> lis
             when = _modified(fs, f"{base.rstrip('/')}/step_{int(step):08d}")
         size = None if found is None else found.size_bytes
         expires = None if mark is None else mark.expires_at
-        states.append(SavedState(row.id, name, int(step), when or row.created_at, size, expires))
+        public = marks.published(mark)
+        states.append(
+            SavedState(row.id, name, int(step), when or row.created_at, size, expires, public)
+        )
     return sorted(states, key=lambda s: (s.step, s.name))
 
 
@@ -160,12 +167,12 @@ def weights_info(
     """The base model and adapter shape of the weights at `path`,
     `tinker://<model_id>/weights/<name>` (a state `save_state` named, listed) or
     `tinker://<model_id>/sampler_weights/<name>` (sampler weights, read as the training client
-    that saved them). Raises InvalidInput at `body.tinker_path` for another form, NotFound as
-    `_present`."""
+    that saved them; the project's own only). Raises InvalidInput at `body.tinker_path` for
+    another form, NotFound as `_present` (another project's published state is read)."""
     kinds = ("weights", "sampler_weights")
     model_id, kind, name = training_clients.parse_path(path, kinds, "tinker_path")
     if kind == "weights":
-        row = _present(session, settings, project_id, model_id, name)
+        row = _present(session, settings, project_id, model_id, name, readers=True)
     else:
         row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
     job = session.get(Job, row.job_id)
@@ -181,11 +188,23 @@ def weights_info(
 
 
 def _present(
-    session: Session, settings: Settings, project_id: str, model_id: str, name: str
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    model_id: str,
+    name: str,
+    *,
+    readers: bool = False,
 ) -> SessionModel:
-    """The project's training client `model_id` and its listed state `name`. Raises NotFound
+    """The project's training client `model_id` and its listed state `name` (with `readers`,
+    also another project's published state: `training_clients.readable`). Raises NotFound
     (another project's run, a name it never saved, a deleted or expired state)."""
-    row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
+    if readers:
+        row = training_clients.readable(
+            session=session, project_id=project_id, model_id=model_id, name=name
+        )
+    else:
+        row = training_clients.get(session=session, project_id=project_id, model_id=model_id)
     if name not in {s.name for s in saved_states(session, settings, row)}:
         raise NotFound(f"training run {model_id[:100]!r} has no state {name[:100]!r}")
     return row
@@ -213,6 +232,22 @@ def set_state_ttl(
     NotFound as `_present`. No commit."""
     _present(session, settings, project_id, model_id, name)
     marks.set_ttl(session, model_id, name, ttl_seconds)
+
+
+def publish_state(
+    *,
+    session: Session,
+    settings: Settings,
+    project_id: str,
+    model_id: str,
+    name: str,
+    public: bool,
+) -> None:
+    """`publish_checkpoint` (`public`) or `unpublish_checkpoint`: every project may read and
+    load the state, or its own project alone again (`marks.publish`: idempotent). Raises
+    NotFound as `_present` (only the owner's project publishes). No commit."""
+    _present(session, settings, project_id, model_id, name)
+    marks.publish(session, model_id, name, public)
 
 
 def _modified(fs: fsspec.AbstractFileSystem, path: str) -> datetime | None:

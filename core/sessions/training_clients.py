@@ -29,6 +29,7 @@ from core.platform.tables import (
     SessionModel,
     SessionRequest,
     SessionState,
+    StateMark,
     TrainingSession,
     utcnow,
 )
@@ -318,13 +319,25 @@ def parse_path(path: str, kinds: tuple[str, ...], field: str) -> tuple[str, str,
     return model_id, kind, name
 
 
+def readable(*, session: Session, project_id: str, model_id: str, name: str) -> SessionModel:
+    """The training client `model_id` whose state `name` the project may read: its own, or
+    another project's published one (`marks.publish`). Raises NotFound for a state deleted or
+    expired, and for another project's state that is not published, answered as a model that
+    does not exist (another project learns nothing of it)."""
+    row = session.get(SessionModel, model_id)
+    mine = row is not None and row.project_id == project_id
+    if row is None or not (mine or marks.published(session.get(StateMark, (model_id, name)))):
+        raise NotFound(f"model {model_id[:100]!r} not found")
+    marks.check_present(session, row.id, name)
+    return row
+
+
 def saved_state(*, session: Session, settings: Settings, project_id: str, path: str) -> StatePath:
-    """The saved state at `path`, `tinker://<model_id>/weights/<name>`. Raises InvalidInput at
-    `body.path` for another form, NotFound for a model not of the project or a state deleted or
-    expired (`marks`)."""
+    """The saved state at `path`, `tinker://<model_id>/weights/<name>`, of the project or
+    published by another (`readable`). Raises InvalidInput at `body.path` for another form,
+    NotFound as `readable`."""
     model_id, _, name = parse_path(path, ("weights",), "path")
-    source = get(session=session, project_id=project_id, model_id=model_id)
-    marks.check_present(session, source.id, name)
+    source = readable(session=session, project_id=project_id, model_id=model_id, name=name)
     return StatePath(source, job_checkpoint_uri(settings, source.job_id), name)
 
 

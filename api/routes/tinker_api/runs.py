@@ -1,10 +1,11 @@
 """Training runs and their checkpoints in the Tinker-compatible API (`/tinker/api/v1`, issue
 47), as the official client's `RestClient` reads and changes them: `list_training_runs`,
 `get_training_run`, `list_checkpoints`, `list_user_checkpoints`,
-`get_weights_info_by_tinker_path`, `delete_checkpoint` and `set_checkpoint_ttl`. A run is a
+`get_weights_info_by_tinker_path`, `delete_checkpoint`, `set_checkpoint_ttl`,
+`publish_checkpoint_from_tinker_path` and `unpublish_checkpoint_from_tinker_path`. A run is a
 training client of the key's project, its checkpoints the states it saved by name
-(`core.sessions.runs`); another project's is 404. Not served: `publish_checkpoint` (a state
-loadable by other projects) and the archive URLs.
+(`core.sessions.runs`); another project's is 404, except that a published state's weights info
+and loads are every project's. Not served: the archive URLs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def _checkpoint(state: runs.SavedState) -> runs_wire.RunCheckpoint:
         tinker_path=state.tinker_path,
         size_bytes=state.size_bytes,
         expires_at=None if state.expires_at is None else aware(state.expires_at),
+        public=state.public,
     )
 
 
@@ -170,8 +172,8 @@ def get_weights_info(
     settings: SettingsDep,
 ) -> runs_wire.WeightsInfoResponse:
     """The base model and LoRA shape of saved weights (`RestClient.get_weights_info_by_tinker_
-    path`). 422 at `tinker_path` for a path of another form; 404 for another project's run or a
-    state it never saved."""
+    path`): the project's, or a state another project published. 422 at `tinker_path` for a
+    path of another form; 404 for another project's unpublished state or a state never saved."""
     info = runs.weights_info(
         session=session, settings=settings, project_id=principal.project_id, path=body.tinker_path
     )
@@ -237,6 +239,72 @@ def set_checkpoint_ttl(
         model_id=training_run_id,
         name=name,
         ttl_seconds=body.ttl_seconds,
+    )
+    session.commit()
+    audit.name_target(request, f"{training_run_id}/weights/{name}")
+    return Response(status_code=204)
+
+
+@router.post(
+    "/training_runs/{training_run_id}/checkpoints/weights/{name}/publish",
+    status_code=204,
+    response_class=Response,
+    operation_id="tinker_checkpoint_publish",
+)
+def publish_checkpoint(
+    training_run_id: RUN_ID,
+    name: STATE_NAME,
+    request: Request,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> Response:
+    """Publish a saved state (`RestClient.publish_checkpoint_from_tinker_path`): every project's
+    key may then read its weights info and load it into a training client of its own
+    (`load_state`, `create_training_client_from_state`); listing, deleting, its expiry and
+    unpublishing stay the owner's. A published state stays so (204: the client retries a 409
+    for five minutes, where Tinker documents one). 404 as `delete_checkpoint`."""
+    return _publish(training_run_id, name, request, principal, session, settings, public=True)
+
+
+@router.delete(
+    "/training_runs/{training_run_id}/checkpoints/weights/{name}/publish",
+    status_code=204,
+    response_class=Response,
+    operation_id="tinker_checkpoint_unpublish",
+)
+def unpublish_checkpoint(
+    training_run_id: RUN_ID,
+    name: STATE_NAME,
+    request: Request,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> Response:
+    """Make a published state the project's alone again
+    (`RestClient.unpublish_checkpoint_from_tinker_path`): other projects' later reads and loads
+    are 404 (a training client that loaded it keeps its weights). A private state stays so
+    (204). 404 as `delete_checkpoint`."""
+    return _publish(training_run_id, name, request, principal, session, settings, public=False)
+
+
+def _publish(
+    training_run_id: str,
+    name: str,
+    request: Request,
+    principal: TinkerJobsWritePrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    *,
+    public: bool,
+) -> Response:
+    runs.publish_state(
+        session=session,
+        settings=settings,
+        project_id=principal.project_id,
+        model_id=training_run_id,
+        name=name,
+        public=public,
     )
     session.commit()
     audit.name_target(request, f"{training_run_id}/weights/{name}")

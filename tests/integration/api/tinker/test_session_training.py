@@ -21,7 +21,7 @@ from sqlalchemy import Engine, select
 
 from core.platform.db import session_scope
 from core.platform.tables import RequestState, SessionModel, SessionRequest, StateMark
-from tests.conftest import ProjectKey
+from tests.conftest import ProjectKey, make_project
 from tests.integration.api.tinker.stalls import Stall
 from tests.support.sessions import (
     ADAM,
@@ -187,17 +187,56 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     assert missing.value.category == "user" and "no saved state" in str(missing.value)
     stall.answer(service.close("success"), 60)
 
-    # a training client made by the load (create-via-load): the state's base model and LoRA,
-    # the load its first call, so its own calls continue uninterrupted training
-    third_service = tinker.ServiceClient()
+    # another project's training client made by the load (create-via-load) of the published
+    # state: the state's base model and LoRA, the load its first call, so its own calls
+    # continue uninterrupted training
+    other_key = f"tml-{make_project(engine).api_key}"
+    other_service = tinker.ServiceClient(api_key=other_key)
+    other_rest = tinker.RestClient(api_key=other_key)
+    _publish_to_another_project(stall, saved, other_rest)
     third = stall.answer(
-        third_service.create_training_client_from_state_with_optimizer(saved), RESULT_TIMEOUT_S
+        other_service.create_training_client_from_state_with_optimizer(saved), RESULT_TIMEOUT_S
     )
     info = third.get_info()  # read when the client was made
     assert (info.model_data.model_name, info.lora_rank) == (BASE, RANK)
     resumed = [stall.step(third, batch, RESULT_TIMEOUT_S) for batch in batches[3:]]
     np.testing.assert_allclose(before + resumed, expected, rtol=1e-5, atol=0)
-    stall.answer(third_service.close("success"), 60)
+    stall.answer(other_service.close("success"), 60)
+    # unpublished, the state is its project's alone again: the client that loaded it keeps
+    # its weights, later reads of the other project are 404
+    rest = tinker.RestClient()
+    stall.answer(rest.unpublish_checkpoint_from_tinker_path(saved), 60)
+    stall.answer(rest.unpublish_checkpoint_from_tinker_path(saved), 60)  # again: stays so
+    model_id = saved.removeprefix("tinker://").split("/")[0]
+    listed = stall.answer(rest.list_checkpoints(model_id), 60).checkpoints
+    assert [c.public for c in listed if c.tinker_path == saved] == [False]
+    with pytest.raises(tinker.NotFoundError):
+        other_rest.get_weights_info_by_tinker_path(saved).result(60)
+
+
+def _publish_to_another_project(stall: Stall, saved: str, other: tinker.RestClient) -> None:
+    """Issue 47: another project's key reads nothing of a state (404, as a model that does not
+    exist) until its owner publishes it; then its weights info is theirs too, while deleting,
+    its expiry and unpublishing stay the owner's; publishing twice changes nothing."""
+    with pytest.raises(tinker.NotFoundError, match="not found"):
+        other.get_weights_info_by_tinker_path(saved).result(60)
+    owner = tinker.RestClient()
+    model_id = saved.removeprefix("tinker://").split("/")[0]
+    stall.answer(owner.publish_checkpoint_from_tinker_path(saved), 60)
+    listed = stall.answer(owner.list_checkpoints(model_id), 60).checkpoints
+    assert [c.public for c in listed if c.tinker_path == saved] == [True]
+    stall.answer(owner.publish_checkpoint_from_tinker_path(saved), 60)  # again: stays so
+    info = stall.answer(other.get_weights_info_by_tinker_path(saved), 60)
+    assert (info.base_model, info.lora_rank) == (BASE, RANK)
+    for change in (
+        other.delete_checkpoint_from_tinker_path,
+        other.unpublish_checkpoint_from_tinker_path,
+        lambda path: other.set_checkpoint_ttl_from_tinker_path(path, 86400),
+    ):
+        with pytest.raises(tinker.NotFoundError):
+            change(saved).result(60)
+    with pytest.raises(tinker.NotFoundError):  # the owner's run itself stays unlisted
+        other.list_checkpoints(model_id).result(60)
 
 
 def _expire_and_delete_a_state(
