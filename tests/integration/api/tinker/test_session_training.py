@@ -9,6 +9,7 @@ are the supervised positions / N (`tests.support.sessions`)."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -192,7 +193,7 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     # continue uninterrupted training
     other_key = f"tml-{make_project(engine).api_key}"
     other_service = tinker.ServiceClient(api_key=other_key)
-    other_rest = tinker.RestClient(api_key=other_key)
+    other_rest = _rest_client(other_key)
     _publish_to_another_project(stall, saved, other_rest)
     third = stall.answer(
         other_service.create_training_client_from_state_with_optimizer(saved), RESULT_TIMEOUT_S
@@ -204,7 +205,7 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
     stall.answer(other_service.close("success"), 60)
     # unpublished, the state is its project's alone again: the client that loaded it keeps
     # its weights, later reads of the other project are 404
-    rest = tinker.RestClient()
+    rest = _rest_client()
     stall.answer(rest.unpublish_checkpoint_from_tinker_path(saved), 60)
     stall.answer(rest.unpublish_checkpoint_from_tinker_path(saved), 60)  # again: stays so
     model_id = saved.removeprefix("tinker://").split("/")[0]
@@ -214,13 +215,23 @@ def test_load_state_into_a_new_client_continues_with_the_losses_of_uninterrupted
         other_rest.get_weights_info_by_tinker_path(saved).result(60)
 
 
+def _rest_client(api_key: str | None = None) -> tinker.RestClient:
+    """A `RestClient` of this module's server with `api_key` (the environment's by default),
+    both given explicitly: the client keeps one connection holder per process for each
+    (base_url, api_key) *argument* pair, so a bare `RestClient()` in a later module of this
+    pytest worker would reuse this module's, whose server is gone by then."""
+    return tinker.RestClient(
+        base_url=os.environ["TINKER_BASE_URL"], api_key=api_key or os.environ["TINKER_API_KEY"]
+    )
+
+
 def _publish_to_another_project(stall: Stall, saved: str, other: tinker.RestClient) -> None:
     """Issue 47: another project's key reads nothing of a state (404, as a model that does not
     exist) until its owner publishes it; then its weights info is theirs too, while deleting,
     its expiry and unpublishing stay the owner's; publishing twice changes nothing."""
     with pytest.raises(tinker.NotFoundError, match="not found"):
         other.get_weights_info_by_tinker_path(saved).result(60)
-    owner = tinker.RestClient()
+    owner = _rest_client()
     model_id = saved.removeprefix("tinker://").split("/")[0]
     stall.answer(owner.publish_checkpoint_from_tinker_path(saved), 60)
     listed = stall.answer(owner.list_checkpoints(model_id), 60).checkpoints
