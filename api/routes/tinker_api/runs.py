@@ -209,9 +209,7 @@ def delete_checkpoint(
         model_id=training_run_id,
         name=name,
     )
-    session.commit()
-    audit.name_target(request, f"{training_run_id}/weights/{name}")
-    return Response(status_code=204)
+    return _changed(request, session, training_run_id, name)
 
 
 @router.put(
@@ -240,9 +238,7 @@ def set_checkpoint_ttl(
         name=name,
         ttl_seconds=body.ttl_seconds,
     )
-    session.commit()
-    audit.name_target(request, f"{training_run_id}/weights/{name}")
-    return Response(status_code=204)
+    return _changed(request, session, training_run_id, name)
 
 
 @router.post(
@@ -306,6 +302,11 @@ def _publish(
         name=name,
         public=public,
     )
+    return _changed(request, session, training_run_id, name)
+
+
+def _changed(request: Request, session: SessionDep, training_run_id: str, name: str) -> Response:
+    """Commit a change to a saved state, name the state in the audit record, answer 204."""
     session.commit()
     audit.name_target(request, f"{training_run_id}/weights/{name}")
     return Response(status_code=204)
