@@ -50,8 +50,13 @@ START_S = 60.0  # a controller's imports and first round, on a loaded host
 
 
 def _advisory_holders(engine: Engine) -> int:
+    """Advisory locks held in this test's database: pg_locks spans the server, where the other
+    xdist workers' controllers hold theirs in their own databases."""
     with engine.connect() as conn:
-        query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        query = (
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND database"
+            " = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         return int(conn.execute(text(query)).scalar_one())
 
 
