@@ -72,7 +72,8 @@ MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
 `--dist loadfile` hands out modules in collection order, so the suite starts the longest first
 (longest processing time first, the classic bound for scheduling on identical workers) and its
 short modules fill the gaps at the end, instead of a 5-minute module starting last. Refresh it
-from a full run's `.test-module-seconds.json` (scripts/test.sh writes it)."""
+from a full run's `.test-module-seconds.json` (scripts/test.sh writes it). The order reaches
+the workers only with xdist's `--no-loadscope-reorder` (`TORCHYARD_TEST_LONGEST_FIRST=1`)."""
 MODULE_SECONDS_OUT = os.environ.get("TORCHYARD_TEST_MODULE_SECONDS")
 
 
