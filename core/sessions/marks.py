@@ -75,8 +75,8 @@ def publish(session: Session, model_id: str, name: str, public: bool) -> None:
     Idempotent: a state already so stays as it is (the official client retries a 409 for five
     minutes, and the retry of a call whose answer was lost must succeed). The caller checked
     the state exists. No commit."""
-    row = _mark(session, model_id, name)
-    if public and row.published_at is None:
-        row.published_at = utcnow()
-    elif not public:
-        row.published_at = None
+    if public:
+        mark = _mark(session, model_id, name)
+        mark.published_at = mark.published_at or utcnow()
+    elif (row := session.get(StateMark, (model_id, name))) is not None:
+        row.published_at = None  # a state never marked is private already: no row written
